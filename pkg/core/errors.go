@@ -1,0 +1,88 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Callers branch on them with errors.Is.
+var (
+	// ErrSandboxGone: the provider says the sandbox does not exist (any more).
+	ErrSandboxGone = errors.New("sandbox gone")
+	// ErrFileNotFound: the path does not exist in the sandbox.
+	ErrFileNotFound = errors.New("file not found")
+	// ErrNotFound: no record (or a record of another tenant: never disclosed).
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: the record is not in a state that allows the transition.
+	ErrConflict = errors.New("conflicting transition")
+	// ErrStaleFence: a conditional write carried an outdated fencing token.
+	ErrStaleFence = errors.New("stale fencing token")
+	// ErrLeaseHeld: another invocation holds a live lease on the record.
+	ErrLeaseHeld = errors.New("lease held by another invocation")
+	// ErrThreadBound: the thread already has a live binding.
+	ErrThreadBound = errors.New("thread already bound")
+	// ErrStoreUnavailable wraps store failures whose outcome is unknown
+	// ("maybe applied"): throttling, timeouts, 5xx.
+	ErrStoreUnavailable = errors.New("store unavailable")
+)
+
+// ValidationError is bad caller input (HTTP 400). Nothing was changed.
+type ValidationError struct {
+	Field   string
+	Message string
+}
+
+func (e *ValidationError) Error() string { return e.Field + ": " + e.Message }
+
+// CapacityError is a refused acquire because every slot is held (HTTP 429).
+type CapacityError struct {
+	// Reason is "capacity", "capacity_backend", "capacity_initializing" or "draining".
+	Reason     string
+	RetryAfter time.Duration
+	Status     CapacityStatus
+}
+
+func (e *CapacityError) Error() string {
+	return fmt.Sprintf("sandbox capacity exceeded (%s): %s", e.Reason, e.Status)
+}
+
+// ProviderError is an answer from the provider that certainly did not apply
+// (a 4xx other than not-found), or an outage (Retryable, 5xx/transport).
+type ProviderError struct {
+	Op         string
+	StatusCode int // 0 for transport errors
+	Message    string
+	// Ambiguous means the operation may have taken effect (timeout, 5xx).
+	Ambiguous bool
+}
+
+func (e *ProviderError) Error() string {
+	if e.StatusCode == 0 {
+		return fmt.Sprintf("provider %s: %s", e.Op, e.Message)
+	}
+	return fmt.Sprintf("provider %s: HTTP %d: %s", e.Op, e.StatusCode, e.Message)
+}
+
+// IsAmbiguous reports whether err leaves an operation's outcome unknown:
+// anything that is not a certain provider refusal or a known sentinel.
+func IsAmbiguous(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *ProviderError
+	if errors.As(err, &pe) {
+		return pe.Ambiguous
+	}
+	return !errors.Is(err, ErrSandboxGone) && !errors.Is(err, ErrFileNotFound)
+}
+
+// FileTooLargeError: a file stream passed its byte cap and was aborted.
+type FileTooLargeError struct {
+	Path     string
+	MaxBytes int64
+}
+
+func (e *FileTooLargeError) Error() string {
+	return fmt.Sprintf("file %q exceeds %d bytes", e.Path, e.MaxBytes)
+}

@@ -1,0 +1,89 @@
+package core
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// SandboxRef addresses one sandbox's in-sandbox daemon (envd for E2B).
+type SandboxRef struct {
+	ID string
+	// EnvdURL is the base URL of the daemon; requests are routed to the
+	// sandbox by the E2b-Sandbox-Id header when one URL serves many.
+	EnvdURL string
+	// AccessToken is sent as X-Access-Token on every daemon call. Secret.
+	AccessToken string
+}
+
+// CreateSpec is what Provider.Create needs.
+type CreateSpec struct {
+	Template string            // provider template id; "" means the provider default
+	Timeout  time.Duration     // life before the provider ends it; rounded up to seconds
+	Metadata map[string]string // searchable with ListFilter.Metadata
+	EnvVars  map[string]string // environment of every process in the sandbox
+}
+
+// SandboxInfo is one sandbox as the provider reports it.
+type SandboxInfo struct {
+	ID         string
+	TemplateID string
+	Metadata   map[string]string
+	State      string // "running" or "paused"
+	StartedAt  time.Time
+	EndAt      time.Time // when the provider will end it
+}
+
+// ListFilter selects sandboxes in Provider.List. Every Metadata pair must match.
+type ListFilter struct {
+	Metadata map[string]string
+	States   []string // empty = running and paused
+}
+
+// Command is one process to run in a sandbox.
+type Command struct {
+	// Script is run by bash -c. Never interpolate untrusted values into it:
+	// pass them in Env.
+	Script string
+	// Env is per-call environment; keys must match ^[A-Za-z_][A-Za-z0-9_]*$.
+	Env     map[string]string
+	Cwd     string
+	Timeout time.Duration // 0 = provider default
+}
+
+// CommandResult is a finished process. A non-zero ExitCode is not an error.
+type CommandResult struct {
+	ExitCode int
+	Stdout   []byte
+	Stderr   []byte
+}
+
+// Provider is a sandbox provider (E2B, the local host, a provisioner).
+//
+// Errors: ErrSandboxGone when the provider says the sandbox does not exist
+// (or no longer exists); *ProviderError for answers that certainly did not
+// apply (4xx); anything else (timeouts, 5xx, transport) is ambiguous: the
+// call may or may not have taken effect.
+type Provider interface {
+	// Name is the backend name reported to clients, e.g. "e2b".
+	Name() string
+	// Create starts a sandbox. The returned ref carries its envd URL and token.
+	Create(ctx context.Context, spec CreateSpec) (SandboxRef, error)
+	// Info reads a sandbox's state without extending its life.
+	Info(ctx context.Context, id string) (SandboxInfo, error)
+	// List returns every sandbox matching f, following all pages.
+	List(ctx context.Context, f ListFilter) ([]SandboxInfo, error)
+	// Kill ends a sandbox. nil means confirmed gone (killed now or already
+	// absent); any error means the kill is uncertain.
+	Kill(ctx context.Context, id string) error
+	// SetTimeout makes the sandbox end d from now (rounded up to seconds).
+	SetTimeout(ctx context.Context, id string, d time.Duration) error
+	// Run runs a command to completion and returns its output.
+	Run(ctx context.Context, ref SandboxRef, cmd Command) (CommandResult, error)
+	// OpenFile streams a file's bytes. It fails with a *FileTooLargeError
+	// once more than maxBytes have been read (maxBytes <= 0: no cap) and
+	// with ErrFileNotFound when the path does not exist.
+	OpenFile(ctx context.Context, ref SandboxRef, path string, maxBytes int64) (io.ReadCloser, error)
+	// WriteFile writes r to path, creating parent directories.
+	WriteFile(ctx context.Context, ref SandboxRef, path string, r io.Reader) error
+}

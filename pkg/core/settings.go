@@ -1,0 +1,99 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// OverflowPolicy decides what acquire does when every slot is held.
+type OverflowPolicy string
+
+// Overflow policies (DESIGN.md, Vocabulary).
+const (
+	PolicyReject OverflowPolicy = "reject" // 429 at once
+	PolicyWait   OverflowPolicy = "wait"   // poll up to AcquireTimeout, then 429
+	PolicyBurst  OverflowPolicy = "burst"  // allow BurstLimit slots over Replicas
+)
+
+// Settings configure the engine. Build them with DefaultSettings and
+// override; Validate before use.
+type Settings struct {
+	// Deployment names this broker deployment; it scopes the capacity ledger
+	// and is written to every sandbox's metadata.
+	Deployment string
+	// Replicas is the deployment-wide slot limit (> 0).
+	Replicas int
+	Policy   OverflowPolicy
+	// BurstLimit extra slots under PolicyBurst (>= 0).
+	BurstLimit int
+	// AcquireTimeout bounds waiting for a slot under PolicyWait (> 0).
+	AcquireTimeout time.Duration
+	// IdleTimeout is how long a released sandbox stays warm; it is set as the
+	// provider timeout when parking, so the provider ends it even if the
+	// broker never comes back.
+	IdleTimeout time.Duration
+	// ActiveTimeout is the provider timeout of a handed-out sandbox.
+	ActiveTimeout time.Duration
+	// LeaseDuration bounds how long one invocation may hold a record in a
+	// transitional state before peers may take it over.
+	LeaseDuration time.Duration
+	// Template is the provider template id ("" = provider default).
+	Template string
+	// Home is the sandbox user's home directory.
+	Home string
+}
+
+// DefaultSettings returns the documented defaults (issue 2, README).
+func DefaultSettings() Settings {
+	return Settings{
+		Deployment:     "default",
+		Replicas:       3,
+		Policy:         PolicyWait,
+		BurstLimit:     0,
+		AcquireTimeout: 30 * time.Second,
+		IdleTimeout:    1800 * time.Second,
+		ActiveTimeout:  3600 * time.Second,
+		LeaseDuration:  120 * time.Second,
+		Home:           "/home/user",
+	}
+}
+
+// Limit is the number of slots acquire may fill.
+func (s Settings) Limit() int {
+	if s.Policy == PolicyBurst {
+		return s.Replicas + s.BurstLimit
+	}
+	return s.Replicas
+}
+
+// Validate returns every problem, each naming its field.
+func (s Settings) Validate() error {
+	var errs []error
+	if s.Deployment == "" || !idPattern.MatchString(s.Deployment) {
+		errs = append(errs, fmt.Errorf("Deployment: %q must match ^[A-Za-z0-9_-]{1,64}$", s.Deployment))
+	}
+	if s.Replicas <= 0 {
+		errs = append(errs, fmt.Errorf("Replicas: must be > 0, got %d", s.Replicas))
+	}
+	switch s.Policy {
+	case PolicyReject, PolicyWait, PolicyBurst:
+	default:
+		errs = append(errs, fmt.Errorf("Policy: unknown overflow policy %q (want reject, wait or burst)", s.Policy))
+	}
+	if s.BurstLimit < 0 {
+		errs = append(errs, fmt.Errorf("BurstLimit: must be >= 0, got %d", s.BurstLimit))
+	}
+	for name, d := range map[string]time.Duration{
+		"AcquireTimeout": s.AcquireTimeout, "IdleTimeout": s.IdleTimeout,
+		"ActiveTimeout": s.ActiveTimeout, "LeaseDuration": s.LeaseDuration,
+	} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be > 0, got %s", name, d))
+		}
+	}
+	if s.Home == "" || s.Home[0] != '/' {
+		errs = append(errs, fmt.Errorf("Home: must be an absolute path, got %q", s.Home))
+	}
+	return errors.Join(errs...)
+}

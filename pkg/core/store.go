@@ -1,0 +1,107 @@
+package core
+
+import (
+	"context"
+	"time"
+)
+
+// Binding is the thread -> sandbox pointer. Exactly one of SandboxID and
+// Reservation is set: a reservation while a create is in flight.
+type Binding struct {
+	ThreadKey
+	SandboxID   string
+	Reservation string
+	// ReservationExpiresAt is when an in-flight create is presumed crashed
+	// and a peer may take the binding over (its slot stays held until
+	// reconcile settles the reservation).
+	ReservationExpiresAt time.Time
+}
+
+// Claim asks the store to move a record into a leased state.
+type Claim struct {
+	SandboxID string
+	// Tenant must own the record, else ErrNotFound.
+	Tenant string
+	// From lists the states the record may be in.
+	From []State
+	// To is the new state; "" keeps the current one (a lease only).
+	To         State
+	Owner      string
+	Now        time.Time
+	LeaseUntil time.Time
+}
+
+// Update is a fenced write by a lease holder: it applies only if the record's
+// fence still equals Fence (else ErrStaleFence), then increments the fence.
+type Update struct {
+	SandboxID string
+	Fence     int64
+	State     State
+	// KeepLease leaves the lease in place (the caller goes on); otherwise the
+	// lease is cleared.
+	KeepLease bool
+	Now       time.Time
+	// ParkedAt is set when State is StateWarm.
+	ParkedAt time.Time
+	// ExpiresAt, when non-zero, records the provider timeout set.
+	ExpiresAt time.Time
+	// KillAttempt increments the record's kill attempt counter.
+	KillAttempt bool
+}
+
+// Reservation takes a capacity slot and binds the thread to an in-flight
+// create, atomically.
+type Reservation struct {
+	Token string
+	ThreadKey
+	Seed  string
+	Limit int
+	Now   time.Time
+	// ExpiresAt bounds the create; after it peers may replace the binding.
+	ExpiresAt time.Time
+	// ReplaceSandboxID, when set, is the dead or destroying sandbox the
+	// binding currently names; the reservation replaces it only if the
+	// binding still names it. ReplaceReservation likewise names an expired
+	// reservation to take over. Both empty: the binding must not exist.
+	ReplaceSandboxID   string
+	ReplaceReservation string
+}
+
+// Store is the durable state of the broker (DynamoDB in production).
+//
+// Write errors are classified: ErrNotFound, ErrConflict, ErrLeaseHeld,
+// ErrStaleFence, ErrThreadBound and *CapacityError mean the write certainly
+// did not apply; an error wrapping ErrStoreUnavailable means it may have.
+type Store interface {
+	// Binding reads the thread's binding (strongly consistent); ErrNotFound if none.
+	Binding(ctx context.Context, key ThreadKey) (Binding, error)
+	// Get reads a record (strongly consistent); ErrNotFound if none.
+	Get(ctx context.Context, sandboxID string) (Record, error)
+	// Claim applies c if the record belongs to c.Tenant (else ErrNotFound),
+	// is in one of c.From (else ErrConflict) and carries no live lease of
+	// another owner at c.Now (else ErrLeaseHeld). It returns the new record.
+	Claim(ctx context.Context, c Claim) (Record, error)
+	// Apply makes a fenced update and returns the new record.
+	Apply(ctx context.Context, u Update) (Record, error)
+	// Reserve takes a slot (a *CapacityError when Limit slots are held) and
+	// binds the thread to the reservation (ErrThreadBound when the binding is
+	// not what r expects).
+	Reserve(ctx context.Context, r Reservation) error
+	// Finalize turns reservation token into the record rec (state active),
+	// moving the binding to rec.SandboxID. ErrConflict if the reservation is
+	// no longer the thread's.
+	Finalize(ctx context.Context, token string, rec Record) (Record, error)
+	// FreeReservation drops a reservation whose create certainly failed (or
+	// whose sandbox was confirmed killed) and frees its slot.
+	FreeReservation(ctx context.Context, token string, key ThreadKey) error
+	// Free marks a record gone (fenced) and frees its slot: call only after
+	// the provider confirmed the sandbox is gone.
+	Free(ctx context.Context, sandboxID string, fence int64, now time.Time) error
+	// Capacity counts slots by state for the deployment.
+	Capacity(ctx context.Context) (CapacityStatus, error)
+	// WarmParkedBefore lists up to limit warm records parked before t,
+	// oldest first.
+	WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)
+	// Tombstones lists up to limit records in StateDestroying.
+	Tombstones(ctx context.Context, limit int) ([]Record, error)
+}

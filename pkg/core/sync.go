@@ -1,0 +1,33 @@
+package core
+
+import "context"
+
+// SyncTarget is the sandbox whose outputs are copied and the thread whose
+// object prefix they go to.
+type SyncTarget struct {
+	Ref SandboxRef
+	ThreadKey
+}
+
+// DeferredFile is a file a sync pass did not copy, and why.
+type DeferredFile struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"` // e.g. "max_files", "max_total_bytes", "file_too_large", "deadline", "unsafe_path", "error"
+}
+
+// SyncResult reports one sync pass (POST /v1/sandboxes/{id}/sync body).
+type SyncResult struct {
+	Uploaded int            `json:"uploaded"`
+	Skipped  int            `json:"skipped"`
+	Deferred []DeferredFile `json:"deferred"`
+	Bytes    int64          `json:"bytes"`
+	// Complete is true when every listed file is in the sink unchanged.
+	Complete bool `json:"complete"`
+}
+
+// OutputSyncer copies a thread's output directories from its sandbox to
+// durable storage. It returns ErrSandboxGone (wrapped) when the sandbox
+// turned out dead during the pass.
+type OutputSyncer interface {
+	Sync(ctx context.Context, t SyncTarget) (SyncResult, error)
+}

@@ -1,0 +1,138 @@
+package core
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// idPattern is the shape of tenant-supplied user and thread ids (DESIGN.md, HTTP API).
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// sandboxIDPattern bounds provider sandbox ids accepted from callers. E2B ids
+// are lowercase alphanumerics; the local host uses the same alphabet. Dashes
+// and underscores are allowed for other providers.
+var sandboxIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// ThreadKey identifies one agent thread: the unit that owns at most one live
+// sandbox. Tenant comes from the authorizer, User and Thread from the caller.
+type ThreadKey struct {
+	Tenant string
+	User   string
+	Thread string
+}
+
+// Validate reports a *ValidationError naming the first malformed field.
+func (k ThreadKey) Validate() error {
+	if !idPattern.MatchString(k.Tenant) {
+		return &ValidationError{Field: "tenant", Message: "must match ^[A-Za-z0-9_-]{1,64}$"}
+	}
+	if !idPattern.MatchString(k.User) {
+		return &ValidationError{Field: "user_id", Message: "must match ^[A-Za-z0-9_-]{1,64}$"}
+	}
+	if !idPattern.MatchString(k.Thread) {
+		return &ValidationError{Field: "thread_id", Message: "must match ^[A-Za-z0-9_-]{1,64}$"}
+	}
+	return nil
+}
+
+// Seed is the stable seed of the thread: the first 16 bytes of
+// SHA-256(tenant \x00 user \x00 thread), hex-encoded (32 chars). It is a
+// compact deterministic key for provider metadata; it is user- and
+// tenant-scoped (reference: test_stable_seed_is_deterministic_and_user_scoped).
+func (k ThreadKey) Seed() string {
+	h := sha256.Sum256([]byte(k.Tenant + "\x00" + k.User + "\x00" + k.Thread))
+	return hex.EncodeToString(h[:16])
+}
+
+func (k ThreadKey) String() string { return k.Tenant + "/" + k.User + "/" + k.Thread }
+
+// ValidateSandboxID reports a *ValidationError when id cannot be a sandbox id.
+func ValidateSandboxID(id string) error {
+	if !sandboxIDPattern.MatchString(id) {
+		return &ValidationError{Field: "sandbox_id", Message: "must match ^[A-Za-z0-9_-]{1,128}$"}
+	}
+	return nil
+}
+
+// State is the lifecycle state of a sandbox record (DESIGN.md, Vocabulary).
+type State string
+
+// Record states. Every state but StateGone holds one capacity slot.
+const (
+	StateCreating   State = "creating"   // reservation taken, provider create in flight
+	StateActive     State = "active"     // handed out to the thread's agent
+	StateReleasing  State = "releasing"  // release in progress (syncing outputs)
+	StateWarm       State = "warm"       // parked for the same thread, idle timeout running
+	StateReclaiming State = "reclaiming" // warm sandbox being handed back to its thread
+	StateDestroying State = "destroying" // tombstone: kill requested, not yet confirmed
+	StateGone       State = "gone"       // provider confirmed the sandbox is gone; slot freed
+)
+
+// Source says how acquire obtained the sandbox it returns.
+type Source string
+
+// Acquire sources, as in the acquire response's "source" field.
+const (
+	SourceReused     Source = "reused"     // the thread's active sandbox, still alive
+	SourceReclaimed  Source = "reclaimed"  // the thread's warm sandbox
+	SourceDiscovered Source = "discovered" // found at the provider by metadata
+	SourceCreated    Source = "created"    // freshly created
+)
+
+// Record is the broker's durable view of one sandbox. Times are UTC.
+type Record struct {
+	SandboxID string
+	ThreadKey
+	Seed    string
+	State   State
+	Backend string // provider name, e.g. "e2b"
+
+	// Fence is the fencing token: incremented by every transition; a write
+	// carrying an older value is refused with ErrStaleFence.
+	Fence int64
+	// LeaseOwner and LeaseExpiresAt describe the current lease, if any: the
+	// invocation that may move the record out of a transitional state.
+	LeaseOwner     string
+	LeaseExpiresAt time.Time
+
+	EnvdURL         string
+	EnvdAccessToken string
+
+	ReservationToken string
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+	// ParkedAt is when the record last became warm (zero unless warm).
+	ParkedAt time.Time
+	// ExpiresAt is when the provider will end the sandbox on its own (its
+	// timeout), as last set by the broker.
+	ExpiresAt    time.Time
+	KillAttempts int
+}
+
+// Leased reports whether a lease other than owner's is live at now.
+func (r Record) Leased(owner string, now time.Time) bool {
+	return r.LeaseOwner != "" && r.LeaseOwner != owner && now.Before(r.LeaseExpiresAt)
+}
+
+// Ref is the handle the provider needs to reach the sandbox's daemon.
+func (r Record) Ref() SandboxRef {
+	return SandboxRef{ID: r.SandboxID, EnvdURL: r.EnvdURL, AccessToken: r.EnvdAccessToken}
+}
+
+// CapacityStatus is the deployment-wide slot usage (GET /v1/capacity).
+type CapacityStatus struct {
+	Limit         int    `json:"limit"`
+	Used          int    `json:"used"`
+	Active        int    `json:"active"`
+	Warm          int    `json:"warm"`
+	Reserved      int    `json:"reserved"`
+	Transitioning int    `json:"transitioning"`
+	Policy        string `json:"policy"`
+}
+
+func (s CapacityStatus) String() string {
+	return fmt.Sprintf("limit=%d used=%d active=%d warm=%d reserved=%d", s.Limit, s.Used, s.Active, s.Warm, s.Reserved)
+}

@@ -1,0 +1,114 @@
+package ddbstore
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// item is the stored shape of a sandbox record or a reservation. Times are
+// Unix milliseconds (0 = unset).
+type item struct {
+	PK           string `dynamodbav:"pk"`
+	SK           string `dynamodbav:"sk"`
+	SandboxID    string `dynamodbav:"sandbox_id,omitempty"`
+	Tenant       string `dynamodbav:"tenant"`
+	User         string `dynamodbav:"user_id"`
+	Thread       string `dynamodbav:"thread_id"`
+	Seed         string `dynamodbav:"seed,omitempty"`
+	State        string `dynamodbav:"state"`
+	Backend      string `dynamodbav:"backend,omitempty"`
+	Fence        int64  `dynamodbav:"fence"`
+	LeaseOwner   string `dynamodbav:"lease_owner,omitempty"`
+	LeaseExpires int64  `dynamodbav:"lease_expires,omitempty"`
+	EnvdURL      string `dynamodbav:"envd_url,omitempty"`
+	EnvdToken    string `dynamodbav:"envd_token,omitempty"`
+	Reservation  string `dynamodbav:"reservation,omitempty"`
+	Deployment   string `dynamodbav:"deployment"`
+	CreatedAt    int64  `dynamodbav:"created_at"`
+	UpdatedAt    int64  `dynamodbav:"updated_at"`
+	ParkedAt     int64  `dynamodbav:"parked_at,omitempty"`
+	ExpiresAt    int64  `dynamodbav:"expires_at,omitempty"`
+	KillAttempts int    `dynamodbav:"kill_attempts,omitempty"`
+	GSI1PK       string `dynamodbav:"gsi1pk,omitempty"`
+	GSI1SK       string `dynamodbav:"gsi1sk,omitempty"`
+	TTL          int64  `dynamodbav:"ttl,omitempty"`
+}
+
+// bindingItem is the stored thread binding.
+type bindingItem struct {
+	PK                 string `dynamodbav:"pk"`
+	SK                 string `dynamodbav:"sk"`
+	SandboxID          string `dynamodbav:"sandbox_id,omitempty"`
+	Reservation        string `dynamodbav:"reservation,omitempty"`
+	ReservationExpires int64  `dynamodbav:"reservation_expires,omitempty"`
+	UpdatedAt          int64  `dynamodbav:"updated_at"`
+}
+
+const sortKey = "R"
+
+func sandboxPK(id string) string          { return "SBX#" + id }
+func reservationPK(token string) string   { return "RES#" + token }
+func bindingPK(k core.ThreadKey) string   { return "THR#" + k.Tenant + "#" + k.User + "#" + k.Thread }
+func capacityPK(deployment string) string { return "CAP#" + deployment }
+func statePK(deployment string, s core.State) string {
+	return "ST#" + deployment + "#" + string(s)
+}
+
+// stateSK orders index entries by time, then id.
+func stateSK(t time.Time, id string) string { return fmt.Sprintf("%015d#%s", ms(t), id) }
+
+func ms(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMS(v int64) time.Time {
+	if v == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(v).UTC()
+}
+
+func (it item) record() core.Record {
+	return core.Record{
+		SandboxID:        it.SandboxID,
+		ThreadKey:        core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread},
+		Seed:             it.Seed,
+		State:            core.State(it.State),
+		Backend:          it.Backend,
+		Fence:            it.Fence,
+		LeaseOwner:       it.LeaseOwner,
+		LeaseExpiresAt:   fromMS(it.LeaseExpires),
+		EnvdURL:          it.EnvdURL,
+		EnvdAccessToken:  it.EnvdToken,
+		ReservationToken: it.Reservation,
+		CreatedAt:        fromMS(it.CreatedAt),
+		UpdatedAt:        fromMS(it.UpdatedAt),
+		ParkedAt:         fromMS(it.ParkedAt),
+		ExpiresAt:        fromMS(it.ExpiresAt),
+		KillAttempts:     it.KillAttempts,
+	}
+}
+
+func recordItem(r core.Record, deployment string) item {
+	it := item{
+		PK: sandboxPK(r.SandboxID), SK: sortKey, SandboxID: r.SandboxID,
+		Tenant: r.Tenant, User: r.User, Thread: r.Thread, Seed: r.Seed, State: string(r.State),
+		Backend: r.Backend, Fence: r.Fence, LeaseOwner: r.LeaseOwner, LeaseExpires: ms(r.LeaseExpiresAt),
+		EnvdURL: r.EnvdURL, EnvdToken: r.EnvdAccessToken, Reservation: r.ReservationToken, Deployment: deployment,
+		CreatedAt: ms(r.CreatedAt), UpdatedAt: ms(r.UpdatedAt), ParkedAt: ms(r.ParkedAt), ExpiresAt: ms(r.ExpiresAt),
+		KillAttempts: r.KillAttempts,
+	}
+	if r.State != core.StateGone {
+		it.GSI1PK = statePK(deployment, r.State)
+		it.GSI1SK = stateSK(r.UpdatedAt, r.SandboxID)
+		if r.State == core.StateWarm {
+			it.GSI1SK = stateSK(r.ParkedAt, r.SandboxID)
+		}
+	}
+	return it
+}

@@ -1,0 +1,534 @@
+package ddbstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// API lists the DynamoDB calls the store makes (*dynamodb.Client fits).
+type API interface {
+	GetItem(ctx context.Context, in *dynamodb.GetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
+	UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
+	DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
+	TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, opts ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
+	Query(ctx context.Context, in *dynamodb.QueryInput, opts ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
+}
+
+// CallTimeout bounds each DynamoDB call (SDK retries included).
+const CallTimeout = 10 * time.Second
+
+// goneTTL is how long a gone record is kept for inspection before DynamoDB
+// TTL may delete it.
+const goneTTL = 7 * 24 * time.Hour
+
+// Store implements core.Store on one DynamoDB table.
+type Store struct {
+	db         API
+	table      string
+	deployment string
+}
+
+var _ core.Store = (*Store)(nil)
+
+// New returns a store over table, scoping the capacity ledger and state
+// index to deployment.
+func New(db API, table, deployment string) *Store {
+	return &Store{db: db, table: table, deployment: deployment}
+}
+
+func (s *Store) key(pk string) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{
+		AttrPK: &types.AttributeValueMemberS{Value: pk},
+		AttrSK: &types.AttributeValueMemberS{Value: sortKey},
+	}
+}
+
+// unavailable classifies a failed call whose outcome is unknown ("maybe
+// applied"): throttling, timeouts, 5xx, transport errors. Client faults
+// that certainly did not apply (validation, missing table) are returned
+// as they are.
+func unavailable(op string, err error) error {
+	var ae smithy.APIError
+	if errors.As(err, &ae) && ae.ErrorFault() == smithy.FaultClient {
+		switch ae.ErrorCode() {
+		case "ValidationException", "ResourceNotFoundException", "AccessDeniedException", "UnrecognizedClientException":
+			return fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	return fmt.Errorf("%s: %w: %w", op, core.ErrStoreUnavailable, err)
+}
+
+func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, CallTimeout)
+}
+
+// Binding reads the thread's binding.
+func (s *Store) Binding(ctx context.Context, key core.ThreadKey) (core.Binding, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(bindingPK(key)), ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return core.Binding{}, unavailable("get binding", err)
+	}
+	if out.Item == nil {
+		return core.Binding{}, core.ErrNotFound
+	}
+	var b bindingItem
+	if err := attributevalue.UnmarshalMap(out.Item, &b); err != nil {
+		return core.Binding{}, fmt.Errorf("decode binding: %w", err)
+	}
+	return core.Binding{ThreadKey: key, SandboxID: b.SandboxID, Reservation: b.Reservation, ReservationExpiresAt: fromMS(b.ReservationExpires)}, nil
+}
+
+// Get reads a sandbox record.
+func (s *Store) Get(ctx context.Context, id string) (core.Record, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(sandboxPK(id)), ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return core.Record{}, unavailable("get record", err)
+	}
+	if out.Item == nil {
+		return core.Record{}, core.ErrNotFound
+	}
+	return decodeRecord(out.Item)
+}
+
+func decodeRecord(av map[string]types.AttributeValue) (core.Record, error) {
+	var it item
+	if err := attributevalue.UnmarshalMap(av, &it); err != nil {
+		return core.Record{}, fmt.Errorf("decode record: %w", err)
+	}
+	return it.record(), nil
+}
+
+// stateIndex returns the SET clauses that file a record under state in gsi1.
+func (s *Store) stateIndex(u expression.UpdateBuilder, st core.State, at time.Time, id string) expression.UpdateBuilder {
+	if st == core.StateGone {
+		return u.Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK))
+	}
+	return u.Set(expression.Name(AttrGSI1PK), expression.Value(statePK(s.deployment, st))).
+		Set(expression.Name(AttrGSI1SK), expression.Value(stateSK(at, id)))
+}
+
+// Claim takes a lease on a record (and optionally moves its state).
+func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
+	if len(c.From) == 0 {
+		return core.Record{}, errors.New("claim: no source states")
+	}
+	states := make([]expression.OperandBuilder, 0, len(c.From))
+	for _, st := range c.From[1:] {
+		states = append(states, expression.Value(string(st)))
+	}
+	cond := expression.AttributeExists(expression.Name(AttrPK)).
+		And(expression.Name("tenant").Equal(expression.Value(c.Tenant))).
+		And(expression.Name("state").In(expression.Value(string(c.From[0])), states...)).
+		And(expression.Or(
+			expression.AttributeNotExists(expression.Name("lease_owner")),
+			expression.Name("lease_expires").LessThanEqual(expression.Value(ms(c.Now))),
+			expression.Name("lease_owner").Equal(expression.Value(c.Owner)),
+		))
+	upd := expression.Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
+		Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil))).
+		Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
+		Add(expression.Name("fence"), expression.Value(1))
+	if c.To != "" {
+		upd = upd.Set(expression.Name("state"), expression.Value(string(c.To)))
+		upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID)
+		if c.To != core.StateWarm {
+			upd = upd.Remove(expression.Name("parked_at"))
+		}
+	}
+	rec, old, err := s.update(ctx, "claim", sandboxPK(c.SandboxID), cond, upd)
+	if err == nil || old == nil {
+		return rec, err
+	}
+	// Condition failed: say which part, from the item as it was.
+	if old.Tenant != c.Tenant {
+		return core.Record{}, core.ErrNotFound
+	}
+	inFrom := false
+	for _, st := range c.From {
+		inFrom = inFrom || old.State == st
+	}
+	if !inFrom {
+		return *old, fmt.Errorf("sandbox %s is %s: %w", c.SandboxID, old.State, core.ErrConflict)
+	}
+	return *old, fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
+}
+
+// update runs a conditional UpdateItem returning the new record; on a
+// condition failure it returns the old record (nil when the item does not
+// exist, with core.ErrNotFound).
+func (s *Store) update(ctx context.Context, op, pk string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, *core.Record, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return core.Record{}, nil, fmt.Errorf("%s: build expression: %w", op, err)
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName: &s.table, Key: s.key(pk),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		if len(ccf.Item) == 0 {
+			return core.Record{}, nil, core.ErrNotFound
+		}
+		old, derr := decodeRecord(ccf.Item)
+		if derr != nil {
+			return core.Record{}, nil, derr
+		}
+		return core.Record{}, &old, fmt.Errorf("%s: condition failed", op)
+	}
+	if err != nil {
+		return core.Record{}, nil, unavailable(op, err)
+	}
+	rec, err := decodeRecord(out.Attributes)
+	return rec, nil, err
+}
+
+// Apply makes a fenced update.
+func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
+	cond := expression.AttributeExists(expression.Name(AttrPK)).
+		And(expression.Name("fence").Equal(expression.Value(u.Fence)))
+	at := u.Now
+	if u.State == core.StateWarm {
+		at = u.ParkedAt
+	}
+	upd := expression.Set(expression.Name("state"), expression.Value(string(u.State))).
+		Set(expression.Name("updated_at"), expression.Value(ms(u.Now))).
+		Add(expression.Name("fence"), expression.Value(1))
+	upd = s.stateIndex(upd, u.State, at, u.SandboxID)
+	if u.State == core.StateWarm {
+		upd = upd.Set(expression.Name("parked_at"), expression.Value(ms(u.ParkedAt)))
+	} else {
+		upd = upd.Remove(expression.Name("parked_at"))
+	}
+	if !u.ExpiresAt.IsZero() {
+		upd = upd.Set(expression.Name("expires_at"), expression.Value(ms(u.ExpiresAt)))
+	}
+	if !u.KeepLease {
+		upd = upd.Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires"))
+	}
+	if u.KillAttempt {
+		upd = upd.Add(expression.Name("kill_attempts"), expression.Value(1))
+	}
+	rec, old, err := s.update(ctx, "apply", sandboxPK(u.SandboxID), cond, upd)
+	if err != nil && old != nil {
+		return *old, fmt.Errorf("sandbox %s fence %d, now %d: %w", u.SandboxID, u.Fence, old.Fence, core.ErrStaleFence)
+	}
+	return rec, err
+}
+
+// Reserve takes a slot and binds the thread to the reservation, atomically.
+func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
+	capExpr, err := expression.NewBuilder().
+		WithCondition(expression.Or(
+			expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThan(expression.Value(r.Limit)))).
+		WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)).
+			Add(expression.Name("revision"), expression.Value(1))).
+		Build()
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	resItem, err := attributevalue.MarshalMap(item{
+		PK: reservationPK(r.Token), SK: sortKey, Tenant: r.Tenant, User: r.User, Thread: r.Thread, Seed: r.Seed,
+		State: string(core.StateCreating), Reservation: r.Token, Deployment: s.deployment,
+		CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
+		GSI1PK: statePK(s.deployment, core.StateCreating), GSI1SK: stateSK(r.Now, r.Token),
+	})
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	bindItem, err := attributevalue.MarshalMap(bindingItem{PK: bindingPK(r.ThreadKey), SK: sortKey,
+		Reservation: r.Token, ReservationExpires: ms(r.ExpiresAt), UpdatedAt: ms(r.Now)})
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	var bindCond expression.ConditionBuilder
+	switch {
+	case r.ReplaceSandboxID != "":
+		bindCond = expression.Name("sandbox_id").Equal(expression.Value(r.ReplaceSandboxID))
+	case r.ReplaceReservation != "":
+		bindCond = expression.Name("reservation").Equal(expression.Value(r.ReplaceReservation))
+	default:
+		bindCond = expression.AttributeNotExists(expression.Name(AttrPK))
+	}
+	bindExpr, err := expression.NewBuilder().WithCondition(bindCond).Build()
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	notExists := "attribute_not_exists(pk)"
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+			ConditionExpression: capExpr.Condition(), UpdateExpression: capExpr.Update(),
+			ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values(),
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
+		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
+		{Put: &types.Put{TableName: &s.table, Item: bindItem, ConditionExpression: bindExpr.Condition(),
+			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
+	}})
+	reasons, cancelled := cancellation(err)
+	if !cancelled {
+		if err != nil {
+			return unavailable("reserve", err)
+		}
+		return nil
+	}
+	switch {
+	case failed(reasons, 0):
+		used := 0
+		if v, ok := reasons[0].Item["used"].(*types.AttributeValueMemberN); ok {
+			used, _ = strconv.Atoi(v.Value)
+		}
+		return &core.CapacityError{Reason: "capacity", Status: core.CapacityStatus{Limit: r.Limit, Used: used}}
+	case failed(reasons, 2):
+		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
+	case failed(reasons, 1):
+		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
+	}
+	return unavailable("reserve", err)
+}
+
+// cancellation extracts a TransactionCanceledException's reasons.
+func cancellation(err error) ([]types.CancellationReason, bool) {
+	var tce *types.TransactionCanceledException
+	if errors.As(err, &tce) {
+		return tce.CancellationReasons, true
+	}
+	return nil, false
+}
+
+// failed reports whether the i-th transaction item failed its condition.
+func failed(reasons []types.CancellationReason, i int) bool {
+	return i < len(reasons) && aws.ToString(reasons[i].Code) == "ConditionalCheckFailed"
+}
+
+// Finalize turns a reservation into an active record and rebinds the thread.
+func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (core.Record, error) {
+	rec.Fence = 1
+	recItem, err := attributevalue.MarshalMap(recordItem(rec, s.deployment))
+	if err != nil {
+		return core.Record{}, fmt.Errorf("finalize: %w", err)
+	}
+	bindExpr, err := expression.NewBuilder().
+		WithCondition(expression.Name("reservation").Equal(expression.Value(token))).
+		WithUpdate(expression.Set(expression.Name("sandbox_id"), expression.Value(rec.SandboxID)).
+			Set(expression.Name("updated_at"), expression.Value(ms(rec.UpdatedAt))).
+			Remove(expression.Name("reservation")).Remove(expression.Name("reservation_expires"))).
+		Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("finalize: %w", err)
+	}
+	exists, notExists := "attribute_exists(pk)", "attribute_not_exists(pk)"
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
+		{Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}},
+		{Update: &types.Update{TableName: &s.table, Key: s.key(bindingPK(rec.ThreadKey)),
+			ConditionExpression: bindExpr.Condition(), UpdateExpression: bindExpr.Update(),
+			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
+	}})
+	if _, cancelled := cancellation(err); cancelled {
+		return core.Record{}, fmt.Errorf("finalize reservation %s: %w", token, core.ErrConflict)
+	}
+	if err != nil {
+		return core.Record{}, unavailable("finalize", err)
+	}
+	return rec, nil
+}
+
+// FreeReservation drops a reservation and its slot, then (best effort)
+// the binding if it still names the reservation.
+func (s *Store) FreeReservation(ctx context.Context, token string, key core.ThreadKey) error {
+	exists := "attribute_exists(pk)"
+	capUpd, err := expression.NewBuilder().WithUpdate(expression.Add(expression.Name("used"), expression.Value(-1)).
+		Add(expression.Name("revision"), expression.Value(1))).Build()
+	if err != nil {
+		return fmt.Errorf("free reservation: %w", err)
+	}
+	tctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err = s.db.TransactWriteItems(tctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
+		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+			UpdateExpression: capUpd.Update(), ExpressionAttributeNames: capUpd.Names(), ExpressionAttributeValues: capUpd.Values()}},
+	}})
+	if _, cancelled := cancellation(err); cancelled {
+		return fmt.Errorf("free reservation %s: %w", token, core.ErrNotFound)
+	}
+	if err != nil {
+		return unavailable("free reservation", err)
+	}
+	s.dropBinding(ctx, key, "reservation", token)
+	return nil
+}
+
+// dropBinding deletes the thread's binding if attr still equals value.
+// Best effort: a binding left behind names a reservation or record that no
+// longer exists, which acquire treats as no binding.
+func (s *Store) dropBinding(ctx context.Context, key core.ThreadKey, attr, value string) {
+	expr, err := expression.NewBuilder().WithCondition(expression.Name(attr).Equal(expression.Value(value))).Build()
+	if err != nil {
+		return
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, _ = s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: &s.table, Key: s.key(bindingPK(key)),
+		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
+}
+
+// Free marks a record gone and frees its slot, atomically and fenced.
+func (s *Store) Free(ctx context.Context, id string, fence int64, now time.Time) error {
+	recExpr, err := expression.NewBuilder().
+		WithCondition(expression.Name("fence").Equal(expression.Value(fence)).
+			And(expression.Name("state").NotEqual(expression.Value(string(core.StateGone))))).
+		WithUpdate(expression.Set(expression.Name("state"), expression.Value(string(core.StateGone))).
+			Set(expression.Name("updated_at"), expression.Value(ms(now))).
+			Set(expression.Name(AttrTTL), expression.Value(now.Add(goneTTL).Unix())).
+			Add(expression.Name("fence"), expression.Value(1)).
+			Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
+			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
+			Remove(expression.Name("envd_token"))).
+		Build()
+	if err != nil {
+		return fmt.Errorf("free: %w", err)
+	}
+	capUpd, err := expression.NewBuilder().WithUpdate(expression.Add(expression.Name("used"), expression.Value(-1)).
+		Add(expression.Name("revision"), expression.Value(1))).Build()
+	if err != nil {
+		return fmt.Errorf("free: %w", err)
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(id)),
+			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
+			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}},
+		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+			UpdateExpression: capUpd.Update(), ExpressionAttributeNames: capUpd.Names(), ExpressionAttributeValues: capUpd.Values()}},
+	}})
+	if _, cancelled := cancellation(err); cancelled {
+		return fmt.Errorf("free sandbox %s fence %d: %w", id, fence, core.ErrStaleFence)
+	}
+	if err != nil {
+		return unavailable("free", err)
+	}
+	return nil
+}
+
+// Capacity reads the ledger and counts records per state (one GetItem and
+// one COUNT query per slot-holding state; for status, not the hot path).
+func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
+	var st core.CapacityStatus
+	cctx, cancel := s.ctx(ctx)
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(capacityPK(s.deployment)), ConsistentRead: aws.Bool(true)})
+	cancel()
+	if err != nil {
+		return st, unavailable("get capacity", err)
+	}
+	if v, ok := out.Item["used"].(*types.AttributeValueMemberN); ok {
+		st.Used, _ = strconv.Atoi(v.Value)
+	}
+	for _, state := range []core.State{core.StateCreating, core.StateActive, core.StateWarm, core.StateReleasing, core.StateReclaiming, core.StateDestroying} {
+		n, err := s.countState(ctx, state)
+		if err != nil {
+			return st, err
+		}
+		switch state {
+		case core.StateCreating:
+			st.Reserved = n
+		case core.StateActive:
+			st.Active = n
+		case core.StateWarm:
+			st.Warm = n
+		default:
+			st.Transitioning += n
+		}
+	}
+	return st, nil
+}
+
+func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
+	expr, err := expression.NewBuilder().WithKeyCondition(
+		expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, state)))).Build()
+	if err != nil {
+		return 0, err
+	}
+	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+		ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
+	n := 0
+	for pages := 0; p.HasMorePages() && pages < 100; pages++ {
+		cctx, cancel := s.ctx(ctx)
+		out, err := p.NextPage(cctx)
+		cancel()
+		if err != nil {
+			return 0, unavailable("count "+string(state), err)
+		}
+		n += int(out.Count)
+	}
+	return n, nil
+}
+
+// WarmParkedBefore lists warm records parked before t, oldest first.
+func (s *Store) WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([]core.Record, error) {
+	return s.queryState(ctx, core.StateWarm, expression.Key(AttrGSI1SK).LessThan(expression.Value(stateSK(t, ""))), limit)
+}
+
+// Tombstones lists records in StateDestroying, oldest first.
+func (s *Store) Tombstones(ctx context.Context, limit int) ([]core.Record, error) {
+	return s.queryState(ctx, core.StateDestroying, nil, limit)
+}
+
+func (s *Store) queryState(ctx context.Context, state core.State, sk any, limit int) ([]core.Record, error) {
+	kc := expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, state)))
+	if c, ok := sk.(expression.KeyConditionBuilder); ok {
+		kc = kc.And(c)
+	}
+	expr, err := expression.NewBuilder().WithKeyCondition(kc).Build()
+	if err != nil {
+		return nil, err
+	}
+	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+		ExpressionAttributeValues: expr.Values(), Limit: aws.Int32(int32(limit))})
+	var recs []core.Record
+	for p.HasMorePages() && len(recs) < limit {
+		cctx, cancel := s.ctx(ctx)
+		out, err := p.NextPage(cctx)
+		cancel()
+		if err != nil {
+			return nil, unavailable("query "+string(state), err)
+		}
+		for _, av := range out.Items {
+			rec, err := decodeRecord(av)
+			if err != nil {
+				return nil, err
+			}
+			recs = append(recs, rec)
+		}
+	}
+	return recs[:min(len(recs), limit)], nil
+}
