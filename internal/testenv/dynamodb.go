@@ -1,0 +1,120 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+)
+
+// DynamoEndpoint addresses a DynamoDB-compatible server.
+type DynamoEndpoint struct {
+	Endpoint string // base URL, e.g. http://127.0.0.1:41234
+	Region   string
+}
+
+var (
+	dynamoOnce sync.Once
+	dynamoEP   DynamoEndpoint
+	dynamoErr  error
+)
+
+// DynamoDB returns the endpoint of a running DynamoDB Local: TEST_DYNAMODB_ENDPOINT (and optionally
+// TEST_DYNAMODB_REGION) when set, else one DynamoDB Local per test process started from
+// .tools/dynamodb with -inMemory -sharedDb (tables are shared by every access key and region, and
+// gone when the process exits). Use UniqueName for table names. Fails the test when DynamoDB Local
+// is missing (run make deps) or does not start.
+func DynamoDB(t testing.TB) DynamoEndpoint {
+	t.Helper()
+	if ep := os.Getenv("TEST_DYNAMODB_ENDPOINT"); ep != "" {
+		region := os.Getenv("TEST_DYNAMODB_REGION")
+		if region == "" {
+			region = Region
+		}
+		return DynamoEndpoint{Endpoint: ep, Region: region}
+	}
+	dir := ToolPath(t, "dynamodb")
+	jar := ToolPath(t, filepath.Join("dynamodb", "DynamoDBLocal.jar"))
+	java, err := lookJava()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	dynamoOnce.Do(func() {
+		dynamoEP, dynamoErr = startDynamo(dir, jar, java)
+	})
+	if dynamoErr != nil {
+		t.Fatalf("testenv: DynamoDB Local: %v", dynamoErr)
+	}
+	return dynamoEP
+}
+
+func lookJava() (string, error) {
+	if home := os.Getenv("JAVA_HOME"); home != "" {
+		p := filepath.Join(home, "bin", "java")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	p, err := execLookPath("java")
+	if err != nil {
+		return "", fmt.Errorf("java missing (DynamoDB Local needs Java 17+): %w", err)
+	}
+	return p, nil
+}
+
+func startDynamo(dir, jar, java string) (DynamoEndpoint, error) {
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ { // a port picked as free may be taken meanwhile
+		port, err := freePort()
+		if err != nil {
+			return DynamoEndpoint{}, err
+		}
+		ep := DynamoEndpoint{Endpoint: "http://127.0.0.1:" + strconv.Itoa(port), Region: Region}
+		client := newDynamoClient(ep)
+		args := []string{
+			"-Xmx512m", "-XX:TieredStopAtLevel=1",
+			"-Djava.library.path=" + filepath.Join(dir, "DynamoDBLocal_lib"),
+			"-jar", jar,
+			"-inMemory", "-sharedDb", "-disableTelemetry",
+			"-port", strconv.Itoa(port),
+		}
+		_, err = start(dir, java, args, func() error {
+			if err := waitTCP("127.0.0.1:" + strconv.Itoa(port)); err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := client.ListTables(ctx, &dynamodb.ListTablesInput{Limit: aws.Int32(1)})
+			return err
+		})
+		if err == nil {
+			return ep, nil
+		}
+		lastErr = err
+	}
+	return DynamoEndpoint{}, lastErr
+}
+
+// DynamoClient returns a DynamoDB client for DynamoDB(t) with static dummy credentials.
+func DynamoClient(t testing.TB) *dynamodb.Client {
+	t.Helper()
+	return newDynamoClient(DynamoDB(t))
+}
+
+func newDynamoClient(ep DynamoEndpoint) *dynamodb.Client {
+	return dynamodb.New(dynamodb.Options{
+		Region:       ep.Region,
+		BaseEndpoint: aws.String(ep.Endpoint),
+		Credentials:  credentials.NewStaticCredentialsProvider("testenv", "testenv", ""),
+		HTTPClient:   &http.Client{Timeout: 30 * time.Second},
+	})
+}
