@@ -1,0 +1,519 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+)
+
+// clock is a test clock: real time shifted by an offset tests advance.
+type clock struct{ offset atomic.Int64 }
+
+func (c *clock) now() time.Time           { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *clock) advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+type harness struct {
+	eng   *core.Engine
+	store *ddbstore.Store
+	prov  *fakeProvider
+	sync  *fakeSyncer
+	clock *clock
+}
+
+// newHarness wires an engine over a fresh DynamoDB Local table.
+func newHarness(t *testing.T, mutate func(*core.Settings), opts ...core.Option) *harness {
+	t.Helper()
+	client := testenv.DynamoClient(t)
+	table := testenv.UniqueName(t, "engine")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := ddbstore.CreateTable(ctx, client, table); err != nil {
+		t.Fatalf("CreateTable: %v", err)
+	}
+	s := core.DefaultSettings()
+	s.Deployment = "test"
+	s.AcquireTimeout = 5 * time.Second
+	if mutate != nil {
+		mutate(&s)
+	}
+	h := &harness{store: ddbstore.New(client, table, s.Deployment), prov: newFakeProvider(), sync: &fakeSyncer{}, clock: &clock{}}
+	eng, err := core.New(s, h.store, h.prov, h.sync, append([]core.Option{core.WithClock(h.clock.now)}, opts...)...)
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	h.eng = eng
+	return h
+}
+
+func key(thread string) core.ThreadKey {
+	return core.ThreadKey{Tenant: "acme", User: "alice", Thread: thread}
+}
+
+func (h *harness) acquire(t *testing.T, k core.ThreadKey, want core.Source) core.Record {
+	t.Helper()
+	res, err := h.eng.Acquire(context.Background(), k)
+	if err != nil {
+		t.Fatalf("Acquire(%s): %v", k, err)
+	}
+	if res.Source != want {
+		t.Fatalf("Acquire(%s) source = %s, want %s", k, res.Source, want)
+	}
+	if res.Record.State != core.StateActive {
+		t.Fatalf("Acquire(%s) state = %s, want active", k, res.Record.State)
+	}
+	return res.Record
+}
+
+func (h *harness) capacity(t *testing.T) core.CapacityStatus {
+	t.Helper()
+	st, err := h.eng.Capacity(context.Background())
+	if err != nil {
+		t.Fatalf("Capacity: %v", err)
+	}
+	return st
+}
+
+func TestAcquireCreatesThenReusesWithoutExtendingLife(t *testing.T) {
+	h := newHarness(t, nil)
+	first := h.acquire(t, key("t1"), core.SourceCreated)
+	if first.EnvdAccessToken == "" || first.Backend != "fake" {
+		t.Errorf("created record = %+v, want token and backend", first)
+	}
+	meta := h.prov.sandboxes[first.SandboxID].meta
+	for k, want := range map[string]string{core.MetaTenant: "acme", core.MetaUser: "alice", core.MetaThread: "t1", core.MetaDeployment: "test"} {
+		if meta[k] != want {
+			t.Errorf("metadata[%s] = %q, want %q", k, meta[k], want)
+		}
+	}
+	if meta[core.MetaReservation] == "" || meta[core.MetaCreatedAt] == "" {
+		t.Errorf("metadata lacks reservation token or created-at: %v", meta)
+	}
+	timeouts := h.prov.count("timeout")
+	second := h.acquire(t, key("t1"), core.SourceReused)
+	if second.SandboxID != first.SandboxID {
+		t.Errorf("reuse returned %s, want %s", second.SandboxID, first.SandboxID)
+	}
+	if got := h.prov.count("timeout"); got != timeouts {
+		t.Errorf("reuse called SetTimeout %d times; the liveness probe must not extend life", got-timeouts)
+	}
+	if st := h.capacity(t); st.Used != 1 || st.Active != 1 {
+		t.Errorf("capacity = %+v, want used 1 active 1", st)
+	}
+}
+
+func TestReleaseParksWarmAndAcquireReclaims(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	res, err := h.eng.Release(ctx, "acme", rec.SandboxID)
+	if err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if res.State != "warm" || res.Sync == nil || !res.Sync.Complete {
+		t.Errorf("release = %+v, want warm with a complete sync", res)
+	}
+	if got := h.prov.sandboxes[rec.SandboxID].timeout; got != core.DefaultSettings().IdleTimeout {
+		t.Errorf("parked sandbox timeout = %s, want the idle timeout", got)
+	}
+	again, err := h.eng.Release(ctx, "acme", rec.SandboxID)
+	if err != nil || again.State != "warm" {
+		t.Errorf("second release = %+v, %v; want warm no-op", again, err)
+	}
+	if st := h.capacity(t); st.Warm != 1 || st.Used != 1 {
+		t.Errorf("capacity = %+v, want warm 1 used 1 (warm sandboxes hold slots)", st)
+	}
+	back := h.acquire(t, key("t1"), core.SourceReclaimed)
+	if back.SandboxID != rec.SandboxID {
+		t.Errorf("reclaimed %s, want %s", back.SandboxID, rec.SandboxID)
+	}
+	if got := h.prov.sandboxes[rec.SandboxID].timeout; got != core.DefaultSettings().ActiveTimeout {
+		t.Errorf("reclaimed sandbox timeout = %s, want the active timeout", got)
+	}
+}
+
+func TestCapacityRejectPolicy(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
+	h.acquire(t, key("t1"), core.SourceCreated)
+	_, err := h.eng.Acquire(context.Background(), key("t2"))
+	var ce *core.CapacityError
+	if !errors.As(err, &ce) {
+		t.Fatalf("Acquire over limit = %v, want *CapacityError", err)
+	}
+	if ce.Reason != "capacity" || ce.RetryAfter <= 0 || ce.Status.Limit != 1 || ce.Status.Policy != "reject" {
+		t.Errorf("capacity error = %+v, want reason capacity, retry-after, limit 1, policy reject", ce)
+	}
+	if n := h.prov.count("create"); n != 1 {
+		t.Errorf("provider creates = %d, want 1 (refusal must create nothing)", n)
+	}
+}
+
+func TestCapacityWaitPolicyTimesOut(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) {
+		s.Replicas = 1
+		s.Policy = core.PolicyWait
+		s.AcquireTimeout = 600 * time.Millisecond
+	})
+	h.acquire(t, key("t1"), core.SourceCreated)
+	start := time.Now()
+	_, err := h.eng.Acquire(context.Background(), key("t2"))
+	var ce *core.CapacityError
+	if !errors.As(err, &ce) {
+		t.Fatalf("Acquire = %v, want *CapacityError after waiting", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Errorf("wait lasted %s, far beyond the 600ms acquire timeout", time.Since(start))
+	}
+}
+
+func TestCapacityWaitPolicySucceedsWhenSlotFrees(t *testing.T) {
+	waiting := make(chan struct{}, 100)
+	sleep := func(ctx context.Context, d time.Duration) error {
+		waiting <- struct{}{}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+			return nil
+		}
+	}
+	h := newHarness(t, func(s *core.Settings) {
+		s.Replicas = 1
+		s.Policy = core.PolicyWait
+		s.IdleTimeout = 30 * time.Second
+		s.AcquireTimeout = 10 * time.Minute
+	}, core.WithSleep(sleep))
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.eng.Acquire(ctx, key("t2"))
+		done <- err
+	}()
+	<-waiting // t2 found no slot and is backing off
+	h.clock.advance(time.Minute)
+	// Reconcile expires the idle warm sandbox and frees its slot.
+	if st, err := h.eng.Reconcile(ctx); err != nil || st.Expired != 1 {
+		t.Fatalf("Reconcile = %+v, %v; want 1 expired", st, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("waiting Acquire: %v", err)
+	}
+}
+
+func TestAcquireReplacesSandboxKilledBehindOurBack(t *testing.T) {
+	h := newHarness(t, nil)
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	h.prov.set(func(f *fakeProvider) { delete(f.sandboxes, rec.SandboxID) })
+	fresh := h.acquire(t, key("t1"), core.SourceCreated)
+	if fresh.SandboxID == rec.SandboxID {
+		t.Fatalf("acquire returned the dead sandbox %s", rec.SandboxID)
+	}
+	old, err := h.store.Get(context.Background(), rec.SandboxID)
+	if err != nil || old.State != core.StateGone {
+		t.Errorf("dead record = %+v, %v; want gone", old, err)
+	}
+	if st := h.capacity(t); st.Used != 1 {
+		t.Errorf("used = %d, want 1 (the dead sandbox's slot freed)", st.Used)
+	}
+}
+
+func TestReleaseDestroysSandboxFoundDeadDuringSync(t *testing.T) {
+	h := newHarness(t, nil)
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	h.sync.err = fmt.Errorf("list outputs: %w", core.ErrSandboxGone)
+	res, err := h.eng.Release(context.Background(), "acme", rec.SandboxID)
+	if err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if res.State != "destroyed" {
+		t.Errorf("release state = %s, want destroyed", res.State)
+	}
+	if h.prov.alive(rec.SandboxID) {
+		t.Error("sandbox still alive; a dead-during-sync sandbox must be killed, not parked")
+	}
+	if st := h.capacity(t); st.Used != 0 || st.Warm != 0 {
+		t.Errorf("capacity = %+v, want empty", st)
+	}
+}
+
+func TestAmbiguousCreateKeepsReservation(t *testing.T) {
+	h := newHarness(t, nil)
+	h.prov.createErr = &core.ProviderError{Op: "create", StatusCode: 502, Message: "bad gateway", Ambiguous: true}
+	if _, err := h.eng.Acquire(context.Background(), key("t1")); err == nil {
+		t.Fatal("Acquire succeeded despite the create failure")
+	}
+	if st := h.capacity(t); st.Used != 1 || st.Reserved != 1 {
+		t.Errorf("capacity = %+v, want the reservation kept (used 1, reserved 1)", st)
+	}
+}
+
+func TestCertainCreateFailureFreesReservation(t *testing.T) {
+	h := newHarness(t, nil)
+	h.prov.createErr = &core.ProviderError{Op: "create", StatusCode: 400, Message: "bad template"}
+	if _, err := h.eng.Acquire(context.Background(), key("t1")); err == nil {
+		t.Fatal("Acquire succeeded despite the create failure")
+	}
+	if st := h.capacity(t); st.Used != 0 || st.Reserved != 0 {
+		t.Errorf("capacity = %+v, want the slot freed", st)
+	}
+	h.prov.set(func(f *fakeProvider) { f.createErr = nil })
+	h.acquire(t, key("t1"), core.SourceCreated)
+}
+
+func TestBootstrapFailureKillsAndFreesSlot(t *testing.T) {
+	h := newHarness(t, nil)
+	h.prov.runExit = 1
+	if _, err := h.eng.Acquire(context.Background(), key("t1")); err == nil {
+		t.Fatal("Acquire handed out a sandbox whose bootstrap failed")
+	}
+	if len(h.prov.killed) != 1 {
+		t.Errorf("killed = %v, want the bootstrap-failed sandbox", h.prov.killed)
+	}
+	if st := h.capacity(t); st.Used != 0 {
+		t.Errorf("used = %d, want 0", st.Used)
+	}
+}
+
+func TestBootstrapFailureWithUncertainKillKeepsSlot(t *testing.T) {
+	h := newHarness(t, nil)
+	h.prov.runExit = 1
+	h.prov.killErr = errors.New("connection reset")
+	if _, err := h.eng.Acquire(context.Background(), key("t1")); err == nil {
+		t.Fatal("Acquire handed out a sandbox whose bootstrap failed")
+	}
+	if st := h.capacity(t); st.Used != 1 {
+		t.Errorf("used = %d, want 1: an uncertain kill keeps its slot", st.Used)
+	}
+}
+
+func TestWarmReclaimReconnectFailureDiscardsAndCreates(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	h.prov.set(func(f *fakeProvider) { f.setTimeoutErr = core.ErrSandboxGone })
+	fresh := h.acquire(t, key("t1"), core.SourceCreated)
+	if fresh.SandboxID == rec.SandboxID {
+		t.Fatal("reclaimed a warm sandbox whose reconnect failed")
+	}
+	if st := h.capacity(t); st.Used != 1 {
+		t.Errorf("used = %d, want 1 (discarded sandbox freed)", st.Used)
+	}
+}
+
+func TestWarmReclaimWithUncertainKillKeepsTombstone(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	h.prov.set(func(f *fakeProvider) { f.setTimeoutErr = errors.New("timeout"); f.killErr = errors.New("timeout") })
+	if _, err := h.eng.Acquire(ctx, key("t1")); err == nil {
+		// The replacement create works (kill failures don't block create).
+		t.Log("replacement created")
+	}
+	old, _ := h.store.Get(ctx, rec.SandboxID)
+	if old.State != core.StateDestroying {
+		t.Errorf("old record state = %s, want destroying (tombstone)", old.State)
+	}
+	// A later reconcile pass retries the tombstone once its lease lapses.
+	h.prov.set(func(f *fakeProvider) { f.killErr = nil })
+	h.clock.advance(core.DefaultSettings().LeaseDuration + time.Second)
+	st, err := h.eng.Reconcile(ctx)
+	if err != nil || st.Killed != 1 {
+		t.Fatalf("Reconcile = %+v, %v; want the tombstone killed", st, err)
+	}
+	if old, _ := h.store.Get(ctx, rec.SandboxID); old.State != core.StateGone {
+		t.Errorf("after retry state = %s, want gone", old.State)
+	}
+}
+
+func TestTenantIsolation(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if _, err := h.eng.Get(ctx, "other", rec.SandboxID); !errors.Is(err, core.ErrNotFound) {
+		t.Errorf("Get by other tenant = %v, want ErrNotFound", err)
+	}
+	if _, err := h.eng.Release(ctx, "other", rec.SandboxID); !errors.Is(err, core.ErrNotFound) {
+		t.Errorf("Release by other tenant = %v, want ErrNotFound", err)
+	}
+	if _, err := h.eng.Sync(ctx, "other", rec.SandboxID); !errors.Is(err, core.ErrNotFound) {
+		t.Errorf("Sync by other tenant = %v, want ErrNotFound", err)
+	}
+	if got, _ := h.store.Get(ctx, rec.SandboxID); got.State != core.StateActive {
+		t.Errorf("state after foreign calls = %s, want active", got.State)
+	}
+}
+
+func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx := context.Background()
+	var ve *core.ValidationError
+	for _, k := range []core.ThreadKey{
+		{Tenant: "acme", User: "", Thread: "t"}, {Tenant: "acme", User: "a/b", Thread: "t"},
+		{Tenant: "acme", User: "u", Thread: "../x"}, {Tenant: "acme", User: "u", Thread: string(make([]byte, 65))},
+	} {
+		if _, err := h.eng.Acquire(ctx, k); !errors.As(err, &ve) {
+			t.Errorf("Acquire(%q) = %v, want ValidationError", k, err)
+		}
+	}
+	for _, id := range []string{"", "a/b", "..", "x y", string(make([]byte, 200))} {
+		if _, err := h.eng.Release(ctx, "acme", id); !errors.As(err, &ve) {
+			t.Errorf("Release(%q) = %v, want ValidationError", id, err)
+		}
+	}
+	if st := h.capacity(t); st.Used != 0 || h.prov.count("") != 0 {
+		t.Errorf("bad input changed state: capacity %+v, provider calls %v", st, h.prov.calls)
+	}
+}
+
+func TestReconcileExpiresIdleWarmSandboxes(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.IdleTimeout = time.Minute })
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if st, _ := h.eng.Reconcile(ctx); st.Expired != 0 {
+		t.Fatalf("reconcile expired a sandbox parked just now: %+v", st)
+	}
+	h.clock.advance(2 * time.Minute)
+	st, err := h.eng.Reconcile(ctx)
+	if err != nil || st.Expired != 1 {
+		t.Fatalf("Reconcile = %+v, %v; want 1 expired", st, err)
+	}
+	if h.prov.alive(rec.SandboxID) {
+		t.Error("expired sandbox still alive")
+	}
+	if n := h.prov.count("timeout " + rec.SandboxID); n != 1 {
+		t.Errorf("SetTimeout calls = %d, want only the park (reconcile must not extend life)", n)
+	}
+	if c := h.capacity(t); c.Used != 0 {
+		t.Errorf("used = %d, want 0", c.Used)
+	}
+}
+
+// TestConcurrentAcquiresForOneThreadYieldOneSandbox: per-thread mutual
+// exclusion across concurrent invocations (many goroutines, many rounds).
+func TestConcurrentAcquiresForOneThreadYieldOneSandbox(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 50; s.AcquireTimeout = 20 * time.Second })
+	ctx := context.Background()
+	for round := range 3 {
+		k := key(fmt.Sprintf("race%d", round))
+		ids := make(chan string, 12)
+		var wg sync.WaitGroup
+		for range 12 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := h.eng.Acquire(ctx, k)
+				if err != nil {
+					t.Errorf("Acquire: %v", err)
+					return
+				}
+				ids <- res.Record.SandboxID
+			}()
+		}
+		wg.Wait()
+		close(ids)
+		seen := map[string]bool{}
+		for id := range ids {
+			seen[id] = true
+		}
+		if len(seen) != 1 {
+			t.Fatalf("round %d: concurrent acquires got %d sandboxes %v, want 1", round, len(seen), seen)
+		}
+	}
+	if n := h.prov.count("create"); n != 3 {
+		t.Errorf("creates = %d, want 3 (one per thread)", n)
+	}
+}
+
+// TestConcurrentAcquiresNeverExceedLimit is invariant 1 through the engine.
+func TestConcurrentAcquiresNeverExceedLimit(t *testing.T) {
+	const limit = 3
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = limit; s.Policy = core.PolicyReject })
+	ctx := context.Background()
+	var ok, full atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 24 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := h.eng.Acquire(ctx, key(fmt.Sprintf("t%d", i)))
+			var ce *core.CapacityError
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.As(err, &ce):
+				full.Add(1)
+			default:
+				t.Errorf("Acquire: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != limit {
+		t.Errorf("acquired %d, want %d", ok.Load(), limit)
+	}
+	h.prov.mu.Lock()
+	live := len(h.prov.sandboxes)
+	h.prov.mu.Unlock()
+	if live > limit {
+		t.Errorf("%d sandboxes live at the provider, limit %d", live, limit)
+	}
+}
+
+// TestAcquireWaitsForSameThreadRelease: an acquire arriving while the
+// thread's release is syncing waits and then gets that same sandbox
+// (reference: test_acquire_waits_for_same_thread_release_transition).
+func TestAcquireWaitsForSameThreadRelease(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	inSync, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h.sync.hook = func() { once.Do(func() { close(inSync); <-resume }) }
+	released := make(chan error, 1)
+	go func() {
+		_, err := h.eng.Release(ctx, "acme", rec.SandboxID)
+		released <- err
+	}()
+	<-inSync
+	acquired := make(chan core.AcquireResult, 1)
+	go func() {
+		res, err := h.eng.Acquire(ctx, key("t1"))
+		if err != nil {
+			t.Errorf("Acquire during release: %v", err)
+		}
+		acquired <- res
+	}()
+	select {
+	case res := <-acquired:
+		t.Fatalf("acquire returned %+v while the release was still syncing", res)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(resume)
+	if err := <-released; err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	res := <-acquired
+	if res.Record.SandboxID != rec.SandboxID || res.Source != core.SourceReclaimed {
+		t.Errorf("acquire after release = %s/%s, want %s reclaimed", res.Record.SandboxID, res.Source, rec.SandboxID)
+	}
+}
