@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
@@ -23,7 +24,7 @@ func (c *clock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 type harness struct {
 	eng   *core.Engine
 	store *ddbstore.Store
-	prov  *fakeProvider
+	prov  *coretest.FakeProvider
 	sync  *fakeSyncer
 	clock *clock
 }
@@ -44,7 +45,7 @@ func newHarness(t *testing.T, mutate func(*core.Settings), opts ...core.Option) 
 	if mutate != nil {
 		mutate(&s)
 	}
-	h := &harness{store: ddbstore.New(client, table, s.Deployment), prov: newFakeProvider(), sync: &fakeSyncer{}, clock: &clock{}}
+	h := &harness{store: ddbstore.New(client, table, s.Deployment), prov: coretest.NewFakeProvider(), sync: &fakeSyncer{}, clock: &clock{}}
 	eng, err := core.New(s, h.store, h.prov, h.sync, append([]core.Option{core.WithClock(h.clock.now)}, opts...)...)
 	if err != nil {
 		t.Fatalf("core.New: %v", err)
@@ -87,7 +88,7 @@ func TestAcquireCreatesThenReusesWithoutExtendingLife(t *testing.T) {
 	if first.EnvdAccessToken == "" || first.Backend != "fake" {
 		t.Errorf("created record = %+v, want token and backend", first)
 	}
-	meta := h.prov.sandboxes[first.SandboxID].meta
+	meta := h.prov.Metadata(first.SandboxID)
 	for k, want := range map[string]string{core.MetaTenant: "acme", core.MetaUser: "alice", core.MetaThread: "t1", core.MetaDeployment: "test"} {
 		if meta[k] != want {
 			t.Errorf("metadata[%s] = %q, want %q", k, meta[k], want)
@@ -96,12 +97,12 @@ func TestAcquireCreatesThenReusesWithoutExtendingLife(t *testing.T) {
 	if meta[core.MetaReservation] == "" || meta[core.MetaCreatedAt] == "" {
 		t.Errorf("metadata lacks reservation token or created-at: %v", meta)
 	}
-	timeouts := h.prov.count("timeout")
+	timeouts := h.prov.Count("timeout")
 	second := h.acquire(t, key("t1"), core.SourceReused)
 	if second.SandboxID != first.SandboxID {
 		t.Errorf("reuse returned %s, want %s", second.SandboxID, first.SandboxID)
 	}
-	if got := h.prov.count("timeout"); got != timeouts {
+	if got := h.prov.Count("timeout"); got != timeouts {
 		t.Errorf("reuse called SetTimeout %d times; the liveness probe must not extend life", got-timeouts)
 	}
 	if st := h.capacity(t); st.Used != 1 || st.Active != 1 {
@@ -120,7 +121,7 @@ func TestReleaseParksWarmAndAcquireReclaims(t *testing.T) {
 	if res.State != "warm" || res.Sync == nil || !res.Sync.Complete {
 		t.Errorf("release = %+v, want warm with a complete sync", res)
 	}
-	if got := h.prov.sandboxes[rec.SandboxID].timeout; got != core.DefaultSettings().IdleTimeout {
+	if got := h.prov.Timeout(rec.SandboxID); got != core.DefaultSettings().IdleTimeout {
 		t.Errorf("parked sandbox timeout = %s, want the idle timeout", got)
 	}
 	again, err := h.eng.Release(ctx, "acme", rec.SandboxID)
@@ -134,7 +135,7 @@ func TestReleaseParksWarmAndAcquireReclaims(t *testing.T) {
 	if back.SandboxID != rec.SandboxID {
 		t.Errorf("reclaimed %s, want %s", back.SandboxID, rec.SandboxID)
 	}
-	if got := h.prov.sandboxes[rec.SandboxID].timeout; got != core.DefaultSettings().ActiveTimeout {
+	if got := h.prov.Timeout(rec.SandboxID); got != core.DefaultSettings().ActiveTimeout {
 		t.Errorf("reclaimed sandbox timeout = %s, want the active timeout", got)
 	}
 }
@@ -150,7 +151,7 @@ func TestCapacityRejectPolicy(t *testing.T) {
 	if ce.Reason != "capacity" || ce.RetryAfter <= 0 || ce.Status.Limit != 1 || ce.Status.Policy != "reject" {
 		t.Errorf("capacity error = %+v, want reason capacity, retry-after, limit 1, policy reject", ce)
 	}
-	if n := h.prov.count("create"); n != 1 {
+	if n := h.prov.Count("create"); n != 1 {
 		t.Errorf("provider creates = %d, want 1 (refusal must create nothing)", n)
 	}
 }
@@ -214,7 +215,7 @@ func TestCapacityWaitPolicySucceedsWhenSlotFrees(t *testing.T) {
 func TestAcquireReplacesSandboxKilledBehindOurBack(t *testing.T) {
 	h := newHarness(t, nil)
 	rec := h.acquire(t, key("t1"), core.SourceCreated)
-	h.prov.set(func(f *fakeProvider) { delete(f.sandboxes, rec.SandboxID) })
+	h.prov.Drop(rec.SandboxID)
 	fresh := h.acquire(t, key("t1"), core.SourceCreated)
 	if fresh.SandboxID == rec.SandboxID {
 		t.Fatalf("acquire returned the dead sandbox %s", rec.SandboxID)
@@ -239,7 +240,7 @@ func TestReleaseDestroysSandboxFoundDeadDuringSync(t *testing.T) {
 	if res.State != "destroyed" {
 		t.Errorf("release state = %s, want destroyed", res.State)
 	}
-	if h.prov.alive(rec.SandboxID) {
+	if h.prov.Alive(rec.SandboxID) {
 		t.Error("sandbox still alive; a dead-during-sync sandbox must be killed, not parked")
 	}
 	if st := h.capacity(t); st.Used != 0 || st.Warm != 0 {
@@ -249,7 +250,7 @@ func TestReleaseDestroysSandboxFoundDeadDuringSync(t *testing.T) {
 
 func TestAmbiguousCreateKeepsReservation(t *testing.T) {
 	h := newHarness(t, nil)
-	h.prov.createErr = &core.ProviderError{Op: "create", StatusCode: 502, Message: "bad gateway", Ambiguous: true}
+	h.prov.CreateErr = &core.ProviderError{Op: "create", StatusCode: 502, Message: "bad gateway", Ambiguous: true}
 	if _, err := h.eng.Acquire(context.Background(), key("t1")); err == nil {
 		t.Fatal("Acquire succeeded despite the create failure")
 	}
@@ -260,25 +261,25 @@ func TestAmbiguousCreateKeepsReservation(t *testing.T) {
 
 func TestCertainCreateFailureFreesReservation(t *testing.T) {
 	h := newHarness(t, nil)
-	h.prov.createErr = &core.ProviderError{Op: "create", StatusCode: 400, Message: "bad template"}
+	h.prov.CreateErr = &core.ProviderError{Op: "create", StatusCode: 400, Message: "bad template"}
 	if _, err := h.eng.Acquire(context.Background(), key("t1")); err == nil {
 		t.Fatal("Acquire succeeded despite the create failure")
 	}
 	if st := h.capacity(t); st.Used != 0 || st.Reserved != 0 {
 		t.Errorf("capacity = %+v, want the slot freed", st)
 	}
-	h.prov.set(func(f *fakeProvider) { f.createErr = nil })
+	h.prov.Set(func(f *coretest.FakeProvider) { f.CreateErr = nil })
 	h.acquire(t, key("t1"), core.SourceCreated)
 }
 
 func TestBootstrapFailureKillsAndFreesSlot(t *testing.T) {
 	h := newHarness(t, nil)
-	h.prov.runExit = 1
+	h.prov.RunExit = 1
 	if _, err := h.eng.Acquire(context.Background(), key("t1")); err == nil {
 		t.Fatal("Acquire handed out a sandbox whose bootstrap failed")
 	}
-	if len(h.prov.killed) != 1 {
-		t.Errorf("killed = %v, want the bootstrap-failed sandbox", h.prov.killed)
+	if len(h.prov.Killed()) != 1 {
+		t.Errorf("killed = %v, want the bootstrap-failed sandbox", h.prov.Killed())
 	}
 	if st := h.capacity(t); st.Used != 0 {
 		t.Errorf("used = %d, want 0", st.Used)
@@ -287,8 +288,8 @@ func TestBootstrapFailureKillsAndFreesSlot(t *testing.T) {
 
 func TestBootstrapFailureWithUncertainKillKeepsSlot(t *testing.T) {
 	h := newHarness(t, nil)
-	h.prov.runExit = 1
-	h.prov.killErr = errors.New("connection reset")
+	h.prov.RunExit = 1
+	h.prov.KillErr = errors.New("connection reset")
 	if _, err := h.eng.Acquire(context.Background(), key("t1")); err == nil {
 		t.Fatal("Acquire handed out a sandbox whose bootstrap failed")
 	}
@@ -304,7 +305,7 @@ func TestWarmReclaimReconnectFailureDiscardsAndCreates(t *testing.T) {
 	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	h.prov.set(func(f *fakeProvider) { f.setTimeoutErr = core.ErrSandboxGone })
+	h.prov.Set(func(f *coretest.FakeProvider) { f.SetTimeoutErr = core.ErrSandboxGone })
 	fresh := h.acquire(t, key("t1"), core.SourceCreated)
 	if fresh.SandboxID == rec.SandboxID {
 		t.Fatal("reclaimed a warm sandbox whose reconnect failed")
@@ -321,7 +322,10 @@ func TestWarmReclaimWithUncertainKillKeepsTombstone(t *testing.T) {
 	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	h.prov.set(func(f *fakeProvider) { f.setTimeoutErr = errors.New("timeout"); f.killErr = errors.New("timeout") })
+	h.prov.Set(func(f *coretest.FakeProvider) {
+		f.SetTimeoutErr = errors.New("timeout")
+		f.KillErr = errors.New("timeout")
+	})
 	if _, err := h.eng.Acquire(ctx, key("t1")); err == nil {
 		// The replacement create works (kill failures don't block create).
 		t.Log("replacement created")
@@ -331,7 +335,7 @@ func TestWarmReclaimWithUncertainKillKeepsTombstone(t *testing.T) {
 		t.Errorf("old record state = %s, want destroying (tombstone)", old.State)
 	}
 	// A later reconcile pass retries the tombstone once its lease lapses.
-	h.prov.set(func(f *fakeProvider) { f.killErr = nil })
+	h.prov.Set(func(f *coretest.FakeProvider) { f.KillErr = nil })
 	h.clock.advance(core.DefaultSettings().LeaseDuration + time.Second)
 	st, err := h.eng.Reconcile(ctx)
 	if err != nil || st.Killed != 1 {
@@ -377,8 +381,8 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 			t.Errorf("Release(%q) = %v, want ValidationError", id, err)
 		}
 	}
-	if st := h.capacity(t); st.Used != 0 || h.prov.count("") != 0 {
-		t.Errorf("bad input changed state: capacity %+v, provider calls %v", st, h.prov.calls)
+	if st := h.capacity(t); st.Used != 0 || h.prov.Count("") != 0 {
+		t.Errorf("bad input changed state: capacity %+v, provider calls %v", st, h.prov.Count(""))
 	}
 }
 
@@ -397,10 +401,10 @@ func TestReconcileExpiresIdleWarmSandboxes(t *testing.T) {
 	if err != nil || st.Expired != 1 {
 		t.Fatalf("Reconcile = %+v, %v; want 1 expired", st, err)
 	}
-	if h.prov.alive(rec.SandboxID) {
+	if h.prov.Alive(rec.SandboxID) {
 		t.Error("expired sandbox still alive")
 	}
-	if n := h.prov.count("timeout " + rec.SandboxID); n != 1 {
+	if n := h.prov.Count("timeout " + rec.SandboxID); n != 1 {
 		t.Errorf("SetTimeout calls = %d, want only the park (reconcile must not extend life)", n)
 	}
 	if c := h.capacity(t); c.Used != 0 {
@@ -439,7 +443,7 @@ func TestConcurrentAcquiresForOneThreadYieldOneSandbox(t *testing.T) {
 			t.Fatalf("round %d: concurrent acquires got %d sandboxes %v, want 1", round, len(seen), seen)
 		}
 	}
-	if n := h.prov.count("create"); n != 3 {
+	if n := h.prov.Count("create"); n != 3 {
 		t.Errorf("creates = %d, want 3 (one per thread)", n)
 	}
 }
@@ -471,9 +475,7 @@ func TestConcurrentAcquiresNeverExceedLimit(t *testing.T) {
 	if ok.Load() != limit {
 		t.Errorf("acquired %d, want %d", ok.Load(), limit)
 	}
-	h.prov.mu.Lock()
-	live := len(h.prov.sandboxes)
-	h.prov.mu.Unlock()
+	live := h.prov.Live()
 	if live > limit {
 		t.Errorf("%d sandboxes live at the provider, limit %d", live, limit)
 	}

@@ -1,0 +1,14 @@
+package coretest_test
+
+import (
+	"testing"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core/providertest"
+)
+
+// TestFakeProviderMeetsContract keeps the fault-injection fake in line with
+// the contract the real providers pass (pkg/e2b runs the same suite).
+func TestFakeProviderMeetsContract(t *testing.T) {
+	providertest.Run(t, coretest.NewFakeProvider())
+}

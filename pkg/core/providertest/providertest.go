@@ -1,0 +1,125 @@
+// Package providertest is the contract every core.Provider must meet, run
+// against the real ones (pkg/e2b over the local sandbox host) and against
+// the fault-injecting fake the engine tests use, so the fake cannot drift
+// from what real providers do.
+package providertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// Run checks p against the provider contract. Each call gets a 60 s budget.
+func Run(t *testing.T, p core.Provider) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	tag := fmt.Sprintf("contract-%d", time.Now().UnixNano())
+
+	t.Run("UnknownSandboxIsGone", func(t *testing.T) {
+		if _, err := p.Info(ctx, "doesnotexist0000"); !errors.Is(err, core.ErrSandboxGone) {
+			t.Errorf("Info(unknown) = %v, want ErrSandboxGone", err)
+		}
+		if err := p.Kill(ctx, "doesnotexist0000"); err != nil {
+			t.Errorf("Kill(unknown) = %v, want nil (already gone counts as confirmed)", err)
+		}
+	})
+
+	var refs []core.SandboxRef
+	for i := range 3 {
+		ref, err := p.Create(ctx, core.CreateSpec{Timeout: 5 * time.Minute,
+			Metadata: map[string]string{"contract": tag, "n": fmt.Sprint(i)}})
+		if err != nil {
+			t.Fatalf("Create: %v", err)
+		}
+		if ref.ID == "" || ref.AccessToken == "" || ref.EnvdURL == "" {
+			t.Fatalf("Create returned %+v, want id, envd URL and access token", ref)
+		}
+		refs = append(refs, ref)
+	}
+	t.Cleanup(func() {
+		for _, r := range refs {
+			_ = p.Kill(context.Background(), r.ID)
+		}
+	})
+
+	t.Run("InfoReportsMetadata", func(t *testing.T) {
+		info, err := p.Info(ctx, refs[0].ID)
+		if err != nil {
+			t.Fatalf("Info: %v", err)
+		}
+		if info.ID != refs[0].ID || info.Metadata["contract"] != tag || info.Metadata["n"] != "0" {
+			t.Errorf("Info = %+v, want id %s with metadata contract=%s n=0", info, refs[0].ID, tag)
+		}
+	})
+
+	t.Run("ListFiltersByMetadata", func(t *testing.T) {
+		all, err := p.List(ctx, core.ListFilter{Metadata: map[string]string{"contract": tag}})
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		var got []string
+		for _, s := range all {
+			got = append(got, s.ID)
+		}
+		for _, r := range refs {
+			if !slices.Contains(got, r.ID) {
+				t.Errorf("List(contract=%s) = %v, missing %s", tag, got, r.ID)
+			}
+		}
+		if len(got) != len(refs) {
+			t.Errorf("List(contract=%s) returned %d sandboxes, want %d", tag, len(got), len(refs))
+		}
+		one, err := p.List(ctx, core.ListFilter{Metadata: map[string]string{"contract": tag, "n": "1"}})
+		if err != nil || len(one) != 1 || one[0].ID != refs[1].ID {
+			t.Errorf("List(contract, n=1) = %v, %v; want only %s", one, err, refs[1].ID)
+		}
+		none, err := p.List(ctx, core.ListFilter{Metadata: map[string]string{"contract": tag + "-other"}})
+		if err != nil || len(none) != 0 {
+			t.Errorf("List(other tag) = %v, %v; want none", none, err)
+		}
+	})
+
+	t.Run("SetTimeoutOnLiveSandbox", func(t *testing.T) {
+		if err := p.SetTimeout(ctx, refs[0].ID, 2*time.Minute); err != nil {
+			t.Errorf("SetTimeout: %v", err)
+		}
+		if _, err := p.Info(ctx, refs[0].ID); err != nil {
+			t.Errorf("Info after SetTimeout: %v", err)
+		}
+	})
+
+	t.Run("KilledSandboxIsGoneEverywhere", func(t *testing.T) {
+		victim := refs[2]
+		if err := p.Kill(ctx, victim.ID); err != nil {
+			t.Fatalf("Kill: %v", err)
+		}
+		if _, err := p.Info(ctx, victim.ID); !errors.Is(err, core.ErrSandboxGone) {
+			t.Errorf("Info after kill = %v, want ErrSandboxGone", err)
+		}
+		if err := p.Kill(ctx, victim.ID); err != nil {
+			t.Errorf("second Kill = %v, want nil", err)
+		}
+		if err := p.SetTimeout(ctx, victim.ID, time.Minute); !errors.Is(err, core.ErrSandboxGone) {
+			t.Errorf("SetTimeout after kill = %v, want ErrSandboxGone", err)
+		}
+		if _, err := p.Run(ctx, victim, core.Command{Script: "true"}); !errors.Is(err, core.ErrSandboxGone) {
+			t.Errorf("Run after kill = %v, want ErrSandboxGone", err)
+		}
+		left, err := p.List(ctx, core.ListFilter{Metadata: map[string]string{"contract": tag}})
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		for _, s := range left {
+			if s.ID == victim.ID {
+				t.Errorf("List still shows killed sandbox %s", victim.ID)
+			}
+		}
+	})
+}
