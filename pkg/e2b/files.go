@@ -1,0 +1,145 @@
+package e2b
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// errHeaderTimeout is the cancel cause when response headers are late.
+var errHeaderTimeout = errors.New("timed out waiting for response headers")
+
+// OpenFile streams the bytes of path with envd's GET /files?path=… . The
+// body is bounded by ctx (cancel it, or Close the reader, to stop); the wait
+// for response headers by Timeouts.FileHeader.
+//
+// With maxBytes > 0 the reader never yields more than maxBytes bytes: it
+// fails with *core.FileTooLargeError as soon as byte maxBytes+1 arrives (or
+// at once when Content-Length already says so), without buffering the file.
+//
+// Errors: core.ErrFileNotFound on 404; core.ErrSandboxGone on 502 (or 503
+// confirmed by the control plane); else a *core.ProviderError.
+func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string, maxBytes int64) (io.ReadCloser, error) {
+	const op = "read file"
+	if err := core.ValidateSandboxID(ref.ID); err != nil {
+		return nil, err
+	}
+	reqCtx, cancel := context.WithCancelCause(ctx)
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, c.envdBase(ref)+"/files?"+url.Values{"path": {path}}.Encode(), nil)
+	if err != nil {
+		cancel(nil)
+		return nil, fmt.Errorf("e2b %s: %w", op, err)
+	}
+	setEnvdHeaders(req.Header, ref)
+	timer := time.AfterFunc(c.timeouts.FileHeader, func() { cancel(errHeaderTimeout) })
+	resp, err := c.http.Do(req)
+	if !timer.Stop() && err == nil {
+		// The timer fired as the headers arrived: the body is cancelled.
+		resp.Body.Close()
+		err = context.Cause(reqCtx)
+	}
+	if err != nil {
+		if cause := context.Cause(reqCtx); errors.Is(cause, errHeaderTimeout) {
+			err = fmt.Errorf("%w: %w", cause, context.DeadlineExceeded)
+		}
+		cancel(nil)
+		return nil, transportError(op, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer cancel(nil)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if resp.StatusCode == http.StatusNotFound {
+			return nil, fmt.Errorf("e2b %s %q in %s: %w", op, path, ref.ID, core.ErrFileNotFound)
+		}
+		return nil, c.fileError(ctx, ref, op, resp.StatusCode, body)
+	}
+	if maxBytes > 0 && resp.ContentLength > maxBytes {
+		resp.Body.Close()
+		cancel(nil)
+		return nil, &core.FileTooLargeError{Path: path, MaxBytes: maxBytes}
+	}
+	return &cappedBody{body: resp.Body, cancel: cancel, path: path, max: maxBytes}, nil
+}
+
+// fileError classifies an unsuccessful envd /files reply.
+func (c *Client) fileError(ctx context.Context, ref core.SandboxRef, op string, status int, body []byte) error {
+	return c.envdError(ctx, ref, op, status, connect.CodeUnknown, replyError(op, status, body, defaultAmbiguous(status), "envd refused the access token"))
+}
+
+// cappedBody fails with *core.FileTooLargeError once more than max bytes
+// arrive, handing out at most max bytes.
+type cappedBody struct {
+	body   io.ReadCloser
+	cancel context.CancelCauseFunc
+	path   string
+	max    int64 // <= 0: no cap
+	n      int64
+	err    error
+}
+
+func (r *cappedBody) Read(p []byte) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	if r.max <= 0 {
+		return r.body.Read(p)
+	}
+	if room := r.max - r.n + 1; int64(len(p)) > room {
+		p = p[:room] // read at most one byte past the cap
+	}
+	k, err := r.body.Read(p)
+	if r.n+int64(k) > r.max {
+		k = int(r.max - r.n)
+		r.n = r.max
+		r.err = &core.FileTooLargeError{Path: r.path, MaxBytes: r.max}
+		r.Close()
+		return k, r.err
+	}
+	r.n += int64(k)
+	return k, err
+}
+
+func (r *cappedBody) Close() error {
+	err := r.body.Close()
+	r.cancel(nil)
+	return err
+}
+
+// WriteFile writes r to path with envd's POST /files?path=… as a raw
+// application/octet-stream body (envd >= 0.5.7), streamed from r; envd
+// creates the parent directories and overwrites an existing file. The call
+// is bounded by ctx.
+//
+// Errors: core.ErrSandboxGone on 502 (or 503 confirmed by the control
+// plane); else a *core.ProviderError (507 = no space left).
+func (c *Client) WriteFile(ctx context.Context, ref core.SandboxRef, path string, r io.Reader) error {
+	const op = "write file"
+	if err := core.ValidateSandboxID(ref.ID); err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.envdBase(ref)+"/files?"+url.Values{"path": {path}}.Encode(), r)
+	if err != nil {
+		return fmt.Errorf("e2b %s: %w", op, err)
+	}
+	setEnvdHeaders(req.Header, ref)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return transportError(op, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return c.fileError(ctx, ref, op, resp.StatusCode, body)
+	}
+	return nil
+}

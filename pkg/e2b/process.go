@@ -1,0 +1,340 @@
+package e2b
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// envKey is the shape of environment variable names accepted by Run
+// (issue 2; reference test_execute_command_rejects_invalid_env_key).
+var envKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// ErrCommandTimeout: a process did not end within its timeout. Run wraps it
+// together with context.DeadlineExceeded.
+var ErrCommandTimeout = errors.New("command timed out")
+
+// OutputTruncatedError: a process wrote more than MaxOutputBytes to a
+// stream. Run returns it together with a filled CommandResult whose output
+// holds the last MaxOutputBytes of each stream.
+type OutputTruncatedError struct {
+	Stream string // "stdout" or "stderr"
+	Total  int64  // bytes the process wrote to the stream
+	Kept   int64  // bytes kept (the tail)
+}
+
+func (e *OutputTruncatedError) Error() string {
+	return fmt.Sprintf("%s truncated: kept the last %d of %d bytes", e.Stream, e.Kept, e.Total)
+}
+
+// Wire types of envd's process.Process service (envd process.proto) in the
+// Connect JSON mapping (lowerCamelCase names, bytes as standard base64).
+type (
+	processConfig struct {
+		Cmd  string            `json:"cmd"`
+		Args []string          `json:"args"`
+		Envs map[string]string `json:"envs,omitempty"`
+		Cwd  string            `json:"cwd,omitempty"`
+	}
+	startRequest struct {
+		Process processConfig `json:"process"`
+		Stdin   bool          `json:"stdin"`
+	}
+	startResponse struct {
+		Event processEvent `json:"event"`
+	}
+	processEvent struct {
+		Start     *startEvent `json:"start,omitempty"`
+		Data      *dataEvent  `json:"data,omitempty"`
+		End       *endEvent   `json:"end,omitempty"`
+		Keepalive *struct{}   `json:"keepalive,omitempty"`
+	}
+	startEvent struct {
+		Pid uint32 `json:"pid"`
+	}
+	dataEvent struct {
+		Stdout []byte `json:"stdout,omitempty"`
+		Stderr []byte `json:"stderr,omitempty"`
+		Pty    []byte `json:"pty,omitempty"`
+	}
+	endEvent struct {
+		ExitCode      *int32  `json:"exitCode"`
+		ExitCodeSnake *int32  `json:"exit_code"` // protojson parsers accept both
+		Exited        bool    `json:"exited"`
+		Status        string  `json:"status"`
+		Error         *string `json:"error"`
+	}
+	processSelector struct {
+		Pid uint32 `json:"pid"`
+	}
+	sendSignalRequest struct {
+		Process processSelector `json:"process"`
+		Signal  string          `json:"signal"`
+	}
+	sendSignalResponse struct{}
+)
+
+func (e *endEvent) exitCode() int {
+	switch {
+	case e.ExitCode != nil:
+		return int(*e.ExitCode)
+	case e.ExitCodeSnake != nil:
+		return int(*e.ExitCodeSnake)
+	}
+	return 0 // proto3 default: omitted means 0
+}
+
+// jsonCodec is Connect's "json" codec over plain Go structs with
+// encoding/json (envd speaks protojson; the shapes above follow it).
+type jsonCodec struct{}
+
+func (jsonCodec) Name() string                  { return "json" }
+func (jsonCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
+func (jsonCodec) Unmarshal(b []byte, v any) error {
+	return json.Unmarshal(b, v)
+}
+
+// statusRecorder remembers the HTTP status of the last response, which
+// Connect folds into a code (502 and 503 both become unavailable).
+type statusRecorder struct {
+	doer   connect.HTTPClient
+	status atomic.Int32
+}
+
+func (s *statusRecorder) Do(r *http.Request) (*http.Response, error) {
+	resp, err := s.doer.Do(r)
+	if resp != nil {
+		s.status.Store(int32(resp.StatusCode))
+	}
+	return resp, err
+}
+
+// errRunDeadline is the cancel cause when Run's own bound passes.
+var errRunDeadline = errors.New("run deadline")
+
+// Run runs cmd.Script with `/bin/bash -l -c` through envd's
+// process.Process/Start (Connect server streaming, JSON codec) and collects
+// its output until the end event. Env values travel only in the process's
+// envs, never in the script.
+//
+// The process timeout (Command.Timeout, else Timeouts.Command) is sent as
+// Connect-Timeout-Ms (capped by ctx's deadline); the call as a whole is
+// bounded by that plus Timeouts.CommandMargin. A non-zero exit code is not
+// an error.
+//
+// Errors: *core.ValidationError for a bad env key or empty sandbox id
+// (nothing is sent); core.ErrSandboxGone when envd answers 502, or
+// not_found/unavailable and the control plane confirms the sandbox is gone;
+// ErrCommandTimeout (with context.DeadlineExceeded) when the process
+// outlives its timeout (the result then holds the output so far and the
+// process is sent SIGKILL); *OutputTruncatedError with a filled result;
+// otherwise a *core.ProviderError (Ambiguous unless envd refused the call,
+// e.g. unauthenticated). A stream that ends without an end event is an
+// error: the command's outcome is unknown.
+func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command) (core.CommandResult, error) {
+	const op = "run"
+	for k := range cmd.Env {
+		if !envKey.MatchString(k) {
+			return core.CommandResult{}, &core.ValidationError{Field: "env", Message: fmt.Sprintf("key %q must match %s", k, envKey)}
+		}
+	}
+	if err := core.ValidateSandboxID(ref.ID); err != nil {
+		return core.CommandResult{}, err
+	}
+	timeout := or(cmd.Timeout, c.timeouts.Command)
+	serverTimeout := timeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < serverTimeout {
+		serverTimeout = time.Until(dl)
+	}
+
+	// Connect derives Connect-Timeout-Ms from the ctx deadline; the call's
+	// ctx carries none (cancellation only) so the header states the process
+	// timeout while the call itself gets the margin on top.
+	runCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	stopParent := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	defer stopParent()
+	timer := time.AfterFunc(timeout+c.timeouts.CommandMargin, func() { cancel(errRunDeadline) })
+	defer timer.Stop()
+
+	rec := &statusRecorder{doer: c.http}
+	client := connect.NewClient[startRequest, startResponse](rec, c.envdBase(ref)+"/process.Process/Start",
+		connect.WithCodec(jsonCodec{}), connect.WithReadMaxBytes(maxReplyBytes))
+	req := connect.NewRequest(&startRequest{Process: processConfig{
+		Cmd:  "/bin/bash",
+		Args: []string{"-l", "-c", cmd.Script},
+		Envs: cmd.Env,
+		Cwd:  cmd.Cwd,
+	}})
+	setEnvdHeaders(req.Header(), ref)
+	req.Header().Set("Keepalive-Ping-Interval", "50")
+	req.Header().Set("Connect-Timeout-Ms", strconv.FormatInt(max(serverTimeout.Milliseconds(), 1), 10))
+
+	started := time.Now()
+	stream, err := client.CallServerStream(runCtx, req)
+	if err != nil {
+		return core.CommandResult{}, c.runError(ctx, runCtx, ref, op, timeout, started.Add(serverTimeout), rec, err, 0)
+	}
+	defer stream.Close()
+
+	stdout := tailBuffer{max: c.maxOutput}
+	stderr := tailBuffer{max: c.maxOutput}
+	var pid uint32
+	var end *endEvent
+	for stream.Receive() {
+		ev := stream.Msg().Event
+		switch {
+		case ev.Start != nil:
+			pid = ev.Start.Pid
+		case ev.Data != nil:
+			stdout.Write(ev.Data.Stdout)
+			stderr.Write(ev.Data.Stderr)
+		case ev.End != nil:
+			end = ev.End
+		}
+	}
+	result := core.CommandResult{Stdout: stdout.Bytes(), Stderr: stderr.Bytes()}
+	if err := stream.Err(); err != nil {
+		return result, c.runError(ctx, runCtx, ref, op, timeout, started.Add(serverTimeout), rec, err, pid)
+	}
+	if end == nil {
+		return result, &core.ProviderError{Op: op, Message: "process stream ended without an end event: outcome unknown", Ambiguous: true}
+	}
+	result.ExitCode = end.exitCode()
+	if !end.Exited && time.Since(started) >= serverTimeout {
+		// envd stopped the process at its deadline.
+		return result, fmt.Errorf("e2b %s: %w after %s (%s): %w", op, ErrCommandTimeout, timeout, end.Status, context.DeadlineExceeded)
+	}
+	for _, t := range []struct {
+		name string
+		b    *tailBuffer
+	}{{"stdout", &stdout}, {"stderr", &stderr}} {
+		if kept := min(t.b.total, int64(t.b.max)); t.b.total > kept {
+			return result, &OutputTruncatedError{Stream: t.name, Total: t.b.total, Kept: kept}
+		}
+	}
+	return result, nil
+}
+
+// runError classifies a failed Start call. serverDeadline is when envd was
+// told to stop the process; a canceled or deadline_exceeded stream after it
+// is the process timeout.
+func (c *Client) runError(ctx, runCtx context.Context, ref core.SandboxRef, op string, timeout time.Duration, serverDeadline time.Time, rec *statusRecorder, err error, pid uint32) error {
+	code := connect.CodeOf(err)
+	timedOut := errors.Is(context.Cause(runCtx), errRunDeadline) || code == connect.CodeDeadlineExceeded ||
+		(code == connect.CodeCanceled && !time.Now().Before(serverDeadline))
+	if timedOut || ctx.Err() != nil {
+		if pid != 0 {
+			c.killProcess(ctx, ref, pid)
+		}
+	}
+	if ctx.Err() != nil {
+		return &causedError{&core.ProviderError{Op: op, Message: "canceled: " + context.Cause(ctx).Error(), Ambiguous: true}, context.Cause(ctx)}
+	}
+	if timedOut {
+		return fmt.Errorf("e2b %s: %w after %s: %w", op, ErrCommandTimeout, timeout, context.DeadlineExceeded)
+	}
+	return c.envdError(ctx, ref, op, int(rec.status.Load()), connect.CodeOf(err), err)
+}
+
+// envdError classifies a failed envd call from its HTTP status and Connect
+// code (connect.CodeUnknown for plain HTTP calls).
+func (c *Client) envdError(ctx context.Context, ref core.SandboxRef, op string, status int, code connect.Code, err error) error {
+	if status == http.StatusBadGateway {
+		// E2B's edge answers 502 for a sandbox that is not running; the SDK
+		// reads it so (isRunning, "sandbox not running").
+		return fmt.Errorf("e2b %s in %s: envd HTTP 502: %w", op, ref.ID, core.ErrSandboxGone)
+	}
+	if status == http.StatusServiceUnavailable || code == connect.CodeNotFound || code == connect.CodeUnavailable {
+		if c.confirmGone(ctx, ref.ID) {
+			return fmt.Errorf("e2b %s in %s: %w", op, ref.ID, core.ErrSandboxGone)
+		}
+	}
+	var pe *core.ProviderError
+	if errors.As(err, &pe) {
+		return err // already classified from the reply
+	}
+	pe = &core.ProviderError{Op: op, StatusCode: status, Message: err.Error(), Ambiguous: true}
+	switch {
+	case status == http.StatusUnauthorized || code == connect.CodeUnauthenticated:
+		pe.Message = "envd refused the access token: " + pe.Message
+		pe.Ambiguous = false
+	case code == connect.CodeInvalidArgument || code == connect.CodePermissionDenied:
+		pe.Ambiguous = false
+	}
+	return &causedError{pe, err}
+}
+
+// confirmGone asks the control plane whether sandbox id is gone.
+func (c *Client) confirmGone(ctx context.Context, id string) bool {
+	_, err := c.Info(context.WithoutCancel(ctx), id)
+	return errors.Is(err, core.ErrSandboxGone)
+}
+
+// killProcess sends SIGKILL to pid (envd SendSignal), best effort.
+func (c *Client) killProcess(ctx context.Context, ref core.SandboxRef, pid uint32) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	client := connect.NewClient[sendSignalRequest, sendSignalResponse](c.http, c.envdBase(ref)+"/process.Process/SendSignal",
+		connect.WithCodec(jsonCodec{}))
+	req := connect.NewRequest(&sendSignalRequest{Process: processSelector{Pid: pid}, Signal: "SIGNAL_SIGKILL"})
+	setEnvdHeaders(req.Header(), ref)
+	if _, err := client.CallUnary(ctx, req); err != nil {
+		c.log.Warn("e2b: kill of timed-out process failed", "sandbox_id", ref.ID, "pid", pid, "error", err)
+	}
+}
+
+// envdBase is the envd base URL for ref.
+func (c *Client) envdBase(ref core.SandboxRef) string {
+	if ref.EnvdURL != "" {
+		return ref.EnvdURL
+	}
+	return c.envdURL(ref.ID, DefaultDomain)
+}
+
+// setEnvdHeaders sets the routing and auth headers of every envd call
+// (E2B-WIRE.md): never the API key.
+func setEnvdHeaders(h http.Header, ref core.SandboxRef) {
+	h.Set("E2b-Sandbox-Id", ref.ID)
+	h.Set("E2b-Sandbox-Port", strconv.Itoa(EnvdPort))
+	if ref.AccessToken != "" {
+		h.Set("X-Access-Token", ref.AccessToken)
+	}
+}
+
+// tailBuffer keeps the last max bytes written and counts all of them.
+type tailBuffer struct {
+	max   int
+	buf   []byte
+	total int64
+}
+
+func (t *tailBuffer) Write(p []byte) {
+	t.total += int64(len(p))
+	if len(p) >= t.max {
+		t.buf = append(t.buf[:0], p[len(p)-t.max:]...)
+		return
+	}
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > 2*t.max {
+		n := copy(t.buf, t.buf[len(t.buf)-t.max:])
+		t.buf = t.buf[:n]
+	}
+}
+
+func (t *tailBuffer) Bytes() []byte {
+	if len(t.buf) > t.max {
+		return append([]byte(nil), t.buf[len(t.buf)-t.max:]...)
+	}
+	return t.buf
+}
