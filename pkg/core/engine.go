@@ -249,6 +249,10 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, replaceID, replaceRe
 	var ce *CapacityError
 	switch {
 	case errors.As(err, &ce):
+		// Only on refusal: the detailed counts cost a few reads.
+		if st, serr := e.store.Capacity(ctx); serr == nil {
+			ce.Status = st
+		}
 		ce.Status.Policy = string(e.s.Policy)
 		ce.Status.Limit = e.s.Limit()
 		if ce.RetryAfter == 0 {

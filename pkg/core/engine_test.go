@@ -148,7 +148,8 @@ func TestCapacityRejectPolicy(t *testing.T) {
 	if !errors.As(err, &ce) {
 		t.Fatalf("Acquire over limit = %v, want *CapacityError", err)
 	}
-	if ce.Reason != "capacity" || ce.RetryAfter <= 0 || ce.Status.Limit != 1 || ce.Status.Policy != "reject" {
+	if ce.Reason != "capacity" || ce.RetryAfter <= 0 || ce.Status.Limit != 1 || ce.Status.Policy != "reject" ||
+		ce.Status.Active != 1 || ce.Status.Used != 1 {
 		t.Errorf("capacity error = %+v, want reason capacity, retry-after, limit 1, policy reject", ce)
 	}
 	if n := h.prov.Count("create"); n != 1 {

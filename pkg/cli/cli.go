@@ -1,0 +1,753 @@
+// Package cli implements `sbx`, the command-line client of sandbox-broker:
+// acquire a sandbox for a (user, thread), run commands and move files in it
+// through its envd connection, release and sync it, read its record, the
+// capacity, and the thread's outputs in S3. cmd/sbx only wires it to os.
+//
+// Configuration precedence, per setting: flags (--api-url, --token,
+// --tenant, --stack) > environment (SBX_API_URL, SBX_TOKEN, SBX_TENANT,
+// SBX_STACK) > .run/stack.json (written by `make run`; found in the working
+// directory or a parent).
+//
+// Exit codes: 0 ok, 1 error, 2 usage, 3 capacity refused (HTTP 429); `sbx
+// exec` exits with the command's own exit code once the command ran.
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/client"
+)
+
+// Exit codes of sbx.
+const (
+	ExitOK       = 0
+	ExitError    = 1
+	ExitUsage    = 2
+	ExitCapacity = 3
+)
+
+// App is one sbx invocation's environment; tests fill it with fakes.
+type App struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	// Getenv reads the environment (os.Getenv in cmd/sbx).
+	Getenv func(string) string
+	// Dir is the working directory (stack file search, relative paths).
+	Dir string
+	// HTTPClient is used for the API and envd (nil: a default client).
+	HTTPClient *http.Client
+}
+
+// usageError marks a mistake on the command line (exit code 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// runError marks an error from a command's run (so anything else returned
+// by cobra is a usage error).
+type runError struct{ err error }
+
+func (e runError) Error() string { return e.err.Error() }
+func (e runError) Unwrap() error { return e.err }
+
+// exitCode asks Run to exit with code, printing nothing (exec's own code).
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// globals are the persistent flags.
+type globals struct {
+	settings Settings
+	json     bool
+	timeout  time.Duration
+}
+
+// Run executes sbx with args (without the program name) and returns the
+// process exit code. Errors are printed to a.Stderr as "sbx: …", with the
+// API's error code and message; with --json they are also written to
+// a.Stdout as {"error":{…}}.
+func (a *App) Run(ctx context.Context, args []string) int {
+	if a.Getenv == nil {
+		a.Getenv = func(string) string { return "" }
+	}
+	if a.Stdin == nil {
+		a.Stdin = strings.NewReader("")
+	}
+	if a.HTTPClient == nil {
+		a.HTTPClient = &http.Client{}
+	}
+	g := &globals{}
+	root := a.rootCommand(g)
+	root.SetArgs(args)
+	root.SetIn(a.Stdin)
+	root.SetOut(a.Stdout)
+	root.SetErr(a.Stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var code exitCode
+	if errors.As(err, &code) {
+		return int(code)
+	}
+	var re runError
+	if !errors.As(err, &re) {
+		// cobra's own errors: unknown command or flag, wrong arg count.
+		fmt.Fprintf(a.Stderr, "sbx: %v\nRun 'sbx --help' for usage.\n", err)
+		return ExitUsage
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(a.Stderr, "sbx: %v\nRun 'sbx --help' for usage.\n", ue.err)
+		return ExitUsage
+	}
+	fmt.Fprintf(a.Stderr, "sbx: %v\n", re.err)
+	var ae *client.APIError
+	if errors.As(err, &ae) && len(ae.Details) > 0 {
+		keys := make([]string, 0, len(ae.Details))
+		for k := range ae.Details {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		parts := make([]string, len(keys))
+		for i, k := range keys {
+			parts[i] = fmt.Sprintf("%s=%v", k, ae.Details[k])
+		}
+		fmt.Fprintf(a.Stderr, "sbx: details: %s\n", strings.Join(parts, " "))
+	}
+	if g.json && errors.As(err, &ae) {
+		_ = writeJSON(a.Stdout, map[string]any{"error": map[string]any{
+			"status": ae.Status, "code": ae.Code, "message": ae.Message, "reason": ae.Reason,
+			"retryable": ae.Retryable, "retry_after_seconds": ae.RetryAfter.Seconds(), "details": ae.Details,
+		}})
+	}
+	if client.IsCapacity(err) {
+		return ExitCapacity
+	}
+	return ExitError
+}
+
+// run wraps a command body so its errors are told apart from cobra's.
+func run(f func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		err := f(cmd, args)
+		var code exitCode
+		if err == nil || errors.As(err, &code) {
+			return err
+		}
+		return runError{err}
+	}
+}
+
+func (a *App) rootCommand(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "sbx",
+		Short: "Command-line client of sandbox-broker",
+		Long: `sbx acquires sandboxes from a sandbox-broker, runs commands and moves files in them,
+and releases them (outputs/ and workspace/ are copied to S3 on release).
+
+Configuration, per setting: flags > environment (SBX_API_URL, SBX_TOKEN, SBX_TENANT,
+SBX_STACK) > .run/stack.json (written by ` + "`make run`" + `, searched in this directory and its parents).
+
+Exit codes: 0 ok, 1 error, 2 usage, 3 capacity refused (HTTP 429);
+sbx exec exits with the command's exit code.`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.settings.APIURL, "api-url", "", "broker API base URL (env "+EnvAPIURL+")")
+	pf.StringVar(&g.settings.Token, "token", "", "bearer token (env "+EnvToken+")")
+	pf.StringVar(&g.settings.Tenant, "tenant", "", "pick this tenant's token from the stack file (env "+EnvTenant+")")
+	pf.StringVar(&g.settings.Stack, "stack", "", "stack file (env "+EnvStack+"; default: "+StackFile+" here or in a parent)")
+	pf.BoolVar(&g.json, "json", false, "print JSON for scripts")
+	pf.DurationVar(&g.timeout, "timeout", client.DefaultTimeout, "limit for each API call")
+
+	root.AddCommand(
+		a.acquireCmd(g), a.execCmd(g), a.putCmd(g), a.getCmd(g), a.releaseCmd(g),
+		a.syncCmd(g), a.statusCmd(g), a.capacityCmd(g), a.lsOutputsCmd(g), a.s3EnvCmd(g), a.configCmd(g),
+	)
+	return root
+}
+
+// args validators that report usage errors.
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError{fmt.Errorf("want %s, got %d argument(s)", names, len(args))}
+		}
+		return nil
+	}
+}
+
+func (a *App) config(g *globals, needAPI bool) (Config, error) {
+	return Resolve(g.settings, a.Getenv, a.Dir, needAPI)
+}
+
+func (a *App) api(g *globals) (*client.Client, Config, error) {
+	cfg, err := a.config(g, true)
+	if err != nil {
+		return nil, cfg, err
+	}
+	c, err := client.New(cfg.APIURL, cfg.Token, client.WithHTTPClient(a.HTTPClient), client.WithTimeout(g.timeout), client.WithUserAgent("sbx"))
+	return c, cfg, err
+}
+
+func (a *App) acquireCmd(g *globals) *cobra.Command {
+	var user, thread string
+	cmd := &cobra.Command{
+		Use:   "acquire --user U --thread T",
+		Short: "Acquire the thread's sandbox (reused, reclaimed or created); prints its id",
+		Long: `Acquire the thread's sandbox and print its id on stdout (details on stderr, or all of
+it as JSON with --json). The connection (envd URL and access token) is stored in
+.run/sbx/<id>.json (mode 0600) so exec, put and get can reach the sandbox.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if user == "" || thread == "" {
+				return usageError{errors.New("acquire needs --user and --thread")}
+			}
+			c, cfg, err := a.api(g)
+			if err != nil {
+				return err
+			}
+			sb, err := a.acquire(cmd.Context(), c, cfg, user, thread)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return writeJSON(a.Stdout, sb)
+			}
+			fmt.Fprintln(a.Stdout, sb.SandboxID)
+			fmt.Fprintf(a.Stderr, "acquired %s for %s/%s: %s, source %s, backend %s, expires %s\n",
+				sb.SandboxID, user, thread, sb.State, sb.Source, sb.Backend, fmtTime(sb.ExpiresAt))
+			return nil
+		}),
+	}
+	cmd.Flags().StringVarP(&user, "user", "u", "", "user id (^[A-Za-z0-9_-]{1,64}$)")
+	cmd.Flags().StringVarP(&thread, "thread", "t", "", "thread id (^[A-Za-z0-9_-]{1,64}$)")
+	return cmd
+}
+
+// acquire calls the API and stores the connection.
+func (a *App) acquire(ctx context.Context, c *client.Client, cfg Config, user, thread string) (client.Sandbox, error) {
+	sb, err := c.Acquire(ctx, user, thread)
+	if err != nil {
+		return sb, fmt.Errorf("acquire: %w", err)
+	}
+	err = connStore{cfg.StateDir}.Save(StoredConnection{
+		SandboxID: sb.SandboxID, Tenant: cfg.Tenant, UserID: user, ThreadID: thread,
+		APIURL: c.BaseURL(), Connection: sb.Connection, ExpiresAt: sb.ExpiresAt, SavedAt: time.Now().UTC(),
+	})
+	if err != nil {
+		return sb, fmt.Errorf("acquired %s but could not store its connection: %w", sb.SandboxID, err)
+	}
+	return sb, nil
+}
+
+// connFlags are the flags of commands that work inside a sandbox.
+type connFlags struct{ user, thread string }
+
+func (f *connFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&f.user, "user", "u", "", "re-acquire with this user id if no connection is stored")
+	cmd.Flags().StringVarP(&f.thread, "thread", "t", "", "re-acquire with this thread id if no connection is stored")
+}
+
+// checkID reports a usage error when id cannot be a sandbox id.
+func checkID(id string) error {
+	if !sandboxIDPattern.MatchString(id) {
+		return usageError{fmt.Errorf("sandbox id %q: must match %s", id, sandboxIDPattern)}
+	}
+	return nil
+}
+
+// envd returns the envd helper of sandbox id: from its stored connection,
+// else by acquiring again for --user/--thread (which must return the same id).
+func (a *App) envd(ctx context.Context, g *globals, f connFlags, id string) (*client.Envd, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	cfg, err := a.config(g, false)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := connStore{cfg.StateDir}.Load(id)
+	if errors.Is(err, ErrNoConnection) && f.user != "" && f.thread != "" {
+		c, cfg, err := a.api(g)
+		if err != nil {
+			return nil, err
+		}
+		sb, err := a.acquire(ctx, c, cfg, f.user, f.thread)
+		if err != nil {
+			return nil, err
+		}
+		if sb.SandboxID != id {
+			return nil, fmt.Errorf("thread %s/%s has sandbox %s, not %s", f.user, f.thread, sb.SandboxID, id)
+		}
+		return client.NewEnvd(id, sb.Connection, a.HTTPClient)
+	}
+	if errors.Is(err, ErrNoConnection) {
+		return nil, fmt.Errorf("%w: run `sbx acquire --user U --thread T` first, or pass --user and --thread", err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return client.NewEnvd(id, sc.Connection, a.HTTPClient)
+}
+
+func (a *App) execCmd(g *globals) *cobra.Command {
+	var (
+		cf      connFlags
+		script  string
+		envs    []string
+		cwd     string
+		timeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "exec ID [-c SCRIPT | -- CMD [ARGS...]]",
+		Short: "Run a command in the sandbox, streaming its output; exits with its exit code",
+		Long: `Run a command in the sandbox through its envd connection (no provider API key needed).
+CMD and ARGS are quoted for the shell, so they arrive as given; -c runs a bash script instead.
+Values passed with -e KEY=VALUE go to the process environment, never into the command line.
+stdout and stderr are streamed as they arrive; sbx exits with the command's exit code.`,
+		Example: `  sbx exec $ID -- python3 analyse.py uploads/data.csv
+  sbx exec $ID -c 'ls -l outputs/ && wc -l uploads/*.csv'
+  sbx exec $ID -e NAME=value -c 'echo "$NAME"'`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 1 {
+				return usageError{errors.New("exec needs a sandbox id")}
+			}
+			rest := args[1:]
+			if (script == "") == (len(rest) == 0) {
+				return usageError{errors.New("exec needs either -c SCRIPT or -- CMD [ARGS...] (not both)")}
+			}
+			return nil
+		},
+		RunE: run(func(cmd *cobra.Command, args []string) error {
+			env := map[string]string{}
+			for _, kv := range envs {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return usageError{fmt.Errorf("-e %q: want KEY=VALUE", kv)}
+				}
+				env[k] = v
+			}
+			s := script
+			if s == "" {
+				s = shellJoin(args[1:])
+			}
+			e, err := a.envd(cmd.Context(), g, cf, args[0])
+			if err != nil {
+				return err
+			}
+			code, err := e.Exec(cmd.Context(), client.ExecRequest{
+				Script: s, Env: env, Cwd: cwd, Timeout: timeout, Stdout: a.Stdout, Stderr: a.Stderr,
+			})
+			if err != nil {
+				if errors.Is(err, client.ErrSandboxUnreachable) {
+					return fmt.Errorf("%w (is it released or gone? `sbx status %s`)", err, args[0])
+				}
+				return err
+			}
+			if code != 0 {
+				return exitCode(code)
+			}
+			return nil
+		}),
+	}
+	cf.add(cmd)
+	cmd.Flags().StringVarP(&script, "script", "c", "", "bash script to run instead of CMD ARGS")
+	cmd.Flags().StringArrayVarP(&envs, "env", "e", nil, "KEY=VALUE for the process environment (repeatable)")
+	cmd.Flags().StringVarP(&cwd, "cwd", "w", "", "working directory (default: the sandbox home, "+client.SandboxHome+")")
+	cmd.Flags().DurationVar(&timeout, "cmd-timeout", client.DefaultExecTimeout, "kill the command after this long")
+	return cmd
+}
+
+// shellJoin quotes each word for bash so it arrives unchanged.
+func shellJoin(words []string) string {
+	q := make([]string, len(words))
+	for i, w := range words {
+		if w != "" && strings.IndexFunc(w, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:,+@%", r))
+		}) < 0 {
+			q[i] = w
+			continue
+		}
+		q[i] = "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
+}
+
+func (a *App) putCmd(g *globals) *cobra.Command {
+	var cf connFlags
+	cmd := &cobra.Command{
+		Use:   "put ID LOCAL REMOTE",
+		Short: "Upload a local file (or - for stdin) to REMOTE in the sandbox",
+		Long: `Upload LOCAL (or - for stdin) to REMOTE in the sandbox; parent directories are created.
+A relative REMOTE is taken from the sandbox home (` + client.SandboxHome + `).`,
+		Example: `  sbx put $ID sales.csv uploads/sales.csv`,
+		Args:    exactArgs(3, "ID LOCAL REMOTE"),
+		RunE: run(func(cmd *cobra.Command, args []string) error {
+			id, local, remote := args[0], args[1], args[2]
+			if err := checkID(id); err != nil {
+				return err
+			}
+			var r io.Reader = a.Stdin
+			var size int64 = -1
+			if local != "-" {
+				f, err := os.Open(a.abs(local))
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if st, err := f.Stat(); err == nil {
+					size = st.Size()
+				}
+				r = f
+			}
+			e, err := a.envd(cmd.Context(), g, cf, id)
+			if err != nil {
+				return err
+			}
+			cr := &countingReader{r: r}
+			if err := e.PutFile(cmd.Context(), remote, cr); err != nil {
+				return err
+			}
+			if size >= 0 && cr.n != size {
+				return fmt.Errorf("put %s: sent %d of %d bytes", local, cr.n, size)
+			}
+			dst := client.ResolvePath(remote)
+			if g.json {
+				return writeJSON(a.Stdout, map[string]any{"sandbox_id": id, "path": dst, "bytes": cr.n})
+			}
+			fmt.Fprintf(a.Stdout, "uploaded %d bytes to %s:%s\n", cr.n, id, dst)
+			return nil
+		}),
+	}
+	cf.add(cmd)
+	return cmd
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (a *App) abs(p string) string {
+	if filepath.IsAbs(p) || a.Dir == "" {
+		return p
+	}
+	return filepath.Join(a.Dir, p)
+}
+
+func (a *App) getCmd(g *globals) *cobra.Command {
+	var cf connFlags
+	cmd := &cobra.Command{
+		Use:   "get ID REMOTE [LOCAL|-]",
+		Short: "Download REMOTE from the sandbox to LOCAL (default: its base name here; - for stdout)",
+		Example: `  sbx get $ID outputs/report.md
+  sbx get $ID outputs/report.md -`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) < 2 || len(args) > 3 {
+				return usageError{fmt.Errorf("want ID REMOTE [LOCAL|-], got %d argument(s)", len(args))}
+			}
+			return nil
+		},
+		RunE: run(func(cmd *cobra.Command, args []string) error {
+			id, remote := args[0], args[1]
+			local := path.Base(client.ResolvePath(remote))
+			if len(args) == 3 {
+				local = args[2]
+			}
+			e, err := a.envd(cmd.Context(), g, cf, id)
+			if err != nil {
+				return err
+			}
+			if local == "-" {
+				_, err := e.GetFile(cmd.Context(), remote, a.Stdout)
+				return err
+			}
+			dst := a.abs(local)
+			if st, err := os.Stat(dst); err == nil && st.IsDir() {
+				dst = filepath.Join(dst, path.Base(client.ResolvePath(remote)))
+			}
+			// Write to a temp file first so a failed download leaves no partial file.
+			f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".*.part")
+			if err != nil {
+				return err
+			}
+			defer os.Remove(f.Name())
+			n, err := e.GetFile(cmd.Context(), remote, f)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+			if err := os.Chmod(f.Name(), 0o644); err != nil {
+				return err
+			}
+			if err := os.Rename(f.Name(), dst); err != nil {
+				return err
+			}
+			if g.json {
+				return writeJSON(a.Stdout, map[string]any{"sandbox_id": id, "path": client.ResolvePath(remote), "local": dst, "bytes": n})
+			}
+			fmt.Fprintf(a.Stdout, "downloaded %d bytes to %s\n", n, dst)
+			return nil
+		}),
+	}
+	cf.add(cmd)
+	return cmd
+}
+
+func (a *App) releaseCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "release ID",
+		Short: "Release the sandbox: copy outputs/ and workspace/ to S3, park it warm for its thread",
+		Args:  exactArgs(1, "ID"),
+		RunE: run(func(cmd *cobra.Command, args []string) error {
+			c, cfg, err := a.api(g)
+			if err != nil {
+				return err
+			}
+			res, err := c.Release(cmd.Context(), args[0])
+			if err != nil {
+				return fmt.Errorf("release %s: %w", args[0], err)
+			}
+			// The connection is for an active sandbox; acquire stores it again.
+			if err := (connStore{cfg.StateDir}).Delete(args[0]); err != nil {
+				fmt.Fprintf(a.Stderr, "sbx: warning: %v\n", err)
+			}
+			if g.json {
+				return writeJSON(a.Stdout, res)
+			}
+			fmt.Fprintf(a.Stdout, "released %s: %s\n", res.SandboxID, res.State)
+			if res.Sync != nil {
+				fmt.Fprintf(a.Stdout, "outputs: %s\n", syncLine(*res.Sync))
+				printDeferred(a.Stdout, res.Sync.Deferred)
+			}
+			if res.SyncError != "" {
+				fmt.Fprintf(a.Stdout, "sync error: %s\n", res.SyncError)
+			}
+			return nil
+		}),
+	}
+}
+
+func syncLine(s client.SyncResult) string {
+	state := "complete"
+	if !s.Complete {
+		state = "INCOMPLETE"
+	}
+	return fmt.Sprintf("%d uploaded (%d bytes), %d unchanged, %d deferred, %s", s.Uploaded, s.Bytes, s.Skipped, len(s.Deferred), state)
+}
+
+func printDeferred(w io.Writer, d []client.DeferredFile) {
+	for _, f := range d {
+		fmt.Fprintf(w, "  deferred %s: %s\n", f.Path, f.Reason)
+	}
+}
+
+func (a *App) syncCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "sync ID",
+		Short: "Copy the sandbox's outputs/ and workspace/ to S3 now (it stays active)",
+		Args:  exactArgs(1, "ID"),
+		RunE: run(func(cmd *cobra.Command, args []string) error {
+			c, _, err := a.api(g)
+			if err != nil {
+				return err
+			}
+			res, err := c.Sync(cmd.Context(), args[0])
+			if err != nil {
+				return fmt.Errorf("sync %s: %w", args[0], err)
+			}
+			if g.json {
+				return writeJSON(a.Stdout, res)
+			}
+			fmt.Fprintf(a.Stdout, "synced %s: %s\n", args[0], syncLine(res))
+			printDeferred(a.Stdout, res.Deferred)
+			return nil
+		}),
+	}
+}
+
+func (a *App) statusCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status ID",
+		Short: "Show the broker's record of a sandbox",
+		Args:  exactArgs(1, "ID"),
+		RunE: run(func(cmd *cobra.Command, args []string) error {
+			c, _, err := a.api(g)
+			if err != nil {
+				return err
+			}
+			rec, err := c.Get(cmd.Context(), args[0])
+			if err != nil {
+				return fmt.Errorf("status %s: %w", args[0], err)
+			}
+			if g.json {
+				_, err := fmt.Fprintf(a.Stdout, "%s\n", compactJSON(rec))
+				return err
+			}
+			return printRecord(a.Stdout, rec)
+		}),
+	}
+}
+
+func compactJSON(raw []byte) []byte {
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return raw
+	}
+	return b.Bytes()
+}
+
+// printRecord prints a record's fields as aligned "key value" lines, sorted
+// by key, nested objects flattened with dots; values of keys naming a token
+// or secret are hidden.
+func printRecord(w io.Writer, raw []byte) error {
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		_, err := fmt.Fprintf(w, "%s\n", raw)
+		return err
+	}
+	flat := map[string]string{}
+	flatten("", m, flat)
+	keys := make([]string, 0, len(flat))
+	for k := range flat {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, k := range keys {
+		fmt.Fprintf(tw, "%s\t%s\n", k, flat[k])
+	}
+	return tw.Flush()
+}
+
+func flatten(prefix string, v any, out map[string]string) {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, x := range t {
+			key := k
+			if prefix != "" {
+				key = prefix + "." + k
+			}
+			flatten(key, x, out)
+		}
+	default:
+		lk := strings.ToLower(prefix)
+		if strings.Contains(lk, "token") || strings.Contains(lk, "secret") {
+			if s, ok := v.(string); ok && s != "" {
+				out[prefix] = "(hidden)"
+				return
+			}
+		}
+		if s, ok := v.(string); ok {
+			out[prefix] = s
+			return
+		}
+		b, _ := json.Marshal(v)
+		out[prefix] = string(b)
+	}
+}
+
+func (a *App) capacityCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "capacity",
+		Short: "Show the deployment's sandbox slots",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			c, _, err := a.api(g)
+			if err != nil {
+				return err
+			}
+			capa, err := c.Capacity(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("capacity: %w", err)
+			}
+			if g.json {
+				return writeJSON(a.Stdout, capa)
+			}
+			fmt.Fprintf(a.Stdout, "%d of %d slots used (active %d, warm %d, reserved %d, transitioning %d), overflow policy %s\n",
+				capa.Used, capa.Limit, capa.Active, capa.Warm, capa.Reserved, capa.Transitioning, capa.Policy)
+			return nil
+		}),
+	}
+}
+
+func (a *App) configCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "config",
+		Short: "Show the resolved configuration and where each setting came from (token hidden)",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: run(func(_ *cobra.Command, _ []string) error {
+			cfg, err := a.config(g, false)
+			if err != nil {
+				return err
+			}
+			stack := ""
+			if cfg.Stack != nil {
+				stack = cfg.Stack.Path
+			}
+			tok := ""
+			if cfg.Token != "" {
+				tok = "(set)"
+			}
+			out := map[string]any{
+				"api_url": cfg.APIURL, "tenant": cfg.Tenant, "token": tok, "stack": stack,
+				"state_dir": cfg.StateDir, "sources": cfg.Sources,
+			}
+			if g.json {
+				return writeJSON(a.Stdout, out)
+			}
+			tw := tabwriter.NewWriter(a.Stdout, 0, 4, 2, ' ', 0)
+			for _, k := range []string{"api_url", "token", "tenant"} {
+				src := cfg.Sources[k]
+				if src == "" {
+					src = "unset"
+				}
+				fmt.Fprintf(tw, "%s\t%v\t(%s)\n", k, out[k], src)
+			}
+			fmt.Fprintf(tw, "stack\t%s\t\n", stack)
+			fmt.Fprintf(tw, "state_dir\t%s\t\n", cfg.StateDir)
+			return tw.Flush()
+		}),
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "unknown"
+	}
+	return t.UTC().Format(time.RFC3339)
+}

@@ -1,0 +1,363 @@
+// Package client is a Go client for the sandbox-broker HTTP API (v1) and a
+// small envd helper that lets a caller work inside an acquired sandbox with
+// only the acquire response's connection (no provider API key).
+//
+// The API it speaks is specified in DESIGN.md, section "HTTP API":
+// POST /v1/sandboxes/acquire, POST /v1/sandboxes/{id}/release,
+// POST /v1/sandboxes/{id}/sync, GET /v1/sandboxes/{id} and GET /v1/capacity,
+// with errors shaped {"error":{"code","message","reason","retryable","retry_after_seconds"}}.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultTimeout bounds every API call unless WithTimeout says otherwise. It
+// is generous because acquire may wait for a capacity slot (policy "wait",
+// SANDBOX_ACQUIRE_TIMEOUT_SECONDS, 30 s by default) and then create and
+// bootstrap a sandbox, and release copies outputs to S3 before it answers.
+const DefaultTimeout = 3 * time.Minute
+
+// maxErrorBody caps how much of an error response is read (bytes).
+const maxErrorBody = 64 << 10
+
+// maxResponseBody caps how much of a success response is decoded (bytes).
+const maxResponseBody = 16 << 20
+
+// Client calls the broker API with a bearer token. It is safe for concurrent use.
+type Client struct {
+	base    *url.URL
+	token   string
+	http    *http.Client
+	timeout time.Duration
+	agent   string
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHTTPClient replaces the HTTP client (default: a client without its own
+// timeout; every call is bounded by the Client's timeout instead).
+func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
+
+// WithTimeout bounds every call to d (d <= 0 keeps DefaultTimeout). A
+// deadline already on the caller's context applies too; the earlier wins.
+func WithTimeout(d time.Duration) Option {
+	return func(c *Client) {
+		if d > 0 {
+			c.timeout = d
+		}
+	}
+}
+
+// WithUserAgent sets the User-Agent header of every call.
+func WithUserAgent(ua string) Option { return func(c *Client) { c.agent = ua } }
+
+// New returns a client for the broker at baseURL (e.g. "http://127.0.0.1:8787";
+// a path prefix such as an API Gateway stage is kept). token is sent as
+// "Authorization: Bearer <token>"; it may be empty when an authorizer in front
+// of the API needs none. It fails when baseURL is not an absolute http(s) URL.
+func New(baseURL, token string, opts ...Option) (*Client, error) {
+	u, err := url.Parse(strings.TrimSpace(baseURL))
+	if err != nil {
+		return nil, fmt.Errorf("parse api url: %w", err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("api url %q: want an absolute http:// or https:// URL", baseURL)
+	}
+	u.Path = strings.TrimRight(u.Path, "/")
+	u.RawQuery, u.Fragment = "", ""
+	c := &Client{base: u, token: token, http: &http.Client{}, timeout: DefaultTimeout, agent: "sandbox-broker-client"}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
+}
+
+// BaseURL is the API base URL the client calls, without a trailing slash.
+func (c *Client) BaseURL() string { return c.base.String() }
+
+// Connection is how to reach a sandbox's in-sandbox daemon (envd): every
+// sandbox is routed on EnvdURL by its id (E2b-Sandbox-Id header), and
+// EnvdAccessToken is sent as X-Access-Token. The token is a secret.
+type Connection struct {
+	EnvdURL         string `json:"envd_url"`
+	EnvdAccessToken string `json:"envd_access_token"`
+}
+
+// Sandbox is the acquire response: a sandbox handed to a thread.
+type Sandbox struct {
+	SandboxID string `json:"sandbox_id"`
+	// State is "active" for a handed-out sandbox.
+	State string `json:"state"`
+	// Source is how the broker obtained it: reused, reclaimed, discovered or created.
+	Source     string     `json:"source"`
+	Backend    string     `json:"backend"`
+	Connection Connection `json:"connection"`
+	// ExpiresAt is when the provider ends the sandbox unless the broker
+	// extends it (its provider timeout), UTC; zero when the server sent none.
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// UnmarshalJSON accepts an empty or absent expires_at (zero time).
+func (s *Sandbox) UnmarshalJSON(b []byte) error {
+	type plain Sandbox
+	var w struct {
+		plain
+		ExpiresAt string `json:"expires_at"`
+	}
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*s = Sandbox(w.plain)
+	s.ExpiresAt = time.Time{}
+	if w.ExpiresAt != "" {
+		t, err := time.Parse(time.RFC3339Nano, w.ExpiresAt)
+		if err != nil {
+			return fmt.Errorf("expires_at: %w", err)
+		}
+		s.ExpiresAt = t.UTC()
+	}
+	return nil
+}
+
+// DeferredFile is an output file a sync pass did not copy, and why.
+type DeferredFile struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+}
+
+// SyncResult is the body of POST /v1/sandboxes/{id}/sync: one pass copying
+// outputs/ and workspace/ to S3.
+type SyncResult struct {
+	Uploaded int            `json:"uploaded"`
+	Skipped  int            `json:"skipped"`
+	Deferred []DeferredFile `json:"deferred"`
+	Bytes    int64          `json:"bytes"`
+	// Complete is true when every listed file is in S3 unchanged.
+	Complete bool `json:"complete"`
+}
+
+// ReleaseResult is the body of POST /v1/sandboxes/{id}/release.
+type ReleaseResult struct {
+	SandboxID string `json:"sandbox_id"`
+	// State is "warm" (parked for the thread) or "destroyed".
+	State string `json:"state"`
+	// Sync is the output sync that ran before parking (nil if none ran).
+	Sync *SyncResult `json:"sync,omitempty"`
+	// SyncError says why the sync failed, when it did.
+	SyncError string `json:"sync_error,omitempty"`
+}
+
+// Capacity is the body of GET /v1/capacity: deployment-wide slot usage.
+type Capacity struct {
+	Limit         int    `json:"limit"`
+	Used          int    `json:"used"`
+	Active        int    `json:"active"`
+	Warm          int    `json:"warm"`
+	Reserved      int    `json:"reserved"`
+	Transitioning int    `json:"transitioning"`
+	Policy        string `json:"policy"`
+}
+
+// Record is the body of GET /v1/sandboxes/{id}: the broker's record of a
+// sandbox, kept as the raw JSON object so fields added by the server are not lost.
+type Record = json.RawMessage
+
+// ErrorCodeCapacity is the API error code of a refused acquire (HTTP 429).
+const ErrorCodeCapacity = "SANDBOX_CAPACITY_EXCEEDED"
+
+// APIError is a non-2xx answer from the broker, decoded from
+// {"error":{"code","message","reason","retryable","retry_after_seconds"}}.
+// When the body has another shape (e.g. a gateway's own 401), Code is
+// "HTTP_<status>" and Message holds the start of the body.
+type APIError struct {
+	Status    int    // HTTP status code
+	Code      string // e.g. SANDBOX_CAPACITY_EXCEEDED
+	Message   string
+	Reason    string // e.g. capacity, capacity_backend, capacity_initializing, draining
+	Retryable bool
+	// RetryAfter is how long to wait before retrying: retry_after_seconds,
+	// else the Retry-After header (seconds); 0 when neither was given.
+	RetryAfter time.Duration
+	// Details holds extra facts the server sent, e.g. the capacity counters
+	// of a 429 (limit, used, active, warm, reserved); nil when none.
+	Details map[string]any
+}
+
+// Error renders "CODE (HTTP status): message [reason: …] (retry after …)".
+func (e *APIError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s (HTTP %d)", e.Code, e.Status)
+	if e.Message != "" {
+		b.WriteString(": " + e.Message)
+	}
+	if e.Reason != "" {
+		b.WriteString(" [reason: " + e.Reason + "]")
+	}
+	if e.RetryAfter > 0 {
+		fmt.Fprintf(&b, " (retry after %s)", e.RetryAfter)
+	}
+	return b.String()
+}
+
+// IsCapacity reports whether err is a capacity refusal (HTTP 429).
+func IsCapacity(err error) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && (ae.Status == http.StatusTooManyRequests || ae.Code == ErrorCodeCapacity)
+}
+
+// IsNotFound reports whether err is a 404 (unknown sandbox, or another tenant's).
+func IsNotFound(err error) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusNotFound
+}
+
+// Acquire asks for the thread's sandbox: POST /v1/sandboxes/acquire with
+// {"user_id","thread_id"}. ids must match ^[A-Za-z0-9_-]{1,64}$ (the server
+// checks). Errors: *APIError (429 capacity, 400 validation, 503 outage), or
+// a transport error.
+func (c *Client) Acquire(ctx context.Context, userID, threadID string) (Sandbox, error) {
+	var out Sandbox
+	body := map[string]string{"user_id": userID, "thread_id": threadID}
+	err := c.do(ctx, http.MethodPost, "/v1/sandboxes/acquire", body, &out)
+	return out, err
+}
+
+// Release ends the thread's use of a sandbox: outputs are copied to S3, then
+// it is parked warm (or destroyed if dead): POST /v1/sandboxes/{id}/release.
+func (c *Client) Release(ctx context.Context, sandboxID string) (ReleaseResult, error) {
+	var out ReleaseResult
+	err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/release", nil, &out)
+	return out, err
+}
+
+// Sync copies the sandbox's outputs/ and workspace/ to S3 now:
+// POST /v1/sandboxes/{id}/sync.
+func (c *Client) Sync(ctx context.Context, sandboxID string) (SyncResult, error) {
+	var out SyncResult
+	err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/sync", nil, &out)
+	return out, err
+}
+
+// Get returns the broker's record of a sandbox: GET /v1/sandboxes/{id}.
+// Another tenant's sandbox is a 404 *APIError.
+func (c *Client) Get(ctx context.Context, sandboxID string) (Record, error) {
+	var out json.RawMessage
+	err := c.do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(sandboxID), nil, &out)
+	return out, err
+}
+
+// Capacity returns the deployment-wide slot usage: GET /v1/capacity.
+func (c *Client) Capacity(ctx context.Context) (Capacity, error) {
+	var out Capacity
+	err := c.do(ctx, http.MethodGet, "/v1/capacity", nil, &out)
+	return out, err
+}
+
+// do sends one request bounded by c.timeout and decodes a 2xx JSON body into
+// out, or the error body into an *APIError.
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("encode request: %w", err)
+		}
+		body = bytes.NewReader(b)
+	}
+	// path is already escaped (ids go through url.PathEscape).
+	req, err := http.NewRequestWithContext(ctx, method, c.base.String()+path, body)
+	if err != nil {
+		return fmt.Errorf("build request: %w", err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if c.agent != "" {
+		req.Header.Set("User-Agent", c.agent)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return decodeError(resp)
+	}
+	if out == nil {
+		return nil
+	}
+	dec := json.NewDecoder(io.LimitReader(resp.Body, maxResponseBody))
+	if err := dec.Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode response (HTTP %d): %w", method, path, resp.StatusCode, err)
+	}
+	return nil
+}
+
+// errorBody is the wire shape of an API error.
+type errorBody struct {
+	Error *struct {
+		Code              string         `json:"code"`
+		Message           string         `json:"message"`
+		Reason            string         `json:"reason"`
+		Retryable         bool           `json:"retryable"`
+		RetryAfterSeconds *float64       `json:"retry_after_seconds"`
+		Details           map[string]any `json:"details"`
+	} `json:"error"`
+	// Message is what API Gateway's own errors carry ({"message":"Unauthorized"}).
+	Message string `json:"message"`
+}
+
+// decodeError turns a non-2xx response into an *APIError.
+func decodeError(resp *http.Response) *APIError {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	e := &APIError{Status: resp.StatusCode}
+	var eb errorBody
+	if json.Unmarshal(raw, &eb) == nil && eb.Error != nil && eb.Error.Code != "" {
+		e.Code, e.Message, e.Reason, e.Retryable = eb.Error.Code, eb.Error.Message, eb.Error.Reason, eb.Error.Retryable
+		e.Details = eb.Error.Details
+		if s := eb.Error.RetryAfterSeconds; s != nil && *s > 0 {
+			e.RetryAfter = time.Duration(*s * float64(time.Second))
+		}
+	} else {
+		e.Code = "HTTP_" + strconv.Itoa(resp.StatusCode)
+		switch {
+		case eb.Message != "":
+			e.Message = eb.Message
+		default:
+			msg := strings.TrimSpace(string(raw))
+			if len(msg) > 200 {
+				msg = msg[:200] + "…"
+			}
+			if msg == "" {
+				msg = http.StatusText(resp.StatusCode)
+			}
+			e.Message = msg
+		}
+		e.Retryable = resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500
+	}
+	if e.RetryAfter == 0 {
+		if s, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After"))); err == nil && s > 0 {
+			e.RetryAfter = time.Duration(s) * time.Second
+		}
+	}
+	return e
+}
