@@ -1,0 +1,114 @@
+// Command sandbox-host runs the local E2B-compatible sandbox host
+// (pkg/sandboxhost) on loopback until SIGINT or SIGTERM, then kills every
+// sandbox. When ready it prints one JSON line on stdout:
+// {"api_url":…,"envd_url":…,"root_dir":…,"isolated":…}.
+//
+// Flags (environment fallbacks in brackets): -api-addr [SANDBOX_HOST_API_ADDR]
+// (default 127.0.0.1:0), -envd-addr [SANDBOX_HOST_ENVD_ADDR] (default
+// 127.0.0.1:0), -root-dir [SANDBOX_HOST_ROOT_DIR] (default a new temp dir,
+// removed on exit), -isolation [SANDBOX_HOST_ISOLATION] (auto|bwrap|none),
+// -default-timeout [SANDBOX_HOST_DEFAULT_TIMEOUT] (default 300s). The API
+// key is read from SANDBOX_HOST_API_KEY only (never a flag, so it does not
+// show in process listings) and is required.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-host:", err)
+		os.Exit(1)
+	}
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func run() error {
+	apiAddr := flag.String("api-addr", envOr("SANDBOX_HOST_API_ADDR", "127.0.0.1:0"), "control-plane listen address (loopback)")
+	envdAddr := flag.String("envd-addr", envOr("SANDBOX_HOST_ENVD_ADDR", "127.0.0.1:0"), "envd listen address (loopback)")
+	rootDir := flag.String("root-dir", os.Getenv("SANDBOX_HOST_ROOT_DIR"), "directory for sandbox homes (default: a temp dir removed on exit)")
+	isolation := flag.String("isolation", envOr("SANDBOX_HOST_ISOLATION", sandboxhost.IsolationAuto), "auto, bwrap or none")
+	defTimeout := flag.Duration("default-timeout", 300*time.Second, "sandbox life when create does not say (env SANDBOX_HOST_DEFAULT_TIMEOUT)")
+	logLevel := flag.String("log-level", envOr("SANDBOX_HOST_LOG_LEVEL", "info"), "debug, info, warn or error")
+	flag.Parse()
+
+	if s := os.Getenv("SANDBOX_HOST_DEFAULT_TIMEOUT"); s != "" && !isFlagSet("default-timeout") {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("SANDBOX_HOST_DEFAULT_TIMEOUT: %w", err)
+		}
+		*defTimeout = d
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	apiKey := os.Getenv("SANDBOX_HOST_API_KEY")
+	if apiKey == "" {
+		return fmt.Errorf("SANDBOX_HOST_API_KEY must be set")
+	}
+	root := *rootDir
+	if root == "" {
+		tmp, err := os.MkdirTemp("", "sandbox-host-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		root = tmp
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	srv, err := sandboxhost.Start(ctx, sandboxhost.Options{
+		APIKey:         apiKey,
+		RootDir:        root,
+		DefaultTimeout: *defTimeout,
+		Isolation:      *isolation,
+		Logger:         log,
+	}, *apiAddr, *envdAddr)
+	if err != nil {
+		return err
+	}
+	ready, err := json.Marshal(map[string]any{
+		"api_url":  srv.APIURL,
+		"envd_url": srv.EnvdURL,
+		"root_dir": root,
+		"isolated": srv.Host.Isolated(),
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(ready))
+	<-ctx.Done()
+	log.Info("shutting down; killing every sandbox")
+	return srv.Close()
+}
+
+func isFlagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			set = true
+		}
+	})
+	return set
+}

@@ -1,0 +1,499 @@
+package sandboxhost
+
+import (
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Control-plane constants (E2B OpenAPI spec; E2B-WIRE.md).
+const (
+	headerAPIKey    = "X-API-Key"
+	headerNextToken = "X-Next-Token"
+	defaultTemplate = "base"
+	// defaultListLimit and maxListLimit bound GET /v2/sandboxes pages.
+	defaultListLimit = 100
+	maxListLimit     = 100
+	maxAPIBody       = 1 << 20
+	// Resources reported for every sandbox (informational only).
+	reportedCPUCount = 2
+	reportedMemoryMB = 512
+	reportedDiskMB   = 1024
+)
+
+// apiError is the E2B error body: {"code": <HTTP status>, "message": ...}.
+// The SDK recognises "not found" only from code 404 (E2B-WIRE.md).
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// createRequest is the body of POST /sandboxes and /v2/sandboxes.
+type createRequest struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    *float64          `json:"timeout"` // seconds
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+}
+
+// timeoutRequest is the body of POST /sandboxes/{id}/timeout and connect.
+type timeoutRequest struct {
+	Timeout *float64 `json:"timeout"` // seconds
+}
+
+// refreshRequest is the body of POST /sandboxes/{id}/refreshes.
+type refreshRequest struct {
+	Duration *float64 `json:"duration"` // seconds
+}
+
+// createdSandbox is the reply to create and connect.
+type createdSandbox struct {
+	TemplateID         string  `json:"templateID"`
+	SandboxID          string  `json:"sandboxID"`
+	Alias              string  `json:"alias,omitempty"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+}
+
+// listedSandbox is one element of the list replies.
+type listedSandbox struct {
+	TemplateID   string            `json:"templateID"`
+	Alias        string            `json:"alias,omitempty"`
+	SandboxID    string            `json:"sandboxID"`
+	ClientID     string            `json:"clientID"`
+	StartedAt    time.Time         `json:"startedAt"`
+	EndAt        time.Time         `json:"endAt"`
+	CPUCount     int               `json:"cpuCount"`
+	MemoryMB     int               `json:"memoryMB"`
+	DiskSizeMB   int               `json:"diskSizeMB"`
+	Metadata     map[string]string `json:"metadata"`
+	State        string            `json:"state"`
+	EnvdVersion  string            `json:"envdVersion"`
+	VolumeMounts []any             `json:"volumeMounts"`
+}
+
+// sandboxDetail is the reply to GET /sandboxes/{id}.
+type sandboxDetail struct {
+	listedSandbox
+	EnvdAccessToken string  `json:"envdAccessToken"`
+	Domain          *string `json:"domain"`
+}
+
+// APIHandler serves the E2B control plane: POST /sandboxes and
+// /v2/sandboxes (create), GET /sandboxes and /v2/sandboxes (list), GET and
+// DELETE /sandboxes/{id}, POST /sandboxes/{id}/timeout, POST
+// /sandboxes/{id}/refreshes, POST /sandboxes/{id}/connect and
+// /v2/sandboxes/{id}/connect. Every request needs X-API-Key (any header
+// case) equal to Options.APIKey, else 401 JSON. Reads never extend a
+// sandbox's life.
+func (h *Host) APIHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /sandboxes", h.handleCreate)
+	mux.HandleFunc("POST /v2/sandboxes", h.handleCreate)
+	mux.HandleFunc("GET /sandboxes", h.handleListV1)
+	mux.HandleFunc("GET /v2/sandboxes", h.handleListV2)
+	mux.HandleFunc("GET /sandboxes/{id}", h.handleGet)
+	mux.HandleFunc("DELETE /sandboxes/{id}", h.handleKill)
+	mux.HandleFunc("POST /sandboxes/{id}/timeout", h.handleTimeout)
+	mux.HandleFunc("POST /sandboxes/{id}/refreshes", h.handleRefresh)
+	mux.HandleFunc("POST /sandboxes/{id}/connect", h.handleConnect)
+	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h.handleConnect)
+	mux.HandleFunc("POST /sandboxes/{id}/pause", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotImplemented, apiError{Code: http.StatusNotImplemented, Message: "pause is not supported by the local sandbox host"})
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, apiError{Code: http.StatusNotFound, Message: "no route " + r.Method + " " + r.URL.Path})
+	})
+	key := []byte(h.opts.APIKey)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get(headerAPIKey)), key) != 1 {
+			writeJSON(w, http.StatusUnauthorized, apiError{Code: http.StatusUnauthorized, Message: "invalid or missing API key"})
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// writeJSON writes v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"code":500,"message":"encode reply"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func badRequest(w http.ResponseWriter, format string, args ...any) {
+	writeJSON(w, http.StatusBadRequest, apiError{Code: http.StatusBadRequest, Message: fmt.Sprintf(format, args...)})
+}
+
+func notFound(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusNotFound, apiError{Code: http.StatusNotFound, Message: fmt.Sprintf("sandbox %q not found", id)})
+}
+
+// readBody decodes a JSON body into v; an empty body leaves v untouched.
+func readBody(r *http.Request, v any) error {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxAPIBody+1))
+	if err != nil {
+		return fmt.Errorf("read body: %w", err)
+	}
+	if len(b) > maxAPIBody {
+		return errors.New("body too large")
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("invalid JSON body: %w", err)
+	}
+	return nil
+}
+
+// seconds validates a timeout in seconds (rounded up) against MaxTimeout.
+func (h *Host) seconds(v float64, name string) (time.Duration, error) {
+	if math.IsNaN(v) || v < 0 {
+		return 0, fmt.Errorf("%s must be a non-negative number of seconds", name)
+	}
+	d := time.Duration(math.Ceil(v)) * time.Second
+	if v > h.opts.MaxTimeout.Seconds() {
+		return 0, fmt.Errorf("%s must be at most %d seconds", name, int64(h.opts.MaxTimeout.Seconds()))
+	}
+	return d, nil
+}
+
+func (h *Host) createdBody(sb *sandbox) createdSandbox {
+	return createdSandbox{
+		TemplateID:      sb.templateID,
+		SandboxID:       sb.id,
+		Alias:           sb.alias,
+		ClientID:        h.clientID,
+		EnvdVersion:     h.envdVer,
+		EnvdAccessToken: sb.token,
+	}
+}
+
+func (h *Host) listed(sb *sandbox) listedSandbox {
+	md := make(map[string]string, len(sb.metadata))
+	for k, v := range sb.metadata {
+		md[k] = v
+	}
+	return listedSandbox{
+		TemplateID:   sb.templateID,
+		Alias:        sb.alias,
+		SandboxID:    sb.id,
+		ClientID:     h.clientID,
+		StartedAt:    sb.startedAt,
+		EndAt:        sb.deadline(),
+		CPUCount:     reportedCPUCount,
+		MemoryMB:     reportedMemoryMB,
+		DiskSizeMB:   reportedDiskMB,
+		Metadata:     md,
+		State:        "running",
+		EnvdVersion:  h.envdVer,
+		VolumeMounts: []any{},
+	}
+}
+
+// handleCreate serves POST /sandboxes and /v2/sandboxes: 201 with the
+// sandbox's id, envd version and access token.
+func (h *Host) handleCreate(w http.ResponseWriter, r *http.Request) {
+	var req createRequest
+	if err := readBody(r, &req); err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	spec := createSpec{templateID: req.TemplateID, timeout: h.opts.DefaultTimeout, metadata: req.Metadata, envVars: req.EnvVars}
+	if spec.templateID == "" {
+		spec.templateID = defaultTemplate
+	}
+	if req.Timeout != nil {
+		d, err := h.seconds(*req.Timeout, "timeout")
+		if err != nil {
+			badRequest(w, "%v", err)
+			return
+		}
+		if d == 0 {
+			badRequest(w, "timeout must be at least 1 second")
+			return
+		}
+		spec.timeout = d
+	}
+	for k := range req.EnvVars {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			badRequest(w, "invalid envVars key %q", k)
+			return
+		}
+	}
+	sb, err := h.create(spec)
+	if err != nil {
+		status := http.StatusInternalServerError
+		if errors.Is(err, ErrClosed) {
+			status = http.StatusServiceUnavailable
+		}
+		writeJSON(w, status, apiError{Code: status, Message: err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusCreated, h.createdBody(sb))
+}
+
+// listQuery is a parsed list filter.
+type listQuery struct {
+	metadata map[string]string
+	running  bool // the "running" state is selected
+}
+
+// parseListQuery reads metadata (a query string inside the query value,
+// E2B-WIRE.md "double-encoded") and state (comma-separated and/or
+// repeated).
+func parseListQuery(q url.Values) (listQuery, error) {
+	lq := listQuery{metadata: map[string]string{}, running: true}
+	if raw := q.Get("metadata"); raw != "" {
+		mq, err := url.ParseQuery(raw)
+		if err != nil {
+			return lq, fmt.Errorf("invalid metadata filter: %w", err)
+		}
+		for k, vs := range mq {
+			lq.metadata[k] = vs[len(vs)-1]
+		}
+	}
+	if states, ok := q["state"]; ok {
+		lq.running = false
+		for _, s := range states {
+			for _, st := range strings.Split(s, ",") {
+				switch strings.TrimSpace(st) {
+				case "running":
+					lq.running = true
+				case "paused", "":
+				default:
+					return lq, fmt.Errorf("invalid state %q (want running or paused)", st)
+				}
+			}
+		}
+	}
+	return lq, nil
+}
+
+// match reports whether sb passes the filter.
+func (lq listQuery) match(sb *sandbox) bool {
+	if !lq.running {
+		return false
+	}
+	for k, v := range lq.metadata {
+		if got, ok := sb.metadata[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// handleListV1 serves GET /sandboxes: every running sandbox matching the
+// metadata filter, unpaged.
+func (h *Host) handleListV1(w http.ResponseWriter, r *http.Request) {
+	lq, err := parseListQuery(r.URL.Query())
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	out := []listedSandbox{}
+	for _, sb := range h.list() {
+		if lq.match(sb) {
+			out = append(out, h.listed(sb))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// pageToken encodes the position after sb in (startedAt, id) order.
+func pageToken(sb *sandbox) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(sb.startedAt.UnixNano(), 10) + ":" + sb.id))
+}
+
+// afterToken reports whether sb sorts after the token's position.
+func parseToken(tok string) (time.Time, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return time.Time{}, "", errors.New("invalid nextToken")
+	}
+	ns, id, ok := strings.Cut(string(b), ":")
+	if !ok {
+		return time.Time{}, "", errors.New("invalid nextToken")
+	}
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if err != nil {
+		return time.Time{}, "", errors.New("invalid nextToken")
+	}
+	return time.Unix(0, n).UTC(), id, nil
+}
+
+// handleListV2 serves GET /v2/sandboxes: a page of at most limit (1..100,
+// default 100) sandboxes in start order; X-Next-Token is set when more
+// may follow.
+func (h *Host) handleListV2(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	lq, err := parseListQuery(q)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	limit := defaultListLimit
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxListLimit {
+			badRequest(w, "limit must be an integer in [1, %d]", maxListLimit)
+			return
+		}
+		limit = n
+	}
+	var afterT time.Time
+	var afterID string
+	if tok := q.Get("nextToken"); tok != "" {
+		afterT, afterID, err = parseToken(tok)
+		if err != nil {
+			badRequest(w, "%v", err)
+			return
+		}
+	}
+	out := []listedSandbox{}
+	var last *sandbox
+	more := false
+	for _, sb := range h.list() {
+		if afterID != "" {
+			if sb.startedAt.Before(afterT) || (sb.startedAt.Equal(afterT) && sb.id <= afterID) {
+				continue
+			}
+		}
+		if !lq.match(sb) {
+			continue
+		}
+		if len(out) == limit {
+			more = true
+			break
+		}
+		out = append(out, h.listed(sb))
+		last = sb
+	}
+	if more && last != nil {
+		w.Header().Set(headerNextToken, pageToken(last))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// handleGet serves GET /sandboxes/{id}: the detail, or 404 code 404.
+func (h *Host) handleGet(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	sb, err := h.get(id)
+	if err != nil {
+		notFound(w, id)
+		return
+	}
+	writeJSON(w, http.StatusOK, sandboxDetail{listedSandbox: h.listed(sb), EnvdAccessToken: sb.token})
+}
+
+// handleKill serves DELETE /sandboxes/{id}: 204 once every process is
+// dead and the directory removed; 404 code 404 if unknown.
+func (h *Host) handleKill(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := h.kill(id); err != nil {
+		notFound(w, id)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleTimeout serves POST /sandboxes/{id}/timeout {timeout: seconds}:
+// the sandbox now dies timeout seconds from now (earlier or later than
+// before). 204.
+func (h *Host) handleTimeout(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var req timeoutRequest
+	if err := readBody(r, &req); err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	if req.Timeout == nil {
+		badRequest(w, "timeout is required")
+		return
+	}
+	d, err := h.seconds(*req.Timeout, "timeout")
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	sb, err := h.get(id)
+	if err != nil {
+		notFound(w, id)
+		return
+	}
+	h.setDeadline(sb, d, false)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleRefresh serves POST /sandboxes/{id}/refreshes {duration: seconds}:
+// extends the life to at least duration from now (default 60 s). 204.
+func (h *Host) handleRefresh(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var req refreshRequest
+	if err := readBody(r, &req); err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	d := 60 * time.Second
+	if req.Duration != nil {
+		var err error
+		if d, err = h.seconds(*req.Duration, "duration"); err != nil {
+			badRequest(w, "%v", err)
+			return
+		}
+	}
+	sb, err := h.get(id)
+	if err != nil {
+		notFound(w, id)
+		return
+	}
+	h.setDeadline(sb, d, true)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleConnect serves POST /sandboxes/{id}/connect and
+// /v2/sandboxes/{id}/connect {timeout?}: 200 with the create-like body.
+// As E2B does, a timeout only ever extends the life, never shortens it.
+func (h *Host) handleConnect(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var req timeoutRequest
+	if err := readBody(r, &req); err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	var d time.Duration
+	if req.Timeout != nil {
+		var err error
+		if d, err = h.seconds(*req.Timeout, "timeout"); err != nil {
+			badRequest(w, "%v", err)
+			return
+		}
+	}
+	sb, err := h.get(id)
+	if err != nil {
+		notFound(w, id)
+		return
+	}
+	if d > 0 {
+		h.setDeadline(sb, d, true)
+	}
+	writeJSON(w, http.StatusOK, h.createdBody(sb))
+}

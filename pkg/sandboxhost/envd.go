@@ -1,0 +1,295 @@
+package sandboxhost
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// envd Connect procedures served (from envd's process.proto and
+// filesystem.proto).
+const (
+	procStart      = "/process.Process/Start"
+	procSendSignal = "/process.Process/SendSignal"
+	procList       = "/process.Process/List"
+	fsStat         = "/filesystem.Filesystem/Stat"
+	fsMakeDir      = "/filesystem.Filesystem/MakeDir"
+	fsListDir      = "/filesystem.Filesystem/ListDir"
+	fsMove         = "/filesystem.Filesystem/Move"
+	fsRemove       = "/filesystem.Filesystem/Remove"
+)
+
+// Envd request headers (E2B-WIRE.md).
+const (
+	headerSandboxID   = "E2b-Sandbox-Id"
+	headerAccessToken = "X-Access-Token"
+	headerKeepalive   = "Keepalive-Ping-Interval"
+)
+
+// maxRPCBytes caps a Connect request message.
+const maxRPCBytes = 8 << 20
+
+// process.proto messages, as proto3 JSON.
+type (
+	processConfig struct {
+		Cmd  string            `json:"cmd"`
+		Args []string          `json:"args"`
+		Envs map[string]string `json:"envs"`
+		Cwd  *string           `json:"cwd,omitempty"`
+	}
+	startRequest struct {
+		Process processConfig   `json:"process"`
+		Pty     json.RawMessage `json:"pty,omitempty"`
+		Tag     *string         `json:"tag,omitempty"`
+		Stdin   *bool           `json:"stdin,omitempty"`
+	}
+	startResponse struct {
+		Event processEvent `json:"event"`
+	}
+	processEvent struct {
+		Start     *startEvent `json:"start,omitempty"`
+		Data      *dataEvent  `json:"data,omitempty"`
+		End       *endEvent   `json:"end,omitempty"`
+		Keepalive *struct{}   `json:"keepalive,omitempty"`
+	}
+	startEvent struct {
+		Pid uint32 `json:"pid"`
+	}
+	// dataEvent bytes are standard base64 in JSON (encoding/json's []byte).
+	dataEvent struct {
+		Stdout []byte `json:"stdout,omitempty"`
+		Stderr []byte `json:"stderr,omitempty"`
+	}
+	endEvent struct {
+		ExitCode int32   `json:"exitCode"`
+		Exited   bool    `json:"exited"`
+		Status   string  `json:"status"`
+		Error    *string `json:"error,omitempty"`
+	}
+	processSelector struct {
+		Pid *protoUint `json:"pid,omitempty"`
+		Tag *string    `json:"tag,omitempty"`
+	}
+	sendSignalRequest struct {
+		Process processSelector `json:"process"`
+		Signal  protoEnum       `json:"signal"`
+	}
+	empty       struct{}
+	listRequest struct{}
+	processInfo struct {
+		Config processConfig `json:"config"`
+		Pid    uint32        `json:"pid"`
+		Tag    *string       `json:"tag,omitempty"`
+	}
+	listResponse struct {
+		Processes []processInfo `json:"processes"`
+	}
+)
+
+// sandboxKey carries the routed *sandbox in a request context.
+type sandboxKey struct{}
+
+func sandboxFrom(ctx context.Context) *sandbox {
+	sb, _ := ctx.Value(sandboxKey{}).(*sandbox)
+	return sb
+}
+
+// EnvdHandler serves the in-sandbox daemon API for every sandbox, routed by
+// the E2b-Sandbox-Id header (E2B-WIRE.md): GET /health, GET/POST /files and
+// Connect RPC (JSON codec) for process.Process/{Start,SendSignal,List} and
+// filesystem.Filesystem/{Stat,MakeDir,ListDir,Move,Remove}.
+//
+// An unknown or dead sandbox id gets 502 (the SDK's isRunning relies on
+// it); every route but /health needs X-Access-Token equal to the sandbox's
+// token (401 otherwise).
+func (h *Host) EnvdHandler() http.Handler {
+	opts := []connect.HandlerOption{connect.WithCodec(jsonCodec{}), connect.WithReadMaxBytes(maxRPCBytes)}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	mux.HandleFunc("GET /files", h.handleReadFile)
+	mux.HandleFunc("POST /files", h.handleWriteFile)
+	mux.Handle(procStart, connect.NewServerStreamHandler(procStart, h.rpcStart, opts...))
+	mux.Handle(procSendSignal, connect.NewUnaryHandler(procSendSignal, h.rpcSendSignal, opts...))
+	mux.Handle(procList, connect.NewUnaryHandler(procList, h.rpcList, opts...))
+	mux.Handle(fsStat, connect.NewUnaryHandler(fsStat, h.rpcStat, opts...))
+	mux.Handle(fsMakeDir, connect.NewUnaryHandler(fsMakeDir, h.rpcMakeDir, opts...))
+	mux.Handle(fsListDir, connect.NewUnaryHandler(fsListDir, h.rpcListDir, opts...))
+	mux.Handle(fsMove, connect.NewUnaryHandler(fsMove, h.rpcMove, opts...))
+	mux.Handle(fsRemove, connect.NewUnaryHandler(fsRemove, h.rpcRemove, opts...))
+
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		isRPC := r.URL.Path != "/health" && r.URL.Path != "/files"
+		id := r.Header.Get(headerSandboxID)
+		sb, err := h.get(id)
+		if err != nil {
+			// Connect clients map a non-JSON error by HTTP status:
+			// 502 -> unavailable ("sandbox not running" in the SDK).
+			envdError(w, isRPC, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running", id))
+			return
+		}
+		if r.URL.Path != "/health" {
+			tok := r.Header.Get(headerAccessToken)
+			if subtle.ConstantTimeCompare([]byte(tok), []byte(sb.token)) != 1 {
+				envdError(w, isRPC, http.StatusUnauthorized, "invalid or missing access token")
+				return
+			}
+		}
+		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb)))
+	})
+}
+
+// envdError writes an error outside the Connect handlers: plain text for
+// RPC routes (so Connect clients map the status), JSON {code, message}
+// for the HTTP routes.
+func envdError(w http.ResponseWriter, rpc bool, status int, msg string) {
+	if rpc {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(msg))
+		return
+	}
+	writeJSON(w, status, apiError{Code: status, Message: msg})
+}
+
+// rpcStart runs a process and streams its events: start{pid} first (sent
+// at once), data chunks, keepalives every Keepalive-Ping-Interval seconds,
+// then end{exitCode, exited, status}. A client that goes away (or whose
+// Connect-Timeout-Ms passes) kills the process group.
+func (h *Host) rpcStart(ctx context.Context, req *connect.Request[startRequest], stream *connect.ServerStream[startResponse]) error {
+	sb := sandboxFrom(ctx)
+	msg := req.Msg
+	if len(msg.Pty) > 0 && string(msg.Pty) != "null" {
+		return connect.NewError(connect.CodeUnimplemented, errors.New("pty is not supported by the local sandbox host"))
+	}
+	spec := startSpec{cmd: msg.Process.Cmd, args: msg.Process.Args, envs: msg.Process.Envs}
+	if msg.Process.Cwd != nil {
+		spec.cwd = *msg.Process.Cwd
+	}
+	spec.tag = msg.Tag
+	r, err := h.start(sb, spec)
+	if err != nil {
+		return startError(err)
+	}
+	h.log.Debug("process started", "sandbox_id", sb.id, "pid", r.pid)
+	abort := func(err error) error {
+		r.signal(syscall.SIGKILL)
+		go r.discard()
+		return err
+	}
+	if err := stream.Send(&startResponse{Event: processEvent{Start: &startEvent{Pid: uint32(r.pid)}}}); err != nil {
+		return abort(err)
+	}
+	interval := 50 * time.Second
+	if s := req.Header().Get(headerKeepalive); s != "" {
+		if n, err := strconv.Atoi(s); err == nil && n > 0 {
+			interval = time.Duration(n) * time.Second
+		}
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case ev, ok := <-r.events:
+			if !ok {
+				done = true
+				break
+			}
+			if err := stream.Send(&startResponse{Event: processEvent{Data: &dataEvent{Stdout: ev.stdout, Stderr: ev.stderr}}}); err != nil {
+				return abort(err)
+			}
+		case <-tick.C:
+			if err := stream.Send(&startResponse{Event: processEvent{Keepalive: &struct{}{}}}); err != nil {
+				return abort(err)
+			}
+		case <-ctx.Done():
+			return abort(connect.NewError(connect.CodeCanceled, ctx.Err()))
+		}
+	}
+	<-r.done
+	code, exited, status, errText := r.exitInfo()
+	end := &endEvent{ExitCode: int32(code), Exited: exited, Status: status}
+	if errText != "" {
+		end.Error = &errText
+	}
+	h.log.Debug("process ended", "sandbox_id", sb.id, "pid", r.pid, "exit_code", code)
+	return stream.Send(&startResponse{Event: processEvent{End: end}})
+}
+
+// startError maps a start failure to a Connect error.
+func startError(err error) error {
+	var execErr *exec.Error
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return connect.NewError(connect.CodeUnavailable, err)
+	case errors.Is(err, ErrOutsideSandbox), errors.Is(err, errInvalidEnv), errors.As(err, &execErr),
+		errors.Is(err, fs.ErrNotExist), errors.Is(err, errEmptyCommand), errors.Is(err, errNotDir):
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	default:
+		return connect.NewError(connect.CodeInternal, err)
+	}
+}
+
+// rpcSendSignal signals a process's group: SIGNAL_SIGKILL (9) or
+// SIGNAL_SIGTERM (15).
+func (h *Host) rpcSendSignal(ctx context.Context, req *connect.Request[sendSignalRequest]) (*connect.Response[empty], error) {
+	sb := sandboxFrom(ctx)
+	var sig syscall.Signal
+	switch {
+	case req.Msg.Signal.Name == "SIGNAL_SIGKILL" || req.Msg.Signal.Number == 9:
+		sig = syscall.SIGKILL
+	case req.Msg.Signal.Name == "SIGNAL_SIGTERM" || req.Msg.Signal.Number == 15:
+		sig = syscall.SIGTERM
+	default:
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unsupported signal %q", req.Msg.Signal.Name))
+	}
+	p := sb.findProcess(req.Msg.Process)
+	if p == nil {
+		return nil, connect.NewError(connect.CodeNotFound, errors.New("process not found"))
+	}
+	p.signal(sig)
+	return connect.NewResponse(&empty{}), nil
+}
+
+// findProcess returns the live process selected by pid or tag, or nil.
+func (sb *sandbox) findProcess(sel processSelector) *process {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sel.Pid != nil {
+		return sb.procs[int(*sel.Pid)]
+	}
+	if sel.Tag != nil {
+		for _, p := range sb.procs {
+			if p.spec.tag != nil && *p.spec.tag == *sel.Tag {
+				return p
+			}
+		}
+	}
+	return nil
+}
+
+// rpcList lists the sandbox's running processes.
+func (h *Host) rpcList(ctx context.Context, _ *connect.Request[listRequest]) (*connect.Response[listResponse], error) {
+	sb := sandboxFrom(ctx)
+	out := &listResponse{Processes: []processInfo{}}
+	sb.mu.Lock()
+	for _, p := range sb.procs {
+		cfg := processConfig{Cmd: p.spec.cmd, Args: p.spec.args, Envs: p.spec.envs}
+		if p.spec.cwd != "" {
+			cwd := p.spec.cwd
+			cfg.Cwd = &cwd
+		}
+		out.Processes = append(out.Processes, processInfo{Config: cfg, Pid: uint32(p.pid), Tag: p.spec.tag})
+	}
+	sb.mu.Unlock()
+	return connect.NewResponse(out), nil
+}

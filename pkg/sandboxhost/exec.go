@@ -1,0 +1,397 @@
+package sandboxhost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// defaultPath is PATH inside a sandbox unless the caller sets one.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// outputChunk is the largest data event sent; output is streamed in chunks
+// of at most this many bytes and at most outputQueue chunks are held in
+// memory per process (a slow reader blocks the process's writes).
+const (
+	outputChunk = 32 << 10
+	outputQueue = 32
+)
+
+// sandboxUID and sandboxGID are the host ids sandbox processes run as when
+// the host itself runs as root (nobody/nogroup on Debian).
+const (
+	sandboxUID = 65534
+	sandboxGID = 65534
+)
+
+// isolation is how sandbox processes are wrapped.
+type isolation struct {
+	bwrap   string // bwrap path; "" = no isolation
+	setpriv string // setpriv path; "" = keep the host's uid
+}
+
+// command returns the argv that runs argv in a sandbox whose home, tmp and
+// mnt live at the given host paths, starting in cwd (a sandbox path).
+//
+// Verified on Debian 12 with bubblewrap 0.8 (LOCAL-STACK.md): a fresh
+// network namespace holds only its own loopback, so there is no network;
+// /usr and /etc are read-only binds. As root, bubblewrap creates no user
+// namespace, so a process that is uid 0 inside could still write host
+// sysctls under /proc/sys; the host therefore runs bwrap without a user
+// namespace and drops to sandboxUID with setpriv (no capabilities, no new
+// privileges) before the command. As any other user, bwrap's user
+// namespace maps the caller's uid and --cap-drop ALL removes capabilities.
+func (iso isolation) command(home, tmp, mnt, cwd string, argv []string) []string {
+	args := []string{iso.bwrap}
+	if iso.setpriv != "" {
+		args = append(args, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
+	} else {
+		args = append(args, "--unshare-all", "--cap-drop", "ALL")
+	}
+	args = append(args,
+		"--die-with-parent",
+		"--new-session",
+		"--hostname", "sandbox",
+		"--ro-bind", "/usr", "/usr",
+		"--ro-bind", "/etc", "/etc",
+	)
+	for _, d := range []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"} {
+		fi, err := os.Lstat("/" + d)
+		switch {
+		case err != nil:
+			continue
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink("/" + d)
+			if err != nil {
+				continue
+			}
+			args = append(args, "--symlink", target, "/"+d)
+		case fi.IsDir():
+			args = append(args, "--ro-bind", "/"+d, "/"+d)
+		}
+	}
+	if fi, err := os.Stat("/opt"); err == nil && fi.IsDir() {
+		args = append(args, "--ro-bind", "/opt", "/opt")
+	}
+	args = append(args,
+		"--proc", "/proc",
+		"--dev", "/dev",
+		"--bind", tmp, sandboxTmp,
+		"--bind", mnt, sandboxMnt,
+		"--dir", "/home",
+		"--bind", home, sandboxHome,
+		"--chdir", cwd,
+		"--",
+	)
+	if iso.setpriv != "" {
+		args = append(args, iso.setpriv,
+			"--reuid="+strconv.Itoa(sandboxUID), "--regid="+strconv.Itoa(sandboxGID), "--clear-groups",
+			"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--")
+	}
+	return append(args, argv...)
+}
+
+// process is one running command in a sandbox.
+type process struct {
+	spec startSpec
+	pid  int
+	cmd  *exec.Cmd
+	done chan struct{} // closed after Wait returned
+}
+
+// signal sends sig to the process's whole process group. For SIGKILL it
+// also kills the process's direct children first: under bubblewrap that
+// is the sandbox's PID-namespace init, whose death makes the kernel kill
+// everything in the namespace, even processes that left the group with
+// setsid.
+func (p *process) signal(sig syscall.Signal) {
+	if sig == syscall.SIGKILL {
+		for _, c := range childPIDs(p.pid) {
+			_ = syscall.Kill(c, sig)
+		}
+	}
+	// The process leads its own group (Setpgid), so -pid is the group.
+	_ = syscall.Kill(-p.pid, sig)
+}
+
+// childPIDs lists pid's children from /proc (empty if it is gone).
+func childPIDs(pid int) []int {
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + task.Name() + "/children")
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// event is one item of a process's output stream.
+type event struct {
+	stdout, stderr []byte
+}
+
+// startSpec is a command to run.
+type startSpec struct {
+	cmd  string
+	args []string
+	envs map[string]string
+	cwd  string // sandbox path; "" = /home/user
+	tag  *string
+}
+
+// running is a started process and its output.
+type running struct {
+	*process
+	events <-chan event // closed once the process exited and its output was read; then state and err are set
+	state  *os.ProcessState
+	err    error // from Wait (not exit status)
+}
+
+// hostPathForCwd maps a sandbox cwd to a host directory (no isolation).
+func (sb *sandbox) hostPathForCwd(cwd string) (string, error) {
+	r, err := sb.resolve(cwd)
+	if err != nil {
+		return "", err
+	}
+	if err := r.isDir(); err != nil {
+		return "", fmt.Errorf("cwd %s: %w", cwd, err)
+	}
+	return r.hostPath(), nil
+}
+
+// env builds the process environment: defaults, then sandbox envVars, then
+// per-call envs (later wins).
+func (h *Host) env(sb *sandbox, envs map[string]string) []string {
+	home := sandboxHome
+	if !h.Isolated() {
+		home = sb.home
+	}
+	m := map[string]string{
+		"PATH":            defaultPath,
+		"HOME":            home,
+		"USER":            "user",
+		"LOGNAME":         "user",
+		"SHELL":           "/bin/bash",
+		"LANG":            "C.UTF-8",
+		"TERM":            "xterm",
+		"E2B_SANDBOX":     "true",
+		"E2B_SANDBOX_ID":  sb.id,
+		"E2B_TEMPLATE_ID": sb.templateID,
+	}
+	if !h.Isolated() {
+		m["TMPDIR"] = sb.tmp
+	}
+	for k, v := range sb.envVars {
+		m[k] = v
+	}
+	for k, v := range envs {
+		m[k] = v
+	}
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Start errors for bad requests.
+var (
+	errInvalidEnv   = errors.New("invalid environment variable name")
+	errEmptyCommand = errors.New("empty command")
+)
+
+// start runs spec in sb. The returned events channel streams output; when it
+// is closed, wait on done and read state.
+func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
+	if spec.cmd == "" {
+		return nil, errEmptyCommand
+	}
+	for k := range spec.envs {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, fmt.Errorf("%w: %q", errInvalidEnv, k)
+		}
+	}
+	cwd := spec.cwd
+	if cwd == "" {
+		cwd = sandboxHome
+	}
+	var cmd *exec.Cmd
+	if h.Isolated() {
+		vcwd, err := sb.virtualPath(cwd)
+		if err != nil {
+			return nil, err
+		}
+		// A cwd inside the sandbox's own directories must exist (outside
+		// them, e.g. /usr, bwrap itself reports a bad one).
+		if vp, err := sb.resolve(vcwd); err == nil {
+			if err := vp.isDir(); err != nil {
+				return nil, fmt.Errorf("cwd %s: %w", vcwd, err)
+			}
+		}
+		argv := h.iso.command(sb.home, sb.tmp, sb.mnt, vcwd, append([]string{spec.cmd}, spec.args...))
+		cmd = exec.Command(argv[0], argv[1:]...)
+	} else {
+		dir, err := sb.hostPathForCwd(cwd)
+		if err != nil {
+			return nil, err
+		}
+		cmd = exec.Command(spec.cmd, spec.args...)
+		cmd.Dir = dir
+	}
+	cmd.Env = h.env(sb, spec.envs)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, fmt.Errorf("stderr pipe: %w", err)
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+
+	sb.mu.Lock()
+	if sb.dead {
+		sb.mu.Unlock()
+		closeAll(outR, outW, errR, errW)
+		return nil, ErrNotFound
+	}
+	if err := cmd.Start(); err != nil {
+		sb.mu.Unlock()
+		closeAll(outR, outW, errR, errW)
+		return nil, fmt.Errorf("start process: %w", err)
+	}
+	p := &process{spec: spec, pid: cmd.Process.Pid, cmd: cmd, done: make(chan struct{})}
+	sb.procs[p.pid] = p
+	sb.mu.Unlock()
+	closeAll(outW, errW) // the child holds its own copies
+
+	events := make(chan event, outputQueue)
+	r := &running{process: p, events: events}
+	var readers sync.WaitGroup
+	pump := func(rd io.Reader, isErr bool) {
+		defer readers.Done()
+		for {
+			buf := make([]byte, outputChunk)
+			n, err := rd.Read(buf)
+			if n > 0 {
+				ev := event{}
+				if isErr {
+					ev.stderr = buf[:n]
+				} else {
+					ev.stdout = buf[:n]
+				}
+				events <- ev
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	readers.Add(2)
+	go pump(outR, false)
+	go pump(errR, true)
+	go func() {
+		// Wait for the exit without reaping, so the process group id cannot
+		// be reused while we kill what is left in it (e.g. `sleep 100 &`).
+		waitExitedNoReap(p.pid)
+		p.signal(syscall.SIGKILL)
+		r.err = cmd.Wait()
+		r.state = cmd.ProcessState
+		// Output pipes may be held open by a process that left the group
+		// (setsid): stop reading after a grace period.
+		t := time.AfterFunc(pipeGrace, func() { closeAll(outR, errR) })
+		readers.Wait()
+		t.Stop()
+		closeAll(outR, errR)
+		close(events)
+		sb.mu.Lock()
+		delete(sb.procs, p.pid)
+		sb.mu.Unlock()
+		close(p.done)
+	}()
+	return r, nil
+}
+
+// pipeGrace is how long output is still read after a process exited.
+const pipeGrace = 2 * time.Second
+
+// closeAll closes files, ignoring errors.
+func closeAll(fs ...*os.File) {
+	for _, f := range fs {
+		_ = f.Close()
+	}
+}
+
+// waitExitedNoReap blocks until pid has exited but leaves it a zombie
+// (waitid with WNOWAIT), so its pid and process group stay reserved.
+func waitExitedNoReap(pid int) {
+	const (
+		pPID    = 1
+		wExited = 0x4
+		wNoWait = 0x1000000
+	)
+	var info [128]byte
+	for {
+		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid),
+			uintptr(unsafe.Pointer(&info[0])), wExited|wNoWait, 0, 0)
+		if errno != syscall.EINTR {
+			return
+		}
+	}
+}
+
+// discard drains r's output so the process never blocks on a full pipe.
+func (r *running) discard() {
+	for range r.events {
+	}
+}
+
+// exitInfo reports exit code, exited flag and status text of a finished
+// process, as envd does (exit code -1 when killed by a signal).
+func (r *running) exitInfo() (code int, exited bool, status string, errText string) {
+	if r.state == nil {
+		if r.err != nil {
+			return -1, false, "error", r.err.Error()
+		}
+		return -1, false, "unknown", ""
+	}
+	return r.state.ExitCode(), r.state.Exited(), r.state.String(), ""
+}
+
+// runToEnd waits for the process to finish, discarding output, honouring
+// ctx by killing the process group.
+func (r *running) runToEnd(ctx context.Context) {
+	go func() {
+		select {
+		case <-ctx.Done():
+			r.signal(syscall.SIGKILL)
+		case <-r.done:
+		}
+	}()
+	r.discard()
+	<-r.done
+}

@@ -1,0 +1,164 @@
+// Acceptance check: the official E2B JS SDK (npm "e2b", pinned in
+// package.json) drives the local sandbox host (pkg/sandboxhost).
+//
+// Needs E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY. Exits 0 when every
+// step behaves as E2B does; otherwise prints "sdk-check FAILED: <step>: <why>"
+// and exits 1. Run from pkg/sandboxhost's TestOfficialE2BSDK, or by hand:
+//   E2B_API_URL=… E2B_SANDBOX_URL=… E2B_API_KEY=… node test/e2b-sdk/sdk-check.mjs
+import { Sandbox, CommandExitError } from 'e2b'
+import { randomUUID } from 'node:crypto'
+
+for (const name of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
+  if (!process.env[name]) {
+    console.error(`sdk-check FAILED: setup: ${name} is not set`)
+    process.exit(2)
+  }
+}
+
+let step = 'setup'
+const log = (msg) => console.log(`sdk-check: ${msg}`)
+function check(cond, why) {
+  if (!cond) throw new Error(why)
+}
+function eq(got, want, what) {
+  check(got === want, `${what}: got ${JSON.stringify(got)}, want ${JSON.stringify(want)}`)
+}
+
+let sandbox
+try {
+  const runId = randomUUID()
+  const metadata = { purpose: 'sdk-check', run: runId }
+
+  step = 'create'
+  sandbox = await Sandbox.create({
+    metadata,
+    envs: { SANDBOX_LEVEL_VAR: 'from-create' },
+    timeoutMs: 120_000,
+  })
+  check(/^[a-z0-9]+$/.test(sandbox.sandboxId), `sandbox id ${JSON.stringify(sandbox.sandboxId)} is not lowercase alphanumeric`)
+  log(`created ${sandbox.sandboxId}`)
+
+  step = 'isRunning'
+  eq(await sandbox.isRunning(), true, 'isRunning after create')
+
+  step = 'run command'
+  const res = await sandbox.commands.run('echo "hello $WHO"; echo "$SANDBOX_LEVEL_VAR"; echo oops >&2; pwd', {
+    envs: { WHO: 'sdk' },
+  })
+  eq(res.exitCode, 0, 'exit code')
+  eq(res.stdout, 'hello sdk\nfrom-create\n/home/user\n', 'stdout')
+  eq(res.stderr, 'oops\n', 'stderr')
+
+  step = 'failing command'
+  let failed
+  try {
+    await sandbox.commands.run('echo partial; exit 7')
+  } catch (err) {
+    failed = err
+  }
+  check(failed instanceof CommandExitError, `a failing command must throw CommandExitError, got ${failed}`)
+  eq(failed.exitCode, 7, 'failing command exit code')
+  eq(failed.stdout, 'partial\n', 'failing command stdout')
+
+  step = 'write file'
+  const content = `line one\nrun ${runId}\n`
+  const info = await sandbox.files.write('notes/hello.txt', content)
+  eq(info.path, '/home/user/notes/hello.txt', 'written path')
+
+  step = 'read file'
+  eq(await sandbox.files.read('/home/user/notes/hello.txt'), content, 'file content')
+
+  step = 'file seen by a command'
+  const cat = await sandbox.commands.run('cat notes/hello.txt')
+  eq(cat.stdout, content, 'cat output')
+
+  step = 'list directory'
+  const entries = await sandbox.files.list('/home/user/notes')
+  eq(entries.map((e) => e.name).join(','), 'hello.txt', 'directory entries')
+  eq(entries[0].type, 'file', 'entry type')
+
+  step = 'write several files'
+  const many = await sandbox.files.write([
+    { path: 'multi/one.txt', data: 'one' },
+    { path: '/home/user/multi/two.txt', data: 'two' },
+  ])
+  eq(many.map((w) => w.path).sort().join(','), '/home/user/multi/one.txt,/home/user/multi/two.txt', 'paths written')
+  eq(await sandbox.files.read('multi/two.txt'), 'two', 'second file content')
+
+  step = 'filesystem operations'
+  eq(await sandbox.files.exists('multi/one.txt'), true, 'exists(one.txt)')
+  eq(await sandbox.files.exists('multi/none.txt'), false, 'exists(none.txt)')
+  eq(await sandbox.files.makeDir('made/deep'), true, 'makeDir new')
+  eq(await sandbox.files.makeDir('made/deep'), false, 'makeDir existing')
+  const moved = await sandbox.files.rename('multi/one.txt', 'made/one.txt')
+  eq(moved.path, '/home/user/made/one.txt', 'renamed path')
+  await sandbox.files.remove('multi')
+  eq(await sandbox.files.exists('multi'), false, 'exists after remove')
+
+  step = 'connect by id'
+  const again = await Sandbox.connect(sandbox.sandboxId)
+  eq((await again.commands.run('cat made/one.txt')).stdout, 'one', 'output through a connected instance')
+
+  step = 'read missing file'
+  let missing
+  try {
+    await sandbox.files.read('/home/user/does-not-exist')
+  } catch (err) {
+    missing = err
+  }
+  check(missing && missing.name === 'FileNotFoundError', `reading a missing file must throw FileNotFoundError, got ${missing}`)
+
+  step = 'list by metadata'
+  const paginator = Sandbox.list({ query: { metadata: { run: runId } } })
+  const listed = []
+  while (paginator.hasNext) listed.push(...(await paginator.nextItems()))
+  eq(listed.length, 1, 'sandboxes listed for this run')
+  eq(listed[0].sandboxId, sandbox.sandboxId, 'listed sandbox id')
+  eq(listed[0].metadata.purpose, 'sdk-check', 'listed metadata')
+  const other = Sandbox.list({ query: { metadata: { run: 'no-such-run' } } })
+  eq((await other.nextItems()).length, 0, 'sandboxes listed for another run')
+
+  step = 'set timeout'
+  const before = Date.now()
+  await sandbox.setTimeout(60_000)
+  const got = await Sandbox.getInfo(sandbox.sandboxId)
+  const left = got.endAt.getTime() - before
+  check(left > 50_000 && left < 70_000, `endAt should be ~60 s from now, is ${left} ms`)
+
+  step = 'kill'
+  eq(await sandbox.kill(), true, 'kill result')
+  eq(await sandbox.isRunning(), false, 'isRunning after kill')
+  eq(await Sandbox.kill(sandbox.sandboxId), false, 'second kill reports not running')
+  const after = Sandbox.list({ query: { metadata: { run: runId } } })
+  eq((await after.nextItems()).length, 0, 'sandboxes listed after kill')
+  let gone
+  try {
+    await Sandbox.getInfo(sandbox.sandboxId)
+  } catch (err) {
+    gone = err
+  }
+  check(gone && /NotFound/.test(gone.name), `getInfo after kill must throw a not-found error, got ${gone}`)
+  sandbox = undefined
+
+  step = 'timeout expiry'
+  sandbox = await Sandbox.create({ metadata, timeoutMs: 60_000 })
+  await sandbox.setTimeout(1_000)
+  const deadline = Date.now() + 15_000
+  while (await sandbox.isRunning()) {
+    check(Date.now() < deadline, 'sandbox still running 15 s after a 1 s timeout')
+    await new Promise((r) => setTimeout(r, 200))
+  }
+  const expired = Sandbox.list({ query: { metadata: { run: runId } } })
+  eq((await expired.nextItems()).length, 0, 'sandboxes listed after timeout expiry')
+  sandbox = undefined
+
+  log('all checks passed')
+} catch (err) {
+  console.error(`sdk-check FAILED: ${step}: ${err && err.stack ? err.stack : err}`)
+  if (sandbox) {
+    try {
+      await sandbox.kill()
+    } catch {}
+  }
+  process.exit(1)
+}
