@@ -1,0 +1,21 @@
+// Package outputsync copies a thread's output directories (outputs/ and
+// workspace/ under the sandbox home) from its sandbox to S3, implementing
+// core.OutputSyncer (DESIGN.md "Output sync"; issue 2 item 5, issue 4).
+//
+// One pass: a single listing command in the sandbox (GNU find, no symlink
+// following, regular files only, NUL-terminated records of size, mtime and
+// path); a per-thread manifest in S3 at
+// <prefix>/_manifests/<tenant>/<user>/<thread>.json, tied to the sandbox id;
+// every new or changed file (size or mtime differ) streamed from the sandbox
+// to <prefix>/<tenant>/<user>/<thread>/<outputs|workspace>/<rel> with
+// bounded memory and full-object CRC32 checksums that S3 verifies; caps on files,
+// bytes, per-file size and wall time. Already-synced files are skipped
+// before caps are counted, so capped passes converge; a capped or
+// incomplete pass prunes nothing from the manifest. Paths that are not
+// valid UTF-8, contain control characters, "." or ".." segments, or lie
+// outside the mirrored directories are refused and reported.
+//
+// The behaviour follows the sync tests of the reference suite
+// (shared/reference/test_e2b_sandbox_provider.py, test_sync_outputs_to_host_*),
+// adapted from a host directory to S3.
+package outputsync

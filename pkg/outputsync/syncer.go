@@ -1,0 +1,568 @@
+package outputsync
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// Sandbox is what the syncer needs from a sandbox provider (pkg/e2b's
+// client implements it). Errors: core.ErrSandboxGone when the sandbox no
+// longer exists; OpenFile fails with core.ErrFileNotFound for a missing path
+// and its reader with *core.FileTooLargeError past maxBytes.
+type Sandbox interface {
+	Run(ctx context.Context, ref core.SandboxRef, cmd core.Command) (core.CommandResult, error)
+	OpenFile(ctx context.Context, ref core.SandboxRef, path string, maxBytes int64) (io.ReadCloser, error)
+}
+
+// S3API lists the S3 operations the syncer calls, with the signatures of
+// aws-sdk-go-v2's *s3.Client.
+type S3API interface {
+	GetObject(ctx context.Context, in *s3.GetObjectInput, optFns ...func(*s3.Options)) (*s3.GetObjectOutput, error)
+	PutObject(ctx context.Context, in *s3.PutObjectInput, optFns ...func(*s3.Options)) (*s3.PutObjectOutput, error)
+	CreateMultipartUpload(ctx context.Context, in *s3.CreateMultipartUploadInput, optFns ...func(*s3.Options)) (*s3.CreateMultipartUploadOutput, error)
+	UploadPart(ctx context.Context, in *s3.UploadPartInput, optFns ...func(*s3.Options)) (*s3.UploadPartOutput, error)
+	CompleteMultipartUpload(ctx context.Context, in *s3.CompleteMultipartUploadInput, optFns ...func(*s3.Options)) (*s3.CompleteMultipartUploadOutput, error)
+	AbortMultipartUpload(ctx context.Context, in *s3.AbortMultipartUploadInput, optFns ...func(*s3.Options)) (*s3.AbortMultipartUploadOutput, error)
+	ListObjectsV2(ctx context.Context, in *s3.ListObjectsV2Input, optFns ...func(*s3.Options)) (*s3.ListObjectsV2Output, error)
+	DeleteObject(ctx context.Context, in *s3.DeleteObjectInput, optFns ...func(*s3.Options)) (*s3.DeleteObjectOutput, error)
+}
+
+var (
+	_ S3API             = (*s3.Client)(nil)
+	_ core.OutputSyncer = (*Syncer)(nil)
+)
+
+// Defaults applied by New to zero Options fields.
+const (
+	DefaultHome          = "/home/user"
+	DefaultMaxFiles      = 1000
+	DefaultMaxTotalBytes = 1 << 30   // 1 GiB per pass
+	DefaultMaxFileBytes  = 256 << 20 // 256 MiB per file
+	DefaultDeadline      = 60 * time.Second
+	DefaultPartSize      = 8 << 20 // multipart part size and buffer size
+	DefaultConcurrency   = 4
+	DefaultListTimeout   = 30 * time.Second
+	DefaultMaxListBytes  = 8 << 20 // listing output cap (~80k records)
+	DefaultMaxReported   = 1000
+	// MinPartSize is S3's minimum size of a multipart part (all but the last).
+	MinPartSize = 5 << 20
+	// s3CallTimeout bounds each S3 request.
+	s3CallTimeout = 2 * time.Minute
+	// manifestReserve is kept free before the caller's context deadline for
+	// the final manifest write: uploads stop that much earlier.
+	manifestReserve = 3 * time.Second
+	// checkpointEvery: during a long pass the manifest is stored at least
+	// this often, so an invocation that dies mid-pass loses little.
+	checkpointEvery = 15 * time.Second
+	// maxUnsafeLogged bounds per-path log lines for refused paths per pass.
+	maxUnsafeLogged = 20
+)
+
+// Deferral reasons reported in core.DeferredFile.Reason.
+const (
+	ReasonMaxFiles          = "max_files"           // the pass's file cap was spent
+	ReasonMaxTotalBytes     = "max_total_bytes"     // the pass's byte cap would be passed
+	ReasonFileTooLarge      = "file_too_large"      // listed size or stream over MaxFileBytes
+	ReasonDeadline          = "deadline"            // the pass's wall-time budget ran out
+	ReasonUnsafePath        = "unsafe_path"         // refused by path checks (see relPath)
+	ReasonPathTooLong       = "path_too_long"       // object key over 1024 bytes
+	ReasonChanged           = "changed_during_sync" // stream length differed from the listed size
+	ReasonVanished          = "vanished"            // deleted between listing and reading
+	ReasonUnparsable        = "unparsable_record"   // listing record without the expected shape
+	ReasonListingIncomplete = "listing_incomplete"  // find failed or the listing was cut
+	ReasonSandboxGone       = "sandbox_gone"        // the sandbox died during the pass
+	ReasonCanceled          = "canceled"            // the caller's context ended
+	ReasonError             = "error"               // sandbox read or S3 failure (logged)
+	ReasonReportTruncated   = "report_truncated"    // more deferrals than MaxReported
+)
+
+// Options configure a Syncer. Zero values take the defaults above.
+type Options struct {
+	Bucket string // required
+	// Prefix is prepended to every key ("" allowed); surrounding slashes
+	// are ignored.
+	Prefix string
+	// Home is the sandbox user's home; outputs/ and workspace/ under it
+	// are mirrored. Default /home/user.
+	Home string
+	// MaxFiles caps uploads per pass.
+	MaxFiles int
+	// MaxTotalBytes caps bytes uploaded per pass (by listed size).
+	MaxTotalBytes int64
+	// MaxFileBytes: larger files are deferred without being read.
+	MaxFileBytes int64
+	// Deadline is the wall-time budget of a pass, from the start of Sync;
+	// no upload starts after it and running ones are cut off by it. The
+	// listing has its own ListTimeout; the manifest write after the
+	// deadline has its own short timeout.
+	Deadline time.Duration
+	Logger   *slog.Logger // default slog.Default()
+
+	// PartSize is the multipart part size and per-upload buffer (>= 5 MiB).
+	// Files smaller than it go in one PutObject. Peak buffer memory is
+	// (Concurrency+1) * PartSize.
+	PartSize int64
+	// Concurrency is the number of files uploaded at once.
+	Concurrency int
+	// ListTimeout bounds the listing command.
+	ListTimeout time.Duration
+	// MaxListBytes caps the listing output; a longer listing is cut and
+	// the pass is incomplete (nothing pruned). Keep it at or below the
+	// provider's cap on a command's stdout (pkg/e2b MaxOutputBytes, 8 MiB by
+	// default, keeps the tail), or the head of the listing is lost (its
+	// first record then fails to parse, so the pass is still marked
+	// incomplete, but the files before it go unlisted).
+	MaxListBytes int64
+	// MirrorDeletes: on a complete pass, the objects of manifest entries
+	// whose files are gone from the sandbox are deleted too (issue 4,
+	// SYNC_MIRROR_DELETES). Default false: objects are kept.
+	MirrorDeletes bool
+	// MaxReported caps SyncResult.Deferred; past it one entry with reason
+	// "report_truncated" and Path "+<n> more" ends the list.
+	MaxReported int
+}
+
+// Syncer copies a thread's outputs/ and workspace/ from its sandbox to S3.
+// Safe for concurrent use on different threads; passes on the same thread
+// must be serialised by the caller (the engine's lease does that).
+type Syncer struct {
+	sb   Sandbox
+	s3   S3API
+	opts Options
+	log  *slog.Logger
+	up   *uploader
+	now  func() time.Time
+	// checkpointEvery is the manifest checkpoint interval (tests shorten it).
+	checkpointEvery time.Duration
+}
+
+// New validates opts, applies defaults and returns a Syncer.
+func New(sb Sandbox, s3c S3API, opts Options) (*Syncer, error) {
+	if sb == nil || s3c == nil {
+		return nil, errors.New("outputsync: sandbox and s3 clients are required")
+	}
+	if opts.Bucket == "" {
+		return nil, errors.New("outputsync: Bucket is required")
+	}
+	var err error
+	if opts.Prefix, err = cleanPrefix(opts.Prefix); err != nil {
+		return nil, fmt.Errorf("outputsync: %w", err)
+	}
+	if opts.Home == "" {
+		opts.Home = DefaultHome
+	}
+	if opts.Home, err = cleanHome(opts.Home); err != nil {
+		return nil, fmt.Errorf("outputsync: %w", err)
+	}
+	if opts.MaxFiles < 0 || opts.MaxTotalBytes < 0 || opts.MaxFileBytes < 0 || opts.Deadline < 0 ||
+		opts.PartSize < 0 || opts.Concurrency < 0 || opts.ListTimeout < 0 || opts.MaxListBytes < 0 || opts.MaxReported < 0 {
+		return nil, errors.New("outputsync: caps, sizes and durations must not be negative")
+	}
+	setDefault(&opts.MaxFiles, DefaultMaxFiles)
+	setDefault(&opts.MaxTotalBytes, DefaultMaxTotalBytes)
+	setDefault(&opts.MaxFileBytes, DefaultMaxFileBytes)
+	setDefault(&opts.Deadline, DefaultDeadline)
+	setDefault(&opts.PartSize, DefaultPartSize)
+	setDefault(&opts.Concurrency, DefaultConcurrency)
+	setDefault(&opts.ListTimeout, DefaultListTimeout)
+	setDefault(&opts.MaxListBytes, DefaultMaxListBytes)
+	setDefault(&opts.MaxReported, DefaultMaxReported)
+	if opts.PartSize < MinPartSize {
+		return nil, fmt.Errorf("outputsync: PartSize %d is below S3's minimum part size %d", opts.PartSize, MinPartSize)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	// One buffer per concurrent upload plus one spare that lets a multipart
+	// upload read its next part while sending the previous one.
+	bufs := make(chan []byte, opts.Concurrency+1)
+	for range opts.Concurrency + 1 {
+		bufs <- nil // allocated on first use
+	}
+	return &Syncer{
+		sb: sb, s3: s3c, opts: opts, log: opts.Logger, now: time.Now, checkpointEvery: checkpointEvery,
+		up: &uploader{s3: s3c, bucket: opts.Bucket, partSize: opts.PartSize, bufs: bufs, callTO: s3CallTimeout},
+	}, nil
+}
+
+func setDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
+}
+
+// pass is the state of one Sync call.
+type pass struct {
+	mu       sync.Mutex
+	res      core.SyncResult
+	deferred []core.DeferredFile
+	m        *Manifest
+	dirty    bool
+	capped   bool
+	goneErr  error
+	// checkpointing: one store at a time, at most every checkpointEvery.
+	storing   bool
+	lastStore time.Time
+}
+
+func (p *pass) deferFile(path, reason string) {
+	p.mu.Lock()
+	p.deferred = append(p.deferred, core.DeferredFile{Path: path, Reason: reason})
+	p.mu.Unlock()
+}
+
+// Sync runs one pass for t: list the mirrored directories, upload new and
+// changed files (by size and mtime against the thread's manifest) under the
+// caps, and store the manifest. The result says what was uploaded, skipped
+// and deferred (with reasons). Errors: a *core.ValidationError for a bad
+// target; an error wrapping core.ErrSandboxGone when the sandbox died
+// (the partial result is returned too); listing, manifest and context
+// failures. Per-file failures are deferrals, not errors.
+func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, error) {
+	start := s.now()
+	if err := t.ThreadKey.Validate(); err != nil {
+		return core.SyncResult{}, err
+	}
+	if err := core.ValidateSandboxID(t.Ref.ID); err != nil {
+		return core.SyncResult{}, err
+	}
+	log := s.log.With("sandbox_id", t.Ref.ID, "thread", t.ThreadKey.String())
+
+	files, bad, listIncomplete, err := s.list(ctx, t.Ref, log)
+	if err != nil {
+		return core.SyncResult{}, err
+	}
+
+	mkey := manifestKey(s.opts.Prefix, t.ThreadKey)
+	mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+	m, found, corrupt, err := loadManifest(mctx, s.s3, s.opts.Bucket, mkey)
+	cancel()
+	if err != nil {
+		return core.SyncResult{}, fmt.Errorf("load manifest %s: %w", mkey, err)
+	}
+	p := &pass{m: m}
+	switch {
+	case corrupt:
+		log.Warn("discarding unreadable manifest", "key", mkey)
+		p.m, p.dirty = newManifest(t.Ref.ID), true
+	case !found:
+		p.m, p.dirty = newManifest(t.Ref.ID), true
+	case m.SandboxID != t.Ref.ID:
+		log.Info("discarding manifest of another sandbox", "manifest_sandbox_id", m.SandboxID)
+		p.m, p.dirty = newManifest(t.Ref.ID), true
+	}
+	vctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+	dropped, err := dropMissing(vctx, s.s3, s.opts.Bucket, threadPrefix(s.opts.Prefix, t.ThreadKey), p.m, func(rel string) string {
+		return threadPrefix(s.opts.Prefix, t.ThreadKey) + rel
+	})
+	cancel()
+	if err != nil {
+		return core.SyncResult{}, fmt.Errorf("verify manifest against s3: %w", err)
+	}
+	if dropped > 0 {
+		log.Warn("objects missing or replaced in s3; uploading again", "count", dropped)
+		p.dirty = true
+	}
+	p.lastStore = s.now()
+
+	for _, rec := range bad {
+		p.deferred = append(p.deferred, core.DeferredFile{Path: displayPath(s.opts.Home, string(rec)), Reason: ReasonUnparsable})
+	}
+	if listIncomplete {
+		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonListingIncomplete})
+	}
+
+	s.transfer(ctx, t, start, files, p, log, mkey)
+
+	// Prune entries of files that are gone, only when this pass saw the
+	// whole tree and spent no cap (a capped pass prunes nothing).
+	if !listIncomplete && len(bad) == 0 && !p.capped && p.goneErr == nil && ctx.Err() == nil {
+		seen := make(map[string]struct{}, len(files))
+		for _, f := range files {
+			if rel, err := relPath(s.opts.Home, f.Path); err == nil {
+				seen[rel] = struct{}{}
+			}
+		}
+		for rel := range p.m.Files {
+			if _, ok := seen[rel]; ok {
+				continue
+			}
+			if s.opts.MirrorDeletes {
+				if err := s.deleteObject(ctx, threadPrefix(s.opts.Prefix, t.ThreadKey)+rel); err != nil {
+					log.Warn("mirror delete failed; entry kept for the next pass", "path", rel, "err", err)
+					continue
+				}
+			}
+			delete(p.m.Files, rel)
+			p.dirty = true
+		}
+	}
+
+	var storeErr error
+	if p.dirty {
+		// The uploads happened; record them even if ctx ended.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3CallTimeout)
+		storeErr = storeManifest(sctx, s.s3, s.opts.Bucket, mkey, p.m)
+		cancel()
+		if storeErr != nil {
+			storeErr = fmt.Errorf("store manifest %s: %w", mkey, storeErr)
+		}
+	}
+
+	res := p.res
+	res.Deferred = s.report(p.deferred)
+	res.Complete = len(p.deferred) == 0 && storeErr == nil && p.goneErr == nil && ctx.Err() == nil
+	log.Info("sync pass", "uploaded", res.Uploaded, "skipped", res.Skipped, "deferred", len(p.deferred),
+		"bytes", res.Bytes, "complete", res.Complete, "duration_ms", s.now().Sub(start).Milliseconds())
+	switch {
+	case p.goneErr != nil:
+		return res, errors.Join(p.goneErr, storeErr)
+	case ctx.Err() != nil:
+		return res, errors.Join(fmt.Errorf("sync canceled: %w", context.Cause(ctx)), storeErr)
+	}
+	return res, storeErr
+}
+
+func (s *Syncer) deleteObject(ctx context.Context, key string) error {
+	dctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+	defer cancel()
+	_, err := s.s3.DeleteObject(dctx, &s3.DeleteObjectInput{Bucket: &s.opts.Bucket, Key: &key})
+	return err
+}
+
+// list runs the listing script and parses its output. incomplete is set
+// when find failed, the output was cut, or it ended mid-record.
+func (s *Syncer) list(ctx context.Context, ref core.SandboxRef, log *slog.Logger) (files []listedFile, bad [][]byte, incomplete bool, err error) {
+	lctx, cancel := context.WithTimeout(ctx, s.opts.ListTimeout+5*time.Second)
+	defer cancel()
+	out, err := s.sb.Run(lctx, ref, core.Command{
+		Script: listScript,
+		Env: map[string]string{
+			envOutputsDir:   s.opts.Home + "/outputs",
+			envWorkspaceDir: s.opts.Home + "/workspace",
+			envListMax:      strconv.FormatInt(s.opts.MaxListBytes, 10),
+		},
+		Timeout: s.opts.ListTimeout,
+	})
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("list outputs: %w", err)
+	}
+	files, bad, truncated := parseListing(out.Stdout)
+	incomplete = truncated || out.ExitCode != 0 || int64(len(out.Stdout)) >= s.opts.MaxListBytes
+	if incomplete {
+		log.Warn("listing incomplete", "exit_code", out.ExitCode, "stdout_bytes", len(out.Stdout),
+			"stderr", string(bytes.ToValidUTF8(head(out.Stderr, 512), []byte("?"))))
+	}
+	if len(bad) > 0 {
+		log.Warn("unparsable listing records", "count", len(bad))
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	return files, bad, incomplete, nil
+}
+
+func head(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[:n]
+	}
+	return b
+}
+
+// transfer decides file by file (in path order) whether to skip, defer or
+// upload, and runs the uploads with bounded concurrency. Files whose size
+// and mtime match the manifest are skipped before any cap is counted, so
+// successive capped passes drain the deferred tail.
+func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Time, files []listedFile, p *pass, log *slog.Logger, mkey string) {
+	deadline := start.Add(s.opts.Deadline)
+	if d, ok := ctx.Deadline(); ok && d.Add(-manifestReserve).Before(deadline) {
+		deadline = d.Add(-manifestReserve)
+	}
+	passCtx, cancelPass := context.WithDeadline(ctx, deadline)
+	defer cancelPass()
+	jobCtx, cancelJobs := context.WithCancel(passCtx)
+	defer cancelJobs()
+	g := new(errgroup.Group)
+	g.SetLimit(s.opts.Concurrency)
+
+	planned, plannedBytes, unsafe := 0, int64(0), 0
+	defer func() {
+		if unsafe > maxUnsafeLogged {
+			log.Warn("refused unsafe paths", "count", unsafe)
+		}
+	}()
+	for _, f := range files {
+		rel, err := relPath(s.opts.Home, f.Path)
+		if err != nil {
+			if unsafe++; unsafe <= maxUnsafeLogged {
+				log.Warn("refusing unsafe path", "path", displayPath(s.opts.Home, f.Path))
+			}
+			p.deferFile(displayPath(s.opts.Home, f.Path), ReasonUnsafePath)
+			continue
+		}
+		key, err := objectKey(s.opts.Prefix, t.ThreadKey, rel)
+		if err != nil {
+			p.deferFile(rel, ReasonPathTooLong)
+			continue
+		}
+		p.mu.Lock()
+		e, ok := p.m.Files[rel]
+		p.mu.Unlock()
+		if ok && e.Size == f.Size && e.MtimeNs == f.MtimeNs {
+			p.mu.Lock()
+			p.res.Skipped++
+			p.mu.Unlock()
+			continue
+		}
+		if f.Size > s.opts.MaxFileBytes {
+			p.deferFile(rel, ReasonFileTooLarge)
+			continue
+		}
+		reason := ""
+		switch {
+		case p.isGone():
+			reason = ReasonSandboxGone
+		case ctx.Err() != nil:
+			reason = ReasonCanceled
+		case !s.now().Before(deadline) || passCtx.Err() != nil:
+			reason = ReasonDeadline
+		case planned >= s.opts.MaxFiles:
+			reason = ReasonMaxFiles
+		case plannedBytes+f.Size > s.opts.MaxTotalBytes:
+			reason = ReasonMaxTotalBytes
+		}
+		if reason != "" {
+			if reason == ReasonDeadline || reason == ReasonMaxFiles || reason == ReasonMaxTotalBytes {
+				p.mu.Lock()
+				p.capped = true
+				p.mu.Unlock()
+			}
+			p.deferFile(rel, reason)
+			continue
+		}
+		planned++
+		plannedBytes += f.Size
+		g.Go(func() error {
+			s.uploadOne(ctx, passCtx, jobCtx, cancelJobs, t.Ref, f, rel, key, p, log)
+			s.checkpoint(ctx, p, mkey, log)
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
+// checkpoint stores the manifest mid-pass when the last store is older
+// than checkpointEvery. Only one store runs at a time; the final store
+// after all uploads always runs, so a checkpoint never has the last word.
+func (s *Syncer) checkpoint(ctx context.Context, p *pass, mkey string, log *slog.Logger) {
+	p.mu.Lock()
+	if p.storing || !p.dirty || s.now().Sub(p.lastStore) < s.checkpointEvery {
+		p.mu.Unlock()
+		return
+	}
+	p.storing = true
+	snap := &Manifest{Version: p.m.Version, SandboxID: p.m.SandboxID, Files: make(map[string]ManifestEntry, len(p.m.Files))}
+	for k, v := range p.m.Files {
+		snap.Files[k] = v
+	}
+	p.mu.Unlock()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3CallTimeout)
+	err := storeManifest(sctx, s.s3, s.opts.Bucket, mkey, snap)
+	cancel()
+	if err != nil {
+		log.Warn("manifest checkpoint failed", "err", err)
+	}
+	p.mu.Lock()
+	p.storing = false
+	p.lastStore = s.now()
+	p.mu.Unlock()
+}
+
+func (p *pass) isGone() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.goneErr != nil
+}
+
+// uploadOne streams one file and records the outcome in p.
+func (s *Syncer) uploadOne(ctx, passCtx, jobCtx context.Context, cancelJobs context.CancelFunc, ref core.SandboxRef, f listedFile, rel, key string, p *pass, log *slog.Logger) {
+	err := jobCtx.Err()
+	var entry ManifestEntry
+	if err == nil {
+		var rc io.ReadCloser
+		rc, err = s.sb.OpenFile(jobCtx, ref, f.Path, s.opts.MaxFileBytes)
+		if err == nil {
+			meta := map[string]string{"sandbox-id": ref.ID, "mtime-ns": strconv.FormatInt(f.MtimeNs, 10)}
+			entry, err = s.up.upload(jobCtx, rc, key, f.Size, meta)
+			rc.Close()
+		}
+	}
+	if err == nil {
+		entry.MtimeNs = f.MtimeNs
+		p.mu.Lock()
+		p.m.Files[rel] = entry
+		p.dirty = true
+		p.res.Uploaded++
+		p.res.Bytes += f.Size
+		p.mu.Unlock()
+		log.Debug("uploaded", "path", rel, "bytes", f.Size)
+		return
+	}
+
+	var tooLarge *core.FileTooLargeError
+	var reason string
+	switch {
+	case errors.Is(err, core.ErrSandboxGone):
+		p.mu.Lock()
+		if p.goneErr == nil {
+			p.goneErr = fmt.Errorf("sync %s: %w", rel, err)
+		}
+		p.mu.Unlock()
+		cancelJobs()
+		reason = ReasonSandboxGone
+	case p.isGone():
+		reason = ReasonSandboxGone
+	case errors.As(err, &tooLarge):
+		reason = ReasonFileTooLarge
+	case errors.Is(err, errChanged):
+		reason = ReasonChanged
+	case errors.Is(err, core.ErrFileNotFound):
+		reason = ReasonVanished
+	case ctx.Err() != nil:
+		reason = ReasonCanceled
+	case passCtx.Err() != nil:
+		reason = ReasonDeadline
+		p.mu.Lock()
+		p.capped = true
+		p.mu.Unlock()
+	default:
+		reason = ReasonError
+	}
+	log.Warn("file deferred", "path", rel, "reason", reason, "err", err)
+	p.deferFile(rel, reason)
+}
+
+// report sorts deferrals by path and caps their number.
+func (s *Syncer) report(d []core.DeferredFile) []core.DeferredFile {
+	sort.SliceStable(d, func(i, j int) bool { return d[i].Path < d[j].Path })
+	if len(d) > s.opts.MaxReported {
+		more := len(d) - s.opts.MaxReported
+		d = append(d[:s.opts.MaxReported:s.opts.MaxReported], core.DeferredFile{Path: "+" + strconv.Itoa(more) + " more", Reason: ReasonReportTruncated})
+	}
+	if d == nil {
+		d = []core.DeferredFile{}
+	}
+	return d
+}
