@@ -1,0 +1,104 @@
+// Command devstack runs the whole broker locally (`make run`): DynamoDB
+// Local, versitygw, the sandbox host and the four Lambda functions under the
+// Runtime Interface Emulator, behind the routes of template.yaml on
+// BROKER_ADDR. See package devstack.
+//
+// Environment: BROKER_ADDR (default 127.0.0.1:8787), BROKER_DEV_TOKENS
+// (tenant:token,..., default dev:dev-token), DEVSTACK_ROOT (default: the
+// directory holding go.mod above the working directory),
+// DEVSTACK_DYNAMODB_ADDR, DEVSTACK_S3_ADDR, DEVSTACK_SANDBOX_API_ADDR,
+// DEVSTACK_ENVD_ADDR (default: free ports), DEVSTACK_ISOLATION (auto, bwrap,
+// none), DEVSTACK_BUILD_DIR (default <root>/.build, where `make build` puts
+// <function>/bootstrap). SANDBOX_* and LOG_LEVEL pass through to the
+// functions.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/devstack"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "devstack:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	t0 := time.Now()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := os.Getenv("DEVSTACK_ROOT")
+	if root == "" {
+		var err error
+		if root, err = findRoot(); err != nil {
+			return err
+		}
+	}
+	tokens := os.Getenv("BROKER_DEV_TOKENS")
+	if tokens == "" {
+		tokens = devstack.DefaultTokens
+	}
+	tokenMap, err := devstack.ParseTokens(tokens)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	fmt.Fprintln(os.Stderr, "devstack: starting DynamoDB Local, versitygw, the sandbox host and the functions…")
+	s, err := devstack.Start(ctx, devstack.Options{
+		Root:           root,
+		BuildDir:       os.Getenv("DEVSTACK_BUILD_DIR"),
+		Addr:           os.Getenv("BROKER_ADDR"),
+		DynamoDBAddr:   os.Getenv("DEVSTACK_DYNAMODB_ADDR"),
+		S3Addr:         os.Getenv("DEVSTACK_S3_ADDR"),
+		SandboxAPIAddr: os.Getenv("DEVSTACK_SANDBOX_API_ADDR"),
+		EnvdAddr:       os.Getenv("DEVSTACK_ENVD_ADDR"),
+		Isolation:      os.Getenv("DEVSTACK_ISOLATION"),
+		Tokens:         tokenMap,
+		FunctionEnv:    devstack.PassThroughEnv(os.Environ()),
+		Logger:         logger,
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Print(s.Banner(time.Since(t0)))
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(os.Stderr, "devstack: shutting down…")
+	case err = <-s.Failed():
+		fmt.Fprintln(os.Stderr, "devstack: a part of the stack died, shutting down:", err)
+	}
+	stop()
+	if cerr := s.Close(); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	return err
+}
+
+// findRoot walks up from the working directory to the one holding go.mod.
+func findRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory: set DEVSTACK_ROOT")
+		}
+		dir = parent
+	}
+}

@@ -1,0 +1,7 @@
+// Command sync is the sync Lambda function (HTTP API routes in template.yaml).
+// Configuration: environment variables, see package config.
+package main
+
+import "github.com/sandbox-broker/sandbox-broker/pkg/wiring"
+
+func main() { wiring.StartHTTP("sync") }

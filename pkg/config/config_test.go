@@ -1,0 +1,142 @@
+package config
+
+import (
+	"log/slog"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// base is the minimal valid environment: the three required variables.
+func base(extra ...string) []string {
+	return append([]string{"E2B_API_KEY=e2b_secret", "TABLE_NAME=tbl", "OUTPUT_BUCKET=bkt"}, extra...)
+}
+
+func TestParseDefaults(t *testing.T) {
+	c, warnings, err := Parse(base())
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if len(warnings) != 0 {
+		t.Errorf("warnings = %v, want none", warnings)
+	}
+	want := core.DefaultSettings()
+	if !reflect.DeepEqual(c.Settings, want) {
+		t.Errorf("Settings = %+v, want defaults %+v", c.Settings, want)
+	}
+	if c.Settings.Replicas != 3 || c.Settings.Policy != core.PolicyWait || c.Settings.IdleTimeout != 1800*time.Second {
+		t.Errorf("documented defaults: replicas=%d policy=%s idle=%s, want 3 wait 30m0s",
+			c.Settings.Replicas, c.Settings.Policy, c.Settings.IdleTimeout)
+	}
+	if c.E2B.APIURL != DefaultE2BAPIURL || c.E2B.SandboxURL != "" || c.E2B.APIKey != "e2b_secret" {
+		t.Errorf("E2B = %+v", c.E2B)
+	}
+	if c.TableName != "tbl" || c.OutputBucket != "bkt" || c.OutputPrefix != "" || c.S3PathStyle {
+		t.Errorf("storage = table %q bucket %q prefix %q pathstyle %v", c.TableName, c.OutputBucket, c.OutputPrefix, c.S3PathStyle)
+	}
+	if c.LogLevel != slog.LevelInfo {
+		t.Errorf("LogLevel = %v, want INFO", c.LogLevel)
+	}
+}
+
+func TestParseOverrides(t *testing.T) {
+	c, _, err := Parse(base(
+		"SANDBOX_REPLICAS=1", "SANDBOX_OVERFLOW_POLICY=reject", "SANDBOX_ACQUIRE_TIMEOUT_SECONDS=5",
+		"SANDBOX_BURST_LIMIT=2", "SANDBOX_IDLE_TIMEOUT_SECONDS=60", "SANDBOX_ACTIVE_TIMEOUT_SECONDS=120",
+		"SANDBOX_TEMPLATE=python", "SANDBOX_DEPLOYMENT_ID=dev-1",
+		"E2B_API_URL=http://127.0.0.1:3000/", "E2B_SANDBOX_URL=http://127.0.0.1:3001",
+		"OUTPUT_PREFIX=/outputs/", "LOG_LEVEL=debug", "AWS_ENDPOINT_URL_S3=http://127.0.0.1:9000",
+	))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	s := c.Settings
+	got := []any{s.Replicas, s.Policy, s.AcquireTimeout, s.BurstLimit, s.IdleTimeout, s.ActiveTimeout, s.Template, s.Deployment,
+		c.E2B.APIURL, c.E2B.SandboxURL, c.OutputPrefix, c.LogLevel, c.S3PathStyle}
+	want := []any{1, core.PolicyReject, 5 * time.Second, 2, 60 * time.Second, 120 * time.Second, "python", "dev-1",
+		"http://127.0.0.1:3000", "http://127.0.0.1:3001", "outputs", slog.LevelDebug, true}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v\nwant %v", got, want)
+	}
+}
+
+func TestParseInvalidNamesVariable(t *testing.T) {
+	tests := []struct {
+		name string
+		env  []string
+		want string // variable the error must name
+	}{
+		{"replicas zero", base("SANDBOX_REPLICAS=0"), "SANDBOX_REPLICAS"},
+		{"replicas not int", base("SANDBOX_REPLICAS=three"), "SANDBOX_REPLICAS"},
+		{"policy unknown", base("SANDBOX_OVERFLOW_POLICY=queue"), "SANDBOX_OVERFLOW_POLICY"},
+		{"acquire timeout negative", base("SANDBOX_ACQUIRE_TIMEOUT_SECONDS=-1"), "SANDBOX_ACQUIRE_TIMEOUT_SECONDS"},
+		{"acquire timeout fraction", base("SANDBOX_ACQUIRE_TIMEOUT_SECONDS=1.5"), "SANDBOX_ACQUIRE_TIMEOUT_SECONDS"},
+		{"burst negative", base("SANDBOX_BURST_LIMIT=-2"), "SANDBOX_BURST_LIMIT"},
+		{"idle zero", base("SANDBOX_IDLE_TIMEOUT_SECONDS=0"), "SANDBOX_IDLE_TIMEOUT_SECONDS"},
+		{"active huge", base("SANDBOX_ACTIVE_TIMEOUT_SECONDS=999999999"), "SANDBOX_ACTIVE_TIMEOUT_SECONDS"},
+		{"deployment bad", base("SANDBOX_DEPLOYMENT_ID=a/b"), "SANDBOX_DEPLOYMENT_ID"},
+		{"api url relative", base("E2B_API_URL=api.e2b.app"), "E2B_API_URL"},
+		{"sandbox url scheme", base("E2B_SANDBOX_URL=ftp://x"), "E2B_SANDBOX_URL"},
+		{"log level", base("LOG_LEVEL=loud"), "LOG_LEVEL"},
+		{"missing key", []string{"TABLE_NAME=t", "OUTPUT_BUCKET=b"}, "E2B_API_KEY"},
+		{"missing table", []string{"E2B_API_KEY=k", "OUTPUT_BUCKET=b"}, "TABLE_NAME"},
+		{"missing bucket", []string{"E2B_API_KEY=k", "TABLE_NAME=t"}, "OUTPUT_BUCKET"},
+		{"blank table", []string{"E2B_API_KEY=k", "TABLE_NAME=  ", "OUTPUT_BUCKET=b"}, "TABLE_NAME"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := Parse(tt.env)
+			if err == nil {
+				t.Fatalf("Parse(%v) = nil error, want one naming %s", tt.env, tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want+":") {
+				t.Errorf("error %q does not name %s", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "e2b_secret") {
+				t.Errorf("error %q leaks the API key", err)
+			}
+		})
+	}
+}
+
+func TestParseReportsEveryProblem(t *testing.T) {
+	_, _, err := Parse([]string{"SANDBOX_REPLICAS=x", "SANDBOX_OVERFLOW_POLICY=y"})
+	if err == nil {
+		t.Fatal("want error")
+	}
+	for _, v := range []string{"SANDBOX_REPLICAS", "SANDBOX_OVERFLOW_POLICY", "E2B_API_KEY", "TABLE_NAME", "OUTPUT_BUCKET"} {
+		if !strings.Contains(err.Error(), v) {
+			t.Errorf("error %q does not mention %s", err, v)
+		}
+	}
+}
+
+func TestParseWarnsUnknownSandboxVars(t *testing.T) {
+	_, warnings, err := Parse(base("SANDBOX_REPLICA=2", "SANDBOX_IDLE_TIMEOUT=60", "OTHER_THING=1"))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if len(warnings) != 2 || !strings.HasPrefix(warnings[0], "SANDBOX_IDLE_TIMEOUT:") || !strings.HasPrefix(warnings[1], "SANDBOX_REPLICA:") {
+		t.Errorf("warnings = %q, want SANDBOX_IDLE_TIMEOUT and SANDBOX_REPLICA", warnings)
+	}
+}
+
+func TestConfigNeverPrintsAPIKey(t *testing.T) {
+	c, _, err := Parse(base())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	slog.New(slog.NewJSONHandler(&b, nil)).Info("config", "config", c)
+	for _, s := range []string{c.String(), b.String()} {
+		if strings.Contains(s, "e2b_secret") {
+			t.Errorf("%q contains the API key", s)
+		}
+		if !strings.Contains(s, "[redacted]") {
+			t.Errorf("%q does not show the key as redacted", s)
+		}
+	}
+}

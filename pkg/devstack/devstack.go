@@ -1,0 +1,766 @@
+// Package devstack runs the whole broker on loopback, the way it runs in AWS:
+// DynamoDB Local, versitygw (S3), the local E2B-compatible sandbox host, and
+// each Lambda function's real bootstrap binary under the AWS Lambda Runtime
+// Interface Emulator, behind an HTTP front that serves the routes of
+// template.yaml as API Gateway HTTP API (payload 2.0) events with a local
+// bearer-token authorizer, and invokes scheduled functions at the template's
+// rate. Tools and versions: ../shared/LOCAL-STACK.md; `make deps` installs
+// them under .tools/.
+package devstack
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/google/uuid"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
+)
+
+// Defaults.
+const (
+	DefaultAddr   = "127.0.0.1:8787"
+	DefaultTokens = "dev:dev-token"
+	DefaultRegion = "us-east-1"
+	DefaultTable  = "sandbox-broker"
+	DefaultBucket = "sandbox-broker-outputs"
+	DefaultPrefix = "outputs"
+	// DefaultInstances is the number of emulator processes per HTTP
+	// function (the emulator runs one invocation at a time).
+	DefaultInstances = 3
+)
+
+// Options configure Start. Zero values mean the defaults.
+type Options struct {
+	// Root is the repository root: template.yaml, .tools/, .build/ and .run/
+	// are found under it. Required.
+	Root string
+	// Template is the SAM template (default Root/template.yaml).
+	Template string
+	// BuildDir holds <function>/bootstrap (default Root/.build).
+	BuildDir string
+	// ToolsDir holds dynamodb/ and bin/{versitygw,aws-lambda-rie} (default Root/.tools).
+	ToolsDir string
+	// RunDir receives stack.json and logs/ (default Root/.run). Its
+	// stack.json is removed by Close.
+	RunDir string
+	// Addr is where the HTTP API is served (default DefaultAddr; a port of
+	// 0 picks a free one). Must be loopback.
+	Addr string
+	// DynamoDBAddr, S3Addr, SandboxAPIAddr and EnvdAddr place the stand-ins
+	// ("" = a free 127.0.0.1 port).
+	DynamoDBAddr, S3Addr, SandboxAPIAddr, EnvdAddr string
+	// Tokens maps bearer tokens to tenants (see ParseTokens); default
+	// ParseTokens(DefaultTokens).
+	Tokens map[string]string
+	// FunctionEnv is added to every function's environment, after the
+	// stack's own variables (so SANDBOX_* and LOG_LEVEL pass through).
+	FunctionEnv []string
+	// Instances per HTTP function (default DefaultInstances).
+	Instances int
+	// ScheduleOverride replaces every schedule's rate when > 0.
+	ScheduleOverride time.Duration
+	// Isolation of the sandbox host ("" = auto: bubblewrap when usable).
+	Isolation string
+	// Logger receives the stack's own logs (default: discard).
+	Logger *slog.Logger
+}
+
+// Info is the content of .run/stack.json: everything a client, a test or
+// `aws --endpoint-url` needs to reach the stack (issue 2, item 7).
+type Info struct {
+	APIURL      string            `json:"api_url"`
+	Tokens      map[string]string `json:"tokens"` // tenant -> token
+	S3          S3Info            `json:"s3"`
+	DynamoDB    DynamoDBInfo      `json:"dynamodb"`
+	SandboxHost SandboxHostInfo   `json:"sandbox_host"`
+	Functions   map[string]string `json:"functions"` // name -> emulator invoke URL
+	StartedAt   time.Time         `json:"started_at"`
+	PID         int               `json:"pid"`
+	LogDir      string            `json:"log_dir"`
+}
+
+// S3Info addresses the local S3 (versitygw; path-style addressing).
+type S3Info struct {
+	Endpoint  string `json:"endpoint"`
+	Region    string `json:"region"`
+	AccessKey string `json:"access_key"`
+	SecretKey string `json:"secret_key"`
+	Bucket    string `json:"bucket"`
+	Prefix    string `json:"prefix"`
+}
+
+// DynamoDBInfo addresses DynamoDB Local.
+type DynamoDBInfo struct {
+	Endpoint string `json:"endpoint"`
+	Region   string `json:"region"`
+	Table    string `json:"table"`
+}
+
+// SandboxHostInfo addresses the local E2B-compatible sandbox host.
+type SandboxHostInfo struct {
+	APIURL  string `json:"api_url"`
+	EnvdURL string `json:"envd_url"`
+	APIKey  string `json:"api_key"`
+}
+
+// Stack is a running local stack. Stop it with Close.
+type Stack struct {
+	Info Info
+	// StackFile is the path of the written stack.json.
+	StackFile string
+
+	log      *slog.Logger
+	mu       sync.Mutex // guards children and tmpDirs while parts start in parallel
+	children []*child
+	host     *sandboxhost.Server
+	hostLog  *os.File
+	fns      map[string]*lambdaFn
+	app      App
+	srv      *http.Server
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	tmpDirs  []string
+	failed   chan error // a child died
+	failOnce sync.Once
+	closeMu  sync.Once
+	closeErr error
+}
+
+var tokenTenant = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ParseTokens parses "tenant:token,tenant2:token2" into token -> tenant.
+// Tenants must match ^[A-Za-z0-9_-]{1,64}$; tokens must be non-empty,
+// without spaces, and unique.
+func ParseTokens(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, pair := range strings.Split(s, ",") {
+		pair = strings.TrimSpace(pair)
+		if pair == "" {
+			continue
+		}
+		tenant, token, ok := strings.Cut(pair, ":")
+		if !ok || !tokenTenant.MatchString(tenant) || token == "" || strings.ContainsAny(token, " \t") {
+			return nil, fmt.Errorf("BROKER_DEV_TOKENS: %q is not tenant:token (tenant ^[A-Za-z0-9_-]{1,64}$, token without spaces)", pair)
+		}
+		if _, dup := out[token]; dup {
+			return nil, fmt.Errorf("BROKER_DEV_TOKENS: token of tenant %s is used twice", tenant)
+		}
+		out[token] = tenant
+	}
+	if len(out) == 0 {
+		return nil, errors.New("BROKER_DEV_TOKENS: no tenant:token pair")
+	}
+	return out, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Start brings the stack up and returns once every part answers and every
+// function has initialised (a warm-up invocation, so configuration errors
+// surface here). On error everything started is stopped. Cancelling ctx
+// after Start returns does not stop the stack: call Close.
+func Start(ctx context.Context, o Options) (_ *Stack, err error) {
+	if o.Root == "" {
+		return nil, errors.New("devstack: Options.Root is required")
+	}
+	root, err := filepath.Abs(o.Root)
+	if err != nil {
+		return nil, err
+	}
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(&o.Template, filepath.Join(root, "template.yaml"))
+	def(&o.BuildDir, filepath.Join(root, ".build"))
+	def(&o.ToolsDir, filepath.Join(root, ".tools"))
+	def(&o.RunDir, filepath.Join(root, ".run"))
+	def(&o.Addr, DefaultAddr)
+	if o.Tokens == nil {
+		o.Tokens, _ = ParseTokens(DefaultTokens)
+	}
+	if o.Instances <= 0 {
+		o.Instances = DefaultInstances
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	app, err := LoadTemplate(o.Template)
+	if err != nil {
+		return nil, err
+	}
+	rie := filepath.Join(o.ToolsDir, "bin", "aws-lambda-rie")
+	versitygw := filepath.Join(o.ToolsDir, "bin", "versitygw")
+	ddbDir := filepath.Join(o.ToolsDir, "dynamodb")
+	for _, p := range []string{rie, versitygw, filepath.Join(ddbDir, "DynamoDBLocal.jar")} {
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("devstack: %s missing: run make deps", p)
+		}
+	}
+	for _, f := range app.Functions {
+		if _, err := os.Stat(filepath.Join(o.BuildDir, f.Name, "bootstrap")); err != nil {
+			return nil, fmt.Errorf("devstack: %s missing: run make build", filepath.Join(o.BuildDir, f.Name, "bootstrap"))
+		}
+	}
+	java, err := exec.LookPath("java")
+	if err != nil {
+		return nil, fmt.Errorf("devstack: java missing (DynamoDB Local needs Java 17+): %w", err)
+	}
+	// Bind the API address first: a taken BROKER_ADDR fails before anything starts.
+	addr, _, err := loopbackAddr(o.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("devstack: BROKER_ADDR: %w", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("devstack: listen on %s: %w (set BROKER_ADDR to another port)", addr, err)
+	}
+	served := false
+	defer func() {
+		if !served {
+			ln.Close()
+		}
+	}()
+	logDir := filepath.Join(o.RunDir, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return nil, fmt.Errorf("devstack: %w", err)
+	}
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	s := &Stack{log: o.Logger, fns: map[string]*lambdaFn{}, app: app, cancel: cancel, failed: make(chan error, 1)}
+	defer func() {
+		if err != nil {
+			_ = s.Close()
+		}
+	}()
+	startedAt := time.Now().UTC()
+	s.Info = Info{
+		Tokens:    map[string]string{},
+		Functions: map[string]string{},
+		StartedAt: startedAt,
+		PID:       os.Getpid(),
+		LogDir:    logDir,
+	}
+	for token, tenant := range o.Tokens {
+		if prev, ok := s.Info.Tokens[tenant]; !ok || token < prev {
+			s.Info.Tokens[tenant] = token
+		}
+	}
+
+	// DynamoDB Local, versitygw and the sandbox host start side by side.
+	var (
+		wg                   sync.WaitGroup
+		ddbErr, s3Err, shErr error
+	)
+	wg.Add(3)
+	go func() { defer wg.Done(); ddbErr = s.startDynamoDB(ctx, java, ddbDir, o.DynamoDBAddr, logDir) }()
+	go func() { defer wg.Done(); s3Err = s.startS3(ctx, versitygw, o.S3Addr, logDir) }()
+	go func() {
+		defer wg.Done()
+		shErr = s.startSandboxHost(ctx, o.SandboxAPIAddr, o.EnvdAddr, o.Isolation, logDir)
+	}()
+	wg.Wait()
+	if err := errors.Join(ddbErr, s3Err, shErr); err != nil {
+		return nil, fmt.Errorf("devstack: %w", err)
+	}
+
+	// Functions: one emulator pool each, warmed up in parallel.
+	env := s.functionEnv(o.FunctionEnv)
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, f := range app.Functions {
+		n := o.Instances
+		if len(f.Schedules) > 0 && !hasRoutes(app, f.Name) {
+			n = 1
+		}
+		wg.Add(1)
+		go func(f Function, n int) {
+			defer wg.Done()
+			lf, err := startFunction(ctx, f, n, rie, filepath.Join(o.BuildDir, f.Name, "bootstrap"), logDir, env)
+			if err == nil {
+				err = warmUp(ctx, lf)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if lf != nil {
+				s.fns[f.Name] = lf
+				s.Info.Functions[f.Name] = lf.url()
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}(f, n)
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("devstack: %w (logs in %s)", err, logDir)
+	}
+	for _, r := range app.Routes {
+		if s.fns[r.Function] == nil {
+			return nil, fmt.Errorf("devstack: route %s names unknown function %q", r.Key(), r.Function)
+		}
+	}
+
+	// The HTTP API (listening since the start).
+	s.Info.APIURL = "http://" + ln.Addr().String()
+	gw := &gateway{app: app, fns: s.fns, tokens: o.Tokens, log: o.Logger, region: DefaultRegion, apiHost: ln.Addr().String()}
+	s.srv = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
+	served = true
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.fail(fmt.Errorf("http api: %w", err))
+		}
+	}()
+
+	// Schedules.
+	for _, f := range app.Functions {
+		for _, rate := range f.Schedules {
+			if o.ScheduleOverride > 0 {
+				rate = o.ScheduleOverride
+			}
+			s.wg.Add(1)
+			go s.schedule(runCtx, s.fns[f.Name], rate)
+		}
+	}
+	s.wg.Add(1)
+	go s.watch(runCtx)
+
+	s.StackFile = filepath.Join(o.RunDir, "stack.json")
+	if err := writeJSON(s.StackFile, s.Info); err != nil {
+		return nil, fmt.Errorf("devstack: %w", err)
+	}
+	return s, nil
+}
+
+func (s *Stack) addChild(c *child) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.children = append(s.children, c)
+}
+
+func (s *Stack) addTmpDir(d string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tmpDirs = append(s.tmpDirs, d)
+}
+
+func hasRoutes(app App, fn string) bool {
+	for _, r := range app.Routes {
+		if r.Function == fn {
+			return true
+		}
+	}
+	return false
+}
+
+// warmUp invokes every instance once so each function initialises (and
+// fails here on bad configuration): HTTP functions with a request no route
+// matches (answered without touching state), scheduled-only functions with
+// a scheduled event (one reconcile pass on an empty table).
+func warmUp(ctx context.Context, lf *lambdaFn) error {
+	payload := []byte(`{"version":"2.0","routeKey":"$default","rawPath":"/__devstack/warmup","requestContext":{"http":{"method":"GET","path":"/__devstack/warmup"},"requestId":"devstack-warmup"}}`)
+	if len(lf.fn.Schedules) > 0 {
+		payload = scheduledEvent(lf.fn, time.Now())
+	}
+	errs := make(chan error, len(lf.instances))
+	for range lf.instances {
+		go func() {
+			ctx, cancel := context.WithTimeout(ctx, lf.fn.Timeout+30*time.Second)
+			defer cancel()
+			_, err := lf.invoke(ctx, payload)
+			errs <- err
+		}()
+	}
+	var all []error
+	for range lf.instances {
+		if err := <-errs; err != nil {
+			all = append(all, fmt.Errorf("warm-up: %w", err))
+		}
+	}
+	return errors.Join(all...)
+}
+
+// scheduledEvent is an EventBridge "Scheduled Event".
+func scheduledEvent(f Function, now time.Time) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"version": "0", "id": uuid.NewString(), "detail-type": "Scheduled Event", "source": "aws.events",
+		"account": "000000000000", "time": now.UTC().Format(time.RFC3339), "region": DefaultRegion,
+		"resources": []string{"arn:aws:events:" + DefaultRegion + ":000000000000:rule/devstack-" + f.LogicalID},
+		"detail":    map[string]any{},
+	})
+	return b
+}
+
+// InvokeScheduled runs a scheduled function once now (as its schedule would)
+// and returns its response payload.
+func (s *Stack) InvokeScheduled(ctx context.Context, function string) ([]byte, error) {
+	lf := s.fns[function]
+	if lf == nil {
+		return nil, fmt.Errorf("%w: %q", errNoFunction, function)
+	}
+	return lf.invoke(ctx, scheduledEvent(lf.fn, time.Now()))
+}
+
+func (s *Stack) schedule(ctx context.Context, lf *lambdaFn, rate time.Duration) {
+	defer s.wg.Done()
+	t := time.NewTicker(rate)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			out, err := lf.invoke(ctx, scheduledEvent(lf.fn, now))
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Error("scheduled invocation failed", "function", lf.fn.Name, "error", err.Error())
+				}
+				continue
+			}
+			s.log.Info("scheduled invocation", "function", lf.fn.Name, "result", truncate(string(out), 500))
+		}
+	}
+}
+
+// watch reports the first child that dies.
+func (s *Stack) watch(ctx context.Context) {
+	defer s.wg.Done()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, c := range s.children {
+			select {
+			case <-c.exited:
+				s.fail(fmt.Errorf("%s exited (%v)", c.name, c.cmd.ProcessState))
+				return
+			default:
+			}
+		}
+		for _, lf := range s.fns {
+			if err := lf.exited(); err != nil {
+				s.fail(err)
+				return
+			}
+		}
+	}
+}
+
+func (s *Stack) fail(err error) {
+	s.failOnce.Do(func() { s.failed <- err })
+}
+
+// Failed delivers an error when a part of the stack dies unexpectedly.
+func (s *Stack) Failed() <-chan error { return s.failed }
+
+// Close stops everything the stack started: the HTTP API, schedules, the
+// emulators (process groups, SIGTERM then SIGKILL), the sandbox host (which
+// kills its sandboxes), versitygw and DynamoDB Local; it removes temporary
+// directories and stack.json. Safe to call more than once.
+func (s *Stack) Close() error {
+	s.closeMu.Do(func() {
+		var errs []error
+		if s.srv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := s.srv.Shutdown(ctx); err != nil {
+				_ = s.srv.Close()
+			}
+			cancel()
+		}
+		s.cancel()
+		var wg sync.WaitGroup
+		for _, lf := range s.fns {
+			wg.Add(1)
+			go func(lf *lambdaFn) { defer wg.Done(); lf.stop() }(lf)
+		}
+		wg.Wait()
+		if s.host != nil {
+			if err := s.host.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("sandbox host: %w", err))
+			}
+			s.hostLog.Close()
+		}
+		for _, c := range s.children {
+			wg.Add(1)
+			go func(c *child) { defer wg.Done(); c.stop(3 * time.Second) }(c)
+		}
+		wg.Wait()
+		s.wg.Wait()
+		for _, d := range s.tmpDirs {
+			if err := os.RemoveAll(d); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if s.StackFile != "" {
+			_ = os.Remove(s.StackFile)
+		}
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
+
+// functionEnv is the environment of every function: exactly these
+// variables (nothing of the caller's environment leaks in but PATH, HOME
+// and TMPDIR), then extra.
+func (s *Stack) functionEnv(extra []string) []string {
+	env := []string{
+		"PATH=" + os.Getenv("PATH"),
+		"AWS_REGION=" + s.Info.DynamoDB.Region,
+		"AWS_DEFAULT_REGION=" + s.Info.DynamoDB.Region,
+		"AWS_ACCESS_KEY_ID=" + s.Info.S3.AccessKey,
+		"AWS_SECRET_ACCESS_KEY=" + s.Info.S3.SecretKey,
+		"AWS_CONFIG_FILE=" + os.DevNull,
+		"AWS_SHARED_CREDENTIALS_FILE=" + os.DevNull,
+		"AWS_EC2_METADATA_DISABLED=true",
+		"AWS_ENDPOINT_URL_DYNAMODB=" + s.Info.DynamoDB.Endpoint,
+		"AWS_ENDPOINT_URL_S3=" + s.Info.S3.Endpoint,
+		"E2B_API_URL=" + s.Info.SandboxHost.APIURL,
+		"E2B_SANDBOX_URL=" + s.Info.SandboxHost.EnvdURL,
+		"E2B_API_KEY=" + s.Info.SandboxHost.APIKey,
+		"TABLE_NAME=" + s.Info.DynamoDB.Table,
+		"OUTPUT_BUCKET=" + s.Info.S3.Bucket,
+		"OUTPUT_PREFIX=" + s.Info.S3.Prefix,
+	}
+	for _, k := range []string{"HOME", "TMPDIR"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return append(env, extra...)
+}
+
+// PassThroughEnv returns the caller's SANDBOX_* and LOG_LEVEL variables,
+// sorted, for Options.FunctionEnv.
+func PassThroughEnv(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "SANDBOX_") || strings.HasPrefix(kv, "LOG_LEVEL=") {
+			out = append(out, kv)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (s *Stack) startDynamoDB(ctx context.Context, java, dir, addr, logDir string) error {
+	var last error
+	for attempt := 0; attempt < 3; attempt++ {
+		a, picked, err := loopbackAddr(addr)
+		if err != nil {
+			return fmt.Errorf("dynamodb address: %w", err)
+		}
+		_, port, _ := net.SplitHostPort(a)
+		endpoint := "http://" + a
+		c, err := startChild("DynamoDB Local", dir, java, []string{
+			"-Xmx512m", "-XX:TieredStopAtLevel=1",
+			"-Djava.library.path=" + filepath.Join(dir, "DynamoDBLocal_lib"),
+			"-jar", filepath.Join(dir, "DynamoDBLocal.jar"),
+			"-inMemory", "-sharedDb", "-disableTelemetry", "-port", port,
+		}, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, filepath.Join(logDir, "dynamodb.log"))
+		if err != nil {
+			return err
+		}
+		s.addChild(c)
+		client := dynamodb.New(dynamodb.Options{
+			Region:       DefaultRegion,
+			BaseEndpoint: aws.String(endpoint),
+			Credentials:  credentials.NewStaticCredentialsProvider("devstack", "devstack", ""),
+			HTTPClient:   &http.Client{Timeout: 10 * time.Second},
+		})
+		err = c.waitReady(ctx, 90*time.Second, func(ctx context.Context) error {
+			if err := dialable(ctx, a); err != nil {
+				return err
+			}
+			_, err := client.ListTables(ctx, &dynamodb.ListTablesInput{Limit: aws.Int32(1)})
+			return err
+		})
+		if err != nil {
+			c.stop(time.Second)
+			last = err
+			if picked {
+				continue
+			}
+			return err
+		}
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		if err := ddbstore.CreateTable(tctx, client, DefaultTable); err != nil {
+			return fmt.Errorf("dynamodb: %w", err)
+		}
+		s.Info.DynamoDB = DynamoDBInfo{Endpoint: endpoint, Region: DefaultRegion, Table: DefaultTable}
+		return nil
+	}
+	return last
+}
+
+func (s *Stack) startS3(ctx context.Context, bin, addr, logDir string) error {
+	base, err := os.MkdirTemp("", "devstack-s3-")
+	if err != nil {
+		return fmt.Errorf("s3 temp dir: %w", err)
+	}
+	s.addTmpDir(base)
+	data, meta := filepath.Join(base, "data"), filepath.Join(base, "meta")
+	for _, d := range []string{data, meta} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return fmt.Errorf("s3 temp dir: %w", err)
+		}
+	}
+	posix := []string{"posix"}
+	// versitygw keeps metadata in user xattrs; tmpfs and some file systems lack them.
+	if err := syscall.Setxattr(data, "user.devstack", []byte("1"), 0); err != nil {
+		posix = append(posix, "--sidecar", meta)
+	}
+	posix = append(posix, data)
+	info := S3Info{Region: DefaultRegion, AccessKey: "devstack" + randomHex(4), SecretKey: randomHex(16), Bucket: DefaultBucket, Prefix: DefaultPrefix}
+	var last error
+	for attempt := 0; attempt < 3; attempt++ {
+		a, picked, err := loopbackAddr(addr)
+		if err != nil {
+			return fmt.Errorf("s3 address: %w", err)
+		}
+		info.Endpoint = "http://" + a
+		args := append([]string{"--access", info.AccessKey, "--secret", info.SecretKey, "--region", info.Region, "--port", a}, posix...)
+		c, err := startChild("versitygw", base, bin, args, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, filepath.Join(logDir, "versitygw.log"))
+		if err != nil {
+			return err
+		}
+		s.addChild(c)
+		client := S3Client(info)
+		err = c.waitReady(ctx, 60*time.Second, func(ctx context.Context) error {
+			if err := dialable(ctx, a); err != nil {
+				return err
+			}
+			_, err := client.ListBuckets(ctx, &s3.ListBucketsInput{})
+			return err
+		})
+		if err != nil {
+			c.stop(time.Second)
+			last = err
+			if picked {
+				continue
+			}
+			return err
+		}
+		bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if _, err := client.CreateBucket(bctx, &s3.CreateBucketInput{Bucket: aws.String(info.Bucket)}); err != nil {
+			return fmt.Errorf("s3: create bucket %s: %w", info.Bucket, err)
+		}
+		s.Info.S3 = info
+		return nil
+	}
+	return last
+}
+
+// S3Client returns a path-style S3 client for the stack's S3.
+func S3Client(info S3Info) *s3.Client {
+	return s3.New(s3.Options{
+		Region:       info.Region,
+		BaseEndpoint: aws.String(info.Endpoint),
+		Credentials:  credentials.NewStaticCredentialsProvider(info.AccessKey, info.SecretKey, ""),
+		UsePathStyle: true,
+		HTTPClient:   &http.Client{Timeout: 60 * time.Second},
+	})
+}
+
+func (s *Stack) startSandboxHost(ctx context.Context, apiAddr, envdAddr, isolation, logDir string) error {
+	root, err := os.MkdirTemp("", "devstack-sandboxes-")
+	if err != nil {
+		return fmt.Errorf("sandbox host dir: %w", err)
+	}
+	s.addTmpDir(root)
+	lf, err := os.OpenFile(filepath.Join(logDir, "sandbox-host.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("sandbox host log: %w", err)
+	}
+	key := "e2b_devstack_" + randomHex(16)
+	// The host lives until Close, not until ctx (Start's) ends.
+	srv, err := sandboxhost.Start(context.WithoutCancel(ctx), sandboxhost.Options{
+		APIKey:    key,
+		RootDir:   root,
+		Isolation: isolation,
+		Logger:    slog.New(slog.NewJSONHandler(lf, nil)),
+	}, apiAddr, envdAddr)
+	if err != nil {
+		lf.Close()
+		return fmt.Errorf("sandbox host: %w", err)
+	}
+	s.host = srv
+	s.hostLog = lf
+	s.Info.SandboxHost = SandboxHostInfo{APIURL: srv.APIURL, EnvdURL: srv.EnvdURL, APIKey: key}
+	return nil
+}
+
+// writeJSON writes v to file atomically, readable by the owner only (it
+// holds credentials).
+func writeJSON(file string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	tmp := file + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, file)
+}
+
+// Banner is a short human summary of the running stack.
+func (s *Stack) Banner(startupTime time.Duration) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "sandbox-broker dev stack ready in %.1fs (started %s)\n", startupTime.Seconds(), s.Info.StartedAt.Format(time.RFC3339))
+	fmt.Fprintf(&b, "  API          %s\n", s.Info.APIURL)
+	tenants := make([]string, 0, len(s.Info.Tokens))
+	for t := range s.Info.Tokens {
+		tenants = append(tenants, t)
+	}
+	sort.Strings(tenants)
+	for _, t := range tenants {
+		fmt.Fprintf(&b, "  token        %s -> Authorization: Bearer %s\n", t, s.Info.Tokens[t])
+	}
+	fmt.Fprintf(&b, "  S3           %s  bucket %s (aws --endpoint-url %s s3 ls s3://%s/)\n", s.Info.S3.Endpoint, s.Info.S3.Bucket, s.Info.S3.Endpoint, s.Info.S3.Bucket)
+	fmt.Fprintf(&b, "  DynamoDB     %s  table %s\n", s.Info.DynamoDB.Endpoint, s.Info.DynamoDB.Table)
+	fmt.Fprintf(&b, "  sandbox host %s (envd %s)\n", s.Info.SandboxHost.APIURL, s.Info.SandboxHost.EnvdURL)
+	fmt.Fprintf(&b, "  stack file   %s\n", s.StackFile)
+	fmt.Fprintf(&b, "  logs         %s\n", s.Info.LogDir)
+	b.WriteString("Ctrl-C stops everything.\n")
+	return b.String()
+}

@@ -1,0 +1,245 @@
+package devstack
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/google/uuid"
+)
+
+// maxRequestBody is API Gateway's request payload limit (10 MB).
+const maxRequestBody = 10 << 20
+
+// gateway serves the template's routes like an API Gateway HTTP API with
+// payload format 2.0 and a static-token Lambda authorizer.
+type gateway struct {
+	app     App
+	fns     map[string]*lambdaFn
+	tokens  map[string]string // bearer token -> tenant
+	log     *slog.Logger
+	region  string
+	apiHost string
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// apiMessage writes API Gateway's own error shape {"message": "..."}.
+func apiMessage(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = fmt.Fprintf(w, `{"message":%q}`, msg)
+}
+
+func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	reqID := uuid.NewString()
+	w.Header().Set("Apigw-Requestid", reqID)
+	status := 0
+	var route Route
+	defer func() {
+		g.log.Info("gateway", "request_id", reqID, "method", r.Method, "path", r.URL.EscapedPath(),
+			"route", route.Key(), "function", route.Function, "status", status,
+			"duration_ms", time.Since(start).Milliseconds())
+	}()
+
+	rawPath := r.URL.EscapedPath()
+	route, params, found := g.app.match(r.Method, rawPath)
+	if route.Path == "" {
+		status = http.StatusNotFound
+		if found {
+			status = http.StatusMethodNotAllowed
+		}
+		route = Route{}
+		apiMessage(w, status, http.StatusText(status))
+		return
+	}
+	tenant, ok := g.authorize(r)
+	if !ok {
+		status = http.StatusUnauthorized
+		apiMessage(w, status, "Unauthorized")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	if err != nil {
+		status = http.StatusRequestEntityTooLarge
+		apiMessage(w, status, "Request Entity Too Large")
+		return
+	}
+	ev := g.event(r, reqID, route, params, tenant, rawPath, body, start)
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		status = http.StatusInternalServerError
+		apiMessage(w, status, "Internal Server Error")
+		return
+	}
+	fn := g.fns[route.Function]
+	if fn == nil {
+		status = http.StatusInternalServerError
+		g.log.Error("gateway", "request_id", reqID, "error", fmt.Sprintf("route %s: %v %q", route.Key(), errNoFunction, route.Function))
+		apiMessage(w, status, "Internal Server Error")
+		return
+	}
+	out, err := fn.invoke(r.Context(), payload)
+	if err != nil {
+		var ie *InvokeError
+		status = http.StatusInternalServerError
+		if errors.As(err, &ie) && ie.Status == http.StatusGatewayTimeout {
+			status = http.StatusServiceUnavailable
+		}
+		g.log.Error("gateway", "request_id", reqID, "route", route.Key(), "error", err.Error())
+		apiMessage(w, status, http.StatusText(status))
+		return
+	}
+	status = writeResponse(w, out)
+}
+
+// authorize is the local Lambda authorizer: "Authorization: Bearer <token>"
+// with a token of BROKER_DEV_TOKENS names the tenant.
+func (g *gateway) authorize(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tenant, ok := g.tokens[strings.TrimSpace(token)]
+	return tenant, ok
+}
+
+// event builds the API Gateway HTTP API payload format 2.0 event.
+func (g *gateway) event(r *http.Request, reqID string, route Route, params map[string]string, tenant, rawPath string, body []byte, now time.Time) events.APIGatewayV2HTTPRequest {
+	headers := map[string]string{}
+	for k, vs := range r.Header {
+		if strings.EqualFold(k, "Cookie") {
+			continue
+		}
+		headers[strings.ToLower(k)] = strings.Join(vs, ",")
+	}
+	headers["host"] = r.Host
+	var cookies []string
+	for _, c := range r.Cookies() {
+		cookies = append(cookies, c.String())
+	}
+	var qsp map[string]string
+	if q := r.URL.Query(); len(q) > 0 {
+		qsp = map[string]string{}
+		keys := make([]string, 0, len(q))
+		for k := range q {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			qsp[k] = strings.Join(q[k], ",")
+		}
+	}
+	if len(params) == 0 {
+		params = nil
+	}
+	sourceIP, _, _ := net.SplitHostPort(r.RemoteAddr)
+	ev := events.APIGatewayV2HTTPRequest{
+		Version:               "2.0",
+		RouteKey:              route.Key(),
+		RawPath:               rawPath,
+		RawQueryString:        r.URL.RawQuery,
+		Cookies:               cookies,
+		Headers:               headers,
+		QueryStringParameters: qsp,
+		PathParameters:        params,
+		RequestContext: events.APIGatewayV2HTTPRequestContext{
+			RouteKey:     route.Key(),
+			AccountID:    "000000000000",
+			Stage:        "$default",
+			RequestID:    reqID,
+			APIID:        "devstack",
+			DomainName:   g.apiHost,
+			DomainPrefix: "devstack",
+			Time:         now.UTC().Format("02/Jan/2006:15:04:05 -0700"),
+			TimeEpoch:    now.UnixMilli(),
+			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{
+				Method:    r.Method,
+				Path:      unescapePath(rawPath),
+				Protocol:  r.Proto,
+				SourceIP:  sourceIP,
+				UserAgent: r.UserAgent(),
+			},
+			Authorizer: &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
+				Lambda: map[string]any{"tenant": tenant},
+			},
+		},
+	}
+	if len(body) > 0 {
+		if utf8.Valid(body) {
+			ev.Body = string(body)
+		} else {
+			ev.Body = base64.StdEncoding.EncodeToString(body)
+			ev.IsBase64Encoded = true
+		}
+	}
+	return ev
+}
+
+func unescapePath(p string) string {
+	if u, err := url.PathUnescape(p); err == nil {
+		return u
+	}
+	return p
+}
+
+// writeResponse translates the function's payload format 2.0 response. A
+// reply without statusCode is, as in API Gateway, a 200 with the reply as
+// JSON body.
+func writeResponse(w http.ResponseWriter, out []byte) int {
+	var resp struct {
+		StatusCode        *int                `json:"statusCode"`
+		Headers           map[string]string   `json:"headers"`
+		MultiValueHeaders map[string][]string `json:"multiValueHeaders"`
+		Body              string              `json:"body"`
+		IsBase64Encoded   bool                `json:"isBase64Encoded"`
+		Cookies           []string            `json:"cookies"`
+	}
+	if err := json.Unmarshal(out, &resp); err != nil || resp.StatusCode == nil {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(out)
+		return http.StatusOK
+	}
+	body := []byte(resp.Body)
+	if resp.IsBase64Encoded {
+		b, err := base64.StdEncoding.DecodeString(resp.Body)
+		if err != nil {
+			apiMessage(w, http.StatusInternalServerError, "Internal Server Error")
+			return http.StatusInternalServerError
+		}
+		body = b
+	}
+	for k, vs := range resp.MultiValueHeaders {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	for k, v := range resp.Headers {
+		w.Header().Set(k, v)
+	}
+	for _, c := range resp.Cookies {
+		w.Header().Add("Set-Cookie", c)
+	}
+	status := *resp.StatusCode
+	if status < 100 || status > 599 {
+		apiMessage(w, http.StatusInternalServerError, "Internal Server Error")
+		return http.StatusInternalServerError
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+	return status
+}

@@ -1,0 +1,233 @@
+package devstack
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+)
+
+// fakeRIE is an emulator stand-in: it records invocation payloads and
+// answers with reply(payload).
+type fakeRIE struct {
+	mu     sync.Mutex
+	events []events.APIGatewayV2HTTPRequest
+	reply  func(ev events.APIGatewayV2HTTPRequest) (int, string)
+}
+
+func (f *fakeRIE) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != InvokePath || r.Method != "POST" {
+		http.Error(w, "wrong path", 404)
+		return
+	}
+	b, _ := io.ReadAll(r.Body)
+	var ev events.APIGatewayV2HTTPRequest
+	if err := json.Unmarshal(b, &ev); err != nil {
+		http.Error(w, err.Error(), 400)
+		return
+	}
+	f.mu.Lock()
+	f.events = append(f.events, ev)
+	f.mu.Unlock()
+	status, body := f.reply(ev)
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, body)
+}
+
+func fakeFunction(t *testing.T, name string, rie *fakeRIE) *lambdaFn {
+	t.Helper()
+	srv := httptest.NewServer(rie)
+	t.Cleanup(srv.Close)
+	inst := &rieInstance{url: srv.URL + InvokePath, child: &child{name: name, cmd: &exec.Cmd{}, exited: make(chan struct{})}}
+	lf := &lambdaFn{fn: Function{Name: name, Timeout: 5 * time.Second}, instances: []*rieInstance{inst}, free: make(chan *rieInstance, 1), client: srv.Client()}
+	lf.free <- inst
+	return lf
+}
+
+func newGateway(t *testing.T, rie *fakeRIE) *httptest.Server {
+	t.Helper()
+	app := App{Routes: []Route{
+		{"POST", "/v1/sandboxes/acquire", "acquire"},
+		{"GET", "/v1/sandboxes/{id}", "acquire"},
+		{"POST", "/v1/sandboxes/{id}/release", "release"},
+	}}
+	fn := fakeFunction(t, "acquire", rie)
+	rel := fakeFunction(t, "release", rie)
+	gw := &gateway{app: app, fns: map[string]*lambdaFn{"acquire": fn, "release": rel},
+		tokens: map[string]string{"tok-a": "acme"}, log: slog.New(slog.DiscardHandler), apiHost: "local"}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func call(t *testing.T, method, url, token string, body []byte, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(string(body)))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func TestGatewayBuildsPayloadV2Event(t *testing.T) {
+	rie := &fakeRIE{reply: func(ev events.APIGatewayV2HTTPRequest) (int, string) {
+		return 200, `{"statusCode":201,"headers":{"Content-Type":"application/json","Retry-After":"3"},"multiValueHeaders":{"X-Multi":["a","b"]},"body":"{\"ok\":true}","cookies":["c=1"]}`
+	}}
+	srv := newGateway(t, rie)
+	resp, body := call(t, "POST", srv.URL+"/v1/sandboxes/sb%2Fx/release?x=1&x=2", "tok-a", []byte(`{"a":1}`), map[string]string{"X-Custom": "v"})
+	if resp.StatusCode != 201 || body != `{"ok":true}` || resp.Header.Get("Retry-After") != "3" ||
+		!reflect.DeepEqual(resp.Header.Values("X-Multi"), []string{"a", "b"}) || resp.Header.Get("Set-Cookie") != "c=1" {
+		t.Fatalf("response %d %v %q", resp.StatusCode, resp.Header, body)
+	}
+	if len(rie.events) != 1 {
+		t.Fatalf("invocations = %d, want 1", len(rie.events))
+	}
+	ev := rie.events[0]
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"version", ev.Version, "2.0"},
+		{"routeKey", ev.RouteKey, "POST /v1/sandboxes/{id}/release"},
+		{"requestContext.routeKey", ev.RequestContext.RouteKey, "POST /v1/sandboxes/{id}/release"},
+		{"rawPath", ev.RawPath, "/v1/sandboxes/sb%2Fx/release"},
+		{"rawQueryString", ev.RawQueryString, "x=1&x=2"},
+		{"queryStringParameters", ev.QueryStringParameters, map[string]string{"x": "1,2"}},
+		{"pathParameters", ev.PathParameters, map[string]string{"id": "sb/x"}},
+		{"method", ev.RequestContext.HTTP.Method, "POST"},
+		{"header", ev.Headers["x-custom"], "v"},
+		{"body", ev.Body, `{"a":1}`},
+		{"base64", ev.IsBase64Encoded, false},
+		{"tenant", ev.RequestContext.Authorizer.Lambda["tenant"], "acme"},
+		{"requestId set", ev.RequestContext.RequestID != "", true},
+	}
+	for _, c := range checks {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s = %#v, want %#v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestGatewayBinaryBodiesAreBase64(t *testing.T) {
+	rie := &fakeRIE{reply: func(ev events.APIGatewayV2HTTPRequest) (int, string) {
+		return 200, `{"statusCode":200,"body":"` + base64.StdEncoding.EncodeToString([]byte{0xff, 0x00}) + `","isBase64Encoded":true}`
+	}}
+	srv := newGateway(t, rie)
+	resp, body := call(t, "POST", srv.URL+"/v1/sandboxes/acquire", "tok-a", []byte{0xff, 0xfe}, nil)
+	if resp.StatusCode != 200 || body != string([]byte{0xff, 0x00}) {
+		t.Fatalf("response %d %q", resp.StatusCode, body)
+	}
+	ev := rie.events[0]
+	if !ev.IsBase64Encoded || ev.Body != base64.StdEncoding.EncodeToString([]byte{0xff, 0xfe}) {
+		t.Errorf("event body %q base64 %v", ev.Body, ev.IsBase64Encoded)
+	}
+}
+
+func TestGatewayRefusalsNeverInvoke(t *testing.T) {
+	rie := &fakeRIE{reply: func(events.APIGatewayV2HTTPRequest) (int, string) { return 200, `{"statusCode":200,"body":"{}"}` }}
+	srv := newGateway(t, rie)
+	tests := []struct {
+		name, method, path, token string
+		want                      int
+	}{
+		{"unknown route", "GET", "/v2/x", "tok-a", 404},
+		{"wrong method", "DELETE", "/v1/sandboxes/abc", "tok-a", 405},
+		{"no token", "GET", "/v1/sandboxes/abc", "", 401},
+		{"bad token", "GET", "/v1/sandboxes/abc", "nope", 401},
+	}
+	for _, tt := range tests {
+		resp, body := call(t, tt.method, srv.URL+tt.path, tt.token, nil, nil)
+		if resp.StatusCode != tt.want || !strings.Contains(body, `"message"`) {
+			t.Errorf("%s: %d %q, want %d with a message", tt.name, resp.StatusCode, body, tt.want)
+		}
+	}
+	// Basic auth is not a bearer token.
+	req, _ := http.NewRequest("GET", srv.URL+"/v1/sandboxes/abc", nil)
+	req.SetBasicAuth("tok-a", "")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 401 {
+		t.Errorf("basic auth: %v %v, want 401", resp.StatusCode, err)
+	}
+	if len(rie.events) != 0 {
+		t.Errorf("refused requests invoked the function %d times", len(rie.events))
+	}
+}
+
+func TestGatewayFunctionFailures(t *testing.T) {
+	tests := []struct {
+		name         string
+		status       int
+		body         string
+		wantStatus   int
+		wantContains string
+	}{
+		{"handler error", 200, `{"errorMessage":"boom","errorType":"errorString"}`, 500, "Internal Server Error"},
+		{"emulator timeout", 504, ``, 503, "Service Unavailable"},
+		{"init failure", 502, `{"errorMessage":"exit status 1"}`, 500, "Internal Server Error"},
+		{"no statusCode", 200, `{"hello":"world"}`, 200, `{"hello":"world"}`},
+		{"bad status", 200, `{"statusCode":42,"body":""}`, 500, "Internal Server Error"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rie := &fakeRIE{reply: func(events.APIGatewayV2HTTPRequest) (int, string) { return tt.status, tt.body }}
+			srv := newGateway(t, rie)
+			resp, body := call(t, "GET", srv.URL+"/v1/sandboxes/abc", "tok-a", nil, nil)
+			if resp.StatusCode != tt.wantStatus || !strings.Contains(body, tt.wantContains) {
+				t.Errorf("got %d %q, want %d containing %q", resp.StatusCode, body, tt.wantStatus, tt.wantContains)
+			}
+		})
+	}
+}
+
+func TestParseTokens(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    map[string]string
+		wantErr bool
+	}{
+		{"dev:dev-token", map[string]string{"dev-token": "dev"}, false},
+		{" a:t1 , b:t2 ,", map[string]string{"t1": "a", "t2": "b"}, false},
+		{"a:t1,a:t2", map[string]string{"t1": "a", "t2": "a"}, false},
+		{"a:tok:with:colons", map[string]string{"tok:with:colons": "a"}, false},
+		{"", nil, true},
+		{"notoken", nil, true},
+		{"a:", nil, true},
+		{"a b:t", nil, true},
+		{"a:t,b:t", nil, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseTokens(tt.in)
+		if (err != nil) != tt.wantErr || (!tt.wantErr && !reflect.DeepEqual(got, tt.want)) {
+			t.Errorf("ParseTokens(%q) = %v, %v; want %v, err %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+		if err != nil && !strings.Contains(err.Error(), "BROKER_DEV_TOKENS") {
+			t.Errorf("error %q does not name BROKER_DEV_TOKENS", err)
+		}
+	}
+}
+
+func TestPassThroughEnv(t *testing.T) {
+	got := PassThroughEnv([]string{"SANDBOX_REPLICAS=1", "HOME=/root", "E2B_API_KEY=secret", "LOG_LEVEL=debug", "AWS_PROFILE=x", "SANDBOX_TEMPLATE=py"})
+	want := []string{"LOG_LEVEL=debug", "SANDBOX_REPLICAS=1", "SANDBOX_TEMPLATE=py"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("PassThroughEnv = %v, want %v", got, want)
+	}
+}

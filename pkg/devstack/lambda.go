@@ -1,0 +1,191 @@
+package devstack
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// InvokePath is the Lambda Invoke API path the emulator serves.
+const InvokePath = "/2015-03-31/functions/function/invocations"
+
+// maxInvokeResponse bounds a function response read by the gateway (Lambda's
+// synchronous payload limit is 6 MB).
+const maxInvokeResponse = 6 << 20
+
+// lambdaFn is one function of the template, run as a pool of emulator
+// processes: the emulator serves one invocation at a time (a concurrent one
+// is refused), while real Lambda runs invocations side by side.
+type lambdaFn struct {
+	fn        Function
+	instances []*rieInstance
+	free      chan *rieInstance
+	client    *http.Client
+}
+
+type rieInstance struct {
+	url   string // invoke URL
+	child *child
+}
+
+// startFunction starts n emulators for fn, each on its own free ports, and
+// waits until they accept connections. Nothing is invoked yet.
+func startFunction(ctx context.Context, fn Function, n int, rie, bootstrap, logDir string, env []string) (*lambdaFn, error) {
+	if _, err := os.Stat(bootstrap); err != nil {
+		return nil, fmt.Errorf("function %s: %w (run make build)", fn.Name, err)
+	}
+	lf := &lambdaFn{fn: fn, free: make(chan *rieInstance, n), client: &http.Client{}}
+	// The template's values first: the stack's and the caller's override
+	// them (os/exec keeps the last of duplicate keys).
+	fnEnv := append(append(append([]string{}, fn.Env...), env...),
+		"AWS_LAMBDA_FUNCTION_NAME="+fn.Name,
+		"AWS_LAMBDA_FUNCTION_TIMEOUT="+strconv.Itoa(int(fn.Timeout/time.Second)),
+		"AWS_LAMBDA_FUNCTION_MEMORY_SIZE="+strconv.Itoa(fn.MemoryMB),
+		"_HANDLER=bootstrap",
+	)
+	for i := 0; i < n; i++ {
+		inst, err := startInstance(ctx, fn, i, rie, bootstrap, logDir, fnEnv)
+		if err != nil {
+			lf.stop()
+			return nil, err
+		}
+		lf.instances = append(lf.instances, inst)
+		lf.free <- inst
+	}
+	return lf, nil
+}
+
+func startInstance(ctx context.Context, fn Function, i int, rie, bootstrap, logDir string, env []string) (*rieInstance, error) {
+	name := fmt.Sprintf("%s-%d", fn.Name, i)
+	var last error
+	for attempt := 0; attempt < 3; attempt++ { // a port picked as free may be taken meanwhile
+		addr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		apiAddr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		c, err := startChild("aws-lambda-rie "+name, filepath.Dir(bootstrap), rie,
+			[]string{"--runtime-interface-emulator-address", addr, "--runtime-api-address", apiAddr, "--log-level", "warn", bootstrap},
+			env, filepath.Join(logDir, "fn-"+name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		err = c.waitReady(ctx, 30*time.Second, func(ctx context.Context) error { return dialable(ctx, addr) })
+		if err == nil {
+			return &rieInstance{url: "http://" + addr + InvokePath, child: c}, nil
+		}
+		c.stop(time.Second)
+		last = err
+	}
+	return nil, fmt.Errorf("function %s: %w", fn.Name, last)
+}
+
+// InvokeError is a failed invocation: the emulator refused or timed out, or
+// the handler returned an error (Lambda's errorMessage/errorType reply).
+type InvokeError struct {
+	Function string
+	Status   int    // emulator HTTP status (200 for handler errors)
+	Body     string // emulator reply, truncated
+}
+
+func (e *InvokeError) Error() string {
+	return fmt.Sprintf("invoke %s: HTTP %d: %s", e.Function, e.Status, e.Body)
+}
+
+// invoke sends payload to a free instance (waiting for one) and returns the
+// function's response payload. A handler error is an *InvokeError with
+// Status 200. ctx bounds the wait for a free instance; the invocation
+// itself is bounded by the function's timeout plus 10 s.
+func (f *lambdaFn) invoke(ctx context.Context, payload []byte) ([]byte, error) {
+	var inst *rieInstance
+	select {
+	case inst = <-f.free:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { f.free <- inst }()
+	select {
+	case <-inst.child.exited:
+		return nil, fmt.Errorf("function %s: emulator exited (%v)", f.fn.Name, inst.child.cmd.ProcessState)
+	default:
+	}
+	// Once sent, an invocation runs to its end even if the caller goes away
+	// (as in Lambda): the emulator would refuse the next one meanwhile, so
+	// the instance returns to the pool only when it is done.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.fn.Timeout+10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, inst.url, bytes.NewReader(payload))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("invoke %s: %w", f.fn.Name, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxInvokeResponse+1))
+	if err != nil {
+		return nil, fmt.Errorf("invoke %s: read reply: %w", f.fn.Name, err)
+	}
+	if len(body) > maxInvokeResponse {
+		return nil, fmt.Errorf("invoke %s: reply exceeds %d bytes", f.fn.Name, maxInvokeResponse)
+	}
+	if resp.StatusCode != http.StatusOK || isHandlerError(body) {
+		return nil, &InvokeError{Function: f.fn.Name, Status: resp.StatusCode, Body: truncate(string(body), 2000)}
+	}
+	return body, nil
+}
+
+// isHandlerError recognises Lambda's error reply {"errorMessage", "errorType"}.
+func isHandlerError(body []byte) bool {
+	var v struct {
+		ErrorMessage *string `json:"errorMessage"`
+		StatusCode   *int    `json:"statusCode"`
+	}
+	return jsonUnmarshal(body, &v) == nil && v.ErrorMessage != nil && v.StatusCode == nil
+}
+
+func (f *lambdaFn) url() string {
+	if len(f.instances) == 0 {
+		return ""
+	}
+	return f.instances[0].url
+}
+
+func (f *lambdaFn) stop() {
+	for _, inst := range f.instances {
+		inst.child.stop(3 * time.Second)
+	}
+}
+
+// exited reports the first instance found dead, if any.
+func (f *lambdaFn) exited() error {
+	for _, inst := range f.instances {
+		select {
+		case <-inst.child.exited:
+			return fmt.Errorf("function %s: emulator exited (%v)", f.fn.Name, inst.child.cmd.ProcessState)
+		default:
+		}
+	}
+	return nil
+}
+
+var errNoFunction = errors.New("no such function")
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}

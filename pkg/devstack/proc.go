@@ -1,0 +1,179 @@
+package devstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// child is a process started by the stack, in its own process group, that
+// gets SIGKILL when the stack's process dies (Pdeathsig).
+type child struct {
+	name   string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when the process has exited
+	log    io.Closer
+}
+
+// Pdeathsig fires when the thread that forked the child exits, so children
+// are forked from one goroutine locked to its OS thread for good.
+type launchReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+var (
+	launcherOnce sync.Once
+	launchCh     = make(chan launchReq)
+)
+
+func startCmd(cmd *exec.Cmd) error {
+	launcherOnce.Do(func() {
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
+			for req := range launchCh {
+				req.done <- req.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	launchCh <- launchReq{cmd: cmd, done: done}
+	return <-done
+}
+
+// startChild runs bin with args and env (exactly env: nothing is inherited)
+// in dir, writing its output to logPath (truncated first).
+func startChild(name, dir, bin string, args, env []string, logPath string) (*child, error) {
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		return nil, fmt.Errorf("%s: log dir: %w", name, err)
+	}
+	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("%s: log file: %w", name, err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	cmd.Env = env
+	cmd.Stdout = lf
+	cmd.Stderr = lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := startCmd(cmd); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	c := &child{name: name, cmd: cmd, exited: make(chan struct{}), log: lf}
+	go func() {
+		_ = cmd.Wait()
+		close(c.exited)
+	}()
+	return c, nil
+}
+
+// stop sends SIGTERM to the child's process group, then SIGKILL after grace.
+func (c *child) stop(grace time.Duration) {
+	if c == nil || c.cmd.Process == nil {
+		return
+	}
+	pgid := -c.cmd.Process.Pid
+	select {
+	case <-c.exited:
+	default:
+		_ = syscall.Kill(pgid, syscall.SIGTERM)
+		select {
+		case <-c.exited:
+		case <-time.After(grace):
+		}
+	}
+	// Kill the group even after the leader exited: its children may live on.
+	_ = syscall.Kill(pgid, syscall.SIGKILL)
+	select {
+	case <-c.exited:
+	case <-time.After(5 * time.Second):
+	}
+	c.log.Close()
+}
+
+// waitReady polls ready every 100 ms until it succeeds, the child exits,
+// ctx ends or timeout passes.
+func (c *child) waitReady(ctx context.Context, timeout time.Duration, ready func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		if last = ready(ctx); last == nil {
+			return nil
+		}
+		select {
+		case <-c.exited:
+			return fmt.Errorf("%s exited before it was ready (%v)", c.name, c.cmd.ProcessState)
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready within %s: %w", c.name, timeout, last)
+		case <-tick.C:
+		}
+	}
+}
+
+// freeAddr returns a 127.0.0.1 address whose port was free a moment ago.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("pick a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// loopbackAddr resolves a configured address: "" or port 0 picks a free
+// port; the host must be loopback (empty or localhost means 127.0.0.1).
+func loopbackAddr(addr string) (string, bool, error) {
+	if addr == "" {
+		a, err := freeAddr()
+		return a, true, err
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", false, fmt.Errorf("address %q: %w", addr, err)
+	}
+	if host == "" || host == "localhost" {
+		host = "127.0.0.1"
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return "", false, fmt.Errorf("address %q is not loopback", addr)
+	}
+	if port == "0" || port == "" {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return "", false, fmt.Errorf("pick a free port: %w", err)
+		}
+		defer l.Close()
+		return l.Addr().String(), true, nil
+	}
+	if _, err := strconv.Atoi(port); err != nil {
+		return "", false, fmt.Errorf("address %q: bad port", addr)
+	}
+	return net.JoinHostPort(host, port), false, nil
+}
+
+// dialable reports whether addr accepts TCP connections.
+func dialable(ctx context.Context, addr string) error {
+	d := net.Dialer{Timeout: time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+var errStopped = errors.New("devstack stopped")

@@ -1,0 +1,193 @@
+package devstack
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/awslabs/goformation/v7"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+)
+
+func repoTemplate(t *testing.T) string {
+	t.Helper()
+	p, err := filepath.Abs(filepath.Join("..", "..", "template.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
+	app, err := LoadTemplate(repoTemplate(t))
+	if err != nil {
+		t.Fatalf("LoadTemplate: %v", err)
+	}
+	var names []string
+	for _, f := range app.Functions {
+		names = append(names, f.Name)
+	}
+	if want := []string{"acquire", "reconcile", "release", "sync"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("functions = %v, want %v", names, want)
+	}
+	var routes []string
+	for _, r := range app.Routes {
+		routes = append(routes, r.Key()+" -> "+r.Function)
+	}
+	want := []string{
+		"GET /v1/capacity -> acquire",
+		"GET /v1/sandboxes/{id} -> acquire",
+		"POST /v1/sandboxes/acquire -> acquire",
+		"POST /v1/sandboxes/{id}/release -> release",
+		"POST /v1/sandboxes/{id}/sync -> sync",
+	}
+	if !reflect.DeepEqual(routes, want) {
+		t.Errorf("routes = %q\nwant %q", routes, want)
+	}
+	for _, f := range app.Functions {
+		if f.Timeout <= 0 || f.Timeout > 15*time.Minute || f.MemoryMB < 128 {
+			t.Errorf("%s: timeout %s memory %d MB out of Lambda's range", f.Name, f.Timeout, f.MemoryMB)
+		}
+		if f.Name == "acquire" && f.MemoryMB != 256 {
+			t.Errorf("acquire memory = %d MB, want 256 from Globals", f.MemoryMB)
+		}
+		if !slices.Contains(f.Env, "SANDBOX_ACQUIRE_TIMEOUT_SECONDS=20") || slices.ContainsFunc(f.Env, func(kv string) bool { return strings.HasSuffix(kv, "=") }) {
+			t.Errorf("%s env = %v, want the Globals defaults without empty values", f.Name, f.Env)
+		}
+		if f.Name == "reconcile" {
+			if !reflect.DeepEqual(f.Schedules, []time.Duration{5 * time.Minute}) {
+				t.Errorf("reconcile schedules = %v, want [5m]", f.Schedules)
+			}
+		} else if len(f.Schedules) != 0 {
+			t.Errorf("%s has schedules %v", f.Name, f.Schedules)
+		}
+	}
+}
+
+func TestParseRate(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    time.Duration
+		wantErr bool
+	}{
+		{"rate(5 minutes)", 5 * time.Minute, false},
+		{"rate(1 minute)", time.Minute, false},
+		{"rate(2 hours)", 2 * time.Hour, false},
+		{"rate(1 day)", 24 * time.Hour, false},
+		{"rate(1 minutes)", 0, true},
+		{"rate(5 minute)", 0, true},
+		{"rate(0 minutes)", 0, true},
+		{"rate(5 weeks)", 0, true},
+		{"cron(0 12 * * ? *)", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseRate(tt.in)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("ParseRate(%q) = %v, %v; want %v, err %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestRouteMatching(t *testing.T) {
+	app := App{Routes: []Route{
+		{"POST", "/v1/sandboxes/acquire", "acquire"},
+		{"GET", "/v1/sandboxes/{id}", "acquire"},
+		{"POST", "/v1/sandboxes/{id}/release", "release"},
+		{"ANY", "/files/{path+}", "files"},
+	}}
+	tests := []struct {
+		method, path string
+		wantKey      string
+		wantParams   map[string]string
+		wantFound    bool
+	}{
+		{"POST", "/v1/sandboxes/acquire", "POST /v1/sandboxes/acquire", map[string]string{}, true},
+		{"GET", "/v1/sandboxes/acquire", "GET /v1/sandboxes/{id}", map[string]string{"id": "acquire"}, true},
+		{"GET", "/v1/sandboxes/a%2Fb", "GET /v1/sandboxes/{id}", map[string]string{"id": "a/b"}, true},
+		{"POST", "/v1/sandboxes/x/release", "POST /v1/sandboxes/{id}/release", map[string]string{"id": "x"}, true},
+		{"DELETE", "/v1/sandboxes/x", "", nil, true},
+		{"GET", "/v1/sandboxes", "", nil, false},
+		{"GET", "/v1/sandboxes/x/release/more", "", nil, false},
+		{"PUT", "/files/a/b/c", "ANY /files/{path+}", map[string]string{"path": "a/b/c"}, true},
+	}
+	for _, tt := range tests {
+		r, params, found := app.match(tt.method, tt.path)
+		key := ""
+		if r.Path != "" {
+			key = r.Key()
+		}
+		if key != tt.wantKey || found != tt.wantFound || (tt.wantParams != nil && !reflect.DeepEqual(params, tt.wantParams)) {
+			t.Errorf("match(%s %s) = %q %v %v; want %q %v %v", tt.method, tt.path, key, params, found, tt.wantKey, tt.wantParams, tt.wantFound)
+		}
+	}
+}
+
+func TestLoadTemplateRejectsCron(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "t.yaml")
+	os.WriteFile(p, []byte(`Transform: AWS::Serverless-2016-10-31
+Resources:
+  F:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: .build/f/
+      Events:
+        S:
+          Type: Schedule
+          Properties:
+            Schedule: cron(0 12 * * ? *)
+`), 0o644)
+	if _, err := LoadTemplate(p); err == nil {
+		t.Error("want an error for a cron schedule")
+	}
+}
+
+// TestTemplateTableMatchesStore keeps template.yaml's table in step with
+// the attribute and index names ddbstore uses.
+func TestTemplateTableMatchesStore(t *testing.T) {
+	tpl, err := goformation.OpenWithOptions(repoTemplate(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables := tpl.GetAllDynamoDBTableResources()
+	if len(tables) != 1 {
+		t.Fatalf("template declares %d tables, want 1", len(tables))
+	}
+	for _, tbl := range tables {
+		keys := map[string]string{}
+		for _, k := range tbl.KeySchema {
+			keys[k.AttributeName] = k.KeyType
+		}
+		if !reflect.DeepEqual(keys, map[string]string{ddbstore.AttrPK: "HASH", ddbstore.AttrSK: "RANGE"}) {
+			t.Errorf("key schema = %v", keys)
+		}
+		if len(tbl.GlobalSecondaryIndexes) != 1 || tbl.GlobalSecondaryIndexes[0].IndexName != ddbstore.IndexGSI1 {
+			t.Fatalf("GSIs = %+v, want one named %s", tbl.GlobalSecondaryIndexes, ddbstore.IndexGSI1)
+		}
+		gsi := map[string]string{}
+		for _, k := range tbl.GlobalSecondaryIndexes[0].KeySchema {
+			gsi[k.AttributeName] = k.KeyType
+		}
+		if !reflect.DeepEqual(gsi, map[string]string{ddbstore.AttrGSI1PK: "HASH", ddbstore.AttrGSI1SK: "RANGE"}) {
+			t.Errorf("gsi1 key schema = %v", gsi)
+		}
+		if p := tbl.GlobalSecondaryIndexes[0].Projection; p == nil || p.ProjectionType == nil || *p.ProjectionType != "ALL" {
+			t.Errorf("gsi1 projection = %+v, want ALL", p)
+		}
+		if ttl := tbl.TimeToLiveSpecification; ttl == nil || ttl.AttributeName == nil || *ttl.AttributeName != ddbstore.AttrTTL || !ttl.Enabled {
+			t.Errorf("TTL = %+v, want %s enabled", ttl, ddbstore.AttrTTL)
+		}
+		for _, a := range tbl.AttributeDefinitions {
+			if a.AttributeType != "S" {
+				t.Errorf("attribute %s type %s, want S", a.AttributeName, a.AttributeType)
+			}
+		}
+	}
+	if n := len(tpl.GetAllS3BucketResources()); n != 1 {
+		t.Errorf("template declares %d buckets, want 1", n)
+	}
+}

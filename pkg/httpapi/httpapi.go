@@ -1,0 +1,478 @@
+// Package httpapi adapts API Gateway HTTP API (payload format 2.0) events to
+// a core.Broker: it routes, authenticates the tenant from the authorizer
+// context, validates input, and maps core errors to the HTTP API of
+// DESIGN.md ("HTTP API (v1, JSON, API Gateway HTTP API)"). It holds no state
+// and makes no decisions of its own.
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/google/uuid"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// MaxBodyBytes is the largest request body accepted (decoded), in bytes.
+const MaxBodyBytes = 16 << 10
+
+// Route keys, as declared in template.yaml (API Gateway "METHOD /path").
+const (
+	RouteAcquire  = "POST /v1/sandboxes/acquire"
+	RouteGet      = "GET /v1/sandboxes/{id}"
+	RouteCapacity = "GET /v1/capacity"
+	RouteRelease  = "POST /v1/sandboxes/{id}/release"
+	RouteSync     = "POST /v1/sandboxes/{id}/sync"
+)
+
+// Retry-After seconds suggested for outages (store or provider).
+const outageRetryAfter = 2
+
+// Handler is the Lambda handler signature for HTTP API events.
+type Handler func(ctx context.Context, req events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error)
+
+// NewHandler returns a Lambda handler serving every route of the v1 API
+// over b. It never returns a Go error: every failure is an HTTP response
+// (a Lambda error would surface as an opaque 502 from API Gateway). Each
+// request is logged as one JSON line carrying its request id; internal
+// error details are logged, never returned.
+func NewHandler(b core.Broker, logger *slog.Logger) Handler {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	h := &handler{broker: b, logger: logger}
+	return h.serve
+}
+
+type handler struct {
+	broker core.Broker
+	logger *slog.Logger
+}
+
+// request is the per-request state threaded through the route functions.
+type request struct {
+	ev     events.APIGatewayV2HTTPRequest
+	id     string // request id (API Gateway's, or generated)
+	tenant string
+	route  string
+	// detail is the internal error text for the log line (never sent).
+	detail string
+	code   string
+}
+
+func (h *handler) serve(ctx context.Context, ev events.APIGatewayV2HTTPRequest) (resp events.APIGatewayV2HTTPResponse, _ error) {
+	start := time.Now()
+	r := &request{ev: ev, id: ev.RequestContext.RequestID}
+	if r.id == "" {
+		r.id = uuid.NewString()
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			r.detail = fmt.Sprintf("panic: %v", p)
+			resp = r.errorResponse(http.StatusInternalServerError, apiError{Code: "INTERNAL", Message: "internal error"}, 0)
+		}
+		if resp.Headers == nil {
+			resp.Headers = map[string]string{}
+		}
+		resp.Headers["X-Request-Id"] = r.id
+		level := slog.LevelInfo
+		if resp.StatusCode >= 500 {
+			level = slog.LevelError
+		} else if resp.StatusCode >= 400 {
+			level = slog.LevelWarn
+		}
+		attrs := []slog.Attr{
+			slog.String("request_id", r.id),
+			slog.String("method", method(ev)),
+			slog.String("path", ev.RawPath),
+			slog.String("route", r.route),
+			slog.String("tenant", r.tenant),
+			slog.Int("status", resp.StatusCode),
+			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+		}
+		if r.code != "" {
+			attrs = append(attrs, slog.String("code", r.code))
+		}
+		if r.detail != "" {
+			attrs = append(attrs, slog.String("error", r.detail))
+		}
+		h.logger.LogAttrs(ctx, level, "request", attrs...)
+	}()
+	return h.dispatch(ctx, r), nil
+}
+
+func method(ev events.APIGatewayV2HTTPRequest) string {
+	if m := ev.RequestContext.HTTP.Method; m != "" {
+		return strings.ToUpper(m)
+	}
+	if k, _, ok := strings.Cut(ev.RouteKey, " "); ok {
+		return strings.ToUpper(k)
+	}
+	return ""
+}
+
+// match resolves the route and the {id} path parameter: from RouteKey and
+// PathParameters when API Gateway routed the request, else from the method
+// and raw path. It returns "" when no route matches and, then, whether the
+// path exists under another method.
+func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool) {
+	switch ev.RouteKey {
+	case RouteAcquire, RouteCapacity:
+		return ev.RouteKey, "", true
+	case RouteGet, RouteRelease, RouteSync:
+		if v, ok := ev.PathParameters["id"]; ok {
+			return ev.RouteKey, v, true
+		}
+	}
+	m := method(ev)
+	path := ev.RawPath
+	if path == "" {
+		path = ev.RequestContext.HTTP.Path
+	}
+	segs := strings.Split(strings.Trim(path, "/"), "/")
+	var want string
+	switch {
+	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "sandboxes" && segs[2] == "acquire":
+		want = RouteAcquire
+	case len(segs) == 2 && segs[0] == "v1" && segs[1] == "capacity":
+		want = RouteCapacity
+	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "sandboxes":
+		want, id = RouteGet, segs[2]
+	case len(segs) == 4 && segs[0] == "v1" && segs[1] == "sandboxes" && segs[3] == "release":
+		want, id = RouteRelease, segs[2]
+	case len(segs) == 4 && segs[0] == "v1" && segs[1] == "sandboxes" && segs[3] == "sync":
+		want, id = RouteSync, segs[2]
+	default:
+		return "", "", false
+	}
+	if !strings.HasPrefix(want, m+" ") {
+		return "", "", true
+	}
+	return want, id, true
+}
+
+func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2HTTPResponse {
+	route, id, exists := match(r.ev)
+	r.route = route
+	if route == "" {
+		if exists {
+			return r.errorResponse(http.StatusMethodNotAllowed, apiError{Code: "METHOD_NOT_ALLOWED", Message: "method not allowed on this path"}, 0)
+		}
+		return r.errorResponse(http.StatusNotFound, apiError{Code: "ROUTE_NOT_FOUND", Message: "no such route"}, 0)
+	}
+	tenant, ok := tenantOf(r.ev)
+	if !ok {
+		return r.errorResponse(http.StatusUnauthorized, apiError{Code: "UNAUTHORIZED", Message: "missing or invalid caller identity"}, 0)
+	}
+	r.tenant = tenant
+	body, err := bodyOf(r.ev)
+	if err != nil {
+		if errors.Is(err, errTooLarge) {
+			return r.errorResponse(http.StatusRequestEntityTooLarge, apiError{Code: "REQUEST_TOO_LARGE",
+				Message: fmt.Sprintf("request body exceeds %d bytes", MaxBodyBytes)}, 0)
+		}
+		return r.errorResponse(http.StatusBadRequest, apiError{Code: "VALIDATION_ERROR", Message: err.Error(), Reason: "body"}, 0)
+	}
+	if route == RouteGet || route == RouteRelease || route == RouteSync {
+		if err := core.ValidateSandboxID(id); err != nil {
+			return r.fail(err)
+		}
+	}
+
+	switch route {
+	case RouteAcquire:
+		key, err := decodeAcquire(body)
+		if err != nil {
+			return r.fail(err)
+		}
+		key.Tenant = tenant
+		if err := key.Validate(); err != nil {
+			return r.fail(err)
+		}
+		res, err := h.broker.Acquire(ctx, key)
+		if err != nil {
+			return r.fail(err)
+		}
+		return r.json(http.StatusOK, acquireBody(res))
+	case RouteGet:
+		rec, err := h.broker.Get(ctx, tenant, id)
+		if err != nil {
+			return r.fail(err)
+		}
+		return r.json(http.StatusOK, recordBody(rec))
+	case RouteCapacity:
+		st, err := h.broker.Capacity(ctx)
+		if err != nil {
+			return r.fail(err)
+		}
+		return r.json(http.StatusOK, st)
+	case RouteRelease:
+		res, err := h.broker.Release(ctx, tenant, id)
+		if err != nil {
+			return r.fail(err)
+		}
+		return r.json(http.StatusOK, releaseBody(res))
+	case RouteSync:
+		res, err := h.broker.Sync(ctx, tenant, id)
+		if err != nil {
+			return r.fail(err)
+		}
+		return r.json(http.StatusOK, syncBody(res))
+	}
+	return r.errorResponse(http.StatusNotFound, apiError{Code: "ROUTE_NOT_FOUND", Message: "no such route"}, 0)
+}
+
+// tenantOf reads the caller's tenant from the authorizer context: a Lambda
+// (or the local) authorizer's context "tenant", else a JWT claim "tenant".
+func tenantOf(ev events.APIGatewayV2HTTPRequest) (string, bool) {
+	a := ev.RequestContext.Authorizer
+	if a == nil {
+		return "", false
+	}
+	var t string
+	if v, ok := a.Lambda["tenant"].(string); ok {
+		t = v
+	} else if a.JWT != nil {
+		t = a.JWT.Claims["tenant"]
+	}
+	if t == "" || (core.ThreadKey{Tenant: t, User: "u", Thread: "t"}).Validate() != nil {
+		return "", false
+	}
+	return t, true
+}
+
+var errTooLarge = errors.New("request body too large")
+
+func bodyOf(ev events.APIGatewayV2HTTPRequest) ([]byte, error) {
+	if ev.IsBase64Encoded {
+		if base64.StdEncoding.DecodedLen(len(ev.Body)) > MaxBodyBytes+3 {
+			return nil, errTooLarge
+		}
+		b, err := base64.StdEncoding.DecodeString(ev.Body)
+		if err != nil {
+			return nil, errors.New("body: invalid base64 encoding")
+		}
+		if len(b) > MaxBodyBytes {
+			return nil, errTooLarge
+		}
+		return b, nil
+	}
+	if len(ev.Body) > MaxBodyBytes {
+		return nil, errTooLarge
+	}
+	return []byte(ev.Body), nil
+}
+
+// decodeAcquire parses the acquire body: one JSON object with exactly the
+// known fields, nothing after it.
+func decodeAcquire(body []byte) (core.ThreadKey, error) {
+	var in struct {
+		UserID   *string `json:"user_id"`
+		ThreadID *string `json:"thread_id"`
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return core.ThreadKey{}, &core.ValidationError{Field: "body", Message: `must be a JSON object {"user_id","thread_id"}`}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		var ute *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &ute) && ute.Field != "":
+			return core.ThreadKey{}, &core.ValidationError{Field: ute.Field, Message: "must be a string"}
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			return core.ThreadKey{}, &core.ValidationError{Field: "body", Message: strings.TrimPrefix(err.Error(), "json: ")}
+		default:
+			return core.ThreadKey{}, &core.ValidationError{Field: "body", Message: `must be a JSON object {"user_id","thread_id"}`}
+		}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return core.ThreadKey{}, &core.ValidationError{Field: "body", Message: "unexpected data after the JSON object"}
+	}
+	if in.UserID == nil {
+		return core.ThreadKey{}, &core.ValidationError{Field: "user_id", Message: "is required"}
+	}
+	if in.ThreadID == nil {
+		return core.ThreadKey{}, &core.ValidationError{Field: "thread_id", Message: "is required"}
+	}
+	return core.ThreadKey{User: *in.UserID, Thread: *in.ThreadID}, nil
+}
+
+// Response bodies (DESIGN.md, HTTP API table).
+
+type connectionJSON struct {
+	EnvdURL         string `json:"envd_url"`
+	EnvdAccessToken string `json:"envd_access_token"`
+}
+
+type acquireJSON struct {
+	SandboxID  string         `json:"sandbox_id"`
+	State      string         `json:"state"`
+	Source     string         `json:"source"`
+	Backend    string         `json:"backend"`
+	Connection connectionJSON `json:"connection"`
+	ExpiresAt  string         `json:"expires_at"`
+}
+
+func rfc3339(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func acquireBody(res core.AcquireResult) acquireJSON {
+	return acquireJSON{
+		SandboxID: res.Record.SandboxID,
+		State:     string(core.StateActive),
+		Source:    string(res.Source),
+		Backend:   res.Record.Backend,
+		Connection: connectionJSON{
+			EnvdURL:         res.Record.EnvdURL,
+			EnvdAccessToken: res.Record.EnvdAccessToken,
+		},
+		ExpiresAt: rfc3339(res.Record.ExpiresAt),
+	}
+}
+
+// recordJSON is GET /v1/sandboxes/{id}: the record without secrets or
+// lease internals.
+type recordJSON struct {
+	SandboxID string `json:"sandbox_id"`
+	State     string `json:"state"`
+	UserID    string `json:"user_id"`
+	ThreadID  string `json:"thread_id"`
+	Backend   string `json:"backend"`
+	CreatedAt string `json:"created_at,omitempty"`
+	UpdatedAt string `json:"updated_at,omitempty"`
+	ParkedAt  string `json:"parked_at,omitempty"`
+	ExpiresAt string `json:"expires_at,omitempty"`
+}
+
+func recordBody(r core.Record) recordJSON {
+	return recordJSON{
+		SandboxID: r.SandboxID, State: string(r.State), UserID: r.User, ThreadID: r.Thread,
+		Backend: r.Backend, CreatedAt: rfc3339(r.CreatedAt), UpdatedAt: rfc3339(r.UpdatedAt),
+		ParkedAt: rfc3339(r.ParkedAt), ExpiresAt: rfc3339(r.ExpiresAt),
+	}
+}
+
+type releaseJSON struct {
+	SandboxID string           `json:"sandbox_id"`
+	State     string           `json:"state"`
+	Sync      *core.SyncResult `json:"sync"`
+	SyncError string           `json:"sync_error,omitempty"`
+}
+
+func releaseBody(res core.ReleaseResult) releaseJSON {
+	var s *core.SyncResult
+	if res.Sync != nil {
+		v := syncBody(*res.Sync)
+		s = &v
+	}
+	return releaseJSON{SandboxID: res.SandboxID, State: res.State, Sync: s, SyncError: res.SyncError}
+}
+
+// syncBody normalises a nil deferred list to [] so clients see an array.
+func syncBody(s core.SyncResult) core.SyncResult {
+	if s.Deferred == nil {
+		s.Deferred = []core.DeferredFile{}
+	}
+	return s
+}
+
+// Errors.
+
+type apiError struct {
+	Code              string         `json:"code"`
+	Message           string         `json:"message"`
+	Reason            string         `json:"reason"`
+	Retryable         bool           `json:"retryable"`
+	RetryAfterSeconds int            `json:"retry_after_seconds"`
+	Details           map[string]any `json:"details,omitempty"`
+}
+
+// fail maps an error from the broker (or input validation) to a response.
+func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
+	var (
+		ve *core.ValidationError
+		ce *core.CapacityError
+		pe *core.ProviderError
+		ne net.Error
+	)
+	switch {
+	case errors.As(err, &ve):
+		return r.errorResponse(http.StatusBadRequest, apiError{Code: "VALIDATION_ERROR", Message: ve.Error(), Reason: ve.Field}, 0)
+	case errors.As(err, &ce):
+		secs := int(math.Ceil(ce.RetryAfter.Seconds()))
+		if secs < 1 {
+			secs = 1
+		}
+		reason := ce.Reason
+		if reason == "" {
+			reason = "capacity"
+		}
+		return r.errorResponse(http.StatusTooManyRequests, apiError{
+			Code: "SANDBOX_CAPACITY_EXCEEDED", Message: "sandbox capacity exceeded", Reason: reason, Retryable: true,
+			Details: map[string]any{"limit": ce.Status.Limit, "used": ce.Status.Used, "active": ce.Status.Active,
+				"warm": ce.Status.Warm, "reserved": ce.Status.Reserved},
+		}, secs)
+	case errors.Is(err, core.ErrNotFound), errors.Is(err, core.ErrSandboxGone):
+		return r.errorResponse(http.StatusNotFound, apiError{Code: "SANDBOX_NOT_FOUND", Message: "sandbox not found", Reason: "not_found"}, 0)
+	case errors.Is(err, core.ErrLeaseHeld):
+		r.detail = err.Error()
+		return r.errorResponse(http.StatusConflict, apiError{Code: "CONFLICT", Message: "the sandbox is being changed by another request", Reason: "lease_held", Retryable: true}, 1)
+	case errors.Is(err, core.ErrConflict), errors.Is(err, core.ErrStaleFence), errors.Is(err, core.ErrThreadBound):
+		r.detail = err.Error()
+		return r.errorResponse(http.StatusConflict, apiError{Code: "CONFLICT", Message: "the sandbox is not in a state that allows this operation", Reason: "conflict"}, 0)
+	case errors.Is(err, core.ErrStoreUnavailable):
+		r.detail = err.Error()
+		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: "STORE_UNAVAILABLE", Message: "state store unavailable, retry later", Reason: "store_unavailable", Retryable: true}, outageRetryAfter)
+	case errors.As(err, &pe) && (pe.Ambiguous || pe.StatusCode == 0 || pe.StatusCode >= 500 || pe.StatusCode == http.StatusTooManyRequests),
+		errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne):
+		r.detail = err.Error()
+		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: "PROVIDER_UNAVAILABLE", Message: "sandbox provider unavailable, retry later", Reason: "provider_unavailable", Retryable: true}, outageRetryAfter)
+	default:
+		r.detail = err.Error()
+		return r.errorResponse(http.StatusInternalServerError, apiError{Code: "INTERNAL", Message: "internal error (request " + r.id + ")", Reason: "internal"}, 0)
+	}
+}
+
+func (r *request) errorResponse(status int, e apiError, retryAfter int) events.APIGatewayV2HTTPResponse {
+	r.code = e.Code
+	e.RetryAfterSeconds = retryAfter
+	resp := r.json(status, struct {
+		Error apiError `json:"error"`
+	}{e})
+	if retryAfter > 0 {
+		resp.Headers["Retry-After"] = strconv.Itoa(retryAfter)
+	}
+	return resp
+}
+
+func (r *request) json(status int, v any) events.APIGatewayV2HTTPResponse {
+	b, err := json.Marshal(v)
+	if err != nil { // unreachable for the types above
+		r.detail = "marshal response: " + err.Error()
+		status, b = http.StatusInternalServerError, []byte(`{"error":{"code":"INTERNAL","message":"internal error","reason":"internal","retryable":false,"retry_after_seconds":0}}`)
+	}
+	return events.APIGatewayV2HTTPResponse{
+		StatusCode: status,
+		Headers:    map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store"},
+		Body:       string(b),
+	}
+}

@@ -1,0 +1,406 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// fakeBroker records calls and returns canned results.
+type fakeBroker struct {
+	mu    sync.Mutex
+	calls []string
+
+	acquire  core.AcquireResult
+	release  core.ReleaseResult
+	sync     core.SyncResult
+	record   core.Record
+	capacity core.CapacityStatus
+	err      error
+	panicMsg string
+}
+
+var _ core.Broker = (*fakeBroker)(nil)
+
+func (f *fakeBroker) note(format string, args ...any) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+	if f.panicMsg != "" {
+		panic(f.panicMsg)
+	}
+	return f.err
+}
+
+func (f *fakeBroker) Acquire(_ context.Context, k core.ThreadKey) (core.AcquireResult, error) {
+	return f.acquire, f.note("Acquire %s", k)
+}
+func (f *fakeBroker) Release(_ context.Context, tenant, id string) (core.ReleaseResult, error) {
+	return f.release, f.note("Release %s %s", tenant, id)
+}
+func (f *fakeBroker) Sync(_ context.Context, tenant, id string) (core.SyncResult, error) {
+	return f.sync, f.note("Sync %s %s", tenant, id)
+}
+func (f *fakeBroker) Get(_ context.Context, tenant, id string) (core.Record, error) {
+	return f.record, f.note("Get %s %s", tenant, id)
+}
+func (f *fakeBroker) Capacity(context.Context) (core.CapacityStatus, error) {
+	return f.capacity, f.note("Capacity")
+}
+func (f *fakeBroker) Reconcile(context.Context) (core.ReconcileStats, error) {
+	return core.ReconcileStats{}, f.note("Reconcile")
+}
+
+// event builds an HTTP API v2 event the way API Gateway (or devstack) does.
+func event(routeKey, path, body string, tenant string, params map[string]string) events.APIGatewayV2HTTPRequest {
+	m, _, _ := strings.Cut(routeKey, " ")
+	ev := events.APIGatewayV2HTTPRequest{
+		Version: "2.0", RouteKey: routeKey, RawPath: path, Body: body, PathParameters: params,
+		RequestContext: events.APIGatewayV2HTTPRequestContext{
+			RequestID: "req-1",
+			HTTP:      events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: m, Path: path},
+		},
+	}
+	if tenant != "" {
+		ev.RequestContext.Authorizer = &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
+			Lambda: map[string]any{"tenant": tenant},
+		}
+	}
+	return ev
+}
+
+func serve(t *testing.T, b core.Broker, ev events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, map[string]any, string) {
+	t.Helper()
+	var logs bytes.Buffer
+	h := NewHandler(b, slog.New(slog.NewJSONHandler(&logs, nil)))
+	resp, err := h(context.Background(), ev)
+	if err != nil {
+		t.Fatalf("handler returned a Go error: %v", err)
+	}
+	var body map[string]any
+	if err := json.Unmarshal([]byte(resp.Body), &body); err != nil {
+		t.Fatalf("response body %q is not JSON: %v", resp.Body, err)
+	}
+	if ct := resp.Headers["Content-Type"]; ct != "application/json" {
+		t.Errorf("Content-Type = %q", ct)
+	}
+	return resp, body, logs.String()
+}
+
+func mustJSON(t *testing.T, s string) map[string]any {
+	t.Helper()
+	var v map[string]any
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatalf("unmarshal %q: %v", s, err)
+	}
+	return v
+}
+
+var when = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+
+func TestAcquireSuccessShape(t *testing.T) {
+	fb := &fakeBroker{acquire: core.AcquireResult{Source: core.SourceCreated, Record: core.Record{
+		SandboxID: "sbx1", State: core.StateActive, Backend: "e2b", EnvdURL: "http://127.0.0.1:49983",
+		EnvdAccessToken: "tok", ExpiresAt: when.Add(time.Hour), LeaseOwner: "secret-owner",
+	}}}
+	resp, _, logs := serve(t, fb, event(RouteAcquire, "/v1/sandboxes/acquire", `{"user_id":"u1","thread_id":"t-1"}`, "acme", nil))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status = %d, body %s", resp.StatusCode, resp.Body)
+	}
+	want := mustJSON(t, `{"sandbox_id":"sbx1","state":"active","source":"created","backend":"e2b",
+		"connection":{"envd_url":"http://127.0.0.1:49983","envd_access_token":"tok"},"expires_at":"2026-11-29T11:00:00Z"}`)
+	if got := mustJSON(t, resp.Body); !reflect.DeepEqual(got, want) {
+		t.Errorf("body = %v\nwant %v", got, want)
+	}
+	if got, want := fb.calls, []string{"Acquire acme/u1/t-1"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("calls = %v, want %v", got, want)
+	}
+	line := mustJSON(t, strings.TrimSpace(logs))
+	if line["request_id"] != "req-1" || line["status"] != float64(200) || line["tenant"] != "acme" {
+		t.Errorf("log line = %v", line)
+	}
+	if resp.Headers["X-Request-Id"] != "req-1" {
+		t.Errorf("X-Request-Id = %q", resp.Headers["X-Request-Id"])
+	}
+}
+
+func TestAcquireBodyValidation(t *testing.T) {
+	big := `{"user_id":"` + strings.Repeat("a", MaxBodyBytes) + `","thread_id":"t"}`
+	tests := []struct {
+		name       string
+		body       string
+		b64        bool
+		wantStatus int
+		wantReason string
+	}{
+		{"empty", "", false, 400, "body"},
+		{"not json", "user_id=u&thread_id=t", false, 400, "body"},
+		{"array", `["u","t"]`, false, 400, "body"},
+		{"unknown field", `{"user_id":"u","thread_id":"t","tenant":"other"}`, false, 400, "body"},
+		{"trailing data", `{"user_id":"u","thread_id":"t"} {}`, false, 400, "body"},
+		{"missing user", `{"thread_id":"t"}`, false, 400, "user_id"},
+		{"missing thread", `{"user_id":"u"}`, false, 400, "thread_id"},
+		{"number user", `{"user_id":1,"thread_id":"t"}`, false, 400, "user_id"},
+		{"bad user chars", `{"user_id":"a/b","thread_id":"t"}`, false, 400, "user_id"},
+		{"thread too long", `{"user_id":"u","thread_id":"` + strings.Repeat("x", 65) + `"}`, false, 400, "thread_id"},
+		{"too large", big, false, 413, ""},
+		{"too large base64", base64.StdEncoding.EncodeToString([]byte(big)), true, 413, ""},
+		{"bad base64", "!!!", true, 400, "body"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fb := &fakeBroker{}
+			ev := event(RouteAcquire, "/v1/sandboxes/acquire", tt.body, "acme", nil)
+			ev.IsBase64Encoded = tt.b64
+			resp, body, _ := serve(t, fb, ev)
+			if resp.StatusCode != tt.wantStatus {
+				t.Fatalf("status = %d, want %d (body %s)", resp.StatusCode, tt.wantStatus, resp.Body)
+			}
+			e := body["error"].(map[string]any)
+			if tt.wantReason != "" && e["reason"] != tt.wantReason {
+				t.Errorf("reason = %v, want %s", e["reason"], tt.wantReason)
+			}
+			if len(fb.calls) != 0 {
+				t.Errorf("broker called: %v", fb.calls)
+			}
+		})
+	}
+}
+
+func TestAcquireBase64Body(t *testing.T) {
+	fb := &fakeBroker{acquire: core.AcquireResult{Source: core.SourceReused, Record: core.Record{SandboxID: "s"}}}
+	ev := event(RouteAcquire, "/v1/sandboxes/acquire", base64.StdEncoding.EncodeToString([]byte(`{"user_id":"u","thread_id":"t"}`)), "acme", nil)
+	ev.IsBase64Encoded = true
+	resp, _, _ := serve(t, fb, ev)
+	if resp.StatusCode != 200 || len(fb.calls) != 1 {
+		t.Fatalf("status %d calls %v", resp.StatusCode, fb.calls)
+	}
+}
+
+func TestTenantFromAuthorizer(t *testing.T) {
+	tests := []struct {
+		name string
+		auth *events.APIGatewayV2HTTPRequestContextAuthorizerDescription
+		want int
+		call string
+	}{
+		{"none", nil, 401, ""},
+		{"empty lambda", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{Lambda: map[string]any{}}, 401, ""},
+		{"non-string", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{Lambda: map[string]any{"tenant": 7}}, 401, ""},
+		{"malformed", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{Lambda: map[string]any{"tenant": "a b"}}, 401, ""},
+		{"lambda", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{Lambda: map[string]any{"tenant": "acme"}}, 200, "Capacity"},
+		{"jwt", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{JWT: &events.APIGatewayV2HTTPRequestContextAuthorizerJWTDescription{Claims: map[string]string{"tenant": "acme"}}}, 200, "Capacity"},
+		{"jwt without claim", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{JWT: &events.APIGatewayV2HTTPRequestContextAuthorizerJWTDescription{Claims: map[string]string{"sub": "x"}}}, 401, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fb := &fakeBroker{}
+			ev := event(RouteCapacity, "/v1/capacity", "", "", nil)
+			ev.RequestContext.Authorizer = tt.auth
+			resp, body, _ := serve(t, fb, ev)
+			if resp.StatusCode != tt.want {
+				t.Fatalf("status = %d, want %d", resp.StatusCode, tt.want)
+			}
+			if tt.want == 401 {
+				if e := body["error"].(map[string]any); e["code"] != "UNAUTHORIZED" {
+					t.Errorf("code = %v", e["code"])
+				}
+			}
+			if got := strings.Join(fb.calls, ","); got != tt.call {
+				t.Errorf("calls = %q, want %q", got, tt.call)
+			}
+		})
+	}
+}
+
+func TestRoutingByPathWithoutRouteKey(t *testing.T) {
+	fb := &fakeBroker{
+		record:   core.Record{SandboxID: "abc", State: core.StateWarm, ThreadKey: core.ThreadKey{User: "u", Thread: "t"}, Backend: "e2b", CreatedAt: when, EnvdAccessToken: "tok"},
+		release:  core.ReleaseResult{SandboxID: "abc", State: "warm", Sync: &core.SyncResult{Uploaded: 1, Bytes: 3, Complete: true}},
+		sync:     core.SyncResult{Skipped: 2, Complete: true},
+		capacity: core.CapacityStatus{Limit: 3, Used: 1, Active: 1, Policy: "wait"},
+	}
+	tests := []struct {
+		method, path string
+		wantCall     string
+		wantBody     string
+	}{
+		{"GET", "/v1/sandboxes/abc", "Get acme abc",
+			`{"sandbox_id":"abc","state":"warm","user_id":"u","thread_id":"t","backend":"e2b","created_at":"2026-11-29T10:00:00Z"}`},
+		{"POST", "/v1/sandboxes/abc/release", "Release acme abc",
+			`{"sandbox_id":"abc","state":"warm","sync":{"uploaded":1,"skipped":0,"deferred":[],"bytes":3,"complete":true}}`},
+		{"POST", "/v1/sandboxes/abc/sync", "Sync acme abc",
+			`{"uploaded":0,"skipped":2,"deferred":[],"bytes":0,"complete":true}`},
+		{"GET", "/v1/capacity", "Capacity",
+			`{"limit":3,"used":1,"active":1,"warm":0,"reserved":0,"transitioning":0,"policy":"wait"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			fb.calls = nil
+			ev := event("$default", tt.path, "", "acme", nil)
+			ev.RequestContext.HTTP.Method = tt.method
+			resp, _, _ := serve(t, fb, ev)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status = %d body %s", resp.StatusCode, resp.Body)
+			}
+			if got := strings.Join(fb.calls, ","); got != tt.wantCall {
+				t.Errorf("calls = %q, want %q", got, tt.wantCall)
+			}
+			if got, want := mustJSON(t, resp.Body), mustJSON(t, tt.wantBody); !reflect.DeepEqual(got, want) {
+				t.Errorf("body = %v\nwant %v", got, want)
+			}
+		})
+	}
+}
+
+func TestRoutingByRouteKeyUsesPathParameter(t *testing.T) {
+	fb := &fakeBroker{release: core.ReleaseResult{SandboxID: "abc", State: "destroyed"}}
+	resp, body, _ := serve(t, fb, event(RouteRelease, "/prod/v1/sandboxes/abc/release", "", "acme", map[string]string{"id": "abc"}))
+	if resp.StatusCode != 200 || body["state"] != "destroyed" || body["sync"] != nil {
+		t.Fatalf("status %d body %s", resp.StatusCode, resp.Body)
+	}
+	if got := strings.Join(fb.calls, ","); got != "Release acme abc" {
+		t.Errorf("calls = %q", got)
+	}
+}
+
+func TestUnknownRouteAndMethod(t *testing.T) {
+	tests := []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/v2/whatever", 404},
+		{"DELETE", "/v1/sandboxes/abc", 405},
+		{"GET", "/v1/sandboxes/abc/release", 405},
+		{"GET", "/v1/sandboxes/acquire", 405},
+	}
+	for _, tt := range tests {
+		fb := &fakeBroker{}
+		ev := event("$default", tt.path, "", "acme", nil)
+		ev.RequestContext.HTTP.Method = tt.method
+		resp, _, _ := serve(t, fb, ev)
+		if resp.StatusCode != tt.want || len(fb.calls) != 0 {
+			t.Errorf("%s %s: status %d calls %v, want %d and no call", tt.method, tt.path, resp.StatusCode, fb.calls, tt.want)
+		}
+	}
+}
+
+func TestMalformedSandboxIDIs400WithoutBrokerCall(t *testing.T) {
+	for _, id := range []string{"a.b", "..", "a%2Fb", strings.Repeat("x", 129), "sp ace", ""} {
+		for _, rk := range []string{RouteGet, RouteRelease, RouteSync} {
+			fb := &fakeBroker{}
+			path := strings.Replace(strings.SplitN(rk, " ", 2)[1], "{id}", id, 1)
+			resp, body, _ := serve(t, fb, event(rk, path, "", "acme", map[string]string{"id": id}))
+			if resp.StatusCode != 400 || len(fb.calls) != 0 {
+				t.Errorf("%s id %q: status %d calls %v, want 400 and no call", rk, id, resp.StatusCode, fb.calls)
+				continue
+			}
+			if e := body["error"].(map[string]any); e["code"] != "VALIDATION_ERROR" || e["reason"] != "sandbox_id" {
+				t.Errorf("%s id %q: error %v", rk, id, e)
+			}
+		}
+	}
+}
+
+func TestErrorMapping(t *testing.T) {
+	capErr := &core.CapacityError{Reason: "capacity", RetryAfter: 1500 * time.Millisecond,
+		Status: core.CapacityStatus{Limit: 1, Used: 1, Active: 1, Warm: 0, Reserved: 0}}
+	tests := []struct {
+		name          string
+		err           error
+		status        int
+		code          string
+		retryAfter    string
+		retryable     bool
+		detailsLogged bool
+	}{
+		{"validation", &core.ValidationError{Field: "user_id", Message: "bad"}, 400, "VALIDATION_ERROR", "", false, false},
+		{"capacity", fmt.Errorf("acquire: %w", capErr), 429, "SANDBOX_CAPACITY_EXCEEDED", "2", true, false},
+		{"not found", fmt.Errorf("get: %w", core.ErrNotFound), 404, "SANDBOX_NOT_FOUND", "", false, false},
+		{"gone", core.ErrSandboxGone, 404, "SANDBOX_NOT_FOUND", "", false, false},
+		{"conflict", core.ErrConflict, 409, "CONFLICT", "", false, true},
+		{"lease held", core.ErrLeaseHeld, 409, "CONFLICT", "1", true, true},
+		{"store", fmt.Errorf("put: %w: throttled", core.ErrStoreUnavailable), 503, "STORE_UNAVAILABLE", "2", true, true},
+		{"provider ambiguous", &core.ProviderError{Op: "create", StatusCode: 502, Message: "bad gateway", Ambiguous: true}, 503, "PROVIDER_UNAVAILABLE", "2", true, true},
+		{"provider transport", &core.ProviderError{Op: "create", Message: "connection refused"}, 503, "PROVIDER_UNAVAILABLE", "2", true, true},
+		{"deadline", fmt.Errorf("create: %w", context.DeadlineExceeded), 503, "PROVIDER_UNAVAILABLE", "2", true, true},
+		{"provider 4xx", &core.ProviderError{Op: "create", StatusCode: 400, Message: "template secret-x not found"}, 500, "INTERNAL", "", false, true},
+		{"other", errors.New("boom: secret detail"), 500, "INTERNAL", "", false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fb := &fakeBroker{err: tt.err}
+			resp, body, logs := serve(t, fb, event(RouteAcquire, "/v1/sandboxes/acquire", `{"user_id":"u","thread_id":"t"}`, "acme", nil))
+			if resp.StatusCode != tt.status {
+				t.Fatalf("status = %d, want %d", resp.StatusCode, tt.status)
+			}
+			e, ok := body["error"].(map[string]any)
+			if !ok {
+				t.Fatalf("body %s has no error object", resp.Body)
+			}
+			for _, k := range []string{"code", "message", "reason", "retryable", "retry_after_seconds"} {
+				if _, ok := e[k]; !ok {
+					t.Errorf("error object lacks %q: %v", k, e)
+				}
+			}
+			if e["code"] != tt.code || e["retryable"] != tt.retryable {
+				t.Errorf("code %v retryable %v, want %s %v", e["code"], e["retryable"], tt.code, tt.retryable)
+			}
+			if got := resp.Headers["Retry-After"]; got != tt.retryAfter {
+				t.Errorf("Retry-After = %q, want %q", got, tt.retryAfter)
+			}
+			if tt.retryAfter != "" && fmt.Sprint(e["retry_after_seconds"]) != tt.retryAfter {
+				t.Errorf("retry_after_seconds = %v, want %s", e["retry_after_seconds"], tt.retryAfter)
+			}
+			if tt.status >= 500 && strings.Contains(resp.Body, "secret") {
+				t.Errorf("internal detail leaked: %s", resp.Body)
+			}
+			if tt.detailsLogged && !strings.Contains(logs, tt.err.Error()) {
+				t.Errorf("log %q lacks the error detail", logs)
+			}
+			if !strings.Contains(logs, `"request_id":"req-1"`) {
+				t.Errorf("log %q lacks the request id", logs)
+			}
+			if tt.code == "SANDBOX_CAPACITY_EXCEEDED" {
+				want := map[string]any{"limit": 1.0, "used": 1.0, "active": 1.0, "warm": 0.0, "reserved": 0.0}
+				if !reflect.DeepEqual(e["details"], want) || e["reason"] != "capacity" {
+					t.Errorf("details %v reason %v", e["details"], e["reason"])
+				}
+			}
+		})
+	}
+}
+
+func TestPanicBecomes500(t *testing.T) {
+	fb := &fakeBroker{panicMsg: "nil map"}
+	resp, body, logs := serve(t, fb, event(RouteCapacity, "/v1/capacity", "", "acme", nil))
+	if resp.StatusCode != 500 || body["error"].(map[string]any)["code"] != "INTERNAL" {
+		t.Fatalf("status %d body %s", resp.StatusCode, resp.Body)
+	}
+	if !strings.Contains(logs, "panic: nil map") {
+		t.Errorf("logs %q lack the panic", logs)
+	}
+}
+
+func TestGeneratesRequestIDWhenMissing(t *testing.T) {
+	ev := event(RouteCapacity, "/v1/capacity", "", "acme", nil)
+	ev.RequestContext.RequestID = ""
+	resp, _, logs := serve(t, &fakeBroker{}, ev)
+	id := resp.Headers["X-Request-Id"]
+	if id == "" || !strings.Contains(logs, id) {
+		t.Errorf("request id %q not generated or not logged (%s)", id, logs)
+	}
+}

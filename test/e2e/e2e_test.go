@@ -1,0 +1,547 @@
+// Package e2e tests the broker end to end over HTTP against the real local
+// stack (devstack): DynamoDB Local, versitygw, the sandbox host, and the four
+// bootstrap binaries, freshly built by the test, under the Lambda Runtime
+// Interface Emulator. The flow is issue 2's "Tests" list.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/devstack"
+)
+
+const (
+	tokenA  = "token-acme"
+	tokenB  = "token-globex"
+	tenantA = "acme"
+	tenantB = "globex"
+)
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// buildFunctions builds every function's bootstrap from the current source
+// into a temporary directory (never a possibly stale .build).
+func buildFunctions(t *testing.T, root string) string {
+	t.Helper()
+	out := t.TempDir()
+	fns := []string{"acquire", "release", "sync", "reconcile"}
+	var wg sync.WaitGroup
+	errs := make([]error, len(fns))
+	for i, fn := range fns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command("go", "build", "-trimpath", "-tags", "lambda.norpc",
+				"-o", filepath.Join(out, fn, "bootstrap"), "./functions/"+fn)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
+			if b, err := cmd.CombinedOutput(); err != nil {
+				errs[i] = fmt.Errorf("go build %s: %v\n%s", fn, err, b)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func startStack(t *testing.T) *devstack.Stack {
+	t.Helper()
+	root := repoRoot(t)
+	buildDir := buildFunctions(t, root)
+	runDir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	s, err := devstack.Start(ctx, devstack.Options{
+		Root:     root,
+		BuildDir: buildDir,
+		RunDir:   runDir,
+		Addr:     "127.0.0.1:0",
+		Tokens:   map[string]string{tokenA: tenantA, tokenB: tenantB},
+		FunctionEnv: []string{
+			"SANDBOX_REPLICAS=1",
+			"SANDBOX_OVERFLOW_POLICY=reject",
+			"LOG_LEVEL=DEBUG",
+		},
+		Instances: 2,
+	})
+	if err != nil {
+		t.Fatalf("devstack.Start: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpLogs(t, s.Info.LogDir)
+		}
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+func dumpLogs(t *testing.T, dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		if len(b) > 6000 {
+			b = b[len(b)-6000:]
+		}
+		t.Logf("---- %s (tail) ----\n%s", e.Name(), b)
+	}
+}
+
+// api is a tiny client of the broker's HTTP API.
+type api struct {
+	t    *testing.T
+	base string
+	http *http.Client
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   map[string]any
+	raw    string
+}
+
+func (a api) do(method, path, token, body string) reply {
+	a.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, rd)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := a.http.Do(req)
+	if err != nil {
+		a.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		a.t.Fatalf("%s %s: read: %v", method, path, err)
+	}
+	r := reply{status: resp.StatusCode, header: resp.Header, raw: string(raw)}
+	if err := json.Unmarshal(raw, &r.body); err != nil {
+		a.t.Fatalf("%s %s: status %d, body %q is not a JSON object: %v", method, path, resp.StatusCode, raw, err)
+	}
+	return r
+}
+
+func (a api) acquire(token, user, thread string) reply {
+	a.t.Helper()
+	return a.do("POST", "/v1/sandboxes/acquire", token, fmt.Sprintf(`{"user_id":%q,"thread_id":%q}`, user, thread))
+}
+
+func str(m map[string]any, keys ...string) string {
+	var v any = m
+	for _, k := range keys {
+		mm, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		v = mm[k]
+	}
+	s, _ := v.(string)
+	return s
+}
+
+func errCode(r reply) string { return str(r.body, "error", "code") }
+
+func want(t *testing.T, step string, r reply, status int) {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("%s: status %d, want %d; body %s", step, r.status, status, r.raw)
+	}
+}
+
+// conn is the connection object an acquire returns.
+type conn struct {
+	id, envdURL, token string
+}
+
+func connOf(r reply) conn {
+	return conn{id: str(r.body, "sandbox_id"), envdURL: str(r.body, "connection", "envd_url"), token: str(r.body, "connection", "envd_access_token")}
+}
+
+// run starts `bash -c script` in the sandbox through envd's Connect RPC
+// (process.Process/Start, JSON codec, server stream) and returns its stdout
+// and exit code, as an agent holding only the acquire response would.
+func run(t *testing.T, c conn, script string) (string, int) {
+	t.Helper()
+	msg, _ := json.Marshal(map[string]any{
+		"process": map[string]any{"cmd": "/bin/bash", "args": []string{"-l", "-c", script}, "cwd": "/home/user"},
+		"stdin":   false,
+	})
+	var env bytes.Buffer
+	env.WriteByte(0)
+	_ = binary.Write(&env, binary.BigEndian, uint32(len(msg)))
+	env.Write(msg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", c.envdURL+"/process.Process/Start", &env)
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("Connect-Protocol-Version", "1")
+	req.Header.Set("E2b-Sandbox-Id", c.id)
+	req.Header.Set("X-Access-Token", c.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("envd Start: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("envd Start: HTTP %d: %s", resp.StatusCode, b)
+	}
+	br := bufio.NewReader(resp.Body)
+	var stdout bytes.Buffer
+	exit := -1
+	for {
+		var hdr [5]byte
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			t.Fatalf("envd Start: stream ended without end-stream envelope: %v", err)
+		}
+		payload := make([]byte, binary.BigEndian.Uint32(hdr[1:]))
+		if _, err := io.ReadFull(br, payload); err != nil {
+			t.Fatalf("envd Start: short envelope: %v", err)
+		}
+		if hdr[0]&0x02 != 0 { // end of stream
+			var end struct {
+				Error *struct{ Code, Message string } `json:"error"`
+			}
+			_ = json.Unmarshal(payload, &end)
+			if end.Error != nil {
+				t.Fatalf("envd Start: stream error %s: %s", end.Error.Code, end.Error.Message)
+			}
+			break
+		}
+		var ev struct {
+			Event struct {
+				Data *struct {
+					Stdout []byte `json:"stdout"`
+				} `json:"data"`
+				End *struct {
+					ExitCode int    `json:"exitCode"`
+					Error    string `json:"error"`
+				} `json:"end"`
+			} `json:"event"`
+		}
+		if err := json.Unmarshal(payload, &ev); err != nil {
+			t.Fatalf("envd Start: bad event %q: %v", payload, err)
+		}
+		if ev.Event.Data != nil {
+			stdout.Write(ev.Event.Data.Stdout)
+		}
+		if ev.Event.End != nil {
+			exit = ev.Event.End.ExitCode
+		}
+	}
+	return stdout.String(), exit
+}
+
+// readFile reads a sandbox file through envd's GET /files.
+func readFile(t *testing.T, c conn, path string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", c.envdURL+"/files?path="+path, nil)
+	req.Header.Set("E2b-Sandbox-Id", c.id)
+	req.Header.Set("X-Access-Token", c.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("envd GET /files: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func TestBrokerEndToEnd(t *testing.T) {
+	s := startStack(t)
+	a := api{t: t, base: s.Info.APIURL, http: &http.Client{Timeout: 2 * time.Minute}}
+	const user, thread, otherThread = "u-1", "thread-1", "thread-2"
+
+	// No token: the local authorizer refuses.
+	if r := a.do("GET", "/v1/capacity", "", ""); r.status != 401 {
+		t.Fatalf("no token: status %d, want 401", r.status)
+	}
+
+	// 1. acquire -> created.
+	r := a.acquire(tokenA, user, thread)
+	want(t, "first acquire", r, 200)
+	first := connOf(r)
+	if str(r.body, "source") != "created" || str(r.body, "state") != "active" || first.id == "" || first.envdURL == "" || first.token == "" || str(r.body, "backend") == "" {
+		t.Fatalf("first acquire: body %s, want source created, state active, id, backend and connection", r.raw)
+	}
+	exp, err := time.Parse(time.RFC3339, str(r.body, "expires_at"))
+	if err != nil || !exp.After(time.Now()) {
+		t.Errorf("expires_at %q: want a future RFC 3339 time (%v)", str(r.body, "expires_at"), err)
+	}
+
+	// 2. a command writes outputs/a.txt through the envd connection.
+	content := "hello from the e2e test " + strconv.FormatInt(time.Now().UnixNano(), 10) + "\n"
+	out, code := run(t, first, "mkdir -p outputs && cat > outputs/a.txt <<'EOF'\n"+strings.TrimSuffix(content, "\n")+"\nEOF\necho ok")
+	if code != 0 || strings.TrimSpace(out) != "ok" {
+		t.Fatalf("write outputs/a.txt: exit %d stdout %q", code, out)
+	}
+	if st, b := readFile(t, first, "/home/user/outputs/a.txt"); st != 200 || string(b) != content {
+		t.Fatalf("envd read back outputs/a.txt: HTTP %d %q, want %q", st, b, content)
+	}
+
+	// 3. release -> warm, outputs synced.
+	r = a.do("POST", "/v1/sandboxes/"+first.id+"/release", tokenA, "")
+	want(t, "release", r, 200)
+	if str(r.body, "state") != "warm" || str(r.body, "sandbox_id") != first.id {
+		t.Fatalf("release: body %s, want state warm for %s", r.raw, first.id)
+	}
+	if sync, ok := r.body["sync"].(map[string]any); !ok || sync["complete"] != true {
+		t.Errorf("release: sync %v, want a complete sync result", r.body["sync"])
+	}
+
+	// 4. the S3 object has the bytes.
+	key := s.Info.S3.Prefix + "/" + tenantA + "/" + user + "/" + thread + "/outputs/a.txt"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	obj, err := devstack.S3Client(s.Info.S3).GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s.Info.S3.Bucket), Key: aws.String(key)})
+	if err != nil {
+		t.Fatalf("S3 GetObject %s: %v", key, err)
+	}
+	got, err := io.ReadAll(obj.Body)
+	obj.Body.Close()
+	if err != nil || string(got) != content {
+		t.Fatalf("S3 object %s = %q (%v), want %q", key, got, err, content)
+	}
+
+	// 5. acquire again, same thread -> the same sandbox, reclaimed.
+	r = a.acquire(tokenA, user, thread)
+	want(t, "second acquire", r, 200)
+	if str(r.body, "source") != "reclaimed" || str(r.body, "sandbox_id") != first.id {
+		t.Fatalf("second acquire: body %s, want source reclaimed and sandbox %s", r.raw, first.id)
+	}
+	reclaimed := connOf(r)
+	if _, code := run(t, reclaimed, "test -f outputs/a.txt"); code != 0 {
+		t.Errorf("reclaimed sandbox lost outputs/a.txt (exit %d)", code)
+	}
+
+	// 6. another thread: capacity 1 under reject -> 429.
+	r = a.acquire(tokenA, user, otherThread)
+	want(t, "other thread acquire", r, 429)
+	if errCode(r) != "SANDBOX_CAPACITY_EXCEEDED" || str(r.body, "error", "reason") != "capacity" {
+		t.Errorf("429 body %s, want code SANDBOX_CAPACITY_EXCEEDED reason capacity", r.raw)
+	}
+	if ra, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Errorf("Retry-After %q, want a positive integer", r.header.Get("Retry-After"))
+	}
+	if e, _ := r.body["error"].(map[string]any); e["retryable"] != true {
+		t.Errorf("429 retryable = %v, want true", e["retryable"])
+	}
+
+	// 7. kill the sandbox behind the broker's back; the next acquire notices and replaces it.
+	req, _ := http.NewRequest("DELETE", s.Info.SandboxHost.APIURL+"/sandboxes/"+first.id, nil)
+	req.Header.Set("X-API-Key", s.Info.SandboxHost.APIKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("kill via sandbox host: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("kill via sandbox host: HTTP %d", resp.StatusCode)
+	}
+	r = a.acquire(tokenA, user, thread)
+	want(t, "acquire after kill", r, 200)
+	replaced := connOf(r)
+	if replaced.id == first.id || replaced.id == "" || str(r.body, "source") != "created" {
+		t.Fatalf("acquire after kill: body %s, want a new sandbox (not %s) with source created", r.raw, first.id)
+	}
+	if out, code := run(t, replaced, "echo alive"); code != 0 || strings.TrimSpace(out) != "alive" {
+		t.Fatalf("replacement sandbox: exit %d stdout %q", code, out)
+	}
+	if r := a.do("GET", "/v1/sandboxes/"+first.id, tokenA, ""); r.status == 200 && (str(r.body, "state") == "active" || str(r.body, "state") == "warm") {
+		t.Errorf("killed sandbox still recorded as %s: %s", str(r.body, "state"), r.raw)
+	}
+	capBefore := a.do("GET", "/v1/capacity", tokenA, "")
+	want(t, "capacity", capBefore, 200)
+	if capBefore.body["used"] != float64(1) || capBefore.body["limit"] != float64(1) {
+		t.Errorf("capacity after replacement %s, want used 1 of limit 1", capBefore.raw)
+	}
+
+	// 8. another tenant's token: 404 for the first tenant's sandbox.
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/v1/sandboxes/" + replaced.id},
+		{"POST", "/v1/sandboxes/" + replaced.id + "/release"},
+		{"POST", "/v1/sandboxes/" + replaced.id + "/sync"},
+	} {
+		r := a.do(c.method, c.path, tokenB, "")
+		if r.status != 404 || errCode(r) != "SANDBOX_NOT_FOUND" {
+			t.Errorf("tenant %s %s %s: status %d body %s, want 404 SANDBOX_NOT_FOUND", tenantB, c.method, c.path, r.status, r.raw)
+		}
+	}
+	// The owner may sync its sandbox on demand (the sync function).
+	if _, code := run(t, replaced, "mkdir -p workspace && echo data > workspace/b.txt"); code != 0 {
+		t.Fatalf("write workspace/b.txt: exit %d", code)
+	}
+	r = a.do("POST", "/v1/sandboxes/"+replaced.id+"/sync", tokenA, "")
+	want(t, "owner sync", r, 200)
+	for _, k := range []string{"uploaded", "skipped", "deferred", "bytes", "complete"} {
+		if _, ok := r.body[k]; !ok {
+			t.Errorf("sync reply %s lacks %q", r.raw, k)
+		}
+	}
+	if r.body["complete"] != true || r.body["uploaded"].(float64) < 1 {
+		t.Errorf("sync reply %s, want complete with at least one upload", r.raw)
+	}
+	r = a.do("GET", "/v1/sandboxes/"+replaced.id, tokenA, "")
+	want(t, "owner get", r, 200)
+	if str(r.body, "state") != "active" {
+		t.Errorf("owner get: %s, want state active", r.raw)
+	}
+
+	// 9. malformed ids and bodies: 400, nothing changes.
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/v1/sandboxes/bad.id", ""},
+		{"GET", "/v1/sandboxes/%2e%2e", ""},
+		{"POST", "/v1/sandboxes/a%2Fb/release", ""},
+		{"POST", "/v1/sandboxes/" + strings.Repeat("x", 200) + "/release", ""},
+		{"POST", "/v1/sandboxes/x;y/sync", ""},
+		{"POST", "/v1/sandboxes/acquire", `{"user_id":"u/1","thread_id":"t"}`},
+		{"POST", "/v1/sandboxes/acquire", `{"user_id":"u","thread_id":"t","extra":1}`},
+		{"POST", "/v1/sandboxes/acquire", `not json`},
+	} {
+		r := a.do(c.method, c.path, tokenA, c.body)
+		if r.status != 400 || errCode(r) != "VALIDATION_ERROR" {
+			t.Errorf("%s %s %s: status %d body %s, want 400 VALIDATION_ERROR", c.method, c.path, c.body, r.status, r.raw)
+		}
+	}
+	capAfter := a.do("GET", "/v1/capacity", tokenA, "")
+	if !reflect.DeepEqual(capAfter.body, capBefore.body) {
+		t.Errorf("capacity changed by rejected requests: %s -> %s", capBefore.raw, capAfter.raw)
+	}
+	if r := a.do("GET", "/v1/sandboxes/"+replaced.id, tokenA, ""); r.status != 200 || str(r.body, "state") != "active" {
+		t.Errorf("sandbox after rejected requests: %d %s, want 200 active", r.status, r.raw)
+	}
+
+	// 10. a reconcile pass (as the schedule runs it) leaves the live, active sandbox alone.
+	rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer rcancel()
+	stats, err := s.InvokeScheduled(rctx, "reconcile")
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(stats, &st); err != nil || st["errors"] != float64(0) {
+		t.Errorf("reconcile stats %s (%v), want JSON with errors 0", stats, err)
+	}
+	if r := a.do("GET", "/v1/sandboxes/"+replaced.id, tokenA, ""); r.status != 200 || str(r.body, "state") != "active" {
+		t.Errorf("sandbox after reconcile: %d %s, want 200 active", r.status, r.raw)
+	}
+}
+
+// TestStackFileAndShutdown checks .run/stack.json's shape (issue 2, item 7)
+// and that Close leaves nothing listening.
+func TestStackFileAndShutdown(t *testing.T) {
+	s := startStack(t)
+	b, err := os.ReadFile(s.StackFile)
+	if err != nil {
+		t.Fatalf("read stack file: %v", err)
+	}
+	var info map[string]any
+	if err := json.Unmarshal(b, &info); err != nil {
+		t.Fatalf("stack file: %v", err)
+	}
+	shape := map[string][]string{
+		"s3":           {"endpoint", "region", "access_key", "secret_key", "bucket", "prefix"},
+		"dynamodb":     {"endpoint", "region", "table"},
+		"sandbox_host": {"api_url", "envd_url", "api_key"},
+		"functions":    {"acquire", "release", "sync", "reconcile"},
+	}
+	if str(info, "api_url") != s.Info.APIURL {
+		t.Errorf("api_url = %q, want %q", str(info, "api_url"), s.Info.APIURL)
+	}
+	if toks, _ := info["tokens"].(map[string]any); toks[tenantA] != tokenA || toks[tenantB] != tokenB {
+		t.Errorf("tokens = %v", info["tokens"])
+	}
+	var urls []string
+	for obj, keys := range shape {
+		for _, k := range keys {
+			v := str(info, obj, k)
+			if v == "" {
+				t.Errorf("stack file lacks %s.%s", obj, k)
+			}
+			if strings.HasPrefix(v, "http://") {
+				if !strings.HasPrefix(v, "http://127.0.0.1:") {
+					t.Errorf("%s.%s = %q is not on 127.0.0.1", obj, k, v)
+				}
+				urls = append(urls, v)
+			}
+		}
+	}
+	if fi, err := os.Stat(s.StackFile); err != nil || fi.Mode().Perm()&0o077 != 0 {
+		t.Errorf("stack file mode %v (%v), want owner-only (it holds credentials)", fi.Mode(), err)
+	}
+	urls = append(urls, s.Info.APIURL)
+	if err := s.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	for _, u := range urls {
+		host := strings.TrimPrefix(u, "http://")
+		host, _, _ = strings.Cut(host, "/")
+		if c, err := net.DialTimeout("tcp", host, time.Second); err == nil {
+			c.Close()
+			t.Errorf("%s still accepts connections after Close", u)
+		}
+	}
+	if _, err := os.Stat(s.StackFile); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stack file still exists after Close (%v)", err)
+	}
+}
