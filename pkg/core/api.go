@@ -23,13 +23,39 @@ type ReleaseResult struct {
 	SyncError string
 }
 
-// ReconcileStats summarise one reconcile pass.
+// ReconcileStats summarise one reconcile pass (issue 5, Stats).
 type ReconcileStats struct {
-	Expired  int           `json:"expired"`
-	Killed   int           `json:"killed"`
-	Dead     int           `json:"dead"`
-	Errors   int           `json:"errors"`
-	Duration time.Duration `json:"duration_ns"`
+	// Discovered: provider sandboxes of this deployment examined.
+	Discovered int `json:"discovered"`
+	// Adopted: canonical sandboxes whose binding or record was restored.
+	Adopted int `json:"adopted"`
+	// Duplicates: sandboxes of a thread besides its canonical one.
+	Duplicates int `json:"duplicates"`
+	// Orphans: sandboxes with no valid tenant/user/thread.
+	Orphans int `json:"orphans"`
+	// Deferred: decisions postponed (peer lease, grace, TTL, create in flight).
+	Deferred int `json:"deferred"`
+	// Killed: confirmed kills of duplicates, orphans and retried tombstones.
+	Killed int `json:"killed"`
+	// Dead: records whose sandbox was absent from a complete inventory, freed.
+	Dead int `json:"dead"`
+	// Expired: warm sandboxes destroyed after the idle timeout (or draining).
+	Expired int `json:"expired"`
+	// TombstonesRetried: tombstones whose kill was attempted again.
+	TombstonesRetried int `json:"tombstones_retried"`
+	// ReservationsSettled: crashed creates adopted, killed or freed.
+	ReservationsSettled int `json:"reservations_settled"`
+	// LedgerRepaired is the correction applied to the ledger's used count.
+	LedgerRepaired int `json:"ledger_repaired"`
+	// Pages: provider inventory pages read.
+	Pages int `json:"pages"`
+	// BudgetExhausted: a page, item or time budget stopped the walk; the
+	// next pass continues where this one stopped.
+	BudgetExhausted bool `json:"budget_exhausted"`
+	// InventoryComplete: this pass read the last page of a walk.
+	InventoryComplete bool          `json:"inventory_complete"`
+	Errors            int           `json:"errors"`
+	Duration          time.Duration `json:"duration_ns"`
 }
 
 // Broker is what the HTTP layer and the Lambda functions call. *Engine
@@ -41,4 +67,5 @@ type Broker interface {
 	Get(ctx context.Context, tenant, sandboxID string) (Record, error)
 	Capacity(ctx context.Context) (CapacityStatus, error)
 	Reconcile(ctx context.Context) (ReconcileStats, error)
+	SetDraining(ctx context.Context, draining bool) error
 }

@@ -108,12 +108,24 @@ func backoff(n int) time.Duration {
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }
 
+// responseMargin is kept free of an invocation's remaining time so a
+// waiting acquire still answers (429) before Lambda or API Gateway gives up.
+const responseMargin = time.Second
+
+// createBudget is the time kept for create + bootstrap after waiting.
+const createBudget = 10 * time.Second
+
 // Acquire hands the thread a live sandbox: its active one if alive (reused),
 // else its warm one (reclaimed), else a new one (created). A peer's live
-// lease on the thread's record (a release syncing, a reclaim) is waited out
-// up to the acquire timeout.
+// lease on the thread's record (a release syncing, a create in flight) is
+// waited out up to the acquire timeout, capped by ctx's deadline.
 //
-// Errors: *ValidationError; *CapacityError when no slot frees in time;
+// DynamoDB calls: reuse and reclaim 2 (lookup, conditional update), create 4
+// (lookup, reserve, finalize; plus the failed claim when replacing a dead
+// sandbox); a full deployment adds the eviction's.
+//
+// Errors: *ValidationError; *CapacityError when no slot frees in time
+// (reason "capacity", "user_quota", "capacity_backend" or "draining");
 // ErrLeaseHeld when a peer holds the thread past the acquire timeout;
 // ErrStoreUnavailable or an ambiguous *ProviderError on outages.
 func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, error) {
@@ -122,8 +134,16 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 	}
 	owner := newOwner()
 	deadline := e.now().Add(e.s.AcquireTimeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
+	if dl, ok := ctx.Deadline(); ok {
+		// Stop waiting early enough that the create which follows a freed
+		// slot can finish inside the invocation: a create cut short by the
+		// deadline is ambiguous and would keep its reservation. ctx's
+		// deadline is wall-clock; translate it onto the engine's clock.
+		left := time.Until(dl) - responseMargin
+		left -= min(createBudget, left/2)
+		if e.now().Add(left).Before(deadline) {
+			deadline = e.now().Add(left)
+		}
 	}
 	for attempt := 0; ; attempt++ {
 		res, retry, err := e.acquireOnce(ctx, key, owner)
@@ -136,7 +156,7 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		wait := backoff(attempt)
 		var ce *CapacityError
 		if errors.As(err, &ce) {
-			if e.s.Policy != PolicyWait {
+			if e.s.Policy != PolicyWait || ce.Reason != "capacity" {
 				return AcquireResult{}, err
 			}
 			wait = max(wait, 250*time.Millisecond)
@@ -153,28 +173,39 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 // acquireOnce makes one attempt. retry reports whether waiting and trying
 // again may succeed (lease held, capacity full, a concurrent create).
 func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string) (res AcquireResult, retry bool, err error) {
+	look, err := e.store.Lookup(ctx, key)
+	if err != nil {
+		return res, false, fmt.Errorf("lookup thread: %w", err)
+	}
+	if look.Ledger.Draining {
+		return res, false, e.drainingError()
+	}
 	var replaceID, replaceRes string
-	b, err := e.store.Binding(ctx, key)
+	b := look.Binding
 	switch {
-	case errors.Is(err, ErrNotFound):
-	case err != nil:
-		return res, false, fmt.Errorf("read binding: %w", err)
+	case !look.Bound:
 	case b.SandboxID != "":
-		rec, err := e.store.Get(ctx, b.SandboxID)
-		if errors.Is(err, ErrNotFound) {
-			replaceID = b.SandboxID
-			break
-		}
-		if err != nil {
-			return res, false, fmt.Errorf("read record: %w", err)
-		}
-		switch rec.State {
-		case StateActive:
+		// One conditional write hands the thread's sandbox back, whether
+		// it was active (reuse) or parked (reclaim, including one whose
+		// releaser died); a live lease of a peer (a release syncing) is
+		// waited out. The refusal carries the record as it is.
+		now := e.now()
+		rec, err := e.store.Claim(ctx, Claim{SandboxID: b.SandboxID, Tenant: key.Tenant,
+			From: []State{StateActive, StateWarm, StateReleasing, StateReclaiming}, To: StateActive,
+			Owner: owner, Now: now, ExpiresAt: now.Add(e.s.ActiveTimeout)})
+		switch {
+		case err == nil && rec.PrevState == StateActive:
 			return e.reuse(ctx, rec, owner)
-		case StateWarm, StateReleasing, StateReclaiming:
+		case err == nil:
 			return e.reclaim(ctx, rec, owner)
-		default: // destroying, gone: the thread needs a new sandbox
-			replaceID = rec.SandboxID
+		case errors.Is(err, ErrLeaseHeld):
+			return res, true, fmt.Errorf("thread %s: %w", key, err)
+		case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
+			// The binding names a record that is gone or being destroyed:
+			// the thread needs a new sandbox.
+			replaceID = b.SandboxID
+		default:
+			return res, false, fmt.Errorf("claim thread's sandbox: %w", err)
 		}
 	case b.Reservation != "":
 		if e.now().Before(b.ReservationExpiresAt) {
@@ -182,7 +213,12 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string) (
 		}
 		replaceRes = b.Reservation
 	}
-	return e.create(ctx, key, replaceID, replaceRes)
+	return e.create(ctx, key, owner, replaceID, replaceRes)
+}
+
+func (e *Engine) drainingError() *CapacityError {
+	return &CapacityError{Reason: "draining", RetryAfter: 30 * time.Second,
+		Status: CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy), Draining: true}}
 }
 
 // reuse returns the thread's active sandbox if the provider still runs it.
@@ -194,79 +230,135 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 		return AcquireResult{Record: rec, Source: SourceReused}, false, nil
 	case errors.Is(err, ErrSandboxGone):
 		e.log.InfoContext(ctx, "active sandbox gone; replacing", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
-		claimed, cerr := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateActive},
-			To: StateDestroying, Owner: owner, Now: e.now(), LeaseUntil: e.now().Add(e.s.LeaseDuration)})
-		if cerr != nil {
-			// A peer moved it first; look again.
-			return AcquireResult{}, true, fmt.Errorf("claim dead sandbox: %w", cerr)
-		}
-		e.destroyClaimed(ctx, claimed)
+		e.destroy(ctx, rec, owner, StateActive)
 		return AcquireResult{}, true, fmt.Errorf("sandbox %s was gone: %w", rec.SandboxID, ErrSandboxGone)
 	default:
 		return AcquireResult{}, false, fmt.Errorf("probe sandbox: %w", err)
 	}
 }
 
-// reclaim takes the thread's warm sandbox back: claim it (waiting out a
-// peer's release), extend its timeout, re-run bootstrap, mark it active.
-// A reclaim that fails destroys the sandbox and tries again (create).
+// reclaim finishes taking a warm sandbox back (rec is already active):
+// extend its timeout and re-run bootstrap. If either fails the sandbox is
+// discarded (destroyed, or left as a tombstone) and acquire tries again.
 func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (AcquireResult, bool, error) {
-	now := e.now()
-	claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant,
-		From: []State{StateWarm, StateReleasing, StateReclaiming}, To: StateReclaiming,
-		Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
-	if err != nil {
-		if errors.Is(err, ErrLeaseHeld) || errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
-			return AcquireResult{}, true, fmt.Errorf("claim warm sandbox: %w", err)
-		}
-		return AcquireResult{}, false, fmt.Errorf("claim warm sandbox: %w", err)
-	}
-	if err := e.prov.SetTimeout(ctx, claimed.SandboxID, e.s.ActiveTimeout); err != nil {
-		e.log.WarnContext(ctx, "warm sandbox reconnect failed; discarding", "sandbox_id", claimed.SandboxID, "err", err)
-		e.destroyClaimed(ctx, claimed)
+	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout); err != nil {
+		e.log.WarnContext(ctx, "warm sandbox reconnect failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
+		e.destroy(ctx, rec, owner, StateActive)
 		return AcquireResult{}, true, fmt.Errorf("reconnect warm sandbox: %w", err)
 	}
-	if err := e.bootstrap(ctx, claimed.Ref()); err != nil {
-		e.log.WarnContext(ctx, "warm sandbox bootstrap failed; discarding", "sandbox_id", claimed.SandboxID, "err", err)
-		e.destroyClaimed(ctx, claimed)
+	if err := e.bootstrap(ctx, rec.Ref()); err != nil {
+		e.log.WarnContext(ctx, "warm sandbox bootstrap failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
+		e.destroy(ctx, rec, owner, StateActive)
 		return AcquireResult{}, true, err
 	}
-	now = e.now()
-	active, err := e.store.Apply(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateActive,
-		Now: now, ExpiresAt: now.Add(e.s.ActiveTimeout)})
-	if err != nil {
-		return AcquireResult{}, false, fmt.Errorf("activate reclaimed sandbox: %w", err)
-	}
-	return AcquireResult{Record: active, Source: SourceReclaimed}, false, nil
+	return AcquireResult{Record: rec, Source: SourceReclaimed}, false, nil
 }
 
-// create reserves a slot, creates and bootstraps a sandbox and records it.
-func (e *Engine) create(ctx context.Context, key ThreadKey, replaceID, replaceRes string) (AcquireResult, bool, error) {
+// destroy claims rec for destruction (from state from) and destroys it.
+// A peer that moved the record first wins; nothing is killed then.
+func (e *Engine) destroy(ctx context.Context, rec Record, owner string, from State) bool {
 	now := e.now()
-	token := "res-" + newOwner()[4:]
-	err := e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
-		Now: now, ExpiresAt: now.Add(e.s.LeaseDuration), ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes})
-	var ce *CapacityError
-	switch {
-	case errors.As(err, &ce):
-		// Only on refusal: the detailed counts cost a few reads.
-		if st, serr := e.store.Capacity(ctx); serr == nil {
-			ce.Status = st
-		}
-		ce.Status.Policy = string(e.s.Policy)
-		ce.Status.Limit = e.s.Limit()
-		if ce.RetryAfter == 0 {
-			ce.RetryAfter = 5 * time.Second
-		}
-		return AcquireResult{}, true, ce
-	case errors.Is(err, ErrThreadBound):
-		return AcquireResult{}, true, fmt.Errorf("reserve: %w", err)
-	case err != nil:
-		// Maybe applied: the slot may be held by a reservation nobody
-		// finishes; reconcile settles it (its token is in no sandbox).
-		return AcquireResult{}, false, fmt.Errorf("reserve: %w", err)
+	claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{from},
+		To: StateDestroying, Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+	if err != nil {
+		e.log.InfoContext(ctx, "destroy claim lost", "sandbox_id", rec.SandboxID, "err", err)
+		return false
 	}
+	return e.destroyClaimed(ctx, claimed)
+}
 
+// leaseSafety is the least lease time left for a lease holder to still
+// make provider calls that a peer's takeover would contradict.
+const leaseSafety = 10 * time.Second
+
+// maxEvictions bounds how many slots one acquire frees by eviction.
+const maxEvictions = 3
+
+// create reserves a slot (evicting another thread's least recently parked
+// warm sandbox when the deployment is full), creates and bootstraps a
+// sandbox and records it.
+func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string) (AcquireResult, bool, error) {
+	var token string
+	for evictions := 0; ; evictions++ {
+		now := e.now()
+		token = "res-" + newOwner()[4:]
+		err := e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
+			MaxPerUser: e.s.MaxPerUser, Now: now, ExpiresAt: now.Add(e.s.LeaseDuration),
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes})
+		var ce *CapacityError
+		switch {
+		case err == nil:
+		case errors.As(err, &ce) && ce.Reason == "draining":
+			return AcquireResult{}, false, e.drainingError()
+		case errors.As(err, &ce):
+			if ce.Reason == "capacity" && e.s.Policy != PolicyBurst && evictions < maxEvictions && e.evictOne(ctx, key, owner) {
+				continue
+			}
+			// Only on refusal: the detailed counts cost a few reads.
+			if st, serr := e.store.Capacity(ctx); serr == nil {
+				ce.Status = st
+			}
+			ce.Status.Policy = string(e.s.Policy)
+			ce.Status.Limit = e.s.Limit()
+			if ce.RetryAfter == 0 {
+				ce.RetryAfter = 5 * time.Second
+			}
+			return AcquireResult{}, true, ce
+		case errors.Is(err, ErrThreadBound):
+			return AcquireResult{}, true, fmt.Errorf("reserve: %w", err)
+		case errors.Is(err, ErrStoreUnavailable):
+			// Fail closed: the ledger could not decide, so nothing is
+			// created. The write may have applied; reconcile frees a
+			// reservation whose token is in no sandbox.
+			return AcquireResult{}, false, &CapacityError{Reason: "capacity_backend", RetryAfter: 2 * time.Second,
+				Status: CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy)}}
+		default:
+			return AcquireResult{}, false, fmt.Errorf("reserve: %w", err)
+		}
+		break
+	}
+	return e.createReserved(ctx, key, token)
+}
+
+// evictOne frees one slot for key's thread: first by retrying a tombstone
+// whose lease lapsed, else by destroying the least recently parked warm
+// sandbox of another thread. It reports whether a slot was freed. A kill
+// that fails leaves a tombstone holding the slot and stops the eviction.
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string) bool {
+	now := e.now()
+	if tombs, err := e.store.Tombstones(ctx, 5); err == nil {
+		for _, rec := range tombs {
+			claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
+				Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+			if err != nil {
+				continue // a peer holds its retry lease
+			}
+			return e.destroyClaimed(ctx, claimed)
+		}
+	}
+	warm, err := e.store.WarmParkedBefore(ctx, now.Add(time.Millisecond), 10)
+	if err != nil {
+		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
+		return false
+	}
+	for _, rec := range warm {
+		if rec.ThreadKey == key {
+			continue
+		}
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateWarm},
+			To: StateDestroying, Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		if err != nil {
+			continue // reclaimed or evicted by a peer
+		}
+		e.log.InfoContext(ctx, "evicting warm sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
+		return e.destroyClaimed(ctx, claimed)
+	}
+	return false
+}
+
+// createReserved creates and bootstraps a sandbox under reservation token.
+func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string) (AcquireResult, bool, error) {
+	now := e.now()
 	ref, err := e.prov.Create(ctx, CreateSpec{
 		Template: e.s.Template,
 		Timeout:  e.s.ActiveTimeout,
@@ -298,11 +390,12 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, replaceID, replaceRe
 	})
 	if errors.Is(err, ErrConflict) {
 		// Our reservation was taken over (we were presumed crashed). Nobody
-		// else knows this sandbox: kill it; its slot went with the takeover.
+		// else knows this sandbox: kill it, then return the reservation's slot.
 		if kerr := e.prov.Kill(ctx, ref.ID); kerr != nil {
 			e.log.WarnContext(ctx, "kill of superseded sandbox failed; reconcile will find it", "sandbox_id", ref.ID, "err", kerr)
+			return AcquireResult{}, true, fmt.Errorf("finalize: %w", err)
 		}
-		return AcquireResult{}, true, fmt.Errorf("finalize: %w", err)
+		return AcquireResult{}, true, errors.Join(fmt.Errorf("finalize: %w", err), e.freeReservation(ctx, token, key))
 	}
 	if err != nil {
 		return AcquireResult{}, false, fmt.Errorf("finalize: %w", err)
@@ -347,7 +440,7 @@ func (e *Engine) destroyClaimed(ctx context.Context, rec Record) bool {
 		e.log.WarnContext(ctx, "kill uncertain; tombstone keeps its slot", "sandbox_id", rec.SandboxID, "err", err)
 		return false
 	}
-	if err := e.store.Free(ctx, rec.SandboxID, rec.Fence, e.now()); err != nil {
+	if err := e.store.Free(ctx, rec, e.now()); err != nil {
 		e.log.WarnContext(ctx, "free slot after kill failed", "sandbox_id", rec.SandboxID, "err", err)
 		return false
 	}
@@ -355,8 +448,8 @@ func (e *Engine) destroyClaimed(ctx context.Context, rec Record) bool {
 }
 
 // Release syncs the sandbox's outputs and parks it warm for its thread; a
-// sandbox found dead (or whose timeout cannot be set because it is gone) is
-// destroyed instead. Releasing a warm sandbox again is a no-op.
+// sandbox found dead (or whose timeout cannot be set because it is gone),
+// or released while the deployment drains, is destroyed instead. Releasing a warm sandbox again is a no-op.
 //
 // Errors: *ValidationError, ErrNotFound (unknown or another tenant's),
 // ErrConflict (not active), ErrLeaseHeld (a peer is moving it).
@@ -386,7 +479,12 @@ func (e *Engine) Release(ctx context.Context, tenant, sandboxID string) (Release
 			dead = errors.Is(serr, ErrSandboxGone)
 		}
 	}
-	if !dead {
+	if !dead && e.now().Add(leaseSafety).After(rec.LeaseExpiresAt) {
+		// The lease (nearly) lapsed: a peer may have reclaimed the sandbox,
+		// and shortening its timeout now would cut the peer's run short.
+		// The fenced park below tells whether we still own it.
+		e.log.WarnContext(ctx, "release outlived its lease; not touching the timeout", "sandbox_id", sandboxID)
+	} else if !dead {
 		err := e.prov.SetTimeout(ctx, sandboxID, e.s.IdleTimeout)
 		dead = errors.Is(err, ErrSandboxGone)
 		if err != nil && !dead {
@@ -399,8 +497,15 @@ func (e *Engine) Release(ctx context.Context, tenant, sandboxID string) (Release
 		return out, nil
 	}
 	now = e.now()
-	if _, err := e.store.Apply(ctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: StateWarm, Now: now,
-		ParkedAt: now, ExpiresAt: now.Add(e.s.IdleTimeout)}); err != nil {
+	_, err = e.store.Apply(ctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: StateWarm, Now: now,
+		ParkedAt: now, ExpiresAt: now.Add(e.s.IdleTimeout), UnlessDraining: true})
+	if errors.Is(err, ErrDraining) {
+		// A draining deployment keeps nothing warm.
+		e.destroyClaimed(ctx, rec)
+		out.State = "destroyed"
+		return out, nil
+	}
+	if err != nil {
 		return out, fmt.Errorf("park warm: %w", err)
 	}
 	out.State = string(StateWarm)
@@ -462,4 +567,15 @@ func (e *Engine) Capacity(ctx context.Context) (CapacityStatus, error) {
 	st.Limit = e.s.Limit()
 	st.Policy = string(e.s.Policy)
 	return st, nil
+}
+
+// SetDraining starts (true) or ends (false) draining: while draining,
+// acquires are refused with reason "draining", releases destroy instead of
+// parking, and reconcile destroys warm sandboxes.
+func (e *Engine) SetDraining(ctx context.Context, draining bool) error {
+	if err := e.store.SetDraining(ctx, draining); err != nil {
+		return fmt.Errorf("set draining: %w", err)
+	}
+	e.log.InfoContext(ctx, "draining changed", "draining", draining)
+	return nil
 }

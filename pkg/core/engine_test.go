@@ -175,6 +175,9 @@ func TestCapacityWaitPolicyTimesOut(t *testing.T) {
 	}
 }
 
+// TestCapacityWaitPolicySucceedsWhenSlotFrees: a waiter gets a slot once
+// the holder releases (its sandbox turns warm and is evicted for the
+// waiter). Reference: test_capacity_wait_policy_succeeds_when_slot_freed.
 func TestCapacityWaitPolicySucceedsWhenSlotFrees(t *testing.T) {
 	waiting := make(chan struct{}, 100)
 	sleep := func(ctx context.Context, d time.Duration) error {
@@ -189,27 +192,172 @@ func TestCapacityWaitPolicySucceedsWhenSlotFrees(t *testing.T) {
 	h := newHarness(t, func(s *core.Settings) {
 		s.Replicas = 1
 		s.Policy = core.PolicyWait
-		s.IdleTimeout = 30 * time.Second
-		s.AcquireTimeout = 10 * time.Minute
+		s.AcquireTimeout = 30 * time.Second
 	}, core.WithSleep(sleep))
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	rec := h.acquire(t, key("t1"), core.SourceCreated)
-	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := h.eng.Acquire(ctx, key("t2"))
 		done <- err
 	}()
-	<-waiting // t2 found no slot and is backing off
-	h.clock.advance(time.Minute)
-	// Reconcile expires the idle warm sandbox and frees its slot.
-	if st, err := h.eng.Reconcile(ctx); err != nil || st.Expired != 1 {
-		t.Fatalf("Reconcile = %+v, %v; want 1 expired", st, err)
+	<-waiting // t2 found no slot (t1 is active: not evictable) and backs off
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("waiting Acquire: %v", err)
+	}
+	if h.prov.Alive(rec.SandboxID) {
+		t.Error("t1's warm sandbox still alive; it should have been evicted for the waiter")
+	}
+}
+
+// TestCapacityRejectEvictsOtherThreadsWarmSandbox: a full deployment under
+// reject first destroys the least recently parked warm sandbox of another
+// thread. Reference: test_capacity_reject_evicts_other_thread_warm_entry_before_create.
+func TestCapacityRejectEvictsOtherThreadsWarmSandbox(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 2; s.Policy = core.PolicyReject })
+	ctx := context.Background()
+	old := h.acquire(t, key("old"), core.SourceCreated)
+	newer := h.acquire(t, key("newer"), core.SourceCreated)
+	for _, r := range []core.Record{old, newer} {
+		if _, err := h.eng.Release(ctx, "acme", r.SandboxID); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+	h.acquire(t, key("t3"), core.SourceCreated)
+	if h.prov.Alive(old.SandboxID) || !h.prov.Alive(newer.SandboxID) {
+		t.Errorf("alive old=%v newer=%v; want the least recently parked (old) evicted", h.prov.Alive(old.SandboxID), h.prov.Alive(newer.SandboxID))
+	}
+	if st := h.capacity(t); st.Used != 2 || st.Warm != 1 || st.Active != 1 {
+		t.Errorf("capacity = %+v, want used 2 (1 warm, 1 active)", st)
+	}
+	// The thread's own warm sandbox is never evicted for itself: it is reclaimed.
+	h.acquire(t, key("newer"), core.SourceReclaimed)
+}
+
+// TestCapacityBurstDoesNotEvict: burst grows past replicas instead of
+// evicting, and is refused at replicas + burst_limit.
+func TestCapacityBurstAllowsLimitedOverflow(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyBurst; s.BurstLimit = 1 })
+	h.acquire(t, key("t1"), core.SourceCreated)
+	h.acquire(t, key("t2"), core.SourceCreated)
+	var ce *core.CapacityError
+	if _, err := h.eng.Acquire(context.Background(), key("t3")); !errors.As(err, &ce) || ce.Status.Limit != 2 {
+		t.Fatalf("third acquire = %v, want CapacityError with limit 2", err)
+	}
+}
+
+// TestCapacityKeepsSlotWhenWarmEvictionKillFails: an eviction whose kill
+// fails leaves a tombstone holding the slot; the acquire is refused; a
+// later eviction retries the tombstone (one retry owner) and frees it.
+// Reference: test_capacity_keeps_slot_when_warm_eviction_kill_fails,
+// test_capacity_retries_tombstone_until_warm_vm_is_destroyed.
+func TestCapacityKeepsSlotWhenWarmEvictionKillFails(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	h.prov.Set(func(f *coretest.FakeProvider) { f.KillErr = errors.New("connection reset") })
+	var ce *core.CapacityError
+	if _, err := h.eng.Acquire(ctx, key("t2")); !errors.As(err, &ce) {
+		t.Fatalf("Acquire with failing eviction = %v, want CapacityError", err)
+	}
+	if st := h.capacity(t); st.Used != 1 || st.Tombstones != 1 {
+		t.Errorf("capacity = %+v, want the tombstone holding the slot", st)
+	}
+	h.prov.Set(func(f *coretest.FakeProvider) { f.KillErr = nil })
+	// The failed evictor's lease must lapse before another may retry.
+	if _, err := h.eng.Acquire(ctx, key("t2")); !errors.As(err, &ce) {
+		t.Fatalf("Acquire under the evictor's live lease = %v, want CapacityError", err)
+	}
+	h.clock.advance(core.DefaultSettings().LeaseDuration + time.Second)
+	h.acquire(t, key("t2"), core.SourceCreated)
+	if h.prov.Alive(rec.SandboxID) {
+		t.Error("tombstoned sandbox still alive after the retry")
+	}
+}
+
+func TestDrainingRefusesAcquireAndDestroysOnRelease(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if err := h.eng.SetDraining(ctx, true); err != nil {
+		t.Fatalf("SetDraining: %v", err)
+	}
+	var ce *core.CapacityError
+	for _, k := range []string{"t1", "t2"} {
+		if _, err := h.eng.Acquire(ctx, key(k)); !errors.As(err, &ce) || ce.Reason != "draining" {
+			t.Errorf("Acquire(%s) while draining = %v, want reason draining", k, err)
+		}
+	}
+	res, err := h.eng.Release(ctx, "acme", rec.SandboxID)
+	if err != nil || res.State != "destroyed" {
+		t.Fatalf("Release while draining = %+v, %v; want destroyed", res, err)
+	}
+	if res.Sync == nil {
+		t.Error("release while draining skipped the output sync")
+	}
+	if err := h.eng.SetDraining(ctx, false); err != nil {
+		t.Fatalf("undrain: %v", err)
+	}
+	h.acquire(t, key("t1"), core.SourceCreated)
+}
+
+func TestPerUserQuota(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.MaxPerUser = 1; s.Policy = core.PolicyReject })
+	h.acquire(t, key("t1"), core.SourceCreated)
+	var ce *core.CapacityError
+	if _, err := h.eng.Acquire(context.Background(), key("t2")); !errors.As(err, &ce) || ce.Reason != "user_quota" {
+		t.Fatalf("second thread of alice = %v, want user_quota", err)
+	}
+	bob := core.ThreadKey{Tenant: "acme", User: "bob", Thread: "t1"}
+	h.acquire(t, bob, core.SourceCreated)
+}
+
+// TestConcurrentAcquireAndReleaseLinearize: an acquire racing the same
+// sandbox's release either reuses it before the release (which then parks
+// it) or waits for the park and reclaims it (it ends active); never a
+// "reused" answer for a sandbox the release is parking.
+func TestConcurrentAcquireAndReleaseLinearize(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	for i := range 20 {
+		var wg sync.WaitGroup
+		var got core.AcquireResult
+		var aerr, rerr error
+		wg.Add(2)
+		go func() { defer wg.Done(); got, aerr = h.eng.Acquire(ctx, key("t1")) }()
+		go func() { defer wg.Done(); _, rerr = h.eng.Release(ctx, "acme", rec.SandboxID) }()
+		wg.Wait()
+		if aerr != nil || rerr != nil {
+			t.Fatalf("round %d: acquire %v, release %v", i, aerr, rerr)
+		}
+		if got.Record.SandboxID != rec.SandboxID {
+			t.Fatalf("round %d: acquire returned %s, want %s", i, got.Record.SandboxID, rec.SandboxID)
+		}
+		stored, err := h.store.Get(ctx, rec.SandboxID)
+		if err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		switch got.Source {
+		case core.SourceReused:
+			if stored.State != core.StateWarm {
+				t.Fatalf("round %d: reused before the release, but the record ended %s, want warm", i, stored.State)
+			}
+			h.acquire(t, key("t1"), core.SourceReclaimed)
+		case core.SourceReclaimed:
+			if stored.State != core.StateActive {
+				t.Fatalf("round %d: reclaimed after the release, but the record ended %s, want active", i, stored.State)
+			}
+		default:
+			t.Fatalf("round %d: source %s, want reused or reclaimed", i, got.Source)
+		}
 	}
 }
 

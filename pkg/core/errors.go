@@ -22,6 +22,9 @@ var (
 	ErrLeaseHeld = errors.New("lease held by another invocation")
 	// ErrThreadBound: the thread already has a live binding.
 	ErrThreadBound = errors.New("thread already bound")
+	// ErrDraining: the deployment is draining; nothing new is handed out
+	// or parked.
+	ErrDraining = errors.New("deployment draining")
 	// ErrStoreUnavailable wraps store failures whose outcome is unknown
 	// ("maybe applied"): throttling, timeouts, 5xx.
 	ErrStoreUnavailable = errors.New("store unavailable")

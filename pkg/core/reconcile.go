@@ -2,55 +2,891 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
 )
 
-// reconcileBatch bounds the records one reconcile pass touches per kind.
+// ReconcileSettings bound and tune one reconcile pass (issue 5). Build them
+// with DefaultReconcileSettings, override, and pass them with
+// WithReconcileSettings; Reconcile validates them.
+type ReconcileSettings struct {
+	// MaxPages bounds the provider inventory pages read per pass
+	// (RECONCILE_MAX_PAGES, > 0).
+	MaxPages int
+	// MaxItems bounds the sandboxes examined per pass (RECONCILE_MAX_ITEMS, > 0).
+	MaxItems int
+	// MaxDuration bounds a pass's inventory walk in wall time
+	// (RECONCILE_MAX_SECONDS, > 0).
+	MaxDuration time.Duration
+	// Grace is how long a duplicate (or an untracked sandbox of a crashed
+	// create) is left alone after reconcile first saw it
+	// (RECONCILE_GRACE_SECONDS, >= 0).
+	Grace time.Duration
+	// OrphanTTL is the age past which a sandbox tagged for this deployment
+	// but with no valid tenant/user/thread is killed
+	// (RECONCILE_ORPHAN_TTL_SECONDS, > 0).
+	OrphanTTL time.Duration
+	// PageSize is the provider list page size (1..100, E2B's maximum).
+	PageSize int
+	// MaxBackoff caps the wait between kill attempts of a tombstone (> 0).
+	MaxBackoff time.Duration
+}
+
+// DefaultReconcileSettings returns the defaults (the reference provider's
+// reconciliation defaults: 10 pages, 100 items, 10 s, 30 s grace, 1 h orphan
+// TTL; items raised to 1000 because a pass here only reads inventory).
+func DefaultReconcileSettings() ReconcileSettings {
+	return ReconcileSettings{
+		MaxPages:    10,
+		MaxItems:    1000,
+		MaxDuration: 60 * time.Second,
+		Grace:       30 * time.Second,
+		OrphanTTL:   time.Hour,
+		PageSize:    100,
+		MaxBackoff:  time.Hour,
+	}
+}
+
+// Validate returns every problem, each naming its field.
+func (r ReconcileSettings) Validate() error {
+	var errs []error
+	if r.MaxPages <= 0 {
+		errs = append(errs, fmt.Errorf("MaxPages: must be > 0, got %d", r.MaxPages))
+	}
+	if r.MaxItems <= 0 {
+		errs = append(errs, fmt.Errorf("MaxItems: must be > 0, got %d", r.MaxItems))
+	}
+	if r.MaxDuration <= 0 {
+		errs = append(errs, fmt.Errorf("MaxDuration: must be > 0, got %s", r.MaxDuration))
+	}
+	if r.Grace < 0 {
+		errs = append(errs, fmt.Errorf("Grace: must be >= 0, got %s", r.Grace))
+	}
+	if r.OrphanTTL <= 0 {
+		errs = append(errs, fmt.Errorf("OrphanTTL: must be > 0, got %s", r.OrphanTTL))
+	}
+	if r.PageSize < 1 || r.PageSize > 100 {
+		errs = append(errs, fmt.Errorf("PageSize: must be 1..100, got %d", r.PageSize))
+	}
+	if r.MaxBackoff <= 0 {
+		errs = append(errs, fmt.Errorf("MaxBackoff: must be > 0, got %s", r.MaxBackoff))
+	}
+	return errors.Join(errs...)
+}
+
+// PagedLister lists one page of the provider inventory. cursor "" starts
+// at the beginning; next "" means there are no more pages. E2B pages with
+// nextToken / X-Next-Token (pkg/e2b implements it). A provider without it
+// is listed in full with Provider.List and paged in memory.
+type PagedLister interface {
+	ListPage(ctx context.Context, f ListFilter, cursor string, limit int) (page []SandboxInfo, next string, err error)
+}
+
+// PendingReservation is a reservation (a slot taken for a create) as
+// reconcile sees it.
+type PendingReservation struct {
+	Token string
+	ThreadKey
+	CreatedAt time.Time
+	// ExpiresAt is the create's deadline; after it the create is presumed
+	// crashed.
+	ExpiresAt time.Time
+}
+
+// ReconcileLookup is the stored state of a batch of sandboxes, threads and
+// reservations. Missing keys are absent from the maps.
+type ReconcileLookup struct {
+	Records      map[string]Record
+	Bindings     map[ThreadKey]Binding
+	Reservations map[string]PendingReservation
+}
+
+// Adoption asks the store to record a sandbox it does not track.
+type Adoption struct {
+	// Record is written as is (Fence 1); it must not exist yet.
+	Record Record
+	// Reservation, when set, is consumed (it must still exist): its slot
+	// becomes the record's. Otherwise a new slot is taken, without a limit
+	// check (the sandbox exists and uses capacity whatever the ledger says).
+	Reservation string
+	// Bind points the thread's binding at the record; the binding must
+	// still be From (FromBound false: there must be none).
+	Bind      bool
+	From      Binding
+	FromBound bool
+	// Canonical, when set, requires the thread's binding to still name
+	// this sandbox (a duplicate is adopted only to be killed).
+	Canonical string
+}
+
+// ReconcileCursor is where the inventory walk stands, kept between passes.
+type ReconcileCursor struct {
+	// Cycle names the walk in progress ("" = start a new one); CycleStart
+	// is when it began. A cycle is complete when its last page was read.
+	Cycle      string
+	CycleStart time.Time
+	// Token is the provider cursor of the next page to read.
+	Token string
+	// Pass counts the passes of this cycle so far.
+	Pass int
+	// Version fences cursor writes (compare and swap).
+	Version int64
+	// LedgerRevision and LedgerCount are the ledger revision and the slot
+	// count seen by the last pass; a repair needs both unchanged since.
+	LedgerRevision int64
+	LedgerCount    int
+	LedgerNoted    bool
+}
+
+// SeenSandbox is one sandbox of a cycle's inventory.
+type SeenSandbox struct {
+	ID          string
+	Reservation string
+}
+
+// ReconcileStore is the store access reconcile needs beyond Store
+// (*ddbstore.Store implements it). Errors follow Store's classification:
+// ErrConflict means a condition did not hold and nothing was written.
+type ReconcileStore interface {
+	// LookupMany reads records, bindings and reservations (strongly consistent).
+	LookupMany(ctx context.Context, ids []string, keys []ThreadKey, tokens []string) (ReconcileLookup, error)
+	// Adopt writes a record for an untracked sandbox (see Adoption).
+	Adopt(ctx context.Context, a Adoption) (Record, error)
+	// Rebind points key's binding at sandboxID, if the binding is still
+	// from (fromBound false: absent) and the record is in a live state.
+	Rebind(ctx context.Context, key ThreadKey, sandboxID string, from Binding, fromBound bool) error
+	// ClaimDuplicate is Store.Claim, applied only if key's binding still
+	// names canonical (else ErrConflict).
+	ClaimDuplicate(ctx context.Context, c Claim, key ThreadKey, canonical string) (Record, error)
+	// FirstSeen records now as the first sighting of sandboxID unless one
+	// is recorded, and returns the first sighting.
+	FirstSeen(ctx context.Context, sandboxID string, now time.Time) (time.Time, error)
+	// Cursor reads the inventory cursor (zero value if none).
+	Cursor(ctx context.Context) (ReconcileCursor, error)
+	// SaveCursor writes c if the stored version is still c.Version (else
+	// ErrConflict) and increments the version.
+	SaveCursor(ctx context.Context, c ReconcileCursor) error
+	// SaveSeen stores part of a cycle's inventory; Seen reads all of it.
+	SaveSeen(ctx context.Context, cycle, part string, seen []SeenSandbox) error
+	Seen(ctx context.Context, cycle string) ([]SeenSandbox, error)
+	// ScanState calls fn for every record in state (for StateCreating:
+	// every reservation, as a Record with ReservationToken, ThreadKey,
+	// CreatedAt and ExpiresAt), until fn returns false.
+	ScanState(ctx context.Context, state State, fn func(Record) bool) error
+	// CountSlots reads the ledger (strongly consistent), then counts the
+	// records and reservations holding slots.
+	CountSlots(ctx context.Context) (Ledger, int, error)
+	// RepairLedger sets the ledger's used count if its revision is still
+	// revision (else ErrConflict), bumping the revision.
+	RepairLedger(ctx context.Context, revision int64, used int) error
+}
+
+// reconcileConfig is what the reconcile Options set. It lives beside the
+// engine (keyed by it) because Engine's fields are defined in engine.go.
+type reconcileConfig struct {
+	settings ReconcileSettings
+	store    ReconcileStore
+}
+
+var reconcileConfigs sync.Map // *Engine -> *reconcileConfig
+
+func (e *Engine) reconcileConfig() *reconcileConfig {
+	v, _ := reconcileConfigs.LoadOrStore(e, &reconcileConfig{settings: DefaultReconcileSettings()})
+	return v.(*reconcileConfig)
+}
+
+// WithReconcileSettings sets the reconcile budgets and periods (default
+// DefaultReconcileSettings()). The zero value means the defaults; a zero
+// PageSize or MaxBackoff takes its default.
+func WithReconcileSettings(rs ReconcileSettings) Option {
+	return func(e *Engine) {
+		def := DefaultReconcileSettings()
+		if rs == (ReconcileSettings{}) {
+			rs = def
+		}
+		if rs.PageSize == 0 {
+			rs.PageSize = def.PageSize
+		}
+		if rs.MaxBackoff == 0 {
+			rs.MaxBackoff = def.MaxBackoff
+		}
+		e.reconcileConfig().settings = rs
+	}
+}
+
+// WithReconcileStore sets the store reconcile uses for inventory work
+// (default: the engine's Store, if it implements ReconcileStore).
+func WithReconcileStore(rs ReconcileStore) Option {
+	return func(e *Engine) { e.reconcileConfig().store = rs }
+}
+
+// liveStates are the record states of a sandbox that may be in use.
+var liveStates = []State{StateActive, StateReleasing, StateWarm, StateReclaiming}
+
+func isLive(s State) bool {
+	for _, l := range liveStates {
+		if s == l {
+			return true
+		}
+	}
+	return false
+}
+
+// pass is one reconcile pass in progress.
+type pass struct {
+	e        *Engine
+	rs       ReconcileSettings
+	rst      ReconcileStore
+	owner    string
+	start    time.Time
+	deadline time.Time
+	st       ReconcileStats
+	seen     []SeenSandbox
+	// cursor is the inventory cursor as this pass leaves it (saved once,
+	// at the end).
+	cursor ReconcileCursor
+}
+
+// Reconcile runs one bounded pass (issue 5): retries tombstones (with
+// back-off), expires warm sandboxes idle past the idle timeout (all of them
+// while draining), walks the provider inventory of this deployment from
+// where the last pass stopped (adopting, deferring or killing), settles
+// crashed creates and dead records once a walk completes, and repairs the
+// capacity ledger. It never calls anything that extends a sandbox's life
+// (List, Info and Kill only; warm sandboxes are synced through envd before
+// they are destroyed). Stats are logged as one JSON line that is also a
+// CloudWatch embedded-metric-format record.
+//
+// Errors: invalid ReconcileSettings; store or provider failures (the stats
+// say what was done before).
+func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
+	cfg := e.reconcileConfig()
+	if err := cfg.settings.Validate(); err != nil {
+		return ReconcileStats{}, fmt.Errorf("reconcile settings: %w", err)
+	}
+	start := e.now()
+	p := &pass{e: e, rs: cfg.settings, rst: cfg.store, owner: newOwner(), start: start, deadline: start.Add(cfg.settings.MaxDuration)}
+	if p.rst == nil {
+		p.rst, _ = e.store.(ReconcileStore)
+	}
+	var errs []error
+	draining := false
+	if look, err := e.store.Lookup(ctx, ThreadKey{}); err == nil {
+		draining = look.Ledger.Draining
+	}
+	if err := p.tombstones(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.expireWarm(ctx, draining); err != nil {
+		errs = append(errs, err)
+	}
+	if p.rst != nil {
+		if err := p.reconcileStore(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		e.log.WarnContext(ctx, "reconcile: store has no inventory support; only expiry and tombstones run")
+	}
+	p.st.Duration = e.now().Sub(start)
+	err := errors.Join(errs...)
+	if err != nil {
+		p.st.Errors++
+	}
+	p.emit(ctx, err)
+	return p.st, err
+}
+
+// batch bounds the tombstones and idle warm records one pass handles.
 const reconcileBatch = 100
 
-// Reconcile runs one pass. In this slice it expires warm sandboxes idle
-// past the idle timeout (kill, then free the slot) and retries tombstones
-// whose lease has lapsed. It never calls anything that extends a sandbox's
-// life.
-func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
-	start := e.now()
-	var st ReconcileStats
-	owner := newOwner()
-	idle, err := e.store.WarmParkedBefore(ctx, start.Add(-e.s.IdleTimeout), reconcileBatch)
+// tombstones retries kills whose lease lapsed, each after a back-off that
+// doubles with the attempts reconcile made (LeaseDuration << attempts,
+// at most MaxBackoff), measured from the last attempt.
+func (p *pass) tombstones(ctx context.Context) error {
+	e := p.e
+	tombs, err := e.store.Tombstones(ctx, reconcileBatch)
 	if err != nil {
-		return st, fmt.Errorf("list idle warm sandboxes: %w", err)
+		return fmt.Errorf("list tombstones: %w", err)
+	}
+	for _, rec := range tombs {
+		now := e.now()
+		wait := e.s.LeaseDuration << min(rec.KillAttempts, 20)
+		if wait > p.rs.MaxBackoff || wait <= 0 {
+			wait = p.rs.MaxBackoff
+		}
+		if now.Before(rec.UpdatedAt.Add(wait)) {
+			continue // backing off
+		}
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
+			Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		if err != nil {
+			continue // a peer holds its lease
+		}
+		p.st.TombstonesRetried++
+		tomb, err := e.store.Apply(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateDestroying,
+			KeepLease: true, Now: e.now(), KillAttempt: true})
+		if err != nil {
+			p.st.Errors++
+			continue
+		}
+		if e.destroyClaimed(ctx, tomb) {
+			p.st.Killed++
+		} else {
+			p.st.Errors++
+		}
+	}
+	return nil
+}
+
+// expireWarm destroys warm sandboxes parked longer than the idle timeout
+// (every warm sandbox while draining), syncing their outputs first.
+func (p *pass) expireWarm(ctx context.Context, draining bool) error {
+	e := p.e
+	before := p.start.Add(-e.s.IdleTimeout)
+	if draining {
+		before = p.start.Add(time.Millisecond)
+	}
+	idle, err := e.store.WarmParkedBefore(ctx, before, reconcileBatch)
+	if err != nil {
+		return fmt.Errorf("list idle warm sandboxes: %w", err)
 	}
 	for _, rec := range idle {
 		now := e.now()
 		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateWarm},
-			To: StateDestroying, Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+			To: StateDestroying, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
 		if err != nil {
 			continue // a peer took it (reclaim or another pass)
 		}
+		if e.sync != nil {
+			// Envd reads only: they do not extend the sandbox's life. A
+			// sandbox the provider already ended answers ErrSandboxGone.
+			res, serr := e.sync.Sync(ctx, SyncTarget{Ref: claimed.Ref(), ThreadKey: claimed.ThreadKey})
+			if serr != nil && !errors.Is(serr, ErrSandboxGone) {
+				e.log.WarnContext(ctx, "sync before expiry failed", "sandbox_id", claimed.SandboxID, "err", serr)
+			} else if serr == nil && !res.Complete {
+				e.log.WarnContext(ctx, "sync before expiry incomplete", "sandbox_id", claimed.SandboxID, "deferred", len(res.Deferred))
+			}
+		}
 		if e.destroyClaimed(ctx, claimed) {
-			st.Expired++
+			p.st.Expired++
 		} else {
-			st.Errors++
+			p.st.Errors++
 		}
 	}
-	tombs, err := e.store.Tombstones(ctx, reconcileBatch)
+	return nil
+}
+
+func (p *pass) timeUp() bool { return !p.e.now().Before(p.deadline) }
+
+// reconcileStore runs the inventory walk and the ledger repair, then saves
+// the cursor (one conditional write; a concurrent pass that saved first
+// wins and this pass's position is dropped).
+func (p *pass) reconcileStore(ctx context.Context) error {
+	cur, err := p.rst.Cursor(ctx)
 	if err != nil {
-		return st, fmt.Errorf("list tombstones: %w", err)
+		return fmt.Errorf("read reconcile cursor: %w", err)
 	}
-	for _, rec := range tombs {
+	p.cursor = cur
+	errs := []error{p.inventory(ctx)}
+	if !p.timeUp() || p.st.InventoryComplete {
+		errs = append(errs, p.ledger(ctx))
+	}
+	if err := p.rst.SaveCursor(ctx, p.cursor); err != nil && !errors.Is(err, ErrConflict) {
+		errs = append(errs, fmt.Errorf("save reconcile cursor: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// inventory walks the provider inventory from the cursor.
+func (p *pass) inventory(ctx context.Context) error {
+	e := p.e
+	cur := p.cursor
+	if cur.Cycle == "" {
+		cur.Cycle = strconv.FormatInt(p.start.UnixMilli(), 10) + "-" + p.owner[4:12]
+		cur.CycleStart = p.start
+		cur.Token, cur.Pass = "", 0
+	}
+	lister, ok := e.prov.(PagedLister)
+	if !ok {
+		lister = &memLister{prov: e.prov}
+	}
+	filter := ListFilter{Metadata: map[string]string{MetaDeployment: e.s.Deployment}}
+	complete := false
+	var walkErr error
+	for {
+		if p.st.Pages >= p.rs.MaxPages || p.st.Discovered >= p.rs.MaxItems || p.timeUp() {
+			p.st.BudgetExhausted = true
+			break
+		}
+		limit := min(p.rs.PageSize, p.rs.MaxItems-p.st.Discovered)
+		infos, next, err := lister.ListPage(ctx, filter, cur.Token, limit)
+		p.st.Pages++
+		if err != nil {
+			walkErr = fmt.Errorf("list provider inventory: %w", err)
+			if cur.Token != "" && !IsAmbiguous(err) {
+				// The provider refused the cursor (expired token): start over.
+				cur.Cycle = ""
+			}
+			break
+		}
+		if !p.processPage(ctx, infos) {
+			p.st.BudgetExhausted = true // stopped mid-page: the page is read again
+			break
+		}
+		cur.Token = next
+		if next == "" {
+			complete = true
+			break
+		}
+	}
+	cur.Pass++
+	if complete {
+		p.st.InventoryComplete = true
+		seen := p.seen
+		if cur.Pass > 1 {
+			earlier, err := p.rst.Seen(ctx, cur.Cycle)
+			if err != nil {
+				return errors.Join(walkErr, fmt.Errorf("read cycle inventory: %w", err))
+			}
+			seen = append(seen, earlier...)
+		}
+		if err := p.completeChecks(ctx, cur.CycleStart, seen); err != nil {
+			walkErr = errors.Join(walkErr, err)
+		}
+		cur.Cycle, cur.Token, cur.Pass, cur.CycleStart = "", "", 0, time.Time{}
+	} else if len(p.seen) > 0 && cur.Cycle != "" {
+		part := fmt.Sprintf("%06d-%s", cur.Pass, p.owner[4:])
+		if err := p.rst.SaveSeen(ctx, cur.Cycle, part, p.seen); err != nil {
+			return errors.Join(walkErr, fmt.Errorf("save cycle inventory: %w", err))
+		}
+	}
+	p.cursor = cur
+	return walkErr
+}
+
+// validKey reports the thread key a sandbox's metadata names, if valid.
+func validKey(md map[string]string) (ThreadKey, bool) {
+	k := ThreadKey{Tenant: md[MetaTenant], User: md[MetaUser], Thread: md[MetaThread]}
+	return k, k.Validate() == nil
+}
+
+// age is how long ago the sandbox started, as far as anyone knows.
+func startedAt(in SandboxInfo) time.Time {
+	t := in.StartedAt
+	if c, err := time.Parse(time.RFC3339, in.Metadata[MetaCreatedAt]); err == nil && (t.IsZero() || c.Before(t)) {
+		t = c
+	}
+	return t
+}
+
+// processPage examines one page. It returns false when the wall-clock
+// budget ran out before the page was done.
+func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) bool {
+	e := p.e
+	ids := make([]string, 0, len(infos))
+	var keys []ThreadKey
+	keySeen := map[ThreadKey]bool{}
+	for _, in := range infos {
+		ids = append(ids, in.ID)
+		if k, ok := validKey(in.Metadata); ok && !keySeen[k] {
+			keySeen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	look, err := p.rst.LookupMany(ctx, ids, keys, nil)
+	if err != nil {
+		p.st.Errors++
+		e.log.WarnContext(ctx, "reconcile lookup failed", "err", err)
+		return true // nothing decided; the page counts as read
+	}
+	// Second round: the records bindings name, and reservations.
+	var more []string
+	var tokens []string
+	for _, b := range look.Bindings {
+		if b.SandboxID != "" {
+			if _, ok := look.Records[b.SandboxID]; !ok {
+				more = append(more, b.SandboxID)
+			}
+		}
+		if b.Reservation != "" {
+			tokens = append(tokens, b.Reservation)
+		}
+	}
+	for _, in := range infos {
+		if t := in.Metadata[MetaReservation]; t != "" {
+			tokens = append(tokens, t)
+		}
+	}
+	if len(more) > 0 || len(tokens) > 0 {
+		look2, err := p.rst.LookupMany(ctx, more, nil, tokens)
+		if err != nil {
+			p.st.Errors++
+			e.log.WarnContext(ctx, "reconcile lookup failed", "err", err)
+			return true
+		}
+		for id, r := range look2.Records {
+			look.Records[id] = r
+		}
+		look.Reservations = look2.Reservations
+	}
+	if look.Reservations == nil {
+		look.Reservations = map[string]PendingReservation{}
+	}
+
+	groups := map[ThreadKey][]SandboxInfo{}
+	var order []ThreadKey
+	for _, in := range infos {
+		if p.timeUp() {
+			return false
+		}
+		p.st.Discovered++
+		p.seen = append(p.seen, SeenSandbox{ID: in.ID, Reservation: in.Metadata[MetaReservation]})
+		k, ok := validKey(in.Metadata)
+		if !ok {
+			p.orphan(ctx, in, look)
+			continue
+		}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], in)
+	}
+	for _, k := range order {
+		g := groups[k]
+		sort.SliceStable(g, func(i, j int) bool {
+			ti, tj := startedAt(g[i]), startedAt(g[j])
+			if !ti.Equal(tj) {
+				return ti.Before(tj)
+			}
+			return g[i].ID < g[j].ID
+		})
+		p.group(ctx, k, g, look)
+	}
+	return true
+}
+
+// crashed reports whether a reservation's create is presumed dead.
+func (p *pass) crashed(r PendingReservation, now time.Time) bool {
+	return !now.Before(r.ExpiresAt.Add(p.rs.Grace))
+}
+
+// group decides for the sandboxes of one thread (oldest first): the
+// canonical one is the one the binding names, else the oldest live one,
+// which is adopted; the others are duplicates.
+func (p *pass) group(ctx context.Context, key ThreadKey, g []SandboxInfo, look ReconcileLookup) {
+	e := p.e
+	now := e.now()
+	b, bound := look.Bindings[key]
+	canonical := ""
+	inflight := false
+	switch {
+	case bound && b.SandboxID != "":
+		if r, ok := look.Records[b.SandboxID]; ok && isLive(r.State) {
+			canonical = b.SandboxID
+		}
+	case bound && b.Reservation != "":
+		if r, ok := look.Reservations[b.Reservation]; ok && !p.crashed(r, now) {
+			inflight = true
+		}
+	}
+	for _, in := range g {
+		rec, tracked := look.Records[in.ID]
+		if tracked && !isLive(rec.State) {
+			continue // tombstone (retried above) or gone (a sandbox killed late is found again later)
+		}
+		if in.ID == canonical {
+			continue
+		}
+		token := in.Metadata[MetaReservation]
+		res, hasRes := look.Reservations[token]
+		if !tracked && hasRes && !p.crashed(res, now) {
+			p.st.Deferred++ // its create is still in flight
+			continue
+		}
+		if inflight {
+			p.st.Deferred++ // the thread's create is in flight; decide once it settled
+			continue
+		}
+		if canonical == "" {
+			var err error
+			if tracked {
+				err = p.rst.Rebind(ctx, key, in.ID, b, bound)
+			} else {
+				a := Adoption{Record: p.adoptedRecord(in, key, StateWarm), Bind: true, From: b, FromBound: bound}
+				if hasRes {
+					a.Reservation = token
+				}
+				_, err = p.rst.Adopt(ctx, a)
+				if err == nil && hasRes {
+					p.st.ReservationsSettled++
+				}
+			}
+			if err != nil {
+				p.st.Deferred++
+				e.log.InfoContext(ctx, "reconcile: adoption deferred", "sandbox_id", in.ID, "thread", key.String(), "err", err)
+				continue
+			}
+			e.log.InfoContext(ctx, "reconcile: adopted", "sandbox_id", in.ID, "thread", key.String(), "tracked", tracked)
+			p.st.Adopted++
+			canonical = in.ID
+			b, bound = Binding{ThreadKey: key, SandboxID: in.ID}, true
+			continue
+		}
+		p.st.Duplicates++
+		p.killDuplicate(ctx, in, key, rec, tracked, canonical, token, hasRes)
+	}
+}
+
+// adoptedRecord is the record written for an untracked sandbox. Warm: the
+// thread's next acquire reclaims it (and idle expiry ends it if unused).
+func (p *pass) adoptedRecord(in SandboxInfo, key ThreadKey, state State) Record {
+	now := p.e.now()
+	created := startedAt(in)
+	if created.IsZero() {
+		created = now
+	}
+	r := Record{SandboxID: in.ID, ThreadKey: key, Seed: key.Seed(), State: state, Backend: p.e.prov.Name(),
+		ReservationToken: in.Metadata[MetaReservation], CreatedAt: created, UpdatedAt: now, ExpiresAt: in.EndAt}
+	if loc, ok := p.e.prov.(EnvdLocator); ok {
+		ref := loc.EnvdRef(in.ID)
+		r.EnvdURL, r.EnvdAccessToken = ref.EnvdURL, ref.AccessToken
+	}
+	switch state {
+	case StateWarm:
+		r.ParkedAt = now
+	case StateDestroying:
+		r.LeaseOwner, r.LeaseExpiresAt = p.owner, now.Add(p.e.s.LeaseDuration)
+	}
+	return r
+}
+
+// EnvdLocator is optionally implemented by a provider that can address a
+// sandbox's daemon from its id alone (without a call that extends its
+// life); adopted records then carry it.
+type EnvdLocator interface {
+	EnvdRef(id string) SandboxRef
+}
+
+// graceOver reports whether reconcile first saw id at least d ago (and
+// records the first sighting when this is it). since, when non-zero, is
+// an earlier known start.
+func (p *pass) graceOver(ctx context.Context, id string, d time.Duration, since time.Time) (bool, error) {
+	now := p.e.now()
+	first, err := p.rst.FirstSeen(ctx, id, now)
+	if err != nil {
+		return false, err
+	}
+	if !since.IsZero() && since.Before(first) {
+		first = since
+	}
+	return !now.Before(first.Add(d)), nil
+}
+
+// killDuplicate destroys a duplicate once its grace period is over and no
+// peer holds it, under a destroy claim conditional on the binding still
+// naming canonical.
+func (p *pass) killDuplicate(ctx context.Context, in SandboxInfo, key ThreadKey, rec Record, tracked bool, canonical, token string, hasRes bool) {
+	e := p.e
+	now := e.now()
+	if tracked && rec.Leased(p.owner, now) {
+		p.st.Deferred++
+		return
+	}
+	over, err := p.graceOver(ctx, in.ID, p.rs.Grace, time.Time{})
+	if err != nil {
+		p.st.Errors++
+		return
+	}
+	if !over {
+		p.st.Deferred++
+		return
+	}
+	var claimed Record
+	if tracked {
+		claimed, err = p.rst.ClaimDuplicate(ctx, Claim{SandboxID: in.ID, Tenant: rec.Tenant, From: liveStates, To: StateDestroying,
+			Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)}, key, canonical)
+	} else {
+		a := Adoption{Record: p.adoptedRecord(in, key, StateDestroying), Canonical: canonical}
+		if hasRes {
+			a.Reservation = token
+		}
+		claimed, err = p.rst.Adopt(ctx, a)
+		if err == nil && hasRes {
+			p.st.ReservationsSettled++
+		}
+	}
+	if err != nil {
+		p.st.Deferred++
+		e.log.InfoContext(ctx, "reconcile: duplicate claim lost", "sandbox_id", in.ID, "err", err)
+		return
+	}
+	e.log.InfoContext(ctx, "reconcile: killing duplicate", "sandbox_id", in.ID, "thread", key.String(), "canonical", canonical)
+	if e.destroyClaimed(ctx, claimed) {
+		p.st.Killed++
+	} else {
+		p.st.Errors++
+	}
+}
+
+// orphan handles a sandbox tagged for this deployment without a valid
+// thread key: killed once older than OrphanTTL.
+func (p *pass) orphan(ctx context.Context, in SandboxInfo, look ReconcileLookup) {
+	e := p.e
+	p.st.Orphans++
+	if rec, ok := look.Records[in.ID]; ok && rec.State != StateGone {
+		return // tracked (a tombstone being retried)
+	}
+	over, err := p.graceOver(ctx, in.ID, p.rs.OrphanTTL, startedAt(in))
+	if err != nil {
+		p.st.Errors++
+		return
+	}
+	if !over {
+		p.st.Deferred++
+		return
+	}
+	key := ThreadKey{Tenant: in.Metadata[MetaTenant], User: in.Metadata[MetaUser], Thread: in.Metadata[MetaThread]}
+	a := Adoption{Record: p.adoptedRecord(in, key, StateDestroying)}
+	if t := in.Metadata[MetaReservation]; t != "" {
+		if _, ok := look.Reservations[t]; ok {
+			a.Reservation = t
+		}
+	}
+	claimed, err := p.rst.Adopt(ctx, a)
+	if err != nil {
+		p.st.Deferred++
+		return
+	}
+	e.log.InfoContext(ctx, "reconcile: killing orphan", "sandbox_id", in.ID)
+	if e.destroyClaimed(ctx, claimed) {
+		p.st.Killed++
+	} else {
+		p.st.Errors++
+	}
+}
+
+// completeChecks runs once a cycle's inventory is complete: records whose
+// sandbox is in no page are dead (confirmed with a read, then freed under a
+// destroy claim) and crashed reservations whose token is in no sandbox are
+// freed. Only what predates the cycle is judged.
+func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []SeenSandbox) error {
+	e := p.e
+	ids := make(map[string]bool, len(seen))
+	tokens := make(map[string]bool, len(seen))
+	for _, s := range seen {
+		ids[s.ID] = true
+		if s.Reservation != "" {
+			tokens[s.Reservation] = true
+		}
+	}
+	var candidates []Record
+	for _, st := range liveStates {
+		err := p.rst.ScanState(ctx, st, func(r Record) bool {
+			if !ids[r.SandboxID] && r.CreatedAt.Before(cycleStart) {
+				candidates = append(candidates, r)
+			}
+			return len(candidates) < p.rs.MaxItems
+		})
+		if err != nil {
+			return fmt.Errorf("scan %s records: %w", st, err)
+		}
+	}
+	for _, r := range candidates {
+		if p.timeUp() {
+			break
+		}
+		if _, err := e.prov.Info(ctx, r.SandboxID); !errors.Is(err, ErrSandboxGone) {
+			continue // alive after all (listed late), or unknown: never free on doubt
+		}
 		now := e.now()
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
-			Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: r.SandboxID, Tenant: r.Tenant, From: liveStates, To: StateDestroying,
+			Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		if errors.Is(err, ErrLeaseHeld) {
+			p.st.Deferred++
+			continue
+		}
 		if err != nil {
 			continue
 		}
 		if e.destroyClaimed(ctx, claimed) {
-			st.Killed++
+			p.st.Dead++
 		} else {
-			st.Errors++
+			p.st.Errors++
 		}
 	}
-	st.Duration = e.now().Sub(start)
-	e.log.InfoContext(ctx, "reconcile pass", "expired", st.Expired, "killed", st.Killed, "errors", st.Errors, "duration_ms", st.Duration.Milliseconds())
-	return st, nil
+	var crashed []Record
+	now := e.now()
+	err := p.rst.ScanState(ctx, StateCreating, func(r Record) bool {
+		if !tokens[r.ReservationToken] && r.ExpiresAt.Add(p.rs.Grace).Before(cycleStart) && !now.Before(r.ExpiresAt.Add(p.rs.Grace)) {
+			crashed = append(crashed, r)
+		}
+		return len(crashed) < p.rs.MaxItems
+	})
+	if err != nil {
+		return fmt.Errorf("scan reservations: %w", err)
+	}
+	for _, r := range crashed {
+		if err := e.store.FreeReservation(ctx, r.ReservationToken, r.ThreadKey); err != nil {
+			if !errors.Is(err, ErrNotFound) {
+				p.st.Errors++
+			}
+			continue
+		}
+		e.log.InfoContext(ctx, "reconcile: freed crashed reservation", "reservation", r.ReservationToken, "thread", r.ThreadKey.String())
+		p.st.ReservationsSettled++
+	}
+	return nil
+}
+
+// ledger repairs the capacity ledger: the used count is set to the number
+// of slot-holding records and reservations, but only when this pass sees
+// the same ledger revision and the same count as the previous pass (no
+// acquire or free happened in between, and the state index has caught
+// up), with a compare-and-swap on that revision so a concurrent acquire is
+// never overwritten.
+func (p *pass) ledger(ctx context.Context) error {
+	l, counted, err := p.rst.CountSlots(ctx)
+	if err != nil {
+		return fmt.Errorf("count slots: %w", err)
+	}
+	cur := p.cursor
+	if cur.LedgerNoted && cur.LedgerRevision == l.Revision && cur.LedgerCount == counted && l.Used != counted {
+		if err := p.rst.RepairLedger(ctx, l.Revision, counted); err != nil {
+			if !errors.Is(err, ErrConflict) {
+				return fmt.Errorf("repair ledger: %w", err)
+			}
+		} else {
+			p.e.log.WarnContext(ctx, "reconcile: ledger repaired", "used_was", l.Used, "used", counted)
+			p.st.LedgerRepaired = counted - l.Used
+			l.Revision++
+		}
+	}
+	p.cursor.LedgerRevision, p.cursor.LedgerCount, p.cursor.LedgerNoted = l.Revision, counted, true
+	return nil
+}
+
+// memLister pages a provider's full listing in memory (providers without
+// PagedLister): the cursor is the last id returned.
+type memLister struct{ prov Provider }
+
+func (m *memLister) ListPage(ctx context.Context, f ListFilter, cursor string, limit int) ([]SandboxInfo, string, error) {
+	all, err := m.prov.List(ctx, f)
+	if err != nil {
+		return nil, "", err
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].ID < all[j].ID })
+	i := sort.Search(len(all), func(i int) bool { return all[i].ID > cursor })
+	if cursor == "" {
+		i = 0
+	}
+	end := min(i+limit, len(all))
+	next := ""
+	if end < len(all) {
+		next = all[end-1].ID
+	}
+	return all[i:end], next, nil
 }

@@ -27,6 +27,8 @@ type Settings struct {
 	Policy   OverflowPolicy
 	// BurstLimit extra slots under PolicyBurst (>= 0).
 	BurstLimit int
+	// MaxPerUser caps the slots one (tenant, user) holds; 0 = no cap.
+	MaxPerUser int
 	// AcquireTimeout bounds waiting for a slot under PolicyWait (> 0).
 	AcquireTimeout time.Duration
 	// IdleTimeout is how long a released sandbox stays warm; it is set as the
@@ -80,6 +82,9 @@ func (s Settings) Validate() error {
 	case PolicyReject, PolicyWait, PolicyBurst:
 	default:
 		errs = append(errs, fmt.Errorf("Policy: unknown overflow policy %q (want reject, wait or burst)", s.Policy))
+	}
+	if s.MaxPerUser < 0 {
+		errs = append(errs, fmt.Errorf("MaxPerUser: must be >= 0, got %d", s.MaxPerUser))
 	}
 	if s.BurstLimit < 0 {
 		errs = append(errs, fmt.Errorf("BurstLimit: must be >= 0, got %d", s.BurstLimit))

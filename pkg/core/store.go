@@ -25,10 +25,14 @@ type Claim struct {
 	// From lists the states the record may be in.
 	From []State
 	// To is the new state; "" keeps the current one (a lease only).
-	To         State
-	Owner      string
-	Now        time.Time
+	To    State
+	Owner string
+	Now   time.Time
+	// LeaseUntil is the end of the lease taken; zero takes none (and clears
+	// an expired one): the record moves straight into a stable state.
 	LeaseUntil time.Time
+	// ExpiresAt, when non-zero, records the provider timeout about to be set.
+	ExpiresAt time.Time
 }
 
 // Update is a fenced write by a lease holder: it applies only if the record's
@@ -47,6 +51,9 @@ type Update struct {
 	ExpiresAt time.Time
 	// KillAttempt increments the record's kill attempt counter.
 	KillAttempt bool
+	// UnlessDraining makes the write conditional on the deployment not
+	// draining (else ErrDraining, nothing written).
+	UnlessDraining bool
 }
 
 // Reservation takes a capacity slot and binds the thread to an in-flight
@@ -56,7 +63,10 @@ type Reservation struct {
 	ThreadKey
 	Seed  string
 	Limit int
-	Now   time.Time
+	// MaxPerUser, when > 0, caps the slots one (tenant, user) may hold; the
+	// per-user count moves in the same transaction as the deployment's.
+	MaxPerUser int
+	Now        time.Time
 	// ExpiresAt bounds the create; after it peers may replace the binding.
 	ExpiresAt time.Time
 	// ReplaceSandboxID, when set, is the dead or destroying sandbox the
@@ -67,14 +77,29 @@ type Reservation struct {
 	ReplaceReservation string
 }
 
+// Ledger is the deployment's capacity ledger.
+type Ledger struct {
+	Used     int
+	Revision int64
+	Draining bool
+}
+
+// Lookup is what acquire reads first: the thread's binding (Bound false if
+// none) and the ledger, in one round trip.
+type Lookup struct {
+	Binding Binding
+	Bound   bool
+	Ledger  Ledger
+}
+
 // Store is the durable state of the broker (DynamoDB in production).
 //
 // Write errors are classified: ErrNotFound, ErrConflict, ErrLeaseHeld,
 // ErrStaleFence, ErrThreadBound and *CapacityError mean the write certainly
 // did not apply; an error wrapping ErrStoreUnavailable means it may have.
 type Store interface {
-	// Binding reads the thread's binding (strongly consistent); ErrNotFound if none.
-	Binding(ctx context.Context, key ThreadKey) (Binding, error)
+	// Lookup reads the thread's binding and the ledger (strongly consistent).
+	Lookup(ctx context.Context, key ThreadKey) (Lookup, error)
 	// Get reads a record (strongly consistent); ErrNotFound if none.
 	Get(ctx context.Context, sandboxID string) (Record, error)
 	// Claim applies c if the record belongs to c.Tenant (else ErrNotFound),
@@ -86,6 +111,8 @@ type Store interface {
 	// Reserve takes a slot (a *CapacityError when Limit slots are held) and
 	// binds the thread to the reservation (ErrThreadBound when the binding is
 	// not what r expects).
+	// *CapacityError with reason "draining" when the deployment drains,
+	// "user_quota" when the user's cap is reached.
 	Reserve(ctx context.Context, r Reservation) error
 	// Finalize turns reservation token into the record rec (state active),
 	// moving the binding to rec.SandboxID. ErrConflict if the reservation is
@@ -94,9 +121,11 @@ type Store interface {
 	// FreeReservation drops a reservation whose create certainly failed (or
 	// whose sandbox was confirmed killed) and frees its slot.
 	FreeReservation(ctx context.Context, token string, key ThreadKey) error
-	// Free marks a record gone (fenced) and frees its slot: call only after
-	// the provider confirmed the sandbox is gone.
-	Free(ctx context.Context, sandboxID string, fence int64, now time.Time) error
+	// Free marks rec gone (fenced by rec.Fence) and frees its slot (and its
+	// user's): call only after the provider confirmed the sandbox is gone.
+	Free(ctx context.Context, rec Record, now time.Time) error
+	// SetDraining marks the deployment draining (or not).
+	SetDraining(ctx context.Context, draining bool) error
 	// Capacity counts slots by state for the deployment.
 	Capacity(ctx context.Context) (CapacityStatus, error)
 	// WarmParkedBefore lists up to limit warm records parked before t,

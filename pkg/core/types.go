@@ -86,9 +86,12 @@ const (
 type Record struct {
 	SandboxID string
 	ThreadKey
-	Seed    string
-	State   State
-	Backend string // provider name, e.g. "e2b"
+	Seed  string
+	State State
+	// PrevState is the state before the last Claim that changed it (how a
+	// claim found the record: "active" means reuse, "warm" reclaim).
+	PrevState State
+	Backend   string // provider name, e.g. "e2b"
 
 	// Fence is the fencing token: incremented by every transition; a write
 	// carrying an older value is refused with ErrStaleFence.
@@ -129,8 +132,10 @@ type CapacityStatus struct {
 	Active        int    `json:"active"`
 	Warm          int    `json:"warm"`
 	Reserved      int    `json:"reserved"`
-	Transitioning int    `json:"transitioning"`
+	Transitioning int    `json:"transitioning"` // releasing + reclaiming
+	Tombstones    int    `json:"tombstones"`    // destroying: kill not yet confirmed
 	Policy        string `json:"policy"`
+	Draining      bool   `json:"draining"`
 }
 
 func (s CapacityStatus) String() string {

@@ -18,6 +18,7 @@ type item struct {
 	Thread       string `dynamodbav:"thread_id"`
 	Seed         string `dynamodbav:"seed,omitempty"`
 	State        string `dynamodbav:"state"`
+	PrevState    string `dynamodbav:"prev_state,omitempty"`
 	Backend      string `dynamodbav:"backend,omitempty"`
 	Fence        int64  `dynamodbav:"fence"`
 	LeaseOwner   string `dynamodbav:"lease_owner,omitempty"`
@@ -52,6 +53,11 @@ func sandboxPK(id string) string          { return "SBX#" + id }
 func reservationPK(token string) string   { return "RES#" + token }
 func bindingPK(k core.ThreadKey) string   { return "THR#" + k.Tenant + "#" + k.User + "#" + k.Thread }
 func capacityPK(deployment string) string { return "CAP#" + deployment }
+
+// userPK is the per-user slot counter (SANDBOX_MAX_PER_USER).
+func userPK(deployment string, k core.ThreadKey) string {
+	return "USR#" + deployment + "#" + k.Tenant + "#" + k.User
+}
 func statePK(deployment string, s core.State) string {
 	return "ST#" + deployment + "#" + string(s)
 }
@@ -79,6 +85,7 @@ func (it item) record() core.Record {
 		ThreadKey:        core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread},
 		Seed:             it.Seed,
 		State:            core.State(it.State),
+		PrevState:        core.State(it.PrevState),
 		Backend:          it.Backend,
 		Fence:            it.Fence,
 		LeaseOwner:       it.LeaseOwner,

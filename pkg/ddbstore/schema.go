@@ -7,7 +7,8 @@
 //	SBX#<sandbox id>              the sandbox record (core.Record)
 //	RES#<token>                   a reservation: a slot taken for an in-flight create
 //	THR#<tenant>#<user>#<thread>  the thread's binding: sandbox_id or reservation
-//	CAP#<deployment>              the capacity ledger: "used" slots, "revision"
+//	CAP#<deployment>              the capacity ledger: "used" slots, "revision", "draining"
+//	USR#<deployment>#<tenant>#<user>  slots held by one user ("used"), for SANDBOX_MAX_PER_USER
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and
 // reservations by state: gsi1pk = "ST#<deployment>#<state>", gsi1sk =

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"math/rand/v2"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -24,6 +24,7 @@ type API interface {
 	DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
 	TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, opts ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
 	Query(ctx context.Context, in *dynamodb.QueryInput, opts ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
+	BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
 }
 
 // CallTimeout bounds each DynamoDB call (SDK retries included).
@@ -74,22 +75,86 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, CallTimeout)
 }
 
-// Binding reads the thread's binding.
-func (s *Store) Binding(ctx context.Context, key core.ThreadKey) (core.Binding, error) {
+// Lookup reads the thread's binding and the capacity ledger in one
+// BatchGetItem (strongly consistent), retrying unprocessed keys.
+func (s *Store) Lookup(ctx context.Context, key core.ThreadKey) (core.Lookup, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(bindingPK(key)), ConsistentRead: aws.Bool(true)})
+	keys := []map[string]types.AttributeValue{s.key(bindingPK(key)), s.key(capacityPK(s.deployment))}
+	var items []map[string]types.AttributeValue
+	for attempt := 0; len(keys) > 0; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return core.Lookup{}, unavailable("lookup", ctx.Err())
+			case <-time.After(time.Duration(attempt*20) * time.Millisecond):
+			}
+		}
+		out, err := s.db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: map[string]types.KeysAndAttributes{
+			s.table: {Keys: keys, ConsistentRead: aws.Bool(true)},
+		}})
+		if err != nil {
+			return core.Lookup{}, unavailable("lookup", err)
+		}
+		items = append(items, out.Responses[s.table]...)
+		keys = out.UnprocessedKeys[s.table].Keys
+	}
+	look := core.Lookup{Binding: core.Binding{ThreadKey: key}}
+	for _, av := range items {
+		pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
+		if pk == nil {
+			continue
+		}
+		if pk.Value == capacityPK(s.deployment) {
+			look.Ledger = decodeLedger(av)
+			continue
+		}
+		var b bindingItem
+		if err := attributevalue.UnmarshalMap(av, &b); err != nil {
+			return core.Lookup{}, fmt.Errorf("decode binding: %w", err)
+		}
+		look.Bound = true
+		look.Binding.SandboxID = b.SandboxID
+		look.Binding.Reservation = b.Reservation
+		look.Binding.ReservationExpiresAt = fromMS(b.ReservationExpires)
+	}
+	return look, nil
+}
+
+// ledgerItem is the stored capacity ledger.
+type ledgerItem struct {
+	Used     int   `dynamodbav:"used"`
+	Revision int64 `dynamodbav:"revision"`
+	Draining bool  `dynamodbav:"draining"`
+}
+
+func decodeLedger(av map[string]types.AttributeValue) core.Ledger {
+	var l ledgerItem
+	_ = attributevalue.UnmarshalMap(av, &l) // absent attributes stay zero
+	return core.Ledger{Used: l.Used, Revision: l.Revision, Draining: l.Draining}
+}
+
+// SetDraining marks the deployment draining (or not).
+func (s *Store) SetDraining(ctx context.Context, draining bool) error {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	expr, err := expression.NewBuilder().WithUpdate(expression.Set(expression.Name("draining"), expression.Value(draining)).
+		Add(expression.Name("revision"), expression.Value(1))).Build()
 	if err != nil {
-		return core.Binding{}, unavailable("get binding", err)
+		return err
 	}
-	if out.Item == nil {
-		return core.Binding{}, core.ErrNotFound
+	_, err = s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+		UpdateExpression: expr.Update(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
+	if err != nil {
+		return unavailable("set draining", err)
 	}
-	var b bindingItem
-	if err := attributevalue.UnmarshalMap(out.Item, &b); err != nil {
-		return core.Binding{}, fmt.Errorf("decode binding: %w", err)
-	}
-	return core.Binding{ThreadKey: key, SandboxID: b.SandboxID, Reservation: b.Reservation, ReservationExpiresAt: fromMS(b.ReservationExpires)}, nil
+	return nil
+}
+
+// notDraining is the condition that the ledger does not say draining.
+func notDraining() expression.ConditionBuilder {
+	return expression.Or(expression.AttributeNotExists(expression.Name("draining")),
+		expression.Name("draining").Equal(expression.Value(false)))
 }
 
 // Get reads a sandbox record.
@@ -140,12 +205,21 @@ func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
 			expression.Name("lease_expires").LessThanEqual(expression.Value(ms(c.Now))),
 			expression.Name("lease_owner").Equal(expression.Value(c.Owner)),
 		))
-	upd := expression.Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
-		Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil))).
-		Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
+	upd := expression.Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
 		Add(expression.Name("fence"), expression.Value(1))
+	if c.LeaseUntil.IsZero() {
+		upd = upd.Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires"))
+	} else {
+		upd = upd.Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
+			Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil)))
+	}
+	if !c.ExpiresAt.IsZero() {
+		upd = upd.Set(expression.Name("expires_at"), expression.Value(ms(c.ExpiresAt)))
+	}
 	if c.To != "" {
-		upd = upd.Set(expression.Name("state"), expression.Value(string(c.To)))
+		// SET evaluates right-hand sides against the item before the update.
+		upd = upd.Set(expression.Name("prev_state"), expression.Name("state")).
+			Set(expression.Name("state"), expression.Value(string(c.To)))
 		upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID)
 		if c.To != core.StateWarm {
 			upd = upd.Remove(expression.Name("parked_at"))
@@ -230,6 +304,9 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	if u.KillAttempt {
 		upd = upd.Add(expression.Name("kill_attempts"), expression.Value(1))
 	}
+	if u.UnlessDraining {
+		return s.applyUnlessDraining(ctx, u, cond, upd)
+	}
 	rec, old, err := s.update(ctx, "apply", sandboxPK(u.SandboxID), cond, upd)
 	if err != nil && old != nil {
 		return *old, fmt.Errorf("sandbox %s fence %d, now %d: %w", u.SandboxID, u.Fence, old.Fence, core.ErrStaleFence)
@@ -237,12 +314,49 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	return rec, err
 }
 
+// applyUnlessDraining makes a fenced update in a transaction with a
+// condition check that the ledger is not draining. Transactions return no
+// item: it returns the zero Record on success (its caller, release, needs
+// none), saving a read.
+func (s *Store) applyUnlessDraining(ctx context.Context, u core.Update, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("apply: %w", err)
+	}
+	capExpr, err := expression.NewBuilder().WithCondition(notDraining()).Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("apply: %w", err)
+	}
+	tctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err = s.writeTxn(tctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(u.SandboxID)),
+			ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}},
+		{ConditionCheck: &types.ConditionCheck{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+			ConditionExpression: capExpr.Condition(), ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values()}},
+	}})
+	if reasons, cancelled := cancellation(err); cancelled {
+		if failed(reasons, 0) {
+			return core.Record{}, fmt.Errorf("sandbox %s fence %d: %w", u.SandboxID, u.Fence, core.ErrStaleFence)
+		}
+		if failed(reasons, 1) {
+			return core.Record{}, core.ErrDraining
+		}
+		return core.Record{}, unavailable("apply", err)
+	}
+	if err != nil {
+		return core.Record{}, unavailable("apply", err)
+	}
+	return core.Record{}, nil
+}
+
 // Reserve takes a slot and binds the thread to the reservation, atomically.
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	capExpr, err := expression.NewBuilder().
 		WithCondition(expression.Or(
 			expression.AttributeNotExists(expression.Name("used")),
-			expression.Name("used").LessThan(expression.Value(r.Limit)))).
+			expression.Name("used").LessThan(expression.Value(r.Limit))).And(notDraining())).
 		WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)).
 			Add(expression.Name("revision"), expression.Value(1))).
 		Build()
@@ -276,10 +390,20 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
+	userUpd := expression.Add(expression.Name("used"), expression.Value(1))
+	userB := expression.NewBuilder().WithUpdate(userUpd)
+	if r.MaxPerUser > 0 {
+		userB = userB.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThan(expression.Value(r.MaxPerUser))))
+	}
+	userExpr, err := userB.Build()
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
 	notExists := "attribute_not_exists(pk)"
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	_, err = s.writeTxn(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
 		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
 			ConditionExpression: capExpr.Condition(), UpdateExpression: capExpr.Update(),
 			ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values(),
@@ -287,6 +411,9 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
 		{Put: &types.Put{TableName: &s.table, Item: bindItem, ConditionExpression: bindExpr.Condition(),
 			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
+		{Update: &types.Update{TableName: &s.table, Key: s.key(userPK(s.deployment, r.ThreadKey)),
+			ConditionExpression: userExpr.Condition(), UpdateExpression: userExpr.Update(),
+			ExpressionAttributeNames: userExpr.Names(), ExpressionAttributeValues: userExpr.Values()}},
 	}})
 	reasons, cancelled := cancellation(err)
 	if !cancelled {
@@ -297,17 +424,54 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	}
 	switch {
 	case failed(reasons, 0):
-		used := 0
-		if v, ok := reasons[0].Item["used"].(*types.AttributeValueMemberN); ok {
-			used, _ = strconv.Atoi(v.Value)
+		l := decodeLedger(reasons[0].Item)
+		if l.Draining {
+			return &core.CapacityError{Reason: "draining", Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used, Draining: true}}
 		}
-		return &core.CapacityError{Reason: "capacity", Status: core.CapacityStatus{Limit: r.Limit, Used: used}}
+		return &core.CapacityError{Reason: "capacity", Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used}}
 	case failed(reasons, 2):
 		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
 	case failed(reasons, 1):
 		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
+	case failed(reasons, 3):
+		return &core.CapacityError{Reason: "user_quota", RetryAfter: 5 * time.Second,
+			Status: core.CapacityStatus{Limit: r.Limit}}
 	}
 	return unavailable("reserve", err)
+}
+
+// txnAttempts bounds retries of transactions cancelled without a failed
+// condition (TransactionConflict, throttling): certainly not applied, so
+// safe to retry. The SDK does not retry TransactionCanceledException.
+const txnAttempts = 5
+
+// writeTxn runs a transaction, retrying cancellations that carry no
+// ConditionalCheckFailed reason with jittered back-off. What it returns
+// is either nil, a cancellation with a failed condition (certainly not
+// applied), or an error wrapping core.ErrStoreUnavailable.
+func (s *Store) writeTxn(ctx context.Context, in *dynamodb.TransactWriteItemsInput) (*dynamodb.TransactWriteItemsOutput, error) {
+	for attempt := 1; ; attempt++ {
+		out, err := s.db.TransactWriteItems(ctx, in)
+		reasons, cancelled := cancellation(err)
+		if !cancelled {
+			return out, err
+		}
+		for i := range reasons {
+			if failed(reasons, i) {
+				return out, err
+			}
+		}
+		if attempt == txnAttempts {
+			// %v, not %w: callers must not mistake contention for a failed condition.
+			return nil, fmt.Errorf("transaction: %w: cancelled %d times without a failed condition (%v)", core.ErrStoreUnavailable, attempt, err)
+		}
+		d := time.Duration(10<<attempt) * time.Millisecond
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("transaction: %w: %w", core.ErrStoreUnavailable, ctx.Err())
+		case <-time.After(d/2 + time.Duration(rand.Int64N(int64(d/2)))):
+		}
+	}
 }
 
 // cancellation extracts a TransactionCanceledException's reasons.
@@ -343,7 +507,7 @@ func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (co
 	exists, notExists := "attribute_exists(pk)", "attribute_not_exists(pk)"
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	_, err = s.writeTxn(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
 		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
 		{Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}},
 		{Update: &types.Update{TableName: &s.table, Key: s.key(bindingPK(rec.ThreadKey)),
@@ -370,10 +534,11 @@ func (s *Store) FreeReservation(ctx context.Context, token string, key core.Thre
 	}
 	tctx, cancel := s.ctx(ctx)
 	defer cancel()
-	_, err = s.db.TransactWriteItems(tctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	_, err = s.writeTxn(tctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
 		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
 		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
 			UpdateExpression: capUpd.Update(), ExpressionAttributeNames: capUpd.Names(), ExpressionAttributeValues: capUpd.Values()}},
+		s.userRelease(key),
 	}})
 	if _, cancelled := cancellation(err); cancelled {
 		return fmt.Errorf("free reservation %s: %w", token, core.ErrNotFound)
@@ -399,8 +564,18 @@ func (s *Store) dropBinding(ctx context.Context, key core.ThreadKey, attr, value
 		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
 }
 
-// Free marks a record gone and frees its slot, atomically and fenced.
-func (s *Store) Free(ctx context.Context, id string, fence int64, now time.Time) error {
+// userRelease is the transaction item that returns one of key's user slots.
+func (s *Store) userRelease(key core.ThreadKey) types.TransactWriteItem {
+	u := "ADD #used :minus"
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(userPK(s.deployment, key)),
+		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#used": "used"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": &types.AttributeValueMemberN{Value: "-1"}}}}
+}
+
+// Free marks a record gone and frees its slot (and its user's), atomically
+// and fenced by rec.Fence.
+func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error {
+	id, fence := rec.SandboxID, rec.Fence
 	recExpr, err := expression.NewBuilder().
 		WithCondition(expression.Name("fence").Equal(expression.Value(fence)).
 			And(expression.Name("state").NotEqual(expression.Value(string(core.StateGone))))).
@@ -422,12 +597,13 @@ func (s *Store) Free(ctx context.Context, id string, fence int64, now time.Time)
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	_, err = s.writeTxn(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
 		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(id)),
 			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
 			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}},
 		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
 			UpdateExpression: capUpd.Update(), ExpressionAttributeNames: capUpd.Names(), ExpressionAttributeValues: capUpd.Values()}},
+		s.userRelease(rec.ThreadKey),
 	}})
 	if _, cancelled := cancellation(err); cancelled {
 		return fmt.Errorf("free sandbox %s fence %d: %w", id, fence, core.ErrStaleFence)
@@ -448,9 +624,8 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 	if err != nil {
 		return st, unavailable("get capacity", err)
 	}
-	if v, ok := out.Item["used"].(*types.AttributeValueMemberN); ok {
-		st.Used, _ = strconv.Atoi(v.Value)
-	}
+	l := decodeLedger(out.Item)
+	st.Used, st.Draining = l.Used, l.Draining
 	for _, state := range []core.State{core.StateCreating, core.StateActive, core.StateWarm, core.StateReleasing, core.StateReclaiming, core.StateDestroying} {
 		n, err := s.countState(ctx, state)
 		if err != nil {
@@ -463,6 +638,8 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 			st.Active = n
 		case core.StateWarm:
 			st.Warm = n
+		case core.StateDestroying:
+			st.Tombstones = n
 		default:
 			st.Transitioning += n
 		}

@@ -54,12 +54,15 @@ func TestReserveFinalizeBindsThread(t *testing.T) {
 	ctx := context.Background()
 	key := thread(1)
 	rec := activeRecord(t, s, key, "sbx1")
-	b, err := s.Binding(ctx, key)
+	look, err := s.Lookup(ctx, key)
 	if err != nil {
-		t.Fatalf("Binding: %v", err)
+		t.Fatalf("Lookup: %v", err)
 	}
-	if b.SandboxID != "sbx1" || b.Reservation != "" {
-		t.Errorf("binding = %+v, want sandbox sbx1 and no reservation", b)
+	if b := look.Binding; !look.Bound || b.SandboxID != "sbx1" || b.Reservation != "" {
+		t.Errorf("binding = %+v, want sandbox sbx1 and no reservation", look)
+	}
+	if look.Ledger.Used != 1 || look.Ledger.Draining {
+		t.Errorf("ledger = %+v, want used 1, not draining", look.Ledger)
 	}
 	got, err := s.Get(ctx, "sbx1")
 	if err != nil {
@@ -230,14 +233,14 @@ func TestFreeReleasesSlotOnceAndIndexesFollowState(t *testing.T) {
 	if tombs, _ := s.Tombstones(ctx, 10); len(tombs) != 1 || tombs[0].KillAttempts != 1 {
 		t.Errorf("Tombstones = %+v, want sbx1 with 1 kill attempt", tombs)
 	}
-	if err := s.Free(ctx, "sbx1", tomb.Fence, t0); err != nil {
+	if err := s.Free(ctx, tomb, t0); err != nil {
 		t.Fatalf("Free: %v", err)
 	}
-	if err := s.Free(ctx, "sbx1", tomb.Fence, t0); !errors.Is(err, core.ErrStaleFence) {
+	if err := s.Free(ctx, tomb, t0); !errors.Is(err, core.ErrStaleFence) {
 		t.Errorf("second Free = %v, want ErrStaleFence (slot must not be freed twice)", err)
 	}
 	st, _ := s.Capacity(ctx)
-	if st.Used != 0 || st.Warm != 0 || st.Transitioning != 0 {
+	if st.Used != 0 || st.Warm != 0 || st.Transitioning != 0 || st.Tombstones != 0 {
 		t.Errorf("capacity after free = %+v, want all zero", st)
 	}
 	got, _ := s.Get(ctx, "sbx1")
@@ -260,8 +263,8 @@ func TestFreeReservationReturnsSlot(t *testing.T) {
 	if err := s.FreeReservation(ctx, "res-1", key); err != nil {
 		t.Fatalf("FreeReservation: %v", err)
 	}
-	if _, err := s.Binding(ctx, key); !errors.Is(err, core.ErrNotFound) {
-		t.Errorf("binding after free = %v, want ErrNotFound", err)
+	if look, err := s.Lookup(ctx, key); err != nil || look.Bound {
+		t.Errorf("binding after free = %+v, %v; want none", look, err)
 	}
 	if err := s.FreeReservation(ctx, "res-1", key); !errors.Is(err, core.ErrNotFound) {
 		t.Errorf("second FreeReservation = %v, want ErrNotFound", err)
@@ -287,5 +290,73 @@ func TestFinalizeRefusedAfterReservationTakeover(t *testing.T) {
 	}
 	if _, err := s.Get(ctx, "late"); !errors.Is(err, core.ErrNotFound) {
 		t.Errorf("record of refused finalize = %v, want ErrNotFound", err)
+	}
+}
+
+func TestDrainingRefusesReservationsAndParking(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	rec := activeRecord(t, s, thread(1), "sbx1")
+	if err := s.SetDraining(ctx, true); err != nil {
+		t.Fatalf("SetDraining: %v", err)
+	}
+	var ce *core.CapacityError
+	err := s.Reserve(ctx, core.Reservation{Token: "res-2", ThreadKey: thread(2), Limit: 10, Now: t0})
+	if !errors.As(err, &ce) || ce.Reason != "draining" {
+		t.Fatalf("Reserve while draining = %v, want CapacityError reason draining", err)
+	}
+	_, err = s.Apply(ctx, core.Update{SandboxID: "sbx1", Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0, UnlessDraining: true})
+	if !errors.Is(err, core.ErrDraining) {
+		t.Fatalf("park while draining = %v, want ErrDraining", err)
+	}
+	if got, _ := s.Get(ctx, "sbx1"); got.State != core.StateActive || got.Fence != rec.Fence {
+		t.Errorf("record after refused park = %s fence %d, want unchanged active fence %d", got.State, got.Fence, rec.Fence)
+	}
+	if look, _ := s.Lookup(ctx, thread(1)); !look.Ledger.Draining {
+		t.Errorf("ledger = %+v, want draining", look.Ledger)
+	}
+	if err := s.SetDraining(ctx, false); err != nil {
+		t.Fatalf("undrain: %v", err)
+	}
+	if _, err := s.Apply(ctx, core.Update{SandboxID: "sbx1", Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0, UnlessDraining: true}); err != nil {
+		t.Errorf("park after undrain: %v", err)
+	}
+	if err := s.Reserve(ctx, core.Reservation{Token: "res-3", ThreadKey: thread(2), Limit: 10, Now: t0}); err != nil {
+		t.Errorf("Reserve after undrain: %v", err)
+	}
+}
+
+// TestPerUserQuotaMovesWithTheSlot: SANDBOX_MAX_PER_USER is enforced in the
+// same transaction as the deployment slot, and freeing returns both.
+func TestPerUserQuotaMovesWithTheSlot(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	alice := func(n int) core.ThreadKey {
+		return core.ThreadKey{Tenant: "acme", User: "alice", Thread: fmt.Sprint("t", n)}
+	}
+	bob := core.ThreadKey{Tenant: "acme", User: "bob", Thread: "t1"}
+	res := func(tok string, k core.ThreadKey) error {
+		return s.Reserve(ctx, core.Reservation{Token: tok, ThreadKey: k, Limit: 10, MaxPerUser: 2, Now: t0, ExpiresAt: t0.Add(time.Minute)})
+	}
+	for i := range 2 {
+		if err := res(fmt.Sprint("a", i), alice(i)); err != nil {
+			t.Fatalf("Reserve alice %d: %v", i, err)
+		}
+	}
+	var ce *core.CapacityError
+	if err := res("a2", alice(2)); !errors.As(err, &ce) || ce.Reason != "user_quota" {
+		t.Fatalf("third Reserve for alice = %v, want user_quota", err)
+	}
+	if err := res("b0", bob); err != nil {
+		t.Fatalf("Reserve for bob: %v", err)
+	}
+	if st, _ := s.Capacity(ctx); st.Used != 3 {
+		t.Errorf("used = %d, want 3 (the refused reservation took nothing)", st.Used)
+	}
+	if err := s.FreeReservation(ctx, "a0", alice(0)); err != nil {
+		t.Fatalf("FreeReservation: %v", err)
+	}
+	if err := res("a3", alice(3)); err != nil {
+		t.Errorf("Reserve after alice freed one: %v", err)
 	}
 }

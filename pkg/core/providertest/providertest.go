@@ -16,7 +16,16 @@ import (
 )
 
 // Run checks p against the provider contract. Each call gets a 60 s budget.
+// It is RunWith with no optional capabilities.
 func Run(t *testing.T, p core.Provider) {
+	t.Helper()
+	RunWith(t, p, Capabilities{})
+}
+
+// RunWith checks p against the provider contract (every check of Run) and
+// then the optional cases caps enables. Each call gets a 60 s budget (plus
+// the expiry wait).
+func RunWith(t *testing.T, p core.Provider, caps Capabilities) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -122,4 +131,6 @@ func Run(t *testing.T, p core.Provider) {
 			}
 		}
 	})
+
+	runOptional(t, p, caps, tag)
 }

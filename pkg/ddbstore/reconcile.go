@@ -1,0 +1,578 @@
+package ddbstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// Items of the reconcile pass (issue 5), beside those of schema.go:
+//
+//	pk REC#<deployment>, sk R                     the inventory cursor (reconcileCursorItem)
+//	pk REC#<deployment>, sk SEEN#<cycle>#<part>   ids (and reservation tokens) one pass saw
+//	pk FST#<sandbox id>, sk R                     when reconcile first saw an anomalous sandbox
+//
+// SEEN and FST items carry a "ttl" (garbage collection only).
+
+var _ core.ReconcileStore = (*Store)(nil)
+
+const (
+	seenTTL      = 2 * 24 * time.Hour
+	firstSeenTTL = 7 * 24 * time.Hour
+	// batchGetMax is BatchGetItem's limit of keys per call.
+	batchGetMax = 100
+)
+
+func reconcilePK(deployment string) string { return "REC#" + deployment }
+func firstSeenPK(id string) string         { return "FST#" + id }
+
+// keyPK builds a key with an explicit sort key.
+func keySK(pk, sk string) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{
+		AttrPK: &types.AttributeValueMemberS{Value: pk},
+		AttrSK: &types.AttributeValueMemberS{Value: sk},
+	}
+}
+
+// LookupMany reads records, bindings and reservations with BatchGetItem
+// (strongly consistent, 100 keys per call, unprocessed keys retried).
+func (s *Store) LookupMany(ctx context.Context, ids []string, keys []core.ThreadKey, tokens []string) (core.ReconcileLookup, error) {
+	out := core.ReconcileLookup{Records: map[string]core.Record{}, Bindings: map[core.ThreadKey]core.Binding{},
+		Reservations: map[string]core.PendingReservation{}}
+	var all []map[string]types.AttributeValue
+	seen := map[string]bool{}
+	add := func(pk string) {
+		if !seen[pk] {
+			seen[pk] = true
+			all = append(all, s.key(pk))
+		}
+	}
+	for _, id := range ids {
+		add(sandboxPK(id))
+	}
+	bindingKeys := map[string]core.ThreadKey{}
+	for _, k := range keys {
+		bindingKeys[bindingPK(k)] = k
+		add(bindingPK(k))
+	}
+	for _, t := range tokens {
+		add(reservationPK(t))
+	}
+	for len(all) > 0 {
+		n := min(len(all), batchGetMax)
+		items, err := s.batchGet(ctx, all[:n])
+		if err != nil {
+			return out, err
+		}
+		all = all[n:]
+		for _, av := range items {
+			pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
+			if pk == nil {
+				continue
+			}
+			switch {
+			case strings.HasPrefix(pk.Value, "SBX#"):
+				rec, err := decodeRecord(av)
+				if err != nil {
+					return out, err
+				}
+				out.Records[rec.SandboxID] = rec
+			case strings.HasPrefix(pk.Value, "RES#"):
+				var it item
+				if err := attributevalue.UnmarshalMap(av, &it); err != nil {
+					return out, fmt.Errorf("decode reservation: %w", err)
+				}
+				out.Reservations[it.Reservation] = core.PendingReservation{Token: it.Reservation,
+					ThreadKey: core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread},
+					CreatedAt: fromMS(it.CreatedAt), ExpiresAt: fromMS(it.ExpiresAt)}
+			case strings.HasPrefix(pk.Value, "THR#"):
+				k := bindingKeys[pk.Value]
+				var b bindingItem
+				if err := attributevalue.UnmarshalMap(av, &b); err != nil {
+					return out, fmt.Errorf("decode binding: %w", err)
+				}
+				out.Bindings[k] = core.Binding{ThreadKey: k, SandboxID: b.SandboxID, Reservation: b.Reservation,
+					ReservationExpiresAt: fromMS(b.ReservationExpires)}
+			}
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) batchGet(ctx context.Context, keys []map[string]types.AttributeValue) ([]map[string]types.AttributeValue, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	var items []map[string]types.AttributeValue
+	for attempt := 0; len(keys) > 0; attempt++ {
+		if attempt > 0 {
+			t := time.NewTimer(time.Duration(min(attempt, 10)*20) * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, unavailable("batch get", ctx.Err())
+			case <-t.C:
+			}
+		}
+		out, err := s.db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: map[string]types.KeysAndAttributes{
+			s.table: {Keys: keys, ConsistentRead: aws.Bool(true)},
+		}})
+		if err != nil {
+			return nil, unavailable("batch get", err)
+		}
+		items = append(items, out.Responses[s.table]...)
+		keys = out.UnprocessedKeys[s.table].Keys
+	}
+	return items, nil
+}
+
+// bindingCondition is the condition that the binding is still from
+// (absent when !bound).
+func bindingCondition(from core.Binding, bound bool) expression.ConditionBuilder {
+	switch {
+	case !bound:
+		return expression.AttributeNotExists(expression.Name(AttrPK))
+	case from.SandboxID != "":
+		return expression.Name("sandbox_id").Equal(expression.Value(from.SandboxID))
+	default:
+		return expression.Name("reservation").Equal(expression.Value(from.Reservation))
+	}
+}
+
+func liveCondition() expression.ConditionBuilder {
+	return expression.Name("state").In(expression.Value(string(core.StateActive)),
+		expression.Value(string(core.StateReleasing)), expression.Value(string(core.StateWarm)),
+		expression.Value(string(core.StateReclaiming)))
+}
+
+// bindingPut is a transaction item writing key's binding to sandboxID under cond.
+func (s *Store) bindingPut(key core.ThreadKey, sandboxID string, now time.Time, cond expression.ConditionBuilder) (types.TransactWriteItem, error) {
+	av, err := attributevalue.MarshalMap(bindingItem{PK: bindingPK(key), SK: sortKey, SandboxID: sandboxID, UpdatedAt: ms(now)})
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	expr, err := expression.NewBuilder().WithCondition(cond).Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Put: &types.Put{TableName: &s.table, Item: av, ConditionExpression: expr.Condition(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+}
+
+func (s *Store) conditionCheck(pk string, cond expression.ConditionBuilder) (types.TransactWriteItem, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{ConditionCheck: &types.ConditionCheck{TableName: &s.table, Key: s.key(pk),
+		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+}
+
+// transact runs a transaction; any cancellation is core.ErrConflict.
+func (s *Store) transact(ctx context.Context, op string, items []types.TransactWriteItem) error {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err := s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
+	if reasons, cancelled := cancellation(err); cancelled {
+		for i, r := range reasons {
+			if aws.ToString(r.Code) == "ConditionalCheckFailed" {
+				return fmt.Errorf("%s: condition %d failed: %w", op, i, core.ErrConflict)
+			}
+		}
+		return unavailable(op, err)
+	}
+	if err != nil {
+		return unavailable(op, err)
+	}
+	return nil
+}
+
+// Adopt records an untracked sandbox in one transaction: the record, its
+// slot (a consumed reservation, or a new deployment and user slot taken
+// without a limit check), and optionally the binding or a check that the
+// binding still names a canonical sandbox. ErrConflict when any condition
+// fails (nothing written).
+func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error) {
+	rec := a.Record
+	rec.Fence = 1
+	recAV, err := attributevalue.MarshalMap(recordItem(rec, s.deployment))
+	if err != nil {
+		return core.Record{}, fmt.Errorf("adopt: %w", err)
+	}
+	notExists, exists := "attribute_not_exists(pk)", "attribute_exists(pk)"
+	items := []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: recAV, ConditionExpression: &notExists}}}
+	if a.Reservation != "" {
+		items = append(items, types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table,
+			Key: s.key(reservationPK(a.Reservation)), ConditionExpression: &exists}})
+	} else {
+		inc := "ADD #used :one, #rev :one"
+		vals := map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}}
+		items = append(items,
+			types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+				UpdateExpression: &inc, ExpressionAttributeNames: map[string]string{"#used": "used", "#rev": "revision"},
+				ExpressionAttributeValues: vals}},
+			types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(userPK(s.deployment, rec.ThreadKey)),
+				UpdateExpression: aws.String("ADD #used :one"), ExpressionAttributeNames: map[string]string{"#used": "used"},
+				ExpressionAttributeValues: vals}})
+	}
+	if a.Bind {
+		it, err := s.bindingPut(rec.ThreadKey, rec.SandboxID, rec.UpdatedAt, bindingCondition(a.From, a.FromBound))
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt: %w", err)
+		}
+		items = append(items, it)
+	} else if a.Canonical != "" {
+		it, err := s.conditionCheck(bindingPK(rec.ThreadKey), expression.Name("sandbox_id").Equal(expression.Value(a.Canonical)))
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt: %w", err)
+		}
+		items = append(items, it)
+	}
+	if err := s.transact(ctx, "adopt "+rec.SandboxID, items); err != nil {
+		return core.Record{}, err
+	}
+	return rec, nil
+}
+
+// Rebind points key's binding at sandboxID if the binding is still from
+// and the record is live, in one transaction (ErrConflict otherwise).
+func (s *Store) Rebind(ctx context.Context, key core.ThreadKey, sandboxID string, from core.Binding, fromBound bool) error {
+	put, err := s.bindingPut(key, sandboxID, time.Now(), bindingCondition(from, fromBound))
+	if err != nil {
+		return fmt.Errorf("rebind: %w", err)
+	}
+	check, err := s.conditionCheck(sandboxPK(sandboxID), expression.AttributeExists(expression.Name(AttrPK)).And(liveCondition()))
+	if err != nil {
+		return fmt.Errorf("rebind: %w", err)
+	}
+	return s.transact(ctx, "rebind "+sandboxID, []types.TransactWriteItem{put, check})
+}
+
+// ClaimDuplicate applies c (as Claim does) only if key's binding still
+// names canonical. ErrLeaseHeld, ErrNotFound or ErrConflict when it did not.
+func (s *Store) ClaimDuplicate(ctx context.Context, c core.Claim, key core.ThreadKey, canonical string) (core.Record, error) {
+	if len(c.From) == 0 || c.To == "" || c.LeaseUntil.IsZero() {
+		return core.Record{}, errors.New("claim duplicate: need source states, a target state and a lease")
+	}
+	states := make([]expression.OperandBuilder, 0, len(c.From))
+	for _, st := range c.From[1:] {
+		states = append(states, expression.Value(string(st)))
+	}
+	cond := expression.AttributeExists(expression.Name(AttrPK)).
+		And(expression.Name("tenant").Equal(expression.Value(c.Tenant))).
+		And(expression.Name("state").In(expression.Value(string(c.From[0])), states...)).
+		And(expression.Or(
+			expression.AttributeNotExists(expression.Name("lease_owner")),
+			expression.Name("lease_expires").LessThanEqual(expression.Value(ms(c.Now))),
+			expression.Name("lease_owner").Equal(expression.Value(c.Owner)),
+		))
+	upd := expression.Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
+		Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
+		Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil))).
+		Set(expression.Name("state"), expression.Value(string(c.To))).
+		Add(expression.Name("fence"), expression.Value(1)).
+		Remove(expression.Name("parked_at"))
+	upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID)
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim duplicate: %w", err)
+	}
+	check, err := s.conditionCheck(bindingPK(key), expression.Name("sandbox_id").Equal(expression.Value(canonical)))
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim duplicate: %w", err)
+	}
+	tctx, cancel := s.ctx(ctx)
+	_, err = s.db.TransactWriteItems(tctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(c.SandboxID)),
+			ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
+		check,
+	}})
+	cancel()
+	if reasons, cancelled := cancellation(err); cancelled {
+		if failed(reasons, 0) {
+			if len(reasons[0].Item) == 0 {
+				return core.Record{}, core.ErrNotFound
+			}
+			old, derr := decodeRecord(reasons[0].Item)
+			if derr != nil {
+				return core.Record{}, derr
+			}
+			if old.Tenant != c.Tenant {
+				return core.Record{}, core.ErrNotFound
+			}
+			if slices.Contains(c.From, old.State) && old.Leased(c.Owner, c.Now) {
+				return old, fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
+			}
+			return old, fmt.Errorf("sandbox %s is %s: %w", c.SandboxID, old.State, core.ErrConflict)
+		}
+		if failed(reasons, 1) {
+			return core.Record{}, fmt.Errorf("thread %s no longer names %s: %w", key, canonical, core.ErrConflict)
+		}
+		return core.Record{}, unavailable("claim duplicate", err)
+	}
+	if err != nil {
+		return core.Record{}, unavailable("claim duplicate", err)
+	}
+	return s.Get(ctx, c.SandboxID)
+}
+
+// FirstSeen records now as id's first sighting unless one exists (one
+// conditional write; a refusal returns the stored one).
+func (s *Store) FirstSeen(ctx context.Context, id string, now time.Time) (time.Time, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	cond := "attribute_not_exists(pk)"
+	_, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(firstSeenPK(id)),
+		ConditionExpression: &cond, UpdateExpression: aws.String("SET first_seen = :t, #ttl = :ttl"),
+		ExpressionAttributeNames: map[string]string{"#ttl": AttrTTL},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":t":   &types.AttributeValueMemberN{Value: strconv.FormatInt(ms(now), 10)},
+			":ttl": &types.AttributeValueMemberN{Value: strconv.FormatInt(now.Add(firstSeenTTL).Unix(), 10)},
+		},
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld})
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		var old struct {
+			FirstSeen int64 `dynamodbav:"first_seen"`
+		}
+		if err := attributevalue.UnmarshalMap(ccf.Item, &old); err != nil || old.FirstSeen == 0 {
+			return now, nil
+		}
+		return fromMS(old.FirstSeen), nil
+	}
+	if err != nil {
+		return time.Time{}, unavailable("first seen", err)
+	}
+	return now, nil
+}
+
+// reconcileCursorItem is the stored core.ReconcileCursor.
+type reconcileCursorItem struct {
+	Cycle          string `dynamodbav:"cycle"`
+	CycleStart     int64  `dynamodbav:"cycle_start"`
+	Token          string `dynamodbav:"token"`
+	Pass           int    `dynamodbav:"pass"`
+	Version        int64  `dynamodbav:"version"`
+	LedgerRevision int64  `dynamodbav:"ledger_revision"`
+	LedgerCount    int    `dynamodbav:"ledger_count"`
+	LedgerNoted    bool   `dynamodbav:"ledger_noted"`
+}
+
+// Cursor reads the inventory cursor (zero if none).
+func (s *Store) Cursor(ctx context.Context) (core.ReconcileCursor, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(reconcilePK(s.deployment)), ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return core.ReconcileCursor{}, unavailable("get reconcile cursor", err)
+	}
+	var it reconcileCursorItem
+	if out.Item != nil {
+		if err := attributevalue.UnmarshalMap(out.Item, &it); err != nil {
+			return core.ReconcileCursor{}, fmt.Errorf("decode reconcile cursor: %w", err)
+		}
+	}
+	return core.ReconcileCursor{Cycle: it.Cycle, CycleStart: fromMS(it.CycleStart), Token: it.Token, Pass: it.Pass,
+		Version: it.Version, LedgerRevision: it.LedgerRevision, LedgerCount: it.LedgerCount, LedgerNoted: it.LedgerNoted}, nil
+}
+
+// SaveCursor writes c if the stored version is c.Version (ErrConflict
+// otherwise), with version c.Version+1.
+func (s *Store) SaveCursor(ctx context.Context, c core.ReconcileCursor) error {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	av, err := attributevalue.MarshalMap(reconcileCursorItem{Cycle: c.Cycle, CycleStart: ms(c.CycleStart), Token: c.Token,
+		Pass: c.Pass, Version: c.Version + 1, LedgerRevision: c.LedgerRevision, LedgerCount: c.LedgerCount, LedgerNoted: c.LedgerNoted})
+	if err != nil {
+		return fmt.Errorf("save reconcile cursor: %w", err)
+	}
+	av[AttrPK] = &types.AttributeValueMemberS{Value: reconcilePK(s.deployment)}
+	av[AttrSK] = &types.AttributeValueMemberS{Value: sortKey}
+	cond := expression.AttributeNotExists(expression.Name(AttrPK))
+	if c.Version > 0 {
+		cond = expression.Name("version").Equal(expression.Value(c.Version))
+	}
+	expr, err := expression.NewBuilder().WithCondition(cond).Build()
+	if err != nil {
+		return fmt.Errorf("save reconcile cursor: %w", err)
+	}
+	err = s.transact(ctx, "save reconcile cursor", []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: av,
+		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}})
+	return err
+}
+
+// seenChunk bounds the ids stored per item (well under 400 KB).
+const seenChunk = 2000
+
+// SaveSeen stores a pass's part of a cycle's inventory.
+func (s *Store) SaveSeen(ctx context.Context, cycle, part string, seen []core.SeenSandbox) error {
+	for i := 0; i < len(seen); i += seenChunk {
+		chunk := seen[i:min(i+seenChunk, len(seen))]
+		ids := make([]string, len(chunk))
+		for j, sb := range chunk {
+			ids[j] = sb.ID
+			if sb.Reservation != "" {
+				ids[j] += "\t" + sb.Reservation
+			}
+		}
+		idsAV, err := attributevalue.Marshal(ids)
+		if err != nil {
+			return fmt.Errorf("save seen: %w", err)
+		}
+		item := keySK(reconcilePK(s.deployment), fmt.Sprintf("SEEN#%s#%s#%04d", cycle, part, i/seenChunk))
+		item["ids"] = idsAV
+		item[AttrTTL] = &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().Add(seenTTL).Unix(), 10)}
+		if err := s.transact(ctx, "save seen", []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: item}}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Seen reads every stored part of a cycle's inventory.
+func (s *Store) Seen(ctx context.Context, cycle string) ([]core.SeenSandbox, error) {
+	expr, err := expression.NewBuilder().WithKeyCondition(
+		expression.Key(AttrPK).Equal(expression.Value(reconcilePK(s.deployment))).
+			And(expression.Key(AttrSK).BeginsWith("SEEN#" + cycle + "#"))).Build()
+	if err != nil {
+		return nil, err
+	}
+	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, ConsistentRead: aws.Bool(true),
+		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
+	var out []core.SeenSandbox
+	for p.HasMorePages() {
+		cctx, cancel := s.ctx(ctx)
+		page, err := p.NextPage(cctx)
+		cancel()
+		if err != nil {
+			return nil, unavailable("query seen", err)
+		}
+		for _, av := range page.Items {
+			var ids []string
+			if err := attributevalue.Unmarshal(av["ids"], &ids); err != nil {
+				return nil, fmt.Errorf("decode seen: %w", err)
+			}
+			for _, v := range ids {
+				id, tok, _ := strings.Cut(v, "\t")
+				out = append(out, core.SeenSandbox{ID: id, Reservation: tok})
+			}
+		}
+	}
+	return out, nil
+}
+
+// ScanState calls fn for each record (or reservation) in state, oldest
+// first, until fn returns false.
+func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Record) bool) error {
+	expr, err := expression.NewBuilder().WithKeyCondition(
+		expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, state)))).Build()
+	if err != nil {
+		return err
+	}
+	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
+	for p.HasMorePages() {
+		cctx, cancel := s.ctx(ctx)
+		page, err := p.NextPage(cctx)
+		cancel()
+		if err != nil {
+			return unavailable("scan "+string(state), err)
+		}
+		for _, av := range page.Items {
+			var it item
+			if err := attributevalue.UnmarshalMap(av, &it); err != nil {
+				return fmt.Errorf("decode %s item: %w", state, err)
+			}
+			if !fn(it.record()) {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// slotStates are the states whose records (and reservations) hold a slot.
+var slotStates = []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
+	core.StateReclaiming, core.StateDestroying}
+
+// CountSlots reads the ledger (strongly consistent) and then counts the
+// items of every slot-holding state in gsi1 (COUNT queries; the index is
+// eventually consistent, which RepairLedger's caller accounts for).
+func (s *Store) CountSlots(ctx context.Context) (core.Ledger, int, error) {
+	cctx, cancel := s.ctx(ctx)
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(capacityPK(s.deployment)), ConsistentRead: aws.Bool(true)})
+	cancel()
+	if err != nil {
+		return core.Ledger{}, 0, unavailable("get ledger", err)
+	}
+	var l struct {
+		Used     int   `dynamodbav:"used"`
+		Revision int64 `dynamodbav:"revision"`
+		Draining bool  `dynamodbav:"draining"`
+	}
+	if out.Item != nil {
+		_ = attributevalue.UnmarshalMap(out.Item, &l) // absent attributes stay zero
+	}
+	total := 0
+	for _, st := range slotStates {
+		expr, err := expression.NewBuilder().WithKeyCondition(
+			expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, st)))).Build()
+		if err != nil {
+			return core.Ledger{}, 0, err
+		}
+		p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+			KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+			ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
+		for p.HasMorePages() {
+			cctx, cancel := s.ctx(ctx)
+			page, err := p.NextPage(cctx)
+			cancel()
+			if err != nil {
+				return core.Ledger{}, 0, unavailable("count "+string(st), err)
+			}
+			total += int(page.Count)
+		}
+	}
+	return core.Ledger{Used: l.Used, Revision: l.Revision, Draining: l.Draining}, total, nil
+}
+
+// RepairLedger sets the ledger's used count to used if its revision is
+// still revision (ErrConflict otherwise) and bumps the revision.
+func (s *Store) RepairLedger(ctx context.Context, revision int64, used int) error {
+	cond := expression.Name("revision").Equal(expression.Value(revision))
+	if revision == 0 {
+		cond = expression.Or(expression.AttributeNotExists(expression.Name("revision")), cond)
+	}
+	expr, err := expression.NewBuilder().WithCondition(cond).
+		WithUpdate(expression.Set(expression.Name("used"), expression.Value(used)).
+			Add(expression.Name("revision"), expression.Value(1))).Build()
+	if err != nil {
+		return fmt.Errorf("repair ledger: %w", err)
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err = s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return fmt.Errorf("ledger revision moved from %d: %w", revision, core.ErrConflict)
+	}
+	if err != nil {
+		return unavailable("repair ledger", err)
+	}
+	return nil
+}
