@@ -182,6 +182,7 @@ sbx exec exits with the command's exit code.`,
 	root.AddCommand(
 		a.acquireCmd(g), a.execCmd(g), a.putCmd(g), a.getCmd(g), a.releaseCmd(g),
 		a.syncCmd(g), a.statusCmd(g), a.capacityCmd(g), a.lsOutputsCmd(g), a.s3EnvCmd(g), a.configCmd(g),
+		a.reconcileCmd(g),
 	)
 	return root
 }
@@ -571,27 +572,82 @@ func printDeferred(w io.Writer, d []client.DeferredFile) {
 }
 
 func (a *App) syncCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var untilComplete bool
+	var maxPasses int
+	var progress string
+	cmd := &cobra.Command{
 		Use:   "sync ID",
 		Short: "Copy the sandbox's outputs/ and workspace/ to S3 now (it stays active)",
-		Args:  exactArgs(1, "ID"),
+		Long: `Copy the sandbox's outputs/ and workspace/ to S3 now; the sandbox stays active.
+
+One pass is bounded by the broker's caps (files, bytes, wall time) and says
+what it deferred and why; the next pass continues with the deferred files.
+With --until-complete, sbx runs passes until one is complete, one uploads
+nothing (what is left cannot be copied: unsafe names, oversize files), or
+--max-passes is reached, and reports the totals.
+
+Progress goes to stderr: a spinner with the elapsed time while a pass runs
+and a line per finished pass (--progress auto: only when stderr is a
+terminal and --json is not set). With --until-complete a line per pass is
+printed in any case.`,
+		Args: exactArgs(1, "ID"),
 		RunE: run(func(cmd *cobra.Command, args []string) error {
+			if progress != progressAuto && progress != progressAlways && progress != progressNever {
+				return usageError{fmt.Errorf("--progress must be auto, always or never, got %q", progress)}
+			}
+			if maxPasses < 1 {
+				return usageError{fmt.Errorf("--max-passes must be at least 1, got %d", maxPasses)}
+			}
 			c, _, err := a.api(g)
 			if err != nil {
 				return err
 			}
-			res, err := c.Sync(cmd.Context(), args[0])
-			if err != nil {
-				return fmt.Errorf("sync %s: %w", args[0], err)
+			id := args[0]
+			show := progress == progressAlways || (progress == progressAuto && !g.json && isTerminal(a.Stderr))
+			var total client.SyncResult
+			passes := 0
+			for {
+				passes++
+				var sp *spinner
+				if show {
+					label := "syncing " + id
+					if untilComplete {
+						label += fmt.Sprintf(" (pass %d)", passes)
+					}
+					sp = startSpinner(a.Stderr, label, spinnerTick)
+				}
+				start := time.Now()
+				res, err := c.Sync(cmd.Context(), id)
+				sp.Stop()
+				if err != nil {
+					return fmt.Errorf("sync %s (pass %d): %w", id, passes, err)
+				}
+				total.Uploaded += res.Uploaded
+				total.Bytes += res.Bytes
+				total.Skipped, total.Deferred, total.Complete = res.Skipped, res.Deferred, res.Complete
+				if show || untilComplete {
+					fmt.Fprintf(a.Stderr, "pass %d: %s in %s\n", passes, syncLine(res), elapsed(time.Since(start)))
+				}
+				if !untilComplete || res.Complete || res.Uploaded == 0 || passes >= maxPasses {
+					break
+				}
 			}
 			if g.json {
-				return writeJSON(a.Stdout, res)
+				return writeJSON(a.Stdout, total)
 			}
-			fmt.Fprintf(a.Stdout, "synced %s: %s\n", args[0], syncLine(res))
-			printDeferred(a.Stdout, res.Deferred)
+			if passes > 1 {
+				fmt.Fprintf(a.Stdout, "synced %s in %d passes: %s\n", id, passes, syncLine(total))
+			} else {
+				fmt.Fprintf(a.Stdout, "synced %s: %s\n", id, syncLine(total))
+			}
+			printDeferred(a.Stdout, total.Deferred)
 			return nil
 		}),
 	}
+	cmd.Flags().BoolVar(&untilComplete, "until-complete", false, "repeat passes while they make progress, until one is complete")
+	cmd.Flags().IntVar(&maxPasses, "max-passes", 20, "with --until-complete, the most passes to run")
+	cmd.Flags().StringVar(&progress, "progress", progressAuto, "progress on stderr: auto, always or never")
+	return cmd
 }
 
 func (a *App) statusCmd(g *globals) *cobra.Command {

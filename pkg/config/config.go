@@ -29,13 +29,36 @@ const (
 	EnvActiveTimeoutSeconds  = "SANDBOX_ACTIVE_TIMEOUT_SECONDS"
 	EnvTemplate              = "SANDBOX_TEMPLATE"
 	EnvDeploymentID          = "SANDBOX_DEPLOYMENT_ID"
-	EnvE2BAPIURL             = "E2B_API_URL"
-	EnvE2BSandboxURL         = "E2B_SANDBOX_URL"
-	EnvE2BAPIKey             = "E2B_API_KEY"
-	EnvTableName             = "TABLE_NAME"
-	EnvOutputBucket          = "OUTPUT_BUCKET"
-	EnvOutputPrefix          = "OUTPUT_PREFIX"
-	EnvLogLevel              = "LOG_LEVEL"
+	EnvMaxPerUser            = "SANDBOX_MAX_PER_USER"
+	// EnvAdminTenants lists the tenants (comma-separated) allowed on the
+	// /v1/admin routes (drain, undrain).
+	EnvAdminTenants  = "BROKER_ADMIN_TENANTS"
+	EnvE2BAPIURL     = "E2B_API_URL"
+	EnvE2BSandboxURL = "E2B_SANDBOX_URL"
+	EnvE2BAPIKey     = "E2B_API_KEY"
+	// EnvSandboxProvider selects the provider: "e2b" (default) or
+	// "provisioner" (issue 7).
+	EnvSandboxProvider = "SANDBOX_PROVIDER"
+	// EnvProvisionerURL and EnvProvisionerAPIKey configure the Kubernetes
+	// sandbox provisioner (SANDBOX_PROVIDER=provisioner: the URL is then
+	// required, the key optional; the E2B variables are not read).
+	EnvProvisionerURL    = "PROVISIONER_URL"
+	EnvProvisionerAPIKey = "PROVISIONER_API_KEY"
+	// EnvE2BAPIKeySecretARN names a Secrets Manager secret whose
+	// SecretString is the E2B API key (deployed stacks); pkg/wiring reads it
+	// once at cold start. Set either it or EnvE2BAPIKey.
+	EnvE2BAPIKeySecretARN = "E2B_API_KEY_SECRET_ARN"
+	EnvTableName          = "TABLE_NAME"
+	EnvOutputBucket       = "OUTPUT_BUCKET"
+	EnvOutputPrefix       = "OUTPUT_PREFIX"
+	EnvLogLevel           = "LOG_LEVEL"
+	// Output sync caps (issue 4); unset means the syncer's default
+	// (pkg/outputsync Default*).
+	EnvSyncMaxFiles        = "SYNC_MAX_FILES"
+	EnvSyncMaxTotalBytes   = "SYNC_MAX_TOTAL_BYTES"
+	EnvSyncMaxFileBytes    = "SYNC_MAX_FILE_BYTES"
+	EnvSyncDeadlineSeconds = "SYNC_DEADLINE_SECONDS"
+	EnvSyncMirrorDeletes   = "SYNC_MIRROR_DELETES"
 	// EnvS3Endpoint and EnvEndpoint are the AWS SDK's own endpoint overrides
 	// (honoured by aws-sdk-go-v2/config); Load only reads them to decide
 	// whether S3 needs path-style addressing (local S3 stand-ins).
@@ -54,7 +77,7 @@ var deploymentPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 var knownSandboxVars = map[string]bool{
 	EnvReplicas: true, EnvOverflowPolicy: true, EnvAcquireTimeoutSeconds: true,
 	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true,
-	EnvTemplate: true, EnvDeploymentID: true,
+	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvSandboxProvider: true,
 }
 
 // E2B configures the E2B provider client.
@@ -65,13 +88,48 @@ type E2B struct {
 	// per-sandbox domain).
 	SandboxURL string
 	// APIKey is sent as X-API-Key. Secret: never log it (String redacts it).
+	// Empty when APIKeySecretARN is set: pkg/wiring fills it from the secret.
+	APIKey string
+	// APIKeySecretARN is the Secrets Manager secret holding the API key
+	// (E2B_API_KEY_SECRET_ARN), "" when E2B_API_KEY is given directly.
+	APIKeySecretARN string
+}
+
+// Sync holds the output sync caps (issue 4). A zero field means "unset":
+// the syncer's default applies (pkg/outputsync Default*), and for Deadline
+// pkg/wiring picks the budget per function.
+type Sync struct {
+	MaxFiles      int           // SYNC_MAX_FILES: uploads per pass
+	MaxTotalBytes int64         // SYNC_MAX_TOTAL_BYTES: bytes per pass
+	MaxFileBytes  int64         // SYNC_MAX_FILE_BYTES: larger files are skipped unread
+	Deadline      time.Duration // SYNC_DEADLINE_SECONDS: wall-time budget of a pass
+	// MirrorDeletes (SYNC_MIRROR_DELETES, default false): objects of files
+	// deleted in the sandbox are deleted from S3 on a complete pass.
+	MirrorDeletes bool
+}
+
+// Provider names (SANDBOX_PROVIDER values).
+const (
+	ProviderE2B         = "e2b"
+	ProviderProvisioner = "provisioner"
+)
+
+// Provisioner configures the Kubernetes sandbox provisioner client.
+type Provisioner struct {
+	// URL is the provisioner API base URL (PROVISIONER_URL).
+	URL string
+	// APIKey is sent as X-API-Key when set (PROVISIONER_API_KEY). Secret:
+	// never log it (String redacts it).
 	APIKey string
 }
 
 // Config is the whole configuration of one broker function.
 type Config struct {
 	Settings core.Settings
-	E2B      E2B
+	// Provider is ProviderE2B (default) or ProviderProvisioner.
+	Provider    string
+	E2B         E2B
+	Provisioner Provisioner
 	// TableName is the DynamoDB table holding every record.
 	TableName string
 	// OutputBucket and OutputPrefix locate synced outputs:
@@ -81,7 +139,13 @@ type Config struct {
 	// S3PathStyle is true when an S3 endpoint override is set (local S3
 	// stand-ins such as versitygw need path-style addressing).
 	S3PathStyle bool
-	LogLevel    slog.Level
+	// Sync caps the output sync passes.
+	Sync Sync
+	// Reconcile bounds the reconcile passes (RECONCILE_*).
+	Reconcile core.ReconcileSettings
+	// AdminTenants may call the /v1/admin routes (BROKER_ADMIN_TENANTS).
+	AdminTenants []string
+	LogLevel     slog.Level
 }
 
 // String renders c for logs with the API key redacted.
@@ -90,10 +154,21 @@ func (c Config) String() string {
 	if c.E2B.APIKey != "" {
 		key = "[redacted]"
 	}
-	return fmt.Sprintf("deployment=%s replicas=%d policy=%s burst=%d acquire_timeout=%s idle_timeout=%s active_timeout=%s template=%q e2b_api_url=%s e2b_sandbox_url=%s e2b_api_key=%s table=%s bucket=%s prefix=%q log_level=%s",
+	return fmt.Sprintf("deployment=%s replicas=%d policy=%s burst=%d acquire_timeout=%s idle_timeout=%s active_timeout=%s template=%q e2b_api_url=%s e2b_sandbox_url=%s e2b_api_key=%s table=%s bucket=%s prefix=%q sync_max_files=%d sync_max_total_bytes=%d sync_max_file_bytes=%d sync_deadline=%s sync_mirror_deletes=%t log_level=%s",
 		c.Settings.Deployment, c.Settings.Replicas, c.Settings.Policy, c.Settings.BurstLimit,
 		c.Settings.AcquireTimeout, c.Settings.IdleTimeout, c.Settings.ActiveTimeout, c.Settings.Template,
-		c.E2B.APIURL, c.E2B.SandboxURL, key, c.TableName, c.OutputBucket, c.OutputPrefix, c.LogLevel)
+		c.E2B.APIURL, c.E2B.SandboxURL, key, c.TableName, c.OutputBucket, c.OutputPrefix,
+		c.Sync.MaxFiles, c.Sync.MaxTotalBytes, c.Sync.MaxFileBytes, c.Sync.Deadline, c.Sync.MirrorDeletes, c.LogLevel) +
+		c.providerString()
+}
+
+// providerString renders the provider selection with its key redacted.
+func (c Config) providerString() string {
+	key := ""
+	if c.Provisioner.APIKey != "" {
+		key = "[redacted]"
+	}
+	return fmt.Sprintf(" provider=%s provisioner_url=%s provisioner_api_key=%s", c.Provider, c.Provisioner.URL, key)
 }
 
 // LogValue implements slog.LogValuer so logging a Config never prints the key.
@@ -138,21 +213,50 @@ func Parse(environ []string) (Config, []string, error) {
 	s.ActiveTimeout = p.seconds(EnvActiveTimeoutSeconds, s.ActiveTimeout)
 	s.Template = p.str(EnvTemplate, s.Template)
 	s.Deployment = p.str(EnvDeploymentID, s.Deployment)
+	s.MaxPerUser = p.intVar(EnvMaxPerUser, s.MaxPerUser, 0)
 	if !deploymentPattern.MatchString(s.Deployment) {
 		p.fail(EnvDeploymentID, "must match %s, got %q", deploymentPattern, s.Deployment)
 	}
 
 	c := Config{
-		Settings: s,
-		E2B: E2B{
-			APIURL:     p.url(EnvE2BAPIURL, DefaultE2BAPIURL, true),
-			SandboxURL: p.url(EnvE2BSandboxURL, "", false),
-			APIKey:     p.required(EnvE2BAPIKey),
-		},
+		Settings:     s,
+		Provider:     p.str(EnvSandboxProvider, ProviderE2B),
 		TableName:    p.required(EnvTableName),
 		OutputBucket: p.required(EnvOutputBucket),
 		OutputPrefix: strings.Trim(p.str(EnvOutputPrefix, ""), "/"),
 		S3PathStyle:  env[EnvS3Endpoint] != "" || env[EnvEndpoint] != "",
+		Sync: Sync{
+			MaxFiles:      p.intVar(EnvSyncMaxFiles, 0, 1),
+			MaxTotalBytes: p.byteCount(EnvSyncMaxTotalBytes),
+			MaxFileBytes:  p.byteCount(EnvSyncMaxFileBytes),
+			Deadline:      p.seconds(EnvSyncDeadlineSeconds, 0),
+			MirrorDeletes: p.boolVar(EnvSyncMirrorDeletes, false),
+		},
+	}
+	switch c.Provider {
+	case ProviderE2B:
+		c.E2B = E2B{
+			APIURL:     p.url(EnvE2BAPIURL, DefaultE2BAPIURL, true),
+			SandboxURL: p.url(EnvE2BSandboxURL, "", false),
+			APIKey:     p.apiKey(),
+			// Validated by p.apiKey.
+			APIKeySecretARN: p.str(EnvE2BAPIKeySecretARN, ""),
+		}
+	case ProviderProvisioner:
+		c.Provisioner = Provisioner{URL: p.url(EnvProvisionerURL, "", true), APIKey: p.str(EnvProvisionerAPIKey, "")}
+	default:
+		p.fail(EnvSandboxProvider, "must be %s or %s, got %q", ProviderE2B, ProviderProvisioner, c.Provider)
+	}
+	c.Reconcile = p.reconcile()
+	for _, t := range strings.Split(p.str(EnvAdminTenants, ""), ",") {
+		if t = strings.TrimSpace(t); t == "" {
+			continue
+		}
+		if !deploymentPattern.MatchString(t) {
+			p.fail(EnvAdminTenants, "tenant %q must match %s", t, deploymentPattern)
+			continue
+		}
+		c.AdminTenants = append(c.AdminTenants, t)
 	}
 	if err := c.LogLevel.UnmarshalText([]byte(p.str(EnvLogLevel, "INFO"))); err != nil {
 		p.fail(EnvLogLevel, "must be DEBUG, INFO, WARN or ERROR, got %q", env[EnvLogLevel])
@@ -186,6 +290,22 @@ func (p *parser) str(name, def string) string {
 	return def
 }
 
+// apiKey reads E2B_API_KEY, required unless E2B_API_KEY_SECRET_ARN names
+// the secret holding it (a Secrets Manager ARN); setting both is an error.
+func (p *parser) apiKey() string {
+	arn := p.str(EnvE2BAPIKeySecretARN, "")
+	if arn == "" {
+		return p.required(EnvE2BAPIKey)
+	}
+	if !strings.HasPrefix(arn, "arn:") || !strings.Contains(arn, ":secretsmanager:") {
+		p.fail(EnvE2BAPIKeySecretARN, "must be a Secrets Manager secret ARN, got %q", arn)
+	}
+	if p.str(EnvE2BAPIKey, "") != "" {
+		p.fail(EnvE2BAPIKey, "must be empty when %s is set", EnvE2BAPIKeySecretARN)
+	}
+	return ""
+}
+
 func (p *parser) required(name string) string {
 	v := p.str(name, "")
 	if v == "" {
@@ -209,6 +329,34 @@ func (p *parser) intVar(name string, def, minimum int) int {
 		return def
 	}
 	return n
+}
+
+// byteCount parses a positive whole number of bytes; unset is 0.
+func (p *parser) byteCount(name string) int64 {
+	v := p.str(name, "")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 {
+		p.fail(name, "must be a positive whole number of bytes, got %q", v)
+		return 0
+	}
+	return n
+}
+
+// boolVar parses true/false (strconv.ParseBool forms).
+func (p *parser) boolVar(name string, def bool) bool {
+	v := p.str(name, "")
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		p.fail(name, "must be true or false, got %q", v)
+		return def
+	}
+	return b
 }
 
 // seconds parses a positive whole number of seconds.

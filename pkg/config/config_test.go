@@ -85,6 +85,11 @@ func TestParseInvalidNamesVariable(t *testing.T) {
 		{"missing table", []string{"E2B_API_KEY=k", "OUTPUT_BUCKET=b"}, "TABLE_NAME"},
 		{"missing bucket", []string{"E2B_API_KEY=k", "TABLE_NAME=t"}, "OUTPUT_BUCKET"},
 		{"blank table", []string{"E2B_API_KEY=k", "TABLE_NAME=  ", "OUTPUT_BUCKET=b"}, "TABLE_NAME"},
+		{"sync max files zero", base("SYNC_MAX_FILES=0"), "SYNC_MAX_FILES"},
+		{"sync total bytes unit", base("SYNC_MAX_TOTAL_BYTES=1GiB"), "SYNC_MAX_TOTAL_BYTES"},
+		{"sync file bytes negative", base("SYNC_MAX_FILE_BYTES=-1"), "SYNC_MAX_FILE_BYTES"},
+		{"sync deadline zero", base("SYNC_DEADLINE_SECONDS=0"), "SYNC_DEADLINE_SECONDS"},
+		{"sync mirror deletes", base("SYNC_MIRROR_DELETES=maybe"), "SYNC_MIRROR_DELETES"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -138,5 +143,30 @@ func TestConfigNeverPrintsAPIKey(t *testing.T) {
 		if !strings.Contains(s, "[redacted]") {
 			t.Errorf("%q does not show the key as redacted", s)
 		}
+	}
+}
+
+func TestParseSyncCaps(t *testing.T) {
+	tests := []struct {
+		name string
+		env  []string
+		want Sync
+	}{
+		{"unset means syncer defaults", base(), Sync{}},
+		{"all set", base("SYNC_MAX_FILES=50", "SYNC_MAX_TOTAL_BYTES=1073741824", "SYNC_MAX_FILE_BYTES=1048576",
+			"SYNC_DEADLINE_SECONDS=15", "SYNC_MIRROR_DELETES=true"),
+			Sync{MaxFiles: 50, MaxTotalBytes: 1 << 30, MaxFileBytes: 1 << 20, Deadline: 15 * time.Second, MirrorDeletes: true}},
+		{"mirror deletes off", base("SYNC_MIRROR_DELETES=false"), Sync{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _, err := Parse(tt.env)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if c.Sync != tt.want {
+				t.Errorf("Sync = %+v, want %+v", c.Sync, tt.want)
+			}
+		})
 	}
 }

@@ -9,6 +9,9 @@ import (
 type AcquireResult struct {
 	Record Record
 	Source Source
+	// Restore reports the outputs restored into a created sandbox (nil
+	// when nothing ran: reuse, reclaim, or no restorer configured).
+	Restore *SyncResult
 }
 
 // ReleaseResult is the outcome of a release.

@@ -382,6 +382,13 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 		}
 		return AcquireResult{}, false, errors.Join(err, e.freeReservation(ctx, token, key))
 	}
+	restored, err := e.restore(ctx, key, ref)
+	if err != nil {
+		if kerr := e.prov.Kill(ctx, ref.ID); kerr != nil {
+			return AcquireResult{}, false, fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr)
+		}
+		return AcquireResult{}, true, errors.Join(err, e.freeReservation(ctx, token, key))
+	}
 	now = e.now()
 	rec, err := e.store.Finalize(ctx, token, Record{
 		SandboxID: ref.ID, ThreadKey: key, Seed: key.Seed(), State: StateActive, Backend: e.prov.Name(),
@@ -400,7 +407,34 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	if err != nil {
 		return AcquireResult{}, false, fmt.Errorf("finalize: %w", err)
 	}
-	return AcquireResult{Record: rec, Source: SourceCreated}, false, nil
+	return AcquireResult{Record: rec, Source: SourceCreated, Restore: restored}, false, nil
+}
+
+// restoreShare is the part of the remaining invocation time restore may use.
+const restoreShare = 2
+
+// restore brings the thread's earlier outputs into a new sandbox when the
+// syncer can. Only a dead sandbox fails it; anything else is logged and the
+// sandbox is handed out with what was restored.
+func (e *Engine) restore(ctx context.Context, key ThreadKey, ref SandboxRef) (*SyncResult, error) {
+	r, ok := e.sync.(OutputRestorer)
+	if !ok {
+		return nil, nil
+	}
+	rctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/restoreShare))
+		defer cancel()
+	}
+	res, err := r.Restore(rctx, SyncTarget{Ref: ref, ThreadKey: key})
+	if errors.Is(err, ErrSandboxGone) {
+		return &res, fmt.Errorf("restore outputs: %w", err)
+	}
+	if err != nil {
+		e.log.WarnContext(ctx, "restore incomplete; handing out the sandbox", "sandbox_id", ref.ID, "err", err)
+	}
+	return &res, nil
 }
 
 func (e *Engine) freeReservation(ctx context.Context, token string, key ThreadKey) error {

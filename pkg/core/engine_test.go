@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -666,5 +667,75 @@ func TestAcquireWaitsForSameThreadRelease(t *testing.T) {
 	res := <-acquired
 	if res.Record.SandboxID != rec.SandboxID || res.Source != core.SourceReclaimed {
 		t.Errorf("acquire after release = %s/%s, want %s reclaimed", res.Record.SandboxID, res.Source, rec.SandboxID)
+	}
+}
+
+// restoringSyncer is a fakeSyncer that also restores (core.OutputRestorer).
+type restoringSyncer struct {
+	fakeSyncer
+	restored []string
+	err      error
+}
+
+func (r *restoringSyncer) Restore(_ context.Context, t core.SyncTarget) (core.SyncResult, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.restored = append(r.restored, t.Ref.ID+" "+t.Thread)
+	return core.SyncResult{Uploaded: 2, Complete: r.err == nil}, r.err
+}
+
+func newRestoreHarness(t *testing.T, restoreErr error) (*harness, *restoringSyncer) {
+	t.Helper()
+	h := newHarness(t, nil)
+	rs := &restoringSyncer{err: restoreErr}
+	s := core.DefaultSettings()
+	s.Deployment = "test"
+	s.AcquireTimeout = 2 * time.Second
+	eng, err := core.New(s, h.store, h.prov, rs, core.WithClock(h.clock.now))
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	h.eng = eng
+	return h, rs
+}
+
+func TestCreatedSandboxGetsOutputsRestored(t *testing.T) {
+	h, rs := newRestoreHarness(t, nil)
+	res, err := h.eng.Acquire(context.Background(), key("t1"))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if res.Restore == nil || res.Restore.Uploaded != 2 {
+		t.Errorf("restore result = %+v, want the restorer's", res.Restore)
+	}
+	if want := []string{res.Record.SandboxID + " t1"}; !slices.Equal(rs.restored, want) {
+		t.Errorf("restored = %v, want %v", rs.restored, want)
+	}
+	// Reuse and reclaim never restore (the sandbox already has its files).
+	if _, err := h.eng.Release(context.Background(), "acme", res.Record.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	h.acquire(t, key("t1"), core.SourceReclaimed)
+	if len(rs.restored) != 1 {
+		t.Errorf("restores = %v, want only the create's", rs.restored)
+	}
+}
+
+func TestRestoreFailureOtherThanGoneStillHandsOut(t *testing.T) {
+	h, _ := newRestoreHarness(t, errors.New("s3 listing failed"))
+	h.acquire(t, key("t1"), core.SourceCreated)
+}
+
+func TestSandboxDeadDuringRestoreIsKilledAndReplaced(t *testing.T) {
+	h, rs := newRestoreHarness(t, fmt.Errorf("write: %w", core.ErrSandboxGone))
+	_, err := h.eng.Acquire(context.Background(), key("t1"))
+	if err == nil {
+		t.Fatal("Acquire succeeded although every created sandbox died during restore")
+	}
+	if len(rs.restored) < 2 {
+		t.Errorf("restores = %v, want a retry with a fresh sandbox", rs.restored)
+	}
+	if st := h.capacity(t); st.Used != 0 {
+		t.Errorf("used = %d, want 0: killed sandboxes free their reservations", st.Used)
 	}
 }

@@ -433,7 +433,14 @@ func (p *pass) inventory(ctx context.Context) error {
 			}
 			break
 		}
-		if !p.processPage(ctx, infos) {
+		done, err := p.processPage(ctx, infos)
+		if err != nil {
+			// Nothing decided for this page: it is read again next pass, and
+			// the walk stays incomplete (an incomplete inventory frees nothing).
+			walkErr = err
+			break
+		}
+		if !done {
 			p.st.BudgetExhausted = true // stopped mid-page: the page is read again
 			break
 		}
@@ -484,9 +491,9 @@ func startedAt(in SandboxInfo) time.Time {
 }
 
 // processPage examines one page. It returns false when the wall-clock
-// budget ran out before the page was done.
-func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) bool {
-	e := p.e
+// budget ran out before the page was done, and an error when the store
+// could not be read (nothing was decided then).
+func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) (bool, error) {
 	ids := make([]string, 0, len(infos))
 	var keys []ThreadKey
 	keySeen := map[ThreadKey]bool{}
@@ -499,9 +506,7 @@ func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) bool {
 	}
 	look, err := p.rst.LookupMany(ctx, ids, keys, nil)
 	if err != nil {
-		p.st.Errors++
-		e.log.WarnContext(ctx, "reconcile lookup failed", "err", err)
-		return true // nothing decided; the page counts as read
+		return false, fmt.Errorf("look up inventory page: %w", err)
 	}
 	// Second round: the records bindings name, and reservations.
 	var more []string
@@ -524,9 +529,7 @@ func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) bool {
 	if len(more) > 0 || len(tokens) > 0 {
 		look2, err := p.rst.LookupMany(ctx, more, nil, tokens)
 		if err != nil {
-			p.st.Errors++
-			e.log.WarnContext(ctx, "reconcile lookup failed", "err", err)
-			return true
+			return false, fmt.Errorf("look up inventory page: %w", err)
 		}
 		for id, r := range look2.Records {
 			look.Records[id] = r
@@ -541,7 +544,7 @@ func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) bool {
 	var order []ThreadKey
 	for _, in := range infos {
 		if p.timeUp() {
-			return false
+			return false, nil
 		}
 		p.st.Discovered++
 		p.seen = append(p.seen, SeenSandbox{ID: in.ID, Reservation: in.Metadata[MetaReservation]})
@@ -566,7 +569,7 @@ func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) bool {
 		})
 		p.group(ctx, k, g, look)
 	}
-	return true
+	return true, nil
 }
 
 // crashed reports whether a reservation's create is presumed dead.

@@ -134,7 +134,8 @@ func TestReconcileLargeFleetAcrossPasses(t *testing.T) {
 	if first.discovered != n || first.adopted != n {
 		t.Errorf("first walk: %+v; want %d discovered and adopted", first, n)
 	}
-	wantPasses := (n + rs.MaxItems - 1) / rs.MaxItems
+	perPass := min(rs.MaxItems, rs.MaxPages*rs.PageSize)
+	wantPasses := (n + perPass - 1) / perPass
 	if first.passes < wantPasses || first.passes > wantPasses+1 {
 		t.Errorf("first walk took %d passes, want %d or %d", first.passes, wantPasses, wantPasses+1)
 	}

@@ -31,3 +31,12 @@ type SyncResult struct {
 type OutputSyncer interface {
 	Sync(ctx context.Context, t SyncTarget) (SyncResult, error)
 }
+
+// OutputRestorer copies a thread's synced outputs back into a freshly
+// created sandbox before it is handed out, and seeds the manifest so they
+// are not uploaded again. An OutputSyncer may implement it. Only
+// ErrSandboxGone (wrapped) or the context ending fail it; storage trouble
+// is reported in the result's Deferred list.
+type OutputRestorer interface {
+	Restore(ctx context.Context, t SyncTarget) (SyncResult, error)
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/provisioner"
 )
 
 // MaxBodyBytes is the largest request body accepted (decoded), in bytes.
@@ -37,6 +38,8 @@ const (
 	RouteCapacity = "GET /v1/capacity"
 	RouteRelease  = "POST /v1/sandboxes/{id}/release"
 	RouteSync     = "POST /v1/sandboxes/{id}/sync"
+	RouteDrain    = "POST /v1/admin/drain"
+	RouteUndrain  = "POST /v1/admin/undrain"
 )
 
 // Retry-After seconds suggested for outages (store or provider).
@@ -50,17 +53,22 @@ type Handler func(ctx context.Context, req events.APIGatewayV2HTTPRequest) (even
 // (a Lambda error would surface as an opaque 502 from API Gateway). Each
 // request is logged as one JSON line carrying its request id; internal
 // error details are logged, never returned.
-func NewHandler(b core.Broker, logger *slog.Logger) Handler {
+func NewHandler(b core.Broker, logger *slog.Logger, opts ...Option) Handler {
 	if logger == nil {
 		logger = slog.Default()
 	}
 	h := &handler{broker: b, logger: logger}
+	for _, o := range opts {
+		o(h)
+	}
 	return h.serve
 }
 
 type handler struct {
 	broker core.Broker
 	logger *slog.Logger
+	// admins are the tenants allowed on /v1/admin routes.
+	admins map[string]bool
 }
 
 // request is the per-request state threaded through the route functions.
@@ -131,7 +139,7 @@ func method(ev events.APIGatewayV2HTTPRequest) string {
 // path exists under another method.
 func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool) {
 	switch ev.RouteKey {
-	case RouteAcquire, RouteCapacity:
+	case RouteAcquire, RouteCapacity, RouteDrain, RouteUndrain:
 		return ev.RouteKey, "", true
 	case RouteGet, RouteRelease, RouteSync:
 		if v, ok := ev.PathParameters["id"]; ok {
@@ -150,6 +158,10 @@ func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool
 		want = RouteAcquire
 	case len(segs) == 2 && segs[0] == "v1" && segs[1] == "capacity":
 		want = RouteCapacity
+	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "admin" && segs[2] == "drain":
+		want = RouteDrain
+	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "admin" && segs[2] == "undrain":
+		want = RouteUndrain
 	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "sandboxes":
 		want, id = RouteGet, segs[2]
 	case len(segs) == 4 && segs[0] == "v1" && segs[1] == "sandboxes" && segs[3] == "release":
@@ -226,6 +238,8 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 			return r.fail(err)
 		}
 		return r.json(http.StatusOK, releaseBody(res))
+	case RouteDrain, RouteUndrain:
+		return h.setDraining(ctx, r, route == RouteDrain)
 	case RouteSync:
 		res, err := h.broker.Sync(ctx, tenant, id)
 		if err != nil {
@@ -319,13 +333,22 @@ type connectionJSON struct {
 	EnvdAccessToken string `json:"envd_access_token"`
 }
 
+// sandboxConnectionJSON is the connection of a provisioner sandbox: the
+// AIO sandbox API base the agent talks to, and its bearer token if any.
+type sandboxConnectionJSON struct {
+	SandboxURL  string `json:"sandbox_url"`
+	AccessToken string `json:"access_token,omitempty"`
+}
+
 type acquireJSON struct {
-	SandboxID  string         `json:"sandbox_id"`
-	State      string         `json:"state"`
-	Source     string         `json:"source"`
-	Backend    string         `json:"backend"`
-	Connection connectionJSON `json:"connection"`
-	ExpiresAt  string         `json:"expires_at"`
+	SandboxID string `json:"sandbox_id"`
+	State     string `json:"state"`
+	Source    string `json:"source"`
+	Backend   string `json:"backend"`
+	// Connection is a connectionJSON (E2B envd) or, for the provisioner
+	// backend, a sandboxConnectionJSON.
+	Connection any    `json:"connection"`
+	ExpiresAt  string `json:"expires_at"`
 }
 
 func rfc3339(t time.Time) string {
@@ -337,16 +360,24 @@ func rfc3339(t time.Time) string {
 
 func acquireBody(res core.AcquireResult) acquireJSON {
 	return acquireJSON{
-		SandboxID: res.Record.SandboxID,
-		State:     string(core.StateActive),
-		Source:    string(res.Source),
-		Backend:   res.Record.Backend,
-		Connection: connectionJSON{
-			EnvdURL:         res.Record.EnvdURL,
-			EnvdAccessToken: res.Record.EnvdAccessToken,
-		},
-		ExpiresAt: rfc3339(res.Record.ExpiresAt),
+		SandboxID:  res.Record.SandboxID,
+		State:      string(core.StateActive),
+		Source:     string(res.Source),
+		Backend:    res.Record.Backend,
+		Connection: connectionBody(res.Record),
+		ExpiresAt:  rfc3339(res.Record.ExpiresAt),
 	}
+}
+
+// connectionBody is how the agent reaches the sandbox: envd_url and
+// envd_access_token for E2B; sandbox_url (and access_token when the
+// provisioner issued one) for the provisioner backend, whose record keeps
+// the AIO base URL in EnvdURL (pkg/provisioner).
+func connectionBody(r core.Record) any {
+	if r.Backend == provisioner.Name {
+		return sandboxConnectionJSON{SandboxURL: r.EnvdURL, AccessToken: r.EnvdAccessToken}
+	}
+	return connectionJSON{EnvdURL: r.EnvdURL, EnvdAccessToken: r.EnvdAccessToken}
 }
 
 // recordJSON is GET /v1/sandboxes/{id}: the record without secrets or
@@ -418,6 +449,10 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 	case errors.As(err, &ve):
 		return r.errorResponse(http.StatusBadRequest, apiError{Code: "VALIDATION_ERROR", Message: ve.Error(), Reason: ve.Field}, 0)
 	case errors.As(err, &ce):
+		status := http.StatusTooManyRequests
+		if ce.Reason == "draining" {
+			status = http.StatusServiceUnavailable // issue 3: draining is an outage, not a full pool
+		}
 		secs := int(math.Ceil(ce.RetryAfter.Seconds()))
 		if secs < 1 {
 			secs = 1
@@ -426,10 +461,10 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 		if reason == "" {
 			reason = "capacity"
 		}
-		return r.errorResponse(http.StatusTooManyRequests, apiError{
+		return r.errorResponse(status, apiError{
 			Code: "SANDBOX_CAPACITY_EXCEEDED", Message: "sandbox capacity exceeded", Reason: reason, Retryable: true,
 			Details: map[string]any{"limit": ce.Status.Limit, "used": ce.Status.Used, "active": ce.Status.Active,
-				"warm": ce.Status.Warm, "reserved": ce.Status.Reserved},
+				"warm": ce.Status.Warm, "reserved": ce.Status.Reserved, "tombstones": ce.Status.Tombstones},
 		}, secs)
 	case errors.Is(err, core.ErrNotFound), errors.Is(err, core.ErrSandboxGone):
 		return r.errorResponse(http.StatusNotFound, apiError{Code: "SANDBOX_NOT_FOUND", Message: "sandbox not found", Reason: "not_found"}, 0)

@@ -63,6 +63,9 @@ func (f *fakeBroker) Capacity(context.Context) (core.CapacityStatus, error) {
 func (f *fakeBroker) Reconcile(context.Context) (core.ReconcileStats, error) {
 	return core.ReconcileStats{}, f.note("Reconcile")
 }
+func (f *fakeBroker) SetDraining(_ context.Context, on bool) error {
+	return f.note("SetDraining %v", on)
+}
 
 // event builds an HTTP API v2 event the way API Gateway (or devstack) does.
 func event(routeKey, path, body string, tenant string, params map[string]string) events.APIGatewayV2HTTPRequest {
@@ -245,7 +248,7 @@ func TestRoutingByPathWithoutRouteKey(t *testing.T) {
 		{"POST", "/v1/sandboxes/abc/sync", "Sync acme abc",
 			`{"uploaded":0,"skipped":2,"deferred":[],"bytes":0,"complete":true}`},
 		{"GET", "/v1/capacity", "Capacity",
-			`{"limit":3,"used":1,"active":1,"warm":0,"reserved":0,"transitioning":0,"policy":"wait"}`},
+			`{"limit":3,"used":1,"active":1,"warm":0,"reserved":0,"transitioning":0,"tombstones":0,"policy":"wait","draining":false}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
@@ -375,7 +378,7 @@ func TestErrorMapping(t *testing.T) {
 				t.Errorf("log %q lacks the request id", logs)
 			}
 			if tt.code == "SANDBOX_CAPACITY_EXCEEDED" {
-				want := map[string]any{"limit": 1.0, "used": 1.0, "active": 1.0, "warm": 0.0, "reserved": 0.0}
+				want := map[string]any{"limit": 1.0, "used": 1.0, "active": 1.0, "warm": 0.0, "reserved": 0.0, "tombstones": 0.0}
 				if !reflect.DeepEqual(e["details"], want) || e["reason"] != "capacity" {
 					t.Errorf("details %v reason %v", e["details"], e["reason"])
 				}

@@ -28,16 +28,18 @@ import (
 type bashSandbox struct {
 	home string
 
-	mu      sync.Mutex
-	runs    int
-	opens   []string // paths passed to OpenFile, in order
-	runErr  error
-	openErr func(n int, path string) error // n: 0-based count of opens so far
-	extra   map[string][]byte
-	cut     map[string]int64
-	readErr map[string]error // the stream fails with it after the file's bytes
-	stdout  []byte           // when non-nil, Run returns it instead of running bash
-	exit    int
+	mu       sync.Mutex
+	runs     int
+	opens    []string // paths passed to OpenFile, in order
+	runErr   error
+	openErr  func(n int, path string) error // n: 0-based count of opens so far
+	extra    map[string][]byte
+	cut      map[string]int64
+	readErr  map[string]error // the stream fails with it after the file's bytes
+	stdout   []byte           // when non-nil, Run returns it instead of running bash
+	exit     int
+	writes   []string                       // paths passed to WriteFile, in order
+	writeErr func(n int, path string) error // consulted before each write; n: 0-based count
 }
 
 var _ Sandbox = (*bashSandbox)(nil)
@@ -112,6 +114,40 @@ func (b *bashSandbox) OpenFile(_ context.Context, _ core.SandboxRef, path string
 		r = io.MultiReader(r, errReader{readErr})
 	}
 	return &capReader{r: r, c: f, left: maxBytes, max: maxBytes, path: path}, nil
+}
+
+// WriteFile writes r to path like envd does: in place, parents created; a
+// failing r leaves the bytes read so far in the file.
+func (b *bashSandbox) WriteFile(_ context.Context, _ core.SandboxRef, path string, r io.Reader) error {
+	b.mu.Lock()
+	n := len(b.writes)
+	b.writes = append(b.writes, path)
+	hook := b.writeErr
+	b.mu.Unlock()
+	if hook != nil {
+		if err := hook(n, path); err != nil {
+			return err
+		}
+	}
+	if !strings.HasPrefix(path, b.home+"/") {
+		return fmt.Errorf("write %q: outside the sandbox home", path)
+	}
+	if err := os.MkdirAll(path[:strings.LastIndex(path, "/")], 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, r)
+	return errors.Join(err, f.Close())
+}
+
+// writtenPaths returns a copy of the paths written so far.
+func (b *bashSandbox) writtenPaths() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.writes...)
 }
 
 // openedPaths returns a copy of the paths opened so far.

@@ -18,13 +18,16 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// Sandbox is what the syncer needs from a sandbox provider (pkg/e2b's
-// client implements it). Errors: core.ErrSandboxGone when the sandbox no
-// longer exists; OpenFile fails with core.ErrFileNotFound for a missing path
-// and its reader with *core.FileTooLargeError past maxBytes.
+// Sandbox is what the syncer needs from a sandbox provider (the methods of
+// core.Provider it calls; pkg/e2b's client implements it). Errors:
+// core.ErrSandboxGone when the sandbox no longer exists; OpenFile fails
+// with core.ErrFileNotFound for a missing path and its reader with
+// *core.FileTooLargeError past maxBytes. WriteFile (Restore only) writes r
+// to path, creating parent directories.
 type Sandbox interface {
 	Run(ctx context.Context, ref core.SandboxRef, cmd core.Command) (core.CommandResult, error)
 	OpenFile(ctx context.Context, ref core.SandboxRef, path string, maxBytes int64) (io.ReadCloser, error)
+	WriteFile(ctx context.Context, ref core.SandboxRef, path string, r io.Reader) error
 }
 
 // S3API lists the S3 operations the syncer calls, with the signatures of

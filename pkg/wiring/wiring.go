@@ -15,63 +15,108 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/config"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
-	"github.com/sandbox-broker/sandbox-broker/pkg/e2b"
 	"github.com/sandbox-broker/sandbox-broker/pkg/httpapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/outputsync"
+	"github.com/sandbox-broker/sandbox-broker/pkg/providers"
 )
 
 // initTimeout bounds building the clients at cold start (reading AWS
 // shared config and credentials).
 const initTimeout = 10 * time.Second
 
-// SyncDeadline is the wall-time budget of one output sync pass.
-const SyncDeadline = 20 * time.Second
+// MaxHTTPSyncDeadline caps the wall-time budget of a sync pass run by an
+// HTTP API function (acquire's restore, release, sync): API Gateway HTTP
+// API integrations end at 30 s, and the request also needs time for its
+// lease and ledger writes and the manifest store after the pass. A pass cut
+// short says what it deferred and the next pass converges (issue 4).
+const MaxHTTPSyncDeadline = 20 * time.Second
+
+// FunctionReconcile is the function name of the scheduled reconcile; every
+// other function name is an HTTP API function.
+const FunctionReconcile = "reconcile"
+
+// SyncDeadline is the sync pass budget for function: SYNC_DEADLINE_SECONDS
+// (default outputsync.DefaultDeadline), capped at MaxHTTPSyncDeadline for
+// HTTP API functions; clamped reports that the cap applied. The reconcile
+// function (EventBridge, no gateway limit) gets the configured value; in
+// every function the syncer also stops before its context's deadline (the
+// Lambda timeout).
+func SyncDeadline(cfg config.Config, function string) (d time.Duration, clamped bool) {
+	d = cfg.Sync.Deadline
+	if d == 0 {
+		d = outputsync.DefaultDeadline
+	}
+	if function != FunctionReconcile && d > MaxHTTPSyncDeadline {
+		// Clamped silently when SYNC_DEADLINE_SECONDS is unset: the
+		// default is meant for reconcile.
+		return MaxHTTPSyncDeadline, cfg.Sync.Deadline != 0
+	}
+	return d, false
+}
 
 // NewLogger returns the JSON logger every function uses, on stdout.
 func NewLogger(level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: level}))
 }
 
-// NewBroker builds the engine: DynamoDB store, E2B provider and S3 output
-// syncer, with AWS configuration from the SDK's default chain (which
-// honours AWS_ENDPOINT_URL_DYNAMODB and AWS_ENDPOINT_URL_S3 for local runs).
+// NewBroker builds the engine for an HTTP API function (see NewBrokerFor).
 func NewBroker(ctx context.Context, cfg config.Config, logger *slog.Logger) (*core.Engine, error) {
+	return NewBrokerFor(ctx, cfg, logger, "http")
+}
+
+// NewBrokerFor builds the engine of function: DynamoDB store, the provider
+// SANDBOX_PROVIDER selects (pkg/providers: E2B or the provisioner) and S3
+// output syncer (caps from cfg.Sync, deadline from SyncDeadline),
+// with AWS configuration from the SDK's default chain (which honours
+// AWS_ENDPOINT_URL_DYNAMODB and AWS_ENDPOINT_URL_S3 for local runs).
+func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, function string) (*core.Engine, error) {
 	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("aws config: %w", err)
+	}
+	if cfg.E2B.APIKeySecretARN != "" {
+		// Deployed stacks keep the key in Secrets Manager (issue 6): read
+		// once at cold start, cached for the process.
+		key, err := ResolveAPIKey(ctx, secretsmanager.NewFromConfig(awsCfg), cfg.E2B.APIKeySecretARN)
+		if err != nil {
+			return nil, fmt.Errorf("e2b api key: %w", err)
+		}
+		cfg.E2B.APIKey = key
 	}
 	ddb := dynamodb.NewFromConfig(awsCfg)
 	s3c := s3.NewFromConfig(awsCfg, func(o *s3.Options) {
 		o.UsePathStyle = cfg.S3PathStyle
 	})
-	prov, err := e2b.New(e2b.Options{
-		APIURL:     cfg.E2B.APIURL,
-		SandboxURL: cfg.E2B.SandboxURL,
-		APIKey:     cfg.E2B.APIKey,
-		Logger:     logger,
-	})
+	prov, err := providers.New(cfg, logger)
 	if err != nil {
-		return nil, fmt.Errorf("e2b client: %w", err)
+		return nil, err
+	}
+	deadline, clamped := SyncDeadline(cfg, function)
+	if clamped {
+		logger.Warn("configuration", "warning", fmt.Sprintf("%s=%s capped at %s for HTTP API functions",
+			config.EnvSyncDeadlineSeconds, cfg.Sync.Deadline, MaxHTTPSyncDeadline))
 	}
 	syncer, err := outputsync.New(prov, s3c, outputsync.Options{
-		Bucket: cfg.OutputBucket,
-		Prefix: cfg.OutputPrefix,
-		Home:   cfg.Settings.Home,
-		// A release must finish within the function's 29 s timeout (API
-		// Gateway HTTP API integrations end at 30 s); a pass cut short by
-		// its deadline says what it deferred and the next pass converges.
-		Deadline: SyncDeadline,
-		Logger:   logger,
+		Bucket:        cfg.OutputBucket,
+		Prefix:        cfg.OutputPrefix,
+		Home:          cfg.Settings.Home,
+		MaxFiles:      cfg.Sync.MaxFiles,
+		MaxTotalBytes: cfg.Sync.MaxTotalBytes,
+		MaxFileBytes:  cfg.Sync.MaxFileBytes,
+		Deadline:      deadline,
+		MirrorDeletes: cfg.Sync.MirrorDeletes,
+		Logger:        logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("output syncer: %w", err)
 	}
 	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment)
-	eng, err := core.New(cfg.Settings, store, prov, syncer, core.WithLogger(logger))
+	eng, err := core.New(cfg.Settings, store, prov, syncer, core.WithLogger(logger), core.WithReconcileSettings(cfg.Reconcile))
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -80,7 +125,7 @@ func NewBroker(ctx context.Context, cfg config.Config, logger *slog.Logger) (*co
 
 // setup loads the configuration and builds the engine, exiting the process
 // (a Lambda init error) when either fails.
-func setup(function string) (*core.Engine, *slog.Logger) {
+func setup(function string) (*core.Engine, config.Config, *slog.Logger) {
 	cfg, warnings, err := config.Load()
 	if err != nil {
 		NewLogger(slog.LevelInfo).Error("invalid configuration", "function", function, "error", err.Error())
@@ -92,25 +137,25 @@ func setup(function string) (*core.Engine, *slog.Logger) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), initTimeout)
 	defer cancel()
-	eng, err := NewBroker(ctx, cfg, logger)
+	eng, err := NewBrokerFor(ctx, cfg, logger, function)
 	if err != nil {
 		logger.Error("init failed", "error", err.Error())
 		os.Exit(1)
 	}
 	logger.Debug("configured", "config", cfg)
-	return eng, logger
+	return eng, cfg, logger
 }
 
 // StartHTTP runs an HTTP API function (acquire, release, sync): the same
 // handler serves every route; template.yaml decides which routes reach it.
 func StartHTTP(function string) {
-	eng, logger := setup(function)
-	lambda.Start(httpapi.NewHandler(eng, logger))
+	eng, cfg, logger := setup(function)
+	lambda.Start(httpapi.NewHandler(eng, logger, httpapi.WithAdminTenants(cfg.AdminTenants...)))
 }
 
 // StartReconcile runs the reconcile function on EventBridge schedule events.
 func StartReconcile() {
-	eng, logger := setup("reconcile")
+	eng, _, logger := setup(FunctionReconcile)
 	lambda.Start(ReconcileHandler(eng, logger))
 }
 

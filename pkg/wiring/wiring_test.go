@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/config"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/outputsync"
 )
 
 type reconcileBroker struct {
@@ -73,5 +74,30 @@ func TestNewBrokerBuildsFromConfig(t *testing.T) {
 	cfg.Settings.Replicas = 0
 	if _, err := NewBroker(context.Background(), cfg, slog.New(slog.DiscardHandler)); err == nil {
 		t.Error("NewBroker with invalid settings: want an error")
+	}
+}
+
+func TestSyncDeadline(t *testing.T) {
+	tests := []struct {
+		name        string
+		configured  time.Duration
+		function    string
+		want        time.Duration
+		wantClamped bool
+	}{
+		{"http default", 0, "release", MaxHTTPSyncDeadline, false},
+		{"http below cap", 10 * time.Second, "sync", 10 * time.Second, false},
+		{"http above cap", 120 * time.Second, "acquire", MaxHTTPSyncDeadline, true},
+		{"reconcile default", 0, FunctionReconcile, outputsync.DefaultDeadline, false},
+		{"reconcile configured", 300 * time.Second, FunctionReconcile, 300 * time.Second, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := config.Config{Sync: config.Sync{Deadline: tt.configured}}
+			got, clamped := SyncDeadline(cfg, tt.function)
+			if got != tt.want || clamped != tt.wantClamped {
+				t.Errorf("SyncDeadline(%s, %q) = %s, %v; want %s, %v", tt.configured, tt.function, got, clamped, tt.want, tt.wantClamped)
+			}
+		})
 	}
 }

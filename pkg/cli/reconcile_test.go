@@ -1,0 +1,88 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fakeFunction is a reconcile function's invoke endpoint (as the Lambda
+// Runtime Interface Emulator serves it).
+func fakeFunction(t *testing.T, reply string) (*httptest.Server, *[]map[string]any) {
+	t.Helper()
+	var events []map[string]any
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var ev map[string]any
+		if err := json.Unmarshal(body, &ev); err != nil {
+			t.Errorf("event is not JSON: %s", body)
+		}
+		events = append(events, ev)
+		_, _ = io.WriteString(w, reply)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &events
+}
+
+func runSbx(t *testing.T, dir string, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	a := &App{Stdout: &out, Stderr: &errb, Getenv: envOf(env), Dir: dir}
+	return a.Run(context.Background(), args), out.String(), errb.String()
+}
+
+func TestReconcileCommand(t *testing.T) {
+	srv, events := fakeFunction(t, `{"discovered":12,"adopted":1,"killed":2,"pages":2,"inventory_complete":true,"duration_ns":1500000}`)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, ".run"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stack := `{"api_url":"http://127.0.0.1:1","tokens":{"acme":"tok"},"functions":{"reconcile":"` + srv.URL + `/2015-03-31/functions/function/invocations"}}`
+	if err := os.WriteFile(filepath.Join(dir, ".run", "stack.json"), []byte(stack), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := runSbx(t, dir, nil, "reconcile")
+	if code != ExitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"12 discovered in 2 pages", "1 adopted", "2 killed", "inventory walk complete"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output %q lacks %q", out, want)
+		}
+	}
+	if len(*events) != 1 || (*events)[0]["detail-type"] != "Scheduled Event" {
+		t.Errorf("events = %v, want one scheduled event", *events)
+	}
+
+	code, out, _ = runSbx(t, t.TempDir(), map[string]string{EnvReconcileURL: srv.URL}, "--json", "reconcile")
+	var st ReconcileStats
+	if code != ExitOK || json.Unmarshal([]byte(out), &st) != nil || st.Discovered != 12 {
+		t.Errorf("--json: exit %d, output %q", code, out)
+	}
+}
+
+func TestReconcileCommandErrors(t *testing.T) {
+	srv, _ := fakeFunction(t, `{"errorMessage":"reconcile: list provider inventory: outage","errorType":"wrapError"}`)
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"function error", map[string]string{EnvReconcileURL: srv.URL}, "outage"},
+		{"no function", nil, EnvReconcileURL},
+	}
+	for _, tt := range tests {
+		code, _, errOut := runSbx(t, t.TempDir(), tt.env, "reconcile")
+		if code != ExitError || !strings.Contains(errOut, tt.want) {
+			t.Errorf("%s: exit %d, stderr %q; want exit 1 mentioning %q", tt.name, code, errOut, tt.want)
+		}
+	}
+}

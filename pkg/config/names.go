@@ -1,0 +1,47 @@
+package config
+
+import "sort"
+
+// VariableNames returns the name of every environment variable this
+// package reads (its Env* constants), sorted. The deployment templates
+// (template.yaml, the CDK stack in infra/) are checked against it by the
+// parity test in infra/stack; names_test.go checks that it lists every
+// Env* constant of this package, so a variable added to Parse without
+// being listed here fails `go test ./pkg/config`.
+func VariableNames() []string {
+	names := []string{
+		EnvReplicas,
+		EnvOverflowPolicy,
+		EnvAcquireTimeoutSeconds,
+		EnvBurstLimit,
+		EnvIdleTimeoutSeconds,
+		EnvActiveTimeoutSeconds,
+		EnvTemplate,
+		EnvDeploymentID, EnvMaxPerUser, EnvAdminTenants,
+		EnvE2BAPIURL,
+		EnvE2BSandboxURL,
+		EnvE2BAPIKey,
+		EnvE2BAPIKeySecretARN,
+		EnvSandboxProvider,
+		EnvProvisionerURL,
+		EnvProvisionerAPIKey,
+		EnvTableName,
+		EnvOutputBucket,
+		EnvOutputPrefix,
+		EnvLogLevel,
+		EnvSyncMaxFiles,
+		EnvSyncMaxTotalBytes,
+		EnvSyncMaxFileBytes,
+		EnvSyncDeadlineSeconds,
+		EnvSyncMirrorDeletes,
+		EnvReconcileMaxPages,
+		EnvReconcileMaxItems,
+		EnvReconcileMaxSeconds,
+		EnvReconcileGraceSeconds,
+		EnvReconcileOrphanTTLSeconds,
+		EnvS3Endpoint,
+		EnvEndpoint,
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,29 @@
+package config
+
+import (
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// Reconcile pass budgets and periods (issue 5); unset means
+// core.DefaultReconcileSettings.
+const (
+	EnvReconcileMaxPages         = "RECONCILE_MAX_PAGES"
+	EnvReconcileMaxItems         = "RECONCILE_MAX_ITEMS"
+	EnvReconcileMaxSeconds       = "RECONCILE_MAX_SECONDS"
+	EnvReconcileGraceSeconds     = "RECONCILE_GRACE_SECONDS"
+	EnvReconcileOrphanTTLSeconds = "RECONCILE_ORPHAN_TTL_SECONDS"
+)
+
+// reconcile reads the RECONCILE_* variables: pages, items and seconds are
+// positive whole numbers, the grace period may be 0.
+func (p *parser) reconcile() core.ReconcileSettings {
+	rs := core.DefaultReconcileSettings()
+	rs.MaxPages = p.intVar(EnvReconcileMaxPages, rs.MaxPages, 1)
+	rs.MaxItems = p.intVar(EnvReconcileMaxItems, rs.MaxItems, 1)
+	rs.MaxDuration = p.seconds(EnvReconcileMaxSeconds, rs.MaxDuration)
+	rs.Grace = time.Duration(p.intVar(EnvReconcileGraceSeconds, int(rs.Grace/time.Second), 0)) * time.Second
+	rs.OrphanTTL = p.seconds(EnvReconcileOrphanTTLSeconds, rs.OrphanTTL)
+	return rs
+}

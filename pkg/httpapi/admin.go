@@ -1,0 +1,38 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/aws/aws-lambda-go/events"
+)
+
+// Option configures the handler.
+type Option func(*handler)
+
+// WithAdminTenants allows the given tenants (from the authorizer, like every
+// caller) on the /v1/admin routes. Without it those routes answer 403.
+func WithAdminTenants(tenants ...string) Option {
+	return func(h *handler) {
+		if h.admins == nil {
+			h.admins = map[string]bool{}
+		}
+		for _, t := range tenants {
+			if t != "" {
+				h.admins[t] = true
+			}
+		}
+	}
+}
+
+// setDraining serves POST /v1/admin/drain and /v1/admin/undrain: 200
+// {"draining": bool}; 403 FORBIDDEN for a tenant that is not an admin.
+func (h *handler) setDraining(ctx context.Context, r *request, draining bool) events.APIGatewayV2HTTPResponse {
+	if !h.admins[r.tenant] {
+		return r.errorResponse(http.StatusForbidden, apiError{Code: "FORBIDDEN", Message: "admin route: this tenant is not an administrator", Reason: "not_admin"}, 0)
+	}
+	if err := h.broker.SetDraining(ctx, draining); err != nil {
+		return r.fail(err)
+	}
+	return r.json(http.StatusOK, map[string]bool{"draining": draining})
+}

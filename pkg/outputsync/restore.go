@@ -1,0 +1,446 @@
+package outputsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// Restore-only reasons reported in core.DeferredFile.Reason.
+const (
+	// ReasonStoreListing: the thread's objects could not be listed in S3
+	// (Path ""); nothing or only part of it was restored.
+	ReasonStoreListing = "store_listing_failed"
+	// ReasonChecksumMismatch: the bytes read did not match the object's
+	// stored CRC32; the partial file was removed.
+	ReasonChecksumMismatch = "checksum_mismatch"
+	// ReasonManifestNotStored: the restored files were written but the
+	// seeded manifest could not be stored (Path ""); the next pass uploads
+	// them again (same bytes, harmless).
+	ReasonManifestNotStored = "manifest_not_stored"
+)
+
+// errChecksum: an object's bytes did not match its stored CRC32.
+var errChecksum = errors.New("crc32 mismatch")
+
+// maxCleanupEnvBytes bounds the newline-joined paths passed in one cleanup
+// command's environment (Linux caps one environment string at 128 KiB).
+const maxCleanupEnvBytes = 100 << 10
+
+// envCleanupPaths carries the paths of partially written files, one per
+// line, into cleanupScript. Restored paths passed relPath, so they hold no
+// control characters and a newline cannot occur inside one.
+const envCleanupPaths = "SBX_RESTORE_CLEANUP"
+
+// cleanupScript removes files whose restore failed midway, so a later pass
+// cannot upload a truncated copy over the good object.
+const cleanupScript = `printf '%s\n' "$` + envCleanupPaths + `" | xargs -r -d '\n' rm -f --`
+
+// restoredFile is one object written into the sandbox.
+type restoredFile struct {
+	Size  int64
+	CRC32 string
+	ETag  string
+}
+
+// restoreObject is one object under the thread prefix as S3 listed it.
+type restoreObject struct {
+	Rel  string // "outputs/<rel>" or "workspace/<rel>" (unchecked)
+	Size int64
+	ETag string
+}
+
+// Restore copies a thread's mirrored files from S3 into a freshly created
+// sandbox (issue 4 "Restore"): every object under
+// <prefix>/<tenant>/<user>/<thread>/ whose key maps to a safe path under
+// outputs/ or workspace/ is written to the same path under the sandbox
+// home, in key order, under the same caps as Sync (MaxFiles, MaxTotalBytes,
+// MaxFileBytes skipped unread, Deadline from the start of Restore, capped by
+// ctx's deadline). S3 is the source of truth: with MirrorDeletes off, files
+// deleted in an earlier sandbox are restored too. Each object is streamed
+// (memory bounded independently of its size); its length must match the
+// listing and the SDK verifies its stored CRC32. A file whose write failed
+// midway is removed again. Afterwards the manifest is seeded for t.Ref.ID
+// with the restored files' size and sandbox mtime, so the next Sync skips
+// them.
+//
+// In the result, Uploaded counts files written into the sandbox and Bytes
+// their bytes; Deferred lists what was not restored and why; Complete is
+// true when everything was restored and the manifest stored.
+//
+// Errors: a *core.ValidationError for a bad target; an error wrapping
+// core.ErrSandboxGone when the sandbox died (the sandbox is unusable); a
+// context error when ctx ended. S3 trouble is never an error: it is
+// reported in Deferred (ReasonStoreListing, ReasonError,
+// ReasonManifestNotStored), so a caller can hand the sandbox out anyway.
+func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResult, error) {
+	start := s.now()
+	if err := t.ThreadKey.Validate(); err != nil {
+		return core.SyncResult{}, err
+	}
+	if err := core.ValidateSandboxID(t.Ref.ID); err != nil {
+		return core.SyncResult{}, err
+	}
+	log := s.log.With("sandbox_id", t.Ref.ID, "thread", t.ThreadKey.String(), "op", "restore")
+	deadline := start.Add(s.opts.Deadline)
+	if d, ok := ctx.Deadline(); ok && d.Add(-manifestReserve).Before(deadline) {
+		deadline = d.Add(-manifestReserve)
+	}
+	passCtx, cancelPass := context.WithDeadline(ctx, deadline)
+	defer cancelPass()
+
+	p := &pass{}
+	prefix := threadPrefix(s.opts.Prefix, t.ThreadKey)
+	// The listing has its own timeouts (like Sync's); the deadline bounds
+	// the transfers.
+	objs, listComplete, err := s.listObjects(ctx, prefix)
+	if err != nil {
+		if ctx.Err() != nil {
+			return s.finishRestore(ctx, p, log, start)
+		}
+		// Restore what was listed before the failure.
+		log.Warn("listing the thread's objects failed", "err", err, "listed", len(objs))
+	}
+	if err != nil || !listComplete {
+		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonStoreListing})
+	}
+	if len(objs) == 0 {
+		return s.finishRestore(ctx, p, log, start)
+	}
+
+	restored := map[string]restoredFile{}
+	var failed []string // sandbox paths whose write may have left a partial file
+	jobCtx, cancelJobs := context.WithCancel(passCtx)
+	defer cancelJobs()
+	g := new(errgroup.Group)
+	g.SetLimit(s.opts.Concurrency)
+	var mu sync.Mutex // guards restored and failed
+	planned, plannedBytes := 0, int64(0)
+	for _, o := range objs {
+		abs := s.opts.Home + "/" + o.Rel
+		rel, err := relPath(s.opts.Home, abs)
+		if err != nil {
+			p.deferFile(displayPath(s.opts.Home, abs), ReasonUnsafePath)
+			continue
+		}
+		if o.Size > s.opts.MaxFileBytes {
+			p.deferFile(rel, ReasonFileTooLarge)
+			continue
+		}
+		reason := ""
+		switch {
+		case p.isGone():
+			reason = ReasonSandboxGone
+		case ctx.Err() != nil:
+			reason = ReasonCanceled
+		case !s.now().Before(deadline) || passCtx.Err() != nil:
+			reason = ReasonDeadline
+		case planned >= s.opts.MaxFiles:
+			reason = ReasonMaxFiles
+		case plannedBytes+o.Size > s.opts.MaxTotalBytes:
+			reason = ReasonMaxTotalBytes
+		}
+		if reason != "" {
+			p.deferFile(rel, reason)
+			continue
+		}
+		planned++
+		plannedBytes += o.Size
+		key := prefix + o.Rel
+		g.Go(func() error {
+			f, attempted, err := s.restoreOne(jobCtx, t.Ref, key, abs, o)
+			if err == nil {
+				mu.Lock()
+				restored[rel] = f
+				mu.Unlock()
+				p.mu.Lock()
+				p.res.Uploaded++
+				p.res.Bytes += f.Size
+				p.mu.Unlock()
+				return nil
+			}
+			if attempted {
+				mu.Lock()
+				failed = append(failed, abs)
+				mu.Unlock()
+			}
+			reason := s.restoreReason(ctx, passCtx, err, p)
+			if reason == ReasonSandboxGone {
+				cancelJobs()
+			}
+			log.Warn("file not restored", "path", rel, "reason", reason, "err", err)
+			p.deferFile(rel, reason)
+			return nil
+		})
+	}
+	_ = g.Wait()
+
+	if p.goneErr == nil && len(failed) > 0 {
+		// Cleanup runs past the pass deadline, and briefly past the end of
+		// ctx: it keeps a later pass from uploading a partial file over
+		// the good object.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		err := s.removePartial(cctx, t.Ref, failed, log)
+		cancel()
+		if err != nil {
+			s.markGone(p, err)
+		}
+	}
+	if p.goneErr == nil && ctx.Err() == nil && len(restored) > 0 {
+		s.seedManifest(ctx, t, restored, p, log)
+	}
+	return s.finishRestore(ctx, p, log, start)
+}
+
+// restoreOne streams the object key into the sandbox at abs. attempted
+// reports that WriteFile ran (the file may exist partially on failure).
+func (s *Syncer) restoreOne(ctx context.Context, ref core.SandboxRef, key, abs string, o restoreObject) (restoredFile, bool, error) {
+	out, err := s.s3.GetObject(ctx, &s3.GetObjectInput{
+		Bucket:       aws.String(s.opts.Bucket),
+		Key:          aws.String(key),
+		IfMatch:      nonEmpty(o.ETag),
+		ChecksumMode: types.ChecksumModeEnabled, // the SDK verifies the stored CRC32 while reading
+	})
+	if err != nil {
+		return restoredFile{}, false, fmt.Errorf("get object: %w", err)
+	}
+	defer out.Body.Close()
+	want := aws.ToString(out.ChecksumCRC32)
+	if strings.Contains(want, "-") {
+		want = "" // a composite (per-part) checksum, not the CRC32 of the bytes
+	}
+	body := &sizedReader{r: out.Body, left: o.Size, sum: crc32.NewIEEE(), want: want}
+	if err := s.sb.WriteFile(ctx, ref, abs, body); err != nil {
+		if body.err != nil {
+			err = errors.Join(body.err, err)
+		}
+		return restoredFile{}, true, fmt.Errorf("write file: %w", err)
+	}
+	if body.err != nil || body.left != 0 {
+		// WriteFile did not read the body to its end.
+		return restoredFile{}, true, errors.Join(errChanged, body.err)
+	}
+	sum := crcString(body.sum)
+	if want != "" && want != sum {
+		return restoredFile{}, true, fmt.Errorf("crc32 %s, object says %s: %w", sum, want, errChecksum)
+	}
+	etag := aws.ToString(out.ETag)
+	if etag == "" {
+		etag = o.ETag
+	}
+	return restoredFile{Size: o.Size, CRC32: sum, ETag: etag}, true, nil
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// sizedReader passes exactly left bytes through and hashes them: more
+// bytes, or an early end, fail with errChanged (the object changed after
+// it was listed); at the end, a CRC32 other than want (when set) fails
+// with errChecksum instead of io.EOF, so the writer never completes a
+// corrupt file. The first error is kept in err.
+type sizedReader struct {
+	r    io.Reader
+	left int64
+	sum  hash.Hash32
+	want string // base64 CRC32 the bytes must have ("" = unchecked)
+	err  error
+}
+
+func (r *sizedReader) Read(b []byte) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	if int64(len(b)) > r.left+1 {
+		b = b[:r.left+1]
+	}
+	n, err := r.r.Read(b)
+	if int64(n) > r.left {
+		r.err = errChanged
+		return 0, r.err
+	}
+	r.left -= int64(n)
+	r.sum.Write(b[:n])
+	switch {
+	case errors.Is(err, io.EOF) && r.left != 0:
+		r.err = errChanged
+		return n, r.err
+	case errors.Is(err, io.EOF) && r.want != "" && crcString(r.sum) != r.want:
+		r.err = errChecksum
+		return n, r.err
+	case err != nil && !errors.Is(err, io.EOF):
+		r.err = err
+	}
+	return n, err
+}
+
+// restoreReason classifies a failed restore of one file.
+func (s *Syncer) restoreReason(ctx, passCtx context.Context, err error, p *pass) string {
+	switch {
+	case errors.Is(err, core.ErrSandboxGone):
+		s.markGone(p, err)
+		return ReasonSandboxGone
+	case p.isGone():
+		return ReasonSandboxGone
+	case errors.Is(err, errChanged):
+		return ReasonChanged
+	case errors.Is(err, errChecksum):
+		return ReasonChecksumMismatch
+	case isNotFound(err) || isPreconditionFailed(err):
+		return ReasonVanished
+	case ctx.Err() != nil:
+		return ReasonCanceled
+	case passCtx.Err() != nil:
+		return ReasonDeadline
+	}
+	return ReasonError
+}
+
+func (s *Syncer) markGone(p *pass, err error) {
+	p.mu.Lock()
+	if p.goneErr == nil {
+		p.goneErr = fmt.Errorf("restore: %w", err)
+	}
+	p.mu.Unlock()
+}
+
+func isPreconditionFailed(err error) bool {
+	var ae interface{ ErrorCode() string }
+	return errors.As(err, &ae) && ae.ErrorCode() == "PreconditionFailed"
+}
+
+// removePartial deletes the files whose restore failed after WriteFile
+// started. It returns an error only when the sandbox is gone; other
+// failures are logged (the files keep no manifest entry either way).
+func (s *Syncer) removePartial(ctx context.Context, ref core.SandboxRef, paths []string, log *slog.Logger) error {
+	sort.Strings(paths)
+	for len(paths) > 0 {
+		n, size := 0, 0
+		for n < len(paths) && size+len(paths[n])+1 <= maxCleanupEnvBytes {
+			size += len(paths[n]) + 1
+			n++
+		}
+		if n == 0 {
+			n = 1 // a single path over the bound cannot exist (PATH_MAX)
+		}
+		batch := paths[:n]
+		paths = paths[n:]
+		cctx, cancel := context.WithTimeout(ctx, s.opts.ListTimeout+5*time.Second)
+		res, err := s.sb.Run(cctx, ref, core.Command{
+			Script:  cleanupScript,
+			Env:     map[string]string{envCleanupPaths: strings.Join(batch, "\n")},
+			Timeout: s.opts.ListTimeout,
+		})
+		cancel()
+		if errors.Is(err, core.ErrSandboxGone) {
+			return err
+		}
+		if err != nil || res.ExitCode != 0 {
+			log.Warn("removing partially restored files failed", "count", len(batch), "err", err, "exit_code", res.ExitCode)
+		}
+	}
+	return nil
+}
+
+// seedManifest lists the sandbox and stores a manifest for t.Ref.ID whose
+// entries are the restored files as listed now (size must match what was
+// written), merged into the stored manifest when it is already this
+// sandbox's.
+func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored map[string]restoredFile, p *pass, log *slog.Logger) {
+	files, _, _, err := s.list(ctx, t.Ref, log)
+	if err != nil {
+		if errors.Is(err, core.ErrSandboxGone) {
+			s.markGone(p, err)
+			return
+		}
+		log.Warn("listing after restore failed; restored files will be uploaded again", "err", err)
+		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonManifestNotStored})
+		return
+	}
+	mkey := manifestKey(s.opts.Prefix, t.ThreadKey)
+	mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+	m, found, corrupt, err := loadManifest(mctx, s.s3, s.opts.Bucket, mkey)
+	cancel()
+	if err != nil || !found || corrupt || m.SandboxID != t.Ref.ID {
+		m = newManifest(t.Ref.ID)
+	}
+	for _, f := range files {
+		rel, err := relPath(s.opts.Home, f.Path)
+		if err != nil {
+			continue
+		}
+		r, ok := restored[rel]
+		if !ok || r.Size != f.Size {
+			continue
+		}
+		m.Files[rel] = ManifestEntry{Size: r.Size, MtimeNs: f.MtimeNs, CRC32: r.CRC32, ETag: r.ETag}
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3CallTimeout)
+	err = storeManifest(sctx, s.s3, s.opts.Bucket, mkey, m)
+	cancel()
+	if err != nil {
+		log.Warn("storing the seeded manifest failed; restored files will be uploaded again", "err", err)
+		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonManifestNotStored})
+	}
+}
+
+// finishRestore builds the result and the error of Restore.
+func (s *Syncer) finishRestore(ctx context.Context, p *pass, log *slog.Logger, start time.Time) (core.SyncResult, error) {
+	res := p.res
+	res.Deferred = s.report(p.deferred)
+	res.Complete = len(p.deferred) == 0 && p.goneErr == nil && ctx.Err() == nil
+	log.Info("restore", "restored", res.Uploaded, "deferred", len(p.deferred), "bytes", res.Bytes,
+		"complete", res.Complete, "duration_ms", s.now().Sub(start).Milliseconds())
+	switch {
+	case p.goneErr != nil:
+		return res, p.goneErr
+	case ctx.Err() != nil:
+		return res, fmt.Errorf("restore canceled: %w", context.Cause(ctx))
+	}
+	return res, nil
+}
+
+// listObjects lists the objects under prefix in key order (at most
+// maxVerifyPages pages; complete is false when more remain).
+func (s *Syncer) listObjects(ctx context.Context, prefix string) (objs []restoreObject, complete bool, err error) {
+	pg := s3.NewListObjectsV2Paginator(s.s3, &s3.ListObjectsV2Input{Bucket: aws.String(s.opts.Bucket), Prefix: aws.String(prefix)})
+	for page := 0; pg.HasMorePages(); page++ {
+		if page == maxVerifyPages {
+			return objs, false, nil
+		}
+		lctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+		out, err := pg.NextPage(lctx)
+		cancel()
+		if err != nil {
+			return objs, false, fmt.Errorf("list objects: %w", err)
+		}
+		for _, o := range out.Contents {
+			rel := strings.TrimPrefix(aws.ToString(o.Key), prefix)
+			size := aws.ToInt64(o.Size)
+			if strings.HasSuffix(rel, "/") && size == 0 {
+				continue // a "directory" marker, as consoles create
+			}
+			objs = append(objs, restoreObject{Rel: rel, Size: size, ETag: aws.ToString(o.ETag)})
+		}
+	}
+	return objs, true, nil
+}

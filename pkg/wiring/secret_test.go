@@ -1,0 +1,147 @@
+package wiring
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager/types"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/config"
+)
+
+// fakeSecrets serves Secrets Manager's GetSecretValue (JSON 1.1 protocol,
+// X-Amz-Target secretsmanager.GetSecretValue) from values, counting calls.
+func fakeSecrets(t *testing.T, values map[string]*string) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if got := r.Header.Get("X-Amz-Target"); got != "secretsmanager.GetSecretValue" {
+			http.Error(w, "unexpected target "+got, http.StatusBadRequest)
+			return
+		}
+		if !strings.Contains(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256") {
+			http.Error(w, "unsigned", http.StatusForbidden)
+			return
+		}
+		var in struct{ SecretId string }
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-amz-json-1.1")
+		v, ok := values[in.SecretId]
+		if !ok {
+			w.WriteHeader(http.StatusBadRequest)
+			json.NewEncoder(w).Encode(map[string]string{"__type": "ResourceNotFoundException", "message": "Secrets Manager can't find the specified secret."})
+			return
+		}
+		out := map[string]any{"ARN": in.SecretId, "Name": "e2b", "VersionId": "v1"}
+		if v != nil {
+			out["SecretString"] = *v
+		} else {
+			out["SecretBinary"] = "AAEC"
+		}
+		json.NewEncoder(w).Encode(out)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &calls
+}
+
+func secretsClient(url string) *secretsmanager.Client {
+	return secretsmanager.New(secretsmanager.Options{
+		Region:           "us-east-1",
+		BaseEndpoint:     aws.String(url),
+		Credentials:      credentials.NewStaticCredentialsProvider("AKID", "SECRET", ""),
+		RetryMaxAttempts: 1,
+	})
+}
+
+func TestResolveAPIKey(t *testing.T) {
+	const (
+		arnKey   = "arn:aws:secretsmanager:us-east-1:123456789012:secret:resolve-key-AAAAAA"
+		arnBlank = "arn:aws:secretsmanager:us-east-1:123456789012:secret:resolve-blank-AAAAAA"
+		arnBin   = "arn:aws:secretsmanager:us-east-1:123456789012:secret:resolve-binary-AAAAAA"
+		arnNone  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:resolve-missing-AAAAAA"
+	)
+	srv, calls := fakeSecrets(t, map[string]*string{
+		arnKey: aws.String(" e2b_live_key\n"), arnBlank: aws.String("  "), arnBin: nil,
+	})
+	sm := secretsClient(srv.URL)
+	ctx := context.Background()
+
+	for i := range 3 {
+		got, err := ResolveAPIKey(ctx, sm, arnKey)
+		if err != nil || got != "e2b_live_key" {
+			t.Fatalf("call %d: ResolveAPIKey = %q, %v; want the trimmed key", i, got, err)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("GetSecretValue called %d times for 3 resolutions, want 1 (cached)", n)
+	}
+
+	tests := []struct {
+		arn   string
+		check func(error) bool
+		want  string
+	}{
+		{arnBlank, func(err error) bool { return errors.Is(err, ErrEmptySecret) }, "ErrEmptySecret"},
+		{arnBin, func(err error) bool { return errors.Is(err, ErrEmptySecret) }, "ErrEmptySecret"},
+		{arnNone, func(err error) bool {
+			var nf *types.ResourceNotFoundException
+			return errors.As(err, &nf)
+		}, "*types.ResourceNotFoundException"},
+	}
+	for _, tt := range tests {
+		_, err := ResolveAPIKey(ctx, sm, tt.arn)
+		if !tt.check(err) || !strings.Contains(err.Error(), tt.arn) {
+			t.Errorf("ResolveAPIKey(%s) error = %v, want %s naming the ARN", tt.arn, err, tt.want)
+		}
+	}
+	// A failure is not cached: the next cold start (or call) retries.
+	before := calls.Load()
+	ResolveAPIKey(ctx, sm, arnNone)
+	if calls.Load() != before+1 {
+		t.Error("a failed read was cached")
+	}
+}
+
+// TestNewBrokerReadsKeyFromSecret builds the engine from a configuration
+// that names the secret, with the SDK's endpoint override pointing at the
+// fake: the key is read once, through the default AWS config chain.
+func TestNewBrokerReadsKeyFromSecret(t *testing.T) {
+	const arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:newbroker-AAAAAA"
+	srv, calls := fakeSecrets(t, map[string]*string{arn: aws.String("e2b_from_secret")})
+	t.Setenv("AWS_REGION", "us-east-1")
+	t.Setenv("AWS_ACCESS_KEY_ID", "x")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "y")
+	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+	t.Setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", srv.URL)
+	cfg, _, err := config.Parse([]string{"E2B_API_KEY_SECRET_ARN=" + arn, "TABLE_NAME=t", "OUTPUT_BUCKET=b", "E2B_API_URL=http://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewBroker(context.Background(), cfg, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatalf("NewBroker: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("GetSecretValue calls = %d, want 1", n)
+	}
+
+	missing := cfg
+	missing.E2B.APIKeySecretARN = arn + "-gone"
+	if _, err := NewBroker(context.Background(), missing, slog.New(slog.DiscardHandler)); err == nil {
+		t.Error("NewBroker with a missing secret: want an error")
+	}
+}
