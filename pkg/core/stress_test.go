@@ -1,0 +1,248 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/pkg/e2b"
+	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
+)
+
+// faultyProvider wraps a real provider with injected faults and checks
+// invariant 3 on every kill: the broker kills a sandbox only while its
+// record is a tombstone (destroy claim held) or when no record exists yet
+// (cleanup of its own failed create).
+type faultyProvider struct {
+	core.Provider
+	t       *testing.T
+	store   *ddbstore.Store
+	faults  atomic.Bool
+	mu      sync.Mutex
+	rng     *rand.Rand
+	created map[string]core.ThreadKey // every sandbox the broker created
+	kills   atomic.Int32
+	lost    atomic.Int32 // ambiguous creates injected
+}
+
+func (f *faultyProvider) roll(pct int) bool {
+	if !f.faults.Load() {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rng.IntN(100) < pct
+}
+
+func (f *faultyProvider) Create(ctx context.Context, spec core.CreateSpec) (core.SandboxRef, error) {
+	ref, err := f.Provider.Create(ctx, spec)
+	if err == nil {
+		f.mu.Lock()
+		f.created[ref.ID] = core.ThreadKey{Tenant: spec.Metadata[core.MetaTenant], User: spec.Metadata[core.MetaUser], Thread: spec.Metadata[core.MetaThread]}
+		f.mu.Unlock()
+		if f.roll(5) {
+			f.lost.Add(1)
+			return core.SandboxRef{}, &core.ProviderError{Op: "create", Message: "injected timeout after create", Ambiguous: true}
+		}
+	}
+	return ref, err
+}
+
+func (f *faultyProvider) Kill(ctx context.Context, id string) error {
+	if rec, err := f.store.Get(context.Background(), id); err == nil && rec.State != core.StateDestroying {
+		f.t.Errorf("invariant 3: kill of %s while its record is %s (no destroy claim)", id, rec.State)
+	}
+	if f.roll(10) {
+		return errors.New("injected kill failure")
+	}
+	f.kills.Add(1)
+	return f.Provider.Kill(ctx, id)
+}
+
+func (f *faultyProvider) SetTimeout(ctx context.Context, id string, d time.Duration) error {
+	if f.roll(3) {
+		return errors.New("injected reconnect failure")
+	}
+	return f.Provider.SetTimeout(ctx, id, d)
+}
+
+// live lists the deployment's sandboxes at the provider.
+func (f *faultyProvider) live(t *testing.T, deployment string) []core.SandboxInfo {
+	infos, err := f.Provider.List(context.Background(), core.ListFilter{Metadata: map[string]string{core.MetaDeployment: deployment}})
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	return infos
+}
+
+// TestStressInvariantsUnderFaults runs 64 workers doing mixed acquire and
+// release over 200 threads against DynamoDB Local and the local sandbox
+// host, with injected faults (ambiguous creates, failed kills and
+// reconnects, sandboxes killed out of band, invocations abandoned
+// mid-step). After every step: never more live sandboxes than the limit
+// (invariant 1) and never two active records for one thread (invariant 2);
+// every kill is checked for a destroy claim (invariant 3). After faults
+// stop, reconcile passes make slots used equal the live sandboxes
+// (invariant 4: uncertain kills kept their slots until confirmed).
+func TestStressInvariantsUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stress test: skipped in -short mode")
+	}
+	const (
+		limit   = 8
+		workers = 64
+		threads = 200
+		opsEach = 12
+	)
+	ctx := context.Background()
+	srv, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: "stress-key", RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("sandboxhost.Start: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	client, err := e2b.New(e2b.Options{APIURL: srv.APIURL, SandboxURL: srv.EnvdURL, APIKey: "stress-key"})
+	if err != nil {
+		t.Fatalf("e2b.New: %v", err)
+	}
+	ddb := testenv.DynamoClient(t)
+	table := testenv.UniqueName(t, "stress")
+	if err := ddbstore.CreateTable(ctx, ddb, table); err != nil {
+		t.Fatalf("CreateTable: %v", err)
+	}
+	store := ddbstore.New(ddb, table, "stress")
+	prov := &faultyProvider{Provider: client, t: t, store: store, rng: rand.New(rand.NewPCG(1, 2)), created: map[string]core.ThreadKey{}}
+	prov.faults.Store(true)
+	clk := &clock{}
+	s := core.DefaultSettings()
+	s.Deployment = "stress"
+	s.Replicas = limit
+	s.Policy = core.PolicyWait
+	s.AcquireTimeout = 1500 * time.Millisecond
+	s.LeaseDuration = 3 * time.Second // leases lapse during the run, so takeovers happen
+	rs := core.DefaultReconcileSettings()
+	rs.Grace = time.Second
+	eng, err := core.New(s, store, prov, &fakeSyncer{}, core.WithClock(clk.now), core.WithReconcileSettings(rs))
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+
+	checkInvariants := func(step string) {
+		live := prov.live(t, "stress")
+		if len(live) > limit {
+			t.Errorf("%s: invariant 1: %d live sandboxes, limit %d", step, len(live), limit)
+		}
+		prov.mu.Lock()
+		byThread := map[core.ThreadKey][]string{}
+		for id, k := range prov.created {
+			byThread[k] = append(byThread[k], id)
+		}
+		prov.mu.Unlock()
+		for k, ids := range byThread {
+			active := 0
+			for _, id := range ids {
+				if rec, err := store.Get(ctx, id); err == nil && rec.State == core.StateActive {
+					active++
+				}
+			}
+			if active > 1 {
+				t.Errorf("%s: invariant 2: thread %s has %d active records", step, k, active)
+			}
+		}
+	}
+
+	// The scheduled reconcile runs throughout, as in production.
+	stopReconcile := make(chan struct{})
+	reconciled := make(chan struct{})
+	go func() {
+		defer close(reconciled)
+		for {
+			select {
+			case <-stopReconcile:
+				return
+			case <-time.After(300 * time.Millisecond):
+				_, _ = eng.Reconcile(ctx)
+			}
+		}
+	}()
+
+	var wg sync.WaitGroup
+	var acquired, refused atomic.Int32
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			var held string // the sandbox this worker's agent is using
+			for op := range opsEach {
+				if held != "" {
+					if rng.IntN(100) < 10 { // killed behind the broker's back
+						_ = client.Kill(ctx, held)
+					} else {
+						_, _ = eng.Release(ctx, "acme", held)
+					}
+					held = ""
+				}
+				k := core.ThreadKey{Tenant: "acme", User: fmt.Sprintf("u%d", rng.IntN(20)), Thread: fmt.Sprintf("t%d", rng.IntN(threads))}
+				actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				if rng.IntN(100) < 4 { // an invocation abandoned mid-step
+					actx, cancel = context.WithTimeout(ctx, time.Duration(1+rng.IntN(30))*time.Millisecond)
+				}
+				res, err := eng.Acquire(actx, k)
+				cancel()
+				var ce *core.CapacityError
+				switch {
+				case err == nil:
+					acquired.Add(1)
+					held = res.Record.SandboxID
+				case errors.As(err, &ce):
+					refused.Add(1)
+				}
+				if op%4 == 0 {
+					checkInvariants(fmt.Sprintf("worker %d op %d", w, op))
+				}
+			}
+			if held != "" {
+				_, _ = eng.Release(ctx, "acme", held)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stopReconcile)
+	<-reconciled
+	checkInvariants("after workers")
+	t.Logf("acquired %d, refused %d, injected ambiguous creates %d, kills %d", acquired.Load(), refused.Load(), prov.lost.Load(), prov.kills.Load())
+	if acquired.Load() == 0 {
+		t.Fatal("no acquire succeeded: the stress test exercised nothing")
+	}
+
+	// Faults stop; reconcile passes (with the clock past leases, grace and
+	// reservation expiry) must converge: slots used == live sandboxes.
+	prov.faults.Store(false)
+	var used, live int
+	for pass := range 8 {
+		clk.advance(5 * time.Minute)
+		if _, err := eng.Reconcile(ctx); err != nil {
+			t.Logf("reconcile pass %d: %v", pass, err)
+		}
+		st, err := eng.Capacity(ctx)
+		if err != nil {
+			t.Fatalf("Capacity: %v", err)
+		}
+		used, live = st.Used, len(prov.live(t, "stress"))
+		if used == live && st.Tombstones == 0 && st.Reserved == 0 {
+			break
+		}
+	}
+	if used != live {
+		t.Errorf("after faults stopped and reconcile ran: slots used %d, live sandboxes %d", used, live)
+	}
+	checkInvariants("after reconcile")
+}
