@@ -1,7 +1,8 @@
 // Command sandbox-host runs the local E2B-compatible sandbox host
 // (pkg/sandboxhost) on loopback until SIGINT or SIGTERM, then kills every
 // sandbox. When ready it prints one JSON line on stdout:
-// {"api_url":…,"envd_url":…,"root_dir":…,"isolated":…}.
+// {"api_url":…,"envd_url":…,"root_dir":…,"isolated":…} (plus
+// "provisioner_url" when the provisioner face is on).
 //
 // Flags (environment fallbacks in brackets): -api-addr [SANDBOX_HOST_API_ADDR]
 // (default 127.0.0.1:0), -envd-addr [SANDBOX_HOST_ENVD_ADDR] (default
@@ -10,6 +11,11 @@
 // -default-timeout [SANDBOX_HOST_DEFAULT_TIMEOUT] (default 300s). The API
 // key is read from SANDBOX_HOST_API_KEY only (never a flag, so it does not
 // show in process listings) and is required.
+//
+// -provisioner-addr [SANDBOX_HOST_PROVISIONER_ADDR] (default off; e.g.
+// 127.0.0.1:0) also serves the provisioner face: the Kubernetes
+// provisioner API with AIO sandbox URLs (issue 7). Its X-API-Key is
+// SANDBOX_HOST_PROVISIONER_API_KEY, default SANDBOX_HOST_API_KEY.
 package main
 
 import (
@@ -46,6 +52,7 @@ func run() error {
 	rootDir := flag.String("root-dir", os.Getenv("SANDBOX_HOST_ROOT_DIR"), "directory for sandbox homes (default: a temp dir removed on exit)")
 	isolation := flag.String("isolation", envOr("SANDBOX_HOST_ISOLATION", sandboxhost.IsolationAuto), "auto, bwrap or none")
 	defTimeout := flag.Duration("default-timeout", 300*time.Second, "sandbox life when create does not say (env SANDBOX_HOST_DEFAULT_TIMEOUT)")
+	provAddr := flag.String("provisioner-addr", os.Getenv("SANDBOX_HOST_PROVISIONER_ADDR"), "provisioner API listen address (loopback); empty = off")
 	logLevel := flag.String("log-level", envOr("SANDBOX_HOST_LOG_LEVEL", "info"), "debug, info, warn or error")
 	flag.Parse()
 
@@ -88,12 +95,22 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	ready, err := json.Marshal(map[string]any{
+	info := map[string]any{
 		"api_url":  srv.APIURL,
 		"envd_url": srv.EnvdURL,
 		"root_dir": root,
 		"isolated": srv.Host.Isolated(),
-	})
+	}
+	if *provAddr != "" {
+		u, err := srv.StartProvisioner(*provAddr, sandboxhost.ProvisionerOptions{
+			APIKey: envOr("SANDBOX_HOST_PROVISIONER_API_KEY", apiKey)})
+		if err != nil {
+			_ = srv.Close()
+			return fmt.Errorf("provisioner face: %w", err)
+		}
+		info["provisioner_url"] = u
+	}
+	ready, err := json.Marshal(info)
 	if err != nil {
 		return err
 	}

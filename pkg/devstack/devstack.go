@@ -83,6 +83,13 @@ type Options struct {
 	ScheduleOverride time.Duration
 	// Isolation of the sandbox host ("" = auto: bubblewrap when usable).
 	Isolation string
+	// Provider is the functions' SANDBOX_PROVIDER: "e2b" or "provisioner"
+	// ("" = SANDBOX_PROVIDER from FunctionEnv, else "e2b"). The sandbox
+	// host serves both faces either way.
+	Provider string
+	// ProvisionerAddr places the host's provisioner face ("" = a free
+	// 127.0.0.1 port).
+	ProvisionerAddr string
 	// Logger receives the stack's own logs (default: discard).
 	Logger *slog.Logger
 }
@@ -95,6 +102,10 @@ type Info struct {
 	S3          S3Info            `json:"s3"`
 	DynamoDB    DynamoDBInfo      `json:"dynamodb"`
 	SandboxHost SandboxHostInfo   `json:"sandbox_host"`
+	// Provider is the functions' SANDBOX_PROVIDER (e2b or provisioner).
+	Provider string `json:"provider"`
+	// Provisioner addresses the sandbox host's provisioner face.
+	Provisioner ProvisionerInfo   `json:"provisioner"`
 	Functions   map[string]string `json:"functions"` // name -> emulator invoke URL
 	StartedAt   time.Time         `json:"started_at"`
 	PID         int               `json:"pid"`
@@ -123,6 +134,30 @@ type SandboxHostInfo struct {
 	APIURL  string `json:"api_url"`
 	EnvdURL string `json:"envd_url"`
 	APIKey  string `json:"api_key"`
+}
+
+// ProvisionerInfo addresses the local provisioner API (the sandbox host's
+// second face; sandbox URLs it hands out serve the AIO sandbox API).
+type ProvisionerInfo struct {
+	APIURL string `json:"api_url"`
+	APIKey string `json:"api_key"`
+}
+
+// providerOf returns o.Provider, else the last SANDBOX_PROVIDER in env,
+// else "e2b".
+func providerOf(o Options) string {
+	p := o.Provider
+	if p == "" {
+		for _, kv := range o.FunctionEnv {
+			if v, ok := strings.CutPrefix(kv, "SANDBOX_PROVIDER="); ok {
+				p = v
+			}
+		}
+	}
+	if p == "" {
+		p = "e2b"
+	}
+	return p
 }
 
 // Stack is a running local stack. Stop it with Close.
@@ -285,6 +320,9 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	go func() {
 		defer wg.Done()
 		shErr = s.startSandboxHost(ctx, o.SandboxAPIAddr, o.EnvdAddr, o.Isolation, logDir)
+		if shErr == nil {
+			shErr = s.startProvisioner(o.ProvisionerAddr)
+		}
 	}()
 	wg.Wait()
 	if err := errors.Join(ddbErr, s3Err, shErr); err != nil {
@@ -292,6 +330,7 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	}
 
 	// Functions: one emulator pool each, warmed up in parallel.
+	s.Info.Provider = providerOf(o)
 	env := s.functionEnv(o.FunctionEnv)
 	var (
 		mu   sync.Mutex
@@ -552,6 +591,8 @@ func (s *Stack) functionEnv(extra []string) []string {
 		"E2B_API_URL=" + s.Info.SandboxHost.APIURL,
 		"E2B_SANDBOX_URL=" + s.Info.SandboxHost.EnvdURL,
 		"E2B_API_KEY=" + s.Info.SandboxHost.APIKey,
+		"PROVISIONER_URL=" + s.Info.Provisioner.APIURL,
+		"PROVISIONER_API_KEY=" + s.Info.Provisioner.APIKey,
 		"TABLE_NAME=" + s.Info.DynamoDB.Table,
 		"OUTPUT_BUCKET=" + s.Info.S3.Bucket,
 		"OUTPUT_PREFIX=" + s.Info.S3.Prefix,
@@ -561,7 +602,9 @@ func (s *Stack) functionEnv(extra []string) []string {
 			env = append(env, k+"="+v)
 		}
 	}
-	return append(env, extra...)
+	// SANDBOX_PROVIDER last: Info.Provider already chose between
+	// Options.Provider and extra, and stack.json must tell the truth.
+	return append(append(env, extra...), "SANDBOX_PROVIDER="+s.Info.Provider)
 }
 
 // PassThroughEnv returns the caller's SANDBOX_* and LOG_LEVEL variables,
@@ -726,6 +769,18 @@ func (s *Stack) startSandboxHost(ctx context.Context, apiAddr, envdAddr, isolati
 	return nil
 }
 
+// startProvisioner serves the sandbox host's provisioner face on addr
+// with a fresh API key.
+func (s *Stack) startProvisioner(addr string) error {
+	key := "prov_devstack_" + randomHex(16)
+	u, err := s.host.StartProvisioner(addr, sandboxhost.ProvisionerOptions{APIKey: key})
+	if err != nil {
+		return fmt.Errorf("provisioner face: %w", err)
+	}
+	s.Info.Provisioner = ProvisionerInfo{APIURL: u, APIKey: key}
+	return nil
+}
+
 // writeJSON writes v to file atomically, readable by the owner only (it
 // holds credentials).
 func writeJSON(file string, v any) error {
@@ -759,6 +814,7 @@ func (s *Stack) Banner(startupTime time.Duration) string {
 	fmt.Fprintf(&b, "  S3           %s  bucket %s (aws --endpoint-url %s s3 ls s3://%s/)\n", s.Info.S3.Endpoint, s.Info.S3.Bucket, s.Info.S3.Endpoint, s.Info.S3.Bucket)
 	fmt.Fprintf(&b, "  DynamoDB     %s  table %s\n", s.Info.DynamoDB.Endpoint, s.Info.DynamoDB.Table)
 	fmt.Fprintf(&b, "  sandbox host %s (envd %s)\n", s.Info.SandboxHost.APIURL, s.Info.SandboxHost.EnvdURL)
+	fmt.Fprintf(&b, "  provisioner  %s (functions use SANDBOX_PROVIDER=%s)\n", s.Info.Provisioner.APIURL, s.Info.Provider)
 	fmt.Fprintf(&b, "  stack file   %s\n", s.StackFile)
 	fmt.Fprintf(&b, "  logs         %s\n", s.Info.LogDir)
 	b.WriteString("Ctrl-C stops everything.\n")

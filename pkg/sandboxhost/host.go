@@ -287,6 +287,7 @@ func randomID(n int) string {
 
 // createSpec is what a create call asks for.
 type createSpec struct {
+	id         string // "" = a fresh random id
 	templateID string
 	timeout    time.Duration
 	metadata   map[string]string
@@ -295,7 +296,10 @@ type createSpec struct {
 
 // create starts a new sandbox: directories, state and the kill timer.
 func (h *Host) create(spec createSpec) (*sandbox, error) {
-	id := randomID(20)
+	id := spec.id
+	if id == "" {
+		id = randomID(20)
+	}
 	dir := filepath.Join(h.opts.RootDir, id)
 	sb := &sandbox{
 		id:         id,
@@ -344,6 +348,11 @@ func (h *Host) create(spec createSpec) (*sandbox, error) {
 		sb.cancel()
 		_ = os.RemoveAll(dir)
 		return nil, ErrClosed
+	}
+	if _, dup := h.sandboxes[id]; dup {
+		h.mu.Unlock()
+		sb.cancel()
+		return nil, errDuplicateID
 	}
 	h.sandboxes[id] = sb
 	h.mu.Unlock()

@@ -85,7 +85,9 @@ func buildFunctions(t *testing.T, root string) string {
 	return out
 }
 
-func startStack(t *testing.T) *devstack.Stack {
+// startStack starts the local stack with the functions on SANDBOX_PROVIDER
+// provider ("e2b" or "provisioner").
+func startStack(t *testing.T, provider string) *devstack.Stack {
 	t.Helper()
 	root := repoRoot(t)
 	buildDir := buildFunctions(t, root)
@@ -104,6 +106,7 @@ func startStack(t *testing.T) *devstack.Stack {
 			"LOG_LEVEL=DEBUG",
 		},
 		Instances: 2,
+		Provider:  provider,
 	})
 	if err != nil {
 		t.Fatalf("devstack.Start: %v", err)
@@ -217,6 +220,103 @@ func connOf(r reply) conn {
 	return conn{id: str(r.body, "sandbox_id"), envdURL: str(r.body, "connection", "envd_url"), token: str(r.body, "connection", "envd_access_token")}
 }
 
+// face is how the scenario reaches sandboxes of one provider, as an agent
+// holding only the acquire response would, and how it kills one behind
+// the broker's back.
+type face struct {
+	name     string
+	connOf   func(r reply) conn
+	run      func(t *testing.T, c conn, script string) (string, int)
+	readFile func(t *testing.T, c conn, path string) (int, []byte)
+	kill     func(t *testing.T, s *devstack.Stack, id string)
+}
+
+// e2bFace talks envd (Connect RPC and /files) and kills through the E2B
+// control plane of the sandbox host.
+var e2bFace = face{name: "e2b", connOf: connOf, run: run, readFile: readFile,
+	kill: func(t *testing.T, s *devstack.Stack, id string) {
+		t.Helper()
+		killVia(t, s.Info.SandboxHost.APIURL+"/sandboxes/"+id, s.Info.SandboxHost.APIKey)
+	}}
+
+// provisionerFace talks the AIO sandbox API at connection.sandbox_url and
+// kills through the provisioner API.
+var provisionerFace = face{name: "provisioner",
+	connOf: func(r reply) conn {
+		c := conn{id: str(r.body, "sandbox_id"), envdURL: str(r.body, "connection", "sandbox_url"), token: str(r.body, "connection", "access_token")}
+		if conn, _ := r.body["connection"].(map[string]any); conn["envd_url"] != nil || conn["envd_access_token"] != nil {
+			c.envdURL = "" // the provisioner backend must not carry envd fields
+		}
+		return c
+	},
+	run: runAIO, readFile: readFileAIO,
+	kill: func(t *testing.T, s *devstack.Stack, id string) {
+		t.Helper()
+		killVia(t, s.Info.Provisioner.APIURL+"/api/sandboxes/"+id, s.Info.Provisioner.APIKey)
+	}}
+
+// killVia sends DELETE url with X-API-Key and wants a 2xx.
+func killVia(t *testing.T, url, key string) {
+	t.Helper()
+	req, _ := http.NewRequest("DELETE", url, nil)
+	req.Header.Set("X-API-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("kill via sandbox host: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("kill via sandbox host: HTTP %d", resp.StatusCode)
+	}
+}
+
+// runAIO runs script with POST {sandbox_url}/v1/bash/exec (AIO sandbox
+// API, sync mode) in /home/user and returns stdout and the exit code.
+func runAIO(t *testing.T, c conn, script string) (string, int) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"command": script, "exec_dir": "/home/user", "hard_timeout": 50, "max_output_length": 0})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", c.envdURL+"/v1/bash/exec", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("AIO exec: %v", err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("AIO exec: HTTP %d: %s", resp.StatusCode, raw)
+	}
+	var out struct {
+		Success bool `json:"success"`
+		Data    struct {
+			Status   string `json:"status"`
+			Stdout   string `json:"stdout"`
+			ExitCode *int   `json:"exit_code"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || !out.Success || out.Data.Status != "completed" || out.Data.ExitCode == nil {
+		t.Fatalf("AIO exec: reply %s (%v), want a completed command", raw, err)
+	}
+	return out.Data.Stdout, *out.Data.ExitCode
+}
+
+// readFileAIO reads a sandbox file with GET {sandbox_url}/v1/file/download.
+func readFileAIO(t *testing.T, c conn, path string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", c.envdURL+"/v1/file/download?path="+path, nil)
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("AIO download: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
 // run starts `bash -c script` in the sandbox through envd's Connect RPC
 // (process.Process/Start, JSON codec, server stream) and returns its stdout
 // and exit code, as an agent holding only the acquire response would.
@@ -307,8 +407,19 @@ func readFile(t *testing.T, c conn, path string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
+// TestBrokerEndToEnd runs the scenario once per provider, each on a
+// fresh stack whose functions use that provider.
 func TestBrokerEndToEnd(t *testing.T) {
-	s := startStack(t)
+	for _, f := range []face{e2bFace, provisionerFace} {
+		t.Run(f.name, func(t *testing.T) { scenario(t, startStack(t, f.name), f) })
+	}
+}
+
+// scenario is acquire -> work -> release -> S3 -> reclaim -> capacity ->
+// kill and replace -> tenant isolation -> sync -> validation -> reconcile,
+// reaching sandboxes through f.
+func scenario(t *testing.T, s *devstack.Stack, f face) {
+	connOf, run, readFile := f.connOf, f.run, f.readFile
 	a := api{t: t, base: s.Info.APIURL, http: &http.Client{Timeout: 2 * time.Minute}}
 	const user, thread, otherThread = "u-1", "thread-1", "thread-2"
 
@@ -321,7 +432,7 @@ func TestBrokerEndToEnd(t *testing.T) {
 	r := a.acquire(tokenA, user, thread)
 	want(t, "first acquire", r, 200)
 	first := connOf(r)
-	if str(r.body, "source") != "created" || str(r.body, "state") != "active" || first.id == "" || first.envdURL == "" || first.token == "" || str(r.body, "backend") == "" {
+	if str(r.body, "source") != "created" || str(r.body, "state") != "active" || first.id == "" || first.envdURL == "" || first.token == "" || str(r.body, "backend") != f.name {
 		t.Fatalf("first acquire: body %s, want source created, state active, id, backend and connection", r.raw)
 	}
 	exp, err := time.Parse(time.RFC3339, str(r.body, "expires_at"))
@@ -388,16 +499,7 @@ func TestBrokerEndToEnd(t *testing.T) {
 	}
 
 	// 7. kill the sandbox behind the broker's back; the next acquire notices and replaces it.
-	req, _ := http.NewRequest("DELETE", s.Info.SandboxHost.APIURL+"/sandboxes/"+first.id, nil)
-	req.Header.Set("X-API-Key", s.Info.SandboxHost.APIKey)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("kill via sandbox host: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("kill via sandbox host: HTTP %d", resp.StatusCode)
-	}
+	f.kill(t, s, first.id)
 	r = a.acquire(tokenA, user, thread)
 	want(t, "acquire after kill", r, 200)
 	replaced := connOf(r)
@@ -490,7 +592,7 @@ func TestBrokerEndToEnd(t *testing.T) {
 // TestStackFileAndShutdown checks .run/stack.json's shape (issue 2, item 7)
 // and that Close leaves nothing listening.
 func TestStackFileAndShutdown(t *testing.T) {
-	s := startStack(t)
+	s := startStack(t, "e2b")
 	b, err := os.ReadFile(s.StackFile)
 	if err != nil {
 		t.Fatalf("read stack file: %v", err)
@@ -503,10 +605,14 @@ func TestStackFileAndShutdown(t *testing.T) {
 		"s3":           {"endpoint", "region", "access_key", "secret_key", "bucket", "prefix"},
 		"dynamodb":     {"endpoint", "region", "table"},
 		"sandbox_host": {"api_url", "envd_url", "api_key"},
+		"provisioner":  {"api_url", "api_key"},
 		"functions":    {"acquire", "release", "sync", "reconcile"},
 	}
 	if str(info, "api_url") != s.Info.APIURL {
 		t.Errorf("api_url = %q, want %q", str(info, "api_url"), s.Info.APIURL)
+	}
+	if str(info, "provider") != "e2b" {
+		t.Errorf("provider = %q, want e2b", str(info, "provider"))
 	}
 	if toks, _ := info["tokens"].(map[string]any); toks[tenantA] != tokenA || toks[tenantB] != tokenB {
 		t.Errorf("tokens = %v", info["tokens"])

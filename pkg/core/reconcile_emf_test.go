@@ -1,0 +1,82 @@
+package core_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// TestReconcileLogsOneEMFLine: a pass logs its stats as one JSON line that
+// is also a CloudWatch embedded-metric-format record (an _aws object
+// declaring the metrics, each a top-level member).
+func TestReconcileLogsOneEMFLine(t *testing.T) {
+	h := newRecHarness(t, nil)
+	h.untracked(t, h.threadMeta("t1", 0))
+	var buf bytes.Buffer
+	eng, err := core.New(h.s, h.store, h.prov, nil, core.WithClock(h.clock.now), core.WithReconcileSettings(h.rs),
+		core.WithLogger(slog.New(slog.NewJSONHandler(&buf, nil))))
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	if _, err := eng.Reconcile(context.Background()); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	var line map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		if strings.Contains(l, `"msg":"reconcile pass"`) {
+			if line != nil {
+				t.Fatal("more than one stats line")
+			}
+			if err := json.Unmarshal([]byte(l), &line); err != nil {
+				t.Fatalf("stats line is not JSON: %v: %s", err, l)
+			}
+		}
+	}
+	if line == nil {
+		t.Fatalf("no stats line in %s", buf.String())
+	}
+	aws, _ := line["_aws"].(map[string]any)
+	metrics, _ := aws["CloudWatchMetrics"].([]any)
+	if aws["Timestamp"] == nil || len(metrics) != 1 {
+		t.Fatalf("_aws = %v, want a timestamp and one metric directive", line["_aws"])
+	}
+	dir := metrics[0].(map[string]any)
+	if dir["Namespace"] != core.MetricsNamespace || line["Deployment"] != "test" {
+		t.Errorf("namespace %v deployment %v", dir["Namespace"], line["Deployment"])
+	}
+	for _, m := range dir["Metrics"].([]any) {
+		name := m.(map[string]any)["Name"].(string)
+		if _, ok := line[name].(float64); !ok {
+			t.Errorf("metric %s has no numeric top-level value", name)
+		}
+	}
+	if line["Discovered"] != 1.0 || line["Adopted"] != 1.0 {
+		t.Errorf("Discovered %v Adopted %v, want 1 1", line["Discovered"], line["Adopted"])
+	}
+	if stats, _ := line["stats"].(map[string]any); stats["discovered"] != 1.0 {
+		t.Errorf("stats = %v, want discovered 1", line["stats"])
+	}
+}
+
+func TestReconcileDrainingExpiresEveryWarmSandbox(t *testing.T) {
+	h := newRecHarness(t, nil)
+	ctx := context.Background()
+	rec := h.acquire(t, "t1")
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if st := h.pass(t); st.Expired != 0 {
+		t.Fatalf("expired a fresh warm sandbox: %+v", st)
+	}
+	if err := h.eng.SetDraining(ctx, true); err != nil {
+		t.Fatalf("SetDraining: %v", err)
+	}
+	if st := h.pass(t); st.Expired != 1 || h.fake.Alive(rec.SandboxID) {
+		t.Errorf("pass while draining = %+v, alive %v; want the warm sandbox destroyed", st, h.fake.Alive(rec.SandboxID))
+	}
+}

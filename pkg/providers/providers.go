@@ -1,0 +1,52 @@
+// Package providers builds the sandbox provider a deployment selects with
+// SANDBOX_PROVIDER (pkg/config): the E2B client (pkg/e2b, the default) or
+// the Kubernetes provisioner client (pkg/provisioner).
+package providers
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/config"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/e2b"
+	"github.com/sandbox-broker/sandbox-broker/pkg/provisioner"
+)
+
+// New returns the provider cfg.Provider names ("" means e2b), configured
+// from cfg.E2B or cfg.Provisioner; commands of the provisioner provider run
+// in cfg.Settings.Home unless they say otherwise. The E2B API key must
+// already be resolved (pkg/wiring reads it from Secrets Manager).
+//
+// Errors: an unknown provider name, or the client's own validation error.
+func New(cfg config.Config, logger *slog.Logger) (core.Provider, error) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	switch cfg.Provider {
+	case config.ProviderE2B, "":
+		c, err := e2b.New(e2b.Options{
+			APIURL:     cfg.E2B.APIURL,
+			SandboxURL: cfg.E2B.SandboxURL,
+			APIKey:     cfg.E2B.APIKey,
+			Logger:     logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("e2b client: %w", err)
+		}
+		return c, nil
+	case config.ProviderProvisioner:
+		c, err := provisioner.New(provisioner.Options{
+			BaseURL: cfg.Provisioner.URL,
+			APIKey:  cfg.Provisioner.APIKey,
+			Home:    cfg.Settings.Home,
+			Logger:  logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("provisioner client: %w", err)
+		}
+		return c, nil
+	default:
+		return nil, fmt.Errorf("unknown sandbox provider %q", cfg.Provider)
+	}
+}

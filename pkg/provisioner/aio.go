@@ -1,0 +1,451 @@
+package provisioner
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime/multipart"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// AIO client errors.
+var (
+	// ErrImageTooOld: the sandbox answers but has no /v1/bash/exec (an AIO
+	// sandbox image older than the exec API). Not retryable.
+	ErrImageTooOld = errors.New("AIO sandbox image too old: no /v1/bash/exec")
+	// ErrCommandTimeout: a command passed its hard timeout and was killed
+	// (AIO status timed_out). Run wraps it with context.DeadlineExceeded.
+	ErrCommandTimeout = errors.New("command timed out")
+	// ErrNotReady: a new sandbox's AIO API did not answer in Timeouts.Ready.
+	ErrNotReady = errors.New("AIO sandbox not ready")
+)
+
+// envNamePattern is the shape of core.Command.Env keys.
+var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// aioEnvelope is the AIO API's response wrapper (OpenAPI Response[T]):
+// success defaults to true; a 200 with success=false is an error whose data
+// may be a FileOperationError {path, operation, message, error_type}.
+type aioEnvelope struct {
+	Success *bool           `json:"success"`
+	Message string          `json:"message"`
+	Data    json.RawMessage `json:"data"`
+}
+
+// fileOpError is the AIO FileOperationError.
+type fileOpError struct {
+	Message   string `json:"message"`
+	ErrorType string `json:"error_type"`
+	Retryable bool   `json:"retryable"`
+}
+
+// failed returns the error of a success=false envelope, or nil.
+func (e aioEnvelope) failed(op string) error {
+	if e.Success == nil || *e.Success {
+		return nil
+	}
+	var fe fileOpError
+	_ = json.Unmarshal(e.Data, &fe)
+	msg := e.Message
+	if fe.Message != "" {
+		msg = fe.Message
+	}
+	if fe.ErrorType != "" {
+		msg = fe.ErrorType + ": " + msg
+	}
+	pe := &core.ProviderError{Op: op, StatusCode: http.StatusOK, Message: msg, Ambiguous: fe.Retryable}
+	if fe.ErrorType == "not_found" {
+		return &causedError{pe, core.ErrFileNotFound}
+	}
+	return pe
+}
+
+// aioBase returns the AIO API base of ref (its EnvdURL).
+func aioBase(ref core.SandboxRef) (string, error) {
+	if ref.EnvdURL == "" {
+		return "", &core.ValidationError{Field: "sandbox_url", Message: "sandbox has no AIO URL"}
+	}
+	return strings.TrimRight(ref.EnvdURL, "/"), nil
+}
+
+// aioHeaders sets the bearer token (AIO JWT auth) when ref carries one.
+func aioHeaders(h http.Header, ref core.SandboxRef) {
+	if ref.AccessToken != "" {
+		h.Set("Authorization", "Bearer "+ref.AccessToken)
+	}
+}
+
+// goneOr asks the provisioner whether ref's sandbox still exists after an
+// AIO call failed: core.ErrSandboxGone when it says 404, else fallback.
+func (c *Client) goneOr(ctx context.Context, ref core.SandboxRef, op string, fallback error) error {
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeouts.Get)
+	defer cancel()
+	if _, err := c.GetSandbox(gctx, ref.ID); errors.Is(err, core.ErrSandboxGone) {
+		return fmt.Errorf("provisioner %s in %s: %w", op, ref.ID, core.ErrSandboxGone)
+	}
+	return fallback
+}
+
+// WaitReady polls GET /v1/sandbox until it answers 200 (without
+// success=false), for at most Timeouts.Ready.
+//
+// Errors: ErrNotReady (wrapped in a certain *core.ProviderError) with the
+// last failure; ctx's error when it ends first.
+func (c *Client) WaitReady(ctx context.Context, ref core.SandboxRef) error {
+	base, err := aioBase(ref)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(c.timeouts.Ready)
+	var last error
+	for {
+		last = c.readyOnce(ctx, base, ref)
+		if last == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return transportError("wait ready", ctx.Err())
+		}
+		if time.Now().After(deadline) {
+			return &causedError{certain("wait ready", fmt.Sprintf("%v after %s: %v", ErrNotReady, c.timeouts.Ready, last)), ErrNotReady}
+		}
+		if err := sleepCtx(ctx, c.opts.PollInterval); err != nil {
+			return transportError("wait ready", err)
+		}
+	}
+}
+
+// readyOnce is one GET /v1/sandbox bounded by 5 s.
+func (c *Client) readyOnce(ctx context.Context, base string, ref core.SandboxRef) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/sandbox", nil)
+	if err != nil {
+		return err
+	}
+	aioHeaders(req.Header, ref)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, replyMessage(b))
+	}
+	var env aioEnvelope
+	if err := json.Unmarshal(b, &env); err != nil {
+		return fmt.Errorf("malformed /v1/sandbox reply: %w", err)
+	}
+	return env.failed("wait ready")
+}
+
+// execBody is POST /v1/bash/exec's request (OpenAPI BashExecRequest).
+type execBody struct {
+	Command     string            `json:"command"`
+	ExecDir     string            `json:"exec_dir,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	AsyncMode   bool              `json:"async_mode"`
+	Timeout     float64           `json:"timeout"`
+	HardTimeout float64           `json:"hard_timeout"`
+	// MaxOutputLength 0 disables the server's middle truncation.
+	MaxOutputLength int `json:"max_output_length"`
+}
+
+// execResult is BashExecResult.
+type execResult struct {
+	Status   string  `json:"status"`
+	Stdout   *string `json:"stdout"`
+	Stderr   *string `json:"stderr"`
+	ExitCode *int    `json:"exit_code"`
+}
+
+// Run runs cmd.Script with bash through POST /v1/bash/exec in sync mode:
+// per-call env, exec_dir = cmd.Cwd (else Options.Home), hard_timeout =
+// cmd.Timeout (else Timeouts.Command, rounded up to seconds), output
+// untruncated. The HTTP call is bounded by the timeout plus
+// Timeouts.CommandMargin. A non-zero exit code is not an error.
+//
+// Errors: *core.ValidationError for a bad env name; core.ErrSandboxGone
+// when the call fails and the provisioner says the sandbox is gone;
+// ErrImageTooOld on a 404 from a live sandbox; ErrCommandTimeout (with
+// context.DeadlineExceeded, and the partial output) on status timed_out;
+// else a *core.ProviderError (ambiguous for transport errors and 5xx).
+func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command) (core.CommandResult, error) {
+	const op = "run command"
+	for k := range cmd.Env {
+		if !envNamePattern.MatchString(k) {
+			return core.CommandResult{}, &core.ValidationError{Field: "env", Message: fmt.Sprintf("%q must match %s", k, envNamePattern)}
+		}
+	}
+	base, err := aioBase(ref)
+	if err != nil {
+		return core.CommandResult{}, err
+	}
+	timeout := cmd.Timeout
+	if timeout <= 0 {
+		timeout = c.timeouts.Command
+	}
+	secs := math.Ceil(timeout.Seconds())
+	cwd := cmd.Cwd
+	if cwd == "" {
+		cwd = c.opts.Home
+	}
+	body, err := json.Marshal(execBody{Command: cmd.Script, ExecDir: cwd, Env: cmd.Env, Timeout: secs + 5, HardTimeout: secs})
+	if err != nil {
+		return core.CommandResult{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout+c.timeouts.CommandMargin)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, base+"/v1/bash/exec", bytes.NewReader(body))
+	if err != nil {
+		return core.CommandResult{}, err
+	}
+	aioHeaders(req.Header, ref)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if isCtxErr(ctx, err) {
+			return core.CommandResult{}, transportError(op, err)
+		}
+		return core.CommandResult{}, c.goneOr(ctx, ref, op, transportError(op, err))
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
+	if err != nil {
+		return core.CommandResult{}, transportError(op, err)
+	}
+	r := reply{status: resp.StatusCode, body: b}
+	switch {
+	case r.status == http.StatusNotFound:
+		return core.CommandResult{}, c.goneOr(ctx, ref, op, &causedError{certain(op, ErrImageTooOld.Error()+": "+replyMessage(b)), ErrImageTooOld})
+	case r.status == http.StatusBadGateway || r.status == http.StatusServiceUnavailable || r.status == http.StatusGatewayTimeout:
+		return core.CommandResult{}, c.goneOr(ctx, ref, op, statusError(op, r))
+	case r.status != http.StatusOK:
+		return core.CommandResult{}, statusError(op, r)
+	}
+	var env aioEnvelope
+	if err := json.Unmarshal(b, &env); err != nil {
+		return core.CommandResult{}, &core.ProviderError{Op: op, StatusCode: r.status, Message: "malformed exec reply", Ambiguous: true}
+	}
+	if err := env.failed(op); err != nil {
+		return core.CommandResult{}, err
+	}
+	var res execResult
+	if err := json.Unmarshal(env.Data, &res); err != nil {
+		return core.CommandResult{}, &core.ProviderError{Op: op, StatusCode: r.status, Message: "malformed exec result", Ambiguous: true}
+	}
+	out := core.CommandResult{ExitCode: -1}
+	if res.Stdout != nil {
+		out.Stdout = []byte(*res.Stdout)
+	}
+	if res.Stderr != nil {
+		out.Stderr = []byte(*res.Stderr)
+	}
+	if res.ExitCode != nil {
+		out.ExitCode = *res.ExitCode
+	}
+	switch res.Status {
+	case "completed":
+		if res.ExitCode == nil {
+			return out, &core.ProviderError{Op: op, Message: "completed without an exit code", Ambiguous: true}
+		}
+		return out, nil
+	case "timed_out":
+		return out, fmt.Errorf("provisioner %s: %w after %s: %w", op, ErrCommandTimeout, timeout, context.DeadlineExceeded)
+	default: // killed, running, pending: the outcome is unknown
+		return out, &core.ProviderError{Op: op, Message: "command ended with status " + res.Status, Ambiguous: true}
+	}
+}
+
+// errHeaderTimeout is the cancel cause when download headers are late.
+var errHeaderTimeout = errors.New("timed out waiting for response headers")
+
+// OpenFile streams path with GET /v1/file/download?path=… . The wait for
+// headers is bounded by Timeouts.FileHeader, the body by ctx (or Close).
+// With maxBytes > 0 the reader fails with *core.FileTooLargeError as soon
+// as byte maxBytes+1 arrives (or at once when Content-Length says so).
+//
+// Errors: core.ErrFileNotFound on 404 from a live sandbox;
+// core.ErrSandboxGone when the provisioner says it is gone; else a
+// *core.ProviderError.
+func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string, maxBytes int64) (io.ReadCloser, error) {
+	const op = "read file"
+	base, err := aioBase(ref)
+	if err != nil {
+		return nil, err
+	}
+	reqCtx, cancel := context.WithCancelCause(ctx)
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, base+"/v1/file/download?"+url.Values{"path": {path}}.Encode(), nil)
+	if err != nil {
+		cancel(nil)
+		return nil, err
+	}
+	aioHeaders(req.Header, ref)
+	timer := time.AfterFunc(c.timeouts.FileHeader, func() { cancel(errHeaderTimeout) })
+	resp, err := c.http.Do(req)
+	if !timer.Stop() && err == nil {
+		resp.Body.Close()
+		err = context.Cause(reqCtx)
+	}
+	if err != nil {
+		if cause := context.Cause(reqCtx); errors.Is(cause, errHeaderTimeout) {
+			err = fmt.Errorf("%w: %w", cause, context.DeadlineExceeded)
+		}
+		cancel(nil)
+		if isCtxErr(ctx, err) {
+			return nil, transportError(op, err)
+		}
+		return nil, c.goneOr(ctx, ref, op, transportError(op, err))
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer cancel(nil)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		r := reply{status: resp.StatusCode, body: b}
+		switch {
+		case r.status == http.StatusNotFound:
+			return nil, c.goneOr(ctx, ref, op, fmt.Errorf("provisioner %s %q in %s: %w", op, path, ref.ID, core.ErrFileNotFound))
+		case r.status >= 500:
+			return nil, c.goneOr(ctx, ref, op, statusError(op, r))
+		default:
+			return nil, statusError(op, r)
+		}
+	}
+	if maxBytes > 0 && resp.ContentLength > maxBytes {
+		resp.Body.Close()
+		cancel(nil)
+		return nil, &core.FileTooLargeError{Path: path, MaxBytes: maxBytes}
+	}
+	return &cappedBody{body: resp.Body, cancel: cancel, path: path, max: maxBytes}, nil
+}
+
+// cappedBody fails with *core.FileTooLargeError once more than max bytes
+// arrive, handing out at most max bytes.
+type cappedBody struct {
+	body   io.ReadCloser
+	cancel context.CancelCauseFunc
+	path   string
+	max    int64 // <= 0: no cap
+	n      int64
+	err    error
+}
+
+func (r *cappedBody) Read(p []byte) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	if r.max <= 0 {
+		return r.body.Read(p)
+	}
+	if room := r.max - r.n + 1; int64(len(p)) > room {
+		p = p[:room]
+	}
+	k, err := r.body.Read(p)
+	if r.n+int64(k) > r.max {
+		k = int(r.max - r.n)
+		r.n = r.max
+		r.err = &core.FileTooLargeError{Path: r.path, MaxBytes: r.max}
+		r.Close()
+		return k, r.err
+	}
+	r.n += int64(k)
+	return k, err
+}
+
+func (r *cappedBody) Close() error {
+	err := r.body.Close()
+	r.cancel(nil)
+	return err
+}
+
+// WriteFile creates path's parent directories (mkdir -p through Run, as
+// the upload API does not promise to) and streams r to path with
+// POST /v1/file/upload (multipart/form-data: file, path), bounded by ctx.
+//
+// Errors: those of Run for the mkdir; core.ErrSandboxGone when the
+// provisioner says the sandbox is gone; a success=false reply as a
+// *core.ProviderError carrying its error_type; else a *core.ProviderError.
+func (c *Client) WriteFile(ctx context.Context, ref core.SandboxRef, path string, r io.Reader) error {
+	const op = "write file"
+	base, err := aioBase(ref)
+	if err != nil {
+		return err
+	}
+	if dir := parentDir(path); dir != "" {
+		res, err := c.Run(ctx, ref, core.Command{Script: `mkdir -p -- "$SBX_DIR"`, Env: map[string]string{"SBX_DIR": dir}, Timeout: 30 * time.Second})
+		if err != nil {
+			return err
+		}
+		if res.ExitCode != 0 {
+			return certain(op, fmt.Sprintf("mkdir %s: exit %d: %s", dir, res.ExitCode, bytes.TrimSpace(res.Stderr)))
+		}
+	}
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(pw)
+	go func() {
+		err := func() error {
+			if err := mw.WriteField("path", path); err != nil {
+				return err
+			}
+			name := path[strings.LastIndex(path, "/")+1:]
+			fw, err := mw.CreateFormFile("file", name)
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(fw, r); err != nil {
+				return err
+			}
+			return mw.Close()
+		}()
+		pw.CloseWithError(err)
+	}()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/file/upload", pr)
+	if err != nil {
+		pr.CloseWithError(err)
+		return err
+	}
+	aioHeaders(req.Header, ref)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	resp, err := c.http.Do(req)
+	if err != nil {
+		pr.CloseWithError(err)
+		if isCtxErr(ctx, err) {
+			return transportError(op, err)
+		}
+		return c.goneOr(ctx, ref, op, transportError(op, err))
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	rep := reply{status: resp.StatusCode, body: b}
+	switch {
+	case rep.status == http.StatusNotFound || rep.status >= 500:
+		return c.goneOr(ctx, ref, op, statusError(op, rep))
+	case rep.status != http.StatusOK:
+		return statusError(op, rep)
+	}
+	var env aioEnvelope
+	if err := json.Unmarshal(b, &env); err != nil {
+		return &core.ProviderError{Op: op, StatusCode: rep.status, Message: "malformed upload reply", Ambiguous: true}
+	}
+	return env.failed(op)
+}
+
+// parentDir returns the directory part of a slash path ("" for none or "/").
+func parentDir(p string) string {
+	i := strings.LastIndex(p, "/")
+	if i <= 0 {
+		return ""
+	}
+	return p[:i]
+}
