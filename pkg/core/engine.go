@@ -49,6 +49,7 @@ type Engine struct {
 	log   *slog.Logger
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) error
+	rc    *reconcileConfig
 }
 
 var _ Broker = (*Engine)(nil)
@@ -80,6 +81,7 @@ func New(s Settings, store Store, prov Provider, syncer OutputSyncer, opts ...Op
 	for _, o := range opts {
 		o(e)
 	}
+	e.reconcileConfig()
 	return e, nil
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -185,18 +184,19 @@ type ReconcileStore interface {
 	RepairLedger(ctx context.Context, revision int64, used int) error
 }
 
-// reconcileConfig is what the reconcile Options set. It lives beside the
-// engine (keyed by it) because Engine's fields are defined in engine.go.
+// reconcileConfig is what the reconcile Options set (Engine.rc).
 type reconcileConfig struct {
 	settings ReconcileSettings
 	store    ReconcileStore
 }
 
-var reconcileConfigs sync.Map // *Engine -> *reconcileConfig
-
+// reconcileConfig returns the engine's reconcile configuration, creating
+// the default on first use (options run in New, before any concurrency).
 func (e *Engine) reconcileConfig() *reconcileConfig {
-	v, _ := reconcileConfigs.LoadOrStore(e, &reconcileConfig{settings: DefaultReconcileSettings()})
-	return v.(*reconcileConfig)
+	if e.rc == nil {
+		e.rc = &reconcileConfig{settings: DefaultReconcileSettings()}
+	}
+	return e.rc
 }
 
 // WithReconcileSettings sets the reconcile budgets and periods (default

@@ -42,6 +42,8 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 	want := []string{
 		"GET /v1/capacity -> acquire",
 		"GET /v1/sandboxes/{id} -> acquire",
+		"POST /v1/admin/drain -> acquire",
+		"POST /v1/admin/undrain -> acquire",
 		"POST /v1/sandboxes/acquire -> acquire",
 		"POST /v1/sandboxes/{id}/release -> release",
 		"POST /v1/sandboxes/{id}/sync -> sync",

@@ -1,0 +1,199 @@
+// Package stack defines the sandbox-broker's AWS deployment as a CDK (v2)
+// stack: the HTTP API with its authorizer, the four Lambda functions, the
+// DynamoDB table, the S3 output bucket, the E2B API key secret, the
+// reconcile schedule, alarms and a dashboard. infra/main.go synthesizes it;
+// template.yaml describes the same functions, routes, environment and
+// schedule for SAM, and the parity test in this package keeps the two (and
+// pkg/config) in step.
+package stack
+
+import (
+	"github.com/sandbox-broker/sandbox-broker/pkg/config"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// Route is one HTTP API route: an upper-case method and a path in API
+// Gateway's syntax ({id} is a path parameter).
+type Route struct {
+	Method string
+	Path   string
+}
+
+// Key is the API Gateway route key, "METHOD /path".
+func (r Route) Key() string { return r.Method + " " + r.Path }
+
+// Function describes one Lambda function of the broker. Name is also the
+// directory of its bootstrap under the asset root (.build/<Name>/) and of
+// its source (functions/<Name>).
+type Function struct {
+	Name        string
+	LogicalID   string // the same in template.yaml and the CDK stack
+	Description string
+	MemoryMB    int
+	// TimeoutSeconds: 29 for HTTP API functions (HTTP API integrations end
+	// at 30 s), longer for the scheduled reconcile.
+	TimeoutSeconds int
+	Routes         []Route
+	// Schedule is an EventBridge rate expression ("" = not scheduled).
+	Schedule string
+}
+
+// Functions are the broker's four functions, as DESIGN.md lists them.
+var Functions = []Function{
+	{
+		Name: "acquire", LogicalID: "AcquireFunction", MemoryMB: 256, TimeoutSeconds: 29,
+		Description: "POST /v1/sandboxes/acquire, GET /v1/sandboxes/{id}, GET /v1/capacity, POST /v1/admin/drain|undrain",
+		Routes: []Route{
+			{"POST", "/v1/sandboxes/acquire"},
+			{"GET", "/v1/sandboxes/{id}"},
+			{"GET", "/v1/capacity"},
+			{"POST", "/v1/admin/drain"},
+			{"POST", "/v1/admin/undrain"},
+		},
+	},
+	{
+		Name: "release", LogicalID: "ReleaseFunction", MemoryMB: 512, TimeoutSeconds: 29,
+		Description: "POST /v1/sandboxes/{id}/release (syncs outputs to S3, parks warm)",
+		Routes:      []Route{{"POST", "/v1/sandboxes/{id}/release"}},
+	},
+	{
+		Name: "sync", LogicalID: "SyncFunction", MemoryMB: 512, TimeoutSeconds: 29,
+		Description: "POST /v1/sandboxes/{id}/sync (copies outputs to S3)",
+		Routes:      []Route{{"POST", "/v1/sandboxes/{id}/sync"}},
+	},
+	{
+		Name: "reconcile", LogicalID: "ReconcileFunction", MemoryMB: 256, TimeoutSeconds: 120,
+		Description: "Scheduled reconcile pass (idle warm expiry, tombstones, inventory)",
+		Schedule:    ReconcileSchedule,
+	},
+}
+
+// ReconcileSchedule is how often the reconcile function runs.
+const ReconcileSchedule = "rate(5 minutes)"
+
+// Parameter is a CloudFormation parameter that feeds one environment
+// variable of every function (the same in template.yaml and the stack).
+type Parameter struct {
+	Name          string // CloudFormation parameter name
+	Env           string // environment variable (a pkg/config constant)
+	Default       string
+	AllowedValues []string
+	// AllowedPattern must accept Default.
+	AllowedPattern string
+	Description    string
+}
+
+// Parameters are the deploy-time settings, one per pkg/config variable
+// that is not a resource reference. An empty default leaves the variable
+// blank, which pkg/config reads as unset (its documented default applies).
+var Parameters = []Parameter{
+	{Name: "SandboxReplicas", Env: config.EnvReplicas, Default: "3", AllowedPattern: `^[1-9][0-9]*$`,
+		Description: "Sandboxes the deployment may hold (capacity limit)."},
+	{Name: "SandboxOverflowPolicy", Env: config.EnvOverflowPolicy, Default: "wait", AllowedValues: []string{"reject", "wait", "burst"},
+		Description: "What an acquire does at the limit."},
+	{Name: "SandboxAcquireTimeoutSeconds", Env: config.EnvAcquireTimeoutSeconds, Default: "20", AllowedPattern: `^[1-9][0-9]*$`,
+		Description: "Under the wait policy; keep it below the HTTP API's 30 s integration timeout."},
+	{Name: "SandboxBurstLimit", Env: config.EnvBurstLimit, Default: "0", AllowedPattern: `^[0-9]+$`,
+		Description: "Extra sandboxes under the burst policy."},
+	{Name: "SandboxIdleTimeoutSeconds", Env: config.EnvIdleTimeoutSeconds, Default: "1800", AllowedPattern: `^[1-9][0-9]*$`,
+		Description: "How long a released sandbox stays warm."},
+	{Name: "SandboxActiveTimeoutSeconds", Env: config.EnvActiveTimeoutSeconds, Default: "3600", AllowedPattern: `^[1-9][0-9]*$`,
+		Description: "Provider-side lifetime of an active sandbox."},
+	{Name: "SandboxTemplate", Env: config.EnvTemplate, Default: "",
+		Description: "E2B template ID (empty = the provider's default)."},
+	{Name: "SandboxMaxPerUser", Env: config.EnvMaxPerUser, Default: "", AllowedPattern: `^([0-9]+)?$`,
+		Description: "Slots one (tenant, user) may hold; 0 = no cap (empty = the default)."},
+	{Name: "SandboxProvider", Env: config.EnvSandboxProvider, Default: config.ProviderE2B, AllowedValues: []string{config.ProviderE2B, config.ProviderProvisioner},
+		Description: "Sandbox provider: E2B, or a Kubernetes sandbox provisioner (PROVISIONER_URL)."},
+	{Name: "ProvisionerUrl", Env: config.EnvProvisionerURL, Default: "",
+		Description: "Provisioner API base URL (SandboxProvider=provisioner only)."},
+	{Name: "BrokerAdminTenants", Env: config.EnvAdminTenants, Default: "", AllowedPattern: `^([A-Za-z0-9_-]{1,64}(,[A-Za-z0-9_-]{1,64})*)?$`,
+		Description: "Comma-separated tenants allowed on /v1/admin/drain and /v1/admin/undrain."},
+	{Name: "SandboxDeploymentId", Env: config.EnvDeploymentID, Default: "default", AllowedPattern: `^[A-Za-z0-9_-]{1,64}$`,
+		Description: "Names this deployment in the table and in provider metadata."},
+	{Name: "E2BApiUrl", Env: config.EnvE2BAPIURL, Default: config.DefaultE2BAPIURL,
+		Description: "E2B control-plane base URL."},
+	{Name: "E2BSandboxUrl", Env: config.EnvE2BSandboxURL, Default: "",
+		Description: "envd base URL for every sandbox; empty = E2B's per-sandbox domain."},
+	{Name: "OutputPrefix", Env: config.EnvOutputPrefix, Default: "outputs", AllowedPattern: `^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$`,
+		Description: "Key prefix of synced outputs in the bucket (the functions' S3 access is limited to it)."},
+	{Name: "LogLevel", Env: config.EnvLogLevel, Default: "INFO", AllowedValues: []string{"DEBUG", "INFO", "WARN", "ERROR"},
+		Description: "Function log level."},
+	{Name: "SyncMaxFiles", Env: config.EnvSyncMaxFiles, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
+		Description: "Uploads per sync pass (empty = the syncer's default)."},
+	{Name: "SyncMaxTotalBytes", Env: config.EnvSyncMaxTotalBytes, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
+		Description: "Bytes per sync pass (empty = the syncer's default)."},
+	{Name: "SyncMaxFileBytes", Env: config.EnvSyncMaxFileBytes, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
+		Description: "Larger files are skipped (empty = the syncer's default)."},
+	{Name: "SyncDeadlineSeconds", Env: config.EnvSyncDeadlineSeconds, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
+		Description: "Wall-time budget of a sync pass (empty = the default; capped at 20 s in HTTP API functions)."},
+	{Name: "SyncMirrorDeletes", Env: config.EnvSyncMirrorDeletes, Default: "false", AllowedValues: []string{"true", "false"},
+		Description: "Delete the S3 objects of files deleted in the sandbox."},
+	{Name: "ReconcileMaxPages", Env: config.EnvReconcileMaxPages, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
+		Description: "Provider inventory pages per reconcile pass (empty = the default)."},
+	{Name: "ReconcileMaxItems", Env: config.EnvReconcileMaxItems, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
+		Description: "Inventory items per reconcile pass (empty = the default)."},
+	{Name: "ReconcileMaxSeconds", Env: config.EnvReconcileMaxSeconds, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
+		Description: "Wall-time budget of a reconcile pass; keep it below the function's 120 s timeout (empty = the default)."},
+	{Name: "ReconcileGraceSeconds", Env: config.EnvReconcileGraceSeconds, Default: "", AllowedPattern: `^([0-9]+)?$`,
+		Description: "How long reconcile leaves a duplicate or untracked sandbox alone after first seeing it (empty = the default)."},
+	{Name: "ReconcileOrphanTtlSeconds", Env: config.EnvReconcileOrphanTTLSeconds, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
+		Description: "Age past which a sandbox tagged for this deployment without a valid tenant/user/thread is killed (empty = the default)."},
+}
+
+// ResourceEnv maps the environment variables whose values are resources
+// of the stack to those resources' logical IDs (Ref gives the table name,
+// the bucket name and the secret ARN).
+var ResourceEnv = map[string]string{
+	config.EnvTableName:          LogicalTable,
+	config.EnvOutputBucket:       LogicalBucket,
+	config.EnvE2BAPIKeySecretARN: LogicalSecret,
+}
+
+// NotDeployed lists the pkg/config variables the deployed functions do not
+// get, each with the reason.
+var NotDeployed = map[string]string{
+	config.EnvE2BAPIKey: "the key is read from Secrets Manager (E2B_API_KEY_SECRET_ARN), never an environment variable",
+	config.EnvProvisionerAPIKey: "a secret, and the stack has no Secrets Manager path for it yet (like E2B_API_KEY_SECRET_ARN): " +
+		"a provisioner deployment needs one before it can use a key",
+	config.EnvS3Endpoint: "local S3 stand-ins only (devstack)",
+	config.EnvEndpoint:   "local AWS stand-ins only (devstack)",
+}
+
+// Logical IDs shared by template.yaml and the CDK stack.
+const (
+	LogicalAPI    = "BrokerApi"
+	LogicalTable  = "Table"
+	LogicalBucket = "OutputBucket"
+	LogicalSecret = "E2BApiKeySecret"
+	LogicalRule   = "ReconcileSchedule"
+)
+
+// Embedded metrics (CloudWatch embedded metric format) the alarms and the
+// dashboard read, in core's namespace with the Deployment dimension set to
+// SANDBOX_DEPLOYMENT_ID. Reconcile emits its pass stats (pkg/core
+// ReconcileStats.EMFAttrs); PendingMetrics lists those no function emits yet.
+const (
+	MetricNamespace     = core.MetricsNamespace
+	DimensionDeployment = "Deployment"
+	// Per reconcile pass (emitted by core): 1 when the pass stopped on its
+	// page/item/time budget, else 0; and the errors it met.
+	MetricReconcileBudgetExhausted = "BudgetExhausted"
+	MetricReconcileErrors          = "Errors"
+	MetricReconcileKilled          = "Killed"
+	MetricReconcileExpired         = "Expired"
+	// Gauges at each capacity read (acquire, reconcile).
+	MetricCapacityUsed  = "CapacityUsed"
+	MetricCapacityLimit = "CapacityLimit"
+	// Count of acquires refused with 429.
+	MetricCapacityRejected = "CapacityRejected"
+	// Per reconcile pass: age in seconds of the oldest tombstone (a
+	// sandbox whose kill is not confirmed), 0 when there is none.
+	MetricTombstoneOldestAge = "TombstoneOldestAgeSeconds"
+	// Per sync pass: files deferred (not uploaded) by caps or errors.
+	MetricSyncDeferred = "SyncDeferredFiles"
+)
+
+// PendingMetrics are read by alarms or the dashboard but not emitted by
+// any function yet (their alarms treat missing data as not breaching).
+var PendingMetrics = []string{MetricCapacityUsed, MetricCapacityLimit, MetricCapacityRejected, MetricTombstoneOldestAge, MetricSyncDeferred}

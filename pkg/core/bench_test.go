@@ -1,0 +1,201 @@
+package core_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+)
+
+// callCounter counts DynamoDB operations (logical calls, not SDK retries)
+// through an Initialize-step middleware.
+type callCounter struct{ n atomic.Int64 }
+
+func (c *callCounter) middleware(stack *middleware.Stack) error {
+	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("countCalls",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			if awsmiddleware.GetOperationName(ctx) != "" {
+				c.n.Add(1)
+			}
+			return next.HandleInitialize(ctx, in)
+		}), middleware.After)
+}
+
+// benchEngine builds an engine over a fresh DynamoDB Local table whose
+// client counts calls, with the zero-latency fake provider, so figures are
+// the broker's own cost.
+func benchEngine(b *testing.B, mutate func(*core.Settings)) (*core.Engine, *callCounter, *dynamodb.Client, string) {
+	b.Helper()
+	base := testenv.DynamoClient(b)
+	counter := &callCounter{}
+	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, counter.middleware) })
+	table := testenv.UniqueName(b, "bench")
+	if err := ddbstore.CreateTable(context.Background(), client, table); err != nil {
+		b.Fatalf("CreateTable: %v", err)
+	}
+	s := core.DefaultSettings()
+	s.Deployment = "bench"
+	s.Replicas = 100000
+	s.Policy = core.PolicyReject
+	if mutate != nil {
+		mutate(&s)
+	}
+	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment), coretest.NewFakeProvider(), &fakeSyncer{})
+	if err != nil {
+		b.Fatalf("core.New: %v", err)
+	}
+	return eng, counter, client, table
+}
+
+func mustAcquire(b *testing.B, eng *core.Engine, k core.ThreadKey, want core.Source) core.Record {
+	res, err := eng.Acquire(context.Background(), k)
+	if err != nil {
+		b.Fatalf("Acquire: %v", err)
+	}
+	if res.Source != want {
+		b.Fatalf("source %s, want %s", res.Source, want)
+	}
+	return res.Record
+}
+
+// BenchmarkAcquireDynamoDBCalls reports DynamoDB calls per acquire path
+// and per release (metric "ddb-calls/op"), against DynamoDB Local.
+func BenchmarkAcquireDynamoDBCalls(b *testing.B) {
+	ctx := context.Background()
+	b.Run("reuse", func(b *testing.B) {
+		eng, c, _, _ := benchEngine(b, nil)
+		mustAcquire(b, eng, key("t"), core.SourceCreated)
+		c.n.Store(0)
+		b.ResetTimer()
+		for range b.N {
+			mustAcquire(b, eng, key("t"), core.SourceReused)
+		}
+		b.ReportMetric(float64(c.n.Load())/float64(b.N), "ddb-calls/op")
+	})
+	b.Run("reclaim", func(b *testing.B) {
+		eng, c, _, _ := benchEngine(b, nil)
+		rec := mustAcquire(b, eng, key("t"), core.SourceCreated)
+		var calls int64
+		b.ResetTimer()
+		for range b.N {
+			if _, err := eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+				b.Fatal(err)
+			}
+			c.n.Store(0)
+			mustAcquire(b, eng, key("t"), core.SourceReclaimed)
+			calls += c.n.Load()
+		}
+		b.ReportMetric(float64(calls)/float64(b.N), "ddb-calls/op")
+	})
+	b.Run("release", func(b *testing.B) {
+		eng, c, _, _ := benchEngine(b, nil)
+		rec := mustAcquire(b, eng, key("t"), core.SourceCreated)
+		var calls int64
+		b.ResetTimer()
+		for range b.N {
+			c.n.Store(0)
+			if _, err := eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+				b.Fatal(err)
+			}
+			calls += c.n.Load()
+			mustAcquire(b, eng, key("t"), core.SourceReclaimed)
+		}
+		b.ReportMetric(float64(calls)/float64(b.N), "ddb-calls/op")
+	})
+	b.Run("create", func(b *testing.B) {
+		eng, c, _, _ := benchEngine(b, nil)
+		c.n.Store(0)
+		b.ResetTimer()
+		for i := range b.N {
+			mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourceCreated)
+		}
+		b.ReportMetric(float64(c.n.Load())/float64(b.N), "ddb-calls/op")
+	})
+	b.Run("evict-then-create", func(b *testing.B) {
+		eng, c, _, _ := benchEngine(b, func(s *core.Settings) { s.Replicas = 1 })
+		prev := mustAcquire(b, eng, key("t-first"), core.SourceCreated)
+		var calls int64
+		b.ResetTimer()
+		for i := range b.N {
+			if _, err := eng.Release(ctx, "acme", prev.SandboxID); err != nil {
+				b.Fatal(err)
+			}
+			c.n.Store(0)
+			prev = mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourceCreated)
+			calls += c.n.Load()
+		}
+		b.ReportMetric(float64(calls)/float64(b.N), "ddb-calls/op")
+	})
+}
+
+// BenchmarkAcquireContended: 64 concurrent callers, a limit of 8, each
+// acquiring one of 64 threads and releasing it; reports acquires/s and
+// p50/p99 latency of successful acquires, and the refusal share.
+func BenchmarkAcquireContended(b *testing.B) {
+	eng, _, _, _ := benchEngine(b, func(s *core.Settings) { s.Replicas = 8; s.Policy = core.PolicyReject })
+	ctx := context.Background()
+	var mu sync.Mutex
+	var lat []time.Duration
+	var refused atomic.Int64
+	b.SetParallelism(max(1, 64/max(1, testingGOMAXPROCS())))
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
+		for pb.Next() {
+			k := key(fmt.Sprint("t", rng.IntN(64)))
+			t0 := time.Now()
+			res, err := eng.Acquire(ctx, k)
+			d := time.Since(t0)
+			if err != nil {
+				refused.Add(1)
+				continue
+			}
+			mu.Lock()
+			lat = append(lat, d)
+			mu.Unlock()
+			_, _ = eng.Release(ctx, "acme", res.Record.SandboxID)
+		}
+	})
+	elapsed := time.Since(start)
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "acquires/s")
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+	}
+	b.ReportMetric(float64(refused.Load())/float64(b.N), "refused/op")
+}
+
+// BenchmarkConditionalUpdateItem is the floor the acquire figures compare
+// with: one conditional UpdateItem returning ALL_NEW on DynamoDB Local.
+func BenchmarkConditionalUpdateItem(b *testing.B) {
+	_, _, client, table := benchEngine(b, nil)
+	ctx := context.Background()
+	k := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "BENCH"}, "sk": &types.AttributeValueMemberS{Value: "R"}}
+	b.ResetTimer()
+	for range b.N {
+		_, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: k,
+			UpdateExpression:          aws.String("ADD fence :one"),
+			ConditionExpression:       aws.String("attribute_not_exists(fence) OR fence >= :zero"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}, ":zero": &types.AttributeValueMemberN{Value: "0"}},
+			ReturnValues:              types.ReturnValueAllNew})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
