@@ -179,11 +179,12 @@ func (s *Store) conditionCheck(pk string, cond expression.ConditionBuilder) (typ
 		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
 }
 
-// transact runs a transaction; any cancellation is core.ErrConflict.
+// transact runs a transaction (contention retried by writeTxn); a failed
+// condition is core.ErrConflict.
 func (s *Store) transact(ctx context.Context, op string, items []types.TransactWriteItem) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	_, err := s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
+	_, err := s.writeTxn(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
 	if reasons, cancelled := cancellation(err); cancelled {
 		for i, r := range reasons {
 			if aws.ToString(r.Code) == "ConditionalCheckFailed" {
@@ -265,18 +266,7 @@ func (s *Store) ClaimDuplicate(ctx context.Context, c core.Claim, key core.Threa
 	if len(c.From) == 0 || c.To == "" || c.LeaseUntil.IsZero() {
 		return core.Record{}, errors.New("claim duplicate: need source states, a target state and a lease")
 	}
-	states := make([]expression.OperandBuilder, 0, len(c.From))
-	for _, st := range c.From[1:] {
-		states = append(states, expression.Value(string(st)))
-	}
-	cond := expression.AttributeExists(expression.Name(AttrPK)).
-		And(expression.Name("tenant").Equal(expression.Value(c.Tenant))).
-		And(expression.Name("state").In(expression.Value(string(c.From[0])), states...)).
-		And(expression.Or(
-			expression.AttributeNotExists(expression.Name("lease_owner")),
-			expression.Name("lease_expires").LessThanEqual(expression.Value(ms(c.Now))),
-			expression.Name("lease_owner").Equal(expression.Value(c.Owner)),
-		))
+	cond := claimCondition(c)
 	upd := expression.Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
 		Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
 		Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil))).

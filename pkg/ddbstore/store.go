@@ -188,16 +188,14 @@ func (s *Store) stateIndex(u expression.UpdateBuilder, st core.State, at time.Ti
 		Set(expression.Name(AttrGSI1SK), expression.Value(stateSK(at, id)))
 }
 
-// Claim takes a lease on a record (and optionally moves its state).
-func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
-	if len(c.From) == 0 {
-		return core.Record{}, errors.New("claim: no source states")
-	}
+// claimCondition is Claim's condition: the record exists, belongs to
+// c.Tenant, is in one of c.From, and carries no live lease of another owner.
+func claimCondition(c core.Claim) expression.ConditionBuilder {
 	states := make([]expression.OperandBuilder, 0, len(c.From))
 	for _, st := range c.From[1:] {
 		states = append(states, expression.Value(string(st)))
 	}
-	cond := expression.AttributeExists(expression.Name(AttrPK)).
+	return expression.AttributeExists(expression.Name(AttrPK)).
 		And(expression.Name("tenant").Equal(expression.Value(c.Tenant))).
 		And(expression.Name("state").In(expression.Value(string(c.From[0])), states...)).
 		And(expression.Or(
@@ -205,6 +203,14 @@ func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
 			expression.Name("lease_expires").LessThanEqual(expression.Value(ms(c.Now))),
 			expression.Name("lease_owner").Equal(expression.Value(c.Owner)),
 		))
+}
+
+// Claim takes a lease on a record (and optionally moves its state).
+func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
+	if len(c.From) == 0 {
+		return core.Record{}, errors.New("claim: no source states")
+	}
+	cond := claimCondition(c)
 	upd := expression.Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
 		Add(expression.Name("fence"), expression.Value(1))
 	if c.LeaseUntil.IsZero() {

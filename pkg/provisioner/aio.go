@@ -327,46 +327,7 @@ func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string,
 		cancel(nil)
 		return nil, &core.FileTooLargeError{Path: path, MaxBytes: maxBytes}
 	}
-	return &cappedBody{body: resp.Body, cancel: cancel, path: path, max: maxBytes}, nil
-}
-
-// cappedBody fails with *core.FileTooLargeError once more than max bytes
-// arrive, handing out at most max bytes.
-type cappedBody struct {
-	body   io.ReadCloser
-	cancel context.CancelCauseFunc
-	path   string
-	max    int64 // <= 0: no cap
-	n      int64
-	err    error
-}
-
-func (r *cappedBody) Read(p []byte) (int, error) {
-	if r.err != nil {
-		return 0, r.err
-	}
-	if r.max <= 0 {
-		return r.body.Read(p)
-	}
-	if room := r.max - r.n + 1; int64(len(p)) > room {
-		p = p[:room]
-	}
-	k, err := r.body.Read(p)
-	if r.n+int64(k) > r.max {
-		k = int(r.max - r.n)
-		r.n = r.max
-		r.err = &core.FileTooLargeError{Path: r.path, MaxBytes: r.max}
-		r.Close()
-		return k, r.err
-	}
-	r.n += int64(k)
-	return k, err
-}
-
-func (r *cappedBody) Close() error {
-	err := r.body.Close()
-	r.cancel(nil)
-	return err
+	return core.CappedReader(resp.Body, cancel, path, maxBytes), nil
 }
 
 // WriteFile creates path's parent directories (mkdir -p through Run, as
