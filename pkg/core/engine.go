@@ -194,7 +194,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string) (
 		now := e.now()
 		rec, err := e.store.Claim(ctx, Claim{SandboxID: b.SandboxID, Tenant: key.Tenant,
 			From: []State{StateActive, StateWarm, StateReleasing, StateReclaiming}, To: StateActive,
-			Owner: owner, Now: now, ExpiresAt: now.Add(e.s.ActiveTimeout)})
+			Owner: owner, Now: now})
 		switch {
 		case err == nil && rec.PrevState == StateActive:
 			return e.reuse(ctx, rec, owner)
@@ -226,9 +226,12 @@ func (e *Engine) drainingError() *CapacityError {
 // reuse returns the thread's active sandbox if the provider still runs it.
 // The liveness probe is a read (Provider.Info) that never extends its life.
 func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireResult, bool, error) {
-	_, err := e.prov.Info(ctx, rec.SandboxID)
+	info, err := e.prov.Info(ctx, rec.SandboxID)
 	switch {
 	case err == nil:
+		if !info.EndAt.IsZero() {
+			rec.ExpiresAt = info.EndAt // the provider's word; reuse does not extend it
+		}
 		return AcquireResult{Record: rec, Source: SourceReused}, false, nil
 	case errors.Is(err, ErrSandboxGone):
 		e.log.InfoContext(ctx, "active sandbox gone; replacing", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
@@ -242,15 +245,19 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 // reclaim finishes taking a warm sandbox back (rec is already active):
 // extend its timeout and re-run bootstrap. If either fails the sandbox is
 // discarded (destroyed, or left as a tombstone) and acquire tries again.
+// The discard is fenced by rec's claim: if a concurrent acquire for the
+// thread took the sandbox meanwhile (reused it), the fence is stale and
+// nothing is killed (reference: test_bootstrap_failure_does_not_kill_without_destroy_lease).
 func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (AcquireResult, bool, error) {
 	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox reconnect failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
-		e.destroy(ctx, rec, owner, StateActive)
+		e.destroyClaimed(ctx, rec)
 		return AcquireResult{}, true, fmt.Errorf("reconnect warm sandbox: %w", err)
 	}
+	rec.ExpiresAt = e.now().Add(e.s.ActiveTimeout)
 	if err := e.bootstrap(ctx, rec.Ref()); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox bootstrap failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
-		e.destroy(ctx, rec, owner, StateActive)
+		e.destroyClaimed(ctx, rec)
 		return AcquireResult{}, true, err
 	}
 	return AcquireResult{Record: rec, Source: SourceReclaimed}, false, nil
@@ -293,7 +300,9 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 		case errors.As(err, &ce) && ce.Reason == "draining":
 			return AcquireResult{}, false, e.drainingError()
 		case errors.As(err, &ce):
-			if ce.Reason == "capacity" && e.s.Policy != PolicyBurst && evictions < maxEvictions && e.evictOne(ctx, key, owner) {
+			// burst with a zero burst limit behaves as reject, eviction included.
+			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
+			if ce.Reason == "capacity" && evicting && evictions < maxEvictions && e.evictOne(ctx, key, owner) {
 				continue
 			}
 			// Only on refusal: the detailed counts cost a few reads.
@@ -398,8 +407,13 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(e.s.ActiveTimeout),
 	})
 	if errors.Is(err, ErrConflict) {
-		// Our reservation was taken over (we were presumed crashed). Nobody
-		// else knows this sandbox: kill it, then return the reservation's slot.
+		// Our reservation was taken over (we were presumed crashed). If
+		// reconcile adopted the sandbox it has a record now: it belongs to
+		// the thread and the next attempt reclaims it; never kill it.
+		if _, gerr := e.store.Get(ctx, ref.ID); gerr == nil || !errors.Is(gerr, ErrNotFound) {
+			return AcquireResult{}, true, fmt.Errorf("finalize (sandbox %s adopted or unknown): %w", ref.ID, err)
+		}
+		// Nobody else knows this sandbox: kill it, then return the slot.
 		if kerr := e.prov.Kill(ctx, ref.ID); kerr != nil {
 			e.log.WarnContext(ctx, "kill of superseded sandbox failed; reconcile will find it", "sandbox_id", ref.ID, "err", kerr)
 			return AcquireResult{}, true, fmt.Errorf("finalize: %w", err)

@@ -484,9 +484,10 @@ func TestWarmReclaimWithUncertainKillKeepsTombstone(t *testing.T) {
 	if old.State != core.StateDestroying {
 		t.Errorf("old record state = %s, want destroying (tombstone)", old.State)
 	}
-	// A later reconcile pass retries the tombstone once its lease lapses.
+	// A later reconcile pass retries the tombstone once its back-off
+	// (lease duration doubled per failed kill) has passed.
 	h.prov.Set(func(f *coretest.FakeProvider) { f.KillErr = nil })
-	h.clock.advance(core.DefaultSettings().LeaseDuration + time.Second)
+	h.clock.advance(3*core.DefaultSettings().LeaseDuration + time.Second)
 	st, err := h.eng.Reconcile(ctx)
 	if err != nil || st.Killed != 1 {
 		t.Fatalf("Reconcile = %+v, %v; want the tombstone killed", st, err)

@@ -312,6 +312,7 @@ func (p *pass) tombstones(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list tombstones: %w", err)
 	}
+	e.emitTombstoneAge(ctx, tombs)
 	for _, rec := range tombs {
 		now := e.now()
 		wait := e.s.LeaseDuration << min(rec.KillAttempts, 20)

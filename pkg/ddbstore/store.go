@@ -428,13 +428,10 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 		}
 		return nil
 	}
+	// Several conditions may fail at once: report what the caller can act
+	// on first (a binding race, then the user's quota), capacity last, so a
+	// lost race never triggers an eviction.
 	switch {
-	case failed(reasons, 0):
-		l := decodeLedger(reasons[0].Item)
-		if l.Draining {
-			return &core.CapacityError{Reason: "draining", Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used, Draining: true}}
-		}
-		return &core.CapacityError{Reason: "capacity", Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used}}
 	case failed(reasons, 2):
 		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
 	case failed(reasons, 1):
@@ -442,6 +439,12 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	case failed(reasons, 3):
 		return &core.CapacityError{Reason: "user_quota", RetryAfter: 5 * time.Second,
 			Status: core.CapacityStatus{Limit: r.Limit}}
+	case failed(reasons, 0):
+		l := decodeLedger(reasons[0].Item)
+		if l.Draining {
+			return &core.CapacityError{Reason: "draining", Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used, Draining: true}}
+		}
+		return &core.CapacityError{Reason: "capacity", Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used}}
 	}
 	return unavailable("reserve", err)
 }

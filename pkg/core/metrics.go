@@ -1,0 +1,135 @@
+package core
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Metrics emitted outside reconcile's pass line (ReconcileStats.EMFAttrs),
+// all in MetricsNamespace with the single dimension Deployment (the
+// deployment id). The CDK stack's alarms and dashboard read them
+// (infra/stack).
+const (
+	// MetricCapacityUsed is a gauge (Count): slots held, each time the
+	// capacity ledger is read (GET /v1/capacity, a 429 refusal).
+	MetricCapacityUsed = "CapacityUsed"
+	// MetricCapacityLimit is a gauge (Count): the deployment's limit
+	// (replicas, plus the burst limit under the burst policy), at the same
+	// reads.
+	MetricCapacityLimit = "CapacityLimit"
+	// MetricCapacityRejected counts (Count) acquires answered 429.
+	MetricCapacityRejected = "CapacityRejected"
+	// MetricTombstoneOldestAge is a gauge (Seconds), once per reconcile
+	// pass: the age of the oldest tombstone, 0 when there is none.
+	MetricTombstoneOldestAge = "TombstoneOldestAgeSeconds"
+	// MetricSyncDeferred counts (Count) the files a sync pass deferred
+	// (not uploaded: caps, deadline, errors), once per pass.
+	MetricSyncDeferred = "SyncDeferredFiles"
+)
+
+// Metric is one value of an embedded-metric-format record. Unit is a
+// CloudWatch unit name ("Count", "Seconds", "Milliseconds").
+type Metric struct {
+	Name  string
+	Unit  string
+	Value float64
+}
+
+// EMFAttrs returns log attributes that make one JSON log line a CloudWatch
+// embedded metric format record holding metrics: the "_aws" metadata
+// object (timestamp in Unix milliseconds, one directive with namespace
+// MetricsNamespace, dimension set [Deployment] and the metric
+// definitions in order) plus one top-level member per metric and the
+// Deployment dimension (format per the CloudWatch EMF specification).
+// ReconcileStats.EMFAttrs writes the same shape.
+func EMFAttrs(deployment string, at time.Time, metrics ...Metric) []slog.Attr {
+	defs := make([]map[string]string, len(metrics))
+	for i, m := range metrics {
+		defs[i] = map[string]string{"Name": m.Name, "Unit": m.Unit}
+	}
+	attrs := make([]slog.Attr, 0, len(metrics)+2)
+	attrs = append(attrs,
+		slog.Any("_aws", map[string]any{
+			"Timestamp": at.UnixMilli(),
+			"CloudWatchMetrics": []map[string]any{{
+				"Namespace":  MetricsNamespace,
+				"Dimensions": [][]string{{"Deployment"}},
+				"Metrics":    defs,
+			}},
+		}),
+		slog.String("Deployment", deployment))
+	for _, m := range metrics {
+		attrs = append(attrs, slog.Float64(m.Name, m.Value))
+	}
+	return attrs
+}
+
+// LogEMF writes one JSON line "metrics" through logger's handler that is
+// an EMF record of metrics (EMFAttrs). It bypasses the logger's level:
+// alarms depend on these lines, so LOG_LEVEL=WARN or ERROR must not drop
+// them. Nothing is written when metrics is empty or logger is nil.
+func LogEMF(ctx context.Context, logger *slog.Logger, deployment string, at time.Time, metrics ...Metric) {
+	if logger == nil || len(metrics) == 0 {
+		return
+	}
+	r := slog.NewRecord(at, slog.LevelInfo, "metrics", 0)
+	r.AddAttrs(EMFAttrs(deployment, at, metrics...)...)
+	_ = logger.Handler().Handle(ctx, r) // a log write that fails has nowhere to be reported
+}
+
+// CapacityMetrics are the gauges of one capacity read: CapacityUsed and
+// CapacityLimit.
+func CapacityMetrics(st CapacityStatus) []Metric {
+	return []Metric{
+		{Name: MetricCapacityUsed, Unit: "Count", Value: float64(st.Used)},
+		{Name: MetricCapacityLimit, Unit: "Count", Value: float64(st.Limit)},
+	}
+}
+
+// RejectedMetric counts one acquire answered 429.
+func RejectedMetric() Metric {
+	return Metric{Name: MetricCapacityRejected, Unit: "Count", Value: 1}
+}
+
+// SyncMetrics are the metrics of one sync pass: SyncDeferredFiles.
+func SyncMetrics(res SyncResult) []Metric {
+	return []Metric{{Name: MetricSyncDeferred, Unit: "Count", Value: float64(len(res.Deferred))}}
+}
+
+// TombstoneAgeMetric is TombstoneOldestAgeSeconds for the tombstones
+// tombs at now: now minus the earliest UpdatedAt among them (0 when there
+// are none; never negative). The record keeps no "destroying since" time,
+// and every kill attempt rewrites UpdatedAt, so for a tombstone that has
+// been retried this is the age since its last attempt (a lower bound of
+// its age; attempts back off up to ReconcileSettings.MaxBackoff).
+func TombstoneAgeMetric(tombs []Record, now time.Time) Metric {
+	var age time.Duration
+	for _, r := range tombs {
+		if r.UpdatedAt.IsZero() {
+			continue
+		}
+		age = max(age, now.Sub(r.UpdatedAt))
+	}
+	return Metric{Name: MetricTombstoneOldestAge, Unit: "Seconds", Value: age.Seconds()}
+}
+
+// emitTombstoneAge logs TombstoneOldestAgeSeconds for tombs (the list a
+// reconcile pass read) as one EMF line. Reconcile calls it once per pass,
+// right after listing the tombstones.
+func (e *Engine) emitTombstoneAge(ctx context.Context, tombs []Record) {
+	now := e.now()
+	LogEMF(ctx, e.log, e.s.Deployment, now, TombstoneAgeMetric(tombs, now))
+}
+
+// EmittedMetrics lists the names of the metrics this package's emitters
+// produce besides reconcile's pass stats (ReconcileStats.EMFAttrs), for
+// checks that every metric an alarm reads is emitted.
+func EmittedMetrics() []string {
+	var names []string
+	for _, m := range append(append(CapacityMetrics(CapacityStatus{}), RejectedMetric(), TombstoneAgeMetric(nil, time.Time{})),
+		SyncMetrics(SyncResult{})...) {
+		names = append(names, m.Name)
+	}
+	return names
+}
