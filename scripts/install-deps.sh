@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
 # install-deps.sh installs the local stand-ins the tests and the dev stack need, into .tools/
 # (gitignored). Idempotent: every step is skipped when its result is already present; it is quiet
-# unless it installs something. Versions and commands: ../shared/LOCAL-STACK.md.
+# unless it installs something. What it installs (versions pinned below, all verified on Debian 12
+# with Go 1.26, Node.js 20 and Java 17, no Docker):
+#   - DynamoDB Local 1.25.1, taken from the npm package amplify-dynamodb-simulator (~57 MB; Amazon's
+#     licence forbids redistributing it, so it is fetched, never committed); it needs Java 17+ and is
+#     started as `java -Djava.library.path=DynamoDBLocal_lib -jar DynamoDBLocal.jar -inMemory
+#     -sharedDb -port PORT` (without -sharedDb, tables are per access key and region);
+#   - versitygw (S3 gateway), `go install`ed (~2 min cold build, ~80 MB binary); it listens on all
+#     interfaces unless given `--port 127.0.0.1:PORT`, and keeps metadata in xattrs (else --sidecar);
+#   - the AWS Lambda Runtime Interface Emulator, `go install`ed; one function per process, and it
+#     listens on 0.0.0.0:8080 unless given --runtime-interface-emulator-address;
+#   - bubblewrap (apt-get, as root) for sandbox isolation; the npm packages of the E2B SDK check.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

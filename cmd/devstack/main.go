@@ -9,8 +9,11 @@
 // DEVSTACK_DYNAMODB_ADDR, DEVSTACK_S3_ADDR, DEVSTACK_SANDBOX_API_ADDR,
 // DEVSTACK_ENVD_ADDR (default: free ports), DEVSTACK_ISOLATION (auto, bwrap,
 // none), DEVSTACK_BUILD_DIR (default <root>/.build, where `make build` puts
-// <function>/bootstrap). SANDBOX_* and LOG_LEVEL pass through to the
-// functions.
+// <function>/bootstrap). SANDBOX_*, SYNC_*, RECONCILE_*, LOG_LEVEL and
+// BROKER_ADMIN_TENANTS pass through to the functions; BROKER_ADMIN_TENANTS
+// defaults to the first tenant of BROKER_DEV_TOKENS (devstack.MakeRunEnv).
+// stack.json lists the tokens in BROKER_DEV_TOKENS order; the first is
+// sbx's default tenant.
 package main
 
 import (
@@ -21,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -29,7 +33,8 @@ import (
 
 func main() {
 	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "devstack:", err)
+		// Errors of package devstack already start with "devstack: ".
+		fmt.Fprintln(os.Stderr, "devstack:", strings.TrimPrefix(err.Error(), "devstack: "))
 		os.Exit(1)
 	}
 }
@@ -49,9 +54,13 @@ func run() error {
 	if tokens == "" {
 		tokens = devstack.DefaultTokens
 	}
-	tokenMap, err := devstack.ParseTokens(tokens)
+	tokenList, err := devstack.ParseTokenList(tokens)
 	if err != nil {
 		return err
+	}
+	tokenMap := make(map[string]string, len(tokenList))
+	for _, t := range tokenList {
+		tokenMap[t.Token] = t.Tenant
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	fmt.Fprintln(os.Stderr, "devstack: starting DynamoDB Local, versitygw, the sandbox host and the functions…")
@@ -65,7 +74,8 @@ func run() error {
 		EnvdAddr:       os.Getenv("DEVSTACK_ENVD_ADDR"),
 		Isolation:      os.Getenv("DEVSTACK_ISOLATION"),
 		Tokens:         tokenMap,
-		FunctionEnv:    devstack.PassThroughEnv(os.Environ()),
+		TenantOrder:    devstack.Tenants(tokenList),
+		FunctionEnv:    devstack.MakeRunEnv(os.Environ(), tokenList),
 		Logger:         logger,
 	})
 	if err != nil {

@@ -491,10 +491,15 @@ func TestAlarmsAndDashboard(t *testing.T) {
 
 // TestAlarmMetricsAreEmitted: every embedded metric the alarms and the
 // dashboard read is one a function emits (reconcile's pass stats, from
-// core.ReconcileStats.EMFAttrs), or is listed in PendingMetrics.
+// core.ReconcileStats.EMFAttrs; core's other metrics, core.EmittedMetrics,
+// written through core.EMFAttrs), or is listed in PendingMetrics.
 func TestAlarmMetricsAreEmitted(t *testing.T) {
 	emitted := map[string]bool{}
-	for _, a := range (core.ReconcileStats{}).EMFAttrs("d", time.Unix(0, 0)) {
+	var others []core.Metric
+	for _, name := range core.EmittedMetrics() {
+		others = append(others, core.Metric{Name: name, Unit: "Count"})
+	}
+	for _, a := range append((core.ReconcileStats{}).EMFAttrs("d", time.Unix(0, 0)), core.EMFAttrs("d", time.Unix(0, 0), others...)...) {
 		if a.Key != "_aws" {
 			continue
 		}

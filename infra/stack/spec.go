@@ -172,7 +172,9 @@ const (
 // Embedded metrics (CloudWatch embedded metric format) the alarms and the
 // dashboard read, in core's namespace with the Deployment dimension set to
 // SANDBOX_DEPLOYMENT_ID. Reconcile emits its pass stats (pkg/core
-// ReconcileStats.EMFAttrs); PendingMetrics lists those no function emits yet.
+// ReconcileStats.EMFAttrs); the others are core's (pkg/core/metrics.go),
+// written by pkg/httpapi and by reconcile. PendingMetrics lists those no
+// function emits yet.
 const (
 	MetricNamespace     = core.MetricsNamespace
 	DimensionDeployment = "Deployment"
@@ -182,18 +184,18 @@ const (
 	MetricReconcileErrors          = "Errors"
 	MetricReconcileKilled          = "Killed"
 	MetricReconcileExpired         = "Expired"
-	// Gauges at each capacity read (acquire, reconcile).
-	MetricCapacityUsed  = "CapacityUsed"
-	MetricCapacityLimit = "CapacityLimit"
+	// Gauges at each capacity read (GET /v1/capacity, a 429 for capacity).
+	MetricCapacityUsed  = core.MetricCapacityUsed
+	MetricCapacityLimit = core.MetricCapacityLimit
 	// Count of acquires refused with 429.
-	MetricCapacityRejected = "CapacityRejected"
+	MetricCapacityRejected = core.MetricCapacityRejected
 	// Per reconcile pass: age in seconds of the oldest tombstone (a
 	// sandbox whose kill is not confirmed), 0 when there is none.
-	MetricTombstoneOldestAge = "TombstoneOldestAgeSeconds"
+	MetricTombstoneOldestAge = core.MetricTombstoneOldestAge
 	// Per sync pass: files deferred (not uploaded) by caps or errors.
-	MetricSyncDeferred = "SyncDeferredFiles"
+	MetricSyncDeferred = core.MetricSyncDeferred
 )
 
 // PendingMetrics are read by alarms or the dashboard but not emitted by
 // any function yet (their alarms treat missing data as not breaching).
-var PendingMetrics = []string{MetricCapacityUsed, MetricCapacityLimit, MetricCapacityRejected, MetricTombstoneOldestAge, MetricSyncDeferred}
+var PendingMetrics = []string{}

@@ -1,12 +1,16 @@
 // Package cli implements `sbx`, the command-line client of sandbox-broker:
 // acquire a sandbox for a (user, thread), run commands and move files in it
-// through its envd connection, release and sync it, read its record, the
-// capacity, and the thread's outputs in S3. cmd/sbx only wires it to os.
+// through its connection (E2B envd for backend e2b, the AIO sandbox API for
+// backend provisioner), release and sync it, read its record, the
+// capacity, the thread's outputs in S3, and drain or undrain the deployment
+// (admin tenants). cmd/sbx only wires it to os.
 //
 // Configuration precedence, per setting: flags (--api-url, --token,
 // --tenant, --stack) > environment (SBX_API_URL, SBX_TOKEN, SBX_TENANT,
 // SBX_STACK) > .run/stack.json (written by `make run`; found in the working
-// directory or a parent).
+// directory or a parent). Without --token or --tenant, the stack's
+// default_tenant is used, else its first tenant (make run writes them in
+// BROKER_DEV_TOKENS order, so that is the first one listed there).
 //
 // Exit codes: 0 ok, 1 error, 2 usage, 3 capacity refused (HTTP 429); `sbx
 // exec` exits with the command's own exit code once the command ran.
@@ -164,6 +168,7 @@ and releases them (outputs/ and workspace/ are copied to S3 on release).
 
 Configuration, per setting: flags > environment (SBX_API_URL, SBX_TOKEN, SBX_TENANT,
 SBX_STACK) > .run/stack.json (written by ` + "`make run`" + `, searched in this directory and its parents).
+Without --token/--tenant, sbx uses the stack's default tenant: the first one of BROKER_DEV_TOKENS.
 
 Exit codes: 0 ok, 1 error, 2 usage, 3 capacity refused (HTTP 429);
 sbx exec exits with the command's exit code.`,
@@ -182,7 +187,7 @@ sbx exec exits with the command's exit code.`,
 	root.AddCommand(
 		a.acquireCmd(g), a.execCmd(g), a.putCmd(g), a.getCmd(g), a.releaseCmd(g),
 		a.syncCmd(g), a.statusCmd(g), a.capacityCmd(g), a.lsOutputsCmd(g), a.s3EnvCmd(g), a.configCmd(g),
-		a.reconcileCmd(g),
+		a.reconcileCmd(g), a.drainCmd(g, true), a.drainCmd(g, false),
 	)
 	return root
 }
@@ -252,7 +257,7 @@ func (a *App) acquire(ctx context.Context, c *client.Client, cfg Config, user, t
 		return sb, fmt.Errorf("acquire: %w", err)
 	}
 	err = connStore{cfg.StateDir}.Save(StoredConnection{
-		SandboxID: sb.SandboxID, Tenant: cfg.Tenant, UserID: user, ThreadID: thread,
+		SandboxID: sb.SandboxID, Tenant: cfg.Tenant, UserID: user, ThreadID: thread, Backend: sb.Backend,
 		APIURL: c.BaseURL(), Connection: sb.Connection, ExpiresAt: sb.ExpiresAt, SavedAt: time.Now().UTC(),
 	})
 	if err != nil {
@@ -277,9 +282,40 @@ func checkID(id string) error {
 	return nil
 }
 
-// envd returns the envd helper of sandbox id: from its stored connection,
-// else by acquiring again for --user/--thread (which must return the same id).
-func (a *App) envd(ctx context.Context, g *globals, f connFlags, id string) (*client.Envd, error) {
+// sandboxIO is what exec, put and get need of a sandbox; client.Envd
+// (backend e2b) and client.AIO (backend provisioner) provide it.
+type sandboxIO interface {
+	Exec(ctx context.Context, req client.ExecRequest) (int, error)
+	PutFile(ctx context.Context, p string, r io.Reader) error
+	GetFile(ctx context.Context, p string, w io.Writer) (int64, error)
+}
+
+var (
+	_ sandboxIO = (*client.Envd)(nil)
+	_ sandboxIO = (*client.AIO)(nil)
+)
+
+// ErrUnsupportedConnection means the acquire response's connection has
+// neither envd_url (backend e2b) nor sandbox_url (backend provisioner).
+var ErrUnsupportedConnection = errors.New("no connection sbx can use")
+
+// openSandbox picks the helper for conn's kind.
+func (a *App) openSandbox(id, backend string, conn client.Connection) (sandboxIO, error) {
+	switch conn.Kind() {
+	case client.KindEnvd:
+		return client.NewEnvd(id, conn, a.HTTPClient)
+	case client.KindAIO:
+		return client.NewAIO(id, conn, a.HTTPClient)
+	}
+	if backend == "" {
+		backend = "unknown"
+	}
+	return nil, fmt.Errorf("sandbox %s (backend %s): %w: exec, put and get need envd_url (backend e2b) or sandbox_url (backend provisioner) in the acquire response's connection", id, backend, ErrUnsupportedConnection)
+}
+
+// envd returns the helper of sandbox id: from its stored connection, else
+// by acquiring again for --user/--thread (which must return the same id).
+func (a *App) envd(ctx context.Context, g *globals, f connFlags, id string) (sandboxIO, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
@@ -300,7 +336,7 @@ func (a *App) envd(ctx context.Context, g *globals, f connFlags, id string) (*cl
 		if sb.SandboxID != id {
 			return nil, fmt.Errorf("thread %s/%s has sandbox %s, not %s", f.user, f.thread, sb.SandboxID, id)
 		}
-		return client.NewEnvd(id, sb.Connection, a.HTTPClient)
+		return a.openSandbox(id, sb.Backend, sb.Connection)
 	}
 	if errors.Is(err, ErrNoConnection) {
 		return nil, fmt.Errorf("%w: run `sbx acquire --user U --thread T` first, or pass --user and --thread", err)
@@ -308,7 +344,7 @@ func (a *App) envd(ctx context.Context, g *globals, f connFlags, id string) (*cl
 	if err != nil {
 		return nil, err
 	}
-	return client.NewEnvd(id, sc.Connection, a.HTTPClient)
+	return a.openSandbox(id, sc.Backend, sc.Connection)
 }
 
 func (a *App) execCmd(g *globals) *cobra.Command {
@@ -322,10 +358,12 @@ func (a *App) execCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "exec ID [-c SCRIPT | -- CMD [ARGS...]]",
 		Short: "Run a command in the sandbox, streaming its output; exits with its exit code",
-		Long: `Run a command in the sandbox through its envd connection (no provider API key needed).
+		Long: `Run a command in the sandbox through its connection (no provider API key needed):
+envd for backend e2b (output streamed), the AIO sandbox API for backend provisioner (output
+written when the command ends).
 CMD and ARGS are quoted for the shell, so they arrive as given; -c runs a bash script instead.
 Values passed with -e KEY=VALUE go to the process environment, never into the command line.
-stdout and stderr are streamed as they arrive; sbx exits with the command's exit code.`,
+sbx exits with the command's exit code.`,
 		Example: `  sbx exec $ID -- python3 analyse.py uploads/data.csv
   sbx exec $ID -c 'ls -l outputs/ && wc -l uploads/*.csv'
   sbx exec $ID -e NAME=value -c 'echo "$NAME"'`,

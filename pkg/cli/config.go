@@ -46,7 +46,11 @@ type Stack struct {
 	APIURL string
 	// Tokens in file order: "the first" token is Tokens[0].
 	Tokens []TenantToken
-	S3     *S3Info
+	// DefaultTenant is the stack's "default_tenant" ("" when absent): the
+	// tenant whose token sbx uses when none is named. make run sets it to
+	// the first tenant of BROKER_DEV_TOKENS.
+	DefaultTenant string
+	S3            *S3Info
 }
 
 // Root is the directory holding the stack's .run directory.
@@ -72,6 +76,15 @@ func (s *Stack) TenantOf(token string) (string, bool) {
 	return "", false
 }
 
+// Default returns the tenant and token sbx uses when none is named: the
+// DefaultTenant's, when it has a token, else the first listed.
+func (s *Stack) Default() TenantToken {
+	if tok, ok := s.TokenFor(s.DefaultTenant); ok && s.DefaultTenant != "" {
+		return TenantToken{Tenant: s.DefaultTenant, Token: tok}
+	}
+	return s.Tokens[0]
+}
+
 // LoadStack reads a stack.json file. Errors wrap fs.ErrNotExist when it is missing.
 func LoadStack(path string) (*Stack, error) {
 	raw, err := os.ReadFile(path)
@@ -79,9 +92,10 @@ func LoadStack(path string) (*Stack, error) {
 		return nil, fmt.Errorf("read stack file: %w", err)
 	}
 	var w struct {
-		APIURL string          `json:"api_url"`
-		Tokens json.RawMessage `json:"tokens"`
-		S3     *S3Info         `json:"s3"`
+		APIURL        string          `json:"api_url"`
+		Tokens        json.RawMessage `json:"tokens"`
+		DefaultTenant string          `json:"default_tenant"`
+		S3            *S3Info         `json:"s3"`
 	}
 	if err := json.Unmarshal(raw, &w); err != nil {
 		return nil, fmt.Errorf("parse stack file %s: %w", path, err)
@@ -94,7 +108,7 @@ func LoadStack(path string) (*Stack, error) {
 	if err != nil {
 		abs = path
 	}
-	return &Stack{Path: abs, APIURL: w.APIURL, Tokens: tokens, S3: w.S3}, nil
+	return &Stack{Path: abs, APIURL: w.APIURL, Tokens: tokens, DefaultTenant: w.DefaultTenant, S3: w.S3}, nil
 }
 
 // orderedTokens decodes a JSON object of string values keeping its key order.
@@ -175,7 +189,7 @@ var (
 // setting independently. The stack file is --stack, else $SBX_STACK, else
 // .run/stack.json in cwd or a parent; a missing file is fine unless it was
 // named explicitly. Token: --token > $SBX_TOKEN > the stack's token of the
-// tenant (--tenant/$SBX_TENANT) > the stack's first token. A tenant named
+// tenant (--tenant/$SBX_TENANT) > the stack's default (Stack.Default). A tenant named
 // but absent from the stack is an error only when the token must come from
 // the stack. needAPI=false skips the API URL and token checks (for commands
 // that only read the stack, such as ls-outputs).
@@ -234,7 +248,8 @@ func Resolve(s Settings, getenv func(string) string, cwd string, needAPI bool) (
 			}
 			cfg.Token = tok
 		} else {
-			cfg.Token, cfg.Tenant = cfg.Stack.Tokens[0].Token, cfg.Stack.Tokens[0].Tenant
+			d := cfg.Stack.Default()
+			cfg.Token, cfg.Tenant = d.Token, d.Tenant
 			cfg.Sources["tenant"] = "stack"
 		}
 		cfg.Sources["token"] = "stack"

@@ -189,3 +189,36 @@ func TestThreadPrefix(t *testing.T) {
 		}
 	}
 }
+
+func TestResolvePrefersTheStacksDefaultTenant(t *testing.T) {
+	tests := []struct {
+		name            string
+		body            string
+		flags           Settings
+		wantTok, wantTn string
+	}{
+		{name: "default_tenant wins over file order",
+			body:    `{"api_url":"http://127.0.0.1:8787","default_tenant":"alpha","tokens":{"zeta":"z-token","alpha":"a-token"}}`,
+			wantTok: "a-token", wantTn: "alpha"},
+		{name: "tenant flag beats default_tenant",
+			body:    `{"api_url":"http://127.0.0.1:8787","default_tenant":"alpha","tokens":{"zeta":"z-token","alpha":"a-token"}}`,
+			flags:   Settings{Tenant: "zeta"},
+			wantTok: "z-token", wantTn: "zeta"},
+		{name: "default_tenant without a token falls back to the first",
+			body:    `{"api_url":"http://127.0.0.1:8787","default_tenant":"gone","tokens":{"zeta":"z-token","alpha":"a-token"}}`,
+			wantTok: "z-token", wantTn: "zeta"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeStack(t, dir, tt.body)
+			cfg, err := Resolve(tt.flags, envOf(nil), dir, true)
+			if err != nil {
+				t.Fatalf("Resolve: %v", err)
+			}
+			if cfg.Token != tt.wantTok || cfg.Tenant != tt.wantTn {
+				t.Errorf("got token=%q tenant=%q, want token=%q tenant=%q", cfg.Token, cfg.Tenant, tt.wantTok, tt.wantTn)
+			}
+		})
+	}
+}

@@ -24,10 +24,12 @@ var ErrNoConnection = errors.New("no stored connection")
 // <state dir>/<id>.json (mode 0600: the envd access token is a secret), so
 // exec/put/get can reach the sandbox without acquiring again.
 type StoredConnection struct {
-	SandboxID  string            `json:"sandbox_id"`
-	Tenant     string            `json:"tenant,omitempty"`
-	UserID     string            `json:"user_id"`
-	ThreadID   string            `json:"thread_id"`
+	SandboxID string `json:"sandbox_id"`
+	Tenant    string `json:"tenant,omitempty"`
+	UserID    string `json:"user_id"`
+	ThreadID  string `json:"thread_id"`
+	// Backend is the acquire response's backend (e2b, provisioner).
+	Backend    string            `json:"backend,omitempty"`
 	APIURL     string            `json:"api_url"`
 	Connection client.Connection `json:"connection"`
 	ExpiresAt  time.Time         `json:"expires_at"`

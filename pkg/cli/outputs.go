@@ -22,8 +22,8 @@ type OutputObject struct {
 	LastModified time.Time `json:"last_modified"`
 }
 
-// threadPrefix is "<prefix>/<tenant>/<user>/<thread>/" (DESIGN.md, Output
-// sync), without a leading slash when prefix is empty.
+// threadPrefix is "<prefix>/<tenant>/<user>/<thread>/" (README.md,
+// OUTPUT_PREFIX; pkg/outputsync writes there), without a leading slash when prefix is empty.
 func threadPrefix(prefix, tenant, user, thread string) string {
 	p := strings.Trim(prefix, "/")
 	if p != "" {

@@ -131,3 +131,82 @@ func TestPutFromStdin(t *testing.T) {
 		t.Errorf("cat: exit %d, stdout %q, stderr %q", code, o, e)
 	}
 }
+
+// realAIOSandbox starts the local sandbox host's provisioner face and
+// creates one sandbox through it, returning the connection the broker
+// hands out for the provisioner backend.
+func realAIOSandbox(t *testing.T) (string, client.Connection) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	srv, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: "k", RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		t.Fatalf("sandboxhost.Start: %v", err)
+	}
+	t.Cleanup(func() { cancel(); _ = srv.Close() })
+	base, err := srv.StartProvisioner("127.0.0.1:0", sandboxhost.ProvisionerOptions{APIKey: "pk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, base+"/api/sandboxes", strings.NewReader(`{"sandbox_id":"aio-cli-1","user_id":"u1","thread_id":"t1"}`))
+	req.Header.Set("X-API-Key", "pk")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		SandboxID   string `json:"sandbox_id"`
+		SandboxURL  string `json:"sandbox_url"`
+		AccessToken string `json:"access_token"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.SandboxURL == "" {
+		t.Fatalf("create sandbox: HTTP %d %+v %v", resp.StatusCode, out, err)
+	}
+	return out.SandboxID, client.Connection{SandboxURL: out.SandboxURL, AccessToken: out.AccessToken}
+}
+
+func TestPutExecGetInAProvisionerSandbox(t *testing.T) {
+	id, conn := realAIOSandbox(t)
+	body, _ := json.Marshal(map[string]any{"sandbox_id": id, "state": "active", "source": "created", "backend": "provisioner",
+		"connection": map[string]string{"sandbox_url": conn.SandboxURL, "access_token": conn.AccessToken}})
+	h := newHarness(t, map[string]route{"POST /v1/sandboxes/acquire": {status: 200, body: string(body)}})
+	if code, out, errOut := h.run(nil, "acquire", "-u", "u1", "-t", "t1"); code != 0 || out != id+"\n" {
+		t.Fatalf("acquire: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if err := os.WriteFile(filepath.Join(h.dir, "in.txt"), []byte("a\nb\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		args     []string
+		wantCode int
+		wantOut  string
+		wantErr  string
+	}{
+		{args: []string{"put", id, "in.txt", "uploads/in.txt"}, wantOut: "uploaded 4 bytes to " + id + ":/home/user/uploads/in.txt\n"},
+		{args: []string{"exec", id, "-e", "X=it's", "--", "sh", "-c", `wc -l < uploads/in.txt; echo "$X" >&2`}, wantOut: "2\n", wantErr: "it's\n"},
+		{args: []string{"exec", id, "-c", "exit 4"}, wantCode: 4},
+		{args: []string{"get", id, "uploads/in.txt", "-"}, wantOut: "a\nb\n"},
+		{args: []string{"get", id, "uploads/missing", "-"}, wantCode: ExitError, wantErr: "file not found"},
+	}
+	for _, s := range steps {
+		code, out, errOut := h.run(nil, s.args...)
+		if code != s.wantCode || out != s.wantOut || !strings.Contains(errOut, s.wantErr) {
+			t.Errorf("sbx %v: exit %d, stdout %q, stderr %q; want %d, %q, stderr containing %q", s.args, code, out, errOut, s.wantCode, s.wantOut, s.wantErr)
+		}
+	}
+}
+
+func TestExecWithAnUnknownConnectionFailsClearly(t *testing.T) {
+	h := newHarness(t, nil)
+	if err := (connStore{filepath.Join(h.dir, ".run", "sbx")}).Save(StoredConnection{SandboxID: "sb9", Backend: "modal"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"exec", "sb9", "--", "true"}, {"get", "sb9", "x", "-"}, {"put", "sb9", "-", "x"}} {
+		code, _, errOut := h.run(nil, args...)
+		if code != ExitError || !strings.Contains(errOut, "sandbox sb9 (backend modal): no connection sbx can use") {
+			t.Errorf("sbx %v: exit %d, stderr %q; want 1 and a message naming the backend", args, code, errOut)
+		}
+	}
+}

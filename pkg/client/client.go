@@ -2,10 +2,16 @@
 // small envd helper that lets a caller work inside an acquired sandbox with
 // only the acquire response's connection (no provider API key).
 //
-// The API it speaks is specified in DESIGN.md, section "HTTP API":
+// The API it speaks is the broker's HTTP API v1 (README.md, "HTTP API";
+// served by pkg/httpapi):
 // POST /v1/sandboxes/acquire, POST /v1/sandboxes/{id}/release,
-// POST /v1/sandboxes/{id}/sync, GET /v1/sandboxes/{id} and GET /v1/capacity,
-// with errors shaped {"error":{"code","message","reason","retryable","retry_after_seconds"}}.
+// POST /v1/sandboxes/{id}/sync, GET /v1/sandboxes/{id}, GET /v1/capacity,
+// and the admin routes POST /v1/admin/drain and /v1/admin/undrain, with
+// errors shaped {"error":{"code","message","reason","retryable","retry_after_seconds"}}.
+//
+// Inside a sandbox, Envd speaks E2B's envd (backend e2b: connection
+// envd_url, envd_access_token) and AIO speaks the AIO sandbox API (backend
+// provisioner: connection sandbox_url, access_token).
 package client
 
 import (
@@ -87,12 +93,40 @@ func New(baseURL, token string, opts ...Option) (*Client, error) {
 // BaseURL is the API base URL the client calls, without a trailing slash.
 func (c *Client) BaseURL() string { return c.base.String() }
 
-// Connection is how to reach a sandbox's in-sandbox daemon (envd): every
-// sandbox is routed on EnvdURL by its id (E2b-Sandbox-Id header), and
-// EnvdAccessToken is sent as X-Access-Token. The token is a secret.
+// Connection is how to reach a sandbox, as the acquire response carries it.
+// Its shape depends on the backend (pkg/httpapi connectionBody):
+//
+//   - e2b: the in-sandbox daemon (envd). Every sandbox is routed on EnvdURL
+//     by its id (E2b-Sandbox-Id header), and EnvdAccessToken is sent as
+//     X-Access-Token. Use NewEnvd.
+//   - provisioner: SandboxURL is the sandbox's AIO sandbox API base, and
+//     AccessToken, when set, is sent as "Authorization: Bearer". Use NewAIO.
+//
+// The tokens are secrets.
 type Connection struct {
-	EnvdURL         string `json:"envd_url"`
-	EnvdAccessToken string `json:"envd_access_token"`
+	EnvdURL         string `json:"envd_url,omitempty"`
+	EnvdAccessToken string `json:"envd_access_token,omitempty"`
+	SandboxURL      string `json:"sandbox_url,omitempty"`
+	AccessToken     string `json:"access_token,omitempty"`
+}
+
+// Connection kinds (Connection.Kind).
+const (
+	KindEnvd = "envd" // E2B envd: NewEnvd
+	KindAIO  = "aio"  // AIO sandbox API: NewAIO
+)
+
+// Kind tells which helper reaches the sandbox: KindAIO when SandboxURL is
+// set, KindEnvd when EnvdURL is set, "" when neither is (a backend this
+// client does not know).
+func (c Connection) Kind() string {
+	switch {
+	case c.SandboxURL != "":
+		return KindAIO
+	case c.EnvdURL != "":
+		return KindEnvd
+	}
+	return ""
 }
 
 // Sandbox is the acquire response: a sandbox handed to a thread.
@@ -170,6 +204,13 @@ type Capacity struct {
 	Policy        string `json:"policy"`
 }
 
+// DrainStatus is the body of POST /v1/admin/drain and /v1/admin/undrain.
+type DrainStatus struct {
+	// Draining is true while the deployment is draining: acquires answer
+	// 503 with reason "draining" and releases destroy instead of parking.
+	Draining bool `json:"draining"`
+}
+
 // Record is the body of GET /v1/sandboxes/{id}: the broker's record of a
 // sandbox, kept as the raw JSON object so fields added by the server are not lost.
 type Record = json.RawMessage
@@ -217,6 +258,17 @@ func IsCapacity(err error) bool {
 	return errors.As(err, &ae) && (ae.Status == http.StatusTooManyRequests || ae.Code == ErrorCodeCapacity)
 }
 
+// ErrorCodeForbidden is the API error code of an admin route called by a
+// tenant that is not in BROKER_ADMIN_TENANTS (HTTP 403).
+const ErrorCodeForbidden = "FORBIDDEN"
+
+// IsForbidden reports whether err is a 403 (e.g. a non-admin tenant on an
+// admin route).
+func IsForbidden(err error) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusForbidden
+}
+
 // IsNotFound reports whether err is a 404 (unknown sandbox, or another tenant's).
 func IsNotFound(err error) bool {
 	var ae *APIError
@@ -262,6 +314,24 @@ func (c *Client) Get(ctx context.Context, sandboxID string) (Record, error) {
 func (c *Client) Capacity(ctx context.Context) (Capacity, error) {
 	var out Capacity
 	err := c.do(ctx, http.MethodGet, "/v1/capacity", nil, &out)
+	return out, err
+}
+
+// Drain puts the deployment into draining: POST /v1/admin/drain. From then
+// on acquires are refused (503, reason "draining") and releases destroy
+// their sandbox instead of parking it warm. Only tenants listed in the
+// functions' BROKER_ADMIN_TENANTS may call it; others get a 403 *APIError
+// (code FORBIDDEN, reason not_admin; see IsForbidden).
+func (c *Client) Drain(ctx context.Context) (DrainStatus, error) {
+	var out DrainStatus
+	err := c.do(ctx, http.MethodPost, "/v1/admin/drain", nil, &out)
+	return out, err
+}
+
+// Undrain ends draining: POST /v1/admin/undrain. Same permission as Drain.
+func (c *Client) Undrain(ctx context.Context) (DrainStatus, error) {
+	var out DrainStatus
+	err := c.do(ctx, http.MethodPost, "/v1/admin/undrain", nil, &out)
 	return out, err
 }
 

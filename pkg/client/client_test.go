@@ -129,6 +129,20 @@ func TestCallsUseRoutesAndDecodeBodies(t *testing.T) {
 			want: client.Capacity{Limit: 3, Used: 2, Active: 1, Warm: 1, Policy: "wait"},
 		},
 		{
+			name:       "drain",
+			call:       func(c *client.Client) (any, error) { return c.Drain(context.Background()) },
+			body:       `{"draining":true}`,
+			wantMethod: "POST", wantPath: "/v1/admin/drain",
+			want: client.DrainStatus{Draining: true},
+		},
+		{
+			name:       "undrain",
+			call:       func(c *client.Client) (any, error) { return c.Undrain(context.Background()) },
+			body:       `{"draining":false}`,
+			wantMethod: "POST", wantPath: "/v1/admin/undrain",
+			want: client.DrainStatus{Draining: false},
+		},
+		{
 			name: "get",
 			call: func(c *client.Client) (any, error) {
 				r, err := c.Get(context.Background(), "sb1")
@@ -283,5 +297,30 @@ func TestNewRejectsBadURLs(t *testing.T) {
 		if _, err := client.New(u, "t"); err == nil {
 			t.Errorf("New(%q) = nil error, want an error", u)
 		}
+	}
+}
+
+func TestDrainForbiddenForNonAdmin(t *testing.T) {
+	for _, call := range []struct {
+		name string
+		f    func(c *client.Client) (client.DrainStatus, error)
+	}{
+		{"drain", func(c *client.Client) (client.DrainStatus, error) { return c.Drain(context.Background()) }},
+		{"undrain", func(c *client.Client) (client.DrainStatus, error) { return c.Undrain(context.Background()) }},
+	} {
+		t.Run(call.name, func(t *testing.T) {
+			c := newClient(t, &fakeBroker{status: 403, body: `{"error":{"code":"FORBIDDEN","message":"admin route: this tenant is not an administrator","reason":"not_admin","retryable":false}}`})
+			_, err := call.f(c)
+			if !client.IsForbidden(err) {
+				t.Fatalf("error = %v, want a 403 (IsForbidden)", err)
+			}
+			var ae *client.APIError
+			if !errors.As(err, &ae) || ae.Code != client.ErrorCodeForbidden || ae.Reason != "not_admin" {
+				t.Errorf("APIError = %+v, want code FORBIDDEN reason not_admin", ae)
+			}
+			if client.IsCapacity(err) || client.IsNotFound(err) {
+				t.Errorf("a 403 counts as capacity or not found: %v", err)
+			}
+		})
 	}
 }

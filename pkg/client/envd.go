@@ -17,11 +17,12 @@ import (
 )
 
 // SandboxHome is the sandbox user's home directory; relative paths given to
-// the envd helper are resolved against it (DESIGN.md; E2B's default user home).
+// the envd helper are resolved against it (E2B's default user home; the
+// broker prepares uploads/, outputs/ and workspace/ there).
 const SandboxHome = "/home/user"
 
 // envdPort is what E2B's SDKs send in E2b-Sandbox-Port on every envd call
-// (E2B-WIRE.md, "Routing and headers").
+// (as the official E2B JS SDK, npm e2b 2.x, sends it).
 const envdPort = "49983"
 
 // DefaultFileTimeout bounds PutFile and GetFile unless their ctx is earlier.
@@ -56,8 +57,9 @@ func (e *EnvdError) Error() string {
 // Envd talks to one sandbox's in-sandbox daemon with the acquire response's
 // connection only (no provider API key): Connect RPC with the JSON codec for
 // process.Process/Start (server streaming) and SendSignal, plain HTTP for
-// GET/POST /files. Wire facts: E2B-WIRE.md (headers E2b-Sandbox-Id,
-// E2b-Sandbox-Port 49983, X-Access-Token, Connect-Protocol-Version 1).
+// GET/POST /files. Wire facts, as the official E2B JS SDK (npm e2b 2.x)
+// sends them: headers E2b-Sandbox-Id, E2b-Sandbox-Port 49983,
+// X-Access-Token, Connect-Protocol-Version 1.
 type Envd struct {
 	sandboxID string
 	conn      Connection
@@ -292,7 +294,8 @@ func (e *Envd) GetFile(ctx context.Context, p string, w io.Writer) (int64, error
 	return n, nil
 }
 
-// fileErr maps a failed /files answer (E2B-WIRE.md, "Files").
+// fileErr maps a failed /files answer: 404 for a missing path, 502/503
+// when the sandbox is not running (envd's /files API).
 func fileErr(op string, resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	msg := strings.TrimSpace(string(raw))

@@ -4,8 +4,9 @@
 // Interface Emulator, behind an HTTP front that serves the routes of
 // template.yaml as API Gateway HTTP API (payload 2.0) events with a local
 // bearer-token authorizer, and invokes scheduled functions at the template's
-// rate. Tools and versions: ../shared/LOCAL-STACK.md; `make deps` installs
-// them under .tools/.
+// rate. `make deps` (scripts/install-deps.sh, which pins the versions)
+// installs the tools under .tools/: DynamoDB Local (Java 17+), versitygw
+// and aws-lambda-rie.
 package devstack
 
 import (
@@ -74,8 +75,15 @@ type Options struct {
 	// Tokens maps bearer tokens to tenants (see ParseTokens); default
 	// ParseTokens(DefaultTokens).
 	Tokens map[string]string
+	// TenantOrder is the order of the tenants in stack.json and the banner
+	// (ParseTokenList keeps BROKER_DEV_TOKENS order); tenants of Tokens not
+	// listed follow, sorted. Its first tenant is stack.json's
+	// default_tenant, the one sbx uses when none is named.
+	TenantOrder []string
 	// FunctionEnv is added to every function's environment, after the
-	// stack's own variables (so SANDBOX_* and LOG_LEVEL pass through).
+	// stack's own variables (so SANDBOX_* and LOG_LEVEL pass through; see
+	// MakeRunEnv for what `make run` passes, including
+	// BROKER_ADMIN_TENANTS).
 	FunctionEnv []string
 	// Instances per HTTP function (default DefaultInstances).
 	Instances int
@@ -97,11 +105,19 @@ type Options struct {
 // Info is the content of .run/stack.json: everything a client, a test or
 // `aws --endpoint-url` needs to reach the stack (issue 2, item 7).
 type Info struct {
-	APIURL      string            `json:"api_url"`
-	Tokens      map[string]string `json:"tokens"` // tenant -> token
-	S3          S3Info            `json:"s3"`
-	DynamoDB    DynamoDBInfo      `json:"dynamodb"`
-	SandboxHost SandboxHostInfo   `json:"sandbox_host"`
+	APIURL string `json:"api_url"`
+	// Tokens maps tenant -> token, written as a JSON object in
+	// Options.TenantOrder (BROKER_DEV_TOKENS order under make run).
+	Tokens TokenList `json:"tokens"`
+	// DefaultTenant is the first tenant of Tokens: the one sbx uses when
+	// none is named.
+	DefaultTenant string `json:"default_tenant"`
+	// AdminTenants are the functions' BROKER_ADMIN_TENANTS (may call
+	// /v1/admin/drain and /v1/admin/undrain); empty when none.
+	AdminTenants []string        `json:"admin_tenants"`
+	S3           S3Info          `json:"s3"`
+	DynamoDB     DynamoDBInfo    `json:"dynamodb"`
+	SandboxHost  SandboxHostInfo `json:"sandbox_host"`
 	// Provider is the functions' SANDBOX_PROVIDER (e2b or provisioner).
 	Provider string `json:"provider"`
 	// Provisioner addresses the sandbox host's provisioner face.
@@ -185,11 +201,101 @@ type Stack struct {
 
 var tokenTenant = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
+// TenantToken is one tenant:token pair of BROKER_DEV_TOKENS.
+type TenantToken struct {
+	Tenant string
+	Token  string
+}
+
+// TokenList is tenant -> token in a fixed order; it is written to JSON as
+// an object whose keys keep that order (encoding/json sorts map keys).
+type TokenList []TenantToken
+
+// MarshalJSON writes {"tenant":"token",...} in list order.
+func (l TokenList) MarshalJSON() ([]byte, error) {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, t := range l {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, err := json.Marshal(t.Tenant)
+		if err != nil {
+			return nil, err
+		}
+		v, err := json.Marshal(t.Token)
+		if err != nil {
+			return nil, err
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return []byte(b.String()), nil
+}
+
+// UnmarshalJSON reads an object of tenant -> token keeping its key order.
+func (l *TokenList) UnmarshalJSON(data []byte) error {
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok == nil {
+		*l = nil
+		return nil
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return errors.New("tokens: want an object of tenant to token")
+	}
+	out := TokenList{}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		var v string
+		if err := dec.Decode(&v); err != nil {
+			return fmt.Errorf("tokens: tenant %v: %w", k, err)
+		}
+		out = append(out, TenantToken{Tenant: k.(string), Token: v})
+	}
+	*l = out
+	return nil
+}
+
+// Get returns the token of tenant.
+func (l TokenList) Get(tenant string) (string, bool) {
+	for _, t := range l {
+		if t.Tenant == tenant {
+			return t.Token, true
+		}
+	}
+	return "", false
+}
+
 // ParseTokens parses "tenant:token,tenant2:token2" into token -> tenant.
 // Tenants must match ^[A-Za-z0-9_-]{1,64}$; tokens must be non-empty,
 // without spaces, and unique.
 func ParseTokens(s string) (map[string]string, error) {
-	out := map[string]string{}
+	list, err := ParseTokenList(s)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(list))
+	for _, t := range list {
+		out[t.Token] = t.Tenant
+	}
+	return out, nil
+}
+
+// ParseTokenList parses "tenant:token,tenant2:token2" keeping the order
+// given, with the rules of ParseTokens. A tenant may appear more than once
+// (several tokens); Tenants lists each once.
+func ParseTokenList(s string) ([]TenantToken, error) {
+	var out []TenantToken
+	seen := map[string]bool{}
 	for _, pair := range strings.Split(s, ",") {
 		pair = strings.TrimSpace(pair)
 		if pair == "" {
@@ -199,15 +305,57 @@ func ParseTokens(s string) (map[string]string, error) {
 		if !ok || !tokenTenant.MatchString(tenant) || token == "" || strings.ContainsAny(token, " \t") {
 			return nil, fmt.Errorf("BROKER_DEV_TOKENS: %q is not tenant:token (tenant ^[A-Za-z0-9_-]{1,64}$, token without spaces)", pair)
 		}
-		if _, dup := out[token]; dup {
+		if seen[token] {
 			return nil, fmt.Errorf("BROKER_DEV_TOKENS: token of tenant %s is used twice", tenant)
 		}
-		out[token] = tenant
+		seen[token] = true
+		out = append(out, TenantToken{Tenant: tenant, Token: token})
 	}
 	if len(out) == 0 {
 		return nil, errors.New("BROKER_DEV_TOKENS: no tenant:token pair")
 	}
 	return out, nil
+}
+
+// Tenants returns the tenants of list in order, each once.
+func Tenants(list []TenantToken) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, t := range list {
+		if !seen[t.Tenant] {
+			seen[t.Tenant] = true
+			out = append(out, t.Tenant)
+		}
+	}
+	return out
+}
+
+// orderTokens turns token -> tenant into one token per tenant (the
+// smallest, when a tenant has several), tenants in order first, then the
+// rest sorted.
+func orderTokens(tokens map[string]string, order []string) TokenList {
+	byTenant := map[string]string{}
+	for token, tenant := range tokens {
+		if prev, ok := byTenant[tenant]; !ok || token < prev {
+			byTenant[tenant] = token
+		}
+	}
+	var out TokenList
+	for _, tenant := range order {
+		if tok, ok := byTenant[tenant]; ok {
+			out = append(out, TenantToken{Tenant: tenant, Token: tok})
+			delete(byTenant, tenant)
+		}
+	}
+	rest := make([]string, 0, len(byTenant))
+	for tenant := range byTenant {
+		rest = append(rest, tenant)
+	}
+	sort.Strings(rest)
+	for _, tenant := range rest {
+		out = append(out, TenantToken{Tenant: tenant, Token: byTenant[tenant]})
+	}
+	return out
 }
 
 func randomHex(n int) string {
@@ -297,16 +445,15 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	}()
 	startedAt := time.Now().UTC()
 	s.Info = Info{
-		Tokens:    map[string]string{},
-		Functions: map[string]string{},
-		StartedAt: startedAt,
-		PID:       os.Getpid(),
-		LogDir:    logDir,
+		Tokens:       orderTokens(o.Tokens, o.TenantOrder),
+		AdminTenants: adminTenants(o.FunctionEnv),
+		Functions:    map[string]string{},
+		StartedAt:    startedAt,
+		PID:          os.Getpid(),
+		LogDir:       logDir,
 	}
-	for token, tenant := range o.Tokens {
-		if prev, ok := s.Info.Tokens[tenant]; !ok || token < prev {
-			s.Info.Tokens[tenant] = token
-		}
+	if len(s.Info.Tokens) > 0 {
+		s.Info.DefaultTenant = s.Info.Tokens[0].Tenant
 	}
 
 	// DynamoDB Local, versitygw and the sandbox host start side by side.
@@ -607,16 +754,59 @@ func (s *Stack) functionEnv(extra []string) []string {
 	return append(append(env, extra...), "SANDBOX_PROVIDER="+s.Info.Provider)
 }
 
-// PassThroughEnv returns the caller's SANDBOX_* and LOG_LEVEL variables,
-// sorted, for Options.FunctionEnv.
+// EnvAdminTenants is the functions' list of admin tenants (pkg/config
+// EnvAdminTenants).
+const EnvAdminTenants = "BROKER_ADMIN_TENANTS"
+
+// PassThroughEnv returns the caller's SANDBOX_*, SYNC_*, RECONCILE_*,
+// BROKER_ADMIN_TENANTS and LOG_LEVEL variables, sorted, for
+// Options.FunctionEnv. (The E2B, PROVISIONER_*, table, bucket and AWS
+// variables are the stack's own.)
 func PassThroughEnv(environ []string) []string {
 	var out []string
 	for _, kv := range environ {
-		if strings.HasPrefix(kv, "SANDBOX_") || strings.HasPrefix(kv, "LOG_LEVEL=") {
-			out = append(out, kv)
+		for _, p := range []string{"SANDBOX_", "SYNC_", "RECONCILE_", EnvAdminTenants + "=", "LOG_LEVEL="} {
+			if strings.HasPrefix(kv, p) {
+				out = append(out, kv)
+				break
+			}
 		}
 	}
 	sort.Strings(out)
+	return out
+}
+
+// MakeRunEnv is the FunctionEnv of `make run`: PassThroughEnv(environ),
+// plus BROKER_ADMIN_TENANTS=<first tenant of tokens> when environ does not
+// set BROKER_ADMIN_TENANTS (set it empty for no admin tenant), so the
+// default tenant may drain the local stack.
+func MakeRunEnv(environ []string, tokens []TenantToken) []string {
+	env := PassThroughEnv(environ)
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, EnvAdminTenants+"=") {
+			return env
+		}
+	}
+	if len(tokens) > 0 {
+		env = append(env, EnvAdminTenants+"="+tokens[0].Tenant)
+	}
+	return env
+}
+
+// adminTenants reads the last BROKER_ADMIN_TENANTS of env as a list.
+func adminTenants(env []string) []string {
+	var v string
+	for _, kv := range env {
+		if x, ok := strings.CutPrefix(kv, EnvAdminTenants+"="); ok {
+			v = x
+		}
+	}
+	out := []string{}
+	for _, t := range strings.Split(v, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			out = append(out, t)
+		}
+	}
 	return out
 }
 
@@ -798,20 +988,40 @@ func writeJSON(file string, v any) error {
 	return os.Rename(tmp, file)
 }
 
+// S3ListCommand is an AWS CLI command that lists the stack's bucket as is:
+// the local S3's throwaway credentials and region are given inline, so it
+// needs no AWS configuration.
+func (s *Stack) S3ListCommand() string {
+	i := s.Info.S3
+	return fmt.Sprintf("AWS_ACCESS_KEY_ID=%s AWS_SECRET_ACCESS_KEY=%s AWS_DEFAULT_REGION=%s aws --endpoint-url %s s3 ls --recursive s3://%s/",
+		i.AccessKey, i.SecretKey, i.Region, i.Endpoint, i.Bucket)
+}
+
 // Banner is a short human summary of the running stack.
 func (s *Stack) Banner(startupTime time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "sandbox-broker dev stack ready in %.1fs (started %s)\n", startupTime.Seconds(), s.Info.StartedAt.Format(time.RFC3339))
 	fmt.Fprintf(&b, "  API          %s\n", s.Info.APIURL)
-	tenants := make([]string, 0, len(s.Info.Tokens))
-	for t := range s.Info.Tokens {
-		tenants = append(tenants, t)
+	admin := map[string]bool{}
+	for _, t := range s.Info.AdminTenants {
+		admin[t] = true
 	}
-	sort.Strings(tenants)
-	for _, t := range tenants {
-		fmt.Fprintf(&b, "  token        %s -> Authorization: Bearer %s\n", t, s.Info.Tokens[t])
+	for i, t := range s.Info.Tokens {
+		var notes []string
+		if i == 0 {
+			notes = append(notes, "sbx default")
+		}
+		if admin[t.Tenant] {
+			notes = append(notes, "admin: may drain")
+		}
+		note := ""
+		if len(notes) > 0 {
+			note = " (" + strings.Join(notes, ", ") + ")"
+		}
+		fmt.Fprintf(&b, "  token        %s -> Authorization: Bearer %s%s\n", t.Tenant, t.Token, note)
 	}
-	fmt.Fprintf(&b, "  S3           %s  bucket %s (aws --endpoint-url %s s3 ls s3://%s/)\n", s.Info.S3.Endpoint, s.Info.S3.Bucket, s.Info.S3.Endpoint, s.Info.S3.Bucket)
+	fmt.Fprintf(&b, "  S3           %s  bucket %s\n", s.Info.S3.Endpoint, s.Info.S3.Bucket)
+	fmt.Fprintf(&b, "               %s\n", s.S3ListCommand())
 	fmt.Fprintf(&b, "  DynamoDB     %s  table %s\n", s.Info.DynamoDB.Endpoint, s.Info.DynamoDB.Table)
 	fmt.Fprintf(&b, "  sandbox host %s (envd %s)\n", s.Info.SandboxHost.APIURL, s.Info.SandboxHost.EnvdURL)
 	fmt.Fprintf(&b, "  provisioner  %s (functions use SANDBOX_PROVIDER=%s)\n", s.Info.Provisioner.APIURL, s.Info.Provider)

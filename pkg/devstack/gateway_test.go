@@ -225,8 +225,9 @@ func TestParseTokens(t *testing.T) {
 }
 
 func TestPassThroughEnv(t *testing.T) {
-	got := PassThroughEnv([]string{"SANDBOX_REPLICAS=1", "HOME=/root", "E2B_API_KEY=secret", "LOG_LEVEL=debug", "AWS_PROFILE=x", "SANDBOX_TEMPLATE=py"})
-	want := []string{"LOG_LEVEL=debug", "SANDBOX_REPLICAS=1", "SANDBOX_TEMPLATE=py"}
+	got := PassThroughEnv([]string{"SANDBOX_REPLICAS=1", "HOME=/root", "E2B_API_KEY=secret", "LOG_LEVEL=debug", "AWS_PROFILE=x", "SANDBOX_TEMPLATE=py",
+		"SYNC_MAX_FILES=5", "RECONCILE_MAX_ITEMS=9", "BROKER_ADMIN_TENANTS=ops", "BROKER_ADDR=127.0.0.1:1", "PROVISIONER_URL=http://x", "TABLE_NAME=t"})
+	want := []string{"BROKER_ADMIN_TENANTS=ops", "LOG_LEVEL=debug", "RECONCILE_MAX_ITEMS=9", "SANDBOX_REPLICAS=1", "SANDBOX_TEMPLATE=py", "SYNC_MAX_FILES=5"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("PassThroughEnv = %v, want %v", got, want)
 	}

@@ -25,6 +25,16 @@ func WithAdminTenants(tenants ...string) Option {
 	}
 }
 
+// WithMetrics makes the handler write CloudWatch embedded-metric-format
+// lines (core.LogEMF, dimension Deployment = deployment): CapacityUsed and
+// CapacityLimit at GET /v1/capacity and at a 429 for capacity,
+// CapacityRejected (1) at every 429, and SyncDeferredFiles after every sync
+// pass a sync or release answers with. Without it (or with "") no metrics
+// are written.
+func WithMetrics(deployment string) Option {
+	return func(h *handler) { h.deployment = deployment }
+}
+
 // setDraining serves POST /v1/admin/drain and /v1/admin/undrain: 200
 // {"draining": bool}; 403 FORBIDDEN for a tenant that is not an admin.
 func (h *handler) setDraining(ctx context.Context, r *request, draining bool) events.APIGatewayV2HTTPResponse {

@@ -69,6 +69,9 @@ type handler struct {
 	logger *slog.Logger
 	// admins are the tenants allowed on /v1/admin routes.
 	admins map[string]bool
+	// deployment is the Deployment dimension of the EMF metrics; "" emits
+	// none (WithMetrics).
+	deployment string
 }
 
 // request is the per-request state threaded through the route functions.
@@ -80,6 +83,9 @@ type request struct {
 	// detail is the internal error text for the log line (never sent).
 	detail string
 	code   string
+	// metrics collects the EMF metrics of this request, written as one
+	// line when it is answered (WithMetrics).
+	metrics []core.Metric
 }
 
 func (h *handler) serve(ctx context.Context, ev events.APIGatewayV2HTTPRequest) (resp events.APIGatewayV2HTTPResponse, _ error) {
@@ -119,6 +125,9 @@ func (h *handler) serve(ctx context.Context, ev events.APIGatewayV2HTTPRequest) 
 			attrs = append(attrs, slog.String("error", r.detail))
 		}
 		h.logger.LogAttrs(ctx, level, "request", attrs...)
+		if h.deployment != "" {
+			core.LogEMF(ctx, h.logger, h.deployment, time.Now(), r.metrics...)
+		}
 	}()
 	return h.dispatch(ctx, r), nil
 }
@@ -231,11 +240,15 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		if err != nil {
 			return r.fail(err)
 		}
+		r.metrics = append(r.metrics, core.CapacityMetrics(st)...)
 		return r.json(http.StatusOK, st)
 	case RouteRelease:
 		res, err := h.broker.Release(ctx, tenant, id)
 		if err != nil {
 			return r.fail(err)
+		}
+		if res.Sync != nil {
+			r.metrics = append(r.metrics, core.SyncMetrics(*res.Sync)...)
 		}
 		return r.json(http.StatusOK, releaseBody(res))
 	case RouteDrain, RouteUndrain:
@@ -245,23 +258,38 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		if err != nil {
 			return r.fail(err)
 		}
+		r.metrics = append(r.metrics, core.SyncMetrics(res)...)
 		return r.json(http.StatusOK, syncBody(res))
 	}
 	return r.errorResponse(http.StatusNotFound, apiError{Code: "ROUTE_NOT_FOUND", Message: "no such route"}, 0)
 }
 
-// tenantOf reads the caller's tenant from the authorizer context: a Lambda
-// (or the local) authorizer's context "tenant", else a JWT claim "tenant".
+// tenantOf reads the caller's tenant from the authorizer context (payload
+// format 2.0, requestContext.authorizer), in this order:
+//   - a Lambda (or the local) authorizer's context "tenant";
+//   - a JWT authorizer's claim "tenant";
+//   - IAM authorization (AWS_IAM, SigV4-signed requests): the caller's AWS
+//     account id (authorizer.iam.accountId). Every principal of one account
+//     is one tenant: isolate tenants by giving each its own account (the
+//     account id, not the role or user ARN, is the boundary because the
+//     ARN of an assumed role changes with its session name). Admin tenants
+//     (BROKER_ADMIN_TENANTS) are then account ids too.
+//
+// It reports false when none is present or the value is not a valid id
+// (^[A-Za-z0-9_-]{1,64}$, as user and thread ids).
 func tenantOf(ev events.APIGatewayV2HTTPRequest) (string, bool) {
 	a := ev.RequestContext.Authorizer
 	if a == nil {
 		return "", false
 	}
 	var t string
-	if v, ok := a.Lambda["tenant"].(string); ok {
+	switch v, ok := a.Lambda["tenant"].(string); {
+	case ok:
 		t = v
-	} else if a.JWT != nil {
+	case a.JWT != nil:
 		t = a.JWT.Claims["tenant"]
+	case a.IAM != nil:
+		t = a.IAM.AccountID
 	}
 	if t == "" || (core.ThreadKey{Tenant: t, User: "u", Thread: "t"}).Validate() != nil {
 		return "", false
@@ -460,6 +488,12 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 		reason := ce.Reason
 		if reason == "" {
 			reason = "capacity"
+		}
+		if status == http.StatusTooManyRequests {
+			r.metrics = append(r.metrics, core.RejectedMetric())
+			if reason == "capacity" { // the ledger was read: its figures are real
+				r.metrics = append(r.metrics, core.CapacityMetrics(ce.Status)...)
+			}
 		}
 		return r.errorResponse(status, apiError{
 			Code: "SANDBOX_CAPACITY_EXCEEDED", Message: "sandbox capacity exceeded", Reason: reason, Retryable: true,

@@ -43,7 +43,7 @@ type isolation struct {
 // command returns the argv that runs argv in a sandbox whose home, tmp and
 // mnt live at the given host paths, starting in cwd (a sandbox path).
 //
-// Verified on Debian 12 with bubblewrap 0.8 (LOCAL-STACK.md): a fresh
+// Verified on Debian 12 with bubblewrap 0.8, as root and as nobody: a fresh
 // network namespace holds only its own loopback, so there is no network;
 // /usr and /etc are read-only binds. As root, bubblewrap creates no user
 // namespace, so a process that is uid 0 inside could still write host

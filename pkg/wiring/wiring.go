@@ -150,7 +150,14 @@ func setup(function string) (*core.Engine, config.Config, *slog.Logger) {
 // handler serves every route; template.yaml decides which routes reach it.
 func StartHTTP(function string) {
 	eng, cfg, logger := setup(function)
-	lambda.Start(httpapi.NewHandler(eng, logger, httpapi.WithAdminTenants(cfg.AdminTenants...)))
+	lambda.Start(httpapi.NewHandler(eng, logger, HTTPOptions(cfg)...))
+}
+
+// HTTPOptions are the httpapi options of the HTTP API functions: the admin
+// tenants (BROKER_ADMIN_TENANTS) and EMF metrics under the deployment id
+// (SANDBOX_DEPLOYMENT_ID) as the Deployment dimension.
+func HTTPOptions(cfg config.Config) []httpapi.Option {
+	return []httpapi.Option{httpapi.WithAdminTenants(cfg.AdminTenants...), httpapi.WithMetrics(cfg.Settings.Deployment)}
 }
 
 // StartReconcile runs the reconcile function on EventBridge schedule events.

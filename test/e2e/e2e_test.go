@@ -58,10 +58,8 @@ func repoRoot(t *testing.T) string {
 }
 
 // buildFunctions builds every function's bootstrap from the current source
-// into a temporary directory (never a possibly stale .build).
-func buildFunctions(t *testing.T, root string) string {
-	t.Helper()
-	out := t.TempDir()
+// into out (never a possibly stale .build).
+func buildFunctions(root, out string) error {
 	fns := []string{"acquire", "release", "sync", "reconcile"}
 	var wg sync.WaitGroup
 	errs := make([]error, len(fns))
@@ -79,34 +77,52 @@ func buildFunctions(t *testing.T, root string) string {
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return errors.Join(errs...)
 }
 
 // startStack starts the local stack with the functions on SANDBOX_PROVIDER
-// provider ("e2b" or "provisioner").
+// provider ("e2b" or "provisioner"), one slot, policy reject.
 func startStack(t *testing.T, provider string) *devstack.Stack {
 	t.Helper()
+	return startStackWith(t, stackOptions{provider: provider, env: []string{
+		"SANDBOX_REPLICAS=1",
+		"SANDBOX_OVERFLOW_POLICY=reject",
+		"LOG_LEVEL=DEBUG",
+	}})
+}
+
+// stackOptions vary the stacks of this package's tests.
+type stackOptions struct {
+	provider  string
+	env       []string          // Options.FunctionEnv
+	instances int               // per HTTP function (default 2)
+	tokens    map[string]string // default tokenA -> tenantA, tokenB -> tenantB
+}
+
+// startStackWith starts the local stack with o, on the functions built
+// once per test process (sharedBuild), and closes it at the end of t.
+func startStackWith(t *testing.T, o stackOptions) *devstack.Stack {
+	t.Helper()
 	root := repoRoot(t)
-	buildDir := buildFunctions(t, root)
+	buildDir := sharedBuild(t, root)
 	runDir := t.TempDir()
+	if o.instances == 0 {
+		o.instances = 2
+	}
+	if o.tokens == nil {
+		o.tokens = map[string]string{tokenA: tenantA, tokenB: tenantB}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s, err := devstack.Start(ctx, devstack.Options{
-		Root:     root,
-		BuildDir: buildDir,
-		RunDir:   runDir,
-		Addr:     "127.0.0.1:0",
-		Tokens:   map[string]string{tokenA: tenantA, tokenB: tenantB},
-		FunctionEnv: []string{
-			"SANDBOX_REPLICAS=1",
-			"SANDBOX_OVERFLOW_POLICY=reject",
-			"LOG_LEVEL=DEBUG",
-		},
-		Instances: 2,
-		Provider:  provider,
+		Root:        root,
+		BuildDir:    buildDir,
+		RunDir:      runDir,
+		Addr:        "127.0.0.1:0",
+		Tokens:      o.tokens,
+		FunctionEnv: o.env,
+		Instances:   o.instances,
+		Provider:    o.provider,
 	})
 	if err != nil {
 		t.Fatalf("devstack.Start: %v", err)
