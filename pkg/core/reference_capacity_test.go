@@ -1,0 +1,233 @@
+package core_test
+
+// Serverless counterparts of reference capacity / warm-pool / tombstone /
+// shutdown tests (test_e2b_sandbox_provider.py) not covered elsewhere; each
+// test names its reference test.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
+)
+
+// reference: test_acquire_discards_warm_sandbox_when_bootstrap_fails
+func TestAcquireDiscardsWarmSandboxWhenBootstrapFails(t *testing.T) {
+	r := newRegressionEnv(t, nil)
+	eng := r.engine(t, nil)
+	ctx := context.Background()
+	first, err := eng.Acquire(ctx, key("t1"))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if _, err := eng.Release(ctx, "acme", first.Record.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	r.prov.runHook = func(ref core.SandboxRef) error {
+		if ref.ID == first.Record.SandboxID {
+			return errors.New("bootstrap script raised")
+		}
+		return nil
+	}
+	res, err := eng.Acquire(ctx, key("t1"))
+	if err != nil {
+		t.Fatalf("Acquire after failed reclaim bootstrap: %v", err)
+	}
+	if res.Source != core.SourceCreated || res.Record.SandboxID == first.Record.SandboxID {
+		t.Errorf("acquire = %s/%s, want a fresh created sandbox", res.Record.SandboxID, res.Source)
+	}
+	if r.fake.Alive(first.Record.SandboxID) {
+		t.Error("warm sandbox whose bootstrap failed is still alive")
+	}
+}
+
+// reference: test_capacity_keeps_slot_when_warm_reclaim_bootstrap_kill_fails
+func TestCapacityKeepsSlotWhenWarmReclaimBootstrapKillFails(t *testing.T) {
+	r := newRegressionEnv(t, func(s *core.Settings) { s.Replicas = 2; s.Policy = core.PolicyReject })
+	eng := r.engine(t, nil)
+	ctx := context.Background()
+	first, _ := eng.Acquire(ctx, key("t1"))
+	if _, err := eng.Release(ctx, "acme", first.Record.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	r.prov.runHook = func(ref core.SandboxRef) error {
+		if ref.ID == first.Record.SandboxID {
+			return errors.New("bootstrap failed")
+		}
+		return nil
+	}
+	r.fake.Set(func(f *coretest.FakeProvider) { f.KillErr = errors.New("kill timed out") })
+	if _, err := eng.Acquire(ctx, key("t1")); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	st, _ := eng.Capacity(ctx)
+	if st.Used != 2 || st.Tombstones != 1 {
+		t.Errorf("capacity = %+v, want the uncertain kill's tombstone holding a slot (used 2, tombstones 1)", st)
+	}
+}
+
+// reference: test_non_burst_policy_ignores_burst_limit
+func TestNonBurstPolicyIgnoresBurstLimit(t *testing.T) {
+	for _, policy := range []core.OverflowPolicy{core.PolicyReject, core.PolicyWait} {
+		t.Run(string(policy), func(t *testing.T) {
+			h := newHarness(t, func(s *core.Settings) {
+				s.Replicas, s.Policy, s.BurstLimit, s.AcquireTimeout = 1, policy, 5, 300*time.Millisecond
+			})
+			h.acquire(t, key("t1"), core.SourceCreated)
+			var ce *core.CapacityError
+			if _, err := h.eng.Acquire(context.Background(), key("t2")); !errors.As(err, &ce) || ce.Status.Limit != 1 {
+				t.Fatalf("second thread under %s = %v, want CapacityError with limit 1", policy, err)
+			}
+		})
+	}
+}
+
+// reference: test_capacity_reject_policy_does_not_leak_reserved_slots
+func TestCapacityRejectPolicyDoesNotLeakReservedSlots(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
+	h.acquire(t, key("t1"), core.SourceCreated)
+	for i := range 10 {
+		if _, err := h.eng.Acquire(context.Background(), key(fmt.Sprint("x", i))); err == nil {
+			t.Fatal("acquire over the limit succeeded")
+		}
+	}
+	if st := h.capacity(t); st.Used != 1 || st.Reserved != 0 {
+		t.Errorf("after 10 refusals capacity = %+v, want used 1 and nothing reserved", st)
+	}
+}
+
+// reference: test_capacity_release_holds_slot_during_transition — while a
+// release syncs, its sandbox keeps its slot and is not evictable: another
+// thread is refused and nothing is killed.
+func TestCapacityReleaseHoldsSlotDuringTransition(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	inSync, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h.sync.hook = func() { once.Do(func() { close(inSync); <-resume }) }
+	done := make(chan error, 1)
+	go func() { _, err := h.eng.Release(ctx, "acme", rec.SandboxID); done <- err }()
+	<-inSync
+	var ce *core.CapacityError
+	if _, err := h.eng.Acquire(ctx, key("t2")); !errors.As(err, &ce) {
+		t.Errorf("acquire during the release = %v, want CapacityError", err)
+	}
+	if !h.prov.Alive(rec.SandboxID) {
+		t.Error("the releasing sandbox was killed (evicted mid-transition)")
+	}
+	close(resume)
+	if err := <-done; err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+// reference: test_tombstone_eviction_has_one_retry_owner — concurrent
+// evictions racing for one tombstone: exactly one kill attempt.
+func TestTombstoneEvictionHasOneRetryOwner(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	h.prov.Set(func(f *coretest.FakeProvider) { f.KillErr = errors.New("unreachable") })
+	_, _ = h.eng.Acquire(ctx, key("t2")) // eviction fails: tombstone
+	kills := h.prov.Count("kill " + rec.SandboxID)
+	h.clock.advance(core.DefaultSettings().LeaseDuration + time.Second)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = h.eng.Acquire(ctx, key(fmt.Sprint("r", i))) }()
+	}
+	wg.Wait()
+	if got := h.prov.Count("kill "+rec.SandboxID) - kills; got != 1 {
+		t.Errorf("concurrent evictions made %d kill attempts on the tombstone, want exactly 1", got)
+	}
+}
+
+// reference: test_evict_oldest_warm_defers_peer_owned_sandbox — a warm
+// sandbox a peer holds a lease on (a sync in progress) is skipped.
+func TestEvictionDefersPeerLeasedWarmSandbox(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	now := h.clock.now()
+	if _, err := h.store.Claim(ctx, core.Claim{SandboxID: rec.SandboxID, Tenant: "acme", From: []core.State{core.StateWarm},
+		Owner: "peer-sync", Now: now, LeaseUntil: now.Add(time.Minute)}); err != nil {
+		t.Fatalf("peer lease: %v", err)
+	}
+	var ce *core.CapacityError
+	if _, err := h.eng.Acquire(ctx, key("t2")); !errors.As(err, &ce) {
+		t.Fatalf("Acquire = %v, want CapacityError (the only warm sandbox is leased)", err)
+	}
+	if !h.prov.Alive(rec.SandboxID) {
+		t.Error("a peer-leased warm sandbox was evicted")
+	}
+}
+
+// failingReserveStore makes the ledger undecidable for Reserve.
+type failingReserveStore struct{ core.Store }
+
+func (s failingReserveStore) Reserve(context.Context, core.Reservation) error {
+	return fmt.Errorf("reserve: %w: throttled", core.ErrStoreUnavailable)
+}
+
+// reference: test_failed_inventory_and_redis_error_both_prevent_create —
+// when the ledger cannot decide, acquire fails closed (capacity_backend)
+// and creates nothing.
+func TestUndecidableLedgerFailsClosed(t *testing.T) {
+	h := newHarness(t, nil)
+	eng, err := core.New(core.DefaultSettings(), failingReserveStore{h.store}, h.prov, h.sync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ce *core.CapacityError
+	if _, err := eng.Acquire(context.Background(), key("t1")); !errors.As(err, &ce) || ce.Reason != "capacity_backend" {
+		t.Fatalf("Acquire = %v, want CapacityError reason capacity_backend", err)
+	}
+	if n := h.prov.Count("create"); n != 0 {
+		t.Errorf("provider creates = %d, want 0 (fail closed)", n)
+	}
+}
+
+// reference: test_capacity_shutdown_wakes_waiter_with_error — a waiter
+// under the wait policy gets "draining" once a drain starts.
+func TestDrainWakesWaiterWithDrainingError(t *testing.T) {
+	waiting := make(chan struct{}, 100)
+	var drained atomic.Bool
+	sleep := func(ctx context.Context, d time.Duration) error {
+		waiting <- struct{}{}
+		for !drained.Load() {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		return nil
+	}
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyWait; s.AcquireTimeout = time.Minute }, core.WithSleep(sleep))
+	ctx := context.Background()
+	h.acquire(t, key("t1"), core.SourceCreated)
+	done := make(chan error, 1)
+	go func() { _, err := h.eng.Acquire(ctx, key("t2")); done <- err }()
+	<-waiting
+	if err := h.eng.SetDraining(ctx, true); err != nil {
+		t.Fatalf("SetDraining: %v", err)
+	}
+	drained.Store(true)
+	var ce *core.CapacityError
+	if err := <-done; !errors.As(err, &ce) || ce.Reason != "draining" {
+		t.Fatalf("waiter = %v, want CapacityError reason draining", err)
+	}
+}
