@@ -231,3 +231,62 @@ func TestDrainWakesWaiterWithDrainingError(t *testing.T) {
 		t.Fatalf("waiter = %v, want CapacityError reason draining", err)
 	}
 }
+
+// Crashed invocations replace the reference's "shutdown during X" races:
+// the dead invocation's lease or reservation lapses and a peer takes over.
+
+// reference: test_shutdown_during_release_does_not_repopulate_warm_pool,
+// serverless form: a releaser that dies mid-sync leaves the record
+// releasing under its lease; once the lease lapses the thread's next
+// acquire takes the sandbox back.
+func TestCrashedReleaseIsTakenOverAfterLeaseLapses(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	now := h.clock.now()
+	if _, err := h.store.Claim(ctx, core.Claim{SandboxID: rec.SandboxID, Tenant: "acme", From: []core.State{core.StateActive},
+		To: core.StateReleasing, Owner: "inv-dead", Now: now, LeaseUntil: now.Add(core.DefaultSettings().LeaseDuration)}); err != nil {
+		t.Fatalf("dead releaser's claim: %v", err)
+	}
+	short := newHarnessEngine(t, h, func(s *core.Settings) { s.AcquireTimeout = 300 * time.Millisecond })
+	if _, err := short.Acquire(ctx, key("t1")); !errors.Is(err, core.ErrLeaseHeld) {
+		t.Fatalf("acquire under the dead releaser's live lease = %v, want ErrLeaseHeld", err)
+	}
+	h.clock.advance(core.DefaultSettings().LeaseDuration + time.Second)
+	back := h.acquire(t, key("t1"), core.SourceReclaimed)
+	if back.SandboxID != rec.SandboxID {
+		t.Errorf("took over %s, want %s", back.SandboxID, rec.SandboxID)
+	}
+}
+
+// reference: test_shutdown_during_bootstrap_does_not_commit, serverless
+// form: a create that dies after reserving blocks its thread only until
+// the reservation expires; the slot stays held (the create may have
+// happened) until reconcile settles it.
+func TestCrashedCreateIsTakenOverAfterReservationExpires(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx := context.Background()
+	now := h.clock.now()
+	if err := h.store.Reserve(ctx, core.Reservation{Token: "res-dead", ThreadKey: key("t1"), Limit: 10, Now: now,
+		ExpiresAt: now.Add(core.DefaultSettings().LeaseDuration)}); err != nil {
+		t.Fatalf("dead create's reservation: %v", err)
+	}
+	h.clock.advance(core.DefaultSettings().LeaseDuration + time.Second)
+	h.acquire(t, key("t1"), core.SourceCreated)
+	if st := h.capacity(t); st.Used != 2 || st.Reserved != 1 {
+		t.Errorf("capacity = %+v, want the dead reservation still holding its slot (used 2, reserved 1)", st)
+	}
+}
+
+// newHarnessEngine builds a second engine over h's store and provider.
+func newHarnessEngine(t *testing.T, h *harness, mutate func(*core.Settings)) *core.Engine {
+	t.Helper()
+	s := core.DefaultSettings()
+	s.Deployment = "test"
+	mutate(&s)
+	eng, err := core.New(s, h.store, h.prov, h.sync, core.WithClock(h.clock.now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng
+}
