@@ -786,8 +786,15 @@ func (a *App) capacityCmd(g *globals) *cobra.Command {
 			if g.json {
 				return writeJSON(a.Stdout, capa)
 			}
-			fmt.Fprintf(a.Stdout, "%d of %d slots used (active %d, warm %d, reserved %d, transitioning %d), overflow policy %s\n",
-				capa.Used, capa.Limit, capa.Active, capa.Warm, capa.Reserved, capa.Transitioning, capa.Policy)
+			more := ""
+			if capa.Tombstones > 0 {
+				more += fmt.Sprintf(", %d tombstones", capa.Tombstones)
+			}
+			if capa.Draining {
+				more += "; draining: acquires refused"
+			}
+			fmt.Fprintf(a.Stdout, "%d of %d slots used (active %d, warm %d, reserved %d, transitioning %d), overflow policy %s%s\n",
+				capa.Used, capa.Limit, capa.Active, capa.Warm, capa.Reserved, capa.Transitioning, capa.Policy, more)
 			return nil
 		}),
 	}

@@ -201,7 +201,10 @@ type Capacity struct {
 	Warm          int    `json:"warm"`
 	Reserved      int    `json:"reserved"`
 	Transitioning int    `json:"transitioning"`
+	Tombstones    int    `json:"tombstones"` // destroying: kill not yet confirmed
 	Policy        string `json:"policy"`
+	// Draining is true while the deployment drains (sbx drain).
+	Draining bool `json:"draining"`
 }
 
 // DrainStatus is the body of POST /v1/admin/drain and /v1/admin/undrain.

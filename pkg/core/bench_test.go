@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -55,7 +56,7 @@ func benchEngine(b *testing.B, mutate func(*core.Settings)) (*core.Engine, *call
 	if mutate != nil {
 		mutate(&s)
 	}
-	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment), coretest.NewFakeProvider(), &fakeSyncer{})
+	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment), coretest.NewFakeProvider(), &fakeSyncer{}, core.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		b.Fatalf("core.New: %v", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -45,16 +46,23 @@ func TestAdminDrainRoutes(t *testing.T) {
 }
 
 func TestDrainingAcquireIs503(t *testing.T) {
-	b := &fakeBroker{err: &core.CapacityError{Reason: "draining", RetryAfter: 30e9}}
+	b := &fakeBroker{err: &core.CapacityError{Reason: "draining", RetryAfter: 30e9, Status: core.CapacityStatus{Limit: 3, Draining: true}}}
 	h := NewHandler(b, nil)
 	resp, _ := h(context.Background(), event(RouteAcquire, "/v1/sandboxes/acquire", `{"user_id":"u","thread_id":"t"}`, "acme", nil))
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Headers["Retry-After"] != "30" {
 		t.Fatalf("status %d Retry-After %q, want 503 and 30", resp.StatusCode, resp.Headers["Retry-After"])
 	}
 	var body struct {
-		Error struct{ Code, Reason string }
+		Error struct {
+			Code, Reason string
+			Details      map[string]any
+		}
 	}
 	if err := json.Unmarshal([]byte(resp.Body), &body); err != nil || body.Error.Reason != "draining" || body.Error.Code != "SANDBOX_CAPACITY_EXCEEDED" {
 		t.Errorf("body = %s, want code SANDBOX_CAPACITY_EXCEEDED reason draining", resp.Body)
+	}
+	// The draining refusal reads no counts: it must not report zeros as usage.
+	if want := map[string]any{"limit": float64(3), "draining": true}; !reflect.DeepEqual(body.Error.Details, want) {
+		t.Errorf("details = %v, want %v", body.Error.Details, want)
 	}
 }

@@ -495,10 +495,17 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 				r.metrics = append(r.metrics, core.CapacityMetrics(ce.Status)...)
 			}
 		}
+		details := map[string]any{"limit": ce.Status.Limit}
+		if reason == "capacity" { // other refusals carry no counts: zeros would mislead
+			details["used"], details["active"], details["warm"] = ce.Status.Used, ce.Status.Active, ce.Status.Warm
+			details["reserved"], details["tombstones"] = ce.Status.Reserved, ce.Status.Tombstones
+		}
+		if ce.Status.Draining {
+			details["draining"] = true
+		}
 		return r.errorResponse(status, apiError{
 			Code: "SANDBOX_CAPACITY_EXCEEDED", Message: "sandbox capacity exceeded", Reason: reason, Retryable: true,
-			Details: map[string]any{"limit": ce.Status.Limit, "used": ce.Status.Used, "active": ce.Status.Active,
-				"warm": ce.Status.Warm, "reserved": ce.Status.Reserved, "tombstones": ce.Status.Tombstones},
+			Details: details,
 		}, secs)
 	case errors.Is(err, core.ErrNotFound), errors.Is(err, core.ErrSandboxGone):
 		return r.errorResponse(http.StatusNotFound, apiError{Code: "SANDBOX_NOT_FOUND", Message: "sandbox not found", Reason: "not_found"}, 0)
