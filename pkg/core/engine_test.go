@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -738,5 +740,13 @@ func TestSandboxDeadDuringRestoreIsKilledAndReplaced(t *testing.T) {
 	}
 	if st := h.capacity(t); st.Used != 0 {
 		t.Errorf("used = %d, want 0: killed sandboxes free their reservations", st.Used)
+	}
+}
+
+func TestRecordLogValueHidesAccessToken(t *testing.T) {
+	var buf strings.Builder
+	slog.New(slog.NewJSONHandler(&buf, nil)).Info("x", "record", core.Record{SandboxID: "sb1", EnvdAccessToken: "secret-token"})
+	if strings.Contains(buf.String(), "secret-token") || !strings.Contains(buf.String(), "sb1") {
+		t.Errorf("log line = %s; want the id and not the token", buf.String())
 	}
 }

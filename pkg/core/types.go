@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"time"
 )
@@ -113,6 +114,14 @@ type Record struct {
 	// timeout), as last set by the broker.
 	ExpiresAt    time.Time
 	KillAttempts int
+}
+
+// LogValue keeps the envd access token out of logs (it is a credential).
+func (r Record) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("sandbox_id", r.SandboxID), slog.String("thread", r.ThreadKey.String()),
+		slog.String("state", string(r.State)), slog.Int64("fence", r.Fence),
+		slog.String("lease_owner", r.LeaseOwner), slog.Time("lease_expires_at", r.LeaseExpiresAt))
 }
 
 // Leased reports whether a lease other than owner's is live at now.
