@@ -109,7 +109,11 @@ func TombstoneAgeMetric(tombs []Record, now time.Time) Metric {
 		if r.UpdatedAt.IsZero() {
 			continue
 		}
-		age = max(age, now.Sub(r.UpdatedAt))
+		since := r.DestroyingSince
+		if since.IsZero() {
+			since = r.UpdatedAt // records tombstoned before the field existed
+		}
+		age = max(age, now.Sub(since))
 	}
 	return Metric{Name: MetricTombstoneOldestAge, Unit: "Seconds", Value: age.Seconds()}
 }

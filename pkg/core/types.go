@@ -112,8 +112,11 @@ type Record struct {
 	ParkedAt time.Time
 	// ExpiresAt is when the provider will end the sandbox on its own (its
 	// timeout), as last set by the broker.
-	ExpiresAt    time.Time
-	KillAttempts int
+	ExpiresAt time.Time
+	// DestroyingSince is when the record first became a tombstone (zero
+	// unless destroying); kill retries keep it, so tombstone age is honest.
+	DestroyingSince time.Time
+	KillAttempts    int
 }
 
 // LogValue keeps the envd access token out of logs (it is a credential).

@@ -32,6 +32,7 @@ type item struct {
 	ParkedAt     int64  `dynamodbav:"parked_at,omitempty"`
 	ExpiresAt    int64  `dynamodbav:"expires_at,omitempty"`
 	KillAttempts int    `dynamodbav:"kill_attempts,omitempty"`
+	DestroyingAt int64  `dynamodbav:"destroying_since,omitempty"`
 	GSI1PK       string `dynamodbav:"gsi1pk,omitempty"`
 	GSI1SK       string `dynamodbav:"gsi1sk,omitempty"`
 	TTL          int64  `dynamodbav:"ttl,omitempty"`
@@ -98,6 +99,7 @@ func (it item) record() core.Record {
 		ParkedAt:         fromMS(it.ParkedAt),
 		ExpiresAt:        fromMS(it.ExpiresAt),
 		KillAttempts:     it.KillAttempts,
+		DestroyingSince:  fromMS(it.DestroyingAt),
 	}
 }
 
@@ -108,7 +110,7 @@ func recordItem(r core.Record, deployment string) item {
 		Backend: r.Backend, Fence: r.Fence, LeaseOwner: r.LeaseOwner, LeaseExpires: ms(r.LeaseExpiresAt),
 		EnvdURL: r.EnvdURL, EnvdToken: r.EnvdAccessToken, Reservation: r.ReservationToken, Deployment: deployment,
 		CreatedAt: ms(r.CreatedAt), UpdatedAt: ms(r.UpdatedAt), ParkedAt: ms(r.ParkedAt), ExpiresAt: ms(r.ExpiresAt),
-		KillAttempts: r.KillAttempts,
+		KillAttempts: r.KillAttempts, DestroyingAt: ms(r.DestroyingSince),
 	}
 	if r.State != core.StateGone {
 		it.GSI1PK = statePK(deployment, r.State)

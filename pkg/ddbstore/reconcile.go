@@ -274,6 +274,7 @@ func (s *Store) ClaimDuplicate(ctx context.Context, c core.Claim, key core.Threa
 		Add(expression.Name("fence"), expression.Value(1)).
 		Remove(expression.Name("parked_at"))
 	upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID)
+	upd = markDestroying(upd, c.To, c.Now)
 	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim duplicate: %w", err)

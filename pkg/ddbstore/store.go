@@ -188,6 +188,16 @@ func (s *Store) stateIndex(u expression.UpdateBuilder, st core.State, at time.Ti
 		Set(expression.Name(AttrGSI1SK), expression.Value(stateSK(at, id)))
 }
 
+// markDestroying records when a record first became a tombstone; later
+// writes (kill retries) keep the first time.
+func markDestroying(u expression.UpdateBuilder, st core.State, now time.Time) expression.UpdateBuilder {
+	if st != core.StateDestroying {
+		return u
+	}
+	return u.Set(expression.Name("destroying_since"),
+		expression.IfNotExists(expression.Name("destroying_since"), expression.Value(ms(now))))
+}
+
 // claimCondition is Claim's condition: the record exists, belongs to
 // c.Tenant, is in one of c.From, and carries no live lease of another owner.
 func claimCondition(c core.Claim) expression.ConditionBuilder {
@@ -227,6 +237,7 @@ func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
 		upd = upd.Set(expression.Name("prev_state"), expression.Name("state")).
 			Set(expression.Name("state"), expression.Value(string(c.To)))
 		upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID)
+		upd = markDestroying(upd, c.To, c.Now)
 		if c.To != core.StateWarm {
 			upd = upd.Remove(expression.Name("parked_at"))
 		}
@@ -296,6 +307,7 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 		Set(expression.Name("updated_at"), expression.Value(ms(u.Now))).
 		Add(expression.Name("fence"), expression.Value(1))
 	upd = s.stateIndex(upd, u.State, at, u.SandboxID)
+	upd = markDestroying(upd, u.State, u.Now)
 	if u.State == core.StateWarm {
 		upd = upd.Set(expression.Name("parked_at"), expression.Value(ms(u.ParkedAt)))
 	} else {

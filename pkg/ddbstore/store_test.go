@@ -230,8 +230,14 @@ func TestFreeReleasesSlotOnceAndIndexesFollowState(t *testing.T) {
 	if err != nil {
 		t.Fatalf("tombstone: %v", err)
 	}
-	if tombs, _ := s.Tombstones(ctx, 10); len(tombs) != 1 || tombs[0].KillAttempts != 1 {
-		t.Errorf("Tombstones = %+v, want sbx1 with 1 kill attempt", tombs)
+	if tombs, _ := s.Tombstones(ctx, 10); len(tombs) != 1 || tombs[0].KillAttempts != 1 || !tombs[0].DestroyingSince.Equal(t0) {
+		t.Errorf("Tombstones = %+v, want sbx1 with 1 kill attempt, destroying since %s", tombs, t0)
+	}
+	// A kill retry keeps the first tombstoning time.
+	tomb, err = s.Claim(ctx, core.Claim{SandboxID: "sbx1", Tenant: "acme", From: []core.State{core.StateDestroying},
+		To: core.StateDestroying, Owner: "retrier", Now: t0.Add(time.Hour), LeaseUntil: t0.Add(2 * time.Hour)})
+	if err != nil || !tomb.DestroyingSince.Equal(t0) {
+		t.Errorf("retry claim = %+v, %v; want destroying since %s kept", tomb.DestroyingSince, err, t0)
 	}
 	if err := s.Free(ctx, tomb, t0); err != nil {
 		t.Fatalf("Free: %v", err)
