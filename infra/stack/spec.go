@@ -139,6 +139,8 @@ var Parameters = []Parameter{
 		Description: "How long reconcile leaves a duplicate or untracked sandbox alone after first seeing it (empty = the default)."},
 	{Name: "ReconcileOrphanTtlSeconds", Env: config.EnvReconcileOrphanTTLSeconds, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
 		Description: "Age past which a sandbox tagged for this deployment without a valid tenant/user/thread is killed (empty = the default)."},
+	{Name: "ReconcileKnownTenants", Env: config.EnvReconcileKnownTenants, Default: "", AllowedPattern: `^([A-Za-z0-9_-]{1,64}(,[A-Za-z0-9_-]{1,64})*)?$`,
+		Description: "Comma-separated tenants this deployment serves; sandboxes of others are orphans (empty = every tenant)."},
 }
 
 // ResourceEnv maps the environment variables whose values are resources

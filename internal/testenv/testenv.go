@@ -18,12 +18,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/proc"
 )
 
 // Region is the AWS region the stand-ins are addressed with.
@@ -131,8 +132,8 @@ func freePort() (int, error) {
 type server struct {
 	cmd    *exec.Cmd
 	out    *syncBuffer
-	exited chan struct{} // closed when the process has exited
-	dirs   []string      // removed by Stop
+	exited <-chan struct{} // closed when the process has exited
+	dirs   []string        // removed by Stop
 }
 
 var (
@@ -166,32 +167,6 @@ func (s *server) kill() {
 	}
 }
 
-// launch requests are served by one goroutine locked to its OS thread for the life of the process:
-// Pdeathsig fires when the thread that forked the child exits, so that thread must never exit.
-type launchReq struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-var (
-	launcherOnce sync.Once
-	launchCh     = make(chan launchReq)
-)
-
-func startCmd(cmd *exec.Cmd) error {
-	launcherOnce.Do(func() {
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
-			for req := range launchCh {
-				req.done <- req.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	launchCh <- launchReq{cmd: cmd, done: done}
-	return <-done
-}
-
 // start runs name with args on a new process group that gets SIGKILL when the test process dies,
 // then calls ready until it returns nil, the process exits or startTimeout passes.
 func start(dir, name string, args []string, ready func() error) (*server, error) {
@@ -200,15 +175,11 @@ func start(dir, name string, args []string, ready func() error) (*server, error)
 	out := &syncBuffer{}
 	cmd.Stdout = out
 	cmd.Stderr = out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := startCmd(cmd); err != nil {
+	exited, err := proc.Start(cmd) // own process group, Pdeathsig SIGKILL
+	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", filepath.Base(name), err)
 	}
-	s := &server{cmd: cmd, out: out, exited: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(s.exited)
-	}()
+	s := &server{cmd: cmd, out: out, exited: exited}
 	serversMu.Lock()
 	servers = append(servers, s)
 	serversMu.Unlock()

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // EnvReconcileURL is the reconcile function's invoke URL (a Lambda
@@ -23,27 +25,6 @@ const EnvReconcileURL = "SBX_RECONCILE_URL"
 // reconcileTimeout bounds one on-demand pass (the function's own timeout
 // in template.yaml is 120 s).
 const reconcileTimeout = 150 * time.Second
-
-// ReconcileStats is the reply of the reconcile function (core.ReconcileStats
-// as JSON).
-type ReconcileStats struct {
-	Discovered          int   `json:"discovered"`
-	Adopted             int   `json:"adopted"`
-	Duplicates          int   `json:"duplicates"`
-	Orphans             int   `json:"orphans"`
-	Deferred            int   `json:"deferred"`
-	Killed              int   `json:"killed"`
-	Dead                int   `json:"dead"`
-	Expired             int   `json:"expired"`
-	TombstonesRetried   int   `json:"tombstones_retried"`
-	ReservationsSettled int   `json:"reservations_settled"`
-	LedgerRepaired      int   `json:"ledger_repaired"`
-	Pages               int   `json:"pages"`
-	BudgetExhausted     bool  `json:"budget_exhausted"`
-	InventoryComplete   bool  `json:"inventory_complete"`
-	Errors              int   `json:"errors"`
-	DurationNS          int64 `json:"duration_ns"`
-}
 
 func (a *App) reconcileCmd(g *globals) *cobra.Command {
 	var url string
@@ -86,7 +67,7 @@ instead: aws lambda invoke --function-name <ReconcileFunction> out.json.`,
 				more += " (budget exhausted)"
 			}
 			fmt.Fprintf(a.Stdout, "reconciled in %s: %d discovered in %d pages, %d adopted, %d duplicates, %d orphans, %d deferred, %d killed, %d dead, %d expired, %d tombstones retried, %d reservations settled, ledger %+d, %d errors; %s\n",
-				time.Duration(st.DurationNS).Round(time.Millisecond), st.Discovered, st.Pages, st.Adopted, st.Duplicates, st.Orphans,
+				st.Duration.Round(time.Millisecond), st.Discovered, st.Pages, st.Adopted, st.Duplicates, st.Orphans,
 				st.Deferred, st.Killed, st.Dead, st.Expired, st.TombstonesRetried, st.ReservationsSettled, st.LedgerRepaired, st.Errors, more)
 			return nil
 		}),
@@ -117,9 +98,10 @@ func stackFunctionURL(st *Stack, name string) (string, error) {
 }
 
 // invokeReconcile posts an EventBridge scheduled event to the function's
-// invoke URL and decodes the stats it returns. A function error (the
+// invoke URL and decodes the stats it returns (the function replies with
+// core.ReconcileStats as JSON; pkg/wiring.ReconcileHandler). A function error (the
 // emulator answers 200 with errorMessage) is an error.
-func (a *App) invokeReconcile(ctx context.Context, url string) (ReconcileStats, []byte, error) {
+func (a *App) invokeReconcile(ctx context.Context, url string) (core.ReconcileStats, []byte, error) {
 	ev, _ := json.Marshal(map[string]any{
 		"version": "0", "id": fmt.Sprintf("sbx-%d", time.Now().UnixNano()), "detail-type": "Scheduled Event",
 		"source": "aws.events", "time": time.Now().UTC().Format(time.RFC3339), "region": "us-east-1",
@@ -127,17 +109,17 @@ func (a *App) invokeReconcile(ctx context.Context, url string) (ReconcileStats, 
 	})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(ev))
 	if err != nil {
-		return ReconcileStats{}, nil, fmt.Errorf("reconcile: %w", err)
+		return core.ReconcileStats{}, nil, fmt.Errorf("reconcile: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := a.HTTPClient.Do(req)
 	if err != nil {
-		return ReconcileStats{}, nil, fmt.Errorf("invoke reconcile: %w", err)
+		return core.ReconcileStats{}, nil, fmt.Errorf("invoke reconcile: %w", err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return ReconcileStats{}, nil, fmt.Errorf("invoke reconcile: %w", err)
+		return core.ReconcileStats{}, nil, fmt.Errorf("invoke reconcile: %w", err)
 	}
 	var fnErr struct {
 		ErrorMessage string `json:"errorMessage"`
@@ -149,11 +131,11 @@ func (a *App) invokeReconcile(ctx context.Context, url string) (ReconcileStats, 
 		if msg == "" {
 			msg = string(bytes.TrimSpace(raw))
 		}
-		return ReconcileStats{}, raw, fmt.Errorf("reconcile function failed (HTTP %d): %s", resp.StatusCode, msg)
+		return core.ReconcileStats{}, raw, fmt.Errorf("reconcile function failed (HTTP %d): %s", resp.StatusCode, msg)
 	}
-	var st ReconcileStats
+	var st core.ReconcileStats
 	if err := json.Unmarshal(raw, &st); err != nil {
-		return ReconcileStats{}, raw, fmt.Errorf("reconcile reply: %w", err)
+		return core.ReconcileStats{}, raw, fmt.Errorf("reconcile reply: %w", err)
 	}
 	return st, raw, nil
 }

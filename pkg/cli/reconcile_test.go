@@ -11,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // fakeFunction is a reconcile function's invoke endpoint (as the Lambda
@@ -53,7 +56,7 @@ func TestReconcileCommand(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	for _, want := range []string{"12 discovered in 2 pages", "1 adopted", "2 killed", "inventory walk complete"} {
+	for _, want := range []string{"reconciled in 2ms:", "12 discovered in 2 pages", "1 adopted", "2 killed", "inventory walk complete"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output %q lacks %q", out, want)
 		}
@@ -63,9 +66,31 @@ func TestReconcileCommand(t *testing.T) {
 	}
 
 	code, out, _ = runSbx(t, t.TempDir(), map[string]string{EnvReconcileURL: srv.URL}, "--json", "reconcile")
-	var st ReconcileStats
+	var st core.ReconcileStats
 	if code != ExitOK || json.Unmarshal([]byte(out), &st) != nil || st.Discovered != 12 {
 		t.Errorf("--json: exit %d, output %q", code, out)
+	}
+}
+
+// TestReconcileCommandReadsCoreStats feeds the command what the function
+// sends (core.ReconcileStats marshalled) and checks every field it prints.
+func TestReconcileCommandReadsCoreStats(t *testing.T) {
+	reply, err := json.Marshal(core.ReconcileStats{
+		Discovered: 9, Adopted: 1, Duplicates: 2, Orphans: 3, Deferred: 4, Killed: 5, Dead: 6, Expired: 7,
+		TombstonesRetried: 8, ReservationsSettled: 10, LedgerRepaired: -2, Pages: 3, BudgetExhausted: true,
+		Errors: 11, Duration: 1250 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := fakeFunction(t, string(reply))
+	code, out, errOut := runSbx(t, t.TempDir(), map[string]string{EnvReconcileURL: srv.URL}, "reconcile")
+	if code != ExitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	want := "reconciled in 1.25s: 9 discovered in 3 pages, 1 adopted, 2 duplicates, 3 orphans, 4 deferred, 5 killed, 6 dead, 7 expired, 8 tombstones retried, 10 reservations settled, ledger -2, 11 errors; inventory walk continues next pass (budget exhausted)\n"
+	if out != want {
+		t.Errorf("output = %q, want %q", out, want)
 	}
 }
 

@@ -60,17 +60,11 @@ type AIO struct {
 // httpClient may be nil (a client without its own timeout; every call is
 // bounded by its context and the per-call limits).
 func NewAIO(sandboxID string, conn Connection, httpClient *http.Client) (*AIO, error) {
-	if sandboxID == "" {
-		return nil, errors.New("aio: empty sandbox id")
+	base, httpClient, err := sandboxBase("aio", "sandbox url", sandboxID, conn.SandboxURL, httpClient)
+	if err != nil {
+		return nil, err
 	}
-	u, err := url.Parse(conn.SandboxURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("sandbox url %q: want an absolute http:// or https:// URL", conn.SandboxURL)
-	}
-	if httpClient == nil {
-		httpClient = &http.Client{}
-	}
-	return &AIO{sandboxID: sandboxID, conn: conn, base: strings.TrimRight(conn.SandboxURL, "/"), http: httpClient}, nil
+	return &AIO{sandboxID: sandboxID, conn: conn, base: base, http: httpClient}, nil
 }
 
 func (a *AIO) setHeaders(h http.Header) {
@@ -170,14 +164,9 @@ type aioExecResult struct {
 // ErrSandboxUnreachable (404, 502, 503), *AIOError, or ctx's error.
 func (a *AIO) Exec(ctx context.Context, req ExecRequest) (int, error) {
 	const op = "exec"
-	for k := range req.Env {
-		if !envKeyPattern.MatchString(k) {
-			return -1, fmt.Errorf("env key %q: must match %s", k, envKeyPattern)
-		}
-	}
-	timeout := req.Timeout
-	if timeout <= 0 {
-		timeout = DefaultExecTimeout
+	timeout, err := req.limit()
+	if err != nil {
+		return -1, err
 	}
 	secs := math.Ceil(timeout.Seconds())
 	cwd := SandboxHome
@@ -316,22 +305,11 @@ func (a *AIO) GetFile(ctx context.Context, p string, w io.Writer) (int64, error)
 	ctx, cancel := context.WithTimeout(ctx, DefaultFileTimeout)
 	defer cancel()
 	p = ResolvePath(p)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/v1/file/download?"+url.Values{"path": {p}}.Encode(), nil)
-	if err != nil {
-		return 0, fmt.Errorf("get %s: %w", p, err)
-	}
-	a.setHeaders(req.Header)
-	resp, err := a.http.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("get %s: %w", p, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("get %s: %w", p, aioStatusErr("download", resp, ErrFileNotFound))
-	}
-	n, err := io.Copy(w, resp.Body)
-	if err != nil {
-		return n, fmt.Errorf("get %s: %w", p, err)
-	}
-	return n, nil
+	return getFile(ctx, a.http, a.base+"/v1/file/download?"+url.Values{"path": {p}}.Encode(), a.setHeaders, "get "+p, w,
+		func(resp *http.Response) error {
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("get %s: %w", p, aioStatusErr("download", resp, ErrFileNotFound))
+			}
+			return nil
+		})
 }

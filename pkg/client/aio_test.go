@@ -27,24 +27,14 @@ func createAIOSandbox(t *testing.T) (string, client.Connection) {
 	if err != nil {
 		t.Fatalf("StartProvisioner: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/api/sandboxes",
-		strings.NewReader(`{"sandbox_id":"aio-test-1","user_id":"u1","thread_id":"t1"}`))
-	req.Header.Set("X-API-Key", provKey)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("create sandbox: %v", err)
-	}
-	defer resp.Body.Close()
 	var out struct {
 		SandboxID   string `json:"sandbox_id"`
 		SandboxURL  string `json:"sandbox_url"`
 		AccessToken string `json:"access_token"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK || out.SandboxURL == "" {
-		t.Fatalf("create sandbox: HTTP %d, %+v, %v", resp.StatusCode, out, err)
+	postCreate(t, base+"/api/sandboxes", provKey, `{"sandbox_id":"aio-test-1","user_id":"u1","thread_id":"t1"}`, http.StatusOK, &out)
+	if out.SandboxURL == "" {
+		t.Fatalf("create sandbox: %+v, want a sandbox_url", out)
 	}
 	return out.SandboxID, client.Connection{SandboxURL: out.SandboxURL, AccessToken: out.AccessToken}
 }
@@ -59,18 +49,7 @@ func TestAIOExecFilesRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	data := bytes.Repeat([]byte("region,amount\nnorth,10\n\x00\xff"), 50000) // ~1.2 MB, binary-safe
-	if err := a.PutFile(ctx, "uploads/deep/sales.csv", bytes.NewReader(data)); err != nil {
-		t.Fatalf("PutFile: %v", err)
-	}
-	var got bytes.Buffer
-	n, err := a.GetFile(ctx, "/home/user/uploads/deep/sales.csv", &got)
-	if err != nil {
-		t.Fatalf("GetFile: %v", err)
-	}
-	if n != int64(len(data)) || !bytes.Equal(got.Bytes(), data) {
-		t.Errorf("GetFile returned %d bytes (equal=%v), want the %d bytes written", n, bytes.Equal(got.Bytes(), data), len(data))
-	}
+	data := checkFileRoundTrip(t, a, "uploads/deep/sales.csv", "/home/user/uploads/deep/sales.csv")
 
 	tests := []struct {
 		name                   string

@@ -72,17 +72,54 @@ type Envd struct {
 // httpClient may be nil (a client without its own timeout; every call is
 // bounded by its context and the per-call limits).
 func NewEnvd(sandboxID string, conn Connection, httpClient *http.Client) (*Envd, error) {
-	if sandboxID == "" {
-		return nil, errors.New("envd: empty sandbox id")
+	base, httpClient, err := sandboxBase("envd", "envd url", sandboxID, conn.EnvdURL, httpClient)
+	if err != nil {
+		return nil, err
 	}
-	u, err := url.Parse(conn.EnvdURL)
+	return &Envd{sandboxID: sandboxID, conn: conn, base: base, http: httpClient}, nil
+}
+
+// sandboxBase checks what NewEnvd and NewAIO are given: a non-empty
+// sandboxID (the error is prefixed kind) and rawURL, an absolute http(s)
+// URL (named what in the error). It returns rawURL without trailing
+// slashes, and httpClient or, when nil, a client without its own timeout.
+func sandboxBase(kind, what, sandboxID, rawURL string, httpClient *http.Client) (string, *http.Client, error) {
+	if sandboxID == "" {
+		return "", nil, fmt.Errorf("%s: empty sandbox id", kind)
+	}
+	u, err := url.Parse(rawURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("envd url %q: want an absolute http:// or https:// URL", conn.EnvdURL)
+		return "", nil, fmt.Errorf("%s %q: want an absolute http:// or https:// URL", what, rawURL)
 	}
 	if httpClient == nil {
 		httpClient = &http.Client{}
 	}
-	return &Envd{sandboxID: sandboxID, conn: conn, base: strings.TrimRight(conn.EnvdURL, "/"), http: httpClient}, nil
+	return strings.TrimRight(rawURL, "/"), httpClient, nil
+}
+
+// getFile GETs u (headers set by setHeaders) and copies the body to w,
+// returning the byte count. failed returns the error for an unsuccessful
+// answer and nil for a successful one; request and copy errors are
+// prefixed op. Envd and AIO GetFile share it.
+func getFile(ctx context.Context, hc *http.Client, u string, setHeaders func(http.Header), op string, w io.Writer, failed func(*http.Response) error) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", op, err)
+	}
+	setHeaders(req.Header)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", op, err)
+	}
+	defer resp.Body.Close()
+	if err := failed(resp); err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(w, resp.Body)
+	if err != nil {
+		return n, fmt.Errorf("%s: %w", op, err)
+	}
+	return n, nil
 }
 
 // ResolvePath makes p absolute: a relative path is taken from SandboxHome.
@@ -117,6 +154,20 @@ type ExecRequest struct {
 	Stdout, Stderr io.Writer
 }
 
+// limit checks req.Env's keys against envKeyPattern and returns the
+// command's limit: req.Timeout, or DefaultExecTimeout when not positive.
+func (req ExecRequest) limit() (time.Duration, error) {
+	for k := range req.Env {
+		if !envKeyPattern.MatchString(k) {
+			return 0, fmt.Errorf("env key %q: must match %s", k, envKeyPattern)
+		}
+	}
+	if req.Timeout <= 0 {
+		return DefaultExecTimeout, nil
+	}
+	return req.Timeout, nil
+}
+
 // ErrExecTimeout means the command ran past its timeout and was killed.
 var ErrExecTimeout = errors.New("command timed out")
 
@@ -126,14 +177,9 @@ var ErrExecTimeout = errors.New("command timed out")
 // ErrSandboxUnreachable, a Connect error (*connect.Error) or ctx's error.
 // When ctx ends or the timeout passes the process is sent SIGKILL.
 func (e *Envd) Exec(ctx context.Context, req ExecRequest) (int, error) {
-	for k := range req.Env {
-		if !envKeyPattern.MatchString(k) {
-			return -1, fmt.Errorf("env key %q: must match %s", k, envKeyPattern)
-		}
-	}
-	timeout := req.Timeout
-	if timeout <= 0 {
-		timeout = DefaultExecTimeout
+	timeout, err := req.limit()
+	if err != nil {
+		return -1, err
 	}
 	stdout, stderr := req.Stdout, req.Stderr
 	if stdout == nil {
@@ -274,24 +320,13 @@ func (e *Envd) GetFile(ctx context.Context, p string, w io.Writer) (int64, error
 	ctx, cancel := context.WithTimeout(ctx, DefaultFileTimeout)
 	defer cancel()
 	p = ResolvePath(p)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.base+"/files?path="+url.QueryEscape(p), nil)
-	if err != nil {
-		return 0, fmt.Errorf("get %s: %w", p, err)
-	}
-	e.setHeaders(req.Header)
-	resp, err := e.http.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("get %s: %w", p, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return 0, fileErr("get "+p, resp)
-	}
-	n, err := io.Copy(w, resp.Body)
-	if err != nil {
-		return n, fmt.Errorf("get %s: %w", p, err)
-	}
-	return n, nil
+	return getFile(ctx, e.http, e.base+"/files?path="+url.QueryEscape(p), e.setHeaders, "get "+p, w,
+		func(resp *http.Response) error {
+			if resp.StatusCode/100 != 2 {
+				return fileErr("get "+p, resp)
+			}
+			return nil
+		})
 }
 
 // fileErr maps a failed /files answer: 404 for a missing path, 502/503

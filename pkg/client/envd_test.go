@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -37,26 +38,67 @@ func startHost(t *testing.T) *sandboxhost.Server {
 // its id and connection, as the broker's acquire response would carry them.
 func createSandbox(t *testing.T, srv *sandboxhost.Server) (string, client.Connection) {
 	t.Helper()
+	var out struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	postCreate(t, srv.APIURL+"/sandboxes", hostAPIKey, `{"templateID":"base","timeout":120}`, http.StatusCreated, &out)
+	if out.SandboxID == "" {
+		t.Fatalf("create sandbox: %+v, want a sandboxID", out)
+	}
+	return out.SandboxID, client.Connection{EnvdURL: srv.EnvdURL, EnvdAccessToken: out.EnvdAccessToken}
+}
+
+// postCreate POSTs the JSON body to u with X-API-Key key (bounded by 30 s),
+// fails the test unless the answer has status want, and decodes it into out.
+func postCreate(t *testing.T, u, key, body string, want int, out any) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.APIURL+"/sandboxes",
-		strings.NewReader(`{"templateID":"base","timeout":120}`))
-	req.Header.Set("X-API-Key", hostAPIKey)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader(body))
+	req.Header.Set("X-API-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("create sandbox: %v", err)
 	}
 	defer resp.Body.Close()
-	var out struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusCreated || out.SandboxID == "" {
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil || resp.StatusCode != want {
 		t.Fatalf("create sandbox: HTTP %d, %+v, %v", resp.StatusCode, out, err)
 	}
-	return out.SandboxID, client.Connection{EnvdURL: srv.EnvdURL, EnvdAccessToken: out.EnvdAccessToken}
 }
+
+// fileAPI is the file half Envd and AIO share.
+type fileAPI interface {
+	PutFile(ctx context.Context, p string, r io.Reader) error
+	GetFile(ctx context.Context, p string, w io.Writer) (int64, error)
+}
+
+// checkFileRoundTrip writes ~1.2 MB of binary data to put and checks that
+// get (the same file, named another way) returns exactly those bytes. It
+// returns the data written.
+func checkFileRoundTrip(t *testing.T, f fileAPI, put, get string) []byte {
+	t.Helper()
+	ctx := context.Background()
+	data := bytes.Repeat([]byte("region,amount\nnorth,10\n\x00\xff"), 50000) // ~1.2 MB, binary-safe
+	if err := f.PutFile(ctx, put, bytes.NewReader(data)); err != nil {
+		t.Fatalf("PutFile: %v", err)
+	}
+	var got bytes.Buffer
+	n, err := f.GetFile(ctx, get, &got)
+	if err != nil {
+		t.Fatalf("GetFile: %v", err)
+	}
+	if n != int64(len(data)) || !bytes.Equal(got.Bytes(), data) {
+		t.Errorf("GetFile returned %d bytes (equal=%v), want the %d bytes written", n, bytes.Equal(got.Bytes(), data), len(data))
+	}
+	return data
+}
+
+var (
+	_ fileAPI = (*client.Envd)(nil)
+	_ fileAPI = (*client.AIO)(nil)
+)
 
 func TestEnvdExecStreamsOutputAndExitCode(t *testing.T) {
 	srv := startHost(t)
@@ -188,18 +230,7 @@ func TestEnvdFilesRoundTrip(t *testing.T) {
 	id, conn := createSandbox(t, srv)
 	e, _ := client.NewEnvd(id, conn, nil)
 	ctx := context.Background()
-	data := bytes.Repeat([]byte("region,amount\nnorth,10\n\x00\xff"), 50000) // ~1.2 MB, binary-safe
-	if err := e.PutFile(ctx, "uploads/sales.csv", bytes.NewReader(data)); err != nil {
-		t.Fatalf("PutFile: %v", err)
-	}
-	var got bytes.Buffer
-	n, err := e.GetFile(ctx, "/home/user/uploads/sales.csv", &got)
-	if err != nil {
-		t.Fatalf("GetFile: %v", err)
-	}
-	if n != int64(len(data)) || !bytes.Equal(got.Bytes(), data) {
-		t.Errorf("GetFile returned %d bytes (equal=%v), want the %d bytes written", n, bytes.Equal(got.Bytes(), data), len(data))
-	}
+	data := checkFileRoundTrip(t, e, "uploads/sales.csv", "/home/user/uploads/sales.csv")
 	// The process sees the uploaded file at the same path.
 	var out bytes.Buffer
 	if _, err := e.Exec(ctx, client.ExecRequest{Script: `wc -c < /home/user/uploads/sales.csv`, Stdout: &out}); err != nil {
@@ -209,8 +240,7 @@ func TestEnvdFilesRoundTrip(t *testing.T) {
 		t.Errorf("size seen inside = %q, want %s", got, want)
 	}
 
-	_, err = e.GetFile(ctx, "nope/missing.txt", &bytes.Buffer{})
-	if !errors.Is(err, client.ErrFileNotFound) {
+	if _, err := e.GetFile(ctx, "nope/missing.txt", &bytes.Buffer{}); !errors.Is(err, client.ErrFileNotFound) {
 		t.Errorf("GetFile(missing) error = %v, want ErrFileNotFound", err)
 	}
 }

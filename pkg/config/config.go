@@ -248,16 +248,7 @@ func Parse(environ []string) (Config, []string, error) {
 		p.fail(EnvSandboxProvider, "must be %s or %s, got %q", ProviderE2B, ProviderProvisioner, c.Provider)
 	}
 	c.Reconcile = p.reconcile()
-	for _, t := range strings.Split(p.str(EnvAdminTenants, ""), ",") {
-		if t = strings.TrimSpace(t); t == "" {
-			continue
-		}
-		if !deploymentPattern.MatchString(t) {
-			p.fail(EnvAdminTenants, "tenant %q must match %s", t, deploymentPattern)
-			continue
-		}
-		c.AdminTenants = append(c.AdminTenants, t)
-	}
+	c.AdminTenants = p.tenantList(EnvAdminTenants)
 	if err := c.LogLevel.UnmarshalText([]byte(p.str(EnvLogLevel, "INFO"))); err != nil {
 		p.fail(EnvLogLevel, "must be DEBUG, INFO, WARN or ERROR, got %q", env[EnvLogLevel])
 	}
@@ -304,6 +295,22 @@ func (p *parser) apiKey() string {
 		p.fail(EnvE2BAPIKey, "must be empty when %s is set", EnvE2BAPIKeySecretARN)
 	}
 	return ""
+}
+
+// tenantList parses a comma-separated list of tenant ids.
+func (p *parser) tenantList(name string) []string {
+	var out []string
+	for _, t := range strings.Split(p.str(name, ""), ",") {
+		if t = strings.TrimSpace(t); t == "" {
+			continue
+		}
+		if !deploymentPattern.MatchString(t) {
+			p.fail(name, "tenant %q must match %s", t, deploymentPattern)
+			continue
+		}
+		out = append(out, t)
+	}
+	return out
 }
 
 func (p *parser) required(name string) string {

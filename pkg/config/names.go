@@ -39,6 +39,7 @@ func VariableNames() []string {
 		EnvReconcileMaxSeconds,
 		EnvReconcileGraceSeconds,
 		EnvReconcileOrphanTTLSeconds,
+		EnvReconcileKnownTenants,
 		EnvS3Endpoint,
 		EnvEndpoint,
 	}

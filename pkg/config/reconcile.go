@@ -14,6 +14,10 @@ const (
 	EnvReconcileMaxSeconds       = "RECONCILE_MAX_SECONDS"
 	EnvReconcileGraceSeconds     = "RECONCILE_GRACE_SECONDS"
 	EnvReconcileOrphanTTLSeconds = "RECONCILE_ORPHAN_TTL_SECONDS"
+	// EnvReconcileKnownTenants lists (comma-separated) the tenants this
+	// deployment serves; sandboxes of other tenants are orphans. Empty:
+	// every tenant counts as existing.
+	EnvReconcileKnownTenants = "RECONCILE_KNOWN_TENANTS"
 )
 
 // reconcile reads the RECONCILE_* variables: pages, items and seconds are
@@ -25,5 +29,6 @@ func (p *parser) reconcile() core.ReconcileSettings {
 	rs.MaxDuration = p.seconds(EnvReconcileMaxSeconds, rs.MaxDuration)
 	rs.Grace = time.Duration(p.intVar(EnvReconcileGraceSeconds, int(rs.Grace/time.Second), 0)) * time.Second
 	rs.OrphanTTL = p.seconds(EnvReconcileOrphanTTLSeconds, rs.OrphanTTL)
+	rs.KnownTenants = p.tenantList(EnvReconcileKnownTenants)
 	return rs
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -33,6 +35,12 @@ type ReconcileSettings struct {
 	PageSize int
 	// MaxBackoff caps the wait between kill attempts of a tombstone (> 0).
 	MaxBackoff time.Duration
+	// KnownTenants, when non-empty, lists the tenants this deployment
+	// serves (RECONCILE_KNOWN_TENANTS). Tenants come from the authorizer and
+	// there is no registry to ask, so this is the operator's word: a
+	// sandbox of any other tenant is an orphan (killed after OrphanTTL).
+	// Empty: every well-formed tenant counts as existing.
+	KnownTenants []string
 }
 
 // DefaultReconcileSettings returns the defaults (the reference provider's
@@ -205,7 +213,7 @@ func (e *Engine) reconcileConfig() *reconcileConfig {
 func WithReconcileSettings(rs ReconcileSettings) Option {
 	return func(e *Engine) {
 		def := DefaultReconcileSettings()
-		if rs == (ReconcileSettings{}) {
+		if reflect.ValueOf(rs).IsZero() {
 			rs = def
 		}
 		if rs.PageSize == 0 {
@@ -476,6 +484,12 @@ func (p *pass) inventory(ctx context.Context) error {
 	return walkErr
 }
 
+// tenantKnown reports whether tenant is one this deployment serves (every
+// tenant when ReconcileSettings.KnownTenants is empty).
+func (p *pass) tenantKnown(tenant string) bool {
+	return len(p.rs.KnownTenants) == 0 || slices.Contains(p.rs.KnownTenants, tenant)
+}
+
 // validKey reports the thread key a sandbox's metadata names, if valid.
 func validKey(md map[string]string) (ThreadKey, bool) {
 	k := ThreadKey{Tenant: md[MetaTenant], User: md[MetaUser], Thread: md[MetaThread]}
@@ -550,7 +564,7 @@ func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) (bool, erro
 		p.st.Discovered++
 		p.seen = append(p.seen, SeenSandbox{ID: in.ID, Reservation: in.Metadata[MetaReservation]})
 		k, ok := validKey(in.Metadata)
-		if !ok {
+		if !ok || !p.tenantKnown(k.Tenant) {
 			p.orphan(ctx, in, look)
 			continue
 		}

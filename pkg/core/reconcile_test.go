@@ -580,3 +580,25 @@ func TestReconcileSettingsValidate(t *testing.T) {
 		}
 	}
 }
+
+// A sandbox of a tenant the deployment no longer serves
+// (RECONCILE_KNOWN_TENANTS) is an orphan: killed once older than the
+// orphan TTL; sandboxes of known tenants are left alone.
+func TestReconcileKillsSandboxOfUnknownTenantAfterTTL(t *testing.T) {
+	h := newRecHarness(t, func(_ *core.Settings, rs *core.ReconcileSettings) {
+		rs.OrphanTTL = 5 * time.Second
+		rs.KnownTenants = []string{"acme"}
+	})
+	meta := func(tenant string) map[string]string {
+		return map[string]string{core.MetaDeployment: h.s.Deployment, core.MetaTenant: tenant, core.MetaUser: "u", core.MetaThread: "t"}
+	}
+	gone := h.untracked(t, meta("formerly-a-customer"))
+	first := h.pass(t)
+	if first.Orphans != 1 || first.Killed != 0 || !h.fake.Alive(gone) {
+		t.Errorf("first pass = %+v, want the unknown tenant's sandbox counted as an orphan and deferred", first)
+	}
+	h.clock.advance(6 * time.Second)
+	if second := h.pass(t); second.Killed != 1 || h.fake.Alive(gone) {
+		t.Errorf("second pass = %+v, alive %v; want the unknown tenant's sandbox killed", second, h.fake.Alive(gone))
+	}
+}

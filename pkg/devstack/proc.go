@@ -9,11 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/proc"
 )
 
 // child is a process started by the stack, in its own process group, that
@@ -21,34 +21,8 @@ import (
 type child struct {
 	name   string
 	cmd    *exec.Cmd
-	exited chan struct{} // closed when the process has exited
+	exited <-chan struct{} // closed when the process has exited
 	log    io.Closer
-}
-
-// Pdeathsig fires when the thread that forked the child exits, so children
-// are forked from one goroutine locked to its OS thread for good.
-type launchReq struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-var (
-	launcherOnce sync.Once
-	launchCh     = make(chan launchReq)
-)
-
-func startCmd(cmd *exec.Cmd) error {
-	launcherOnce.Do(func() {
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
-			for req := range launchCh {
-				req.done <- req.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	launchCh <- launchReq{cmd: cmd, done: done}
-	return <-done
 }
 
 // startChild runs bin with args and env (exactly env: nothing is inherited)
@@ -66,17 +40,12 @@ func startChild(name, dir, bin string, args, env []string, logPath string) (*chi
 	cmd.Env = env
 	cmd.Stdout = lf
 	cmd.Stderr = lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := startCmd(cmd); err != nil {
+	exited, err := proc.Start(cmd) // own process group, Pdeathsig SIGKILL
+	if err != nil {
 		lf.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	c := &child{name: name, cmd: cmd, exited: make(chan struct{}), log: lf}
-	go func() {
-		_ = cmd.Wait()
-		close(c.exited)
-	}()
-	return c, nil
+	return &child{name: name, cmd: cmd, exited: exited, log: lf}, nil
 }
 
 // stop sends SIGTERM to the child's process group, then SIGKILL after grace.

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -304,7 +305,7 @@ func (c *Client) Info(ctx context.Context, id string) (core.SandboxInfo, error) 
 		return core.SandboxInfo{}, fmt.Errorf("e2b %s %s: %w", op, id, core.ErrSandboxGone)
 	}
 	if status != http.StatusOK {
-		return core.SandboxInfo{}, statusError(op, status, reply, defaultAmbiguous(status))
+		return core.SandboxInfo{}, statusError(op, status, reply, providererr.AmbiguousStatus(status))
 	}
 	var d sandboxDetail
 	if err := json.Unmarshal(reply, &d); err != nil {
@@ -352,7 +353,7 @@ func (c *Client) List(ctx context.Context, f core.ListFilter) ([]core.SandboxInf
 			return nil, err
 		}
 		if status != http.StatusOK {
-			return nil, statusError(op, status, reply, defaultAmbiguous(status))
+			return nil, statusError(op, status, reply, providererr.AmbiguousStatus(status))
 		}
 		var items []sandboxDetail
 		if err := json.Unmarshal(reply, &items); err != nil {
@@ -387,7 +388,7 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 	if (status >= 200 && status <= 299) || apiNotFound(status, reply) {
 		return nil
 	}
-	return statusError(op, status, reply, defaultAmbiguous(status))
+	return statusError(op, status, reply, providererr.AmbiguousStatus(status))
 }
 
 // SetTimeout makes the sandbox end d from now (ceil seconds) with POST
@@ -408,7 +409,7 @@ func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) err
 		return fmt.Errorf("e2b %s %s: %w", op, id, core.ErrSandboxGone)
 	}
 	if status < 200 || status > 299 {
-		return statusError(op, status, reply, defaultAmbiguous(status))
+		return statusError(op, status, reply, providererr.AmbiguousStatus(status))
 	}
 	return nil
 }
@@ -443,36 +444,14 @@ func (c *Client) call(ctx context.Context, timeout time.Duration, op, method, pa
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return 0, nil, nil, transportError(op, err)
+		return 0, nil, nil, providererr.Transport(op, err)
 	}
 	defer resp.Body.Close()
 	reply, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 	if err != nil {
-		return 0, nil, nil, transportError(op, err)
+		return 0, nil, nil, providererr.Transport(op, err)
 	}
 	return resp.StatusCode, resp.Header, reply, nil
-}
-
-// transportError is an ambiguous provider error wrapping err.
-func transportError(op string, err error) error {
-	return &causedError{&core.ProviderError{Op: op, Message: err.Error(), Ambiguous: true}, err}
-}
-
-// causedError is a *core.ProviderError that also unwraps to its cause (so
-// errors.Is(err, context.DeadlineExceeded) holds); its text is the
-// ProviderError's, which already quotes the cause.
-type causedError struct {
-	pe    *core.ProviderError
-	cause error
-}
-
-func (e *causedError) Error() string   { return e.pe.Error() }
-func (e *causedError) Unwrap() []error { return []error{e.pe, e.cause} }
-
-// defaultAmbiguous reports whether a non-success status leaves an operation's
-// outcome unknown: 5xx, 408 and 429; other 4xx certainly did not apply.
-func defaultAmbiguous(status int) bool {
-	return status == http.StatusRequestTimeout || status == http.StatusTooManyRequests || status < 400 || status > 499
 }
 
 // statusError turns an unsuccessful control-plane reply into a

@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -51,7 +52,7 @@ func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string,
 			err = fmt.Errorf("%w: %w", cause, context.DeadlineExceeded)
 		}
 		cancel(nil)
-		return nil, transportError(op, err)
+		return nil, providererr.Transport(op, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer cancel(nil)
@@ -72,7 +73,7 @@ func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string,
 
 // fileError classifies an unsuccessful envd /files reply.
 func (c *Client) fileError(ctx context.Context, ref core.SandboxRef, op string, status int, body []byte) error {
-	return c.envdError(ctx, ref, op, status, connect.CodeUnknown, replyError(op, status, body, defaultAmbiguous(status), "envd refused the access token"))
+	return c.envdError(ctx, ref, op, status, connect.CodeUnknown, replyError(op, status, body, providererr.AmbiguousStatus(status), "envd refused the access token"))
 }
 
 // WriteFile writes r to path with envd's POST /files?path=… as a raw
@@ -95,7 +96,7 @@ func (c *Client) WriteFile(ctx context.Context, ref core.SandboxRef, path string
 	req.Header.Set("Content-Type", "application/octet-stream")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return transportError(op, err)
+		return providererr.Transport(op, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))

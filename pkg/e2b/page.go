@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -48,7 +49,7 @@ func (c *Client) ListPage(ctx context.Context, f core.ListFilter, cursor string,
 		return nil, "", err
 	}
 	if status != http.StatusOK {
-		return nil, "", statusError(op, status, reply, defaultAmbiguous(status))
+		return nil, "", statusError(op, status, reply, providererr.AmbiguousStatus(status))
 	}
 	var items []sandboxDetail
 	if err := json.Unmarshal(reply, &items); err != nil {

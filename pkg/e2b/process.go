@@ -239,7 +239,7 @@ func (c *Client) runError(ctx, runCtx context.Context, ref core.SandboxRef, op s
 		}
 	}
 	if ctx.Err() != nil {
-		return &causedError{&core.ProviderError{Op: op, Message: "canceled: " + context.Cause(ctx).Error(), Ambiguous: true}, context.Cause(ctx)}
+		return providererr.WithCause(&core.ProviderError{Op: op, Message: "canceled: " + context.Cause(ctx).Error(), Ambiguous: true}, context.Cause(ctx))
 	}
 	if timedOut {
 		return fmt.Errorf("e2b %s: %w after %s: %w", op, ErrCommandTimeout, timeout, context.DeadlineExceeded)
@@ -272,7 +272,7 @@ func (c *Client) envdError(ctx context.Context, ref core.SandboxRef, op string, 
 	case code == connect.CodeInvalidArgument || code == connect.CodePermissionDenied:
 		pe.Ambiguous = false
 	}
-	return &causedError{pe, err}
+	return providererr.WithCause(pe, err)
 }
 
 // confirmGone asks the control plane whether sandbox id is gone.

@@ -97,10 +97,7 @@ func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResul
 		return core.SyncResult{}, err
 	}
 	log := s.log.With("sandbox_id", t.Ref.ID, "thread", t.ThreadKey.String(), "op", "restore")
-	deadline := start.Add(s.opts.Deadline)
-	if d, ok := ctx.Deadline(); ok && d.Add(-manifestReserve).Before(deadline) {
-		deadline = d.Add(-manifestReserve)
-	}
+	deadline := s.passDeadline(ctx, start)
 	passCtx, cancelPass := context.WithDeadline(ctx, deadline)
 	defer cancelPass()
 
@@ -142,20 +139,7 @@ func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResul
 			p.deferFile(rel, ReasonFileTooLarge)
 			continue
 		}
-		reason := ""
-		switch {
-		case p.isGone():
-			reason = ReasonSandboxGone
-		case ctx.Err() != nil:
-			reason = ReasonCanceled
-		case !s.now().Before(deadline) || passCtx.Err() != nil:
-			reason = ReasonDeadline
-		case planned >= s.opts.MaxFiles:
-			reason = ReasonMaxFiles
-		case plannedBytes+o.Size > s.opts.MaxTotalBytes:
-			reason = ReasonMaxTotalBytes
-		}
-		if reason != "" {
+		if reason := s.capReason(ctx, passCtx, p, deadline, planned, plannedBytes, o.Size); reason != "" {
 			p.deferFile(rel, reason)
 			continue
 		}

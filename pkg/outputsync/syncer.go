@@ -389,10 +389,7 @@ func head(b []byte, n int) []byte {
 // and mtime match the manifest are skipped before any cap is counted, so
 // successive capped passes drain the deferred tail.
 func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Time, files []listedFile, p *pass, log *slog.Logger, mkey string) {
-	deadline := start.Add(s.opts.Deadline)
-	if d, ok := ctx.Deadline(); ok && d.Add(-manifestReserve).Before(deadline) {
-		deadline = d.Add(-manifestReserve)
-	}
+	deadline := s.passDeadline(ctx, start)
 	passCtx, cancelPass := context.WithDeadline(ctx, deadline)
 	defer cancelPass()
 	jobCtx, cancelJobs := context.WithCancel(passCtx)
@@ -433,20 +430,7 @@ func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Tim
 			p.deferFile(rel, ReasonFileTooLarge)
 			continue
 		}
-		reason := ""
-		switch {
-		case p.isGone():
-			reason = ReasonSandboxGone
-		case ctx.Err() != nil:
-			reason = ReasonCanceled
-		case !s.now().Before(deadline) || passCtx.Err() != nil:
-			reason = ReasonDeadline
-		case planned >= s.opts.MaxFiles:
-			reason = ReasonMaxFiles
-		case plannedBytes+f.Size > s.opts.MaxTotalBytes:
-			reason = ReasonMaxTotalBytes
-		}
-		if reason != "" {
+		if reason := s.capReason(ctx, passCtx, p, deadline, planned, plannedBytes, f.Size); reason != "" {
 			if reason == ReasonDeadline || reason == ReasonMaxFiles || reason == ReasonMaxTotalBytes {
 				p.mu.Lock()
 				p.capped = true
@@ -491,6 +475,38 @@ func (s *Syncer) checkpoint(ctx context.Context, p *pass, mkey string, log *slog
 	p.storing = false
 	p.lastStore = s.now()
 	p.mu.Unlock()
+}
+
+// passDeadline is when a pass started at start stops starting transfers:
+// Options.Deadline after start, or manifestReserve before ctx's deadline
+// when that comes sooner (so the manifest can still be stored).
+func (s *Syncer) passDeadline(ctx context.Context, start time.Time) time.Time {
+	deadline := start.Add(s.opts.Deadline)
+	if d, ok := ctx.Deadline(); ok && d.Add(-manifestReserve).Before(deadline) {
+		deadline = d.Add(-manifestReserve)
+	}
+	return deadline
+}
+
+// capReason says why a file of size bytes must not start in pass p, given
+// planned files and plannedBytes already started: the sandbox is gone, ctx
+// was canceled, the pass deadline passed (or passCtx ended), or a
+// MaxFiles/MaxTotalBytes cap would be exceeded. It returns "" when the file
+// may start. Sync and Restore share these caps.
+func (s *Syncer) capReason(ctx, passCtx context.Context, p *pass, deadline time.Time, planned int, plannedBytes, size int64) string {
+	switch {
+	case p.isGone():
+		return ReasonSandboxGone
+	case ctx.Err() != nil:
+		return ReasonCanceled
+	case !s.now().Before(deadline) || passCtx.Err() != nil:
+		return ReasonDeadline
+	case planned >= s.opts.MaxFiles:
+		return ReasonMaxFiles
+	case plannedBytes+size > s.opts.MaxTotalBytes:
+		return ReasonMaxTotalBytes
+	}
+	return ""
 }
 
 func (p *pass) isGone() bool {

@@ -65,7 +65,7 @@ func (e aioEnvelope) failed(op string) error {
 	}
 	pe := &core.ProviderError{Op: op, StatusCode: http.StatusOK, Message: msg, Ambiguous: fe.Retryable}
 	if fe.ErrorType == "not_found" {
-		return &causedError{pe, core.ErrFileNotFound}
+		return providererr.WithCause(pe, core.ErrFileNotFound)
 	}
 	return pe
 }
@@ -114,13 +114,13 @@ func (c *Client) WaitReady(ctx context.Context, ref core.SandboxRef) error {
 			return nil
 		}
 		if ctx.Err() != nil {
-			return transportError("wait ready", ctx.Err())
+			return providererr.Transport("wait ready", ctx.Err())
 		}
 		if time.Now().After(deadline) {
-			return &causedError{certain("wait ready", fmt.Sprintf("%v after %s: %v", ErrNotReady, c.timeouts.Ready, last)), ErrNotReady}
+			return providererr.WithCause(certain("wait ready", fmt.Sprintf("%v after %s: %v", ErrNotReady, c.timeouts.Ready, last)), ErrNotReady)
 		}
 		if err := sleepCtx(ctx, c.opts.PollInterval); err != nil {
-			return transportError("wait ready", err)
+			return providererr.Transport("wait ready", err)
 		}
 	}
 }
@@ -216,19 +216,19 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if isCtxErr(ctx, err) {
-			return core.CommandResult{}, transportError(op, err)
+			return core.CommandResult{}, providererr.Transport(op, err)
 		}
-		return core.CommandResult{}, c.goneOr(ctx, ref, op, transportError(op, err))
+		return core.CommandResult{}, c.goneOr(ctx, ref, op, providererr.Transport(op, err))
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 	if err != nil {
-		return core.CommandResult{}, transportError(op, err)
+		return core.CommandResult{}, providererr.Transport(op, err)
 	}
 	r := reply{status: resp.StatusCode, body: b}
 	switch {
 	case r.status == http.StatusNotFound:
-		return core.CommandResult{}, c.goneOr(ctx, ref, op, &causedError{certain(op, ErrImageTooOld.Error()+": "+replyMessage(b)), ErrImageTooOld})
+		return core.CommandResult{}, c.goneOr(ctx, ref, op, providererr.WithCause(certain(op, ErrImageTooOld.Error()+": "+replyMessage(b)), ErrImageTooOld))
 	case r.status == http.StatusBadGateway || r.status == http.StatusServiceUnavailable || r.status == http.StatusGatewayTimeout:
 		return core.CommandResult{}, c.goneOr(ctx, ref, op, statusError(op, r))
 	case r.status != http.StatusOK:
@@ -304,9 +304,9 @@ func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string,
 		}
 		cancel(nil)
 		if isCtxErr(ctx, err) {
-			return nil, transportError(op, err)
+			return nil, providererr.Transport(op, err)
 		}
-		return nil, c.goneOr(ctx, ref, op, transportError(op, err))
+		return nil, c.goneOr(ctx, ref, op, providererr.Transport(op, err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer cancel(nil)
@@ -382,9 +382,9 @@ func (c *Client) WriteFile(ctx context.Context, ref core.SandboxRef, path string
 	if err != nil {
 		pr.CloseWithError(err)
 		if isCtxErr(ctx, err) {
-			return transportError(op, err)
+			return providererr.Transport(op, err)
 		}
-		return c.goneOr(ctx, ref, op, transportError(op, err))
+		return c.goneOr(ctx, ref, op, providererr.Transport(op, err))
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))

@@ -223,26 +223,11 @@ func (c *Client) call(ctx context.Context, timeout time.Duration, method, path s
 	return reply{status: resp.StatusCode, body: b}, nil
 }
 
-// transportError is an ambiguous *core.ProviderError that also unwraps to
-// its cause (so errors.Is(err, context.DeadlineExceeded) holds).
-func transportError(op string, err error) error {
-	return &causedError{&core.ProviderError{Op: op, Message: err.Error(), Ambiguous: true}, err}
-}
-
-// causedError is a *core.ProviderError with an underlying cause.
-type causedError struct {
-	pe    *core.ProviderError
-	cause error
-}
-
-func (e *causedError) Error() string   { return e.pe.Error() }
-func (e *causedError) Unwrap() []error { return []error{e.pe, e.cause} }
-
 // statusError turns an unsuccessful reply into a *core.ProviderError: 5xx,
-// 408 and 429 are ambiguous, other 4xx certainly did not apply.
+// 408 and 429 are ambiguous, other 4xx certainly did not apply
+// (providererr.AmbiguousStatus).
 func statusError(op string, r reply) *core.ProviderError {
-	amb := r.status == http.StatusRequestTimeout || r.status == http.StatusTooManyRequests || r.status >= 500 || r.status < 400
-	return &core.ProviderError{Op: op, StatusCode: r.status, Message: replyMessage(r.body), Ambiguous: amb}
+	return &core.ProviderError{Op: op, StatusCode: r.status, Message: replyMessage(r.body), Ambiguous: providererr.AmbiguousStatus(r.status)}
 }
 
 // replyMessage extracts a readable message from an error body (FastAPI's

@@ -138,8 +138,8 @@ func (c *Client) List(ctx context.Context, f core.ListFilter) ([]core.SandboxInf
 		if sb.Metadata == nil {
 			for k := range f.Metadata {
 				if k != core.MetaThread && k != core.MetaUser {
-					return nil, &causedError{&core.ProviderError{Op: "list sandboxes", Ambiguous: true,
-						Message: fmt.Sprintf("sandbox %s has no metadata to match %q", sb.ID, k)}, ErrNoMetadata}
+					return nil, providererr.WithCause(&core.ProviderError{Op: "list sandboxes", Ambiguous: true,
+						Message: fmt.Sprintf("sandbox %s has no metadata to match %q", sb.ID, k)}, ErrNoMetadata)
 				}
 			}
 		}
@@ -188,7 +188,7 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 				Message: fmt.Sprintf("sandbox %s not confirmed gone after %s: %v", id, c.timeouts.KillConfirm, err)}
 		}
 		if werr := sleepCtx(ctx, c.opts.PollInterval); werr != nil {
-			return transportError("kill sandbox", werr)
+			return providererr.Transport("kill sandbox", werr)
 		}
 	}
 }

@@ -116,12 +116,7 @@ func (h *Host) handleReadFile(w http.ResponseWriter, r *http.Request) {
 		httpFSError(w, fmt.Errorf("%w: missing path", errBadUpload))
 		return
 	}
-	vp, err := sb.resolve(p)
-	if err != nil {
-		httpFSError(w, err)
-		return
-	}
-	root, err := vp.open()
+	vp, root, err := sb.openResolved(p)
 	if err != nil {
 		httpFSError(w, err)
 		return
@@ -327,34 +322,47 @@ func lookupGroup(gid uint32) string {
 	return strconv.FormatUint(uint64(gid), 10)
 }
 
-// rpcStat describes one path (following symlinks in the path, not the last).
-func (h *Host) rpcStat(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
-	sb := sandboxFrom(ctx)
-	vp, err := sb.resolve(req.Msg.Path)
+// openResolved resolves sandbox path p (following symlinks, as resolve
+// does) and opens its area root; the caller closes root. Errors are
+// resolve's (ErrOutsideSandbox, I/O) or os.OpenRoot's.
+func (sb *sandbox) openResolved(p string) (vpath, *os.Root, error) {
+	vp, err := sb.resolve(p)
 	if err != nil {
-		return nil, fsError(err)
+		return vpath{}, nil, err
 	}
 	root, err := vp.open()
 	if err != nil {
-		return nil, fsError(err)
+		return vpath{}, nil, err
 	}
-	defer root.Close()
-	e, err := entry(root, vp.rel, vp.view())
+	return vp, root, nil
+}
+
+// entryReply answers an RPC with the entry at rel inside root, named view;
+// filesystem errors become Connect errors (fsError).
+func entryReply(root *os.Root, rel, view string) (*connect.Response[entryResponse], error) {
+	e, err := entry(root, rel, view)
 	if err != nil {
 		return nil, fsError(err)
 	}
 	return connect.NewResponse(&entryResponse{Entry: e}), nil
 }
 
+// rpcStat describes one path (following symlinks in the path, not the last).
+func (h *Host) rpcStat(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
+	sb := sandboxFrom(ctx)
+	vp, root, err := sb.openResolved(req.Msg.Path)
+	if err != nil {
+		return nil, fsError(err)
+	}
+	defer root.Close()
+	return entryReply(root, vp.rel, vp.view())
+}
+
 // rpcMakeDir creates a directory and its parents; already_exists if it
 // exists.
 func (h *Host) rpcMakeDir(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
 	sb := sandboxFrom(ctx)
-	vp, err := sb.resolve(req.Msg.Path)
-	if err != nil {
-		return nil, fsError(err)
-	}
-	root, err := vp.open()
+	vp, root, err := sb.openResolved(req.Msg.Path)
 	if err != nil {
 		return nil, fsError(err)
 	}
@@ -365,21 +373,19 @@ func (h *Host) rpcMakeDir(ctx context.Context, req *connect.Request[pathRequest]
 	if err := sb.mkdirAll(root, vp.rel); err != nil {
 		return nil, fsError(err)
 	}
-	e, err := entry(root, vp.rel, vp.view())
-	if err != nil {
-		return nil, fsError(err)
-	}
-	return connect.NewResponse(&entryResponse{Entry: e}), nil
+	return entryReply(root, vp.rel, vp.view())
 }
 
 // rpcListDir lists a directory down to depth levels (0 means 1); symlinks
 // are reported, not followed.
 func (h *Host) rpcListDir(ctx context.Context, req *connect.Request[listDirRequest]) (*connect.Response[listDirResponse], error) {
 	sb := sandboxFrom(ctx)
-	vp, err := sb.resolve(req.Msg.Path)
+	vp, root, err := sb.openResolved(req.Msg.Path)
 	if err != nil {
 		return nil, fsError(err)
 	}
+	defer root.Close()
+	// resolve already accepted the path, so virtualPath cannot fail here.
 	view, err := sb.virtualPath(req.Msg.Path)
 	if err != nil {
 		return nil, fsError(err)
@@ -388,11 +394,6 @@ func (h *Host) rpcListDir(ctx context.Context, req *connect.Request[listDirReque
 	if depth <= 0 {
 		depth = 1
 	}
-	root, err := vp.open()
-	if err != nil {
-		return nil, fsError(err)
-	}
-	defer root.Close()
 	fi, err := root.Stat(vp.rel)
 	if err != nil {
 		return nil, fsError(err)
@@ -465,11 +466,7 @@ func (h *Host) rpcMove(ctx context.Context, req *connect.Request[moveRequest]) (
 	if err := root.Rename(src.rel, dst.rel); err != nil {
 		return nil, fsError(err)
 	}
-	e, err := entry(root, dst.rel, dst.view())
-	if err != nil {
-		return nil, fsError(err)
-	}
-	return connect.NewResponse(&entryResponse{Entry: e}), nil
+	return entryReply(root, dst.rel, dst.view())
 }
 
 // rpcRemove removes a file or a directory tree; not_found if missing.
