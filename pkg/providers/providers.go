@@ -37,10 +37,11 @@ func New(cfg config.Config, logger *slog.Logger) (core.Provider, error) {
 		return c, nil
 	case config.ProviderProvisioner:
 		c, err := provisioner.New(provisioner.Options{
-			BaseURL: cfg.Provisioner.URL,
-			APIKey:  cfg.Provisioner.APIKey,
-			Home:    cfg.Settings.Home,
-			Logger:  logger,
+			BaseURL:    cfg.Provisioner.URL,
+			APIKey:     cfg.Provisioner.APIKey,
+			Home:       cfg.Settings.Home,
+			Deployment: cfg.Settings.Deployment,
+			Logger:     logger,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("provisioner client: %w", err)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 

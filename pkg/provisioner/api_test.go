@@ -667,3 +667,29 @@ func TestProvisionerUser(t *testing.T) {
 		}
 	}
 }
+
+// With Options.Deployment, the sandbox ids the client creates carry the
+// deployment's tag, so a listing without metadata can still be filtered by
+// deployment (reconcile's inventory): tagged ids match, others do not.
+func TestListDerivesDeploymentFromSandboxID(t *testing.T) {
+	mine, err := newSandboxID("dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, _ := newSandboxID("other")
+	f := newFakeProv(t)
+	f.set(func() {
+		f.list = reply200(map[string]any{"sandboxes": []any{
+			map[string]any{"sandbox_id": mine, "sandbox_url": "http://a", "thread_id": "t1", "user_id": "acme.alice", "status": "Running"},
+			map[string]any{"sandbox_id": theirs, "sandbox_url": "http://b", "thread_id": "t2", "user_id": "acme.bob", "status": "Running"},
+		}})
+	})
+	c := newClient(t, f.srv.URL, func(o *Options) { o.Deployment = "dev" })
+	got, err := c.List(context.Background(), core.ListFilter{Metadata: map[string]string{core.MetaDeployment: "dev"}})
+	if err != nil || len(got) != 1 || got[0].ID != mine {
+		t.Fatalf("List(deployment dev) = %v, %v; want only %s", got, err, mine)
+	}
+	if md := got[0].Metadata; md[core.MetaTenant] != "acme" || md[core.MetaUser] != "alice" || md[core.MetaThread] != "t1" {
+		t.Errorf("derived metadata = %v, want tenant acme, user alice, thread t1", md)
+	}
+}

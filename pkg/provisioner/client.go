@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -93,8 +94,14 @@ type Options struct {
 	CapabilityTTL time.Duration
 	// Home is the sandbox directory commands run in when Command.Cwd is
 	// empty; empty means the AIO sandbox's own default.
-	Home     string
-	Timeouts Timeouts
+	Home string
+	// Deployment, when set, is encoded in the ids of the sandboxes this
+	// client creates ("sbx-<8 hex of its SHA-256>-<random>"), so a
+	// provisioner that keeps no metadata still lets reconcile tell this
+	// deployment's sandboxes from others' (core.MetaDeployment is derived
+	// from the id).
+	Deployment string
+	Timeouts   Timeouts
 	// HTTPClient is used for every call; nil means a client without an
 	// overall timeout (each call has its own).
 	HTTPClient *http.Client

@@ -3,6 +3,7 @@ package provisioner
 import (
 	"context"
 	crand "crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -27,7 +29,7 @@ import (
 // and reported as a certain *core.ProviderError (ambiguous if the delete
 // failed too).
 func (c *Client) Create(ctx context.Context, spec core.CreateSpec) (core.SandboxRef, error) {
-	id, err := newSandboxID()
+	id, err := newSandboxID(c.opts.Deployment)
 	if err != nil {
 		return core.SandboxRef{}, err
 	}
@@ -65,14 +67,26 @@ func ProvisionerUser(md map[string]string) string {
 	}
 }
 
-// newSandboxID returns "sbx-" and 24 random hex digits (a valid Kubernetes
-// name fragment and core sandbox id).
-func newSandboxID() (string, error) {
+// newSandboxID returns "sbx-", the deployment tag and a dash when
+// deployment is set, and 24 random hex digits: a valid Kubernetes name
+// fragment and core sandbox id.
+func newSandboxID(deployment string) (string, error) {
 	b := make([]byte, 12)
 	if _, err := crand.Read(b); err != nil {
 		return "", fmt.Errorf("provisioner: sandbox id: %w", err)
 	}
-	return "sbx-" + hex.EncodeToString(b), nil
+	prefix := "sbx-"
+	if deployment != "" {
+		prefix += deploymentTag(deployment) + "-"
+	}
+	return prefix + hex.EncodeToString(b), nil
+}
+
+// deploymentTag is the 8 hex digits of SHA-256(deployment) that sandbox
+// ids carry (deployment ids may hold characters Kubernetes names may not).
+func deploymentTag(deployment string) string {
+	h := sha256.Sum256([]byte(deployment))
+	return hex.EncodeToString(h[:4])
 }
 
 // Info reads GET /api/sandboxes/{id}. State is "running" for status
@@ -90,14 +104,21 @@ func (c *Client) Info(ctx context.Context, id string) (core.SandboxInfo, error) 
 	if err != nil {
 		return core.SandboxInfo{}, err
 	}
-	return sandboxInfo(sb), nil
+	return c.sandboxInfo(sb), nil
 }
 
-// sandboxInfo maps a provisioner sandbox to core.SandboxInfo.
-func sandboxInfo(sb Sandbox) core.SandboxInfo {
+// sandboxInfo maps a provisioner sandbox to core.SandboxInfo, deriving
+// core.MetaDeployment from the id when the provisioner kept no metadata
+// and the id carries this client's deployment tag.
+func (c *Client) sandboxInfo(sb Sandbox) core.SandboxInfo {
 	md := maps.Clone(sb.Metadata)
 	if md == nil {
 		md = map[string]string{}
+	}
+	if d := c.opts.Deployment; d != "" {
+		if _, ok := md[core.MetaDeployment]; !ok && strings.HasPrefix(sb.ID, "sbx-"+deploymentTag(d)+"-") {
+			md[core.MetaDeployment] = d
+		}
 	}
 	if _, ok := md[core.MetaThread]; !ok && sb.ThreadID != "" {
 		md[core.MetaThread] = sb.ThreadID
@@ -137,13 +158,15 @@ func (c *Client) List(ctx context.Context, f core.ListFilter) ([]core.SandboxInf
 	for _, sb := range all {
 		if sb.Metadata == nil {
 			for k := range f.Metadata {
-				if k != core.MetaThread && k != core.MetaUser {
+				derived := k == core.MetaThread || k == core.MetaUser || k == core.MetaTenant ||
+					(k == core.MetaDeployment && c.opts.Deployment != "")
+				if !derived {
 					return nil, providererr.WithCause(&core.ProviderError{Op: "list sandboxes", Ambiguous: true,
 						Message: fmt.Sprintf("sandbox %s has no metadata to match %q", sb.ID, k)}, ErrNoMetadata)
 				}
 			}
 		}
-		info := sandboxInfo(sb)
+		info := c.sandboxInfo(sb)
 		if len(f.States) > 0 && !slices.Contains(f.States, info.State) {
 			continue
 		}
