@@ -15,8 +15,9 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
 )
 
-// realSandbox starts the local sandbox host and creates one sandbox in it.
-func realSandbox(t *testing.T) (string, client.Connection) {
+// startHost runs the local sandbox host on loopback (API key "k") until
+// the test ends.
+func startHost(t *testing.T) *sandboxhost.Server {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: "k", RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
@@ -25,20 +26,38 @@ func realSandbox(t *testing.T) (string, client.Connection) {
 		t.Fatalf("sandboxhost.Start: %v", err)
 	}
 	t.Cleanup(func() { cancel(); _ = srv.Close() })
-	req, _ := http.NewRequest(http.MethodPost, srv.APIURL+"/sandboxes", strings.NewReader(`{"templateID":"base","timeout":120}`))
-	req.Header.Set("X-API-Key", "k")
+	return srv
+}
+
+// postSandbox POSTs the JSON body to u with X-API-Key key, decodes the
+// reply into out (failing the test when it is not JSON) and returns the
+// HTTP status.
+func postSandbox(t *testing.T, u, key, body string, out any) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
+	req.Header.Set("X-API-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatalf("create sandbox: HTTP %d %+v %v", resp.StatusCode, out, err)
+	}
+	return resp.StatusCode
+}
+
+// realSandbox starts the local sandbox host and creates one sandbox in it.
+func realSandbox(t *testing.T) (string, client.Connection) {
+	t.Helper()
+	srv := startHost(t)
 	var out struct {
 		SandboxID       string `json:"sandboxID"`
 		EnvdAccessToken string `json:"envdAccessToken"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.SandboxID == "" {
-		t.Fatalf("create sandbox: HTTP %d %+v %v", resp.StatusCode, out, err)
+	if status := postSandbox(t, srv.APIURL+"/sandboxes", "k", `{"templateID":"base","timeout":120}`, &out); out.SandboxID == "" {
+		t.Fatalf("create sandbox: HTTP %d %+v", status, out)
 	}
 	return out.SandboxID, client.Connection{EnvdURL: srv.EnvdURL, EnvdAccessToken: out.EnvdAccessToken}
 }
@@ -137,32 +156,18 @@ func TestPutFromStdin(t *testing.T) {
 // hands out for the provisioner backend.
 func realAIOSandbox(t *testing.T) (string, client.Connection) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	srv, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: "k", RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
-	if err != nil {
-		cancel()
-		t.Fatalf("sandboxhost.Start: %v", err)
-	}
-	t.Cleanup(func() { cancel(); _ = srv.Close() })
+	srv := startHost(t)
 	base, err := srv.StartProvisioner("127.0.0.1:0", sandboxhost.ProvisionerOptions{APIKey: "pk"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, _ := http.NewRequest(http.MethodPost, base+"/api/sandboxes", strings.NewReader(`{"sandbox_id":"aio-cli-1","user_id":"u1","thread_id":"t1"}`))
-	req.Header.Set("X-API-Key", "pk")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var out struct {
 		SandboxID   string `json:"sandbox_id"`
 		SandboxURL  string `json:"sandbox_url"`
 		AccessToken string `json:"access_token"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.SandboxURL == "" {
-		t.Fatalf("create sandbox: HTTP %d %+v %v", resp.StatusCode, out, err)
+	if status := postSandbox(t, base+"/api/sandboxes", "pk", `{"sandbox_id":"aio-cli-1","user_id":"u1","thread_id":"t1"}`, &out); out.SandboxURL == "" {
+		t.Fatalf("create sandbox: HTTP %d %+v", status, out)
 	}
 	return out.SandboxID, client.Connection{SandboxURL: out.SandboxURL, AccessToken: out.AccessToken}
 }

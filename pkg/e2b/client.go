@@ -10,11 +10,10 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
+	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -305,7 +304,7 @@ func (c *Client) Info(ctx context.Context, id string) (core.SandboxInfo, error) 
 		return core.SandboxInfo{}, fmt.Errorf("e2b %s %s: %w", op, id, core.ErrSandboxGone)
 	}
 	if status != http.StatusOK {
-		return core.SandboxInfo{}, statusError(op, status, reply, providererr.AmbiguousStatus(status))
+		return core.SandboxInfo{}, statusError(op, status, reply, providerhttp.AmbiguousStatus(status))
 	}
 	var d sandboxDetail
 	if err := json.Unmarshal(reply, &d); err != nil {
@@ -323,21 +322,7 @@ func (c *Client) Info(ctx context.Context, id string) (core.SandboxInfo, error) 
 // More than MaxListPages pages, or a repeated token, is an error.
 func (c *Client) List(ctx context.Context, f core.ListFilter) ([]core.SandboxInfo, error) {
 	const op = "list sandboxes"
-	q := url.Values{}
-	if len(f.Metadata) > 0 {
-		inner := url.Values{}
-		for k, v := range f.Metadata {
-			inner.Set(k, v)
-		}
-		q.Set("metadata", inner.Encode())
-	}
-	states := f.States
-	if len(states) == 0 {
-		states = []string{"running", "paused"}
-	}
-	q.Set("state", strings.Join(states, ","))
-	q.Set("limit", strconv.Itoa(c.pageSize))
-
+	q := listQuery(f, c.pageSize)
 	var out []core.SandboxInfo
 	seen := map[string]bool{}
 	token := ""
@@ -348,21 +333,12 @@ func (c *Client) List(ctx context.Context, f core.ListFilter) ([]core.SandboxInf
 		if token != "" {
 			q.Set("nextToken", token)
 		}
-		status, header, reply, err := c.call(ctx, c.timeouts.ControlPlane, op, http.MethodGet, "/v2/sandboxes", q, nil)
+		items, next, err := c.fetchPage(ctx, op, q)
 		if err != nil {
 			return nil, err
 		}
-		if status != http.StatusOK {
-			return nil, statusError(op, status, reply, providererr.AmbiguousStatus(status))
-		}
-		var items []sandboxDetail
-		if err := json.Unmarshal(reply, &items); err != nil {
-			return nil, &core.ProviderError{Op: op, StatusCode: status, Message: "unreadable reply: " + err.Error(), Ambiguous: true}
-		}
-		for _, it := range items {
-			out = append(out, it.info())
-		}
-		token = header.Get("X-Next-Token")
+		out = append(out, items...)
+		token = next
 		if token == "" {
 			return out, nil
 		}
@@ -388,7 +364,7 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 	if (status >= 200 && status <= 299) || apiNotFound(status, reply) {
 		return nil
 	}
-	return statusError(op, status, reply, providererr.AmbiguousStatus(status))
+	return statusError(op, status, reply, providerhttp.AmbiguousStatus(status))
 }
 
 // SetTimeout makes the sandbox end d from now (ceil seconds) with POST
@@ -409,7 +385,7 @@ func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) err
 		return fmt.Errorf("e2b %s %s: %w", op, id, core.ErrSandboxGone)
 	}
 	if status < 200 || status > 299 {
-		return statusError(op, status, reply, providererr.AmbiguousStatus(status))
+		return statusError(op, status, reply, providerhttp.AmbiguousStatus(status))
 	}
 	return nil
 }
@@ -444,12 +420,12 @@ func (c *Client) call(ctx context.Context, timeout time.Duration, op, method, pa
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return 0, nil, nil, providererr.Transport(op, err)
+		return 0, nil, nil, providerhttp.Transport(op, err)
 	}
 	defer resp.Body.Close()
 	reply, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 	if err != nil {
-		return 0, nil, nil, providererr.Transport(op, err)
+		return 0, nil, nil, providerhttp.Transport(op, err)
 	}
 	return resp.StatusCode, resp.Header, reply, nil
 }

@@ -2,21 +2,16 @@ package e2b
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"time"
 
 	"connectrpc.com/connect"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
+	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
-
-// errHeaderTimeout is the cancel cause when response headers are late.
-var errHeaderTimeout = errors.New("timed out waiting for response headers")
 
 // OpenFile streams the bytes of path with envd's GET /files?path=… . The
 // body is bounded by ctx (cancel it, or Close the reader, to stop); the wait
@@ -33,26 +28,14 @@ func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string,
 	if err := core.ValidateSandboxID(ref.ID); err != nil {
 		return nil, err
 	}
-	reqCtx, cancel := context.WithCancelCause(ctx)
-	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, c.envdBase(ref)+"/files?"+url.Values{"path": {path}}.Encode(), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.envdBase(ref)+"/files?"+url.Values{"path": {path}}.Encode(), nil)
 	if err != nil {
-		cancel(nil)
 		return nil, fmt.Errorf("e2b %s: %w", op, err)
 	}
 	setEnvdHeaders(req.Header, ref)
-	timer := time.AfterFunc(c.timeouts.FileHeader, func() { cancel(errHeaderTimeout) })
-	resp, err := c.http.Do(req)
-	if !timer.Stop() && err == nil {
-		// The timer fired as the headers arrived: the body is cancelled.
-		resp.Body.Close()
-		err = context.Cause(reqCtx)
-	}
+	resp, cancel, err := providerhttp.DoHeaderTimeout(c.http, req, c.timeouts.FileHeader)
 	if err != nil {
-		if cause := context.Cause(reqCtx); errors.Is(cause, errHeaderTimeout) {
-			err = fmt.Errorf("%w: %w", cause, context.DeadlineExceeded)
-		}
-		cancel(nil)
-		return nil, providererr.Transport(op, err)
+		return nil, providerhttp.Transport(op, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer cancel(nil)
@@ -73,7 +56,7 @@ func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string,
 
 // fileError classifies an unsuccessful envd /files reply.
 func (c *Client) fileError(ctx context.Context, ref core.SandboxRef, op string, status int, body []byte) error {
-	return c.envdError(ctx, ref, op, status, connect.CodeUnknown, replyError(op, status, body, providererr.AmbiguousStatus(status), "envd refused the access token"))
+	return c.envdError(ctx, ref, op, status, connect.CodeUnknown, replyError(op, status, body, providerhttp.AmbiguousStatus(status), "envd refused the access token"))
 }
 
 // WriteFile writes r to path with envd's POST /files?path=… as a raw
@@ -96,7 +79,7 @@ func (c *Client) WriteFile(ctx context.Context, ref core.SandboxRef, path string
 	req.Header.Set("Content-Type", "application/octet-stream")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return providererr.Transport(op, err)
+		return providerhttp.Transport(op, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))

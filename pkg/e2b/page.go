@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
+	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -24,6 +24,29 @@ var (
 // classified as List's.
 func (c *Client) ListPage(ctx context.Context, f core.ListFilter, cursor string, limit int) ([]core.SandboxInfo, string, error) {
 	const op = "list sandboxes"
+	if limit <= 0 || limit > c.pageSize {
+		limit = c.pageSize
+	}
+	q := listQuery(f, limit)
+	if cursor != "" {
+		q.Set("nextToken", cursor)
+	}
+	out, next, err := c.fetchPage(ctx, op, q)
+	if err != nil {
+		return nil, "", err
+	}
+	if next != "" && next == cursor {
+		// A token that does not move would loop forever; never read it as
+		// the end (an incomplete inventory must not look complete).
+		return nil, "", &core.ProviderError{Op: op, StatusCode: http.StatusOK, Message: "next token did not advance"}
+	}
+	return out, next, nil
+}
+
+// listQuery is GET /v2/sandboxes's query for f: the metadata filter
+// double-encoded as the SDK does it (a query string as the value of the
+// metadata parameter), state (default running,paused) and limit.
+func listQuery(f core.ListFilter, limit int) url.Values {
 	q := url.Values{}
 	if len(f.Metadata) > 0 {
 		inner := url.Values{}
@@ -37,19 +60,21 @@ func (c *Client) ListPage(ctx context.Context, f core.ListFilter, cursor string,
 		states = []string{"running", "paused"}
 	}
 	q.Set("state", strings.Join(states, ","))
-	if limit <= 0 || limit > c.pageSize {
-		limit = c.pageSize
-	}
 	q.Set("limit", strconv.Itoa(limit))
-	if cursor != "" {
-		q.Set("nextToken", cursor)
-	}
+	return q
+}
+
+// fetchPage reads one page of GET /v2/sandboxes with query q and returns
+// its sandboxes and the X-Next-Token header ("" on the last page). Errors
+// are *core.ProviderError: transport (ambiguous), a non-200 status
+// (statusError) or an unreadable reply (ambiguous).
+func (c *Client) fetchPage(ctx context.Context, op string, q url.Values) ([]core.SandboxInfo, string, error) {
 	status, header, reply, err := c.call(ctx, c.timeouts.ControlPlane, op, http.MethodGet, "/v2/sandboxes", q, nil)
 	if err != nil {
 		return nil, "", err
 	}
 	if status != http.StatusOK {
-		return nil, "", statusError(op, status, reply, providererr.AmbiguousStatus(status))
+		return nil, "", statusError(op, status, reply, providerhttp.AmbiguousStatus(status))
 	}
 	var items []sandboxDetail
 	if err := json.Unmarshal(reply, &items); err != nil {
@@ -59,13 +84,7 @@ func (c *Client) ListPage(ctx context.Context, f core.ListFilter, cursor string,
 	for i, it := range items {
 		out[i] = it.info()
 	}
-	next := header.Get("X-Next-Token")
-	if next != "" && next == cursor {
-		// A token that does not move would loop forever; never read it as
-		// the end (an incomplete inventory must not look complete).
-		return nil, "", &core.ProviderError{Op: op, StatusCode: status, Message: "next token did not advance"}
-	}
-	return out, next, nil
+	return out, header.Get("X-Next-Token"), nil
 }
 
 // EnvdRef addresses a sandbox's envd from its id alone (no call, so

@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -239,7 +240,7 @@ func (c *Client) runError(ctx, runCtx context.Context, ref core.SandboxRef, op s
 		}
 	}
 	if ctx.Err() != nil {
-		return providererr.WithCause(&core.ProviderError{Op: op, Message: "canceled: " + context.Cause(ctx).Error(), Ambiguous: true}, context.Cause(ctx))
+		return providerhttp.WithCause(&core.ProviderError{Op: op, Message: "canceled: " + context.Cause(ctx).Error(), Ambiguous: true}, context.Cause(ctx))
 	}
 	if timedOut {
 		return fmt.Errorf("e2b %s: %w after %s: %w", op, ErrCommandTimeout, timeout, context.DeadlineExceeded)
@@ -272,7 +273,7 @@ func (c *Client) envdError(ctx context.Context, ref core.SandboxRef, op string, 
 	case code == connect.CodeInvalidArgument || code == connect.CodePermissionDenied:
 		pe.Ambiguous = false
 	}
-	return providererr.WithCause(pe, err)
+	return providerhttp.WithCause(pe, err)
 }
 
 // confirmGone asks the control plane whether sandbox id is gone.

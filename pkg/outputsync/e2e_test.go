@@ -11,7 +11,6 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/e2b"
-	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
 )
 
 var _ Sandbox = (*e2b.Client)(nil)
@@ -25,21 +24,7 @@ func TestSync_EndToEndWithSandboxHostAndE2BClient(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	const key = "e2e-key"
-	srv, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: key, RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("sandboxhost.Start: %v", err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	client, err := e2b.New(e2b.Options{APIURL: srv.APIURL, SandboxURL: srv.EnvdURL, APIKey: key})
-	if err != nil {
-		t.Fatalf("e2b.New: %v", err)
-	}
-	ref, err := client.Create(ctx, core.CreateSpec{Timeout: 2 * time.Minute})
-	if err != nil {
-		t.Fatalf("Create: %v", err)
-	}
-	t.Cleanup(func() { _ = client.Kill(context.Background(), ref.ID) })
+	client, ref := startSandbox(t, ctx)
 	res, err := client.Run(ctx, ref, core.Command{
 		Script: `set -e
 mkdir -p outputs/sub workspace uploads

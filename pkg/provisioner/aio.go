@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
+	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -66,7 +66,7 @@ func (e aioEnvelope) failed(op string) error {
 	}
 	pe := &core.ProviderError{Op: op, StatusCode: http.StatusOK, Message: msg, Ambiguous: fe.Retryable}
 	if fe.ErrorType == "not_found" {
-		return providererr.WithCause(pe, core.ErrFileNotFound)
+		return providerhttp.WithCause(pe, core.ErrFileNotFound)
 	}
 	return pe
 }
@@ -115,13 +115,13 @@ func (c *Client) WaitReady(ctx context.Context, ref core.SandboxRef) error {
 			return nil
 		}
 		if ctx.Err() != nil {
-			return providererr.Transport("wait ready", ctx.Err())
+			return providerhttp.Transport("wait ready", ctx.Err())
 		}
 		if time.Now().After(deadline) {
-			return providererr.WithCause(certain("wait ready", fmt.Sprintf("%v after %s: %v", ErrNotReady, c.timeouts.Ready, last)), ErrNotReady)
+			return providerhttp.WithCause(certain("wait ready", fmt.Sprintf("%v after %s: %v", ErrNotReady, c.timeouts.Ready, last)), ErrNotReady)
 		}
 		if err := sleepCtx(ctx, c.opts.PollInterval); err != nil {
-			return providererr.Transport("wait ready", err)
+			return providerhttp.Transport("wait ready", err)
 		}
 	}
 }
@@ -217,19 +217,19 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if isCtxErr(ctx, err) {
-			return core.CommandResult{}, providererr.Transport(op, err)
+			return core.CommandResult{}, providerhttp.Transport(op, err)
 		}
-		return core.CommandResult{}, c.goneOr(ctx, ref, op, providererr.Transport(op, err))
+		return core.CommandResult{}, c.goneOr(ctx, ref, op, providerhttp.Transport(op, err))
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 	if err != nil {
-		return core.CommandResult{}, providererr.Transport(op, err)
+		return core.CommandResult{}, providerhttp.Transport(op, err)
 	}
 	r := reply{status: resp.StatusCode, body: b}
 	switch {
 	case r.status == http.StatusNotFound:
-		return core.CommandResult{}, c.goneOr(ctx, ref, op, providererr.WithCause(certain(op, ErrImageTooOld.Error()+": "+replyMessage(b)), ErrImageTooOld))
+		return core.CommandResult{}, c.goneOr(ctx, ref, op, providerhttp.WithCause(certain(op, ErrImageTooOld.Error()+": "+replyMessage(b)), ErrImageTooOld))
 	case r.status == http.StatusBadGateway || r.status == http.StatusServiceUnavailable || r.status == http.StatusGatewayTimeout:
 		return core.CommandResult{}, c.goneOr(ctx, ref, op, statusError(op, r))
 	case r.status != http.StatusOK:
@@ -269,9 +269,6 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	}
 }
 
-// errHeaderTimeout is the cancel cause when download headers are late.
-var errHeaderTimeout = errors.New("timed out waiting for response headers")
-
 // OpenFile streams path with GET /v1/file/download?path=… . The wait for
 // headers is bounded by Timeouts.FileHeader, the body by ctx (or Close).
 // With maxBytes > 0 the reader fails with *core.FileTooLargeError as soon
@@ -286,28 +283,17 @@ func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string,
 	if err != nil {
 		return nil, err
 	}
-	reqCtx, cancel := context.WithCancelCause(ctx)
-	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, base+"/v1/file/download?"+url.Values{"path": {path}}.Encode(), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/file/download?"+url.Values{"path": {path}}.Encode(), nil)
 	if err != nil {
-		cancel(nil)
 		return nil, err
 	}
 	aioHeaders(req.Header, ref)
-	timer := time.AfterFunc(c.timeouts.FileHeader, func() { cancel(errHeaderTimeout) })
-	resp, err := c.http.Do(req)
-	if !timer.Stop() && err == nil {
-		resp.Body.Close()
-		err = context.Cause(reqCtx)
-	}
+	resp, cancel, err := providerhttp.DoHeaderTimeout(c.http, req, c.timeouts.FileHeader)
 	if err != nil {
-		if cause := context.Cause(reqCtx); errors.Is(cause, errHeaderTimeout) {
-			err = fmt.Errorf("%w: %w", cause, context.DeadlineExceeded)
-		}
-		cancel(nil)
 		if isCtxErr(ctx, err) {
-			return nil, providererr.Transport(op, err)
+			return nil, providerhttp.Transport(op, err)
 		}
-		return nil, c.goneOr(ctx, ref, op, providererr.Transport(op, err))
+		return nil, c.goneOr(ctx, ref, op, providerhttp.Transport(op, err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer cancel(nil)
@@ -383,9 +369,9 @@ func (c *Client) WriteFile(ctx context.Context, ref core.SandboxRef, path string
 	if err != nil {
 		pr.CloseWithError(err)
 		if isCtxErr(ctx, err) {
-			return providererr.Transport(op, err)
+			return providerhttp.Transport(op, err)
 		}
-		return c.goneOr(ctx, ref, op, providererr.Transport(op, err))
+		return c.goneOr(ctx, ref, op, providerhttp.Transport(op, err))
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))

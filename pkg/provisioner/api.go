@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
+	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -104,7 +104,7 @@ func (c *Client) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
 	const op = "list sandboxes"
 	r, err := c.call(ctx, c.timeouts.List, http.MethodGet, "/api/sandboxes", nil)
 	if err != nil {
-		return nil, providererr.Transport(op, err)
+		return nil, providerhttp.Transport(op, err)
 	}
 	if r.status != http.StatusOK {
 		pe := statusError(op, r)
@@ -149,7 +149,7 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
 	const op = "get sandbox"
 	r, err := c.call(ctx, c.timeouts.Get, http.MethodGet, "/api/sandboxes/"+url.PathEscape(id), nil)
 	if err != nil {
-		return Sandbox{}, providererr.Transport(op, fmt.Errorf("provisioner health check failed for %s: %w", id, err))
+		return Sandbox{}, providerhttp.Transport(op, fmt.Errorf("provisioner health check failed for %s: %w", id, err))
 	}
 	switch {
 	case r.status == http.StatusNotFound:
@@ -195,7 +195,7 @@ func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
 	const op = "delete sandbox"
 	r, err := c.call(ctx, c.timeouts.Delete, http.MethodDelete, "/api/sandboxes/"+url.PathEscape(id), nil)
 	if err != nil {
-		return providererr.Transport(op, err)
+		return providerhttp.Transport(op, err)
 	}
 	if r.status == http.StatusNotFound || (r.status >= 200 && r.status <= 299) {
 		return nil
@@ -213,7 +213,7 @@ func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
 func (c *Client) DiscoverForReconciliation(ctx context.Context, id, incarnation string) Discovery {
 	r, err := c.call(ctx, c.timeouts.Get, http.MethodGet, "/api/reconciliation/sandboxes/"+url.PathEscape(id), nil)
 	if err != nil {
-		return Discovery{Status: DiscoveryUnknown, Err: providererr.Transport("discover sandbox", err)}
+		return Discovery{Status: DiscoveryUnknown, Err: providerhttp.Transport("discover sandbox", err)}
 	}
 	if r.status != http.StatusOK {
 		return Discovery{Status: DiscoveryUnknown, Err: statusError("discover sandbox", r)}
@@ -329,7 +329,7 @@ func (c *Client) CreateSandbox(ctx context.Context, req CreateRequest) (Sandbox,
 		return Sandbox{}, &MountContractChangedError{Expected: required, Actual: frozen}
 	}
 	if frozen < MinIsolatingContract && user != DefaultUser {
-		return Sandbox{}, providererr.WithCause(certain(op, fmt.Sprintf("cannot isolate user '%s' on an unverified legacy provisioner (mount contract %d)", user, frozen)), ErrCannotIsolateUser)
+		return Sandbox{}, providerhttp.WithCause(certain(op, fmt.Sprintf("cannot isolate user '%s' on an unverified legacy provisioner (mount contract %d)", user, frozen)), ErrCannotIsolateUser)
 	}
 	body := createBody{SandboxID: req.SandboxID, UserID: user, RequiredContract: frozen,
 		ExtraMounts: req.ExtraMounts, Metadata: req.Metadata, Env: req.Env}
@@ -339,7 +339,7 @@ func (c *Client) CreateSandbox(ctx context.Context, req CreateRequest) (Sandbox,
 	}
 	r, err := c.call(ctx, c.timeouts.Create, http.MethodPost, "/api/sandboxes", body)
 	if err != nil {
-		return Sandbox{}, providererr.Transport(op, fmt.Errorf("provisioner create failed: %w", err))
+		return Sandbox{}, providerhttp.Transport(op, fmt.Errorf("provisioner create failed: %w", err))
 	}
 	if r.status == http.StatusConflict {
 		if mc, ok := contractConflict(r.body); ok {
@@ -361,7 +361,7 @@ func (c *Client) CreateSandbox(ctx context.Context, req CreateRequest) (Sandbox,
 	}
 	sb, perr := parseSandbox(m)
 	if perr != nil {
-		return Sandbox{}, c.refuseCreated(ctx, req.SandboxID, providererr.WithCause(certain(op, perr.Error()), ErrIdentityMismatch))
+		return Sandbox{}, c.refuseCreated(ctx, req.SandboxID, providerhttp.WithCause(certain(op, perr.Error()), ErrIdentityMismatch))
 	}
 	verified := frozen >= MinIsolatingContract
 	switch {
@@ -377,11 +377,11 @@ func (c *Client) CreateSandbox(ctx context.Context, req CreateRequest) (Sandbox,
 		return Sandbox{}, c.refuseCreated(ctx, req.SandboxID, &MountContractChangedError{Expected: frozen, Actual: sb.Contract})
 	}
 	if sb.ID != req.SandboxID || sb.URL == "" {
-		return Sandbox{}, c.refuseCreated(ctx, req.SandboxID, providererr.WithCause(certain(op,
+		return Sandbox{}, c.refuseCreated(ctx, req.SandboxID, providerhttp.WithCause(certain(op,
 			fmt.Sprintf("mount contract response: sandbox %q (url %q), want %q", sb.ID, sb.URL, req.SandboxID)), ErrIdentityMismatch))
 	}
 	if verified && (sb.UserID != user || sb.ThreadID != req.ThreadID) {
-		return Sandbox{}, c.refuseCreated(ctx, req.SandboxID, providererr.WithCause(certain(op,
+		return Sandbox{}, c.refuseCreated(ctx, req.SandboxID, providerhttp.WithCause(certain(op,
 			fmt.Sprintf("mount contract response identity user=%q thread=%q, want user=%q thread=%q", sb.UserID, sb.ThreadID, user, req.ThreadID)), ErrIdentityMismatch))
 	}
 	return sb, nil

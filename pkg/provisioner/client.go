@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
+	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -232,9 +232,9 @@ func (c *Client) call(ctx context.Context, timeout time.Duration, method, path s
 
 // statusError turns an unsuccessful reply into a *core.ProviderError: 5xx,
 // 408 and 429 are ambiguous, other 4xx certainly did not apply
-// (providererr.AmbiguousStatus).
+// (providerhttp.AmbiguousStatus).
 func statusError(op string, r reply) *core.ProviderError {
-	return &core.ProviderError{Op: op, StatusCode: r.status, Message: replyMessage(r.body), Ambiguous: providererr.AmbiguousStatus(r.status)}
+	return &core.ProviderError{Op: op, StatusCode: r.status, Message: replyMessage(r.body), Ambiguous: providerhttp.AmbiguousStatus(r.status)}
 }
 
 // replyMessage extracts a readable message from an error body (FastAPI's

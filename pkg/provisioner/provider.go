@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/providererr"
+	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -161,7 +161,7 @@ func (c *Client) List(ctx context.Context, f core.ListFilter) ([]core.SandboxInf
 				derived := k == core.MetaThread || k == core.MetaUser || k == core.MetaTenant ||
 					(k == core.MetaDeployment && c.opts.Deployment != "")
 				if !derived {
-					return nil, providererr.WithCause(&core.ProviderError{Op: "list sandboxes", Ambiguous: true,
+					return nil, providerhttp.WithCause(&core.ProviderError{Op: "list sandboxes", Ambiguous: true,
 						Message: fmt.Sprintf("sandbox %s has no metadata to match %q", sb.ID, k)}, ErrNoMetadata)
 				}
 			}
@@ -211,7 +211,7 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 				Message: fmt.Sprintf("sandbox %s not confirmed gone after %s: %v", id, c.timeouts.KillConfirm, err)}
 		}
 		if werr := sleepCtx(ctx, c.opts.PollInterval); werr != nil {
-			return providererr.Transport("kill sandbox", werr)
+			return providerhttp.Transport("kill sandbox", werr)
 		}
 	}
 }
