@@ -19,7 +19,7 @@ deps: ## install local stand-ins into .tools/ (DynamoDB Local, versitygw, aws-la
 
 build: ## build the Lambda bootstraps (.build/<fn>/bootstrap) and the binaries (.build/bin/)
 	@for fn in $(FUNCTIONS); do \
-	  GOOS=linux GOARCH=$(LAMBDA_ARCH) CGO_ENABLED=0 $(GO) build -trimpath -tags lambda.norpc \
+	  GOOS=linux GOARCH=$(LAMBDA_ARCH) CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -tags lambda.norpc \
 	    -o $(BUILD)/$$fn/bootstrap ./functions/$$fn; \
 	done
 	@for cmd in $(COMMANDS); do \
