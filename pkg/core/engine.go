@@ -159,17 +159,31 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		var ce *CapacityError
 		if errors.As(err, &ce) {
 			if e.s.Policy != PolicyWait || ce.Reason != "capacity" {
-				return AcquireResult{}, err
+				return AcquireResult{}, e.refusal(ctx, err)
 			}
 			wait = max(wait, 250*time.Millisecond)
 		}
 		if !e.now().Add(wait).Before(deadline) {
-			return AcquireResult{}, err
+			return AcquireResult{}, e.refusal(ctx, err)
 		}
 		if serr := e.sleep(ctx, wait); serr != nil {
 			return AcquireResult{}, fmt.Errorf("acquire: %w", serr)
 		}
 	}
+}
+
+// refusal fills a final capacity refusal's details (active, warm,
+// reserved; "used" came with the refused reservation): three COUNT
+// queries, once per acquire, never per polling attempt, so an overloaded
+// deployment is not loaded further by its own refusals.
+func (e *Engine) refusal(ctx context.Context, err error) error {
+	var ce *CapacityError
+	if errors.As(err, &ce) && ce.Reason == "capacity" {
+		if n, serr := e.store.CountStates(ctx, StateActive, StateWarm, StateCreating); serr == nil {
+			ce.Status.Active, ce.Status.Warm, ce.Status.Reserved = n[StateActive], n[StateWarm], n[StateCreating]
+		}
+	}
+	return err
 }
 
 // acquireOnce makes one attempt. retry reports whether waiting and trying
@@ -304,10 +318,6 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
 			if ce.Reason == "capacity" && evicting && evictions < maxEvictions && e.evictOne(ctx, key, owner) {
 				continue
-			}
-			// Only on refusal: the detailed counts cost a few reads.
-			if st, serr := e.store.Capacity(ctx); serr == nil {
-				ce.Status = st
 			}
 			ce.Status.Policy = string(e.s.Policy)
 			ce.Status.Limit = e.s.Limit()

@@ -128,6 +128,9 @@ type Store interface {
 	SetDraining(ctx context.Context, draining bool) error
 	// Capacity counts slots by state for the deployment.
 	Capacity(ctx context.Context) (CapacityStatus, error)
+	// CountStates counts the deployment's records in each of states (one
+	// COUNT query per state; eventually consistent).
+	CountStates(ctx context.Context, states ...State) (map[State]int, error)
 	// WarmParkedBefore lists up to limit warm records parked before t,
 	// oldest first.
 	WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)

@@ -668,6 +668,19 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 	return st, nil
 }
 
+// CountStates counts the deployment's records in each of states.
+func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core.State]int, error) {
+	out := make(map[core.State]int, len(states))
+	for _, st := range states {
+		n, err := s.countState(ctx, st)
+		if err != nil {
+			return nil, err
+		}
+		out[st] = n
+	}
+	return out, nil
+}
+
 func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
 	expr, err := expression.NewBuilder().WithKeyCondition(
 		expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, state)))).Build()
