@@ -161,7 +161,8 @@ var contendedThreads = func() int {
 // acquires/s and p50/p99 latency of successful acquires, and the refusal
 // share.
 func BenchmarkAcquireContended(b *testing.B) {
-	eng, _, _, _ := benchEngine(b, func(s *core.Settings) { s.Replicas = 8; s.Policy = core.PolicyReject })
+	eng, calls, _, _ := benchEngine(b, func(s *core.Settings) { s.Replicas = 8; s.Policy = core.PolicyReject })
+	calls.n.Store(0)
 	ctx := context.Background()
 	var mu sync.Mutex
 	var lat []time.Duration
@@ -193,6 +194,7 @@ func BenchmarkAcquireContended(b *testing.B) {
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 	}
 	b.ReportMetric(float64(refused.Load())/float64(b.N), "refused/op")
+	b.ReportMetric(float64(calls.n.Load())/float64(b.N), "ddb-calls/op")
 }
 
 // BenchmarkConditionalUpdateItem is the floor the acquire figures compare
