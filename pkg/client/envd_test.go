@@ -211,15 +211,15 @@ func TestEnvdExecTimeoutKillsTheProcess(t *testing.T) {
 	id, conn := createSandbox(t, srv)
 	e, _ := client.NewEnvd(id, conn, nil)
 	start := time.Now()
-	_, err := e.Exec(context.Background(), client.ExecRequest{Script: `sleep 1.5; touch /home/user/survived`, Timeout: 300 * time.Millisecond})
+	_, err := e.Exec(context.Background(), client.ExecRequest{Script: `sleep 3; touch /home/user/survived`, Timeout: 300 * time.Millisecond})
 	if !errors.Is(err, client.ErrExecTimeout) {
 		t.Fatalf("Exec error = %v, want ErrExecTimeout", err)
 	}
-	if d := time.Since(start); d > 1200*time.Millisecond {
-		t.Errorf("Exec took %s, want about 0.3s", d)
+	if d := time.Since(start); d > 2500*time.Millisecond {
+		t.Errorf("Exec took %s, want about 0.3s (well before the command's 3 s)", d)
 	}
 	// Had the process survived, it would have created the file by now.
-	time.Sleep(2500*time.Millisecond - time.Since(start))
+	time.Sleep(3500*time.Millisecond - time.Since(start))
 	if _, err := e.GetFile(context.Background(), "survived", &bytes.Buffer{}); !errors.Is(err, client.ErrFileNotFound) {
 		t.Errorf("GetFile(survived) error = %v, want ErrFileNotFound (the process must be killed)", err)
 	}

@@ -194,7 +194,7 @@ func BenchmarkAcquireContended(b *testing.B) {
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 	}
 	b.ReportMetric(float64(refused.Load())/float64(b.N), "refused/op")
-	b.ReportMetric(float64(calls.n.Load())/float64(b.N), "ddb-calls/op")
+	b.ReportMetric(float64(calls.n.Load())/float64(b.N), "ddb-calls/acquire+release")
 }
 
 // BenchmarkConditionalUpdateItem is the floor the acquire figures compare

@@ -122,9 +122,11 @@ const createBudget = 10 * time.Second
 // lease on the thread's record (a release syncing, a create in flight) is
 // waited out up to the acquire timeout, capped by ctx's deadline.
 //
-// DynamoDB calls: reuse and reclaim 2 (lookup, conditional update), create 4
-// (lookup, reserve, finalize; plus the failed claim when replacing a dead
-// sandbox); a full deployment adds the eviction's.
+// DynamoDB calls (measured by BenchmarkAcquireDynamoDBCalls): reuse and
+// reclaim 2 (lookup, conditional update); create 3 (lookup, reserve,
+// finalize; 4 when replacing a dead sandbox: the failed claim);
+// evict-then-create 8. A full deployment adds 2 eviction queries per
+// attempt and 4 COUNT queries once, for the refusal's details.
 //
 // Errors: *ValidationError; *CapacityError when no slot frees in time
 // (reason "capacity", "user_quota", "capacity_backend" or "draining");
@@ -173,14 +175,15 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 }
 
 // refusal fills a final capacity refusal's details (active, warm,
-// reserved; "used" came with the refused reservation): three COUNT
-// queries, once per acquire, never per polling attempt, so an overloaded
-// deployment is not loaded further by its own refusals.
+// reserved, tombstones; "used" came with the refused reservation): four
+// COUNT queries, once per acquire, never per polling attempt, so an
+// overloaded deployment is not loaded further by its own refusals.
 func (e *Engine) refusal(ctx context.Context, err error) error {
 	var ce *CapacityError
 	if errors.As(err, &ce) && ce.Reason == "capacity" {
-		if n, serr := e.store.CountStates(ctx, StateActive, StateWarm, StateCreating); serr == nil {
-			ce.Status.Active, ce.Status.Warm, ce.Status.Reserved = n[StateActive], n[StateWarm], n[StateCreating]
+		if n, serr := e.store.CountStates(ctx, StateActive, StateWarm, StateCreating, StateDestroying); serr == nil {
+			ce.Status.Active, ce.Status.Warm = n[StateActive], n[StateWarm]
+			ce.Status.Reserved, ce.Status.Tombstones = n[StateCreating], n[StateDestroying]
 		}
 	}
 	return err

@@ -98,11 +98,9 @@ func SyncMetrics(res SyncResult) []Metric {
 }
 
 // TombstoneAgeMetric is TombstoneOldestAgeSeconds for the tombstones
-// tombs at now: now minus the earliest UpdatedAt among them (0 when there
-// are none; never negative). The record keeps no "destroying since" time,
-// and every kill attempt rewrites UpdatedAt, so for a tombstone that has
-// been retried this is the age since its last attempt (a lower bound of
-// its age; attempts back off up to ReconcileSettings.MaxBackoff).
+// tombs at now: now minus the earliest DestroyingSince among them (kill
+// retries keep it; UpdatedAt for records written before the field
+// existed); 0 when there are none; never negative.
 func TombstoneAgeMetric(tombs []Record, now time.Time) Metric {
 	var age time.Duration
 	for _, r := range tombs {

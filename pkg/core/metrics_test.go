@@ -23,6 +23,7 @@ func TestTombstoneAgeMetric(t *testing.T) {
 		{"oldest wins", []core.Record{{UpdatedAt: now.Add(-90 * time.Second)}, {UpdatedAt: now.Add(-30 * time.Minute)}, {UpdatedAt: now}}, 1800},
 		{"future clamps to 0", []core.Record{{UpdatedAt: now.Add(time.Minute)}}, 0},
 		{"zero time ignored", []core.Record{{}, {UpdatedAt: now.Add(-2 * time.Second)}}, 2},
+		{"first tombstoning counts, not the last retry", []core.Record{{DestroyingSince: now.Add(-10 * time.Minute), UpdatedAt: now.Add(-time.Second)}}, 600},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -64,6 +66,9 @@ func TestReconcileConverges(t *testing.T) {
 		rs.PageSize = 3
 	})
 	seed := uint64(time.Now().UnixNano())
+	if s, err := strconv.ParseUint(os.Getenv("SBX_SEED"), 10, 64); err == nil {
+		seed = s // reproduce a logged run
+	}
 	t.Logf("seed %d", seed)
 	ctx := context.Background()
 

@@ -31,8 +31,6 @@ type Claim struct {
 	// LeaseUntil is the end of the lease taken; zero takes none (and clears
 	// an expired one): the record moves straight into a stable state.
 	LeaseUntil time.Time
-	// ExpiresAt, when non-zero, records the provider timeout about to be set.
-	ExpiresAt time.Time
 }
 
 // Update is a fenced write by a lease holder: it applies only if the record's

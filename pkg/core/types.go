@@ -63,11 +63,14 @@ type State string
 
 // Record states. Every state but StateGone holds one capacity slot.
 const (
-	StateCreating   State = "creating"   // reservation taken, provider create in flight
-	StateActive     State = "active"     // handed out to the thread's agent
-	StateReleasing  State = "releasing"  // release in progress (syncing outputs)
-	StateWarm       State = "warm"       // parked for the same thread, idle timeout running
-	StateReclaiming State = "reclaiming" // warm sandbox being handed back to its thread
+	StateCreating  State = "creating"  // reservation taken, provider create in flight
+	StateActive    State = "active"    // handed out to the thread's agent
+	StateReleasing State = "releasing" // release in progress (syncing outputs)
+	StateWarm      State = "warm"      // parked for the same thread, idle timeout running
+	// StateReclaiming is DESIGN.md's "warm sandbox being handed back". This
+	// version reclaims in one write (warm -> active) and never writes it;
+	// claims still accept it so records written by another version move on.
+	StateReclaiming State = "reclaiming"
 	StateDestroying State = "destroying" // tombstone: kill requested, not yet confirmed
 	StateGone       State = "gone"       // provider confirmed the sandbox is gone; slot freed
 )

@@ -496,6 +496,8 @@ func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Re
 }
 
 // slotStates are the states whose records (and reservations) hold a slot.
+// StateReclaiming is no longer written by this version (reclaim is one
+// write to active), but a record left in it still holds its slot.
 var slotStates = []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
 	core.StateReclaiming, core.StateDestroying}
 
@@ -503,41 +505,19 @@ var slotStates = []core.State{core.StateCreating, core.StateActive, core.StateRe
 // items of every slot-holding state in gsi1 (COUNT queries; the index is
 // eventually consistent, which RepairLedger's caller accounts for).
 func (s *Store) CountSlots(ctx context.Context) (core.Ledger, int, error) {
-	cctx, cancel := s.ctx(ctx)
-	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(capacityPK(s.deployment)), ConsistentRead: aws.Bool(true)})
-	cancel()
+	l, err := s.readLedger(ctx)
 	if err != nil {
-		return core.Ledger{}, 0, unavailable("get ledger", err)
+		return core.Ledger{}, 0, err
 	}
-	var l struct {
-		Used     int   `dynamodbav:"used"`
-		Revision int64 `dynamodbav:"revision"`
-		Draining bool  `dynamodbav:"draining"`
-	}
-	if out.Item != nil {
-		_ = attributevalue.UnmarshalMap(out.Item, &l) // absent attributes stay zero
+	n, err := s.CountStates(ctx, slotStates...)
+	if err != nil {
+		return core.Ledger{}, 0, err
 	}
 	total := 0
-	for _, st := range slotStates {
-		expr, err := expression.NewBuilder().WithKeyCondition(
-			expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, st)))).Build()
-		if err != nil {
-			return core.Ledger{}, 0, err
-		}
-		p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
-			KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
-			ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
-		for p.HasMorePages() {
-			cctx, cancel := s.ctx(ctx)
-			page, err := p.NextPage(cctx)
-			cancel()
-			if err != nil {
-				return core.Ledger{}, 0, unavailable("count "+string(st), err)
-			}
-			total += int(page.Count)
-		}
+	for _, c := range n {
+		total += c
 	}
-	return core.Ledger{Used: l.Used, Revision: l.Revision, Draining: l.Draining}, total, nil
+	return l, total, nil
 }
 
 // RepairLedger sets the ledger's used count to used if its revision is

@@ -229,9 +229,6 @@ func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
 		upd = upd.Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
 			Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil)))
 	}
-	if !c.ExpiresAt.IsZero() {
-		upd = upd.Set(expression.Name("expires_at"), expression.Value(ms(c.ExpiresAt)))
-	}
 	if c.To != "" {
 		// SET evaluates right-hand sides against the item before the update.
 		upd = upd.Set(expression.Name("prev_state"), expression.Name("state")).
@@ -548,17 +545,11 @@ func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (co
 // the binding if it still names the reservation.
 func (s *Store) FreeReservation(ctx context.Context, token string, key core.ThreadKey) error {
 	exists := "attribute_exists(pk)"
-	capUpd, err := expression.NewBuilder().WithUpdate(expression.Add(expression.Name("used"), expression.Value(-1)).
-		Add(expression.Name("revision"), expression.Value(1))).Build()
-	if err != nil {
-		return fmt.Errorf("free reservation: %w", err)
-	}
 	tctx, cancel := s.ctx(ctx)
 	defer cancel()
-	_, err = s.writeTxn(tctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	_, err := s.writeTxn(tctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
 		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
-		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-			UpdateExpression: capUpd.Update(), ExpressionAttributeNames: capUpd.Names(), ExpressionAttributeValues: capUpd.Values()}},
+		s.capRelease(),
 		s.userRelease(key),
 	}})
 	if _, cancelled := cancellation(err); cancelled {
@@ -583,6 +574,15 @@ func (s *Store) dropBinding(ctx context.Context, key core.ThreadKey, attr, value
 	defer cancel()
 	_, _ = s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: &s.table, Key: s.key(bindingPK(key)),
 		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
+}
+
+// capRelease is the transaction item that returns one deployment slot.
+func (s *Store) capRelease() types.TransactWriteItem {
+	u := "ADD #used :minus, #revision :one"
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#used": "used", "#revision": "revision"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":minus": &types.AttributeValueMemberN{Value: "-1"}, ":one": &types.AttributeValueMemberN{Value: "1"}}}}
 }
 
 // userRelease is the transaction item that returns one of key's user slots.
@@ -611,19 +611,13 @@ func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error 
 	if err != nil {
 		return fmt.Errorf("free: %w", err)
 	}
-	capUpd, err := expression.NewBuilder().WithUpdate(expression.Add(expression.Name("used"), expression.Value(-1)).
-		Add(expression.Name("revision"), expression.Value(1))).Build()
-	if err != nil {
-		return fmt.Errorf("free: %w", err)
-	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	_, err = s.writeTxn(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
 		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(id)),
 			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
 			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}},
-		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-			UpdateExpression: capUpd.Update(), ExpressionAttributeNames: capUpd.Names(), ExpressionAttributeValues: capUpd.Values()}},
+		s.capRelease(),
 		s.userRelease(rec.ThreadKey),
 	}})
 	if _, cancelled := cancellation(err); cancelled {
@@ -635,37 +629,33 @@ func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error 
 	return nil
 }
 
-// Capacity reads the ledger and counts records per state (one GetItem and
-// one COUNT query per slot-holding state; for status, not the hot path).
-func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
-	var st core.CapacityStatus
+// readLedger reads the capacity ledger (strongly consistent; zero if absent).
+func (s *Store) readLedger(ctx context.Context) (core.Ledger, error) {
 	cctx, cancel := s.ctx(ctx)
+	defer cancel()
 	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(capacityPK(s.deployment)), ConsistentRead: aws.Bool(true)})
-	cancel()
 	if err != nil {
-		return st, unavailable("get capacity", err)
+		return core.Ledger{}, unavailable("get ledger", err)
 	}
-	l := decodeLedger(out.Item)
-	st.Used, st.Draining = l.Used, l.Draining
-	for _, state := range []core.State{core.StateCreating, core.StateActive, core.StateWarm, core.StateReleasing, core.StateReclaiming, core.StateDestroying} {
-		n, err := s.countState(ctx, state)
-		if err != nil {
-			return st, err
-		}
-		switch state {
-		case core.StateCreating:
-			st.Reserved = n
-		case core.StateActive:
-			st.Active = n
-		case core.StateWarm:
-			st.Warm = n
-		case core.StateDestroying:
-			st.Tombstones = n
-		default:
-			st.Transitioning += n
-		}
+	return decodeLedger(out.Item), nil
+}
+
+// Capacity reads the ledger and counts records per slot-holding state (one
+// GetItem and one COUNT query per state; for status, not the hot path).
+func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
+	l, err := s.readLedger(ctx)
+	if err != nil {
+		return core.CapacityStatus{}, err
 	}
-	return st, nil
+	n, err := s.CountStates(ctx, slotStates...)
+	if err != nil {
+		return core.CapacityStatus{}, err
+	}
+	return core.CapacityStatus{
+		Used: l.Used, Draining: l.Draining,
+		Reserved: n[core.StateCreating], Active: n[core.StateActive], Warm: n[core.StateWarm],
+		Transitioning: n[core.StateReleasing] + n[core.StateReclaiming], Tombstones: n[core.StateDestroying],
+	}, nil
 }
 
 // CountStates counts the deployment's records in each of states.
@@ -681,6 +671,11 @@ func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core
 	return out, nil
 }
 
+// maxCountPages bounds one COUNT query's pages (each covers up to 1 MB of
+// index data); a count that would need more fails rather than come back
+// short, since a short count could let the ledger repair admit too many.
+const maxCountPages = 1000
+
 func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
 	expr, err := expression.NewBuilder().WithKeyCondition(
 		expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, state)))).Build()
@@ -691,7 +686,10 @@ func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
 		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
 		ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
 	n := 0
-	for pages := 0; p.HasMorePages() && pages < 100; pages++ {
+	for pages := 0; p.HasMorePages(); pages++ {
+		if pages == maxCountPages {
+			return 0, fmt.Errorf("count %s: more than %d pages", state, maxCountPages)
+		}
 		cctx, cancel := s.ctx(ctx)
 		out, err := p.NextPage(cctx)
 		cancel()

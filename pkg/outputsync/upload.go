@@ -128,7 +128,7 @@ func (u *uploader) single(ctx context.Context, r io.Reader, key string, b []byte
 
 // multipart uploads size bytes in parts. When a second buffer is free the
 // next part is read while the previous one is sent (two buffers); otherwise
-// parts go one at a time in buf. Every part carries its SHA-256.
+// parts go one at a time in buf. Every part carries its CRC32.
 func (u *uploader) multipart(ctx context.Context, r io.Reader, key string, size int64, buf []byte, full hash.Hash32, meta map[string]string) (e ManifestEntry, err error) {
 	partSize := u.partSize
 	bufs := [][]byte{buf}

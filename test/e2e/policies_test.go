@@ -240,8 +240,11 @@ func testWait(t *testing.T) {
 	if id := str(res.r.body, "sandbox_id"); id == "" || id == first.id || str(res.r.body, "source") != "created" {
 		t.Errorf("thread B: %s, want a new sandbox (not %s), source created", res.r.raw, first.id)
 	}
-	if res.elapsed < held || res.elapsed > timeout {
-		t.Errorf("thread B's acquire took %s, want between %s (A's hold) and the acquire timeout %s", res.elapsed, held, timeout)
+	// The acquire timeout bounds the waiting only; the eviction, create and
+	// bootstrap that follow a freed slot come on top (core keeps up to
+	// 10 s for them), so allow that on a loaded CI machine.
+	if limit := timeout + 10*time.Second; res.elapsed < held || res.elapsed > limit {
+		t.Errorf("thread B's acquire took %s, want between %s (A's hold) and %s (acquire timeout + create)", res.elapsed, held, limit)
 	}
 	if hostAlive(t, s, first.id) {
 		t.Errorf("thread A's warm sandbox %s still runs: want it evicted for thread B", first.id)
