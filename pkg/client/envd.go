@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/connectjson"
 )
 
 // SandboxHome is the sandbox user's home directory; relative paths given to
@@ -192,7 +194,7 @@ func (e *Envd) Exec(ctx context.Context, req ExecRequest) (int, error) {
 	runCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
-	cl := connect.NewClient[startRequest, startResponse](e.http, e.base+"/process.Process/Start", connect.WithCodec(jsonCodec{}))
+	cl := connect.NewClient[startRequest, startResponse](e.http, e.base+"/process.Process/Start", connect.WithCodec(connectjson.Codec{}))
 	creq := connect.NewRequest(&startRequest{Process: processConfig{
 		Cmd:  "/bin/bash",
 		Args: []string{"-l", "-c", req.Script},
@@ -279,7 +281,7 @@ func (e *Envd) kill(pid uint32) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cl := connect.NewClient[sendSignalRequest, struct{}](e.http, e.base+"/process.Process/SendSignal", connect.WithCodec(jsonCodec{}))
+	cl := connect.NewClient[sendSignalRequest, struct{}](e.http, e.base+"/process.Process/SendSignal", connect.WithCodec(connectjson.Codec{}))
 	req := connect.NewRequest(&sendSignalRequest{Signal: "SIGNAL_SIGKILL"})
 	req.Msg.Process.Pid = pid
 	e.setHeaders(req.Header())
@@ -394,19 +396,4 @@ type sendSignalRequest struct {
 		Pid uint32 `json:"pid"`
 	} `json:"process"`
 	Signal string `json:"signal"`
-}
-
-// jsonCodec is Connect's "json" codec over encoding/json, so plain Go
-// structs (not generated protobuf messages) can be sent and received. It
-// accepts what protojson emits for these messages: camelCase names,
-// base64 bytes; int64 fields are not used.
-type jsonCodec struct{}
-
-func (jsonCodec) Name() string                  { return "json" }
-func (jsonCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
-func (jsonCodec) Unmarshal(b []byte, v any) error {
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("decode envd message (%d bytes): %w", len(b), err)
-	}
-	return nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/connectjson"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -48,8 +49,8 @@ func (f *fakeEnvd) signal(_ context.Context, req *connect.Request[sendSignalRequ
 func (f *fakeEnvd) serve(t *testing.T) *httptest.Server {
 	t.Helper()
 	mux := http.NewServeMux()
-	mux.Handle("/process.Process/Start", connect.NewServerStreamHandler("/process.Process/Start", f.start, connect.WithCodec(jsonCodec{})))
-	mux.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", f.signal, connect.WithCodec(jsonCodec{})))
+	mux.Handle("/process.Process/Start", connect.NewServerStreamHandler("/process.Process/Start", f.start, connect.WithCodec(connectjson.Codec{})))
+	mux.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", f.signal, connect.WithCodec(connectjson.Codec{})))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv
@@ -256,7 +257,7 @@ func TestRunTimeout(t *testing.T) {
 	// envd ignores its deadline: the client gives up after timeout + margin.
 	ignoring := &fakeEnvd{}
 	mux := http.NewServeMux()
-	mux.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", ignoring.signal, connect.WithCodec(jsonCodec{})))
+	mux.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", ignoring.signal, connect.WithCodec(connectjson.Codec{})))
 	mux.HandleFunc("/process.Process/Start", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/connect+json")
 		w.Write(envelope(0, `{"event":{"start":{"pid":99}}}`))

@@ -2,7 +2,6 @@ package e2b
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/connectjson"
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
@@ -95,16 +95,6 @@ func (e *endEvent) exitCode() int {
 	return 0 // proto3 default: omitted means 0
 }
 
-// jsonCodec is Connect's "json" codec over plain Go structs with
-// encoding/json (envd speaks protojson; the shapes above follow it).
-type jsonCodec struct{}
-
-func (jsonCodec) Name() string                  { return "json" }
-func (jsonCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
-func (jsonCodec) Unmarshal(b []byte, v any) error {
-	return json.Unmarshal(b, v)
-}
-
 // statusRecorder remembers the HTTP status of the last response, which
 // Connect folds into a code (502 and 503 both become unavailable).
 type statusRecorder struct {
@@ -170,7 +160,7 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 
 	rec := &statusRecorder{doer: c.http}
 	client := connect.NewClient[startRequest, startResponse](rec, c.envdBase(ref)+"/process.Process/Start",
-		connect.WithCodec(jsonCodec{}), connect.WithReadMaxBytes(maxReplyBytes))
+		connect.WithCodec(connectjson.Codec{}), connect.WithReadMaxBytes(maxReplyBytes))
 	req := connect.NewRequest(&startRequest{Process: processConfig{
 		Cmd:  "/bin/bash",
 		Args: []string{"-l", "-c", cmd.Script},
@@ -287,7 +277,7 @@ func (c *Client) killProcess(ctx context.Context, ref core.SandboxRef, pid uint3
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	client := connect.NewClient[sendSignalRequest, sendSignalResponse](c.http, c.envdBase(ref)+"/process.Process/SendSignal",
-		connect.WithCodec(jsonCodec{}))
+		connect.WithCodec(connectjson.Codec{}))
 	req := connect.NewRequest(&sendSignalRequest{Process: processSelector{Pid: pid}, Signal: "SIGNAL_SIGKILL"})
 	setEnvdHeaders(req.Header(), ref)
 	if _, err := client.CallUnary(ctx, req); err != nil {

@@ -1,37 +1,10 @@
 package sandboxhost
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strconv"
-
-	"connectrpc.com/connect"
 )
-
-// jsonCodec is a Connect codec named "json" over plain Go structs
-// (encoding/json), replacing connect-go's protojson codec so envd's
-// messages need no generated protobuf code. Field names follow the proto3
-// JSON mapping (lowerCamelCase); unknown fields are ignored, as protojson
-// clients expect of a server.
-type jsonCodec struct{}
-
-var _ connect.Codec = jsonCodec{}
-
-// Name is "json": Connect serves it as application/json (unary) and
-// application/connect+json (streaming).
-func (jsonCodec) Name() string { return "json" }
-
-// Marshal encodes v as JSON.
-func (jsonCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
-
-// Unmarshal decodes JSON into v; an empty body is an empty message.
-func (jsonCodec) Unmarshal(data []byte, v any) error {
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil
-	}
-	return json.Unmarshal(data, v)
-}
 
 // protoEnum is a proto3 JSON enum value: accepted as its name or number.
 type protoEnum struct {

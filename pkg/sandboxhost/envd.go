@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/connectjson"
 )
 
 // envd Connect procedures served (from envd's process.proto and
@@ -113,7 +115,7 @@ func sandboxFrom(ctx context.Context) *sandbox {
 // it); every route but /health needs X-Access-Token equal to the sandbox's
 // token (401 otherwise).
 func (h *Host) EnvdHandler() http.Handler {
-	opts := []connect.HandlerOption{connect.WithCodec(jsonCodec{}), connect.WithReadMaxBytes(maxRPCBytes)}
+	opts := []connect.HandlerOption{connect.WithCodec(connectjson.Codec{}), connect.WithReadMaxBytes(maxRPCBytes)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("GET /files", h.handleReadFile)

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/connectjson"
 )
 
 const testAPIKey = "test-api-key"
@@ -138,7 +140,7 @@ func (c envdClient) headers(h http.Header) {
 
 // unary calls an envd unary procedure.
 func unary[Req, Res any](ctx context.Context, c envdClient, procedure string, msg *Req) (*Res, error) {
-	cl := connect.NewClient[Req, Res](http.DefaultClient, c.srv.EnvdURL+procedure, connect.WithCodec(jsonCodec{}))
+	cl := connect.NewClient[Req, Res](http.DefaultClient, c.srv.EnvdURL+procedure, connect.WithCodec(connectjson.Codec{}))
 	req := connect.NewRequest(msg)
 	c.headers(req.Header())
 	resp, err := cl.CallUnary(ctx, req)
@@ -158,7 +160,7 @@ type result struct {
 
 // startStream starts a command and returns the open stream.
 func (c envdClient) startStream(ctx context.Context, req *startRequest) (*connect.ServerStreamForClient[startResponse], error) {
-	cl := connect.NewClient[startRequest, startResponse](http.DefaultClient, c.srv.EnvdURL+procStart, connect.WithCodec(jsonCodec{}))
+	cl := connect.NewClient[startRequest, startResponse](http.DefaultClient, c.srv.EnvdURL+procStart, connect.WithCodec(connectjson.Codec{}))
 	creq := connect.NewRequest(req)
 	c.headers(creq.Header())
 	return cl.CallServerStream(ctx, creq)
