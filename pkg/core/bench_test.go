@@ -47,10 +47,7 @@ func benchEngine(b *testing.B, mutate func(*core.Settings)) (*core.Engine, *call
 	base := testenv.DynamoClient(b)
 	counter := &callCounter{}
 	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, counter.middleware) })
-	table := testenv.UniqueName(b, "bench")
-	if err := ddbstore.CreateTable(context.Background(), client, table); err != nil {
-		b.Fatalf("CreateTable: %v", err)
-	}
+	table := freshTable(b, client, "bench")
 	s := core.DefaultSettings()
 	s.Deployment = "bench"
 	s.Replicas = 100000

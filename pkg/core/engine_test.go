@@ -36,12 +36,7 @@ type harness struct {
 func newHarness(t *testing.T, mutate func(*core.Settings), opts ...core.Option) *harness {
 	t.Helper()
 	client := testenv.DynamoClient(t)
-	table := testenv.UniqueName(t, "engine")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := ddbstore.CreateTable(ctx, client, table); err != nil {
-		t.Fatalf("CreateTable: %v", err)
-	}
+	table := freshTable(t, client, "engine")
 	s := core.DefaultSettings()
 	s.Deployment = "test"
 	s.AcquireTimeout = 5 * time.Second

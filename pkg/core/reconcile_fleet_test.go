@@ -49,12 +49,8 @@ type fleet struct {
 func newFleet(t testing.TB, n int, rs core.ReconcileSettings) *fleet {
 	t.Helper()
 	db, calls := countingDynamo(t)
-	table := testenv.UniqueName(t, "fleet")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := ddbstore.CreateTable(ctx, db, table); err != nil {
-		t.Fatalf("CreateTable: %v", err)
-	}
+	table := freshTable(t, db, "fleet")
+	ctx := context.Background()
 	s := core.DefaultSettings()
 	s.Deployment = "fleet"
 	s.Replicas = n

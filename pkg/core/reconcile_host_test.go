@@ -30,10 +30,7 @@ func TestReconcileAgainstLocalSandboxHost(t *testing.T) {
 		t.Fatalf("e2b.New: %v", err)
 	}
 	db := testenv.DynamoClient(t)
-	table := testenv.UniqueName(t, "rechost")
-	if err := ddbstore.CreateTable(ctx, db, table); err != nil {
-		t.Fatalf("CreateTable: %v", err)
-	}
+	table := freshTable(t, db, "rechost")
 	s := core.DefaultSettings()
 	s.Deployment = "hosttest"
 	rs := core.DefaultReconcileSettings()

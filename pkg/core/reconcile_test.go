@@ -95,12 +95,7 @@ type recHarness struct {
 func newRecHarness(t *testing.T, mutate func(*core.Settings, *core.ReconcileSettings)) *recHarness {
 	t.Helper()
 	db := testenv.DynamoClient(t)
-	table := testenv.UniqueName(t, "rec")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := ddbstore.CreateTable(ctx, db, table); err != nil {
-		t.Fatalf("CreateTable: %v", err)
-	}
+	table := freshTable(t, db, "rec")
 	s := core.DefaultSettings()
 	s.Deployment = "test"
 	s.Replicas = 50

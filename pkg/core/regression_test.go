@@ -80,12 +80,7 @@ type regressionEnv struct {
 func newRegressionEnv(t *testing.T, mutate func(*core.Settings)) *regressionEnv {
 	t.Helper()
 	client := testenv.DynamoClient(t)
-	table := testenv.UniqueName(t, "rev")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := ddbstore.CreateTable(ctx, client, table); err != nil {
-		t.Fatalf("CreateTable: %v", err)
-	}
+	table := freshTable(t, client, "rev")
 	s := core.DefaultSettings()
 	s.Deployment = "test"
 	s.AcquireTimeout = 2 * time.Second

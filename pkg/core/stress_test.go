@@ -113,10 +113,7 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 		t.Fatalf("e2b.New: %v", err)
 	}
 	ddb := testenv.DynamoClient(t)
-	table := testenv.UniqueName(t, "stress")
-	if err := ddbstore.CreateTable(ctx, ddb, table); err != nil {
-		t.Fatalf("CreateTable: %v", err)
-	}
+	table := freshTable(t, ddb, "stress")
 	store := ddbstore.New(ddb, table, "stress")
 	prov := &faultyProvider{Provider: client, t: t, store: store, rng: rand.New(rand.NewPCG(1, 2)), created: map[string]core.ThreadKey{}}
 	prov.faults.Store(true)
