@@ -58,21 +58,20 @@ func (u *uploader) putBuf(b []byte) { u.bufs <- b }
 // PutObject, each part's for UploadPart, and the whole object's
 // (FULL_OBJECT checksum type) for CompleteMultipartUpload, so every object
 // ends up with the CRC32 of all its bytes, the same for both kinds. CRC32
-// (the SDK's and S3's default) keeps the CPU cost far below SHA-256's. Memory: one part buffer, plus a second one
-// for multipart when the pool has one free. A stream that ends
-// early or has bytes past size fails with errChanged; a multipart upload
-// that fails for any reason is aborted.
+// (the SDK's and S3's default) keeps the CPU cost far below SHA-256's.
+// Memory: one part buffer, plus a second one for multipart when the pool
+// has one free. A stream that ends early or has bytes past size fails with
+// errChanged; a multipart upload that fails for any reason is aborted.
 func (u *uploader) upload(ctx context.Context, r io.Reader, key string, size int64, meta map[string]string) (ManifestEntry, error) {
 	buf, err := u.getBuf(ctx)
 	if err != nil {
 		return ManifestEntry{}, err
 	}
 	defer u.putBuf(buf)
-	full := crc32.NewIEEE()
 	if size < u.partSize {
-		return u.single(ctx, r, key, buf[:size], full, meta)
+		return u.single(ctx, r, key, buf[:size], meta)
 	}
-	return u.multipart(ctx, r, key, size, buf, full, meta)
+	return u.multipart(ctx, r, key, size, buf, meta)
 }
 
 // readExact fills b from r; a short stream is errChanged.
@@ -100,15 +99,14 @@ func expectEOF(r io.Reader) error {
 	}
 }
 
-func (u *uploader) single(ctx context.Context, r io.Reader, key string, b []byte, full hash.Hash32, meta map[string]string) (ManifestEntry, error) {
+func (u *uploader) single(ctx context.Context, r io.Reader, key string, b []byte, meta map[string]string) (ManifestEntry, error) {
 	if err := readExact(r, b); err != nil {
 		return ManifestEntry{}, err
 	}
 	if err := expectEOF(r); err != nil {
 		return ManifestEntry{}, err
 	}
-	full.Write(b)
-	sum := crcString(full)
+	sum := crcOf(b)
 	cctx, cancel := context.WithTimeout(ctx, u.callTO)
 	defer cancel()
 	out, err := u.s3.PutObject(cctx, &s3.PutObjectInput{
@@ -129,7 +127,8 @@ func (u *uploader) single(ctx context.Context, r io.Reader, key string, b []byte
 // multipart uploads size bytes in parts. When a second buffer is free the
 // next part is read while the previous one is sent (two buffers); otherwise
 // parts go one at a time in buf. Every part carries its CRC32.
-func (u *uploader) multipart(ctx context.Context, r io.Reader, key string, size int64, buf []byte, full hash.Hash32, meta map[string]string) (e ManifestEntry, err error) {
+func (u *uploader) multipart(ctx context.Context, r io.Reader, key string, size int64, buf []byte, meta map[string]string) (e ManifestEntry, err error) {
+	full := crc32.NewIEEE() // the whole object's checksum, part by part
 	partSize := u.partSize
 	bufs := [][]byte{buf}
 	if min := (size + maxParts - 1) / maxParts; min > partSize {
