@@ -28,7 +28,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/devstack"
+	"github.com/sandbox-broker/sandbox-broker/internal/devstack"
 )
 
 func main() {

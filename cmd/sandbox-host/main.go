@@ -1,5 +1,5 @@
 // Command sandbox-host runs the local E2B-compatible sandbox host
-// (pkg/sandboxhost) on loopback until SIGINT or SIGTERM, then kills every
+// (internal/sandboxhost) on loopback until SIGINT or SIGTERM, then kills every
 // sandbox. When ready it prints one JSON line on stdout:
 // {"api_url":…,"envd_url":…,"root_dir":…,"isolated":…} (plus
 // "provisioner_url" when the provisioner face is on).
@@ -29,7 +29,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
+	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 )
 
 func main() {

@@ -1,5 +1,5 @@
 // Command sbx is the command-line client of sandbox-broker. All logic is in
-// pkg/cli; this file wires it to the process (args, stdio, env, signals).
+// internal/cli; this file wires it to the process (args, stdio, env, signals).
 package main
 
 import (
@@ -9,7 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/cli"
+	"github.com/sandbox-broker/sandbox-broker/internal/cli"
 )
 
 func main() {

@@ -2,6 +2,6 @@
 // Configuration: environment variables, see package config.
 package main
 
-import "github.com/sandbox-broker/sandbox-broker/pkg/wiring"
+import "github.com/sandbox-broker/sandbox-broker/internal/wiring"
 
 func main() { wiring.StartHTTP("acquire") }

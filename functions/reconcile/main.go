@@ -3,6 +3,6 @@
 // package config.
 package main
 
-import "github.com/sandbox-broker/sandbox-broker/pkg/wiring"
+import "github.com/sandbox-broker/sandbox-broker/internal/wiring"
 
 func main() { wiring.StartReconcile() }

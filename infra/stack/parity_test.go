@@ -17,7 +17,7 @@ import (
 	"github.com/awslabs/goformation/v7"
 	"gopkg.in/yaml.v3"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
 )
 
 // deployment is what the parity test compares between template.yaml and
@@ -182,7 +182,7 @@ func sortedKeys(m map[string]bool) []string {
 
 func repoTemplate() string { return filepath.Join("..", "..", "template.yaml") }
 
-// TestParity: template.yaml, the CDK stack and pkg/config agree on the
+// TestParity: template.yaml, the CDK stack and internal/config agree on the
 // functions, routes, schedule, parameters and environment variable names.
 func TestParity(t *testing.T) {
 	sam, err := samDeployment(repoTemplate())
@@ -216,7 +216,7 @@ func TestParity(t *testing.T) {
 	}
 
 	// ...and what the functions' configuration loader reads: every
-	// deployed variable is one pkg/config declares, and every variable it
+	// deployed variable is one internal/config declares, and every variable it
 	// declares is deployed or listed in NotDeployed with a reason.
 	declared := map[string]bool{}
 	for _, v := range config.VariableNames() {
@@ -226,7 +226,7 @@ func TestParity(t *testing.T) {
 	for _, v := range deployedEnv() {
 		deployed[v] = true
 		if !declared[v] {
-			t.Errorf("%s is deployed but pkg/config does not read it (renamed?)", v)
+			t.Errorf("%s is deployed but internal/config does not read it (renamed?)", v)
 		}
 	}
 	for v := range declared {
@@ -235,12 +235,12 @@ func TestParity(t *testing.T) {
 		case deployed[v] && skipped:
 			t.Errorf("%s is both deployed and listed in NotDeployed", v)
 		case !deployed[v] && !skipped:
-			t.Errorf("pkg/config reads %s but neither template.yaml nor the CDK stack sets it: add a Parameter (infra/stack/spec.go and template.yaml) or a NotDeployed reason", v)
+			t.Errorf("internal/config reads %s but neither template.yaml nor the CDK stack sets it: add a Parameter (infra/stack/spec.go and template.yaml) or a NotDeployed reason", v)
 		}
 	}
 	for v := range NotDeployed {
 		if !declared[v] {
-			t.Errorf("NotDeployed lists %s, which pkg/config does not declare", v)
+			t.Errorf("NotDeployed lists %s, which internal/config does not declare", v)
 		}
 	}
 	// The parameters' defaults agree between the two templates.
@@ -373,7 +373,7 @@ func TestPolicyParity(t *testing.T) {
 }
 
 // TestRoutesMatchHandler: the deployed routes are exactly the route keys
-// the HTTP handler serves (pkg/httpapi's Route* constants, read from its
+// the HTTP handler serves (internal/httpapi's Route* constants, read from its
 // source).
 func TestRoutesMatchHandler(t *testing.T) {
 	file := filepath.Join("..", "..", "pkg", "httpapi", "httpapi.go")
@@ -409,6 +409,6 @@ func TestRoutesMatchHandler(t *testing.T) {
 	}
 	sort.Strings(deployed)
 	if len(handler) == 0 || !reflect.DeepEqual(handler, deployed) {
-		t.Errorf("pkg/httpapi serves %q\ninfra/stack deploys %q", handler, deployed)
+		t.Errorf("internal/httpapi serves %q\ninfra/stack deploys %q", handler, deployed)
 	}
 }

@@ -15,10 +15,10 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awss3"
 	"github.com/aws/jsii-runtime-go"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
-	"github.com/sandbox-broker/sandbox-broker/pkg/outputsync"
 )
 
 func TestResourceCounts(t *testing.T) {

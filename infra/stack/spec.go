@@ -4,11 +4,11 @@
 // reconcile schedule, alarms and a dashboard. infra/main.go synthesizes it;
 // template.yaml describes the same functions, routes, environment and
 // schedule for SAM, and the parity test in this package keeps the two (and
-// pkg/config) in step.
+// internal/config) in step.
 package stack
 
 import (
-	"github.com/sandbox-broker/sandbox-broker/pkg/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -75,7 +75,7 @@ const ReconcileSchedule = "rate(5 minutes)"
 // variable of every function (the same in template.yaml and the stack).
 type Parameter struct {
 	Name          string // CloudFormation parameter name
-	Env           string // environment variable (a pkg/config constant)
+	Env           string // environment variable (a internal/config constant)
 	Default       string
 	AllowedValues []string
 	// AllowedPattern must accept Default.
@@ -83,9 +83,9 @@ type Parameter struct {
 	Description    string
 }
 
-// Parameters are the deploy-time settings, one per pkg/config variable
+// Parameters are the deploy-time settings, one per internal/config variable
 // that is not a resource reference. An empty default leaves the variable
-// blank, which pkg/config reads as unset (its documented default applies).
+// blank, which internal/config reads as unset (its documented default applies).
 var Parameters = []Parameter{
 	{Name: "SandboxReplicas", Env: config.EnvReplicas, Default: "3", AllowedPattern: `^[1-9][0-9]*$`,
 		Description: "Sandboxes the deployment may hold (capacity limit)."},
@@ -152,7 +152,7 @@ var ResourceEnv = map[string]string{
 	config.EnvE2BAPIKeySecretARN: LogicalSecret,
 }
 
-// NotDeployed lists the pkg/config variables the deployed functions do not
+// NotDeployed lists the internal/config variables the deployed functions do not
 // get, each with the reason.
 var NotDeployed = map[string]string{
 	config.EnvE2BAPIKey: "the key is read from Secrets Manager (E2B_API_KEY_SECRET_ARN), never an environment variable",
@@ -175,7 +175,7 @@ const (
 // dashboard read, in core's namespace with the Deployment dimension set to
 // SANDBOX_DEPLOYMENT_ID. Reconcile emits its pass stats (pkg/core
 // ReconcileStats.EMFAttrs); the others are core's (pkg/core/metrics.go),
-// written by pkg/httpapi and by reconcile. PendingMetrics lists those no
+// written by internal/httpapi and by reconcile. PendingMetrics lists those no
 // function emits yet.
 const (
 	MetricNamespace     = core.MetricsNamespace

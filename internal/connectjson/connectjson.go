@@ -1,7 +1,7 @@
 // Package connectjson is Connect's "json" codec over encoding/json, so
 // envd's messages can be plain Go structs instead of generated protobuf
-// code. Both sides use it: the E2B client (pkg/e2b), the CLI's envd client
-// (pkg/client) and the local sandbox host (pkg/sandboxhost). Field names
+// code. Both sides use it: the E2B client (internal/e2b), the CLI's envd client
+// (pkg/client) and the local sandbox host (internal/sandboxhost). Field names
 // follow the proto3 JSON mapping (lowerCamelCase); unknown fields are
 // ignored, as protojson peers expect.
 package connectjson

@@ -1,7 +1,7 @@
 // Package proc starts child processes that do not outlive their parent:
 // each child runs in its own process group (so the group can be signalled
 // as a whole with a negative pid) and gets SIGKILL when the process that
-// started it dies (Linux PR_SET_PDEATHSIG, prctl(2)). pkg/devstack (make
+// started it dies (Linux PR_SET_PDEATHSIG, prctl(2)). internal/devstack (make
 // run) and internal/testenv (test servers) start their children with it.
 package proc
 

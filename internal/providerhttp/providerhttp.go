@@ -1,5 +1,5 @@
 // Package providerhttp holds what the HTTP clients of the sandbox providers
-// (pkg/e2b and pkg/provisioner) do alike: the *core.ProviderError values
+// (internal/e2b and internal/provisioner) do alike: the *core.ProviderError values
 // they return for transport failures and for errors that carry a cause,
 // the rule for which HTTP statuses leave an operation's outcome unknown,
 // and a request whose response headers must arrive within a bound.

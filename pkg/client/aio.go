@@ -43,7 +43,7 @@ func (e *AIOError) Error() string {
 // with the acquire response's connection only (sandbox_url, and
 // access_token sent as "Authorization: Bearer" when set). Wire format: the
 // AIO sandbox's public OpenAPI spec (agent-infra/sandbox,
-// website/docs/public/v1/openapi.json), as pkg/provisioner speaks it:
+// website/docs/public/v1/openapi.json), as internal/provisioner speaks it:
 // POST /v1/bash/exec, GET /v1/file/download, POST /v1/file/upload.
 //
 // Unlike Envd, Exec does not stream: the API answers once the command has

@@ -3,7 +3,7 @@
 // only the acquire response's connection (no provider API key).
 //
 // The API it speaks is the broker's HTTP API v1 (README.md, "HTTP API";
-// served by pkg/httpapi):
+// served by internal/httpapi):
 // POST /v1/sandboxes/acquire, POST /v1/sandboxes/{id}/release,
 // POST /v1/sandboxes/{id}/sync, GET /v1/sandboxes/{id}, GET /v1/capacity,
 // and the admin routes POST /v1/admin/drain and /v1/admin/undrain, with
@@ -94,7 +94,7 @@ func New(baseURL, token string, opts ...Option) (*Client, error) {
 func (c *Client) BaseURL() string { return c.base.String() }
 
 // Connection is how to reach a sandbox, as the acquire response carries it.
-// Its shape depends on the backend (pkg/httpapi connectionBody):
+// Its shape depends on the backend (internal/httpapi connectionBody):
 //
 //   - e2b: the in-sandbox daemon (envd). Every sandbox is routed on EnvdURL
 //     by its id (E2b-Sandbox-Id header), and EnvdAccessToken is sent as

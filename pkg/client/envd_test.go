@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/pkg/client"
-	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
 )
 
 const hostAPIKey = "test-api-key"

@@ -87,7 +87,7 @@ func (r ReconcileSettings) Validate() error {
 
 // PagedLister lists one page of the provider inventory. cursor "" starts
 // at the beginning; next "" means there are no more pages. E2B pages with
-// nextToken / X-Next-Token (pkg/e2b implements it). A provider without it
+// nextToken / X-Next-Token (internal/e2b implements it). A provider without it
 // is listed in full with Provider.List and paged in memory.
 type PagedLister interface {
 	ListPage(ctx context.Context, f ListFilter, cursor string, limit int) (page []SandboxInfo, next string, err error)

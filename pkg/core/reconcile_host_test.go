@@ -6,16 +6,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
+	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
-	"github.com/sandbox-broker/sandbox-broker/pkg/e2b"
-	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
 )
 
 // TestReconcileAgainstLocalSandboxHost runs the reconciliation behaviours
 // against real processes: the repository's E2B-compatible sandbox host on
-// loopback, driven through pkg/e2b, with DynamoDB Local.
+// loopback, driven through internal/e2b, with DynamoDB Local.
 func TestReconcileAgainstLocalSandboxHost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
+	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
-	"github.com/sandbox-broker/sandbox-broker/pkg/e2b"
-	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
 )
 
 // faultyProvider wraps a real provider with injected faults and checks

@@ -1,9 +1,9 @@
 // Acceptance check: the official E2B JS SDK (npm "e2b", pinned in
-// package.json) drives the local sandbox host (pkg/sandboxhost).
+// package.json) drives the local sandbox host (internal/sandboxhost).
 //
 // Needs E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY. Exits 0 when every
 // step behaves as E2B does; otherwise prints "sdk-check FAILED: <step>: <why>"
-// and exits 1. Run from pkg/sandboxhost's TestOfficialE2BSDK, or by hand:
+// and exits 1. Run from internal/sandboxhost's TestOfficialE2BSDK, or by hand:
 //   E2B_API_URL=… E2B_SANDBOX_URL=… E2B_API_KEY=… node test/e2b-sdk/sdk-check.mjs
 import { Sandbox, CommandExitError } from 'e2b'
 import { randomUUID } from 'node:crypto'

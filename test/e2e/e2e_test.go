@@ -29,7 +29,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/devstack"
+	"github.com/sandbox-broker/sandbox-broker/internal/devstack"
 )
 
 const (

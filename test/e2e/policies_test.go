@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/devstack"
+	"github.com/sandbox-broker/sandbox-broker/internal/devstack"
 )
 
 // TestOverflowPolicies runs one stack per policy and one for draining.

@@ -8,7 +8,7 @@ import (
 )
 
 // TestFakeProviderMeetsContract keeps the fault-injection fake in line with
-// the contract the real providers pass (pkg/e2b runs the same suite).
+// the contract the real providers pass (internal/e2b runs the same suite).
 func TestFakeProviderMeetsContract(t *testing.T) {
 	providertest.Run(t, coretest.NewFakeProvider())
 }

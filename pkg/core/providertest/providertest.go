@@ -1,5 +1,5 @@
 // Package providertest is the contract every core.Provider must meet, run
-// against the real ones (pkg/e2b over the local sandbox host) and against
+// against the real ones (internal/e2b over the local sandbox host) and against
 // the fault-injecting fake the engine tests use, so the fake cannot drift
 // from what real providers do.
 package providertest

@@ -24,8 +24,8 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/google/uuid"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/provisioner"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/provisioner"
 )
 
 // MaxBodyBytes is the largest request body accepted (decoded), in bytes.
@@ -400,7 +400,7 @@ func acquireBody(res core.AcquireResult) acquireJSON {
 // connectionBody is how the agent reaches the sandbox: envd_url and
 // envd_access_token for E2B; sandbox_url (and access_token when the
 // provisioner issued one) for the provisioner backend, whose record keeps
-// the AIO base URL in EnvdURL (pkg/provisioner).
+// the AIO base URL in EnvdURL (internal/provisioner).
 func connectionBody(r core.Record) any {
 	if r.Backend == provisioner.Name {
 		return sandboxConnectionJSON{SandboxURL: r.EnvdURL, AccessToken: r.EnvdAccessToken}

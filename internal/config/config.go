@@ -45,7 +45,7 @@ const (
 	EnvProvisionerURL    = "PROVISIONER_URL"
 	EnvProvisionerAPIKey = "PROVISIONER_API_KEY"
 	// EnvE2BAPIKeySecretARN names a Secrets Manager secret whose
-	// SecretString is the E2B API key (deployed stacks); pkg/wiring reads it
+	// SecretString is the E2B API key (deployed stacks); internal/wiring reads it
 	// once at cold start. Set either it or EnvE2BAPIKey.
 	EnvE2BAPIKeySecretARN = "E2B_API_KEY_SECRET_ARN"
 	EnvTableName          = "TABLE_NAME"
@@ -53,7 +53,7 @@ const (
 	EnvOutputPrefix       = "OUTPUT_PREFIX"
 	EnvLogLevel           = "LOG_LEVEL"
 	// Output sync caps (issue 4); unset means the syncer's default
-	// (pkg/outputsync Default*).
+	// (internal/outputsync Default*).
 	EnvSyncMaxFiles        = "SYNC_MAX_FILES"
 	EnvSyncMaxTotalBytes   = "SYNC_MAX_TOTAL_BYTES"
 	EnvSyncMaxFileBytes    = "SYNC_MAX_FILE_BYTES"
@@ -88,7 +88,7 @@ type E2B struct {
 	// per-sandbox domain).
 	SandboxURL string
 	// APIKey is sent as X-API-Key. Secret: never log it (String redacts it).
-	// Empty when APIKeySecretARN is set: pkg/wiring fills it from the secret.
+	// Empty when APIKeySecretARN is set: internal/wiring fills it from the secret.
 	APIKey string
 	// APIKeySecretARN is the Secrets Manager secret holding the API key
 	// (E2B_API_KEY_SECRET_ARN), "" when E2B_API_KEY is given directly.
@@ -96,8 +96,8 @@ type E2B struct {
 }
 
 // Sync holds the output sync caps (issue 4). A zero field means "unset":
-// the syncer's default applies (pkg/outputsync Default*), and for Deadline
-// pkg/wiring picks the budget per function.
+// the syncer's default applies (internal/outputsync Default*), and for Deadline
+// internal/wiring picks the budget per function.
 type Sync struct {
 	MaxFiles      int           // SYNC_MAX_FILES: uploads per pass
 	MaxTotalBytes int64         // SYNC_MAX_TOTAL_BYTES: bytes per pass

@@ -7,7 +7,7 @@ import "sort"
 // (template.yaml, the CDK stack in infra/) are checked against it by the
 // parity test in infra/stack; names_test.go checks that it lists every
 // Env* constant of this package, so a variable added to Parse without
-// being listed here fails `go test ./pkg/config`.
+// being listed here fails `go test ./internal/config`.
 func VariableNames() []string {
 	names := []string{
 		EnvReplicas,

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/provisioner"
+	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/provisioner"
-	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
 )
 
 const hostKey = "host-provisioner-key"

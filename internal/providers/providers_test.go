@@ -3,8 +3,8 @@ package providers
 import (
 	"testing"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/config"
-	"github.com/sandbox-broker/sandbox-broker/pkg/provisioner"
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/provisioner"
 )
 
 func TestNew(t *testing.T) {

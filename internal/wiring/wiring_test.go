@@ -11,9 +11,9 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/outputsync"
 )
 
 type reconcileBroker struct {

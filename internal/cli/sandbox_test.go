@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/pkg/client"
-	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
 )
 
 // startHost runs the local sandbox host on loopback (API key "k") until

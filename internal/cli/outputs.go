@@ -23,7 +23,7 @@ type OutputObject struct {
 }
 
 // threadPrefix is "<prefix>/<tenant>/<user>/<thread>/" (README.md,
-// OUTPUT_PREFIX; pkg/outputsync writes there), without a leading slash when prefix is empty.
+// OUTPUT_PREFIX; internal/outputsync writes there), without a leading slash when prefix is empty.
 func threadPrefix(prefix, tenant, user, thread string) string {
 	p := strings.Trim(prefix, "/")
 	if p != "" {

@@ -7,7 +7,7 @@
 // spec/envd/envd.yaml in github.com/e2b-dev/E2B), envd's process.proto, and
 // what the official JS SDK (npm e2b 2.51.0) was observed to send
 // (../shared/E2B-WIRE.md). The same client drives the local sandbox host of
-// this repository (pkg/sandboxhost), which speaks the same API on loopback.
+// this repository (internal/sandboxhost), which speaks the same API on loopback.
 //
 // Authentication: control-plane calls carry the API key in X-API-Key; envd
 // calls carry only the sandbox's envd access token in X-Access-Token, never

@@ -19,7 +19,7 @@ import (
 )
 
 // Sandbox is what the syncer needs from a sandbox provider (the methods of
-// core.Provider it calls; pkg/e2b's client implements it). Errors:
+// core.Provider it calls; internal/e2b's client implements it). Errors:
 // core.ErrSandboxGone when the sandbox no longer exists; OpenFile fails
 // with core.ErrFileNotFound for a missing path and its reader with
 // *core.FileTooLargeError past maxBytes. WriteFile (Restore only) writes r
@@ -124,7 +124,7 @@ type Options struct {
 	ListTimeout time.Duration
 	// MaxListBytes caps the listing output; a longer listing is cut and
 	// the pass is incomplete (nothing pruned). Keep it at or below the
-	// provider's cap on a command's stdout (pkg/e2b MaxOutputBytes, 8 MiB by
+	// provider's cap on a command's stdout (internal/e2b MaxOutputBytes, 8 MiB by
 	// default, keeps the tail), or the head of the listing is lost (its
 	// first record then fails to parse, so the pass is still marked
 	// incomplete, but the files before it go unlisted).

@@ -17,12 +17,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/httpapi"
+	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
+	"github.com/sandbox-broker/sandbox-broker/internal/providers"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
-	"github.com/sandbox-broker/sandbox-broker/pkg/httpapi"
-	"github.com/sandbox-broker/sandbox-broker/pkg/outputsync"
-	"github.com/sandbox-broker/sandbox-broker/pkg/providers"
 )
 
 // initTimeout bounds building the clients at cold start (reading AWS
@@ -70,7 +70,7 @@ func NewBroker(ctx context.Context, cfg config.Config, logger *slog.Logger) (*co
 }
 
 // NewBrokerFor builds the engine of function: DynamoDB store, the provider
-// SANDBOX_PROVIDER selects (pkg/providers: E2B or the provisioner) and S3
+// SANDBOX_PROVIDER selects (internal/providers: E2B or the provisioner) and S3
 // output syncer (caps from cfg.Sync, deadline from SyncDeadline),
 // with AWS configuration from the SDK's default chain (which honours
 // AWS_ENDPOINT_URL_DYNAMODB and AWS_ENDPOINT_URL_S3 for local runs).

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
+	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/e2b"
-	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
 )
 
 // startSandbox starts the repository's sandbox host on loopback and one

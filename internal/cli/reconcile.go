@@ -99,7 +99,7 @@ func stackFunctionURL(st *Stack, name string) (string, error) {
 
 // invokeReconcile posts an EventBridge scheduled event to the function's
 // invoke URL and decodes the stats it returns (the function replies with
-// core.ReconcileStats as JSON; pkg/wiring.ReconcileHandler). A function error (the
+// core.ReconcileStats as JSON; internal/wiring.ReconcileHandler). A function error (the
 // emulator answers 200 with errorMessage) is an error.
 func (a *App) invokeReconcile(ctx context.Context, url string) (core.ReconcileStats, []byte, error) {
 	ev, _ := json.Marshal(map[string]any{

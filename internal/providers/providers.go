@@ -1,22 +1,22 @@
 // Package providers builds the sandbox provider a deployment selects with
-// SANDBOX_PROVIDER (pkg/config): the E2B client (pkg/e2b, the default) or
-// the Kubernetes provisioner client (pkg/provisioner).
+// SANDBOX_PROVIDER (internal/config): the E2B client (internal/e2b, the default) or
+// the Kubernetes provisioner client (internal/provisioner).
 package providers
 
 import (
 	"fmt"
 	"log/slog"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
+	"github.com/sandbox-broker/sandbox-broker/internal/provisioner"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/e2b"
-	"github.com/sandbox-broker/sandbox-broker/pkg/provisioner"
 )
 
 // New returns the provider cfg.Provider names ("" means e2b), configured
 // from cfg.E2B or cfg.Provisioner; commands of the provisioner provider run
 // in cfg.Settings.Home unless they say otherwise. The E2B API key must
-// already be resolved (pkg/wiring reads it from Secrets Manager).
+// already be resolved (internal/wiring reads it from Secrets Manager).
 //
 // Errors: an unknown provider name, or the client's own validation error.
 func New(cfg config.Config, logger *slog.Logger) (core.Provider, error) {

@@ -35,8 +35,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/google/uuid"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
-	"github.com/sandbox-broker/sandbox-broker/pkg/sandboxhost"
 )
 
 // Defaults.
@@ -754,7 +754,7 @@ func (s *Stack) functionEnv(extra []string) []string {
 	return append(append(env, extra...), "SANDBOX_PROVIDER="+s.Info.Provider)
 }
 
-// EnvAdminTenants is the functions' list of admin tenants (pkg/config
+// EnvAdminTenants is the functions' list of admin tenants (internal/config
 // EnvAdminTenants).
 const EnvAdminTenants = "BROKER_ADMIN_TENANTS"
 

@@ -28,7 +28,7 @@ import (
 // plain streaming PutObject of the same number of bytes in the same run,
 // and the peak RSS of the process while syncing.
 //
-//	go test -run '^$' -bench BenchmarkSync -benchtime 1x -timeout 30m ./pkg/outputsync
+//	go test -run '^$' -bench BenchmarkSync -benchtime 1x -timeout 30m ./internal/outputsync
 //
 // SYNC_BENCH_BYTES sets the payload (default 1 GiB). Metrics: MB/s (sync),
 // plain-MB/s (the PutObject), ratio (sync/plain), peak-RSS-MiB (VmHWM of
