@@ -376,7 +376,7 @@ func TestPolicyParity(t *testing.T) {
 // the HTTP handler serves (internal/httpapi's Route* constants, read from its
 // source).
 func TestRoutesMatchHandler(t *testing.T) {
-	file := filepath.Join("..", "..", "pkg", "httpapi", "httpapi.go")
+	file := filepath.Join("..", "..", "internal", "httpapi", "httpapi.go")
 	f, err := goparser.ParseFile(token.NewFileSet(), file, nil, 0)
 	if err != nil {
 		t.Fatal(err)
