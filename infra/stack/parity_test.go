@@ -291,7 +291,7 @@ func TestParityCatchesDrift(t *testing.T) {
 	}{
 		{"renamed variable", "SANDBOX_BURST_LIMIT:", "SANDBOX_BURST_LIMITS:", "environment variable names"},
 		{"renamed route", "Path: /v1/capacity", "Path: /v1/capacities", "routes"},
-		{"changed schedule", "rate(5 minutes)", "rate(10 minutes)", "schedules"},
+		{"changed schedule", "rate(1 minute)", "rate(10 minutes)", "schedules"},
 		{"renamed function", ".build/sync/", ".build/syncer/", "functions"},
 	}
 	for _, tt := range tests {

@@ -69,7 +69,7 @@ var Functions = []Function{
 }
 
 // ReconcileSchedule is how often the reconcile function runs.
-const ReconcileSchedule = "rate(5 minutes)"
+const ReconcileSchedule = "rate(1 minute)"
 
 // Parameter is a CloudFormation parameter that feeds one environment
 // variable of every function (the same in template.yaml and the stack).

@@ -489,19 +489,21 @@ func (s *Stack) observability(props Props, deployment *string) {
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
 
+	// One period per scheduled pass (ReconcileSchedule).
 	reconcile := s.Functions["reconcile"]
 	n := float64(props.ReconcileAlarmPasses)
+	one := awscdk.Duration_Minutes(jsii.Number(1))
 	failed := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
 		Expression: jsii.String("errors + exhausted"),
 		UsingMetrics: &map[string]awscloudwatch.IMetric{
-			"errors":    reconcile.MetricErrors(&awscloudwatch.MetricOptions{Period: five, Statistic: jsii.String("Sum")}),
+			"errors":    reconcile.MetricErrors(&awscloudwatch.MetricOptions{Period: one, Statistic: jsii.String("Sum")}),
 			"exhausted": emf(MetricReconcileBudgetExhausted, "Sum"),
 		},
 		Label:  jsii.String("failed or budget-exhausted reconcile passes"),
-		Period: five,
+		Period: one,
 	})
 	alarm("reconcile", "ReconcileFailingAlarm", &awscloudwatch.AlarmProps{
-		AlarmDescription:   jsii.String(fmt.Sprintf("%d consecutive reconcile passes (5 minutes apart) failed or ran out of budget.", props.ReconcileAlarmPasses)),
+		AlarmDescription:   jsii.String(fmt.Sprintf("%d consecutive reconcile passes (1 minute apart) failed or ran out of budget.", props.ReconcileAlarmPasses)),
 		Metric:             failed,
 		Threshold:          jsii.Number(1),
 		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,

@@ -585,7 +585,7 @@ func (a *App) releaseCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(a.Stdout, "released %s: %s\n", res.SandboxID, res.State)
 			if res.Sync != nil {
 				fmt.Fprintf(a.Stdout, "outputs: %s\n", syncLine(*res.Sync))
-				printDeferred(a.Stdout, res.Sync.Deferred)
+				printDeferred(a.Stdout, *res.Sync)
 			}
 			if res.SyncError != "" {
 				fmt.Fprintf(a.Stdout, "sync error: %s\n", res.SyncError)
@@ -600,12 +600,20 @@ func syncLine(s client.SyncResult) string {
 	if !s.Complete {
 		state = "INCOMPLETE"
 	}
-	return fmt.Sprintf("%d uploaded (%d bytes), %d unchanged, %d deferred, %s", s.Uploaded, s.Bytes, s.Skipped, len(s.Deferred), state)
+	line := fmt.Sprintf("%d uploaded (%d bytes), %d unchanged, %d deferred, %s", s.Uploaded, s.Bytes, s.Skipped, len(s.Deferred), state)
+	if len(s.Excluded) > 0 {
+		line += fmt.Sprintf(" (%d excluded)", len(s.Excluded))
+	}
+	return line
 }
 
-func printDeferred(w io.Writer, d []client.DeferredFile) {
-	for _, f := range d {
+// printDeferred lists the files a pass did not copy: deferred, then excluded.
+func printDeferred(w io.Writer, s client.SyncResult) {
+	for _, f := range s.Deferred {
 		fmt.Fprintf(w, "  deferred %s: %s\n", f.Path, f.Reason)
+	}
+	for _, f := range s.Excluded {
+		fmt.Fprintf(w, "  excluded %s: %s\n", f.Path, f.Reason)
 	}
 }
 
@@ -662,7 +670,7 @@ printed in any case.`,
 				}
 				total.Uploaded += res.Uploaded
 				total.Bytes += res.Bytes
-				total.Skipped, total.Deferred, total.Complete = res.Skipped, res.Deferred, res.Complete
+				total.Skipped, total.Deferred, total.Excluded, total.Complete = res.Skipped, res.Deferred, res.Excluded, res.Complete
 				if show || untilComplete {
 					fmt.Fprintf(a.Stderr, "pass %d: %s in %s\n", passes, syncLine(res), elapsed(time.Since(start)))
 				}
@@ -678,7 +686,7 @@ printed in any case.`,
 			} else {
 				fmt.Fprintf(a.Stdout, "synced %s: %s\n", id, syncLine(total))
 			}
-			printDeferred(a.Stdout, total.Deferred)
+			printDeferred(a.Stdout, total)
 			return nil
 		}),
 	}

@@ -3,7 +3,6 @@ package devstack
 import (
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -93,11 +92,9 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	out, err := fn.invoke(r.Context(), payload)
 	if err != nil {
-		var ie *InvokeError
+		// As API Gateway: a function error, crash or timeout is a 500 with
+		// its own JSON message; the function's output is not passed on.
 		status = http.StatusInternalServerError
-		if errors.As(err, &ie) && ie.Status == http.StatusGatewayTimeout {
-			status = http.StatusServiceUnavailable
-		}
 		g.log.Error("gateway", "request_id", reqID, "route", route.Key(), "error", err.Error())
 		apiMessage(w, status, http.StatusText(status))
 		return

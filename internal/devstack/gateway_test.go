@@ -179,8 +179,9 @@ func TestGatewayFunctionFailures(t *testing.T) {
 		wantStatus   int
 		wantContains string
 	}{
-		{"handler error", 200, `{"errorMessage":"boom","errorType":"errorString"}`, 500, "Internal Server Error"},
-		{"emulator timeout", 504, ``, 503, "Service Unavailable"},
+		{"handler error", 200, `{"errorMessage":"boom","errorType":"errorString"}`, 500, `{"message":"Internal Server Error"}`},
+		{"emulator timeout", 504, ``, 500, `{"message":"Internal Server Error"}`},
+		{"function timeout reported as text", 200, `2026-12-01T02:00:00Z 1b2c Task timed out after 29.00 seconds`, 500, `{"message":"Internal Server Error"}`},
 		{"init failure", 502, `{"errorMessage":"exit status 1"}`, 500, "Internal Server Error"},
 		{"no statusCode", 200, `{"hello":"world"}`, 200, `{"hello":"world"}`},
 		{"bad status", 200, `{"statusCode":42,"body":""}`, 500, "Internal Server Error"},

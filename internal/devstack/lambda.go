@@ -3,6 +3,7 @@ package devstack
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -90,8 +91,9 @@ func startInstance(ctx context.Context, fn Function, i int, rie, bootstrap, logD
 	return nil, fmt.Errorf("function %s: %w", fn.Name, last)
 }
 
-// InvokeError is a failed invocation: the emulator refused or timed out, or
-// the handler returned an error (Lambda's errorMessage/errorType reply).
+// InvokeError is a failed invocation: the emulator refused, the function
+// timed out or crashed (a reply that is not JSON), or the handler returned
+// an error (Lambda's errorMessage/errorType reply).
 type InvokeError struct {
 	Function string
 	Status   int    // emulator HTTP status (200 for handler errors)
@@ -141,7 +143,9 @@ func (f *lambdaFn) invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	if len(body) > maxInvokeResponse {
 		return nil, fmt.Errorf("invoke %s: reply exceeds %d bytes", f.fn.Name, maxInvokeResponse)
 	}
-	if resp.StatusCode != http.StatusOK || isHandlerError(body) {
+	if resp.StatusCode != http.StatusOK || isHandlerError(body) || !json.Valid(body) {
+		// A reply that is not JSON is no function response: the emulator's
+		// own report of a timeout ("Task timed out after …") or a crash.
 		return nil, &InvokeError{Function: f.fn.Name, Status: resp.StatusCode, Body: truncate(string(body), 2000)}
 	}
 	return body, nil

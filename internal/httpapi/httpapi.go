@@ -446,10 +446,14 @@ func releaseBody(res core.ReleaseResult) releaseJSON {
 	return releaseJSON{SandboxID: res.SandboxID, State: res.State, Sync: s, SyncError: res.SyncError}
 }
 
-// syncBody normalises a nil deferred list to [] so clients see an array.
+// syncBody normalises nil deferred and excluded lists to [] so clients
+// see arrays.
 func syncBody(s core.SyncResult) core.SyncResult {
 	if s.Deferred == nil {
 		s.Deferred = []core.DeferredFile{}
+	}
+	if s.Excluded == nil {
+		s.Excluded = []core.DeferredFile{}
 	}
 	return s
 }
@@ -518,7 +522,8 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 	case errors.Is(err, core.ErrStoreUnavailable):
 		r.detail = err.Error()
 		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: "STORE_UNAVAILABLE", Message: "state store unavailable, retry later", Reason: "store_unavailable", Retryable: true}, outageRetryAfter)
-	case errors.As(err, &pe) && (pe.Ambiguous || pe.StatusCode == 0 || pe.StatusCode >= 500 || pe.StatusCode == http.StatusTooManyRequests),
+	case errors.Is(err, core.ErrProviderUnavailable),
+		errors.As(err, &pe) && (pe.Ambiguous || pe.StatusCode == 0 || pe.StatusCode >= 500 || pe.StatusCode == http.StatusTooManyRequests),
 		errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne):
 		r.detail = err.Error()
 		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: "PROVIDER_UNAVAILABLE", Message: "sandbox provider unavailable, retry later", Reason: "provider_unavailable", Retryable: true}, outageRetryAfter)

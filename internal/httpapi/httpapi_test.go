@@ -244,9 +244,9 @@ func TestRoutingByPathWithoutRouteKey(t *testing.T) {
 		{"GET", "/v1/sandboxes/abc", "Get acme abc",
 			`{"sandbox_id":"abc","state":"warm","user_id":"u","thread_id":"t","backend":"e2b","created_at":"2026-11-29T10:00:00Z"}`},
 		{"POST", "/v1/sandboxes/abc/release", "Release acme abc",
-			`{"sandbox_id":"abc","state":"warm","sync":{"uploaded":1,"skipped":0,"deferred":[],"bytes":3,"complete":true}}`},
+			`{"sandbox_id":"abc","state":"warm","sync":{"uploaded":1,"skipped":0,"deferred":[],"excluded":[],"bytes":3,"complete":true}}`},
 		{"POST", "/v1/sandboxes/abc/sync", "Sync acme abc",
-			`{"uploaded":0,"skipped":2,"deferred":[],"bytes":0,"complete":true}`},
+			`{"uploaded":0,"skipped":2,"deferred":[],"excluded":[],"bytes":0,"complete":true}`},
 		{"GET", "/v1/capacity", "Capacity",
 			`{"limit":3,"used":1,"active":1,"warm":0,"reserved":0,"transitioning":0,"tombstones":0,"policy":"wait","draining":false}`},
 	}
@@ -340,6 +340,7 @@ func TestErrorMapping(t *testing.T) {
 		{"provider ambiguous", &core.ProviderError{Op: "create", StatusCode: 502, Message: "bad gateway", Ambiguous: true}, 503, "PROVIDER_UNAVAILABLE", "2", true, true},
 		{"provider transport", &core.ProviderError{Op: "create", Message: "connection refused"}, 503, "PROVIDER_UNAVAILABLE", "2", true, true},
 		{"deadline", fmt.Errorf("create: %w", context.DeadlineExceeded), 503, "PROVIDER_UNAVAILABLE", "2", true, true},
+		{"created sandboxes unusable", fmt.Errorf("acquire: %w: sandbox sb1 was gone", core.ErrProviderUnavailable), 503, "PROVIDER_UNAVAILABLE", "2", true, true},
 		{"provider 4xx", &core.ProviderError{Op: "create", StatusCode: 400, Message: "template secret-x not found"}, 500, "INTERNAL", "", false, true},
 		{"other", errors.New("boom: secret detail"), 500, "INTERNAL", "", false, true},
 	}

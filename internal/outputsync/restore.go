@@ -390,9 +390,9 @@ func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored m
 // finishRestore builds the result and the error of Restore.
 func (s *Syncer) finishRestore(ctx context.Context, p *pass, log *slog.Logger, start time.Time) (core.SyncResult, error) {
 	res := p.res
-	res.Deferred = s.report(p.deferred)
+	res.Deferred, res.Excluded = s.report(p.deferred), s.report(p.excluded)
 	res.Complete = len(p.deferred) == 0 && p.goneErr == nil && ctx.Err() == nil
-	log.Info("restore", "restored", res.Uploaded, "deferred", len(p.deferred), "bytes", res.Bytes,
+	log.Info("restore", "restored", res.Uploaded, "deferred", len(p.deferred), "excluded", len(p.excluded), "bytes", res.Bytes,
 		"complete", res.Complete, "duration_ms", s.now().Sub(start).Milliseconds())
 	switch {
 	case p.goneErr != nil:

@@ -153,7 +153,7 @@ func TestRestore_RoundTripSeedsManifest(t *testing.T) {
 	for _, b := range files {
 		total += int64(len(b))
 	}
-	want := core.SyncResult{Uploaded: len(files), Bytes: total, Deferred: []core.DeferredFile{}, Complete: true}
+	want := core.SyncResult{Uploaded: len(files), Bytes: total, Deferred: []core.DeferredFile{}, Excluded: []core.DeferredFile{}, Complete: true}
 	if !reflect.DeepEqual(res, want) {
 		t.Fatalf("result = %+v, want %+v", res, want)
 	}
@@ -195,7 +195,7 @@ func TestRestore_NothingStored(t *testing.T) {
 	t.Parallel()
 	e := newRestoreEnv(t, nil)
 	res, err := e.restore(e.restorer(Options{}), "sb-new")
-	want := core.SyncResult{Deferred: []core.DeferredFile{}, Complete: true}
+	want := core.SyncResult{Deferred: []core.DeferredFile{}, Excluded: []core.DeferredFile{}, Complete: true}
 	if err != nil || !reflect.DeepEqual(res, want) {
 		t.Fatalf("Restore = %+v, %v; want %+v, nil", res, err, want)
 	}

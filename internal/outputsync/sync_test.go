@@ -44,10 +44,22 @@ func randomBytes(t *testing.T, n int) []byte {
 	return b
 }
 
+// deferredReasons maps every file a pass did not copy (deferred or
+// excluded) to its reason; a file in the wrong list maps to "misfiled "
+// and its reason, so the maps tests compare also check the split.
 func deferredReasons(res core.SyncResult) map[string]string {
 	m := map[string]string{}
 	for _, d := range res.Deferred {
 		m[d.Path] = d.Reason
+		if excludedReasons[d.Reason] {
+			m[d.Path] = "misfiled " + d.Reason
+		}
+	}
+	for _, d := range res.Excluded {
+		m[d.Path] = d.Reason
+		if !excludedReasons[d.Reason] {
+			m[d.Path] = "misfiled " + d.Reason
+		}
 	}
 	return m
 }
@@ -70,7 +82,7 @@ func TestSync_WritesNewFilesWithExactBytesAndChecksum(t *testing.T) {
 
 	res := e.mustSync(s, "sb1")
 
-	want := core.SyncResult{Uploaded: 4, Bytes: 13 + 12 + 70_000, Deferred: []core.DeferredFile{}, Complete: true}
+	want := core.SyncResult{Uploaded: 4, Bytes: 13 + 12 + 70_000, Deferred: []core.DeferredFile{}, Excluded: []core.DeferredFile{}, Complete: true}
 	if !reflect.DeepEqual(res, want) {
 		t.Fatalf("result = %+v, want %+v", res, want)
 	}
@@ -140,7 +152,7 @@ func TestSync_SecondPassWithoutChangesUploadsNothing(t *testing.T) {
 
 	res := e.mustSync(s, "sb1")
 
-	want := core.SyncResult{Skipped: 2, Deferred: []core.DeferredFile{}, Complete: true}
+	want := core.SyncResult{Skipped: 2, Deferred: []core.DeferredFile{}, Excluded: []core.DeferredFile{}, Complete: true}
 	if !reflect.DeepEqual(res, want) {
 		t.Fatalf("result = %+v, want %+v", res, want)
 	}
@@ -322,8 +334,9 @@ func TestSync_Caps(t *testing.T) {
 			if got := deferredReasons(res); !reflect.DeepEqual(got, tc.wantDefer) {
 				t.Errorf("deferred = %v, want %v", got, tc.wantDefer)
 			}
-			if res.Complete {
-				t.Errorf("complete = true for a capped pass")
+			// A pass is complete when only policy exclusions are left.
+			if wantComplete := len(res.Deferred) == 0; res.Complete != wantComplete {
+				t.Errorf("complete = %v, want %v (deferred %v, excluded %v)", res.Complete, wantComplete, res.Deferred, res.Excluded)
 			}
 			for _, rel := range tc.wantOpened {
 				if _, ok := e.object(rel); !ok {
@@ -447,8 +460,9 @@ func TestSync_StreamNotMatchingListedSizeIsAborted(t *testing.T) {
 			if got := deferredReasons(res); !reflect.DeepEqual(got, map[string]string{"outputs/f.bin": tc.wantReason}) {
 				t.Fatalf("deferred = %v, want outputs/f.bin: %s", got, tc.wantReason)
 			}
-			if res.Uploaded != 0 || res.Complete {
-				t.Errorf("result = %+v, want nothing uploaded, incomplete", res)
+			// Over the cap is a policy exclusion; a changed file is retried.
+			if wantComplete := excludedReasons[tc.wantReason]; res.Uploaded != 0 || res.Complete != wantComplete {
+				t.Errorf("result = %+v, want nothing uploaded, complete %v", res, wantComplete)
 			}
 			if _, ok := e.object("outputs/f.bin"); ok {
 				t.Errorf("object stored for an aborted stream")
@@ -541,8 +555,8 @@ func TestSync_HostileTreeOnDisk(t *testing.T) {
 	if got := deferredReasons(res); !reflect.DeepEqual(got, wantDefer) {
 		t.Errorf("deferred = %v, want %v", got, wantDefer)
 	}
-	if res.Uploaded != 2 || res.Complete {
-		t.Errorf("result = %+v, want 2 uploaded, incomplete", res)
+	if res.Uploaded != 2 || !res.Complete {
+		t.Errorf("result = %+v, want 2 uploaded, complete (unsafe names are excluded)", res)
 	}
 	want := []string{
 		manifestKey(testPrefix, e.key),
@@ -607,7 +621,7 @@ func TestSync_HostileListing(t *testing.T) {
 	res := e.mustSync(e.syncer(Options{}), "sb1")
 
 	counts := map[string]int{}
-	for _, d := range res.Deferred {
+	for _, d := range append(res.Deferred, res.Excluded...) {
 		counts[d.Reason]++
 	}
 	want := map[string]int{ReasonUnsafePath: 10, ReasonPathTooLong: 1, ReasonUnparsable: 3}
@@ -957,5 +971,23 @@ func TestSync_ManyTinyFilesConverge(t *testing.T) {
 	}
 	if got := len(e.manifest().Files); got != n {
 		t.Errorf("manifest entries = %d, want %d", got, n)
+	}
+}
+
+// A file over the per-file cap is excluded by policy: it is reported in
+// Excluded, never in Deferred, and every pass, the first included, is
+// complete, so "more to do" and "excluded" stay distinguishable.
+func TestSync_ExcludedFilesDoNotKeepPassesIncomplete(t *testing.T) {
+	t.Parallel()
+	e := newSyncEnv(t)
+	writeFile(t, e.sb.home, "outputs/huge.bin", bytes.Repeat([]byte("x"), 101), t0)
+	writeFile(t, e.sb.home, "outputs/ok.txt", []byte("ok"), t0)
+	s := e.syncer(Options{MaxFileBytes: 100})
+	wantExcluded := []core.DeferredFile{{Path: "outputs/huge.bin", Reason: ReasonFileTooLarge}}
+	for pass, wantUploaded := range []int{1, 0} {
+		res := e.mustSync(s, "sb1")
+		if !res.Complete || res.Uploaded != wantUploaded || len(res.Deferred) != 0 || !reflect.DeepEqual(res.Excluded, wantExcluded) {
+			t.Errorf("pass %d: got %+v, want complete, %d uploaded, nothing deferred, excluded %v", pass+1, res, wantUploaded, wantExcluded)
+		}
 	}
 }

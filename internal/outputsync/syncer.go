@@ -74,7 +74,9 @@ const (
 	maxUnsafeLogged = 20
 )
 
-// Deferral reasons reported in core.DeferredFile.Reason.
+// Reasons reported in core.DeferredFile.Reason. Those of excludedReasons
+// go to SyncResult.Excluded (policy: no later pass copies the file as it
+// is), the others to SyncResult.Deferred.
 const (
 	ReasonMaxFiles          = "max_files"           // the pass's file cap was spent
 	ReasonMaxTotalBytes     = "max_total_bytes"     // the pass's byte cap would be passed
@@ -91,6 +93,11 @@ const (
 	ReasonError             = "error"               // sandbox read or S3 failure (logged)
 	ReasonReportTruncated   = "report_truncated"    // more deferrals than MaxReported
 )
+
+// excludedReasons are the policy reasons: the file stays out of the sink
+// until it changes (shrinks, or is renamed), so it never makes a pass
+// incomplete.
+var excludedReasons = map[string]bool{ReasonFileTooLarge: true, ReasonUnsafePath: true, ReasonPathTooLong: true}
 
 // Options configure a Syncer. Zero values take the defaults above.
 type Options struct {
@@ -213,6 +220,7 @@ type pass struct {
 	mu       sync.Mutex
 	res      core.SyncResult
 	deferred []core.DeferredFile
+	excluded []core.DeferredFile
 	m        *Manifest
 	dirty    bool
 	capped   bool
@@ -222,9 +230,15 @@ type pass struct {
 	lastStore time.Time
 }
 
+// deferFile reports a file not copied: excluded for a policy reason,
+// deferred otherwise.
 func (p *pass) deferFile(path, reason string) {
 	p.mu.Lock()
-	p.deferred = append(p.deferred, core.DeferredFile{Path: path, Reason: reason})
+	if excludedReasons[reason] {
+		p.excluded = append(p.excluded, core.DeferredFile{Path: path, Reason: reason})
+	} else {
+		p.deferred = append(p.deferred, core.DeferredFile{Path: path, Reason: reason})
+	}
 	p.mu.Unlock()
 }
 
@@ -327,9 +341,9 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 	}
 
 	res := p.res
-	res.Deferred = s.report(p.deferred)
+	res.Deferred, res.Excluded = s.report(p.deferred), s.report(p.excluded)
 	res.Complete = len(p.deferred) == 0 && storeErr == nil && p.goneErr == nil && ctx.Err() == nil
-	log.Info("sync pass", "uploaded", res.Uploaded, "skipped", res.Skipped, "deferred", len(p.deferred),
+	log.Info("sync pass", "uploaded", res.Uploaded, "skipped", res.Skipped, "deferred", len(p.deferred), "excluded", len(p.excluded),
 		"bytes", res.Bytes, "complete", res.Complete, "duration_ms", s.now().Sub(start).Milliseconds())
 	switch {
 	case p.goneErr != nil:

@@ -174,11 +174,15 @@ type DeferredFile struct {
 // SyncResult is the body of POST /v1/sandboxes/{id}/sync: one pass copying
 // outputs/ and workspace/ to S3.
 type SyncResult struct {
-	Uploaded int            `json:"uploaded"`
-	Skipped  int            `json:"skipped"`
+	Uploaded int `json:"uploaded"`
+	Skipped  int `json:"skipped"`
+	// Deferred lists files a later pass may still copy, with the reason.
 	Deferred []DeferredFile `json:"deferred"`
+	// Excluded lists files no pass copies as they are (over the per-file
+	// cap, unsafe or too long a name); they do not make a pass incomplete.
+	Excluded []DeferredFile `json:"excluded"`
 	Bytes    int64          `json:"bytes"`
-	// Complete is true when every listed file is in S3 unchanged.
+	// Complete is true when a later pass would copy nothing more.
 	Complete bool `json:"complete"`
 }
 

@@ -114,6 +114,10 @@ func backoff(n int) time.Duration {
 // waiting acquire still answers (429) before Lambda or API Gateway gives up.
 const responseMargin = time.Second
 
+// maxUnusable bounds the sandboxes one acquire gives up on (dead after
+// create, failed bootstrap, wedged) before answering ErrProviderUnavailable.
+const maxUnusable = 3
+
 // createBudget is the time kept for create + bootstrap after waiting.
 const createBudget = 10 * time.Second
 
@@ -131,7 +135,9 @@ const createBudget = 10 * time.Second
 // Errors: *ValidationError; *CapacityError when no slot frees in time
 // (reason "capacity", "user_quota", "capacity_backend" or "draining");
 // ErrLeaseHeld when a peer holds the thread past the acquire timeout;
-// ErrStoreUnavailable or an ambiguous *ProviderError on outages.
+// ErrStoreUnavailable or an ambiguous *ProviderError on outages;
+// ErrProviderUnavailable when created sandboxes died or failed their
+// bootstrap and no retry fitted in the time left.
 func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, error) {
 	if err := key.Validate(); err != nil {
 		return AcquireResult{}, err
@@ -149,10 +155,16 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 			deadline = e.now().Add(left)
 		}
 	}
+	failures := 0 // sandboxes the provider handed out that proved unusable
 	for attempt := 0; ; attempt++ {
 		res, retry, err := e.acquireOnce(ctx, key, owner)
 		if err == nil {
 			return res, nil
+		}
+		if errors.Is(err, ErrProviderUnavailable) {
+			if failures++; failures >= maxUnusable {
+				return AcquireResult{}, err
+			}
 		}
 		if !retry {
 			return AcquireResult{}, err
@@ -253,7 +265,7 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 	case errors.Is(err, ErrSandboxGone):
 		e.log.InfoContext(ctx, "active sandbox gone; replacing", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
 		e.destroy(ctx, rec, owner, StateActive)
-		return AcquireResult{}, true, fmt.Errorf("sandbox %s was gone: %w", rec.SandboxID, ErrSandboxGone)
+		return AcquireResult{}, true, unavailable(fmt.Errorf("sandbox %s was gone", rec.SandboxID))
 	default:
 		return AcquireResult{}, false, fmt.Errorf("probe sandbox: %w", err)
 	}
@@ -399,19 +411,23 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 		}
 		return AcquireResult{}, false, errors.Join(fmt.Errorf("create sandbox: %w", err), e.freeReservation(ctx, token, key))
 	}
+	// A sandbox that dies or fails its bootstrap right after its create is
+	// the provider's failure, not the caller's: acquire tries again while
+	// time allows, else answers ErrProviderUnavailable.
 	if err := e.bootstrap(ctx, ref); err != nil {
 		if kerr := e.prov.Kill(ctx, ref.ID); kerr != nil {
-			// Uncertain kill: keep the slot (invariant 4).
-			return AcquireResult{}, false, fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr)
+			// Uncertain kill: keep the slot (invariant 4), and stop: a
+			// retry would strand another slot the same way.
+			return AcquireResult{}, false, unavailable(fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr))
 		}
-		return AcquireResult{}, false, errors.Join(err, e.freeReservation(ctx, token, key))
+		return AcquireResult{}, true, unavailable(errors.Join(err, e.freeReservation(ctx, token, key)))
 	}
 	restored, err := e.restore(ctx, key, ref)
 	if err != nil {
 		if kerr := e.prov.Kill(ctx, ref.ID); kerr != nil {
-			return AcquireResult{}, false, fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr)
+			return AcquireResult{}, false, unavailable(fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr))
 		}
-		return AcquireResult{}, true, errors.Join(err, e.freeReservation(ctx, token, key))
+		return AcquireResult{}, true, unavailable(errors.Join(err, e.freeReservation(ctx, token, key)))
 	}
 	now = e.now()
 	rec, err := e.store.Finalize(ctx, token, Record{
@@ -464,6 +480,13 @@ func (e *Engine) restore(ctx context.Context, key ThreadKey, ref SandboxRef) (*S
 		e.log.WarnContext(ctx, "restore incomplete; handing out the sandbox", "sandbox_id", ref.ID, "err", err)
 	}
 	return &res, nil
+}
+
+// unavailable wraps a failure of the sandboxes the provider handed out as
+// ErrProviderUnavailable, hiding the cause's kind (a dead sandbox is not
+// the caller's "not found").
+func unavailable(cause error) error {
+	return fmt.Errorf("%w: %v", ErrProviderUnavailable, cause)
 }
 
 func (e *Engine) freeReservation(ctx context.Context, token string, key ThreadKey) error {

@@ -422,11 +422,12 @@ func TestCertainCreateFailureFreesReservation(t *testing.T) {
 func TestBootstrapFailureKillsAndFreesSlot(t *testing.T) {
 	h := newHarness(t, nil)
 	h.prov.RunExit = 1
-	if _, err := h.eng.Acquire(context.Background(), key("t1")); err == nil {
-		t.Fatal("Acquire handed out a sandbox whose bootstrap failed")
+	_, err := h.eng.Acquire(context.Background(), key("t1"))
+	if !errors.Is(err, core.ErrProviderUnavailable) {
+		t.Fatalf("Acquire = %v, want ErrProviderUnavailable (retryable) after the retries", err)
 	}
-	if len(h.prov.Killed()) != 1 {
-		t.Errorf("killed = %v, want the bootstrap-failed sandbox", h.prov.Killed())
+	if got := h.prov.Killed(); len(got) != 3 {
+		t.Errorf("killed = %v, want the 3 bootstrap-failed sandboxes (one per try)", got)
 	}
 	if st := h.capacity(t); st.Used != 0 {
 		t.Errorf("used = %d, want 0", st.Used)
@@ -437,8 +438,8 @@ func TestBootstrapFailureWithUncertainKillKeepsSlot(t *testing.T) {
 	h := newHarness(t, nil)
 	h.prov.RunExit = 1
 	h.prov.KillErr = errors.New("connection reset")
-	if _, err := h.eng.Acquire(context.Background(), key("t1")); err == nil {
-		t.Fatal("Acquire handed out a sandbox whose bootstrap failed")
+	if _, err := h.eng.Acquire(context.Background(), key("t1")); !errors.Is(err, core.ErrProviderUnavailable) {
+		t.Fatalf("Acquire = %v, want ErrProviderUnavailable", err)
 	}
 	if st := h.capacity(t); st.Used != 1 {
 		t.Errorf("used = %d, want 1: an uncertain kill keeps its slot", st.Used)

@@ -28,6 +28,10 @@ var (
 	// ErrStoreUnavailable wraps store failures whose outcome is unknown
 	// ("maybe applied"): throttling, timeouts, 5xx.
 	ErrStoreUnavailable = errors.New("store unavailable")
+	// ErrProviderUnavailable: the provider could not give the thread a
+	// working sandbox in time (created ones died or failed bootstrap, or
+	// calls stalled); nothing is held for the caller, who may retry.
+	ErrProviderUnavailable = errors.New("sandbox provider unavailable")
 )
 
 // ValidationError is bad caller input (HTTP 400). Nothing was changed.

@@ -17,11 +17,18 @@ type DeferredFile struct {
 
 // SyncResult reports one sync pass (POST /v1/sandboxes/{id}/sync body).
 type SyncResult struct {
-	Uploaded int            `json:"uploaded"`
-	Skipped  int            `json:"skipped"`
+	Uploaded int `json:"uploaded"`
+	Skipped  int `json:"skipped"`
+	// Deferred lists files a later pass may still copy (caps, deadline,
+	// errors), with their reasons.
 	Deferred []DeferredFile `json:"deferred"`
+	// Excluded lists files no pass will copy as they are (policy: over the
+	// per-file cap, unsafe or too long a name), with their reasons. They do
+	// not make a pass incomplete.
+	Excluded []DeferredFile `json:"excluded"`
 	Bytes    int64          `json:"bytes"`
-	// Complete is true when every listed file is in the sink unchanged.
+	// Complete is true when a later pass would copy nothing more: every
+	// listed file is in the sink unchanged or excluded.
 	Complete bool `json:"complete"`
 }
 
