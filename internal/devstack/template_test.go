@@ -62,8 +62,8 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 			t.Errorf("%s env = %v, want the Globals defaults without empty values", f.Name, f.Env)
 		}
 		if f.Name == "reconcile" {
-			if !reflect.DeepEqual(f.Schedules, []time.Duration{5 * time.Minute}) {
-				t.Errorf("reconcile schedules = %v, want [5m]", f.Schedules)
+			if !reflect.DeepEqual(f.Schedules, []time.Duration{time.Minute}) {
+				t.Errorf("reconcile schedules = %v, want [1m]", f.Schedules)
 			}
 		} else if len(f.Schedules) != 0 {
 			t.Errorf("%s has schedules %v", f.Name, f.Schedules)
