@@ -1,7 +1,7 @@
 // Package cli implements `sbx`, the command-line client of sandbox-broker:
 // acquire a sandbox for a (user, thread), run commands and move files in it
-// through its connection (E2B envd for backend e2b, the AIO sandbox API for
-// backend provisioner), release and sync it, read its record, the
+// through its connection (E2B envd or the AIO sandbox API, as the
+// connection's protocol says), release and sync it, read its record, the
 // capacity, the thread's outputs in S3, and drain or undrain the deployment
 // (admin tenants). cmd/sbx only wires it to os.
 //
@@ -283,7 +283,7 @@ func checkID(id string) error {
 }
 
 // sandboxIO is what exec, put and get need of a sandbox; client.Envd
-// (backend e2b) and client.AIO (backend provisioner) provide it.
+// (protocol envd) and client.AIO (protocol aio) provide it.
 type sandboxIO interface {
 	Exec(ctx context.Context, req client.ExecRequest) (int, error)
 	PutFile(ctx context.Context, p string, r io.Reader) error
@@ -295,22 +295,19 @@ var (
 	_ sandboxIO = (*client.AIO)(nil)
 )
 
-// ErrUnsupportedConnection means the acquire response's connection has
-// neither envd_url (backend e2b) nor sandbox_url (backend provisioner).
+// ErrUnsupportedConnection means the acquire response's connection speaks
+// a protocol sbx does not know.
 var ErrUnsupportedConnection = errors.New("no connection sbx can use")
 
-// openSandbox picks the helper for conn's kind.
-func (a *App) openSandbox(id, backend string, conn client.Connection) (sandboxIO, error) {
+// openSandbox picks the helper for conn's protocol.
+func (a *App) openSandbox(id string, conn client.Connection) (sandboxIO, error) {
 	switch conn.Kind() {
 	case client.KindEnvd:
 		return client.NewEnvd(id, conn, a.HTTPClient)
 	case client.KindAIO:
 		return client.NewAIO(id, conn, a.HTTPClient)
 	}
-	if backend == "" {
-		backend = "unknown"
-	}
-	return nil, fmt.Errorf("sandbox %s (backend %s): %w: exec, put and get need envd_url (backend e2b) or sandbox_url (backend provisioner) in the acquire response's connection", id, backend, ErrUnsupportedConnection)
+	return nil, fmt.Errorf("sandbox %s (protocol %q): %w: exec, put and get speak %s or %s", id, conn.Kind(), ErrUnsupportedConnection, client.KindEnvd, client.KindAIO)
 }
 
 // envd returns the helper of sandbox id: from its stored connection, else
@@ -336,7 +333,7 @@ func (a *App) envd(ctx context.Context, g *globals, f connFlags, id string) (san
 		if sb.SandboxID != id {
 			return nil, fmt.Errorf("thread %s/%s has sandbox %s, not %s", f.user, f.thread, sb.SandboxID, id)
 		}
-		return a.openSandbox(id, sb.Backend, sb.Connection)
+		return a.openSandbox(id, sb.Connection)
 	}
 	if errors.Is(err, ErrNoConnection) {
 		return nil, fmt.Errorf("%w: run `sbx acquire --user U --thread T` first, or pass --user and --thread", err)
@@ -344,7 +341,7 @@ func (a *App) envd(ctx context.Context, g *globals, f connFlags, id string) (san
 	if err != nil {
 		return nil, err
 	}
-	return a.openSandbox(id, sc.Backend, sc.Connection)
+	return a.openSandbox(id, sc.Connection)
 }
 
 func (a *App) execCmd(g *globals) *cobra.Command {
@@ -359,8 +356,8 @@ func (a *App) execCmd(g *globals) *cobra.Command {
 		Use:   "exec ID [-c SCRIPT | -- CMD [ARGS...]]",
 		Short: "Run a command in the sandbox, streaming its output; exits with its exit code",
 		Long: `Run a command in the sandbox through its connection (no provider API key needed):
-envd for backend e2b (output streamed), the AIO sandbox API for backend provisioner (output
-written when the command ends).
+envd (output streamed) or the AIO sandbox API (output written when the command ends), as the
+connection's protocol says.
 CMD and ARGS are quoted for the shell, so they arrive as given; -c runs a bash script instead.
 Values passed with -e KEY=VALUE go to the process environment, never into the command line.
 sbx exits with the command's exit code.`,

@@ -174,6 +174,12 @@ func baseURL(field, raw string) (string, error) {
 // Name returns "e2b".
 func (c *Client) Name() string { return "e2b" }
 
+// Capabilities implements core.Provider: envd endpoints, a paged inventory
+// (ListPage) and endpoints located from the sandbox id (Locate).
+func (c *Client) Capabilities() core.Capabilities {
+	return core.Capabilities{Protocol: core.ProtocolEnvd, Pager: c, Locate: c.Locate}
+}
+
 // newSandbox is the body of POST /v2/sandboxes (OpenAPI schema NewSandbox).
 type newSandbox struct {
 	TemplateID string            `json:"templateID"`
@@ -266,7 +272,8 @@ func (c *Client) Create(ctx context.Context, spec core.CreateSpec) (core.Sandbox
 	if sb.Domain != nil && *sb.Domain != "" {
 		domain = *sb.Domain
 	}
-	return core.SandboxRef{ID: sb.SandboxID, EnvdURL: c.envdURL(sb.SandboxID, domain), AccessToken: sb.EnvdAccessToken}, nil
+	return core.SandboxRef{ID: sb.SandboxID, Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd,
+		URL: c.envdURL(sb.SandboxID, domain), AccessToken: sb.EnvdAccessToken}}, nil
 }
 
 // createAmbiguous reports whether a create answered with status may still

@@ -116,19 +116,19 @@ func TestCreateSendsSpecAndReturnsRef(t *testing.T) {
 	if ev, _ := got.body["envVars"].(map[string]any); ev["A"] != "1" {
 		t.Errorf("envVars = %v, want A=1", got.body["envVars"])
 	}
-	want := core.SandboxRef{ID: "sbx1", EnvdURL: "https://49983-sbx1.example.dev", AccessToken: "tok"}
+	want := core.SandboxRef{ID: "sbx1", Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd, URL: "https://49983-sbx1.example.dev", AccessToken: "tok"}}
 	if ref != want {
 		t.Errorf("ref = %+v, want %+v", ref, want)
 	}
 
 	// A configured SandboxURL wins; a null domain falls back to e2b.app.
 	c2 := newTestClient(t, srv.URL, "http://127.0.0.1:9/", nil)
-	if ref, _ := c2.Create(context.Background(), core.CreateSpec{}); ref.EnvdURL != "http://127.0.0.1:9" {
-		t.Errorf("EnvdURL with SandboxURL = %q, want http://127.0.0.1:9", ref.EnvdURL)
+	if ref, _ := c2.Create(context.Background(), core.CreateSpec{}); ref.Endpoint.URL != "http://127.0.0.1:9" {
+		t.Errorf("EnvdURL with SandboxURL = %q, want http://127.0.0.1:9", ref.Endpoint.URL)
 	}
 	domain = ""
-	if ref, _ := c.Create(context.Background(), core.CreateSpec{}); ref.EnvdURL != "https://49983-sbx1.e2b.app" {
-		t.Errorf("EnvdURL without domain = %q, want https://49983-sbx1.e2b.app", ref.EnvdURL)
+	if ref, _ := c.Create(context.Background(), core.CreateSpec{}); ref.Endpoint.URL != "https://49983-sbx1.e2b.app" {
+		t.Errorf("EnvdURL without domain = %q, want https://49983-sbx1.e2b.app", ref.Endpoint.URL)
 	}
 	if _, ok := got.body["timeout"]; ok {
 		t.Errorf("zero Timeout sent timeout %v, want it omitted (server default)", got.body["timeout"])

@@ -78,9 +78,9 @@ func goneControlPlane(t *testing.T, gone bool) *httptest.Server {
 	return srv
 }
 
-var testRef = core.SandboxRef{ID: "sbx1", AccessToken: "tok"}
+var testRef = core.SandboxRef{ID: "sbx1", Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd, AccessToken: "tok"}}
 
-func refAt(url string) core.SandboxRef { r := testRef; r.EnvdURL = url; return r }
+func refAt(url string) core.SandboxRef { r := testRef; r.Endpoint.URL = url; return r }
 
 func TestRunCollectsOutputAndExitCode(t *testing.T) {
 	f := &fakeEnvd{script: func(ctx context.Context, req *connect.Request[startRequest], s *connect.ServerStream[startResponse]) error {

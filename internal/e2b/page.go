@@ -12,10 +12,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-var (
-	_ core.PagedLister = (*Client)(nil)
-	_ core.EnvdLocator = (*Client)(nil)
-)
+var _ core.PagedLister = (*Client)(nil)
 
 // ListPage reads one page of GET /v2/sandboxes (E2B API spec: limit,
 // nextToken query parameters; the next token in the X-Next-Token response
@@ -87,9 +84,9 @@ func (c *Client) fetchPage(ctx context.Context, op string, q url.Values) ([]core
 	return out, header.Get("X-Next-Token"), nil
 }
 
-// EnvdRef addresses a sandbox's envd from its id alone (no call, so
+// Locate addresses a sandbox's envd from its id alone (no call, so
 // nothing extends its life). The access token is unknown (empty): it is
 // only returned by create and connect.
-func (c *Client) EnvdRef(id string) core.SandboxRef {
-	return core.SandboxRef{ID: id, EnvdURL: c.envdURL(id, DefaultDomain)}
+func (c *Client) Locate(id string) core.Endpoint {
+	return core.Endpoint{Protocol: core.ProtocolEnvd, URL: c.envdURL(id, DefaultDomain)}
 }

@@ -55,7 +55,7 @@ func TestListPageWalksTheInventoryWithACursor(t *testing.T) {
 	if strings.Join(got, ",") != strings.Join(want, ",") || pages != 2 {
 		t.Errorf("walked %v in %d pages, want %v in 2", got, pages, want)
 	}
-	if ref := c.EnvdRef("abc"); ref.ID != "abc" || ref.EnvdURL == "" || ref.AccessToken != "" {
-		t.Errorf("EnvdRef = %+v, want the envd URL and no token", ref)
+	if ep := c.Locate("abc"); ep.Protocol != core.ProtocolEnvd || ep.URL == "" || ep.AccessToken != "" {
+		t.Errorf("Locate = %+v, want an envd endpoint with a URL and no token", ep)
 	}
 }

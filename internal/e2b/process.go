@@ -287,8 +287,8 @@ func (c *Client) killProcess(ctx context.Context, ref core.SandboxRef, pid uint3
 
 // envdBase is the envd base URL for ref.
 func (c *Client) envdBase(ref core.SandboxRef) string {
-	if ref.EnvdURL != "" {
-		return ref.EnvdURL
+	if ref.Endpoint.URL != "" {
+		return ref.Endpoint.URL
 	}
 	return c.envdURL(ref.ID, DefaultDomain)
 }
@@ -298,8 +298,8 @@ func (c *Client) envdBase(ref core.SandboxRef) string {
 func setEnvdHeaders(h http.Header, ref core.SandboxRef) {
 	h.Set("E2b-Sandbox-Id", ref.ID)
 	h.Set("E2b-Sandbox-Port", strconv.Itoa(EnvdPort))
-	if ref.AccessToken != "" {
-		h.Set("X-Access-Token", ref.AccessToken)
+	if ref.Endpoint.AccessToken != "" {
+		h.Set("X-Access-Token", ref.Endpoint.AccessToken)
 	}
 }
 

@@ -50,7 +50,7 @@ func TestSandboxHostLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Create: %v", err)
 		}
-		if ref.ID == "" || ref.AccessToken == "" || ref.EnvdURL != srv.EnvdURL {
+		if ref.ID == "" || ref.Endpoint.AccessToken == "" || ref.Endpoint.URL != srv.EnvdURL {
 			t.Fatalf("ref = %+v, want id, token and EnvdURL %s", ref, srv.EnvdURL)
 		}
 		refs = append(refs, ref)
@@ -179,7 +179,7 @@ func TestSandboxHostLifecycle(t *testing.T) {
 
 	t.Run("wrong access token is refused for certain", func(t *testing.T) {
 		bad := ref
-		bad.AccessToken = "wrong"
+		bad.Endpoint.AccessToken = "wrong"
 		_, err := c.Run(ctx, bad, core.Command{Script: "true"})
 		var pe *core.ProviderError
 		if !errors.As(err, &pe) || pe.Ambiguous || errors.Is(err, core.ErrSandboxGone) {

@@ -24,7 +24,6 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/google/uuid"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/provisioner"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -356,14 +355,18 @@ func decodeAcquire(body []byte) (core.ThreadKey, error) {
 
 // Response bodies (DESIGN.md, HTTP API table).
 
-type connectionJSON struct {
+// envdConnectionJSON is an envd endpoint: the daemon's base URL and its
+// X-Access-Token.
+type envdConnectionJSON struct {
+	Protocol        string `json:"protocol"`
 	EnvdURL         string `json:"envd_url"`
 	EnvdAccessToken string `json:"envd_access_token"`
 }
 
-// sandboxConnectionJSON is the connection of a provisioner sandbox: the
-// AIO sandbox API base the agent talks to, and its bearer token if any.
-type sandboxConnectionJSON struct {
+// urlConnectionJSON is an endpoint of any other protocol (AIO: the AIO
+// sandbox API base the agent talks to, and its bearer token if any).
+type urlConnectionJSON struct {
+	Protocol    string `json:"protocol"`
 	SandboxURL  string `json:"sandbox_url"`
 	AccessToken string `json:"access_token,omitempty"`
 }
@@ -373,8 +376,8 @@ type acquireJSON struct {
 	State     string `json:"state"`
 	Source    string `json:"source"`
 	Backend   string `json:"backend"`
-	// Connection is a connectionJSON (E2B envd) or, for the provisioner
-	// backend, a sandboxConnectionJSON.
+	// Connection is an envdConnectionJSON or a urlConnectionJSON, by the
+	// endpoint's protocol.
 	Connection any    `json:"connection"`
 	ExpiresAt  string `json:"expires_at"`
 }
@@ -392,20 +395,20 @@ func acquireBody(res core.AcquireResult) acquireJSON {
 		State:      string(core.StateActive),
 		Source:     string(res.Source),
 		Backend:    res.Record.Backend,
-		Connection: connectionBody(res.Record),
+		Connection: connectionBody(res.Record.Endpoint),
 		ExpiresAt:  rfc3339(res.Record.ExpiresAt),
 	}
 }
 
-// connectionBody is how the agent reaches the sandbox: envd_url and
-// envd_access_token for E2B; sandbox_url (and access_token when the
-// provisioner issued one) for the provisioner backend, whose record keeps
-// the AIO base URL in EnvdURL (internal/provisioner).
-func connectionBody(r core.Record) any {
-	if r.Backend == provisioner.Name {
-		return sandboxConnectionJSON{SandboxURL: r.EnvdURL, AccessToken: r.EnvdAccessToken}
+// connectionBody is how the agent reaches the sandbox, keyed by the
+// endpoint's protocol (never by backend): envd_url and envd_access_token
+// for envd; sandbox_url (and access_token when there is one) for AIO and
+// any other protocol.
+func connectionBody(ep core.Endpoint) any {
+	if ep.Protocol == core.ProtocolEnvd {
+		return envdConnectionJSON{Protocol: ep.Protocol, EnvdURL: ep.URL, EnvdAccessToken: ep.AccessToken}
 	}
-	return connectionJSON{EnvdURL: r.EnvdURL, EnvdAccessToken: r.EnvdAccessToken}
+	return urlConnectionJSON{Protocol: ep.Protocol, SandboxURL: ep.URL, AccessToken: ep.AccessToken}
 }
 
 // recordJSON is GET /v1/sandboxes/{id}: the record without secrets or

@@ -116,15 +116,15 @@ var when = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
 
 func TestAcquireSuccessShape(t *testing.T) {
 	fb := &fakeBroker{acquire: core.AcquireResult{Source: core.SourceCreated, Record: core.Record{
-		SandboxID: "sbx1", State: core.StateActive, Backend: "e2b", EnvdURL: "http://127.0.0.1:49983",
-		EnvdAccessToken: "tok", ExpiresAt: when.Add(time.Hour), LeaseOwner: "secret-owner",
+		SandboxID: "sbx1", State: core.StateActive, Backend: "e2b",
+		Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd, URL: "http://127.0.0.1:49983", AccessToken: "tok"}, ExpiresAt: when.Add(time.Hour), LeaseOwner: "secret-owner",
 	}}}
 	resp, _, logs := serve(t, fb, event(RouteAcquire, "/v1/sandboxes/acquire", `{"user_id":"u1","thread_id":"t-1"}`, "acme", nil))
 	if resp.StatusCode != 200 {
 		t.Fatalf("status = %d, body %s", resp.StatusCode, resp.Body)
 	}
 	want := mustJSON(t, `{"sandbox_id":"sbx1","state":"active","source":"created","backend":"e2b",
-		"connection":{"envd_url":"http://127.0.0.1:49983","envd_access_token":"tok"},"expires_at":"2026-11-29T11:00:00Z"}`)
+		"connection":{"protocol":"envd","envd_url":"http://127.0.0.1:49983","envd_access_token":"tok"},"expires_at":"2026-11-29T11:00:00Z"}`)
 	if got := mustJSON(t, resp.Body); !reflect.DeepEqual(got, want) {
 		t.Errorf("body = %v\nwant %v", got, want)
 	}
@@ -231,7 +231,7 @@ func TestTenantFromAuthorizer(t *testing.T) {
 
 func TestRoutingByPathWithoutRouteKey(t *testing.T) {
 	fb := &fakeBroker{
-		record:   core.Record{SandboxID: "abc", State: core.StateWarm, ThreadKey: core.ThreadKey{User: "u", Thread: "t"}, Backend: "e2b", CreatedAt: when, EnvdAccessToken: "tok"},
+		record:   core.Record{SandboxID: "abc", State: core.StateWarm, ThreadKey: core.ThreadKey{User: "u", Thread: "t"}, Backend: "e2b", CreatedAt: when, Endpoint: core.Endpoint{AccessToken: "tok"}},
 		release:  core.ReleaseResult{SandboxID: "abc", State: "warm", Sync: &core.SyncResult{Uploaded: 1, Bytes: 3, Complete: true}},
 		sync:     core.SyncResult{Skipped: 2, Complete: true},
 		capacity: core.CapacityStatus{Limit: 3, Used: 1, Active: 1, Policy: "wait"},

@@ -71,18 +71,18 @@ func (e aioEnvelope) failed(op string) error {
 	return pe
 }
 
-// aioBase returns the AIO API base of ref (its EnvdURL).
+// aioBase returns the AIO API base of ref (its endpoint URL).
 func aioBase(ref core.SandboxRef) (string, error) {
-	if ref.EnvdURL == "" {
+	if ref.Endpoint.URL == "" {
 		return "", &core.ValidationError{Field: "sandbox_url", Message: "sandbox has no AIO URL"}
 	}
-	return strings.TrimRight(ref.EnvdURL, "/"), nil
+	return strings.TrimRight(ref.Endpoint.URL, "/"), nil
 }
 
 // aioHeaders sets the bearer token (AIO JWT auth) when ref carries one.
 func aioHeaders(h http.Header, ref core.SandboxRef) {
-	if ref.AccessToken != "" {
-		h.Set("Authorization", "Bearer "+ref.AccessToken)
+	if ref.Endpoint.AccessToken != "" {
+		h.Set("Authorization", "Bearer "+ref.Endpoint.AccessToken)
 	}
 }
 

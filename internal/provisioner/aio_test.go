@@ -29,7 +29,7 @@ func aioFixture(t *testing.T, gone bool, aio http.Handler) (*Client, core.Sandbo
 	srv := httptest.NewServer(aio)
 	t.Cleanup(srv.Close)
 	c := newClient(t, f.srv.URL, func(o *Options) { o.Timeouts.Ready = 200 * time.Millisecond })
-	return c, core.SandboxRef{ID: "abc123", EnvdURL: srv.URL + "/", AccessToken: "tok"}
+	return c, core.SandboxRef{ID: "abc123", Endpoint: core.Endpoint{Protocol: core.ProtocolAIO, URL: srv.URL + "/", AccessToken: "tok"}}
 }
 
 func TestRunReplies(t *testing.T) {

@@ -416,9 +416,12 @@ func contractConflict(body []byte) (*MountContractChangedError, bool) {
 	return &MountContractChangedError{Expected: v.Detail.Expected, Actual: v.Detail.Actual}, true
 }
 
-// Capabilities returns the provisioner's capabilities, probing first when
-// the cached answer is stale (see ensureCapabilities).
-func (c *Client) Capabilities(ctx context.Context) Capabilities { return c.ensureCapabilities(ctx) }
+// ServiceCapabilities returns the provisioner service's capabilities
+// (GET /api/capabilities), probing first when the cached answer is stale
+// (see ensureCapabilities).
+func (c *Client) ServiceCapabilities(ctx context.Context) Capabilities {
+	return c.ensureCapabilities(ctx)
+}
 
 // ensureCapabilities probes GET /api/capabilities (5 s) when the cached
 // answer is stale, and returns the current state. A 404 means a legacy

@@ -416,7 +416,7 @@ func TestCreate(t *testing.T) {
 			}
 			if tt.want.reprobes {
 				before := f.probes.Load()
-				c.Capabilities(context.Background())
+				c.ServiceCapabilities(context.Background())
 				if f.probes.Load() != before+1 {
 					t.Errorf("capability detection did not restart (probes %d -> %d)", before, f.probes.Load())
 				}
@@ -456,7 +456,7 @@ func TestCreateTransportFailureIsAmbiguous(t *testing.T) {
 	f := newFakeProv(t)
 	f.set(func() { f.caps = capsV(2) })
 	c := newClient(t, f.srv.URL, nil)
-	c.Capabilities(context.Background())
+	c.ServiceCapabilities(context.Background())
 	c.base = deadURL(t) // capabilities are cached; the POST fails in transport
 	_, err := c.CreateSandbox(context.Background(), CreateRequest{SandboxID: "abc123", UserID: "alice"})
 	if err == nil || !core.IsAmbiguous(err) || !strings.Contains(err.Error(), "provisioner create failed") {
@@ -478,7 +478,7 @@ func TestProbeBackoff(t *testing.T) {
 	now := time.Unix(100, 0)
 	c := newClient(t, deadURL(t), func(o *Options) { o.Now = func() time.Time { return now } })
 	c.failures = 1024
-	c.Capabilities(context.Background())
+	c.ServiceCapabilities(context.Background())
 	if c.failures != 1025 || !c.nextProbe.Equal(now.Add(30*time.Second)) {
 		t.Errorf("after failure: failures %d next %v, want 1025 and %v", c.failures, c.nextProbe, now.Add(30*time.Second))
 	}
@@ -500,7 +500,7 @@ func TestCapabilitiesCacheAndSingleFlight(t *testing.T) {
 	results := make(chan Capabilities, 8)
 	for range 8 {
 		wg.Add(1)
-		go func() { defer wg.Done(); results <- c.Capabilities(context.Background()) }()
+		go func() { defer wg.Done(); results <- c.ServiceCapabilities(context.Background()) }()
 	}
 	<-entered
 	close(release)
@@ -511,7 +511,7 @@ func TestCapabilitiesCacheAndSingleFlight(t *testing.T) {
 			t.Errorf("caller saw %+v, want known contract 2", r)
 		}
 	}
-	c.Capabilities(context.Background()) // fresh: cached
+	c.ServiceCapabilities(context.Background()) // fresh: cached
 	if n := f.probes.Load(); n != 1 {
 		t.Errorf("probes = %d, want 1 (concurrent callers wait for the one in flight; fresh answers are cached)", n)
 	}

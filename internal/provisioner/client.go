@@ -182,6 +182,13 @@ func New(opts Options) (*Client, error) {
 // Name reports "provisioner".
 func (c *Client) Name() string { return Name }
 
+// Capabilities implements core.Provider: AIO endpoints; the inventory is
+// one unpaged listing and an endpoint is only known from the provisioner's
+// reply.
+func (c *Client) Capabilities() core.Capabilities {
+	return core.Capabilities{Protocol: core.ProtocolAIO}
+}
+
 // headers returns the provisioner API headers: X-API-Key when a key is set
 // (reference test_provisioner_list_sends_auth_header_when_api_key_set).
 func (c *Client) headers(h http.Header) {

@@ -15,9 +15,9 @@
 //     wire format follows the AIO sandbox's public OpenAPI spec
 //     (website/docs/public/v1/openapi.json in agent-infra/sandbox).
 //
-// A core.SandboxRef of this provider carries the sandbox's AIO base URL
-// (the provisioner's sandbox_url) in EnvdURL and, when the provisioner
-// issued one, a bearer token for it in AccessToken.
+// A core.SandboxRef of this provider carries an AIO endpoint: the
+// sandbox's AIO base URL (the provisioner's sandbox_url) and, when the
+// provisioner issued one, a bearer token for it.
 //
 // Provisioner pods have no expiry: SetTimeout only confirms the sandbox
 // still exists, and SandboxInfo.EndAt is zero. The broker's reconcile pass

@@ -56,7 +56,7 @@ func TestHostLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	if !strings.HasPrefix(ref.EnvdURL, base+"/aio/") || ref.AccessToken == "" {
+	if !strings.HasPrefix(ref.Endpoint.URL, base+"/aio/") || ref.Endpoint.AccessToken == "" {
 		t.Errorf("ref = %+v, want the AIO URL under %s and a token", ref, base)
 	}
 
@@ -107,7 +107,7 @@ func TestHostRejectsBadCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref.AccessToken = "stolen"
+	ref.Endpoint.AccessToken = "stolen"
 	if _, err := c.Run(context.Background(), ref, core.Command{Script: "true"}); err == nil || errors.Is(err, core.ErrSandboxGone) {
 		t.Errorf("Run with a wrong bearer token = %v, want a refusal", err)
 	}

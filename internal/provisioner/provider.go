@@ -40,7 +40,7 @@ func (c *Client) Create(ctx context.Context, spec core.CreateSpec) (core.Sandbox
 	if err != nil {
 		return core.SandboxRef{}, err
 	}
-	ref := core.SandboxRef{ID: sb.ID, EnvdURL: sb.URL, AccessToken: sb.AccessToken}
+	ref := core.SandboxRef{ID: sb.ID, Endpoint: core.Endpoint{Protocol: core.ProtocolAIO, URL: sb.URL, AccessToken: sb.AccessToken}}
 	if err := c.WaitReady(ctx, ref); err != nil {
 		return core.SandboxRef{}, c.refuseCreated(ctx, id, err)
 	}

@@ -84,7 +84,7 @@ func TestProviderConformance(t *testing.T) {
 			Exec: true, Home: "/home/user", Expiry: true,
 			Unreachable: func(t *testing.T, ref core.SandboxRef) (core.Provider, core.SandboxRef) {
 				u := closedURL(t)
-				ref.EnvdURL = u
+				ref.Endpoint.URL = u
 				return newE2B(t, u, u), ref
 			},
 		})
@@ -95,7 +95,7 @@ func TestProviderConformance(t *testing.T) {
 			Exec: true, Home: "/home/user",
 			Unreachable: func(t *testing.T, ref core.SandboxRef) (core.Provider, core.SandboxRef) {
 				u := closedURL(t)
-				ref.EnvdURL = u + "/aio/" + ref.ID
+				ref.Endpoint.URL = u + "/aio/" + ref.ID
 				return newProvisioner(t, u), ref
 			},
 		})

@@ -119,7 +119,13 @@ func TestConnectionKindAndJSON(t *testing.T) {
 			want: client.Connection{SandboxURL: "http://127.0.0.1:2/aio/x", AccessToken: "j"}},
 		{name: "provisioner without token", body: `{"sandbox_url":"http://127.0.0.1:2/aio/x"}`, wantKind: client.KindAIO,
 			want: client.Connection{SandboxURL: "http://127.0.0.1:2/aio/x"}},
+		{name: "envd with protocol", body: `{"protocol":"envd","envd_url":"http://127.0.0.1:1","envd_access_token":"t"}`, wantKind: client.KindEnvd,
+			want: client.Connection{Protocol: "envd", EnvdURL: "http://127.0.0.1:1", EnvdAccessToken: "t"}},
+		{name: "aio with protocol", body: `{"protocol":"aio","sandbox_url":"http://127.0.0.1:2/aio/x"}`, wantKind: client.KindAIO,
+			want: client.Connection{Protocol: "aio", SandboxURL: "http://127.0.0.1:2/aio/x"}},
 		{name: "unknown", body: `{"url":"x"}`, wantKind: ""},
+		{name: "unknown protocol", body: `{"protocol":"daytona","sandbox_url":"x"}`, wantKind: "daytona",
+			want: client.Connection{Protocol: "daytona", SandboxURL: "x"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -9,9 +9,9 @@
 // and the admin routes POST /v1/admin/drain and /v1/admin/undrain, with
 // errors shaped {"error":{"code","message","reason","retryable","retry_after_seconds"}}.
 //
-// Inside a sandbox, Envd speaks E2B's envd (backend e2b: connection
-// envd_url, envd_access_token) and AIO speaks the AIO sandbox API (backend
-// provisioner: connection sandbox_url, access_token).
+// Inside a sandbox, Envd speaks E2B's envd (connection protocol "envd":
+// envd_url, envd_access_token) and AIO speaks the AIO sandbox API
+// (protocol "aio": sandbox_url, access_token), whatever the backend.
 package client
 
 import (
@@ -94,16 +94,20 @@ func New(baseURL, token string, opts ...Option) (*Client, error) {
 func (c *Client) BaseURL() string { return c.base.String() }
 
 // Connection is how to reach a sandbox, as the acquire response carries it.
-// Its shape depends on the backend (internal/httpapi connectionBody):
+// Its shape depends on the protocol the sandbox speaks (Protocol), never on
+// the backend:
 //
-//   - e2b: the in-sandbox daemon (envd). Every sandbox is routed on EnvdURL
+//   - envd, the E2B in-sandbox daemon: every sandbox is routed on EnvdURL
 //     by its id (E2b-Sandbox-Id header), and EnvdAccessToken is sent as
 //     X-Access-Token. Use NewEnvd.
-//   - provisioner: SandboxURL is the sandbox's AIO sandbox API base, and
+//   - aio: SandboxURL is the sandbox's AIO sandbox API base, and
 //     AccessToken, when set, is sent as "Authorization: Bearer". Use NewAIO.
 //
 // The tokens are secrets.
 type Connection struct {
+	// Protocol is KindEnvd or KindAIO ("" from a broker that predates
+	// the key: Kind then infers it from the URL present).
+	Protocol        string `json:"protocol,omitempty"`
 	EnvdURL         string `json:"envd_url,omitempty"`
 	EnvdAccessToken string `json:"envd_access_token,omitempty"`
 	SandboxURL      string `json:"sandbox_url,omitempty"`
@@ -116,11 +120,13 @@ const (
 	KindAIO  = "aio"  // AIO sandbox API: NewAIO
 )
 
-// Kind tells which helper reaches the sandbox: KindAIO when SandboxURL is
-// set, KindEnvd when EnvdURL is set, "" when neither is (a backend this
-// client does not know).
+// Kind tells which helper reaches the sandbox: Protocol when set; else
+// KindAIO when SandboxURL is set, KindEnvd when EnvdURL is set, "" when
+// neither is (a protocol this client does not know).
 func (c Connection) Kind() string {
 	switch {
+	case c.Protocol != "":
+		return c.Protocol
 	case c.SandboxURL != "":
 		return KindAIO
 	case c.EnvdURL != "":

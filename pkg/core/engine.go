@@ -45,6 +45,7 @@ type Engine struct {
 	s     Settings
 	store Store
 	prov  Provider
+	caps  Capabilities // prov.Capabilities(), read once
 	sync  OutputSyncer
 	log   *slog.Logger
 	now   func() time.Time
@@ -77,7 +78,11 @@ func New(s Settings, store Store, prov Provider, syncer OutputSyncer, opts ...Op
 	if store == nil || prov == nil {
 		return nil, errors.New("core: store and provider are required")
 	}
-	e := &Engine{s: s, store: store, prov: prov, sync: syncer, log: slog.Default(), now: time.Now, sleep: sleepCtx}
+	caps := prov.Capabilities()
+	if caps.Protocol == "" {
+		return nil, fmt.Errorf("core: provider %s declares no endpoint protocol", prov.Name())
+	}
+	e := &Engine{s: s, store: store, prov: prov, caps: caps, sync: syncer, log: slog.Default(), now: time.Now, sleep: sleepCtx}
 	for _, o := range opts {
 		o(e)
 	}
@@ -159,6 +164,11 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 	for attempt := 0; ; attempt++ {
 		res, retry, err := e.acquireOnce(ctx, key, owner)
 		if err == nil {
+			if res.Record.Endpoint.Protocol == "" {
+				// Stored before records kept their endpoint's protocol:
+				// every endpoint of a provider speaks its one protocol.
+				res.Record.Endpoint.Protocol = e.caps.Protocol
+			}
 			return res, nil
 		}
 		if errors.Is(err, ErrProviderUnavailable) {
@@ -432,7 +442,7 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	now = e.now()
 	rec, err := e.store.Finalize(ctx, token, Record{
 		SandboxID: ref.ID, ThreadKey: key, Seed: key.Seed(), State: StateActive, Backend: e.prov.Name(),
-		EnvdURL: ref.EnvdURL, EnvdAccessToken: ref.AccessToken, ReservationToken: token,
+		Endpoint: ref.Endpoint, ReservationToken: token,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(e.s.ActiveTimeout),
 	})
 	if errors.Is(err, ErrConflict) {

@@ -83,7 +83,7 @@ func (h *harness) capacity(t *testing.T) core.CapacityStatus {
 func TestAcquireCreatesThenReusesWithoutExtendingLife(t *testing.T) {
 	h := newHarness(t, nil)
 	first := h.acquire(t, key("t1"), core.SourceCreated)
-	if first.EnvdAccessToken == "" || first.Backend != "fake" {
+	if first.Endpoint.AccessToken == "" || first.Endpoint.Protocol != core.ProtocolEnvd || first.Backend != "fake" {
 		t.Errorf("created record = %+v, want token and backend", first)
 	}
 	meta := h.prov.Metadata(first.SandboxID)
@@ -741,7 +741,7 @@ func TestSandboxDeadDuringRestoreIsKilledAndReplaced(t *testing.T) {
 
 func TestRecordLogValueHidesAccessToken(t *testing.T) {
 	var buf strings.Builder
-	slog.New(slog.NewJSONHandler(&buf, nil)).Info("x", "record", core.Record{SandboxID: "sb1", EnvdAccessToken: "secret-token"})
+	slog.New(slog.NewJSONHandler(&buf, nil)).Info("x", "record", core.Record{SandboxID: "sb1", Endpoint: core.Endpoint{AccessToken: "secret-token"}})
 	if strings.Contains(buf.String(), "secret-token") || !strings.Contains(buf.String(), "sb1") {
 		t.Errorf("log line = %s; want the id and not the token", buf.String())
 	}

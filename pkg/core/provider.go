@@ -6,14 +6,54 @@ import (
 	"time"
 )
 
-// SandboxRef addresses one sandbox's in-sandbox daemon (envd for E2B).
-type SandboxRef struct {
-	ID string
-	// EnvdURL is the base URL of the daemon; requests are routed to the
-	// sandbox by the E2b-Sandbox-Id header when one URL serves many.
-	EnvdURL string
-	// AccessToken is sent as X-Access-Token on every daemon call. Secret.
+// Wire protocols a sandbox endpoint speaks (Endpoint.Protocol).
+const (
+	// ProtocolEnvd is the E2B in-sandbox daemon: Connect process and
+	// filesystem services plus the /files routes.
+	ProtocolEnvd = "envd"
+	// ProtocolAIO is the AIO sandbox HTTP API (/v1/bash/exec, /v1/file/…).
+	ProtocolAIO = "aio"
+)
+
+// Endpoint is how a sandbox is reached: the provider returns it with the
+// sandbox, the store keeps it with the record, and the acquire reply hands
+// it to the agent. Core never looks inside the protocol.
+type Endpoint struct {
+	// Protocol names the wire protocol spoken at URL (ProtocolEnvd,
+	// ProtocolAIO).
+	Protocol string
+	// URL is the protocol's base URL. For envd one URL may serve many
+	// sandboxes, routed by the E2b-Sandbox-Id header.
+	URL string
+	// AccessToken authenticates every call to URL (envd: X-Access-Token;
+	// AIO: a bearer token). Secret; may be empty.
 	AccessToken string
+}
+
+// SandboxRef addresses one sandbox: its id and its endpoint.
+type SandboxRef struct {
+	ID       string
+	Endpoint Endpoint
+}
+
+// Capabilities declares what a provider can do beyond the Provider
+// methods. The engine asks Provider.Capabilities once, when it is built,
+// and consults only this struct: a provider gains an ability by setting a
+// field here, never by implementing an interface the engine would have to
+// discover.
+type Capabilities struct {
+	// Protocol is the wire protocol of the endpoints the provider returns
+	// (required). It also describes records stored before endpoints
+	// carried their protocol.
+	Protocol string
+	// Pager lists the inventory one page at a time (E2B pages with a
+	// cursor). nil: reconcile lists everything with Provider.List and
+	// pages it in memory.
+	Pager PagedLister
+	// Locate addresses a sandbox's endpoint from its id alone, without a
+	// call that would extend its life; reconcile gives a sandbox it adopts
+	// this endpoint. nil: adopted records carry no endpoint.
+	Locate func(id string) Endpoint
 }
 
 // CreateSpec is what Provider.Create needs.
@@ -67,7 +107,10 @@ type CommandResult struct {
 type Provider interface {
 	// Name is the backend name reported to clients, e.g. "e2b".
 	Name() string
-	// Create starts a sandbox. The returned ref carries its envd URL and token.
+	// Capabilities declares the provider's optional abilities and its
+	// endpoints' protocol; it must not change over the provider's life.
+	Capabilities() Capabilities
+	// Create starts a sandbox. The returned ref carries its endpoint.
 	Create(ctx context.Context, spec CreateSpec) (SandboxRef, error)
 	// Info reads a sandbox's state without extending its life.
 	Info(ctx context.Context, id string) (SandboxInfo, error)

@@ -87,8 +87,9 @@ func (r ReconcileSettings) Validate() error {
 
 // PagedLister lists one page of the provider inventory. cursor "" starts
 // at the beginning; next "" means there are no more pages. E2B pages with
-// nextToken / X-Next-Token (internal/e2b implements it). A provider without it
-// is listed in full with Provider.List and paged in memory.
+// nextToken / X-Next-Token (internal/e2b implements it). A provider offers
+// it as Capabilities.Pager; without it the inventory is listed in full with
+// Provider.List and paged in memory.
 type PagedLister interface {
 	ListPage(ctx context.Context, f ListFilter, cursor string, limit int) (page []SandboxInfo, next string, err error)
 }
@@ -419,8 +420,8 @@ func (p *pass) inventory(ctx context.Context) error {
 		cur.CycleStart = p.start
 		cur.Token, cur.Pass = "", 0
 	}
-	lister, ok := e.prov.(PagedLister)
-	if !ok {
+	lister := e.caps.Pager
+	if lister == nil {
 		lister = &memLister{prov: e.prov}
 	}
 	filter := ListFilter{Metadata: map[string]string{MetaDeployment: e.s.Deployment}}
@@ -669,9 +670,8 @@ func (p *pass) adoptedRecord(in SandboxInfo, key ThreadKey, state State) Record 
 	}
 	r := Record{SandboxID: in.ID, ThreadKey: key, Seed: key.Seed(), State: state, Backend: p.e.prov.Name(),
 		ReservationToken: in.Metadata[MetaReservation], CreatedAt: created, UpdatedAt: now, ExpiresAt: in.EndAt}
-	if loc, ok := p.e.prov.(EnvdLocator); ok {
-		ref := loc.EnvdRef(in.ID)
-		r.EnvdURL, r.EnvdAccessToken = ref.EnvdURL, ref.AccessToken
+	if p.e.caps.Locate != nil {
+		r.Endpoint = p.e.caps.Locate(in.ID)
 	}
 	switch state {
 	case StateWarm:
@@ -680,13 +680,6 @@ func (p *pass) adoptedRecord(in SandboxInfo, key ThreadKey, state State) Record 
 		r.LeaseOwner, r.LeaseExpiresAt = p.owner, now.Add(p.e.s.LeaseDuration)
 	}
 	return r
-}
-
-// EnvdLocator is optionally implemented by a provider that can address a
-// sandbox's daemon from its id alone (without a call that extends its
-// life); adopted records then carry it.
-type EnvdLocator interface {
-	EnvdRef(id string) SandboxRef
 }
 
 // graceOver reports whether reconcile first saw id at least d ago (and

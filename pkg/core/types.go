@@ -105,8 +105,9 @@ type Record struct {
 	LeaseOwner     string
 	LeaseExpiresAt time.Time
 
-	EnvdURL         string
-	EnvdAccessToken string
+	// Endpoint is how the agent reaches the sandbox (its access token is
+	// a credential).
+	Endpoint Endpoint
 
 	ReservationToken string
 	CreatedAt        time.Time
@@ -122,7 +123,7 @@ type Record struct {
 	KillAttempts    int
 }
 
-// LogValue keeps the envd access token out of logs (it is a credential).
+// LogValue keeps the endpoint's access token out of logs (it is a credential).
 func (r Record) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("sandbox_id", r.SandboxID), slog.String("thread", r.ThreadKey.String()),
@@ -135,9 +136,9 @@ func (r Record) Leased(owner string, now time.Time) bool {
 	return r.LeaseOwner != "" && r.LeaseOwner != owner && now.Before(r.LeaseExpiresAt)
 }
 
-// Ref is the handle the provider needs to reach the sandbox's daemon.
+// Ref is the handle the provider needs to reach the sandbox.
 func (r Record) Ref() SandboxRef {
-	return SandboxRef{ID: r.SandboxID, EnvdURL: r.EnvdURL, AccessToken: r.EnvdAccessToken}
+	return SandboxRef{ID: r.SandboxID, Endpoint: r.Endpoint}
 }
 
 // CapacityStatus is the deployment-wide slot usage (GET /v1/capacity).

@@ -23,8 +23,11 @@ type item struct {
 	Fence        int64  `dynamodbav:"fence"`
 	LeaseOwner   string `dynamodbav:"lease_owner,omitempty"`
 	LeaseExpires int64  `dynamodbav:"lease_expires,omitempty"`
-	EnvdURL      string `dynamodbav:"envd_url,omitempty"`
-	EnvdToken    string `dynamodbav:"envd_token,omitempty"`
+	// The endpoint's URL and token keep their first attribute names
+	// (envd_url, envd_token) so that items already stored still read.
+	Protocol     string `dynamodbav:"protocol,omitempty"`
+	EndpointURL  string `dynamodbav:"envd_url,omitempty"`
+	Token        string `dynamodbav:"envd_token,omitempty"`
 	Reservation  string `dynamodbav:"reservation,omitempty"`
 	Deployment   string `dynamodbav:"deployment"`
 	CreatedAt    int64  `dynamodbav:"created_at"`
@@ -91,8 +94,7 @@ func (it item) record() core.Record {
 		Fence:            it.Fence,
 		LeaseOwner:       it.LeaseOwner,
 		LeaseExpiresAt:   fromMS(it.LeaseExpires),
-		EnvdURL:          it.EnvdURL,
-		EnvdAccessToken:  it.EnvdToken,
+		Endpoint:         core.Endpoint{Protocol: it.Protocol, URL: it.EndpointURL, AccessToken: it.Token},
 		ReservationToken: it.Reservation,
 		CreatedAt:        fromMS(it.CreatedAt),
 		UpdatedAt:        fromMS(it.UpdatedAt),
@@ -108,7 +110,7 @@ func recordItem(r core.Record, deployment string) item {
 		PK: sandboxPK(r.SandboxID), SK: sortKey, SandboxID: r.SandboxID,
 		Tenant: r.Tenant, User: r.User, Thread: r.Thread, Seed: r.Seed, State: string(r.State),
 		Backend: r.Backend, Fence: r.Fence, LeaseOwner: r.LeaseOwner, LeaseExpires: ms(r.LeaseExpiresAt),
-		EnvdURL: r.EnvdURL, EnvdToken: r.EnvdAccessToken, Reservation: r.ReservationToken, Deployment: deployment,
+		Protocol: r.Endpoint.Protocol, EndpointURL: r.Endpoint.URL, Token: r.Endpoint.AccessToken, Reservation: r.ReservationToken, Deployment: deployment,
 		CreatedAt: ms(r.CreatedAt), UpdatedAt: ms(r.UpdatedAt), ParkedAt: ms(r.ParkedAt), ExpiresAt: ms(r.ExpiresAt),
 		KillAttempts: r.KillAttempts, DestroyingAt: ms(r.DestroyingSince),
 	}

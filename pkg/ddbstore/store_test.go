@@ -42,7 +42,7 @@ func activeRecord(t *testing.T, s *ddbstore.Store, key core.ThreadKey, id string
 		t.Fatalf("Reserve: %v", err)
 	}
 	rec, err := s.Finalize(ctx, token, core.Record{SandboxID: id, ThreadKey: key, State: core.StateActive, Backend: "e2b",
-		EnvdAccessToken: "tok", CreatedAt: t0, UpdatedAt: t0})
+		Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd, URL: "http://envd.invalid", AccessToken: "tok"}, CreatedAt: t0, UpdatedAt: t0})
 	if err != nil {
 		t.Fatalf("Finalize: %v", err)
 	}
@@ -68,7 +68,7 @@ func TestReserveFinalizeBindsThread(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Get: %v", err)
 	}
-	if got.State != core.StateActive || got.Tenant != "acme" || got.Fence != rec.Fence || got.EnvdAccessToken != "tok" {
+	if got.State != core.StateActive || got.Tenant != "acme" || got.Fence != rec.Fence || got.Endpoint != rec.Endpoint {
 		t.Errorf("Get = %+v, want active acme record with fence %d", got, rec.Fence)
 	}
 	st, err := s.Capacity(ctx)
@@ -250,7 +250,7 @@ func TestFreeReleasesSlotOnceAndIndexesFollowState(t *testing.T) {
 		t.Errorf("capacity after free = %+v, want all zero", st)
 	}
 	got, _ := s.Get(ctx, "sbx1")
-	if got.State != core.StateGone || got.EnvdAccessToken != "" {
+	if got.State != core.StateGone || got.Endpoint.AccessToken != "" {
 		t.Errorf("record after free = %+v, want gone without token", got)
 	}
 }

@@ -54,6 +54,12 @@ func (f *FakeProvider) Set(fn func(f *FakeProvider)) {
 // Name implements core.Provider.
 func (f *FakeProvider) Name() string { return "fake" }
 
+// Capabilities implements core.Provider: envd endpoints, paged listing
+// (ListPage) and no locator.
+func (f *FakeProvider) Capabilities() core.Capabilities {
+	return core.Capabilities{Protocol: core.ProtocolEnvd, Pager: f}
+}
+
 // Create implements core.Provider.
 func (f *FakeProvider) Create(_ context.Context, spec core.CreateSpec) (core.SandboxRef, error) {
 	f.mu.Lock()
@@ -65,7 +71,7 @@ func (f *FakeProvider) Create(_ context.Context, spec core.CreateSpec) (core.San
 	f.next++
 	id := fmt.Sprintf("sb%04d", f.next)
 	f.sandboxes[id] = &fakeSandbox{meta: maps.Clone(spec.Metadata), timeout: spec.Timeout}
-	return core.SandboxRef{ID: id, EnvdURL: "http://envd.invalid", AccessToken: "tok-" + id}, nil
+	return core.SandboxRef{ID: id, Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd, URL: "http://envd.invalid", AccessToken: "tok-" + id}}, nil
 }
 
 // Info implements core.Provider.

@@ -47,8 +47,11 @@ func RunWith(t *testing.T, p core.Provider, caps Capabilities) {
 		if err != nil {
 			t.Fatalf("Create: %v", err)
 		}
-		if ref.ID == "" || ref.AccessToken == "" || ref.EnvdURL == "" {
-			t.Fatalf("Create returned %+v, want id, envd URL and access token", ref)
+		if ref.ID == "" || ref.Endpoint.AccessToken == "" || ref.Endpoint.URL == "" {
+			t.Fatalf("Create returned %+v, want id, endpoint URL and access token", ref)
+		}
+		if got, want := ref.Endpoint.Protocol, p.Capabilities().Protocol; got != want {
+			t.Errorf("Create endpoint protocol = %q, want the declared %q", got, want)
 		}
 		refs = append(refs, ref)
 	}
