@@ -299,15 +299,20 @@ var (
 // a protocol sbx does not know.
 var ErrUnsupportedConnection = errors.New("no connection sbx can use")
 
-// openSandbox picks the helper for conn's protocol.
-func (a *App) openSandbox(id string, conn client.Connection) (sandboxIO, error) {
+// openSandbox picks the helper for conn's protocol; backend only names
+// the sandbox's backend in the error.
+func (a *App) openSandbox(id, backend string, conn client.Connection) (sandboxIO, error) {
 	switch conn.Kind() {
 	case client.KindEnvd:
 		return client.NewEnvd(id, conn, a.HTTPClient)
 	case client.KindAIO:
 		return client.NewAIO(id, conn, a.HTTPClient)
 	}
-	return nil, fmt.Errorf("sandbox %s (protocol %q): %w: exec, put and get speak %s or %s", id, conn.Kind(), ErrUnsupportedConnection, client.KindEnvd, client.KindAIO)
+	if backend == "" {
+		backend = "unknown"
+	}
+	return nil, fmt.Errorf("sandbox %s (backend %s): %w: its connection's protocol is %q; exec, put and get speak %s or %s",
+		id, backend, ErrUnsupportedConnection, conn.Kind(), client.KindEnvd, client.KindAIO)
 }
 
 // envd returns the helper of sandbox id: from its stored connection, else
@@ -333,7 +338,7 @@ func (a *App) envd(ctx context.Context, g *globals, f connFlags, id string) (san
 		if sb.SandboxID != id {
 			return nil, fmt.Errorf("thread %s/%s has sandbox %s, not %s", f.user, f.thread, sb.SandboxID, id)
 		}
-		return a.openSandbox(id, sb.Connection)
+		return a.openSandbox(id, sb.Backend, sb.Connection)
 	}
 	if errors.Is(err, ErrNoConnection) {
 		return nil, fmt.Errorf("%w: run `sbx acquire --user U --thread T` first, or pass --user and --thread", err)
@@ -341,7 +346,7 @@ func (a *App) envd(ctx context.Context, g *globals, f connFlags, id string) (san
 	if err != nil {
 		return nil, err
 	}
-	return a.openSandbox(id, sc.Connection)
+	return a.openSandbox(id, sc.Backend, sc.Connection)
 }
 
 func (a *App) execCmd(g *globals) *cobra.Command {

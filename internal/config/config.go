@@ -36,8 +36,8 @@ const (
 	EnvE2BAPIURL     = "E2B_API_URL"
 	EnvE2BSandboxURL = "E2B_SANDBOX_URL"
 	EnvE2BAPIKey     = "E2B_API_KEY"
-	// EnvSandboxProvider selects the provider: "e2b" (default) or
-	// "provisioner" (issue 7).
+	// EnvSandboxProvider selects the provider, one of ProviderNames
+	// (default "e2b").
 	EnvSandboxProvider = "SANDBOX_PROVIDER"
 	// EnvProvisionerURL and EnvProvisionerAPIKey configure the Kubernetes
 	// sandbox provisioner (SANDBOX_PROVIDER=provisioner: the URL is then
@@ -108,11 +108,15 @@ type Sync struct {
 	MirrorDeletes bool
 }
 
-// Provider names (SANDBOX_PROVIDER values).
+// Provider names (SANDBOX_PROVIDER values). Each has an entry in the
+// provider registry (internal/providers) and its variables parsed in Load.
 const (
 	ProviderE2B         = "e2b"
 	ProviderProvisioner = "provisioner"
 )
+
+// ProviderNames lists every SANDBOX_PROVIDER value, sorted.
+var ProviderNames = []string{ProviderE2B, ProviderProvisioner}
 
 // Provisioner configures the Kubernetes sandbox provisioner client.
 type Provisioner struct {
@@ -126,7 +130,7 @@ type Provisioner struct {
 // Config is the whole configuration of one broker function.
 type Config struct {
 	Settings core.Settings
-	// Provider is ProviderE2B (default) or ProviderProvisioner.
+	// Provider is one of ProviderNames (default ProviderE2B).
 	Provider    string
 	E2B         E2B
 	Provisioner Provisioner
@@ -245,7 +249,7 @@ func Parse(environ []string) (Config, []string, error) {
 	case ProviderProvisioner:
 		c.Provisioner = Provisioner{URL: p.url(EnvProvisionerURL, "", true), APIKey: p.str(EnvProvisionerAPIKey, "")}
 	default:
-		p.fail(EnvSandboxProvider, "must be %s or %s, got %q", ProviderE2B, ProviderProvisioner, c.Provider)
+		p.fail(EnvSandboxProvider, "must be one of %s, got %q", strings.Join(ProviderNames, ", "), c.Provider)
 	}
 	c.Reconcile = p.reconcile()
 	c.AdminTenants = p.tenantList(EnvAdminTenants)
