@@ -40,7 +40,9 @@ type SandboxRef struct {
 // methods. The engine asks Provider.Capabilities once, when it is built,
 // and consults only this struct: a provider gains an ability by setting a
 // field here, never by implementing an interface the engine would have to
-// discover.
+// discover. A wrapper around a provider (fault injection, instrumentation)
+// that overrides a method a capability names must return a Capabilities
+// naming the wrapper, or the engine calls the wrapped provider directly.
 type Capabilities struct {
 	// Protocol is the wire protocol of the endpoints the provider returns
 	// (required). It also describes records stored before endpoints

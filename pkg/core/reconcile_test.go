@@ -44,6 +44,14 @@ func (p *faultProvider) set(fn func(p *faultProvider)) {
 	fn(p)
 }
 
+// Capabilities declares the wrapper as the pager, so that its list faults
+// apply.
+func (p *faultProvider) Capabilities() core.Capabilities {
+	c := p.FakeProvider.Capabilities()
+	c.Pager = p
+	return c
+}
+
 func (p *faultProvider) ListPage(ctx context.Context, f core.ListFilter, cursor string, limit int) ([]core.SandboxInfo, string, error) {
 	p.mu.Lock()
 	err, hook := p.listErr, p.pageHook
