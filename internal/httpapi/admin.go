@@ -5,6 +5,8 @@ import (
 	"net/http"
 
 	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // Option configures the handler.
@@ -39,7 +41,7 @@ func WithMetrics(deployment string) Option {
 // {"draining": bool}; 403 FORBIDDEN for a tenant that is not an admin.
 func (h *handler) setDraining(ctx context.Context, r *request, draining bool) events.APIGatewayV2HTTPResponse {
 	if !h.admins[r.tenant] {
-		return r.errorResponse(http.StatusForbidden, apiError{Code: "FORBIDDEN", Message: "admin route: this tenant is not an administrator", Reason: "not_admin"}, 0)
+		return r.errorResponse(http.StatusForbidden, apiError{Code: core.CodeForbidden, Message: "admin route: this tenant is not an administrator", Reason: core.ReasonNotAdmin}, 0)
 	}
 	if err := h.broker.SetDraining(ctx, draining); err != nil {
 		return r.fail(err)

@@ -81,7 +81,7 @@ type request struct {
 	route  string
 	// detail is the internal error text for the log line (never sent).
 	detail string
-	code   string
+	code   core.ErrorCode
 	// metrics collects the EMF metrics of this request, written as one
 	// line when it is answered (WithMetrics).
 	metrics []core.Metric
@@ -96,7 +96,7 @@ func (h *handler) serve(ctx context.Context, ev events.APIGatewayV2HTTPRequest) 
 	defer func() {
 		if p := recover(); p != nil {
 			r.detail = fmt.Sprintf("panic: %v", p)
-			resp = r.errorResponse(http.StatusInternalServerError, apiError{Code: "INTERNAL", Message: "internal error"}, 0)
+			resp = r.errorResponse(http.StatusInternalServerError, apiError{Code: core.CodeInternal, Message: "internal error", Reason: core.ReasonInternal}, 0)
 		}
 		if resp.Headers == nil {
 			resp.Headers = map[string]string{}
@@ -118,7 +118,7 @@ func (h *handler) serve(ctx context.Context, ev events.APIGatewayV2HTTPRequest) 
 			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
 		}
 		if r.code != "" {
-			attrs = append(attrs, slog.String("code", r.code))
+			attrs = append(attrs, slog.String("code", string(r.code)))
 		}
 		if r.detail != "" {
 			attrs = append(attrs, slog.String("error", r.detail))
@@ -190,22 +190,22 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 	r.route = route
 	if route == "" {
 		if exists {
-			return r.errorResponse(http.StatusMethodNotAllowed, apiError{Code: "METHOD_NOT_ALLOWED", Message: "method not allowed on this path"}, 0)
+			return r.errorResponse(http.StatusMethodNotAllowed, apiError{Code: core.CodeMethodNotAllowed, Message: "method not allowed on this path"}, 0)
 		}
-		return r.errorResponse(http.StatusNotFound, apiError{Code: "ROUTE_NOT_FOUND", Message: "no such route"}, 0)
+		return r.errorResponse(http.StatusNotFound, apiError{Code: core.CodeRouteNotFound, Message: "no such route"}, 0)
 	}
 	tenant, ok := tenantOf(r.ev)
 	if !ok {
-		return r.errorResponse(http.StatusUnauthorized, apiError{Code: "UNAUTHORIZED", Message: "missing or invalid caller identity"}, 0)
+		return r.errorResponse(http.StatusUnauthorized, apiError{Code: core.CodeUnauthorized, Message: "missing or invalid caller identity"}, 0)
 	}
 	r.tenant = tenant
 	body, err := bodyOf(r.ev)
 	if err != nil {
 		if errors.Is(err, errTooLarge) {
-			return r.errorResponse(http.StatusRequestEntityTooLarge, apiError{Code: "REQUEST_TOO_LARGE",
+			return r.errorResponse(http.StatusRequestEntityTooLarge, apiError{Code: core.CodeRequestTooLarge,
 				Message: fmt.Sprintf("request body exceeds %d bytes", MaxBodyBytes)}, 0)
 		}
-		return r.errorResponse(http.StatusBadRequest, apiError{Code: "VALIDATION_ERROR", Message: err.Error(), Reason: "body"}, 0)
+		return r.errorResponse(http.StatusBadRequest, apiError{Code: core.CodeValidation, Message: err.Error(), Reason: core.ReasonBody}, 0)
 	}
 	if route == RouteGet || route == RouteRelease || route == RouteSync {
 		if err := core.ValidateSandboxID(id); err != nil {
@@ -260,7 +260,7 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		r.metrics = append(r.metrics, core.SyncMetrics(res)...)
 		return r.json(http.StatusOK, syncBody(res))
 	}
-	return r.errorResponse(http.StatusNotFound, apiError{Code: "ROUTE_NOT_FOUND", Message: "no such route"}, 0)
+	return r.errorResponse(http.StatusNotFound, apiError{Code: core.CodeRouteNotFound, Message: "no such route"}, 0)
 }
 
 // tenantOf reads the caller's tenant from the authorizer context (payload
@@ -464,7 +464,7 @@ func syncBody(s core.SyncResult) core.SyncResult {
 // Errors.
 
 type apiError struct {
-	Code              string         `json:"code"`
+	Code              core.ErrorCode `json:"code"`
 	Message           string         `json:"message"`
 	Reason            string         `json:"reason"`
 	Retryable         bool           `json:"retryable"`
@@ -482,11 +482,11 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 	)
 	switch {
 	case errors.As(err, &ve):
-		return r.errorResponse(http.StatusBadRequest, apiError{Code: "VALIDATION_ERROR", Message: ve.Error(), Reason: ve.Field}, 0)
+		return r.errorResponse(http.StatusBadRequest, apiError{Code: core.CodeValidation, Message: ve.Error(), Reason: ve.Field}, 0)
 	case errors.As(err, &ce):
 		status := http.StatusTooManyRequests
-		if ce.Reason == "draining" {
-			status = http.StatusServiceUnavailable // issue 3: draining is an outage, not a full pool
+		if ce.Reason == core.RefusalDraining {
+			status = http.StatusServiceUnavailable // draining is an outage, not a full pool
 		}
 		secs := int(math.Ceil(ce.RetryAfter.Seconds()))
 		if secs < 1 {
@@ -494,16 +494,16 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 		}
 		reason := ce.Reason
 		if reason == "" {
-			reason = "capacity"
+			reason = core.RefusalCapacity
 		}
 		if status == http.StatusTooManyRequests {
 			r.metrics = append(r.metrics, core.RejectedMetric())
-			if reason == "capacity" { // the ledger was read: its figures are real
+			if reason == core.RefusalCapacity { // the ledger was read: its figures are real
 				r.metrics = append(r.metrics, core.CapacityMetrics(ce.Status)...)
 			}
 		}
 		details := map[string]any{"limit": ce.Status.Limit}
-		if reason == "capacity" { // other refusals carry no counts: zeros would mislead
+		if reason == core.RefusalCapacity { // other refusals carry no counts: zeros would mislead
 			details["used"], details["active"], details["warm"] = ce.Status.Used, ce.Status.Active, ce.Status.Warm
 			details["reserved"], details["tombstones"] = ce.Status.Reserved, ce.Status.Tombstones
 		}
@@ -511,28 +511,28 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 			details["draining"] = true
 		}
 		return r.errorResponse(status, apiError{
-			Code: "SANDBOX_CAPACITY_EXCEEDED", Message: "sandbox capacity exceeded", Reason: reason, Retryable: true,
+			Code: core.CodeCapacityExceeded, Message: "sandbox capacity exceeded", Reason: string(reason), Retryable: true,
 			Details: details,
 		}, secs)
 	case errors.Is(err, core.ErrNotFound), errors.Is(err, core.ErrSandboxGone):
-		return r.errorResponse(http.StatusNotFound, apiError{Code: "SANDBOX_NOT_FOUND", Message: "sandbox not found", Reason: "not_found"}, 0)
+		return r.errorResponse(http.StatusNotFound, apiError{Code: core.CodeSandboxNotFound, Message: "sandbox not found", Reason: core.ReasonNotFound}, 0)
 	case errors.Is(err, core.ErrLeaseHeld):
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusConflict, apiError{Code: "CONFLICT", Message: "the sandbox is being changed by another request", Reason: "lease_held", Retryable: true}, 1)
+		return r.errorResponse(http.StatusConflict, apiError{Code: core.CodeConflict, Message: "the sandbox is being changed by another request", Reason: core.ReasonLeaseHeld, Retryable: true}, 1)
 	case errors.Is(err, core.ErrConflict), errors.Is(err, core.ErrStaleFence), errors.Is(err, core.ErrThreadBound):
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusConflict, apiError{Code: "CONFLICT", Message: "the sandbox is not in a state that allows this operation", Reason: "conflict"}, 0)
+		return r.errorResponse(http.StatusConflict, apiError{Code: core.CodeConflict, Message: "the sandbox is not in a state that allows this operation", Reason: core.ReasonConflict}, 0)
 	case errors.Is(err, core.ErrStoreUnavailable):
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: "STORE_UNAVAILABLE", Message: "state store unavailable, retry later", Reason: "store_unavailable", Retryable: true}, outageRetryAfter)
+		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: core.CodeStoreUnavailable, Message: "state store unavailable, retry later", Reason: core.ReasonStoreUnavailable, Retryable: true}, outageRetryAfter)
 	case errors.Is(err, core.ErrProviderUnavailable),
 		errors.As(err, &pe) && (pe.Ambiguous || pe.StatusCode == 0 || pe.StatusCode >= 500 || pe.StatusCode == http.StatusTooManyRequests),
 		errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne):
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: "PROVIDER_UNAVAILABLE", Message: "sandbox provider unavailable, retry later", Reason: "provider_unavailable", Retryable: true}, outageRetryAfter)
+		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: core.CodeProviderUnavailable, Message: "sandbox provider unavailable, retry later", Reason: core.ReasonProviderUnavailable, Retryable: true}, outageRetryAfter)
 	default:
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusInternalServerError, apiError{Code: "INTERNAL", Message: "internal error (request " + r.id + ")", Reason: "internal"}, 0)
+		return r.errorResponse(http.StatusInternalServerError, apiError{Code: core.CodeInternal, Message: "internal error (request " + r.id + ")", Reason: core.ReasonInternal}, 0)
 	}
 }
 

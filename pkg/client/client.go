@@ -26,6 +26,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // DefaultTimeout bounds every API call unless WithTimeout says otherwise. It
@@ -229,17 +231,20 @@ type DrainStatus struct {
 type Record = json.RawMessage
 
 // ErrorCodeCapacity is the API error code of a refused acquire (HTTP 429).
-const ErrorCodeCapacity = "SANDBOX_CAPACITY_EXCEEDED"
+const ErrorCodeCapacity = string(core.CodeCapacityExceeded)
 
 // APIError is a non-2xx answer from the broker, decoded from
 // {"error":{"code","message","reason","retryable","retry_after_seconds"}}.
 // When the body has another shape (e.g. a gateway's own 401), Code is
 // "HTTP_<status>" and Message holds the start of the body.
 type APIError struct {
-	Status    int    // HTTP status code
-	Code      string // e.g. SANDBOX_CAPACITY_EXCEEDED
-	Message   string
-	Reason    string // e.g. capacity, capacity_backend, capacity_initializing, draining
+	Status  int    // HTTP status code
+	Code    string // one of core.ErrorCodes, e.g. SANDBOX_CAPACITY_EXCEEDED
+	Message string
+	// Reason is one of core.RefusalReasons for SANDBOX_CAPACITY_EXCEEDED,
+	// the offending field's name for VALIDATION_ERROR, else one of
+	// core.ErrorReasons (or empty).
+	Reason    string
 	Retryable bool
 	// RetryAfter is how long to wait before retrying: retry_after_seconds,
 	// else the Retry-After header (seconds); 0 when neither was given.
@@ -273,7 +278,7 @@ func IsCapacity(err error) bool {
 
 // ErrorCodeForbidden is the API error code of an admin route called by a
 // tenant that is not in BROKER_ADMIN_TENANTS (HTTP 403).
-const ErrorCodeForbidden = "FORBIDDEN"
+const ErrorCodeForbidden = string(core.CodeForbidden)
 
 // IsForbidden reports whether err is a 403 (e.g. a non-admin tenant on an
 // admin route).

@@ -138,7 +138,7 @@ const createBudget = 10 * time.Second
 // attempt and 4 COUNT queries once, for the refusal's details.
 //
 // Errors: *ValidationError; *CapacityError when no slot frees in time
-// (reason "capacity", "user_quota", "capacity_backend" or "draining");
+// (one of RefusalReasons);
 // ErrLeaseHeld when a peer holds the thread past the acquire timeout;
 // ErrStoreUnavailable or an ambiguous *ProviderError on outages;
 // ErrProviderUnavailable when created sandboxes died or failed their
@@ -182,7 +182,7 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		wait := backoff(attempt)
 		var ce *CapacityError
 		if errors.As(err, &ce) {
-			if e.s.Policy != PolicyWait || ce.Reason != "capacity" {
+			if e.s.Policy != PolicyWait || ce.Reason != RefusalCapacity {
 				return AcquireResult{}, e.refusal(ctx, err)
 			}
 			wait = max(wait, 250*time.Millisecond)
@@ -202,7 +202,7 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 // overloaded deployment is not loaded further by its own refusals.
 func (e *Engine) refusal(ctx context.Context, err error) error {
 	var ce *CapacityError
-	if errors.As(err, &ce) && ce.Reason == "capacity" {
+	if errors.As(err, &ce) && ce.Reason == RefusalCapacity {
 		if n, serr := e.store.CountStates(ctx, StateActive, StateWarm, StateCreating, StateDestroying); serr == nil {
 			ce.Status.Active, ce.Status.Warm = n[StateActive], n[StateWarm]
 			ce.Status.Reserved, ce.Status.Tombstones = n[StateCreating], n[StateDestroying]
@@ -258,7 +258,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string) (
 }
 
 func (e *Engine) drainingError() *CapacityError {
-	return &CapacityError{Reason: "draining", RetryAfter: 30 * time.Second,
+	return &CapacityError{Reason: RefusalDraining, RetryAfter: 30 * time.Second,
 		Status: CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy), Draining: true}}
 }
 
@@ -336,12 +336,12 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 		var ce *CapacityError
 		switch {
 		case err == nil:
-		case errors.As(err, &ce) && ce.Reason == "draining":
+		case errors.As(err, &ce) && ce.Reason == RefusalDraining:
 			return AcquireResult{}, false, e.drainingError()
 		case errors.As(err, &ce):
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
-			if ce.Reason == "capacity" && evicting && evictions < maxEvictions && e.evictOne(ctx, key, owner) {
+			if ce.Reason == RefusalCapacity && evicting && evictions < maxEvictions && e.evictOne(ctx, key, owner) {
 				continue
 			}
 			ce.Status.Policy = string(e.s.Policy)
@@ -356,7 +356,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 			// Fail closed: the ledger could not decide, so nothing is
 			// created. The write may have applied; reconcile frees a
 			// reservation whose token is in no sandbox.
-			return AcquireResult{}, false, &CapacityError{Reason: "capacity_backend", RetryAfter: 2 * time.Second,
+			return AcquireResult{}, false, &CapacityError{Reason: RefusalCapacityBackend, RetryAfter: 2 * time.Second,
 				Status: CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy)}}
 		default:
 			return AcquireResult{}, false, fmt.Errorf("reserve: %w", err)

@@ -44,8 +44,8 @@ func (e *ValidationError) Error() string { return e.Field + ": " + e.Message }
 
 // CapacityError is a refused acquire because every slot is held (HTTP 429).
 type CapacityError struct {
-	// Reason is "capacity", "capacity_backend", "capacity_initializing" or "draining".
-	Reason     string
+	Reason RefusalReason // one of RefusalReasons
+
 	RetryAfter time.Duration
 	Status     CapacityStatus
 }

@@ -93,8 +93,10 @@ type Lookup struct {
 // Store is the durable state of the broker (DynamoDB in production).
 //
 // Write errors are classified: ErrNotFound, ErrConflict, ErrLeaseHeld,
-// ErrStaleFence, ErrThreadBound and *CapacityError mean the write certainly
-// did not apply; an error wrapping ErrStoreUnavailable means it may have.
+// ErrStaleFence, ErrThreadBound, ErrDraining and *CapacityError mean the
+// write certainly did not apply; an error wrapping ErrStoreUnavailable
+// means it may have; any other error (a bug or a misconfiguration, such as
+// a missing table) certainly did not apply.
 type Store interface {
 	// Lookup reads the thread's binding and the ledger (strongly consistent).
 	Lookup(ctx context.Context, key ThreadKey) (Lookup, error)
@@ -109,8 +111,9 @@ type Store interface {
 	// Reserve takes a slot (a *CapacityError when Limit slots are held) and
 	// binds the thread to the reservation (ErrThreadBound when the binding is
 	// not what r expects).
-	// *CapacityError with reason "draining" when the deployment drains,
-	// "user_quota" when the user's cap is reached.
+	// The *CapacityError's reason is RefusalCapacity when Limit slots are
+	// held, RefusalDraining when the deployment drains, RefusalUserQuota
+	// when the user's cap is reached.
 	Reserve(ctx context.Context, r Reservation) error
 	// Finalize turns reservation token into the record rec (state active),
 	// moving the binding to rec.SandboxID. ErrConflict if the reservation is

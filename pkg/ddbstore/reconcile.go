@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -182,21 +183,11 @@ func (s *Store) conditionCheck(pk string, cond expression.ConditionBuilder) (typ
 // transact runs a transaction (contention retried by writeTxn); a failed
 // condition is core.ErrConflict.
 func (s *Store) transact(ctx context.Context, op string, items []types.TransactWriteItem) error {
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err := s.writeTxn(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
-	if reasons, cancelled := cancellation(err); cancelled {
-		for i, r := range reasons {
-			if aws.ToString(r.Code) == "ConditionalCheckFailed" {
-				return fmt.Errorf("%s: condition %d failed: %w", op, i, core.ErrConflict)
-			}
-		}
-		return unavailable(op, err)
+	failed, err := s.writeTxn(ctx, op, items)
+	if len(failed) > 0 {
+		return fmt.Errorf("%s: condition failed on %s: %w", op, strings.Join(slices.Sorted(maps.Keys(failed)), ", "), core.ErrConflict)
 	}
-	if err != nil {
-		return unavailable(op, err)
-	}
-	return nil
+	return err
 }
 
 // Adopt records an untracked sandbox in one transaction: the record, its
@@ -283,39 +274,34 @@ func (s *Store) ClaimDuplicate(ctx context.Context, c core.Claim, key core.Threa
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim duplicate: %w", err)
 	}
-	tctx, cancel := s.ctx(ctx)
-	_, err = s.db.TransactWriteItems(tctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	failed, err := s.writeTxn(ctx, "claim duplicate", []types.TransactWriteItem{
 		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(c.SandboxID)),
 			ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
 			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
 		check,
-	}})
-	cancel()
-	if reasons, cancelled := cancellation(err); cancelled {
-		if failed(reasons, 0) {
-			if len(reasons[0].Item) == 0 {
-				return core.Record{}, core.ErrNotFound
-			}
-			old, derr := decodeRecord(reasons[0].Item)
-			if derr != nil {
-				return core.Record{}, derr
-			}
-			if old.Tenant != c.Tenant {
-				return core.Record{}, core.ErrNotFound
-			}
-			if slices.Contains(c.From, old.State) && old.Leased(c.Owner, c.Now) {
-				return old, fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
-			}
-			return old, fmt.Errorf("sandbox %s is %s: %w", c.SandboxID, old.State, core.ErrConflict)
+	})
+	if r, ok := failed[sandboxPK(c.SandboxID)]; ok {
+		if len(r.Item) == 0 {
+			return core.Record{}, core.ErrNotFound
 		}
-		if failed(reasons, 1) {
-			return core.Record{}, fmt.Errorf("thread %s no longer names %s: %w", key, canonical, core.ErrConflict)
+		old, derr := decodeRecord(r.Item)
+		if derr != nil {
+			return core.Record{}, derr
 		}
-		return core.Record{}, unavailable("claim duplicate", err)
+		if old.Tenant != c.Tenant {
+			return core.Record{}, core.ErrNotFound
+		}
+		if slices.Contains(c.From, old.State) && old.Leased(c.Owner, c.Now) {
+			return old, fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
+		}
+		return old, fmt.Errorf("sandbox %s is %s: %w", c.SandboxID, old.State, core.ErrConflict)
+	}
+	if has(failed, bindingPK(key)) {
+		return core.Record{}, fmt.Errorf("thread %s no longer names %s: %w", key, canonical, core.ErrConflict)
 	}
 	if err != nil {
-		return core.Record{}, unavailable("claim duplicate", err)
+		return core.Record{}, err
 	}
 	return s.Get(ctx, c.SandboxID)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -12,7 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/aws/smithy-go"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
@@ -54,21 +52,6 @@ func (s *Store) key(pk string) map[string]types.AttributeValue {
 		AttrPK: &types.AttributeValueMemberS{Value: pk},
 		AttrSK: &types.AttributeValueMemberS{Value: sortKey},
 	}
-}
-
-// unavailable classifies a failed call whose outcome is unknown ("maybe
-// applied"): throttling, timeouts, 5xx, transport errors. Client faults
-// that certainly did not apply (validation, missing table) are returned
-// as they are.
-func unavailable(op string, err error) error {
-	var ae smithy.APIError
-	if errors.As(err, &ae) && ae.ErrorFault() == smithy.FaultClient {
-		switch ae.ErrorCode() {
-		case "ValidationException", "ResourceNotFoundException", "AccessDeniedException", "UnrecognizedClientException":
-			return fmt.Errorf("%s: %w", op, err)
-		}
-	}
-	return fmt.Errorf("%s: %w: %w", op, core.ErrStoreUnavailable, err)
 }
 
 func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -342,28 +325,20 @@ func (s *Store) applyUnlessDraining(ctx context.Context, u core.Update, cond exp
 	if err != nil {
 		return core.Record{}, fmt.Errorf("apply: %w", err)
 	}
-	tctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err = s.writeTxn(tctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	failed, err := s.writeTxn(ctx, "apply", []types.TransactWriteItem{
 		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(u.SandboxID)),
 			ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
 			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}},
 		{ConditionCheck: &types.ConditionCheck{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
 			ConditionExpression: capExpr.Condition(), ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values()}},
-	}})
-	if reasons, cancelled := cancellation(err); cancelled {
-		if failed(reasons, 0) {
-			return core.Record{}, fmt.Errorf("sandbox %s fence %d: %w", u.SandboxID, u.Fence, core.ErrStaleFence)
-		}
-		if failed(reasons, 1) {
-			return core.Record{}, core.ErrDraining
-		}
-		return core.Record{}, unavailable("apply", err)
+	})
+	if _, ok := failed[sandboxPK(u.SandboxID)]; ok {
+		return core.Record{}, fmt.Errorf("sandbox %s fence %d: %w", u.SandboxID, u.Fence, core.ErrStaleFence)
 	}
-	if err != nil {
-		return core.Record{}, unavailable("apply", err)
+	if _, ok := failed[capacityPK(s.deployment)]; ok {
+		return core.Record{}, core.ErrDraining
 	}
-	return core.Record{}, nil
+	return core.Record{}, err
 }
 
 // Reserve takes a slot and binds the thread to the reservation, atomically.
@@ -416,9 +391,7 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 		return fmt.Errorf("reserve: %w", err)
 	}
 	notExists := "attribute_not_exists(pk)"
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err = s.writeTxn(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	failed, err := s.writeTxn(ctx, "reserve", []types.TransactWriteItem{
 		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
 			ConditionExpression: capExpr.Condition(), UpdateExpression: capExpr.Update(),
 			ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values(),
@@ -429,81 +402,30 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 		{Update: &types.Update{TableName: &s.table, Key: s.key(userPK(s.deployment, r.ThreadKey)),
 			ConditionExpression: userExpr.Condition(), UpdateExpression: userExpr.Update(),
 			ExpressionAttributeNames: userExpr.Names(), ExpressionAttributeValues: userExpr.Values()}},
-	}})
-	reasons, cancelled := cancellation(err)
-	if !cancelled {
-		if err != nil {
-			return unavailable("reserve", err)
-		}
-		return nil
+	})
+	if len(failed) == 0 {
+		return err
 	}
 	// Several conditions may fail at once: report what the caller can act
 	// on first (a binding race, then the user's quota), capacity last, so a
 	// lost race never triggers an eviction.
+	ledger, ledgerFailed := failed[capacityPK(s.deployment)]
 	switch {
-	case failed(reasons, 2):
+	case has(failed, bindingPK(r.ThreadKey)):
 		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
-	case failed(reasons, 1):
+	case has(failed, reservationPK(r.Token)):
 		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
-	case failed(reasons, 3):
-		return &core.CapacityError{Reason: "user_quota", RetryAfter: 5 * time.Second,
+	case has(failed, userPK(s.deployment, r.ThreadKey)):
+		return &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second,
 			Status: core.CapacityStatus{Limit: r.Limit}}
-	case failed(reasons, 0):
-		l := decodeLedger(reasons[0].Item)
+	case ledgerFailed:
+		l := decodeLedger(ledger.Item)
 		if l.Draining {
-			return &core.CapacityError{Reason: "draining", Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used, Draining: true}}
+			return &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used, Draining: true}}
 		}
-		return &core.CapacityError{Reason: "capacity", Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used}}
+		return &core.CapacityError{Reason: core.RefusalCapacity, Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used}}
 	}
-	return unavailable("reserve", err)
-}
-
-// txnAttempts bounds retries of transactions cancelled without a failed
-// condition (TransactionConflict, throttling): certainly not applied, so
-// safe to retry. The SDK does not retry TransactionCanceledException.
-const txnAttempts = 5
-
-// writeTxn runs a transaction, retrying cancellations that carry no
-// ConditionalCheckFailed reason with jittered back-off. What it returns
-// is either nil, a cancellation with a failed condition (certainly not
-// applied), or an error wrapping core.ErrStoreUnavailable.
-func (s *Store) writeTxn(ctx context.Context, in *dynamodb.TransactWriteItemsInput) (*dynamodb.TransactWriteItemsOutput, error) {
-	for attempt := 1; ; attempt++ {
-		out, err := s.db.TransactWriteItems(ctx, in)
-		reasons, cancelled := cancellation(err)
-		if !cancelled {
-			return out, err
-		}
-		for i := range reasons {
-			if failed(reasons, i) {
-				return out, err
-			}
-		}
-		if attempt == txnAttempts {
-			// %v, not %w: callers must not mistake contention for a failed condition.
-			return nil, fmt.Errorf("transaction: %w: cancelled %d times without a failed condition (%v)", core.ErrStoreUnavailable, attempt, err)
-		}
-		d := time.Duration(10<<attempt) * time.Millisecond
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("transaction: %w: %w", core.ErrStoreUnavailable, ctx.Err())
-		case <-time.After(d/2 + time.Duration(rand.Int64N(int64(d/2)))):
-		}
-	}
-}
-
-// cancellation extracts a TransactionCanceledException's reasons.
-func cancellation(err error) ([]types.CancellationReason, bool) {
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) {
-		return tce.CancellationReasons, true
-	}
-	return nil, false
-}
-
-// failed reports whether the i-th transaction item failed its condition.
-func failed(reasons []types.CancellationReason, i int) bool {
-	return i < len(reasons) && aws.ToString(reasons[i].Code) == "ConditionalCheckFailed"
+	return fmt.Errorf("reserve: condition failed on an unexpected item: %w", core.ErrConflict)
 }
 
 // Finalize turns a reservation into an active record and rebinds the thread.
@@ -523,20 +445,18 @@ func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (co
 		return core.Record{}, fmt.Errorf("finalize: %w", err)
 	}
 	exists, notExists := "attribute_exists(pk)", "attribute_not_exists(pk)"
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err = s.writeTxn(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	failed, err := s.writeTxn(ctx, "finalize", []types.TransactWriteItem{
 		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
 		{Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}},
 		{Update: &types.Update{TableName: &s.table, Key: s.key(bindingPK(rec.ThreadKey)),
 			ConditionExpression: bindExpr.Condition(), UpdateExpression: bindExpr.Update(),
 			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
-	}})
-	if _, cancelled := cancellation(err); cancelled {
+	})
+	if len(failed) > 0 { // the reservation is gone, the record exists or the binding moved
 		return core.Record{}, fmt.Errorf("finalize reservation %s: %w", token, core.ErrConflict)
 	}
 	if err != nil {
-		return core.Record{}, unavailable("finalize", err)
+		return core.Record{}, err
 	}
 	return rec, nil
 }
@@ -545,18 +465,16 @@ func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (co
 // the binding if it still names the reservation.
 func (s *Store) FreeReservation(ctx context.Context, token string, key core.ThreadKey) error {
 	exists := "attribute_exists(pk)"
-	tctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err := s.writeTxn(tctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	failed, err := s.writeTxn(ctx, "free reservation", []types.TransactWriteItem{
 		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
 		s.capRelease(),
 		s.userRelease(key),
-	}})
-	if _, cancelled := cancellation(err); cancelled {
+	})
+	if has(failed, reservationPK(token)) {
 		return fmt.Errorf("free reservation %s: %w", token, core.ErrNotFound)
 	}
 	if err != nil {
-		return unavailable("free reservation", err)
+		return err
 	}
 	s.dropBinding(ctx, key, "reservation", token)
 	return nil
@@ -611,22 +529,17 @@ func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error 
 	if err != nil {
 		return fmt.Errorf("free: %w", err)
 	}
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err = s.writeTxn(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+	failed, err := s.writeTxn(ctx, "free", []types.TransactWriteItem{
 		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(id)),
 			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
 			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}},
 		s.capRelease(),
 		s.userRelease(rec.ThreadKey),
-	}})
-	if _, cancelled := cancellation(err); cancelled {
+	})
+	if has(failed, sandboxPK(id)) {
 		return fmt.Errorf("free sandbox %s fence %d: %w", id, fence, core.ErrStaleFence)
 	}
-	if err != nil {
-		return unavailable("free", err)
-	}
-	return nil
+	return err
 }
 
 // readLedger reads the capacity ledger (strongly consistent; zero if absent).
