@@ -11,7 +11,8 @@
 #     interfaces unless given `--port 127.0.0.1:PORT`, and keeps metadata in xattrs (else --sidecar);
 #   - the AWS Lambda Runtime Interface Emulator, `go install`ed; one function per process, and it
 #     listens on 0.0.0.0:8080 unless given --runtime-interface-emulator-address;
-#   - bubblewrap (apt-get, as root) for sandbox isolation; the npm packages of the E2B SDK check.
+#   - bubblewrap (apt-get, as root) for sandbox isolation; python3 and pip (apt-get, as root) for
+#     the Python client's tests; the npm packages of the E2B SDK check.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -63,18 +64,27 @@ go_install() { # name module version
 go_install versitygw github.com/versity/versitygw/cmd/versitygw "$VERSITYGW_VERSION"
 go_install aws-lambda-rie github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie "$RIE_VERSION"
 
-# bubblewrap (sandbox isolation on the host); best effort.
-if ! command -v bwrap >/dev/null 2>&1; then
+# apt_install WHAT CHECK PACKAGE...: when CHECK (a shell test) fails, install the Debian packages
+# with apt-get as root; best effort (a warning says what to do otherwise).
+apt_install() {
+  local what=$1 check=$2; shift 2
+  bash -c "$check" >/dev/null 2>&1 && return 0
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    say "installing bubblewrap (apt-get)"
-    if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null \
-        || { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }; }; then
-      warn "could not install bubblewrap; sandbox isolation tests will fail"
+    say "installing $what (apt-get install $*)"
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null \
+        || { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null; }; }; then
+      warn "could not install $what; the tests that need it will fail"
     fi
   else
-    warn "bwrap is missing and cannot be installed here (need root and apt-get): apt-get install -y bubblewrap"
+    warn "$what is missing and cannot be installed here (need root and apt-get): apt-get install -y $*"
   fi
-fi
+}
+
+# bubblewrap (sandbox isolation on the host).
+apt_install bubblewrap 'command -v bwrap' bubblewrap
+# Python 3 and pip for the Python client's tests (clients/python; standard library only).
+apt_install python3 'command -v python3' python3
+apt_install pip 'python3 -m pip --version' python3-pip
 
 # npm packages for the E2B SDK compatibility check.
 if [[ -f "$ROOT/test/e2b-sdk/package.json" ]]; then
