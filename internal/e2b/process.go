@@ -17,8 +17,8 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// envKey is the shape of environment variable names accepted by Run
-// (issue 2; reference test_execute_command_rejects_invalid_env_key).
+// envKey is the shape of environment variable names accepted by Run: a
+// name that is not a shell identifier is refused before anything is sent.
 var envKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // ErrCommandTimeout: a process did not end within its timeout. Run wraps it
@@ -281,7 +281,7 @@ func (c *Client) killProcess(ctx context.Context, ref core.SandboxRef, pid uint3
 	req := connect.NewRequest(&sendSignalRequest{Process: processSelector{Pid: pid}, Signal: "SIGNAL_SIGKILL"})
 	setEnvdHeaders(req.Header(), ref)
 	if _, err := client.CallUnary(ctx, req); err != nil {
-		c.log.Warn("e2b: kill of timed-out process failed", "sandbox_id", ref.ID, "pid", pid, "error", err)
+		c.log.WarnContext(ctx, "e2b: kill of timed-out process failed", "sandbox_id", ref.ID, "pid", pid, "error", err)
 	}
 }
 
@@ -294,7 +294,7 @@ func (c *Client) envdBase(ref core.SandboxRef) string {
 }
 
 // setEnvdHeaders sets the routing and auth headers of every envd call
-// (E2B-WIRE.md): never the API key.
+// (E2b-Sandbox-Id, X-Access-Token): never the API key.
 func setEnvdHeaders(h http.Header, ref core.SandboxRef) {
 	h.Set("E2b-Sandbox-Id", ref.ID)
 	h.Set("E2b-Sandbox-Port", strconv.Itoa(EnvdPort))

@@ -66,7 +66,7 @@ type restoreObject struct {
 }
 
 // Restore copies a thread's mirrored files from S3 into a freshly created
-// sandbox (issue 4 "Restore"): every object under
+// sandbox: every object under
 // <prefix>/<tenant>/<user>/<thread>/ whose key maps to a safe path under
 // outputs/ or workspace/ is written to the same path under the sandbox
 // home, in key order, under the same caps as Sync (MaxFiles, MaxTotalBytes,
@@ -111,7 +111,7 @@ func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResul
 			return s.finishRestore(ctx, p, log, start)
 		}
 		// Restore what was listed before the failure.
-		log.Warn("listing the thread's objects failed", "err", err, "listed", len(objs))
+		log.WarnContext(ctx, "listing the thread's objects failed", "err", err, "listed", len(objs))
 	}
 	if err != nil || !listComplete {
 		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonStoreListing})
@@ -167,7 +167,7 @@ func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResul
 			if reason == ReasonSandboxGone {
 				cancelJobs()
 			}
-			log.Warn("file not restored", "path", rel, "reason", reason, "err", err)
+			log.WarnContext(ctx, "file not restored", "path", rel, "reason", reason, "err", err)
 			p.deferFile(rel, reason)
 			return nil
 		})
@@ -339,7 +339,7 @@ func (s *Syncer) removePartial(ctx context.Context, ref core.SandboxRef, paths [
 			return err
 		}
 		if err != nil || res.ExitCode != 0 {
-			log.Warn("removing partially restored files failed", "count", len(batch), "err", err, "exit_code", res.ExitCode)
+			log.WarnContext(ctx, "removing partially restored files failed", "count", len(batch), "err", err, "exit_code", res.ExitCode)
 		}
 	}
 	return nil
@@ -356,7 +356,7 @@ func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored m
 			s.markGone(p, err)
 			return
 		}
-		log.Warn("listing after restore failed; restored files will be uploaded again", "err", err)
+		log.WarnContext(ctx, "listing after restore failed; restored files will be uploaded again", "err", err)
 		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonManifestNotStored})
 		return
 	}
@@ -382,7 +382,7 @@ func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored m
 	err = storeManifest(sctx, s.s3, s.opts.Bucket, mkey, m)
 	cancel()
 	if err != nil {
-		log.Warn("storing the seeded manifest failed; restored files will be uploaded again", "err", err)
+		log.WarnContext(ctx, "storing the seeded manifest failed; restored files will be uploaded again", "err", err)
 		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonManifestNotStored})
 	}
 }
@@ -392,7 +392,7 @@ func (s *Syncer) finishRestore(ctx context.Context, p *pass, log *slog.Logger, s
 	res := p.res
 	res.Deferred, res.Excluded = s.report(p.deferred), s.report(p.excluded)
 	res.Complete = len(p.deferred) == 0 && p.goneErr == nil && ctx.Err() == nil
-	log.Info("restore", "restored", res.Uploaded, "deferred", len(p.deferred), "excluded", len(p.excluded), "bytes", res.Bytes,
+	log.InfoContext(ctx, "restore", "restored", res.Uploaded, "deferred", len(p.deferred), "excluded", len(p.excluded), "bytes", res.Bytes,
 		"complete", res.Complete, "duration_ms", s.now().Sub(start).Milliseconds())
 	switch {
 	case p.goneErr != nil:

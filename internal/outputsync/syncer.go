@@ -137,8 +137,8 @@ type Options struct {
 	// incomplete, but the files before it go unlisted).
 	MaxListBytes int64
 	// MirrorDeletes: on a complete pass, the objects of manifest entries
-	// whose files are gone from the sandbox are deleted too (issue 4,
-	// SYNC_MIRROR_DELETES). Default false: objects are kept.
+	// whose files are gone from the sandbox are deleted too
+	// (SYNC_MIRROR_DELETES). Default false: objects are kept.
 	MirrorDeletes bool
 	// MaxReported caps SyncResult.Deferred; past it one entry with reason
 	// "report_truncated" and Path "+<n> more" ends the list.
@@ -274,12 +274,12 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 	p := &pass{m: m}
 	switch {
 	case corrupt:
-		log.Warn("discarding unreadable manifest", "key", mkey)
+		log.WarnContext(ctx, "discarding unreadable manifest", "key", mkey)
 		p.m, p.dirty = newManifest(t.Ref.ID), true
 	case !found:
 		p.m, p.dirty = newManifest(t.Ref.ID), true
 	case m.SandboxID != t.Ref.ID:
-		log.Info("discarding manifest of another sandbox", "manifest_sandbox_id", m.SandboxID)
+		log.InfoContext(ctx, "discarding manifest of another sandbox", "manifest_sandbox_id", m.SandboxID)
 		p.m, p.dirty = newManifest(t.Ref.ID), true
 	}
 	vctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
@@ -291,7 +291,7 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 		return core.SyncResult{}, fmt.Errorf("verify manifest against s3: %w", err)
 	}
 	if dropped > 0 {
-		log.Warn("objects missing or replaced in s3; uploading again", "count", dropped)
+		log.WarnContext(ctx, "objects missing or replaced in s3; uploading again", "count", dropped)
 		p.dirty = true
 	}
 	p.lastStore = s.now()
@@ -320,7 +320,7 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 			}
 			if s.opts.MirrorDeletes {
 				if err := s.deleteObject(ctx, threadPrefix(s.opts.Prefix, t.ThreadKey)+rel); err != nil {
-					log.Warn("mirror delete failed; entry kept for the next pass", "path", rel, "err", err)
+					log.WarnContext(ctx, "mirror delete failed; entry kept for the next pass", "path", rel, "err", err)
 					continue
 				}
 			}
@@ -343,7 +343,7 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 	res := p.res
 	res.Deferred, res.Excluded = s.report(p.deferred), s.report(p.excluded)
 	res.Complete = len(p.deferred) == 0 && storeErr == nil && p.goneErr == nil && ctx.Err() == nil
-	log.Info("sync pass", "uploaded", res.Uploaded, "skipped", res.Skipped, "deferred", len(p.deferred), "excluded", len(p.excluded),
+	log.InfoContext(ctx, "sync pass", "uploaded", res.Uploaded, "skipped", res.Skipped, "deferred", len(p.deferred), "excluded", len(p.excluded),
 		"bytes", res.Bytes, "complete", res.Complete, "duration_ms", s.now().Sub(start).Milliseconds())
 	switch {
 	case p.goneErr != nil:
@@ -381,11 +381,11 @@ func (s *Syncer) list(ctx context.Context, ref core.SandboxRef, log *slog.Logger
 	files, bad, truncated := parseListing(out.Stdout)
 	incomplete = truncated || out.ExitCode != 0 || int64(len(out.Stdout)) >= s.opts.MaxListBytes
 	if incomplete {
-		log.Warn("listing incomplete", "exit_code", out.ExitCode, "stdout_bytes", len(out.Stdout),
+		log.WarnContext(ctx, "listing incomplete", "exit_code", out.ExitCode, "stdout_bytes", len(out.Stdout),
 			"stderr", string(bytes.ToValidUTF8(head(out.Stderr, 512), []byte("?"))))
 	}
 	if len(bad) > 0 {
-		log.Warn("unparsable listing records", "count", len(bad))
+		log.WarnContext(ctx, "unparsable listing records", "count", len(bad))
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return files, bad, incomplete, nil
@@ -414,14 +414,14 @@ func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Tim
 	planned, plannedBytes, unsafe := 0, int64(0), 0
 	defer func() {
 		if unsafe > maxUnsafeLogged {
-			log.Warn("refused unsafe paths", "count", unsafe)
+			log.WarnContext(ctx, "refused unsafe paths", "count", unsafe)
 		}
 	}()
 	for _, f := range files {
 		rel, err := relPath(s.opts.Home, f.Path)
 		if err != nil {
 			if unsafe++; unsafe <= maxUnsafeLogged {
-				log.Warn("refusing unsafe path", "path", displayPath(s.opts.Home, f.Path))
+				log.WarnContext(ctx, "refusing unsafe path", "path", displayPath(s.opts.Home, f.Path))
 			}
 			p.deferFile(displayPath(s.opts.Home, f.Path), ReasonUnsafePath)
 			continue
@@ -483,7 +483,7 @@ func (s *Syncer) checkpoint(ctx context.Context, p *pass, mkey string, log *slog
 	err := storeManifest(sctx, s.s3, s.opts.Bucket, mkey, snap)
 	cancel()
 	if err != nil {
-		log.Warn("manifest checkpoint failed", "err", err)
+		log.WarnContext(ctx, "manifest checkpoint failed", "err", err)
 	}
 	p.mu.Lock()
 	p.storing = false
@@ -550,7 +550,7 @@ func (s *Syncer) uploadOne(ctx, passCtx, jobCtx context.Context, cancelJobs cont
 		p.res.Uploaded++
 		p.res.Bytes += f.Size
 		p.mu.Unlock()
-		log.Debug("uploaded", "path", rel, "bytes", f.Size)
+		log.DebugContext(ctx, "uploaded", "path", rel, "bytes", f.Size)
 		return
 	}
 
@@ -583,7 +583,7 @@ func (s *Syncer) uploadOne(ctx, passCtx, jobCtx context.Context, cancelJobs cont
 	default:
 		reason = ReasonError
 	}
-	log.Warn("file deferred", "path", rel, "reason", reason, "err", err)
+	log.WarnContext(ctx, "file deferred", "path", rel, "reason", reason, "err", err)
 	p.deferFile(rel, reason)
 }
 

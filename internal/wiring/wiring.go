@@ -33,7 +33,7 @@ const initTimeout = 10 * time.Second
 // HTTP API function (acquire's restore, release, sync): API Gateway HTTP
 // API integrations end at 30 s, and the request also needs time for its
 // lease and ledger writes and the manifest store after the pass. A pass cut
-// short says what it deferred and the next pass converges (issue 4).
+// short says what it deferred and the next pass converges.
 const MaxHTTPSyncDeadline = 20 * time.Second
 
 // FunctionReconcile is the function name of the scheduled reconcile; every
@@ -59,11 +59,6 @@ func SyncDeadline(cfg config.Config, function string) (d time.Duration, clamped 
 	return d, false
 }
 
-// NewLogger returns the JSON logger every function uses, on stdout.
-func NewLogger(level slog.Level) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: level}))
-}
-
 // NewBroker builds the engine for an HTTP API function (see NewBrokerFor).
 func NewBroker(ctx context.Context, cfg config.Config, logger *slog.Logger) (*core.Engine, error) {
 	return NewBrokerFor(ctx, cfg, logger, "http")
@@ -80,7 +75,7 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 		return nil, fmt.Errorf("aws config: %w", err)
 	}
 	if cfg.E2B.APIKeySecretARN != "" {
-		// Deployed stacks keep the key in Secrets Manager (issue 6): read
+		// Deployed stacks keep the key in Secrets Manager: read
 		// once at cold start, cached for the process.
 		key, err := ResolveAPIKey(ctx, secretsmanager.NewFromConfig(awsCfg), cfg.E2B.APIKeySecretARN)
 		if err != nil {
@@ -174,10 +169,10 @@ func ReconcileHandler(b core.Broker, logger *slog.Logger) func(ctx context.Conte
 		attrs := []any{"event_id", ev.ID, "expired", stats.Expired, "killed", stats.Killed, "dead", stats.Dead,
 			"errors", stats.Errors, "duration_ms", stats.Duration.Milliseconds()}
 		if err != nil {
-			logger.Error("reconcile failed", append(attrs, "error", err.Error())...)
+			logger.ErrorContext(ctx, "reconcile failed", append(attrs, "error", err.Error())...)
 			return stats, fmt.Errorf("reconcile: %w", err)
 		}
-		logger.Info("reconcile", attrs...)
+		logger.InfoContext(ctx, "reconcile", attrs...)
 		return stats, nil
 	}
 }

@@ -3,10 +3,11 @@ package core
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 )
 
-// Metrics emitted outside reconcile's pass line (ReconcileStats.EMFAttrs),
+// Metrics emitted outside reconcile's pass line (ReconcileStats.Metrics),
 // all in MetricsNamespace with the single dimension Deployment (the
 // deployment id). The CDK stack's alarms and dashboard read them
 // (infra/stack).
@@ -42,7 +43,7 @@ type Metric struct {
 // MetricsNamespace, dimension set [Deployment] and the metric
 // definitions in order) plus one top-level member per metric and the
 // Deployment dimension (format per the CloudWatch EMF specification).
-// ReconcileStats.EMFAttrs writes the same shape.
+// It is the one builder of EMF records: every metrics line goes through it.
 func EMFAttrs(deployment string, at time.Time, metrics ...Metric) []slog.Attr {
 	defs := make([]map[string]string, len(metrics))
 	for i, m := range metrics {
@@ -73,8 +74,17 @@ func LogEMF(ctx context.Context, logger *slog.Logger, deployment string, at time
 	if logger == nil || len(metrics) == 0 {
 		return
 	}
-	r := slog.NewRecord(at, slog.LevelInfo, "metrics", 0)
-	r.AddAttrs(EMFAttrs(deployment, at, metrics...)...)
+	logUnfiltered(ctx, logger, slog.LevelInfo, "metrics", at, EMFAttrs(deployment, at, metrics...))
+}
+
+// logUnfiltered writes one record through logger's handler whatever the
+// handler's level.
+func logUnfiltered(ctx context.Context, logger *slog.Logger, level slog.Level, msg string, at time.Time, attrs []slog.Attr) {
+	if logger == nil {
+		return
+	}
+	r := slog.NewRecord(at, level, msg, 0)
+	r.AddAttrs(attrs...)
 	_ = logger.Handler().Handle(ctx, r) // a log write that fails has nowhere to be reported
 }
 
@@ -124,13 +134,13 @@ func (e *Engine) emitTombstoneAge(ctx context.Context, tombs []Record) {
 	LogEMF(ctx, e.log, e.s.Deployment, now, TombstoneAgeMetric(tombs, now))
 }
 
-// EmittedMetrics lists the names of the metrics this package's emitters
-// produce besides reconcile's pass stats (ReconcileStats.EMFAttrs), for
-// checks that every metric an alarm reads is emitted.
+// EmittedMetrics lists the names of every metric the broker emits:
+// reconcile's pass stats (ReconcileStats.Metrics) and the metrics above,
+// for checks that every metric an alarm reads is emitted.
 func EmittedMetrics() []string {
 	var names []string
-	for _, m := range append(append(CapacityMetrics(CapacityStatus{}), RejectedMetric(), TombstoneAgeMetric(nil, time.Time{})),
-		SyncMetrics(SyncResult{})...) {
+	for _, m := range slices.Concat((ReconcileStats{}).Metrics(), CapacityMetrics(CapacityStatus{}),
+		[]Metric{RejectedMetric(), TombstoneAgeMetric(nil, time.Time{})}, SyncMetrics(SyncResult{})) {
 		names = append(names, m.Name)
 	}
 	return names

@@ -6,69 +6,49 @@ import (
 	"time"
 )
 
-// MetricsNamespace is the CloudWatch namespace of reconcile's metrics.
+// MetricsNamespace is the CloudWatch namespace of the broker's metrics.
 const MetricsNamespace = "SandboxBroker"
 
-// emfMetrics names the metrics of a pass, in the order they are declared.
-var emfMetrics = []struct{ name, unit string }{
-	{"Discovered", "Count"}, {"Adopted", "Count"}, {"Duplicates", "Count"}, {"Orphans", "Count"},
-	{"Deferred", "Count"}, {"Killed", "Count"}, {"Dead", "Count"}, {"Expired", "Count"},
-	{"TombstonesRetried", "Count"}, {"ReservationsSettled", "Count"}, {"LedgerRepaired", "Count"},
-	{"Pages", "Count"}, {"BudgetExhausted", "Count"}, {"Errors", "Count"}, {"DurationMs", "Milliseconds"},
-}
-
-func (s ReconcileStats) metricValues() map[string]float64 {
-	b2f := func(b bool) float64 {
-		if b {
-			return 1
-		}
-		return 0
+// Metrics returns the pass's stats as metrics (all Count but DurationMs),
+// in a fixed order: the members of the pass's EMF record.
+func (s ReconcileStats) Metrics() []Metric {
+	count := func(name string, v int) Metric { return Metric{Name: name, Unit: "Count", Value: float64(v)} }
+	exhausted := 0
+	if s.BudgetExhausted {
+		exhausted = 1
 	}
-	return map[string]float64{
-		"Discovered": float64(s.Discovered), "Adopted": float64(s.Adopted), "Duplicates": float64(s.Duplicates),
-		"Orphans": float64(s.Orphans), "Deferred": float64(s.Deferred), "Killed": float64(s.Killed),
-		"Dead": float64(s.Dead), "Expired": float64(s.Expired), "TombstonesRetried": float64(s.TombstonesRetried),
-		"ReservationsSettled": float64(s.ReservationsSettled), "LedgerRepaired": float64(s.LedgerRepaired),
-		"Pages": float64(s.Pages), "BudgetExhausted": b2f(s.BudgetExhausted), "Errors": float64(s.Errors),
-		"DurationMs": float64(s.Duration.Milliseconds()),
+	return []Metric{
+		count("Discovered", s.Discovered), count("Adopted", s.Adopted), count("Duplicates", s.Duplicates),
+		count("Orphans", s.Orphans), count("Deferred", s.Deferred), count("Killed", s.Killed),
+		count("Dead", s.Dead), count("Expired", s.Expired), count("TombstonesRetried", s.TombstonesRetried),
+		count("ReservationsSettled", s.ReservationsSettled), count("LedgerRepaired", s.LedgerRepaired),
+		count("Pages", s.Pages), count("BudgetExhausted", exhausted), count("Errors", s.Errors),
+		{Name: "DurationMs", Unit: "Milliseconds", Value: float64(s.Duration.Milliseconds())},
 	}
 }
 
-// EMFAttrs returns log attributes that make one JSON log line a CloudWatch
-// embedded metric format record (the "_aws" metadata object plus one
-// top-level member per metric and dimension; format per the CloudWatch
-// EMF specification): namespace MetricsNamespace, dimension Deployment.
+// EMFAttrs returns the attributes that make one JSON log line the pass's
+// CloudWatch embedded-metric-format record (EMFAttrs of Metrics).
 func (s ReconcileStats) EMFAttrs(deployment string, at time.Time) []slog.Attr {
-	defs := make([]map[string]string, len(emfMetrics))
-	for i, m := range emfMetrics {
-		defs[i] = map[string]string{"Name": m.name, "Unit": m.unit}
-	}
-	attrs := []slog.Attr{
-		slog.Any("_aws", map[string]any{
-			"Timestamp": at.UnixMilli(),
-			"CloudWatchMetrics": []map[string]any{{
-				"Namespace":  MetricsNamespace,
-				"Dimensions": [][]string{{"Deployment"}},
-				"Metrics":    defs,
-			}},
-		}),
-		slog.String("Deployment", deployment),
-	}
-	vals := s.metricValues()
-	for _, m := range emfMetrics {
-		attrs = append(attrs, slog.Float64(m.name, vals[m.name]))
-	}
-	return attrs
+	return EMFAttrs(deployment, at, s.Metrics()...)
 }
 
-// emit logs the pass's stats as one JSON line: the stats (snake_case, as
-// returned to callers) and the same numbers as EMF metrics.
-func (p *pass) emit(ctx context.Context, err error) {
-	attrs := append(p.st.EMFAttrs(p.e.s.Deployment, p.e.now()), slog.Any("stats", p.st))
+// LogReconcilePass writes a pass's one JSON line "reconcile pass": the
+// stats (snake_case, as returned to callers), the error that ended the
+// pass if any (the line is then at WARN), and the same numbers as an EMF
+// record. Like LogEMF it bypasses the logger's level: the ReconcileFailing
+// alarm reads these lines, so LOG_LEVEL=WARN or ERROR must not drop them.
+func LogReconcilePass(ctx context.Context, logger *slog.Logger, deployment string, at time.Time, st ReconcileStats, err error) {
+	attrs := append(st.EMFAttrs(deployment, at), slog.Any("stats", st))
 	level := slog.LevelInfo
 	if err != nil {
 		level = slog.LevelWarn
 		attrs = append(attrs, slog.String("error", err.Error()))
 	}
-	p.e.log.LogAttrs(ctx, level, "reconcile pass", attrs...)
+	logUnfiltered(ctx, logger, level, "reconcile pass", at, attrs)
+}
+
+// emit logs the pass's line (LogReconcilePass).
+func (p *pass) emit(ctx context.Context, err error) {
+	LogReconcilePass(ctx, p.e.log, p.e.s.Deployment, p.e.now(), p.st, err)
 }

@@ -13,21 +13,45 @@ import (
 
 // TestReconcileLogsOneEMFLine: a pass logs its stats as one JSON line that
 // is also a CloudWatch embedded-metric-format record (an _aws object
-// declaring the metrics, each a top-level member).
+// declaring the metrics, each a top-level member), whatever the logger's
+// level: the ReconcileFailing alarm reads it at LOG_LEVEL=WARN too.
 func TestReconcileLogsOneEMFLine(t *testing.T) {
-	h := newRecHarness(t, nil)
-	h.untracked(t, h.threadMeta("t1", 0))
-	var buf bytes.Buffer
-	eng, err := core.New(h.s, h.store, h.prov, nil, core.WithClock(h.clock.now), core.WithReconcileSettings(h.rs),
-		core.WithLogger(slog.New(slog.NewJSONHandler(&buf, nil))))
-	if err != nil {
-		t.Fatalf("core.New: %v", err)
+	for _, level := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError} {
+		t.Run(level.String(), func(t *testing.T) {
+			h := newRecHarness(t, nil)
+			h.untracked(t, h.threadMeta("t1", 0))
+			var buf bytes.Buffer
+			eng, err := core.New(h.s, h.store, h.prov, nil, core.WithClock(h.clock.now), core.WithReconcileSettings(h.rs),
+				core.WithLogger(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: level}))))
+			if err != nil {
+				t.Fatalf("core.New: %v", err)
+			}
+			if _, err := eng.Reconcile(context.Background()); err != nil {
+				t.Fatalf("Reconcile: %v", err)
+			}
+			line := passLine(t, buf.String())
+			for _, name := range []string{"Errors", "BudgetExhausted", "Killed", "Expired", "Discovered"} {
+				if _, ok := line[name].(float64); !ok {
+					t.Errorf("pass record lacks %s: %v", name, line)
+				}
+			}
+			if line["Discovered"] != 1.0 || line["Adopted"] != 1.0 {
+				t.Errorf("Discovered %v Adopted %v, want 1 1", line["Discovered"], line["Adopted"])
+			}
+			if stats, _ := line["stats"].(map[string]any); stats["discovered"] != 1.0 {
+				t.Errorf("stats = %v, want discovered 1", line["stats"])
+			}
+		})
 	}
-	if _, err := eng.Reconcile(context.Background()); err != nil {
-		t.Fatalf("Reconcile: %v", err)
-	}
+}
+
+// passLine finds the one "reconcile pass" line in logs and checks its EMF
+// envelope: namespace, Deployment "test", every declared metric a
+// top-level number.
+func passLine(t *testing.T, logs string) map[string]any {
+	t.Helper()
 	var line map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+	for _, l := range strings.Split(strings.TrimSpace(logs), "\n") {
 		if strings.Contains(l, `"msg":"reconcile pass"`) {
 			if line != nil {
 				t.Fatal("more than one stats line")
@@ -38,7 +62,7 @@ func TestReconcileLogsOneEMFLine(t *testing.T) {
 		}
 	}
 	if line == nil {
-		t.Fatalf("no stats line in %s", buf.String())
+		t.Fatalf("no stats line in %s", logs)
 	}
 	aws, _ := line["_aws"].(map[string]any)
 	metrics, _ := aws["CloudWatchMetrics"].([]any)
@@ -55,12 +79,7 @@ func TestReconcileLogsOneEMFLine(t *testing.T) {
 			t.Errorf("metric %s has no numeric top-level value", name)
 		}
 	}
-	if line["Discovered"] != 1.0 || line["Adopted"] != 1.0 {
-		t.Errorf("Discovered %v Adopted %v, want 1 1", line["Discovered"], line["Adopted"])
-	}
-	if stats, _ := line["stats"].(map[string]any); stats["discovered"] != 1.0 {
-		t.Errorf("stats = %v, want discovered 1", line["stats"])
-	}
+	return line
 }
 
 func TestReconcileDrainingExpiresEveryWarmSandbox(t *testing.T) {

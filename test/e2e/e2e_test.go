@@ -1,7 +1,7 @@
 // Package e2e tests the broker end to end over HTTP against the real local
 // stack (devstack): DynamoDB Local, versitygw, the sandbox host, and the four
 // bootstrap binaries, freshly built by the test, under the Lambda Runtime
-// Interface Emulator. The flow is issue 2's "Tests" list.
+// Interface Emulator.
 package e2e
 
 import (
@@ -427,7 +427,11 @@ func readFile(t *testing.T, c conn, path string) (int, []byte) {
 // fresh stack whose functions use that provider.
 func TestBrokerEndToEnd(t *testing.T) {
 	for _, f := range []face{e2bFace, provisionerFace} {
-		t.Run(f.name, func(t *testing.T) { scenario(t, startStack(t, f.name), f) })
+		t.Run(f.name, func(t *testing.T) {
+			s := startStack(t, f.name)
+			scenario(t, s, f)
+			checkRequestIDs(t, s.Info.LogDir)
+		})
 	}
 }
 
@@ -605,7 +609,7 @@ func scenario(t *testing.T, s *devstack.Stack, f face) {
 	}
 }
 
-// TestStackFileAndShutdown checks .run/stack.json's shape (issue 2, item 7)
+// TestStackFileAndShutdown checks .run/stack.json's shape
 // and that Close leaves nothing listening.
 func TestStackFileAndShutdown(t *testing.T) {
 	s := startStack(t, "e2b")
