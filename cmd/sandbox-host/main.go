@@ -14,7 +14,7 @@
 //
 // -provisioner-addr [SANDBOX_HOST_PROVISIONER_ADDR] (default off; e.g.
 // 127.0.0.1:0) also serves the provisioner face: the Kubernetes
-// provisioner API with AIO sandbox URLs (issue 7). Its X-API-Key is
+// provisioner API with AIO sandbox URLs. Its X-API-Key is
 // SANDBOX_HOST_PROVISIONER_API_KEY, default SANDBOX_HOST_API_KEY.
 package main
 

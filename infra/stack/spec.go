@@ -38,7 +38,8 @@ type Function struct {
 	Schedule string
 }
 
-// Functions are the broker's four functions, as DESIGN.md lists them.
+// Functions are the broker's four functions: three behind the HTTP API,
+// one on the reconcile schedule.
 var Functions = []Function{
 	{
 		Name: "acquire", LogicalID: "AcquireFunction", MemoryMB: 256, TimeoutSeconds: 29,

@@ -12,8 +12,9 @@
 // default_tenant is used, else its first tenant (make run writes them in
 // BROKER_DEV_TOKENS order, so that is the first one listed there).
 //
-// Exit codes: 0 ok, 1 error, 2 usage, 3 capacity refused (HTTP 429); `sbx
-// exec` exits with the command's own exit code once the command ran.
+// Exit codes: 0 ok, 1 error, 2 usage, 3 capacity refused (code
+// SANDBOX_CAPACITY_EXCEEDED: HTTP 429, or 503 while the deployment drains);
+// `sbx exec` exits with the command's own exit code once the command ran.
 package cli
 
 import (

@@ -20,7 +20,7 @@ const (
 )
 
 // StackFile is where `make run` writes the endpoints and credentials of the
-// local stack, relative to the repository root (issue 2, item 7).
+// local stack, relative to the repository root.
 const StackFile = ".run/stack.json"
 
 // TenantToken is one entry of stack.json's "tokens" map.

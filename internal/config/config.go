@@ -1,5 +1,5 @@
 // Package config reads the broker's Lambda configuration from environment
-// variables once, applies the documented defaults (issue 2 item 6, README)
+// variables once, applies the defaults the README documents
 // and validates it, so every function fails fast at cold start with a message
 // naming the offending variable.
 package config
@@ -52,7 +52,7 @@ const (
 	EnvOutputBucket       = "OUTPUT_BUCKET"
 	EnvOutputPrefix       = "OUTPUT_PREFIX"
 	EnvLogLevel           = "LOG_LEVEL"
-	// Output sync caps (issue 4); unset means the syncer's default
+	// Output sync caps; unset means the syncer's default
 	// (internal/outputsync Default*).
 	EnvSyncMaxFiles        = "SYNC_MAX_FILES"
 	EnvSyncMaxTotalBytes   = "SYNC_MAX_TOTAL_BYTES"
@@ -95,7 +95,7 @@ type E2B struct {
 	APIKeySecretARN string
 }
 
-// Sync holds the output sync caps (issue 4). A zero field means "unset":
+// Sync holds the output sync caps. A zero field means "unset":
 // the syncer's default applies (internal/outputsync Default*), and for Deadline
 // internal/wiring picks the budget per function.
 type Sync struct {
@@ -185,7 +185,9 @@ func Load() (Config, []string, error) { return Parse(os.Environ()) }
 // os.Environ returns). It returns the config, warnings (unknown SANDBOX_*
 // variables, by name) and an error joining every invalid or missing
 // variable, each message starting with the variable's name. Required:
-// E2B_API_KEY, TABLE_NAME, OUTPUT_BUCKET.
+// TABLE_NAME, OUTPUT_BUCKET, and the backend's own: E2B_API_KEY or
+// E2B_API_KEY_SECRET_ARN for SANDBOX_PROVIDER=e2b (the default),
+// PROVISIONER_URL for SANDBOX_PROVIDER=provisioner.
 func Parse(environ []string) (Config, []string, error) {
 	env := make(map[string]string, len(environ))
 	for _, kv := range environ {

@@ -6,7 +6,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// Reconcile pass budgets and periods (issue 5); unset means
+// Reconcile pass budgets and periods; unset means
 // core.DefaultReconcileSettings.
 const (
 	EnvReconcileMaxPages         = "RECONCILE_MAX_PAGES"

@@ -103,7 +103,7 @@ type Options struct {
 }
 
 // Info is the content of .run/stack.json: everything a client, a test or
-// `aws --endpoint-url` needs to reach the stack (issue 2, item 7).
+// `aws --endpoint-url` needs to reach the stack.
 type Info struct {
 	APIURL string `json:"api_url"`
 	// Tokens maps tenant -> token, written as a JSON object in

@@ -6,7 +6,8 @@
 // Sources of the wire facts: E2B's public OpenAPI spec (spec/openapi.yml and
 // spec/envd/envd.yaml in github.com/e2b-dev/E2B), envd's process.proto, and
 // what the official JS SDK (npm e2b 2.51.0) was observed to send
-// (../shared/E2B-WIRE.md). The same client drives the local sandbox host of
+// (captured on loopback against internal/sandboxhost, which TestOfficialE2BSDK
+// drives with the same SDK). The same client drives the local sandbox host of
 // this repository (internal/sandboxhost), which speaks the same API on loopback.
 //
 // Authentication: control-plane calls carry the API key in X-API-Key; envd

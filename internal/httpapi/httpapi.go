@@ -1,7 +1,7 @@
 // Package httpapi adapts API Gateway HTTP API (payload format 2.0) events to
 // a core.Broker: it routes, authenticates the tenant from the authorizer
-// context, validates input, and maps core errors to the HTTP API of
-// DESIGN.md ("HTTP API (v1, JSON, API Gateway HTTP API)"). It holds no state
+// context, validates input, and maps core errors to the HTTP API the
+// README documents (routes, bodies, the error table). It holds no state
 // and makes no decisions of its own.
 package httpapi
 
@@ -353,7 +353,7 @@ func decodeAcquire(body []byte) (core.ThreadKey, error) {
 	return core.ThreadKey{User: *in.UserID, Thread: *in.ThreadID}, nil
 }
 
-// Response bodies (DESIGN.md, HTTP API table).
+// Response bodies (the README's route table).
 
 // envdConnectionJSON is an envd endpoint: the daemon's base URL and its
 // X-Access-Token.

@@ -22,7 +22,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// Issue 4's benchmark: throughput of syncing 1 GiB in one file and in
+// The sync benchmark: throughput of syncing 1 GiB in one file and in
 // 10,000 files from a sandbox of the local sandbox host (bytes read over
 // envd by the E2B client, as in production) to versitygw, as a ratio to one
 // plain streaming PutObject of the same number of bytes in the same run,

@@ -1,6 +1,6 @@
 // Package outputsync copies a thread's output directories (outputs/ and
 // workspace/ under the sandbox home) from its sandbox to S3, implementing
-// core.OutputSyncer (DESIGN.md "Output sync"; issue 2 item 5, issue 4).
+// core.OutputSyncer.
 //
 // One pass: a single listing command in the sandbox (GNU find, no symlink
 // following, regular files only, NUL-terminated records of size, mtime and
@@ -15,13 +15,9 @@
 // valid UTF-8, contain control characters, "." or ".." segments, or lie
 // outside the mirrored directories are refused and reported.
 //
-// Restore is the way back (issue 4 "Restore"): when a thread gets a freshly
+// Restore is the way back: when a thread gets a freshly
 // created sandbox, the thread's objects are streamed from S3 into the same
 // paths under its home, under the same caps, and the manifest is seeded for
 // the new sandbox so the restored files are not uploaded back. S3 trouble
 // never fails a restore; it is reported in the result.
-//
-// The behaviour follows the sync tests of the reference suite
-// (shared/reference/test_e2b_sandbox_provider.py, test_sync_outputs_to_host_*),
-// adapted from a host directory to S3.
 package outputsync

@@ -81,7 +81,7 @@ func loadManifest(ctx context.Context, c S3API, bucket, key string) (m *Manifest
 }
 
 // storeManifest writes m at key (seekable body: plain-HTTP endpoints need
-// one, LOCAL-STACK.md).
+// one: they cannot sign a streamed body).
 func storeManifest(ctx context.Context, c S3API, bucket, key string, m *Manifest) error {
 	data, err := json.Marshal(m)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 )
 
 // mirroredDirs are the directories under the sandbox home that are copied
-// (issue 2 item 5). Their names are also the first segment of every manifest
+// (outputs/ and workspace/). Their names are also the first segment of every manifest
 // path and of every object key below the thread prefix.
 var mirroredDirs = []string{"outputs", "workspace"}
 

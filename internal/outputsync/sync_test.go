@@ -64,8 +64,8 @@ func deferredReasons(res core.SyncResult) map[string]string {
 	return m
 }
 
-// Pairs with test_sync_outputs_to_host_writes_new_files and
-// ..._records_variable_precision_remote_mtime.
+// New files are uploaded byte for byte with their checksum, and the
+// manifest records each file's mtime at the precision find printed it.
 func TestSync_WritesNewFilesWithExactBytesAndChecksum(t *testing.T) {
 	t.Parallel()
 	e := newSyncEnv(t)
@@ -115,8 +115,7 @@ func TestSync_WritesNewFilesWithExactBytesAndChecksum(t *testing.T) {
 	}
 }
 
-// Pairs with test_sync_outputs_to_host_updates_changed_same_size_file and
-// ..._restores_externally_modified_file.
+// A file changed in place (same size, new mtime) is uploaded again.
 func TestSync_UploadsChangedSameSizeFile(t *testing.T) {
 	t.Parallel()
 	e := newSyncEnv(t)
@@ -139,7 +138,7 @@ func TestSync_UploadsChangedSameSizeFile(t *testing.T) {
 	}
 }
 
-// Pairs with test_sync_outputs_to_host_skips_file_when_manifest_matches.
+// A second pass over unchanged files uploads nothing.
 func TestSync_SecondPassWithoutChangesUploadsNothing(t *testing.T) {
 	t.Parallel()
 	e := newSyncEnv(t)
@@ -164,7 +163,7 @@ func TestSync_SecondPassWithoutChangesUploadsNothing(t *testing.T) {
 	}
 }
 
-// Pairs with test_sync_outputs_to_host_discards_manifest_from_another_sandbox.
+// A manifest written for another sandbox of the thread is not trusted.
 func TestSync_DiscardsManifestOfAnotherSandbox(t *testing.T) {
 	t.Parallel()
 	e := newSyncEnv(t)
@@ -186,7 +185,7 @@ func TestSync_DiscardsManifestOfAnotherSandbox(t *testing.T) {
 	}
 }
 
-// Pairs with test_sync_outputs_to_host_resets_empty_manifest_for_new_sandbox.
+// An empty listing from a new sandbox resets the manifest to it.
 func TestSync_EmptyListingResetsManifestForNewSandbox(t *testing.T) {
 	t.Parallel()
 	e := newSyncEnv(t)
@@ -208,7 +207,7 @@ func TestSync_EmptyListingResetsManifestForNewSandbox(t *testing.T) {
 	}
 }
 
-// Pairs with test_sync_outputs_to_host_removes_manifest_entries_for_deleted_files.
+// Files deleted in the sandbox leave the manifest.
 func TestSync_DropsManifestEntriesOfDeletedFiles(t *testing.T) {
 	t.Parallel()
 	e := newSyncEnv(t)
@@ -281,7 +280,6 @@ func TestSync_Caps(t *testing.T) {
 		wantDefer  map[string]string
 	}{
 		{
-			// Pairs with test_sync_outputs_to_host_stops_at_file_count_cap.
 			name:       "max files",
 			opts:       Options{MaxFiles: 2},
 			files:      map[string]int{"outputs/a.txt": 5, "outputs/b.txt": 5, "outputs/c.txt": 5, "outputs/d.txt": 5},
@@ -289,7 +287,6 @@ func TestSync_Caps(t *testing.T) {
 			wantDefer:  map[string]string{"outputs/c.txt": ReasonMaxFiles, "outputs/d.txt": ReasonMaxFiles},
 		},
 		{
-			// Pairs with test_sync_outputs_to_host_stops_at_total_byte_budget.
 			name:       "max total bytes",
 			opts:       Options{MaxTotalBytes: 25},
 			files:      map[string]int{"outputs/a.txt": 10, "outputs/b.txt": 10, "outputs/c.txt": 10},
@@ -297,14 +294,12 @@ func TestSync_Caps(t *testing.T) {
 			wantDefer:  map[string]string{"outputs/c.txt": ReasonMaxTotalBytes},
 		},
 		{
-			// Pairs with test_sync_outputs_to_host_stops_at_deadline.
 			name:      "deadline",
 			opts:      Options{Deadline: time.Nanosecond},
 			files:     map[string]int{"outputs/a.txt": 5},
 			wantDefer: map[string]string{"outputs/a.txt": ReasonDeadline},
 		},
 		{
-			// Pairs with test_sync_outputs_to_host_skips_oversize_files.
 			name:       "oversize file skipped without reading",
 			opts:       Options{MaxFileBytes: 100},
 			files:      map[string]int{"outputs/huge.bin": 101, "outputs/ok.bin": 100},
@@ -352,7 +347,7 @@ func TestSync_Caps(t *testing.T) {
 	}
 }
 
-// Pairs with test_sync_outputs_to_host_truncated_pass_preserves_stale_manifest.
+// A capped pass keeps the manifest entries it did not reach.
 func TestSync_CappedPassPrunesNothing(t *testing.T) {
 	t.Parallel()
 	e := newSyncEnv(t)
@@ -378,8 +373,8 @@ func TestSync_CappedPassPrunesNothing(t *testing.T) {
 	}
 }
 
-// Pairs with test_sync_outputs_to_host_converges_across_passes: synced files
-// are skipped before the cap is counted, so the cap drains the tail.
+// Capped passes converge: synced files are skipped before the cap is
+// counted, so the cap drains the tail.
 func TestSync_CappedPassesConverge(t *testing.T) {
 	t.Parallel()
 	e := newSyncEnv(t)
@@ -661,10 +656,9 @@ func TestSync_IncompleteListingPrunesNothing(t *testing.T) {
 	}
 }
 
-// Pairs with test_sync_outputs_to_host_marks_dead_on_sandbox_gone and
-// test_release_skips_warm_pool_when_sync_reveals_dead_vm: a dead sandbox is
-// an error wrapping core.ErrSandboxGone, whether found by the listing or in
-// the middle of the uploads.
+// A dead sandbox is an error wrapping core.ErrSandboxGone, whether found by
+// the listing or in the middle of the uploads (release then destroys instead
+// of parking).
 func TestSync_SandboxGone(t *testing.T) {
 	t.Parallel()
 	t.Run("listing", func(t *testing.T) {
@@ -887,8 +881,7 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-// Pairs with test_sync_outputs_to_host_restores_externally_modified_file:
-// an object deleted or replaced in S3 behind the manifest's back is
+// An object deleted or replaced in S3 behind the manifest's back is
 // uploaded again even though the sandbox file did not change.
 func TestSync_ReuploadsObjectMissingOrReplacedInS3(t *testing.T) {
 	t.Parallel()

@@ -19,11 +19,11 @@ import (
 var (
 	// ErrCannotIsolateUser: an unverified legacy provisioner (mount contract
 	// < 2) was asked to create for a user other than DefaultUser. Nothing
-	// was sent (reference: "cannot isolate user").
+	// was sent.
 	ErrCannotIsolateUser = errors.New("legacy provisioner cannot isolate users")
 	// ErrIdentityMismatch: a create reply's identity (sandbox id, user,
 	// thread) differs from the request, or its contract version is not an
-	// integer (reference: "mount contract response").
+	// integer.
 	ErrIdentityMismatch = errors.New("mount contract response does not match the request")
 )
 
@@ -92,14 +92,14 @@ type Discovery struct {
 	Err              error // why the status is unknown, if known
 }
 
-// ListSandboxes reads GET /api/sandboxes (10 s). Listing is tolerant
-// (reference test_provisioner_list_*): entries that are not objects or lack
-// sandbox_id or sandbox_url are skipped, and a body that is not
-// {"sandboxes": [...]} yields an empty list plus a logged warning.
+// ListSandboxes reads GET /api/sandboxes (10 s). Listing is tolerant:
+// entries that are not objects or lack sandbox_id or sandbox_url are
+// skipped, and a body that is not {"sandboxes": [...]} yields an empty list
+// plus a logged warning.
 //
-// Errors: unlike the reference (which returns an empty list), a transport
-// failure or non-200 status is an ambiguous *core.ProviderError, so that an
-// outage can never pass for an empty inventory.
+// Errors: a transport failure or non-200 status is an ambiguous
+// *core.ProviderError, so that an outage can never pass for an empty
+// inventory.
 func (c *Client) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
 	const op = "list sandboxes"
 	r, err := c.call(ctx, c.timeouts.List, http.MethodGet, "/api/sandboxes", nil)
@@ -173,8 +173,8 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
 	return sb, nil
 }
 
-// Alive reports whether the sandbox's status is "Running" (reference
-// test_provisioner_is_alive_*): 404 means not alive; 5xx or a transport
+// Alive reports whether the sandbox's status is "Running": 404 means not
+// alive; 5xx or a transport
 // error is an error, never "absent".
 func (c *Client) Alive(ctx context.Context, id string) (bool, error) {
 	sb, err := c.GetSandbox(ctx, id)
@@ -280,8 +280,8 @@ type CreateRequest struct {
 	Env      map[string]string
 }
 
-// createBody is POST /api/sandboxes's request (reference
-// test_provisioner_create_*; metadata and env are extensions).
+// createBody is POST /api/sandboxes's request (metadata and env are this
+// broker's extensions; a provisioner that ignores them still creates).
 type createBody struct {
 	SandboxID        string            `json:"sandbox_id"`
 	ThreadID         *string           `json:"thread_id"`
@@ -518,8 +518,8 @@ func decodeJSON(b []byte, v any) error {
 }
 
 // intField reads an integer field: absent or null is (0, false, nil); a
-// string, bool or fraction is an error (reference
-// test_legacy_create_rejects_non_integer_response_contract).
+// string, bool or fraction is an error (a contract version must be an
+// integer to be trusted).
 func intField(m map[string]any, key string) (int, bool, error) {
 	raw, ok := m[key]
 	if !ok || raw == nil {

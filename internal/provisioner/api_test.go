@@ -175,8 +175,8 @@ func TestAPIKeyHeader(t *testing.T) {
 	}
 }
 
-// An outage must never look like an empty inventory (a deliberate
-// departure from the reference, whose list returns [] on a request error).
+// An outage must never look like an empty inventory: reconcile would take
+// every tracked sandbox for dead.
 func TestListOutageIsAnError(t *testing.T) {
 	_, err := newClient(t, deadURL(t), nil).List(context.Background(), core.ListFilter{})
 	if err == nil || !core.IsAmbiguous(err) {
@@ -619,7 +619,7 @@ func TestListWithoutMetadataSupport(t *testing.T) {
 	}
 }
 
-// Per-call timeouts default to the reference's: create 30 s, delete 15 s,
+// Per-call timeouts default to create 30 s, delete 15 s,
 // get/list 10 s, capability probe 5 s.
 func TestDefaultTimeouts(t *testing.T) {
 	c, err := New(Options{BaseURL: "http://provisioner:8002"})

@@ -24,16 +24,16 @@ var _ core.Provider = (*Client)(nil)
 const Name = "provisioner"
 
 // DefaultUser is the only user an unverified legacy provisioner (mount
-// contract < 2) may create sandboxes for: it cannot isolate users (reference
-// test_create_rejects_nondefault_user_on_unverified_legacy_provisioner).
+// contract < 2) may create sandboxes for: it cannot isolate users, so a
+// create for another user is refused before anything is sent.
 const DefaultUser = "default"
 
 // MinIsolatingContract is the first mount contract version whose
-// provisioner verifies and isolates users (reference suite).
+// provisioner verifies and isolates users.
 const MinIsolatingContract = 2
 
-// Per-call timeouts of the provisioner API (issue 7, as in the reference
-// suite: create 30 s, delete 15 s, get/list 10 s, capability probe 5 s).
+// Per-call timeouts of the provisioner API: create 30 s, delete 15 s,
+// get/list 10 s, capability probe 5 s.
 const (
 	defaultCreateTimeout  = 30 * time.Second
 	defaultDeleteTimeout  = 15 * time.Second
@@ -190,7 +190,7 @@ func (c *Client) Capabilities() core.Capabilities {
 }
 
 // headers returns the provisioner API headers: X-API-Key when a key is set
-// (reference test_provisioner_list_sends_auth_header_when_api_key_set).
+// (on every call, listing included).
 func (c *Client) headers(h http.Header) {
 	if c.apiKey != "" {
 		h.Set("X-API-Key", c.apiKey)

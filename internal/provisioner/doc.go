@@ -6,10 +6,8 @@
 //
 //   - the provisioner API client (X-API-Key; /api/sandboxes create, list,
 //     get, delete; /api/capabilities; /api/reconciliation/sandboxes/{id}),
-//     whose behaviour follows the reference remote-backend test suite
-//     (reference/test_remote_sandbox_backend.py): tolerant listing, identity
-//     verification of create replies, mount contract versions with a cached,
-//     backed-off capability probe, and found/absent/unknown discovery;
+//     with tolerant listing, identity verification of create replies,
+//     mount contract versions with a cached, backed-off capability probe, and found/absent/unknown discovery;
 //   - the AIO sandbox client (GET /v1/sandbox, POST /v1/bash/exec,
 //     GET /v1/file/download, POST /v1/file/upload and /v1/file/write), whose
 //     wire format follows the AIO sandbox's public OpenAPI spec

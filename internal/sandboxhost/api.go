@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// Control-plane constants (E2B OpenAPI spec; E2B-WIRE.md).
+// Control-plane constants (E2B OpenAPI spec).
 const (
 	headerAPIKey    = "X-API-Key"
 	headerNextToken = "X-Next-Token"
@@ -31,7 +31,7 @@ const (
 )
 
 // apiError is the E2B error body: {"code": <HTTP status>, "message": ...}.
-// The SDK recognises "not found" only from code 404 (E2B-WIRE.md).
+// The SDK recognises "not found" only from code 404.
 type apiError struct {
 	Code    int    `json:"code"`
 	Message string `json:"message"`
@@ -258,7 +258,7 @@ type listQuery struct {
 }
 
 // parseListQuery reads metadata (a query string inside the query value,
-// E2B-WIRE.md "double-encoded") and state (comma-separated and/or
+// the SDK encodes it twice) and state (comma-separated and/or
 // repeated).
 func parseListQuery(q url.Values) (listQuery, error) {
 	lq := listQuery{metadata: map[string]string{}, running: true}

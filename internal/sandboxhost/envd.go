@@ -31,7 +31,7 @@ const (
 	fsRemove       = "/filesystem.Filesystem/Remove"
 )
 
-// Envd request headers (E2B-WIRE.md).
+// Envd request headers.
 const (
 	headerSandboxID   = "E2b-Sandbox-Id"
 	headerAccessToken = "X-Access-Token"
@@ -107,7 +107,7 @@ func sandboxFrom(ctx context.Context) *sandbox {
 }
 
 // EnvdHandler serves the in-sandbox daemon API for every sandbox, routed by
-// the E2b-Sandbox-Id header (E2B-WIRE.md): GET /health, GET/POST /files and
+// the E2b-Sandbox-Id header: GET /health, GET/POST /files and
 // Connect RPC (JSON codec) for process.Process/{Start,SendSignal,List} and
 // filesystem.Filesystem/{Stat,MakeDir,ListDir,Move,Remove}.
 //

@@ -7,7 +7,7 @@
 // Facts about the wire format come from the E2B OpenAPI spec, the envd
 // protobuf definitions (process.proto, filesystem.proto) and what the
 // official E2B JS SDK 2.51.0 was observed to send and expect
-// (E2B-WIRE.md). The official SDK drives this host in TestOfficialE2BSDK.
+// on loopback. The official SDK drives this host in TestOfficialE2BSDK.
 // envd's Connect RPC is served by connect-go with a JSON codec over plain
 // Go structs (no generated protobuf code).
 //
@@ -70,7 +70,7 @@ const (
 
 // DefaultEnvdVersion is the envd version the host claims. The E2B JS SDK
 // enables every feature (raw and gzip uploads, no Basic auth) from 0.6.4
-// on (E2B-WIRE.md, "envd version gates").
+// on (the SDK gates them on the version /health reports).
 const DefaultEnvdVersion = "0.6.4"
 
 // Sandbox home, tmp and mnt as seen from inside a sandbox.

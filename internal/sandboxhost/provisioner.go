@@ -14,7 +14,7 @@ import (
 
 // DefaultMountContract is the mount contract version the provisioner face
 // advertises unless ProvisionerOptions says otherwise (the first version
-// that verifies and isolates users, per the reference remote-backend suite).
+// that verifies and isolates users).
 const DefaultMountContract = 2
 
 // errDuplicateID: a create asked for an id that is already live.
@@ -90,8 +90,8 @@ type provError struct {
 	Detail any `json:"detail"`
 }
 
-// provCreateRequest is POST /api/sandboxes's body (reference suite; metadata
-// and env are this host's extensions).
+// provCreateRequest is POST /api/sandboxes's body (metadata and env are
+// this host's extensions).
 type provCreateRequest struct {
 	SandboxID        string            `json:"sandbox_id"`
 	ThreadID         *string           `json:"thread_id"`

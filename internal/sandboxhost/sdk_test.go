@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// TestOfficialE2BSDK is the acceptance check of issue 2 item 2: the
+// TestOfficialE2BSDK is the acceptance check of the sandbox host: the
 // official E2B JS SDK (npm e2b, pinned in test/e2b-sdk/package.json)
 // drives this host through test/e2b-sdk/sdk-check.mjs: create with
 // metadata, run commands (stdout, exit codes), write/read/list files, list

@@ -1,5 +1,5 @@
 // Package testenv starts the local stand-ins that tests run against: DynamoDB Local and the
-// versitygw S3 gateway (see ../shared/LOCAL-STACK.md for versions and flags). It is imported only
+// versitygw S3 gateway (scripts/install-deps.sh installs them and says how they start). It is imported only
 // from _test.go files.
 //
 // Each stand-in is started at most once per test process, on a free 127.0.0.1 port, on first use,

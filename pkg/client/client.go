@@ -270,7 +270,9 @@ func (e *APIError) Error() string {
 	return b.String()
 }
 
-// IsCapacity reports whether err is a capacity refusal (HTTP 429).
+// IsCapacity reports whether err is a capacity refusal: code
+// SANDBOX_CAPACITY_EXCEEDED (HTTP 429, or 503 while the deployment drains),
+// or any 429.
 func IsCapacity(err error) bool {
 	var ae *APIError
 	return errors.As(err, &ae) && (ae.Status == http.StatusTooManyRequests || ae.Code == ErrorCodeCapacity)

@@ -34,7 +34,7 @@ const DefaultFileTimeout = 10 * time.Minute
 const DefaultExecTimeout = 10 * time.Minute
 
 // envKeyPattern is what a per-call environment variable name must match
-// (issue 2, item 3: values never go into the command string).
+// (values never go into the command string, so they need no quoting).
 var envKeyPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // ErrFileNotFound means the path does not exist in the sandbox.

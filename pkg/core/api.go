@@ -26,7 +26,7 @@ type ReleaseResult struct {
 	SyncError string
 }
 
-// ReconcileStats summarise one reconcile pass (issue 5, Stats).
+// ReconcileStats summarise one reconcile pass.
 type ReconcileStats struct {
 	// Discovered: provider sandboxes of this deployment examined.
 	Discovered int `json:"discovered"`

@@ -1,8 +1,8 @@
 package core_test
 
-// Serverless counterparts of reference capacity / warm-pool / tombstone /
-// shutdown tests (test_e2b_sandbox_provider.py) not covered elsewhere; each
-// test names its reference test.
+// Capacity, warm-pool, tombstone and crash tests of the engine against
+// DynamoDB Local: slots are never leaked, never double-freed, and an
+// invocation that dies mid-step is taken over by a peer.
 
 import (
 	"context"
@@ -17,7 +17,8 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
 )
 
-// reference: test_acquire_discards_warm_sandbox_when_bootstrap_fails
+// A warm sandbox whose bootstrap fails on reclaim is discarded and the
+// thread gets a fresh one.
 func TestAcquireDiscardsWarmSandboxWhenBootstrapFails(t *testing.T) {
 	r := newRegressionEnv(t, nil)
 	eng := r.engine(t, nil)
@@ -47,7 +48,8 @@ func TestAcquireDiscardsWarmSandboxWhenBootstrapFails(t *testing.T) {
 	}
 }
 
-// reference: test_capacity_keeps_slot_when_warm_reclaim_bootstrap_kill_fails
+// When the kill after a failed reclaim bootstrap is uncertain, the slot is
+// kept (invariant 4).
 func TestCapacityKeepsSlotWhenWarmReclaimBootstrapKillFails(t *testing.T) {
 	r := newRegressionEnv(t, func(s *core.Settings) { s.Replicas = 2; s.Policy = core.PolicyReject })
 	eng := r.engine(t, nil)
@@ -72,7 +74,7 @@ func TestCapacityKeepsSlotWhenWarmReclaimBootstrapKillFails(t *testing.T) {
 	}
 }
 
-// reference: test_non_burst_policy_ignores_burst_limit
+// The burst limit only counts under the burst policy.
 func TestNonBurstPolicyIgnoresBurstLimit(t *testing.T) {
 	for _, policy := range []core.OverflowPolicy{core.PolicyReject, core.PolicyWait} {
 		t.Run(string(policy), func(t *testing.T) {
@@ -88,7 +90,7 @@ func TestNonBurstPolicyIgnoresBurstLimit(t *testing.T) {
 	}
 }
 
-// reference: test_capacity_reject_policy_does_not_leak_reserved_slots
+// Refusals under the reject policy leave no reservation behind.
 func TestCapacityRejectPolicyDoesNotLeakReservedSlots(t *testing.T) {
 	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
 	h.acquire(t, key("t1"), core.SourceCreated)
@@ -102,8 +104,7 @@ func TestCapacityRejectPolicyDoesNotLeakReservedSlots(t *testing.T) {
 	}
 }
 
-// reference: test_capacity_release_holds_slot_during_transition — while a
-// release syncs, its sandbox keeps its slot and is not evictable: another
+// While a release syncs, its sandbox keeps its slot and is not evictable: another
 // thread is refused and nothing is killed.
 func TestCapacityReleaseHoldsSlotDuringTransition(t *testing.T) {
 	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
@@ -128,8 +129,7 @@ func TestCapacityReleaseHoldsSlotDuringTransition(t *testing.T) {
 	}
 }
 
-// reference: test_tombstone_eviction_has_one_retry_owner — concurrent
-// evictions racing for one tombstone: exactly one kill attempt.
+// Concurrent evictions racing for one tombstone: exactly one kill attempt.
 func TestTombstoneEvictionHasOneRetryOwner(t *testing.T) {
 	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
 	ctx := context.Background()
@@ -152,8 +152,7 @@ func TestTombstoneEvictionHasOneRetryOwner(t *testing.T) {
 	}
 }
 
-// reference: test_evict_oldest_warm_defers_peer_owned_sandbox — a warm
-// sandbox a peer holds a lease on (a sync in progress) is skipped.
+// A warm sandbox a peer holds a lease on (a sync in progress) is skipped.
 func TestEvictionDefersPeerLeasedWarmSandbox(t *testing.T) {
 	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
 	ctx := context.Background()
@@ -182,8 +181,7 @@ func (s failingReserveStore) Reserve(context.Context, core.Reservation) error {
 	return fmt.Errorf("reserve: %w: throttled", core.ErrStoreUnavailable)
 }
 
-// reference: test_failed_inventory_and_redis_error_both_prevent_create —
-// when the ledger cannot decide, acquire fails closed (capacity_backend)
+// When the ledger cannot decide, acquire fails closed (capacity_backend)
 // and creates nothing.
 func TestUndecidableLedgerFailsClosed(t *testing.T) {
 	h := newHarness(t, nil)
@@ -200,8 +198,7 @@ func TestUndecidableLedgerFailsClosed(t *testing.T) {
 	}
 }
 
-// reference: test_capacity_shutdown_wakes_waiter_with_error — a waiter
-// under the wait policy gets "draining" once a drain starts.
+// A waiter under the wait policy gets "draining" once a drain starts.
 func TestDrainWakesWaiterWithDrainingError(t *testing.T) {
 	waiting := make(chan struct{}, 100)
 	var drained atomic.Bool
@@ -232,11 +229,10 @@ func TestDrainWakesWaiterWithDrainingError(t *testing.T) {
 	}
 }
 
-// Crashed invocations replace the reference's "shutdown during X" races:
-// the dead invocation's lease or reservation lapses and a peer takes over.
+// Crashed invocations: the dead invocation's lease or reservation lapses
+// and a peer takes over.
 
-// reference: test_shutdown_during_release_does_not_repopulate_warm_pool,
-// serverless form: a releaser that dies mid-sync leaves the record
+// A releaser that dies mid-sync leaves the record
 // releasing under its lease; once the lease lapses the thread's next
 // acquire takes the sandbox back.
 func TestCrashedReleaseIsTakenOverAfterLeaseLapses(t *testing.T) {
@@ -259,8 +255,7 @@ func TestCrashedReleaseIsTakenOverAfterLeaseLapses(t *testing.T) {
 	}
 }
 
-// reference: test_shutdown_during_bootstrap_does_not_commit, serverless
-// form: a create that dies after reserving blocks its thread only until
+// A create that dies after reserving blocks its thread only until
 // the reservation expires; the slot stays held (the create may have
 // happened) until reconcile settles it.
 func TestCrashedCreateIsTakenOverAfterReservationExpires(t *testing.T) {

@@ -6,4 +6,17 @@
 // The engine holds no state between calls: every fact lives in the Store,
 // every transition is a conditional write guarded by a fencing token, and any
 // invocation may die between two lines; reconcile settles what it leaves.
+//
+// Invariants the engine keeps under any interleaving of invocations (the
+// tests name them by number):
+//
+//  1. No more sandboxes hold slots than the limit.
+//  2. A thread is handed at most one live sandbox; a duplicate is found by
+//     reconcile and killed after a grace period.
+//  3. A sandbox is killed only by the invocation holding its destroy claim.
+//  4. A kill whose outcome is uncertain keeps the sandbox's slot (a
+//     tombstone) until the kill is confirmed.
+//  5. A create whose outcome is uncertain keeps its reservation (reconcile
+//     settles it from the token in the sandbox's metadata); a certain
+//     failure frees it.
 package core

@@ -27,8 +27,7 @@ const (
 // bootstrapMarker is printed by the bootstrap script on success.
 const bootstrapMarker = "BOOTSTRAP_OK"
 
-// bootstrapScript prepares the directories agent tools expect, as the
-// reference bootstrap does (test_bootstrap_sandbox_paths_emits_expected_script):
+// bootstrapScript prepares the directories agent tools expect:
 // workspace/ uploads/ outputs/ acp-workspace/ under the home, /mnt/user-data
 // -> home and /mnt/acp-workspace -> home/acp-workspace. The home arrives in
 // $SBX_HOME, never interpolated. Links are tried without, then with, sudo.
@@ -286,7 +285,7 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 // discarded (destroyed, or left as a tombstone) and acquire tries again.
 // The discard is fenced by rec's claim: if a concurrent acquire for the
 // thread took the sandbox meanwhile (reused it), the fence is stale and
-// nothing is killed (reference: test_bootstrap_failure_does_not_kill_without_destroy_lease).
+// nothing is killed (invariant 3).
 func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (AcquireResult, bool, error) {
 	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox reconnect failed; discarding", "sandbox_id", rec.SandboxID, "err", err)

@@ -175,7 +175,7 @@ func TestCapacityWaitPolicyTimesOut(t *testing.T) {
 
 // TestCapacityWaitPolicySucceedsWhenSlotFrees: a waiter gets a slot once
 // the holder releases (its sandbox turns warm and is evicted for the
-// waiter). Reference: test_capacity_wait_policy_succeeds_when_slot_freed.
+// waiter).
 func TestCapacityWaitPolicySucceedsWhenSlotFrees(t *testing.T) {
 	waiting := make(chan struct{}, 100)
 	sleep := func(ctx context.Context, d time.Duration) error {
@@ -214,7 +214,7 @@ func TestCapacityWaitPolicySucceedsWhenSlotFrees(t *testing.T) {
 
 // TestCapacityRejectEvictsOtherThreadsWarmSandbox: a full deployment under
 // reject first destroys the least recently parked warm sandbox of another
-// thread. Reference: test_capacity_reject_evicts_other_thread_warm_entry_before_create.
+// thread.
 func TestCapacityRejectEvictsOtherThreadsWarmSandbox(t *testing.T) {
 	h := newHarness(t, func(s *core.Settings) { s.Replicas = 2; s.Policy = core.PolicyReject })
 	ctx := context.Background()
@@ -251,8 +251,6 @@ func TestCapacityBurstAllowsLimitedOverflow(t *testing.T) {
 // TestCapacityKeepsSlotWhenWarmEvictionKillFails: an eviction whose kill
 // fails leaves a tombstone holding the slot; the acquire is refused; a
 // later eviction retries the tombstone (one retry owner) and frees it.
-// Reference: test_capacity_keeps_slot_when_warm_eviction_kill_fails,
-// test_capacity_retries_tombstone_until_warm_vm_is_destroyed.
 func TestCapacityKeepsSlotWhenWarmEvictionKillFails(t *testing.T) {
 	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
 	ctx := context.Background()
@@ -631,8 +629,7 @@ func TestConcurrentAcquiresNeverExceedLimit(t *testing.T) {
 }
 
 // TestAcquireWaitsForSameThreadRelease: an acquire arriving while the
-// thread's release is syncing waits and then gets that same sandbox
-// (reference: test_acquire_waits_for_same_thread_release_transition).
+// thread's release is syncing waits and then gets that same sandbox.
 func TestAcquireWaitsForSameThreadRelease(t *testing.T) {
 	h := newHarness(t, nil)
 	ctx := context.Background()

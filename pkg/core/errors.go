@@ -54,8 +54,9 @@ func (e *CapacityError) Error() string {
 	return fmt.Sprintf("sandbox capacity exceeded (%s): %s", e.Reason, e.Status)
 }
 
-// ProviderError is an answer from the provider that certainly did not apply
-// (a 4xx other than not-found), or an outage (Retryable, 5xx/transport).
+// ProviderError is a failed provider call: a refusal that certainly did not
+// apply (a 4xx other than not-found; Ambiguous false), or an outage (5xx,
+// transport, timeout), Ambiguous when the call may have taken effect.
 type ProviderError struct {
 	Op         string
 	StatusCode int // 0 for transport errors

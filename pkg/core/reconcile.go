@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// ReconcileSettings bound and tune one reconcile pass (issue 5). Build them
+// ReconcileSettings bound and tune one reconcile pass. Build them
 // with DefaultReconcileSettings, override, and pass them with
 // WithReconcileSettings; Reconcile validates them.
 type ReconcileSettings struct {
@@ -43,9 +43,9 @@ type ReconcileSettings struct {
 	KnownTenants []string
 }
 
-// DefaultReconcileSettings returns the defaults (the reference provider's
-// reconciliation defaults: 10 pages, 100 items, 10 s, 30 s grace, 1 h orphan
-// TTL; items raised to 1000 because a pass here only reads inventory).
+// DefaultReconcileSettings returns the defaults: 10 pages, 1000 items,
+// 60 s, 30 s grace, 1 h orphan TTL (a pass only reads inventory, so its
+// item budget is generous).
 func DefaultReconcileSettings() ReconcileSettings {
 	return ReconcileSettings{
 		MaxPages:    10,
@@ -260,7 +260,7 @@ type pass struct {
 	cursor ReconcileCursor
 }
 
-// Reconcile runs one bounded pass (issue 5): retries tombstones (with
+// Reconcile runs one bounded pass: retries tombstones (with
 // back-off), expires warm sandboxes idle past the idle timeout (all of them
 // while draining), walks the provider inventory of this deployment from
 // where the last pass stopped (adopting, deferring or killing), settles
@@ -309,7 +309,7 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	return p.st, err
 }
 
-// batch bounds the tombstones and idle warm records one pass handles.
+// reconcileBatch bounds the tombstones and idle warm records one pass handles.
 const reconcileBatch = 100
 
 // tombstones retries kills whose lease lapsed, each after a back-off that

@@ -216,7 +216,7 @@ func (h *recHarness) state(t *testing.T, id string) core.State {
 	return rec.State
 }
 
-// Pair: test_reconcile_defers_duplicate_with_live_peer_lease.
+// A duplicate whose record a peer holds a live lease on is left for later.
 func TestReconcileDefersDuplicateWithLivePeerLease(t *testing.T) {
 	h := newRecHarness(t, func(_ *core.Settings, rs *core.ReconcileSettings) { rs.Grace = 0 })
 	ctx := context.Background()
@@ -241,7 +241,7 @@ func TestReconcileDefersDuplicateWithLivePeerLease(t *testing.T) {
 	}
 }
 
-// Pair: test_reconcile_kills_unowned_duplicate_after_grace.
+// A duplicate nobody holds is killed once the grace period has passed.
 func TestReconcileKillsUnownedDuplicateAfterGrace(t *testing.T) {
 	h := newRecHarness(t, func(_ *core.Settings, rs *core.ReconcileSettings) { rs.Grace = 5 * time.Second })
 	canonical := h.acquire(t, "t1")
@@ -264,7 +264,7 @@ func TestReconcileKillsUnownedDuplicateAfterGrace(t *testing.T) {
 	}
 }
 
-// Pair: test_competing_reconcilers_only_one_kills_duplicate.
+// Two passes racing over one duplicate: exactly one kills it (invariant 3).
 func TestCompetingReconcilersOnlyOneKillsDuplicate(t *testing.T) {
 	for round := range 5 {
 		h := newRecHarness(t, func(_ *core.Settings, rs *core.ReconcileSettings) { rs.Grace = 0 })
@@ -289,7 +289,7 @@ func TestCompetingReconcilersOnlyOneKillsDuplicate(t *testing.T) {
 	}
 }
 
-// Pair: test_reconcile_honors_item_budget (and continuation across passes).
+// A pass stops at its item budget; the next pass continues where it stopped.
 func TestReconcileHonorsItemBudget(t *testing.T) {
 	h := newRecHarness(t, func(_ *core.Settings, rs *core.ReconcileSettings) { rs.MaxItems = 2 })
 	for i := range 5 {
@@ -309,7 +309,7 @@ func TestReconcileHonorsItemBudget(t *testing.T) {
 	}
 }
 
-// Pair: test_reconcile_honors_page_budget.
+// A pass stops at its page budget.
 func TestReconcileHonorsPageBudget(t *testing.T) {
 	h := newRecHarness(t, func(_ *core.Settings, rs *core.ReconcileSettings) { rs.MaxPages = 1; rs.PageSize = 1 })
 	h.untracked(t, h.threadMeta("t1", 0))
@@ -323,7 +323,7 @@ func TestReconcileHonorsPageBudget(t *testing.T) {
 	}
 }
 
-// Pair: test_reconcile_honors_wall_clock_budget.
+// A pass stops at its wall-time budget.
 func TestReconcileHonorsWallClockBudget(t *testing.T) {
 	h := newRecHarness(t, func(_ *core.Settings, rs *core.ReconcileSettings) { rs.MaxDuration = time.Second })
 	id := h.untracked(t, h.threadMeta("t1", 0))
@@ -342,7 +342,7 @@ func TestReconcileHonorsWallClockBudget(t *testing.T) {
 	}
 }
 
-// Pair: test_reconcile_adopts_canonical_after_restart_loses_local_state.
+// Sandboxes the store has no record of are adopted back from their metadata.
 func TestReconcileAdoptsCanonicalAfterStoreLosesRecords(t *testing.T) {
 	h := newRecHarness(t, nil)
 	rec := h.acquire(t, "t1")
@@ -373,7 +373,7 @@ func TestReconcileAdoptsCanonicalAfterStoreLosesRecords(t *testing.T) {
 	}
 }
 
-// Pair: test_reconcile_kills_metadata_orphan_only_after_ttl.
+// A sandbox whose metadata names no thread is killed only after OrphanTTL.
 func TestReconcileKillsMetadataOrphanOnlyAfterTTL(t *testing.T) {
 	h := newRecHarness(t, func(_ *core.Settings, rs *core.ReconcileSettings) { rs.OrphanTTL = 5 * time.Second })
 	orphan := h.untracked(t, map[string]string{core.MetaDeployment: h.s.Deployment})
@@ -396,7 +396,8 @@ func TestReconcileKillsMetadataOrphanOnlyAfterTTL(t *testing.T) {
 	}
 }
 
-// Pair: test_reconciliation_repairs_crash_and_uses_safe_reservation_age.
+// Creates cut short by a crash are settled: adopted when the sandbox exists,
+// freed once the reservation is old enough that no create can still land.
 func TestReconcileSettlesCrashedCreates(t *testing.T) {
 	t.Run("create reply lost: adopted", func(t *testing.T) {
 		h := newRecHarness(t, nil)

@@ -1,7 +1,7 @@
 package core_test
 
-// Regression tests for races found in review (issues 3 and 5): each failed
-// before its fix in engine.go or the store.
+// Regression tests for races found in review: each failed before its fix
+// in engine.go or the store.
 
 import (
 	"context"
@@ -236,8 +236,8 @@ func TestReserveReportsThreadBoundBeforeCapacity(t *testing.T) {
 	}
 }
 
-// Issue 3: "burst with limit 0 behaves as reject" - reject evicts another
-// thread's warm sandbox when full; burst(0) answers 429 instead.
+// Burst with a zero burst limit behaves as reject: reject evicts another
+// thread's warm sandbox when full, and so does burst(0).
 func TestCapacityBurstWithZeroLimitFallsBackToReject(t *testing.T) {
 	r := newRegressionEnv(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyBurst; s.BurstLimit = 0 })
 	ctx := context.Background()

@@ -9,7 +9,7 @@ import (
 // OverflowPolicy decides what acquire does when every slot is held.
 type OverflowPolicy string
 
-// Overflow policies (DESIGN.md, Vocabulary).
+// Overflow policies: what acquire does when every slot is held.
 const (
 	PolicyReject OverflowPolicy = "reject" // 429 at once
 	PolicyWait   OverflowPolicy = "wait"   // poll up to AcquireTimeout, then 429
@@ -46,7 +46,7 @@ type Settings struct {
 	Home string
 }
 
-// DefaultSettings returns the documented defaults (issue 2, README).
+// DefaultSettings returns the defaults the README documents.
 func DefaultSettings() Settings {
 	return Settings{
 		Deployment:     "default",

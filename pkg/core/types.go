@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// idPattern is the shape of tenant-supplied user and thread ids (DESIGN.md, HTTP API).
+// idPattern is the shape of tenant-supplied user and thread ids (the README's HTTP API).
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // sandboxIDPattern bounds provider sandbox ids accepted from callers. E2B ids
@@ -42,7 +42,7 @@ func (k ThreadKey) Validate() error {
 // Seed is the stable seed of the thread: the first 16 bytes of
 // SHA-256(tenant \x00 user \x00 thread), hex-encoded (32 chars). It is a
 // compact deterministic key for provider metadata; it is user- and
-// tenant-scoped (reference: test_stable_seed_is_deterministic_and_user_scoped).
+// tenant-scoped: two users' threads of the same name never share it.
 func (k ThreadKey) Seed() string {
 	h := sha256.Sum256([]byte(k.Tenant + "\x00" + k.User + "\x00" + k.Thread))
 	return hex.EncodeToString(h[:16])
@@ -58,7 +58,7 @@ func ValidateSandboxID(id string) error {
 	return nil
 }
 
-// State is the lifecycle state of a sandbox record (DESIGN.md, Vocabulary).
+// State is the lifecycle state of a sandbox record.
 type State string
 
 // Record states. Every state but StateGone holds one capacity slot.
@@ -67,7 +67,7 @@ const (
 	StateActive    State = "active"    // handed out to the thread's agent
 	StateReleasing State = "releasing" // release in progress (syncing outputs)
 	StateWarm      State = "warm"      // parked for the same thread, idle timeout running
-	// StateReclaiming is DESIGN.md's "warm sandbox being handed back". This
+	// StateReclaiming is a warm sandbox being handed back to its thread. This
 	// version reclaims in one write (warm -> active) and never writes it;
 	// claims still accept it so records written by another version move on.
 	StateReclaiming State = "reclaiming"

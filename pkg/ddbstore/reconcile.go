@@ -19,7 +19,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// Items of the reconcile pass (issue 5), beside those of schema.go:
+// Items of the reconcile pass, beside those of schema.go:
 //
 //	pk REC#<deployment>, sk R                     the inventory cursor (reconcileCursorItem)
 //	pk REC#<deployment>, sk SEEN#<cycle>#<part>   ids (and reservation tokens) one pass saw
@@ -39,7 +39,7 @@ const (
 func reconcilePK(deployment string) string { return "REC#" + deployment }
 func firstSeenPK(id string) string         { return "FST#" + id }
 
-// keyPK builds a key with an explicit sort key.
+// keySK builds a key with an explicit sort key.
 func keySK(pk, sk string) map[string]types.AttributeValue {
 	return map[string]types.AttributeValue{
 		AttrPK: &types.AttributeValueMemberS{Value: pk},

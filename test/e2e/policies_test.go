@@ -1,7 +1,7 @@
 package e2e
 
-// Overflow policies and draining over HTTP (issue 3, "Tests": each policy
-// in the end-to-end suite), one fresh local stack per case, on the E2B
+// Overflow policies and draining over HTTP, each policy in the end-to-end
+// suite, one fresh local stack per case, on the E2B
 // provider. Each case also checks the CloudWatch EMF lines the functions
 // wrote to their logs.
 
