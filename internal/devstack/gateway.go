@@ -3,6 +3,7 @@ package devstack
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,10 +17,18 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/google/uuid"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/httpapi"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// maxRequestBody is API Gateway's request payload limit (10 MB).
-const maxRequestBody = 10 << 20
+// maxRequestBody is the largest body the local gateway passes to a
+// function: the API's own limit. A larger body is refused with 413 before
+// any function is invoked and without being read whole (the Content-Length
+// is checked first; a body without one is read at most one byte past the
+// limit). In AWS the HTTP API's payload quota is a fixed 10 MB, so there the
+// function itself refuses what lies between (httpapi.MaxBodyBytes).
+const maxRequestBody = httpapi.MaxBodyBytes
 
 // gateway serves the template's routes like an API Gateway HTTP API with
 // payload format 2.0 and a static-token Lambda authorizer.
@@ -39,6 +48,38 @@ func apiMessage(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = fmt.Fprintf(w, `{"message":%q}`, msg)
+}
+
+var errBodyTooLarge = fmt.Errorf("request body exceeds %d bytes", maxRequestBody)
+
+// readBody reads the request body, refusing one over maxRequestBody before
+// reading anything when its Content-Length says so, else after reading one
+// byte past the limit.
+func readBody(r *http.Request) ([]byte, error) {
+	if r.ContentLength > maxRequestBody {
+		return nil, errBodyTooLarge
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody+1))
+	if err != nil {
+		return nil, fmt.Errorf("read request body: %w", err)
+	}
+	if len(body) > maxRequestBody {
+		return nil, errBodyTooLarge
+	}
+	return body, nil
+}
+
+// tooLarge answers 413 in the broker's error shape, with the code the
+// function answers for the same body, so clients branch on one
+// machine-readable code whichever refused it.
+func tooLarge(w http.ResponseWriter) {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"code": core.CodeRequestTooLarge, "message": errBodyTooLarge.Error(), "reason": "",
+		"retryable": false, "retry_after_seconds": 0,
+	}})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	_, _ = w.Write(b)
 }
 
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -70,10 +111,16 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		apiMessage(w, status, "Unauthorized")
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	body, err := readBody(r)
 	if err != nil {
+		w.Header().Set("Connection", "close") // do not drain the rest of the body
+		if !errors.Is(err, errBodyTooLarge) {
+			status = http.StatusBadRequest
+			apiMessage(w, status, "Bad Request")
+			return
+		}
 		status = http.StatusRequestEntityTooLarge
-		apiMessage(w, status, "Request Entity Too Large")
+		tooLarge(w)
 		return
 	}
 	ev := g.event(r, reqID, route, params, tenant, rawPath, body, start)

@@ -233,3 +233,75 @@ func TestPassThroughEnv(t *testing.T) {
 		t.Errorf("PassThroughEnv = %v, want %v", got, want)
 	}
 }
+
+// endlessReader yields zeros forever and counts what was read.
+type endlessReader struct{ n int64 }
+
+func (r *endlessReader) Read(p []byte) (int, error) {
+	clear(p)
+	r.n += int64(len(p))
+	return len(p), nil
+}
+
+// TestGatewayRefusesLargeBodiesUnread: a body over the API's limit gets 413
+// with the broker's error code before any function is invoked, and is not
+// read whole (declared too large: not read at all; undeclared length: read
+// at most one buffer past the limit). A body at the limit is passed on.
+func TestGatewayRefusesLargeBodiesUnread(t *testing.T) {
+	rie := &fakeRIE{reply: func(events.APIGatewayV2HTTPRequest) (int, string) { return 200, `{"statusCode":200,"body":"{}"}` }}
+	app := App{Routes: []Route{{"POST", "/v1/sandboxes/acquire", "acquire"}}}
+	gw := &gateway{app: app, fns: map[string]*lambdaFn{"acquire": fakeFunction(t, "acquire", rie)},
+		tokens: map[string]string{"tok-a": "acme"}, log: slog.New(slog.DiscardHandler), apiHost: "local"}
+	const limit = 16 << 10
+	tests := []struct {
+		name        string
+		size        int64 // -1: endless, no Content-Length
+		declared    bool
+		wantStatus  int
+		maxRead     int64
+		wantInvoked int
+	}{
+		{"at the limit", limit, true, 200, limit + 1, 1},
+		{"declared one byte over", limit + 1, true, 413, 0, 0},
+		{"declared 8 MiB", 8 << 20, true, 413, 0, 0},
+		{"undeclared endless", -1, false, 413, limit + 64<<10, 0},
+		{"undeclared one byte over", limit + 1, false, 413, limit + 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rie.mu.Lock()
+			rie.events = nil
+			rie.mu.Unlock()
+			src := &endlessReader{}
+			var body io.Reader = src
+			if tt.size >= 0 {
+				body = io.LimitReader(src, tt.size)
+			}
+			req := httptest.NewRequest("POST", "/v1/sandboxes/acquire", body)
+			req.Header.Set("Authorization", "Bearer tok-a")
+			req.ContentLength = -1
+			if tt.declared {
+				req.ContentLength = tt.size
+			}
+			w := httptest.NewRecorder()
+			gw.ServeHTTP(w, req)
+			if w.Code != tt.wantStatus {
+				t.Fatalf("status = %d, want %d (body %s)", w.Code, tt.wantStatus, w.Body)
+			}
+			if src.n > tt.maxRead {
+				t.Errorf("gateway read %d bytes of the body, want at most %d", src.n, tt.maxRead)
+			}
+			if got := len(rie.events); got != tt.wantInvoked {
+				t.Errorf("function invoked %d times, want %d", got, tt.wantInvoked)
+			}
+			if tt.wantStatus == 413 {
+				var e struct {
+					Error struct{ Code, Reason string }
+				}
+				if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error.Code != "REQUEST_TOO_LARGE" {
+					t.Errorf("body %s: code %q (%v), want REQUEST_TOO_LARGE", w.Body, e.Error.Code, err)
+				}
+			}
+		})
+	}
+}

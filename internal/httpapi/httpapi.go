@@ -17,6 +17,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +29,15 @@ import (
 )
 
 // MaxBodyBytes is the largest request body accepted (decoded), in bytes.
+//
+// The local gateway (internal/devstack) refuses a larger body before any
+// function runs. In AWS nothing in front of the function can: an API
+// Gateway HTTP API's payload quota is a fixed 10 MB (not adjustable; HTTP
+// APIs have no request validation and take no AWS WAF ACL), and a
+// synchronous Lambda invocation carries at most 6 MB. So the handler checks
+// the size first, before decoding and before any store or provider call,
+// and answers 413 core.CodeRequestTooLarge; bodies between 6 MB and 10 MB fail
+// at Lambda's invoke limit and API Gateway answers them itself.
 const MaxBodyBytes = 16 << 10
 
 // Route keys, as declared in template.yaml (API Gateway "METHOD /path").
@@ -207,6 +217,11 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		}
 		return r.errorResponse(http.StatusBadRequest, apiError{Code: core.CodeValidation, Message: err.Error(), Reason: core.ReasonBody}, 0)
 	}
+	if route != RouteAcquire {
+		if err := decodeEmpty(body); err != nil {
+			return r.fail(err)
+		}
+	}
 	if route == RouteGet || route == RouteRelease || route == RouteSync {
 		if err := core.ValidateSandboxID(id); err != nil {
 			return r.fail(err)
@@ -318,39 +333,81 @@ func bodyOf(ev events.APIGatewayV2HTTPRequest) ([]byte, error) {
 	return []byte(ev.Body), nil
 }
 
+// bodyShape is the one message every malformed acquire body gets.
+const bodyShape = `must be a JSON object {"user_id","thread_id"}`
+
 // decodeAcquire parses the acquire body: one JSON object with exactly the
-// known fields, nothing after it.
+// fields user_id and thread_id (strings), nothing after it.
 func decodeAcquire(body []byte) (core.ThreadKey, error) {
-	var in struct {
-		UserID   *string `json:"user_id"`
-		ThreadID *string `json:"thread_id"`
+	raw, err := strictObject(body, bodyShape, "user_id", "thread_id")
+	if err != nil {
+		return core.ThreadKey{}, err
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return core.ThreadKey{}, &core.ValidationError{Field: "body", Message: `must be a JSON object {"user_id","thread_id"}`}
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		var ute *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &ute) && ute.Field != "":
-			return core.ThreadKey{}, &core.ValidationError{Field: ute.Field, Message: "must be a string"}
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			return core.ThreadKey{}, &core.ValidationError{Field: "body", Message: strings.TrimPrefix(err.Error(), "json: ")}
-		default:
-			return core.ThreadKey{}, &core.ValidationError{Field: "body", Message: `must be a JSON object {"user_id","thread_id"}`}
+	var k core.ThreadKey
+	for _, f := range []struct {
+		name string
+		dst  *string
+	}{{"user_id", &k.User}, {"thread_id", &k.Thread}} {
+		v, ok := raw[f.name]
+		if !ok {
+			return core.ThreadKey{}, &core.ValidationError{Field: f.name, Message: "is required"}
+		}
+		if err := json.Unmarshal(v, f.dst); err != nil || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+			return core.ThreadKey{}, &core.ValidationError{Field: f.name, Message: "must be a string"}
 		}
 	}
+	return k, nil
+}
+
+// decodeEmpty checks the body of a route that takes none: nothing, or an
+// empty JSON object.
+func decodeEmpty(body []byte) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	_, err := strictObject(body, "must be empty or {}")
+	return err
+}
+
+// strictObject reads body as exactly one JSON object and returns the raw
+// value of each member. Unlike encoding/json's struct decoding, which
+// matches names in any letter case and lets the last of duplicate keys
+// win, it refuses (as a *core.ValidationError on field "body") a name
+// that is not one of fields spelled exactly, a name given twice, and
+// anything after the object. shape is the message for a body that is not
+// an object at all.
+func strictObject(body []byte, shape string, fields ...string) (map[string]json.RawMessage, error) {
+	bad := func(msg string) error { return &core.ValidationError{Field: "body", Message: msg} }
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, bad(shape)
+	}
+	out := make(map[string]json.RawMessage, len(fields))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, bad(shape)
+		}
+		name, _ := tok.(string)
+		if !slices.Contains(fields, name) {
+			return nil, bad(fmt.Sprintf("unknown field %q", name))
+		}
+		if _, dup := out[name]; dup {
+			return nil, bad(fmt.Sprintf("duplicate field %q", name))
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, bad(shape)
+		}
+		out[name] = v
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, bad(shape)
+	}
 	if _, err := dec.Token(); err != io.EOF {
-		return core.ThreadKey{}, &core.ValidationError{Field: "body", Message: "unexpected data after the JSON object"}
+		return nil, bad("unexpected data after the JSON object")
 	}
-	if in.UserID == nil {
-		return core.ThreadKey{}, &core.ValidationError{Field: "user_id", Message: "is required"}
-	}
-	if in.ThreadID == nil {
-		return core.ThreadKey{}, &core.ValidationError{Field: "thread_id", Message: "is required"}
-	}
-	return core.ThreadKey{User: *in.UserID, Thread: *in.ThreadID}, nil
+	return out, nil
 }
 
 // Response bodies (the README's route table).

@@ -154,6 +154,14 @@ func TestAcquireBodyValidation(t *testing.T) {
 		{"array", `["u","t"]`, false, 400, "body"},
 		{"unknown field", `{"user_id":"u","thread_id":"t","tenant":"other"}`, false, 400, "body"},
 		{"trailing data", `{"user_id":"u","thread_id":"t"} {}`, false, 400, "body"},
+		{"name in another case", `{"user_id":"alice","USER_ID":"mallory","thread_id":"t"}`, false, 400, "body"},
+		{"only a case variant", `{"User_Id":"mallory","thread_id":"t"}`, false, 400, "body"},
+		{"duplicate key", `{"user_id":"alice","thread_id":"t","user_id":"mallory"}`, false, 400, "body"},
+		{"duplicate key same value", `{"user_id":"u","user_id":"u","thread_id":"t"}`, false, 400, "body"},
+		{"escaped name", `{"user\u005fid":"u","thread_id":"t"}`, false, 200, ""},
+		{"null user", `{"user_id":null,"thread_id":"t"}`, false, 400, "user_id"},
+		{"object user", `{"user_id":{"a":1},"thread_id":"t"}`, false, 400, "user_id"},
+		{"unterminated", `{"user_id":"u","thread_id":"t"`, false, 400, "body"},
 		{"missing user", `{"thread_id":"t"}`, false, 400, "user_id"},
 		{"missing thread", `{"user_id":"u"}`, false, 400, "thread_id"},
 		{"number user", `{"user_id":1,"thread_id":"t"}`, false, 400, "user_id"},
@@ -172,7 +180,16 @@ func TestAcquireBodyValidation(t *testing.T) {
 			if resp.StatusCode != tt.wantStatus {
 				t.Fatalf("status = %d, want %d (body %s)", resp.StatusCode, tt.wantStatus, resp.Body)
 			}
+			if tt.wantStatus == 200 {
+				if got, want := fb.calls, []string{"Acquire acme/u/t"}; !reflect.DeepEqual(got, want) {
+					t.Errorf("calls = %v, want %v", got, want)
+				}
+				return
+			}
 			e := body["error"].(map[string]any)
+			if e["code"] != "VALIDATION_ERROR" && tt.wantStatus == 400 {
+				t.Errorf("code = %v, want VALIDATION_ERROR", e["code"])
+			}
 			if tt.wantReason != "" && e["reason"] != tt.wantReason {
 				t.Errorf("reason = %v, want %s", e["reason"], tt.wantReason)
 			}
@@ -180,6 +197,51 @@ func TestAcquireBodyValidation(t *testing.T) {
 				t.Errorf("broker called: %v", fb.calls)
 			}
 		})
+	}
+}
+
+// TestBodylessRoutesRefuseFields: routes that take no body accept none or
+// {}, and answer 400 VALIDATION_ERROR, calling nothing, for any field.
+func TestBodylessRoutesRefuseFields(t *testing.T) {
+	routes := []struct {
+		key, path string
+		params    map[string]string
+	}{
+		{RouteRelease, "/v1/sandboxes/sbx1/release", map[string]string{"id": "sbx1"}},
+		{RouteSync, "/v1/sandboxes/sbx1/sync", map[string]string{"id": "sbx1"}},
+		{RouteGet, "/v1/sandboxes/sbx1", map[string]string{"id": "sbx1"}},
+		{RouteCapacity, "/v1/capacity", nil},
+		{RouteDrain, "/v1/admin/drain", nil},
+		{RouteUndrain, "/v1/admin/undrain", nil},
+	}
+	bodies := []struct {
+		body string
+		ok   bool
+	}{
+		{"", true}, {" {} ", true}, {`{"force":true}`, false}, {`[]`, false}, {`{} {}`, false}, {`x`, false},
+	}
+	for _, rt := range routes {
+		for _, b := range bodies {
+			t.Run(rt.key+" "+b.body, func(t *testing.T) {
+				fb := &fakeBroker{}
+				resp, body, _ := serve(t, fb, event(rt.key, rt.path, b.body, "acme", rt.params))
+				if b.ok {
+					if resp.StatusCode == 400 {
+						t.Fatalf("status = 400 for an accepted body: %s", resp.Body)
+					}
+					return
+				}
+				if resp.StatusCode != 400 {
+					t.Fatalf("status = %d, want 400 (body %s)", resp.StatusCode, resp.Body)
+				}
+				if e := body["error"].(map[string]any); e["code"] != "VALIDATION_ERROR" {
+					t.Errorf("code = %v, want VALIDATION_ERROR", e["code"])
+				}
+				if len(fb.calls) != 0 {
+					t.Errorf("broker called: %v", fb.calls)
+				}
+			})
+		}
 	}
 }
 
