@@ -57,6 +57,7 @@ const (
 	EnvSyncMaxFiles        = "SYNC_MAX_FILES"
 	EnvSyncMaxTotalBytes   = "SYNC_MAX_TOTAL_BYTES"
 	EnvSyncMaxFileBytes    = "SYNC_MAX_FILE_BYTES"
+	EnvSyncMaxThreadBytes  = "SYNC_MAX_THREAD_BYTES"
 	EnvSyncDeadlineSeconds = "SYNC_DEADLINE_SECONDS"
 	EnvSyncMirrorDeletes   = "SYNC_MIRROR_DELETES"
 	// EnvS3Endpoint and EnvEndpoint are the AWS SDK's own endpoint overrides
@@ -99,10 +100,13 @@ type E2B struct {
 // the syncer's default applies (internal/outputsync Default*), and for Deadline
 // internal/wiring picks the budget per function.
 type Sync struct {
-	MaxFiles      int           // SYNC_MAX_FILES: uploads per pass
-	MaxTotalBytes int64         // SYNC_MAX_TOTAL_BYTES: bytes per pass
-	MaxFileBytes  int64         // SYNC_MAX_FILE_BYTES: larger files are skipped unread
-	Deadline      time.Duration // SYNC_DEADLINE_SECONDS: wall-time budget of a pass
+	MaxFiles      int   // SYNC_MAX_FILES: uploads per pass
+	MaxTotalBytes int64 // SYNC_MAX_TOTAL_BYTES: bytes per pass
+	MaxFileBytes  int64 // SYNC_MAX_FILE_BYTES: larger files are skipped unread
+	// MaxThreadBytes (SYNC_MAX_THREAD_BYTES): what one thread may store in
+	// S3 in all; files past it are deferred (reason thread_quota).
+	MaxThreadBytes int64
+	Deadline       time.Duration // SYNC_DEADLINE_SECONDS: wall-time budget of a pass
 	// MirrorDeletes (SYNC_MIRROR_DELETES, default false): objects of files
 	// deleted in the sandbox are deleted from S3 on a complete pass.
 	MirrorDeletes bool
@@ -158,11 +162,11 @@ func (c Config) String() string {
 	if c.E2B.APIKey != "" {
 		key = "[redacted]"
 	}
-	return fmt.Sprintf("deployment=%s replicas=%d policy=%s burst=%d acquire_timeout=%s idle_timeout=%s active_timeout=%s template=%q e2b_api_url=%s e2b_sandbox_url=%s e2b_api_key=%s table=%s bucket=%s prefix=%q sync_max_files=%d sync_max_total_bytes=%d sync_max_file_bytes=%d sync_deadline=%s sync_mirror_deletes=%t log_level=%s",
+	return fmt.Sprintf("deployment=%s replicas=%d policy=%s burst=%d acquire_timeout=%s idle_timeout=%s active_timeout=%s template=%q e2b_api_url=%s e2b_sandbox_url=%s e2b_api_key=%s table=%s bucket=%s prefix=%q sync_max_files=%d sync_max_total_bytes=%d sync_max_file_bytes=%d sync_max_thread_bytes=%d sync_deadline=%s sync_mirror_deletes=%t log_level=%s",
 		c.Settings.Deployment, c.Settings.Replicas, c.Settings.Policy, c.Settings.BurstLimit,
 		c.Settings.AcquireTimeout, c.Settings.IdleTimeout, c.Settings.ActiveTimeout, c.Settings.Template,
 		c.E2B.APIURL, c.E2B.SandboxURL, key, c.TableName, c.OutputBucket, c.OutputPrefix,
-		c.Sync.MaxFiles, c.Sync.MaxTotalBytes, c.Sync.MaxFileBytes, c.Sync.Deadline, c.Sync.MirrorDeletes, c.LogLevel) +
+		c.Sync.MaxFiles, c.Sync.MaxTotalBytes, c.Sync.MaxFileBytes, c.Sync.MaxThreadBytes, c.Sync.Deadline, c.Sync.MirrorDeletes, c.LogLevel) +
 		c.providerString()
 }
 
@@ -232,11 +236,12 @@ func Parse(environ []string) (Config, []string, error) {
 		OutputPrefix: strings.Trim(p.str(EnvOutputPrefix, ""), "/"),
 		S3PathStyle:  env[EnvS3Endpoint] != "" || env[EnvEndpoint] != "",
 		Sync: Sync{
-			MaxFiles:      p.intVar(EnvSyncMaxFiles, 0, 1),
-			MaxTotalBytes: p.byteCount(EnvSyncMaxTotalBytes),
-			MaxFileBytes:  p.byteCount(EnvSyncMaxFileBytes),
-			Deadline:      p.seconds(EnvSyncDeadlineSeconds, 0),
-			MirrorDeletes: p.boolVar(EnvSyncMirrorDeletes, false),
+			MaxFiles:       p.intVar(EnvSyncMaxFiles, 0, 1),
+			MaxTotalBytes:  p.byteCount(EnvSyncMaxTotalBytes),
+			MaxFileBytes:   p.byteCount(EnvSyncMaxFileBytes),
+			MaxThreadBytes: p.byteCount(EnvSyncMaxThreadBytes),
+			Deadline:       p.seconds(EnvSyncDeadlineSeconds, 0),
+			MirrorDeletes:  p.boolVar(EnvSyncMirrorDeletes, false),
 		},
 	}
 	switch c.Provider {

@@ -32,6 +32,7 @@ func VariableNames() []string {
 		EnvSyncMaxFiles,
 		EnvSyncMaxTotalBytes,
 		EnvSyncMaxFileBytes,
+		EnvSyncMaxThreadBytes,
 		EnvSyncDeadlineSeconds,
 		EnvSyncMirrorDeletes,
 		EnvReconcileMaxPages,

@@ -5,14 +5,18 @@
 // One pass: a single listing command in the sandbox (GNU find, no symlink
 // following, regular files only, NUL-terminated records of size, mtime and
 // path); a per-thread manifest in S3 at
-// <prefix>/_manifests/<tenant>/<user>/<thread>.json, tied to the sandbox id;
+// <prefix>/.broker/manifests/<tenant>/<user>/<thread>.json (a segment no
+// tenant id can spell; manifests at the former <prefix>/_manifests/… are
+// still read and moved on the next pass), tied to the sandbox id;
 // every new or changed file (size or mtime differ) streamed from the sandbox
 // to <prefix>/<tenant>/<user>/<thread>/<outputs|workspace>/<rel> with
 // bounded memory and full-object CRC32 checksums that S3 verifies; caps on files,
-// bytes, per-file size and wall time. Already-synced files are skipped
+// bytes, per-file size and wall time, and a quota on what a thread stores
+// in all. Already-synced files are skipped
 // before caps are counted, so capped passes converge; a capped or
 // incomplete pass prunes nothing from the manifest. Paths that are not
-// valid UTF-8, contain control characters, "." or ".." segments, or lie
+// valid UTF-8, contain control or Unicode format (Cf) characters, "." or
+// ".." segments, or lie
 // outside the mirrored directories are refused and reported.
 //
 // Restore is the way back: when a thread gets a freshly

@@ -98,6 +98,12 @@ func TestRelPath(t *testing.T) {
 		{"/home/user/outputs/a\x7fb", ""},
 		{"/home/user/outputs/a\u0085b", ""},
 		{"/home/user/outputs/a\xffb", ""},
+		{"/home/user/outputs/invoice\u202Efdp.exe", ""},     // right-to-left override
+		{"/home/user/outputs/a\u200Bb", ""},                 // zero-width space
+		{"/home/user/outputs/\uFEFFa", ""},                  // byte order mark
+		{"/home/user/outputs/a\u00ADb", ""},                 // soft hyphen
+		{"/home/user/outputs/a\U000E0001b", ""},             // language tag
+		{"/home/user/outputs/a\u00A0b", "outputs/a\u00A0b"}, // no-break space is Zs, not Cf
 	}
 	for _, tc := range tests {
 		got, err := relPath(home, tc.abs)
@@ -118,9 +124,9 @@ func TestKeys(t *testing.T) {
 	tests := []struct {
 		prefix, wantObj, wantManifest string
 	}{
-		{"out", "out/acme/u1/t1/outputs/a.txt", "out/_manifests/acme/u1/t1.json"},
-		{"", "acme/u1/t1/outputs/a.txt", "_manifests/acme/u1/t1.json"},
-		{"a/b", "a/b/acme/u1/t1/outputs/a.txt", "a/b/_manifests/acme/u1/t1.json"},
+		{"out", "out/acme/u1/t1/outputs/a.txt", "out/.broker/manifests/acme/u1/t1.json"},
+		{"", "acme/u1/t1/outputs/a.txt", ".broker/manifests/acme/u1/t1.json"},
+		{"a/b", "a/b/acme/u1/t1/outputs/a.txt", "a/b/.broker/manifests/acme/u1/t1.json"},
 	}
 	for _, tc := range tests {
 		got, err := objectKey(tc.prefix, k, "outputs/a.txt")
@@ -136,6 +142,43 @@ func TestKeys(t *testing.T) {
 	}
 	if got, err := cleanPrefix("/out/v1/"); err != nil || got != "out/v1" {
 		t.Errorf("cleanPrefix = %q, %v; want out/v1", got, err)
+	}
+}
+
+// TestBrokerObjectsOutsideEveryTenantTree: no thread prefix, whatever its
+// tenant, user and thread ids (tenants named like the broker's segments
+// included), is a prefix of any thread's manifest key, current or legacy.
+func TestBrokerObjectsOutsideEveryTenantTree(t *testing.T) {
+	ids := []string{"acme", "_manifests", "_broker", "broker", "manifests", "-", "_", "u1", "t1", "outputs", "workspace"}
+	var keys []core.ThreadKey
+	for _, a := range ids {
+		for _, b := range ids {
+			for _, c := range ids {
+				k := core.ThreadKey{Tenant: a, User: b, Thread: c}
+				if k.Validate() != nil {
+					t.Fatalf("test id %v invalid", k)
+				}
+				keys = append(keys, k)
+			}
+		}
+	}
+	for _, prefix := range []string{"", "out"} {
+		for _, owner := range keys {
+			tp := threadPrefix(prefix, owner)
+			for _, k := range keys {
+				if m := manifestKey(prefix, k); strings.HasPrefix(m, tp) {
+					t.Fatalf("manifest %q of %v lies under the tree %q of %v", m, k, tp, owner)
+				}
+				// A legacy manifest may lie under a "_manifests" tenant's
+				// tree, but no object key of that tree can be one.
+				if m := legacyManifestKey(prefix, k); strings.HasPrefix(m, tp) {
+					rel := strings.TrimPrefix(m, tp)
+					if dir, _, _ := strings.Cut(rel, "/"); isMirrored(dir) {
+						t.Fatalf("legacy manifest %q of %v is an object key %q of %v", m, k, rel, owner)
+					}
+				}
+			}
+		}
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // manifestVersion is the manifest schema version written by this package.
@@ -32,6 +34,8 @@ type Manifest struct {
 	// Files maps the mirrored relative path ("outputs/a.txt") to what was
 	// uploaded for it.
 	Files map[string]ManifestEntry `json:"files"`
+	// legacy: read from legacyManifestKey; store it at manifestKey.
+	legacy bool
 }
 
 // ManifestEntry records one uploaded file as it was listed in the sandbox
@@ -80,6 +84,21 @@ func loadManifest(ctx context.Context, c S3API, bucket, key string) (m *Manifest
 	return m, true, false, nil
 }
 
+// loadThreadManifest reads the manifest of a thread: at manifestKey, else
+// at legacyManifestKey (written by earlier versions). The caller stores it
+// back at manifestKey.
+func loadThreadManifest(ctx context.Context, c S3API, bucket, prefix string, k core.ThreadKey) (m *Manifest, found, corrupt bool, err error) {
+	m, found, corrupt, err = loadManifest(ctx, c, bucket, manifestKey(prefix, k))
+	if err != nil || found {
+		return m, found, corrupt, err
+	}
+	m, found, corrupt, err = loadManifest(ctx, c, bucket, legacyManifestKey(prefix, k))
+	if m != nil {
+		m.legacy = true
+	}
+	return m, found, corrupt, err
+}
+
 // storeManifest writes m at key (seekable body: plain-HTTP endpoints need
 // one: they cannot sign a streamed body).
 func storeManifest(ctx context.Context, c S3API, bucket, key string, m *Manifest) error {
@@ -122,38 +141,51 @@ type storedObject struct {
 	ETag string
 }
 
-// dropMissing removes manifest entries whose object is no longer in S3 as
-// recorded (deleted, or replaced: size or ETag differ), so the pass uploads
-// those files again. It lists the thread's prefix (at most maxVerifyPages
-// pages; past that, entries beyond the last listed key are trusted). It
-// returns the number of entries dropped.
-func dropMissing(ctx context.Context, c S3API, bucket, prefix string, m *Manifest, keyOf func(rel string) string) (int, error) {
-	if len(m.Files) == 0 {
-		return 0, nil
-	}
-	stored := map[string]storedObject{}
+// storedObjects is what a bounded listing of a thread's prefix found.
+type storedObjects struct {
+	byKey map[string]storedObject
+	// last is the greatest key listed; complete is false when the listing
+	// stopped at maxVerifyPages (keys past last were not seen).
+	last     string
+	complete bool
+	// bytes is the sum of the listed objects' sizes: what the thread
+	// stores (SYNC_MAX_THREAD_BYTES counts it).
+	bytes int64
+}
+
+// listStored lists the objects under prefix (at most maxVerifyPages pages).
+func listStored(ctx context.Context, c S3API, bucket, prefix string) (storedObjects, error) {
+	st := storedObjects{byKey: map[string]storedObject{}, complete: true}
 	p := s3.NewListObjectsV2Paginator(c, &s3.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(prefix)})
-	last, complete := "", true
 	for page := 0; p.HasMorePages(); page++ {
 		if page == maxVerifyPages {
-			complete = false
+			st.complete = false
 			break
 		}
 		out, err := p.NextPage(ctx)
 		if err != nil {
-			return 0, fmt.Errorf("list objects: %w", err)
+			return st, fmt.Errorf("list objects: %w", err)
 		}
 		for _, o := range out.Contents {
 			k := aws.ToString(o.Key)
-			stored[k] = storedObject{Size: aws.ToInt64(o.Size), ETag: aws.ToString(o.ETag)}
-			last = k
+			st.byKey[k] = storedObject{Size: aws.ToInt64(o.Size), ETag: aws.ToString(o.ETag)}
+			st.bytes += aws.ToInt64(o.Size)
+			st.last = k
 		}
 	}
+	return st, nil
+}
+
+// dropMissing removes manifest entries whose object is not in stored as
+// recorded (deleted, or replaced: size or ETag differ), so the pass uploads
+// those files again; entries past a bounded listing's last key are
+// trusted. It returns the number of entries dropped.
+func dropMissing(stored storedObjects, m *Manifest, keyOf func(rel string) string) int {
 	dropped := 0
 	for rel, e := range m.Files {
 		k := keyOf(rel)
-		o, ok := stored[k]
-		if !ok && !complete && k > last {
+		o, ok := stored.byKey[k]
+		if !ok && !stored.complete && k > stored.last {
 			continue // not reached by the bounded listing
 		}
 		if !ok || o.Size != e.Size || (e.ETag != "" && o.ETag != "" && o.ETag != e.ETag) {
@@ -161,5 +193,5 @@ func dropMissing(ctx context.Context, c S3API, bucket, prefix string, m *Manifes
 			dropped++
 		}
 	}
-	return dropped, nil
+	return dropped
 }

@@ -30,13 +30,16 @@ var (
 // path "outputs/<rel>" or "workspace/<rel>". It refuses (errUnsafePath) any
 // path that is not valid UTF-8, contains a control character (C0, DEL, C1:
 // newline, tab and NUL included), lies outside the mirrored directories, or
-// has an empty, "." or ".." segment.
+// has an empty, "." or ".." segment. It also refuses Unicode format
+// characters (category Cf: bidirectional overrides such as U+202E,
+// zero-width joiners, byte order marks), which make a name display as
+// another one.
 func relPath(home, abs string) (string, error) {
 	if !utf8.ValidString(abs) {
 		return "", errUnsafePath
 	}
 	for _, r := range abs {
-		if unicode.IsControl(r) {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
 			return "", errUnsafePath
 		}
 	}
@@ -82,9 +85,26 @@ func objectKey(prefix string, k core.ThreadKey, rel string) (string, error) {
 	return key, nil
 }
 
-// manifestKey is "<prefix>/_manifests/<tenant>/<user>/<thread>.json",
-// outside every thread's tree.
+// brokerSegment is the first key segment below the prefix of every object
+// the broker itself owns (manifests). It starts with ".", which no tenant id
+// (^[A-Za-z0-9_-]{1,64}$) can, so no thread prefix reaches these keys
+// whatever the tenant is called.
+const brokerSegment = ".broker"
+
+// manifestKey is "<prefix>/.broker/manifests/<tenant>/<user>/<thread>.json",
+// outside every tenant's tree.
 func manifestKey(prefix string, k core.ThreadKey) string {
+	return joinKey(prefix, brokerSegment, "manifests", k.Tenant, k.User, k.Thread+".json")
+}
+
+// legacyManifestKey is where manifests used to be stored,
+// "<prefix>/_manifests/<tenant>/<user>/<thread>.json": the tree of a tenant
+// named "_manifests". A manifest is read from there only when manifestKey
+// has none, and is then stored at manifestKey. Reading it stays safe: every
+// object key of a tenant has "outputs" or "workspace" as its fourth segment
+// below the prefix, never "<thread>.json", so no tenant's sync can have
+// written one of these keys.
+func legacyManifestKey(prefix string, k core.ThreadKey) string {
 	return joinKey(prefix, "_manifests", k.Tenant, k.User, k.Thread+".json")
 }
 

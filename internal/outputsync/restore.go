@@ -362,7 +362,7 @@ func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored m
 	}
 	mkey := manifestKey(s.opts.Prefix, t.ThreadKey)
 	mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
-	m, found, corrupt, err := loadManifest(mctx, s.s3, s.opts.Bucket, mkey)
+	m, found, corrupt, err := loadThreadManifest(mctx, s.s3, s.opts.Bucket, s.opts.Prefix, t.ThreadKey)
 	cancel()
 	if err != nil || !found || corrupt || m.SandboxID != t.Ref.ID {
 		m = newManifest(t.Ref.ID)

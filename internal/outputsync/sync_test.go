@@ -984,3 +984,85 @@ func TestSync_ExcludedFilesDoNotKeepPassesIncomplete(t *testing.T) {
 		}
 	}
 }
+
+// TestSync_ThreadQuota: what a thread stores in S3, all passes together,
+// stays within MaxThreadBytes: files past it are deferred (thread_quota)
+// and stay deferred on later passes; objects of files deleted in the
+// sandbox still count (they are still stored); replacing a file counts only
+// what it adds.
+func TestSync_ThreadQuota(t *testing.T) {
+	t.Parallel()
+	e := newSyncEnv(t)
+	for _, rel := range []string{"outputs/a.bin", "outputs/b.bin", "outputs/c.bin"} {
+		writeFile(t, e.sb.home, rel, bytes.Repeat([]byte("x"), 10), t0)
+	}
+	s := e.syncer(Options{MaxThreadBytes: 25})
+
+	res := e.mustSync(s, "sb1")
+	if got, want := deferredReasons(res), map[string]string{"outputs/c.bin": ReasonThreadQuota}; !reflect.DeepEqual(got, want) || res.Uploaded != 2 || res.Complete {
+		t.Fatalf("first pass: uploaded %d deferred %v complete %v; want 2 uploaded, %v, incomplete", res.Uploaded, got, res.Complete, want)
+	}
+	// A separate pass does not get a fresh allowance.
+	res = e.mustSync(s, "sb1")
+	if got := deferredReasons(res); got["outputs/c.bin"] != ReasonThreadQuota || res.Uploaded != 0 {
+		t.Fatalf("second pass: uploaded %d deferred %v; want c.bin still deferred", res.Uploaded, got)
+	}
+	// Deleting a file in the sandbox does not free what S3 still stores.
+	if err := os.Remove(e.sb.home + "/outputs/a.bin"); err != nil {
+		t.Fatal(err)
+	}
+	res = e.mustSync(s, "sb1")
+	if got := deferredReasons(res); got["outputs/c.bin"] != ReasonThreadQuota || res.Uploaded != 0 {
+		t.Fatalf("after a delete: uploaded %d deferred %v; want c.bin still deferred", res.Uploaded, got)
+	}
+	// Growing b.bin by 5 bytes fits (20 + 5 = 25); by 6 more it does not.
+	writeFile(t, e.sb.home, "outputs/b.bin", bytes.Repeat([]byte("y"), 15), t0.Add(time.Second))
+	res = e.mustSync(s, "sb1")
+	if got, _ := e.object("outputs/b.bin"); len(got) != 15 {
+		t.Fatalf("b.bin grown within the quota: stored %d bytes, want 15 (deferred %v)", len(got), deferredReasons(res))
+	}
+	writeFile(t, e.sb.home, "outputs/b.bin", bytes.Repeat([]byte("z"), 16), t0.Add(2*time.Second))
+	res = e.mustSync(s, "sb1")
+	if got := deferredReasons(res); got["outputs/b.bin"] != ReasonThreadQuota {
+		t.Fatalf("b.bin grown past the quota: deferred %v, want thread_quota", got)
+	}
+	total := int64(0)
+	for _, k := range e.keys() {
+		if strings.HasPrefix(k, threadPrefix(testPrefix, e.key)) {
+			data, _ := e.object(strings.TrimPrefix(k, threadPrefix(testPrefix, e.key)))
+			total += int64(len(data))
+		}
+	}
+	if total > 25 {
+		t.Errorf("thread stores %d bytes, quota 25", total)
+	}
+}
+
+// TestSync_ReadsLegacyManifest: a manifest stored where earlier versions
+// kept it (<prefix>/_manifests/…) is still honoured (nothing is uploaded
+// again) and is stored at the broker's own key afterwards.
+func TestSync_ReadsLegacyManifest(t *testing.T) {
+	t.Parallel()
+	e := newSyncEnv(t)
+	writeFile(t, e.sb.home, "outputs/a.txt", []byte("hello"), t0)
+	s := e.syncer(Options{})
+	e.mustSync(s, "sb1")
+	m := e.manifest()
+	ctx := context.Background()
+	if err := storeManifest(ctx, e.client, e.bucket, legacyManifestKey(testPrefix, e.key), &m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(e.bucket), Key: aws.String(manifestKey(testPrefix, e.key))}); err != nil {
+		t.Fatal(err)
+	}
+	e.sb.resetOpens()
+
+	res := e.mustSync(s, "sb1")
+
+	if res.Uploaded != 0 || res.Skipped != 1 || len(e.sb.openedPaths()) != 0 {
+		t.Fatalf("result %+v, opened %v; want the legacy manifest honoured (1 skipped, nothing read)", res, e.sb.openedPaths())
+	}
+	if got := e.manifest(); got.SandboxID != "sb1" || len(got.Files) != 1 {
+		t.Fatalf("manifest at %s = %+v, want the legacy one moved there", manifestKey(testPrefix, e.key), got)
+	}
+}

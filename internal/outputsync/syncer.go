@@ -54,12 +54,14 @@ const (
 	DefaultMaxFiles      = 1000
 	DefaultMaxTotalBytes = 1 << 30   // 1 GiB per pass
 	DefaultMaxFileBytes  = 256 << 20 // 256 MiB per file
-	DefaultDeadline      = 60 * time.Second
-	DefaultPartSize      = 8 << 20 // multipart part size and buffer size
-	DefaultConcurrency   = 4
-	DefaultListTimeout   = 30 * time.Second
-	DefaultMaxListBytes  = 8 << 20 // listing output cap (~80k records)
-	DefaultMaxReported   = 1000
+	// DefaultMaxThreadBytes bounds what one thread stores in S3 in all.
+	DefaultMaxThreadBytes = 10 << 30 // 10 GiB
+	DefaultDeadline       = 60 * time.Second
+	DefaultPartSize       = 8 << 20 // multipart part size and buffer size
+	DefaultConcurrency    = 4
+	DefaultListTimeout    = 30 * time.Second
+	DefaultMaxListBytes   = 8 << 20 // listing output cap (~80k records)
+	DefaultMaxReported    = 1000
 	// MinPartSize is S3's minimum size of a multipart part (all but the last).
 	MinPartSize = 5 << 20
 	// s3CallTimeout bounds each S3 request.
@@ -92,6 +94,7 @@ const (
 	ReasonCanceled          = "canceled"            // the caller's context ended
 	ReasonError             = "error"               // sandbox read or S3 failure (logged)
 	ReasonReportTruncated   = "report_truncated"    // more deferrals than MaxReported
+	ReasonThreadQuota       = "thread_quota"        // the thread would store more than MaxThreadBytes
 )
 
 // excludedReasons are the policy reasons: the file stays out of the sink
@@ -114,6 +117,9 @@ type Options struct {
 	MaxTotalBytes int64
 	// MaxFileBytes: larger files are deferred without being read.
 	MaxFileBytes int64
+	// MaxThreadBytes caps the bytes a thread stores under its prefix, all
+	// passes together (SYNC_MAX_THREAD_BYTES); see transfer.
+	MaxThreadBytes int64
 	// Deadline is the wall-time budget of a pass, from the start of Sync;
 	// no upload starts after it and running ones are cut off by it. The
 	// listing has its own ListTimeout; the manifest write after the
@@ -177,13 +183,14 @@ func New(sb Sandbox, s3c S3API, opts Options) (*Syncer, error) {
 	if opts.Home, err = cleanHome(opts.Home); err != nil {
 		return nil, fmt.Errorf("outputsync: %w", err)
 	}
-	if opts.MaxFiles < 0 || opts.MaxTotalBytes < 0 || opts.MaxFileBytes < 0 || opts.Deadline < 0 ||
+	if opts.MaxFiles < 0 || opts.MaxTotalBytes < 0 || opts.MaxFileBytes < 0 || opts.MaxThreadBytes < 0 || opts.Deadline < 0 ||
 		opts.PartSize < 0 || opts.Concurrency < 0 || opts.ListTimeout < 0 || opts.MaxListBytes < 0 || opts.MaxReported < 0 {
 		return nil, errors.New("outputsync: caps, sizes and durations must not be negative")
 	}
 	setDefault(&opts.MaxFiles, DefaultMaxFiles)
 	setDefault(&opts.MaxTotalBytes, DefaultMaxTotalBytes)
 	setDefault(&opts.MaxFileBytes, DefaultMaxFileBytes)
+	setDefault(&opts.MaxThreadBytes, DefaultMaxThreadBytes)
 	setDefault(&opts.Deadline, DefaultDeadline)
 	setDefault(&opts.PartSize, DefaultPartSize)
 	setDefault(&opts.Concurrency, DefaultConcurrency)
@@ -266,12 +273,12 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 
 	mkey := manifestKey(s.opts.Prefix, t.ThreadKey)
 	mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
-	m, found, corrupt, err := loadManifest(mctx, s.s3, s.opts.Bucket, mkey)
+	m, found, corrupt, err := loadThreadManifest(mctx, s.s3, s.opts.Bucket, s.opts.Prefix, t.ThreadKey)
 	cancel()
 	if err != nil {
 		return core.SyncResult{}, fmt.Errorf("load manifest %s: %w", mkey, err)
 	}
-	p := &pass{m: m}
+	p := &pass{m: m, dirty: m != nil && m.legacy}
 	switch {
 	case corrupt:
 		log.WarnContext(ctx, "discarding unreadable manifest", "key", mkey)
@@ -283,13 +290,14 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 		p.m, p.dirty = newManifest(t.Ref.ID), true
 	}
 	vctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
-	dropped, err := dropMissing(vctx, s.s3, s.opts.Bucket, threadPrefix(s.opts.Prefix, t.ThreadKey), p.m, func(rel string) string {
-		return threadPrefix(s.opts.Prefix, t.ThreadKey) + rel
-	})
+	stored, err := listStored(vctx, s.s3, s.opts.Bucket, threadPrefix(s.opts.Prefix, t.ThreadKey))
 	cancel()
 	if err != nil {
 		return core.SyncResult{}, fmt.Errorf("verify manifest against s3: %w", err)
 	}
+	dropped := dropMissing(stored, p.m, func(rel string) string {
+		return threadPrefix(s.opts.Prefix, t.ThreadKey) + rel
+	})
 	if dropped > 0 {
 		log.WarnContext(ctx, "objects missing or replaced in s3; uploading again", "count", dropped)
 		p.dirty = true
@@ -303,7 +311,7 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonListingIncomplete})
 	}
 
-	s.transfer(ctx, t, start, files, p, log, mkey)
+	s.transfer(ctx, t, start, files, p, log, mkey, stored)
 
 	// Prune entries of files that are gone, only when this pass saw the
 	// whole tree and spent no cap (a capped pass prunes nothing).
@@ -402,7 +410,13 @@ func head(b []byte, n int) []byte {
 // upload, and runs the uploads with bounded concurrency. Files whose size
 // and mtime match the manifest are skipped before any cap is counted, so
 // successive capped passes drain the deferred tail.
-func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Time, files []listedFile, p *pass, log *slog.Logger, mkey string) {
+//
+// The thread quota (MaxThreadBytes) counts what S3 stores under the
+// thread's prefix, as listed at the start of the pass (objects of files
+// deleted since included, unless MirrorDeletes removed them): a file that
+// would take it past the quota, counting what replacing its object adds,
+// is deferred with ReasonThreadQuota.
+func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Time, files []listedFile, p *pass, log *slog.Logger, mkey string, stored storedObjects) {
 	deadline := s.passDeadline(ctx, start)
 	passCtx, cancelPass := context.WithDeadline(ctx, deadline)
 	defer cancelPass()
@@ -412,6 +426,7 @@ func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Tim
 	g.SetLimit(s.opts.Concurrency)
 
 	planned, plannedBytes, unsafe := 0, int64(0), 0
+	threadBytes := stored.bytes
 	defer func() {
 		if unsafe > maxUnsafeLogged {
 			log.WarnContext(ctx, "refused unsafe paths", "count", unsafe)
@@ -453,6 +468,12 @@ func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Tim
 			p.deferFile(rel, reason)
 			continue
 		}
+		grow := f.Size - stored.byKey[key].Size
+		if threadBytes+grow > s.opts.MaxThreadBytes {
+			p.deferFile(rel, ReasonThreadQuota)
+			continue
+		}
+		threadBytes += grow
 		planned++
 		plannedBytes += f.Size
 		g.Go(func() error {

@@ -97,15 +97,16 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 			config.EnvSyncDeadlineSeconds, cfg.Sync.Deadline, MaxHTTPSyncDeadline))
 	}
 	syncer, err := outputsync.New(prov, s3c, outputsync.Options{
-		Bucket:        cfg.OutputBucket,
-		Prefix:        cfg.OutputPrefix,
-		Home:          cfg.Settings.Home,
-		MaxFiles:      cfg.Sync.MaxFiles,
-		MaxTotalBytes: cfg.Sync.MaxTotalBytes,
-		MaxFileBytes:  cfg.Sync.MaxFileBytes,
-		Deadline:      deadline,
-		MirrorDeletes: cfg.Sync.MirrorDeletes,
-		Logger:        logger,
+		Bucket:         cfg.OutputBucket,
+		Prefix:         cfg.OutputPrefix,
+		Home:           cfg.Settings.Home,
+		MaxFiles:       cfg.Sync.MaxFiles,
+		MaxTotalBytes:  cfg.Sync.MaxTotalBytes,
+		MaxFileBytes:   cfg.Sync.MaxFileBytes,
+		MaxThreadBytes: cfg.Sync.MaxThreadBytes,
+		Deadline:       deadline,
+		MirrorDeletes:  cfg.Sync.MirrorDeletes,
+		Logger:         logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("output syncer: %w", err)
