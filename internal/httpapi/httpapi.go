@@ -437,6 +437,32 @@ type acquireJSON struct {
 	// endpoint's protocol.
 	Connection any    `json:"connection"`
 	ExpiresAt  string `json:"expires_at"`
+	// Restore reports the thread's outputs brought back into the sandbox
+	// by this acquire (a created sandbox, or a restore continued); absent
+	// when none ran.
+	Restore *restoreJSON `json:"restore,omitempty"`
+}
+
+// restoreJSON is a restore's report: complete is false while files remain
+// (remaining: left by a cap for the next acquire or sync pass; deferred
+// lists every file not restored, and why).
+type restoreJSON struct {
+	Complete  bool                `json:"complete"`
+	Restored  int                 `json:"restored"`
+	Skipped   int                 `json:"skipped"`
+	Remaining int                 `json:"remaining"`
+	Bytes     int64               `json:"bytes"`
+	Deferred  []core.DeferredFile `json:"deferred"`
+	Excluded  []core.DeferredFile `json:"excluded"`
+}
+
+func restoreBody(r *core.SyncResult) *restoreJSON {
+	if r == nil {
+		return nil
+	}
+	s := syncBody(*r)
+	return &restoreJSON{Complete: s.Complete, Restored: s.Uploaded, Skipped: s.Skipped, Remaining: s.Remaining,
+		Bytes: s.Bytes, Deferred: s.Deferred, Excluded: s.Excluded}
 }
 
 func rfc3339(t time.Time) string {
@@ -454,6 +480,7 @@ func acquireBody(res core.AcquireResult) acquireJSON {
 		Backend:    res.Record.Backend,
 		Connection: connectionBody(res.Record.Endpoint),
 		ExpiresAt:  rfc3339(res.Record.ExpiresAt),
+		Restore:    restoreBody(res.Restore),
 	}
 }
 

@@ -245,6 +245,38 @@ func TestBodylessRoutesRefuseFields(t *testing.T) {
 	}
 }
 
+// TestAcquireReportsRestore: an acquire that restored (or continued
+// restoring) the thread's outputs says so, with counts; one that did not
+// carries no restore.
+func TestAcquireReportsRestore(t *testing.T) {
+	tests := []struct {
+		name    string
+		restore *core.SyncResult
+		want    any
+	}{
+		{"none", nil, nil},
+		{"incomplete", &core.SyncResult{Uploaded: 20, Remaining: 25, Bytes: 200,
+			Deferred: []core.DeferredFile{{Path: "outputs/f20.txt", Reason: "max_files"}}},
+			map[string]any{"complete": false, "restored": 20.0, "skipped": 0.0, "remaining": 25.0, "bytes": 200.0,
+				"deferred": []any{map[string]any{"path": "outputs/f20.txt", "reason": "max_files"}}, "excluded": []any{}}},
+		{"complete", &core.SyncResult{Uploaded: 3, Skipped: 20, Complete: true},
+			map[string]any{"complete": true, "restored": 3.0, "skipped": 20.0, "remaining": 0.0, "bytes": 0.0, "deferred": []any{}, "excluded": []any{}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fb := &fakeBroker{acquire: core.AcquireResult{Source: core.SourceCreated, Restore: tt.restore,
+				Record: core.Record{SandboxID: "s", Backend: "e2b"}}}
+			resp, body, _ := serve(t, fb, event(RouteAcquire, "/v1/sandboxes/acquire", `{"user_id":"u","thread_id":"t"}`, "acme", nil))
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, resp.Body)
+			}
+			if got := body["restore"]; !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("restore = %#v, want %#v", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestAcquireBase64Body(t *testing.T) {
 	fb := &fakeBroker{acquire: core.AcquireResult{Source: core.SourceReused, Record: core.Record{SandboxID: "s"}}}
 	ev := event(RouteAcquire, "/v1/sandboxes/acquire", base64.StdEncoding.EncodeToString([]byte(`{"user_id":"u","thread_id":"t"}`)), "acme", nil)

@@ -34,6 +34,10 @@ type Manifest struct {
 	// Files maps the mirrored relative path ("outputs/a.txt") to what was
 	// uploaded for it.
 	Files map[string]ManifestEntry `json:"files"`
+	// RestorePending: a restore into this sandbox stopped at a cap (files,
+	// bytes, time) or an incomplete listing; ResumeRestore (next acquire)
+	// and Sync continue it.
+	RestorePending bool `json:"restore_pending,omitempty"`
 	// legacy: read from legacyManifestKey; store it at manifestKey.
 	legacy bool
 }

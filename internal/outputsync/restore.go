@@ -88,15 +88,88 @@ type restoreObject struct {
 // context error when ctx ended. S3 trouble is never an error: it is
 // reported in Deferred (ReasonStoreListing, ReasonError,
 // ReasonManifestNotStored), so a caller can hand the sandbox out anyway.
+//
+// A restore that a cap (files, bytes, time) or an incomplete listing cut
+// short says so (Remaining, and the manifest's RestorePending), and
+// ResumeRestore continues it.
 func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResult, error) {
+	res, _, err := s.restore(ctx, t, false)
+	return res, err
+}
+
+// ResumeRestore continues a restore into t.Ref that stopped short (the
+// thread's manifest is this sandbox's and says RestorePending); ran is
+// false, at the cost of one manifest read, when none is pending. The
+// sandbox has been handed out meanwhile, so only objects whose path is
+// neither in the manifest (restored or synced already) nor present in the
+// sandbox are restored, and each is written to a staging directory and
+// moved into place with a no-clobber rename (mv -n, which fails rather
+// than replace a file the agent created in between). Caps, deferrals and
+// errors are those of Restore.
+func (s *Syncer) ResumeRestore(ctx context.Context, t core.SyncTarget) (core.SyncResult, bool, error) {
+	return s.restore(ctx, t, true)
+}
+
+var _ core.RestoreResumer = (*Syncer)(nil)
+
+// stagingDir (under the home, outside the mirrored directories) holds the
+// files a resumed restore wrote until they are moved into place.
+const stagingDir = ".sbx-restore"
+
+// envRestoreMoves carries the relative paths of staged files, one per line
+// (paths passed relPath: no newline can occur inside one).
+const envRestoreMoves = "SBX_RESTORE_MOVES"
+
+// placeScript moves each staged file into place unless a file is there,
+// then prints, one per line, the paths it did not place, and removes the
+// staging directory. It runs in the home directory.
+const placeScript = `printf '%s\n' "$` + envRestoreMoves + `" | while IFS= read -r rel; do
+  [ -n "$rel" ] || continue
+  mkdir -p -- "$(dirname -- "$rel")" 2>/dev/null
+  mv -n -- "` + stagingDir + `/$rel" "$rel" 2>/dev/null
+  if [ -e "` + stagingDir + `/$rel" ]; then printf '%s\n' "$rel"; fi
+done
+rm -rf -- "` + stagingDir + `"`
+
+// capReasons are the deferrals a later pass can make good (the restore is
+// pending while any remains).
+var capReasons = map[string]bool{ReasonMaxFiles: true, ReasonMaxTotalBytes: true, ReasonDeadline: true,
+	ReasonCanceled: true, ReasonStoreListing: true}
+
+func (s *Syncer) restore(ctx context.Context, t core.SyncTarget, resume bool) (core.SyncResult, bool, error) {
 	start := s.now()
 	if err := t.ThreadKey.Validate(); err != nil {
-		return core.SyncResult{}, err
+		return core.SyncResult{}, false, err
 	}
 	if err := core.ValidateSandboxID(t.Ref.ID); err != nil {
-		return core.SyncResult{}, err
+		return core.SyncResult{}, false, err
 	}
-	log := s.log.With("sandbox_id", t.Ref.ID, "thread", t.ThreadKey.String(), "op", "restore")
+	log := s.log.With("sandbox_id", t.Ref.ID, "thread", t.ThreadKey.String(), "op", "restore", "resume", resume)
+
+	// done: paths a resumed restore must leave alone (in the manifest, or
+	// present in the sandbox).
+	var done map[string]bool
+	if resume {
+		mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+		m, found, corrupt, err := loadThreadManifest(mctx, s.s3, s.opts.Bucket, s.opts.Prefix, t.ThreadKey)
+		cancel()
+		if err != nil || !found || corrupt || m.SandboxID != t.Ref.ID || !m.RestorePending {
+			return core.SyncResult{Deferred: []core.DeferredFile{}, Complete: true}, false, nil
+		}
+		files, _, _, err := s.list(ctx, t.Ref, log)
+		if err != nil {
+			return core.SyncResult{}, true, fmt.Errorf("list sandbox: %w", err)
+		}
+		done = make(map[string]bool, len(m.Files)+len(files))
+		for rel := range m.Files {
+			done[rel] = true
+		}
+		for _, f := range files {
+			if rel, err := relPath(s.opts.Home, f.Path); err == nil {
+				done[rel] = true
+			}
+		}
+	}
 	deadline := s.passDeadline(ctx, start)
 	passCtx, cancelPass := context.WithDeadline(ctx, deadline)
 	defer cancelPass()
@@ -108,7 +181,7 @@ func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResul
 	objs, listComplete, err := s.listObjects(ctx, prefix)
 	if err != nil {
 		if ctx.Err() != nil {
-			return s.finishRestore(ctx, p, log, start)
+			return s.finishRestore(ctx, t, p, nil, log, start, resume)
 		}
 		// Restore what was listed before the failure.
 		log.WarnContext(ctx, "listing the thread's objects failed", "err", err, "listed", len(objs))
@@ -117,7 +190,7 @@ func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResul
 		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonStoreListing})
 	}
 	if len(objs) == 0 {
-		return s.finishRestore(ctx, p, log, start)
+		return s.finishRestore(ctx, t, p, nil, log, start, resume)
 	}
 
 	restored := map[string]restoredFile{}
@@ -135,6 +208,10 @@ func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResul
 			p.deferFile(displayPath(s.opts.Home, abs), ReasonUnsafePath)
 			continue
 		}
+		if done[rel] {
+			p.res.Skipped++
+			continue
+		}
 		if o.Size > s.opts.MaxFileBytes {
 			p.deferFile(rel, ReasonFileTooLarge)
 			continue
@@ -146,6 +223,9 @@ func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResul
 		planned++
 		plannedBytes += o.Size
 		key := prefix + o.Rel
+		if resume {
+			abs = s.opts.Home + "/" + stagingDir + "/" + rel
+		}
 		g.Go(func() error {
 			f, attempted, err := s.restoreOne(jobCtx, t.Ref, key, abs, o)
 			if err == nil {
@@ -185,10 +265,10 @@ func (s *Syncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResul
 			s.markGone(p, err)
 		}
 	}
-	if p.goneErr == nil && ctx.Err() == nil && len(restored) > 0 {
-		s.seedManifest(ctx, t, restored, p, log)
+	if resume && p.goneErr == nil && len(restored) > 0 {
+		s.place(ctx, t.Ref, restored, p, log)
 	}
-	return s.finishRestore(ctx, p, log, start)
+	return s.finishRestore(ctx, t, p, restored, log, start, resume)
 }
 
 // restoreOne streams the object key into the sandbox at abs. attempted
@@ -349,7 +429,9 @@ func (s *Syncer) removePartial(ctx context.Context, ref core.SandboxRef, paths [
 // entries are the restored files as listed now (size must match what was
 // written), merged into the stored manifest when it is already this
 // sandbox's.
-func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored map[string]restoredFile, p *pass, log *slog.Logger) {
+//
+// pending is stored as the manifest's RestorePending.
+func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored map[string]restoredFile, pending bool, p *pass, log *slog.Logger) {
 	files, _, _, err := s.list(ctx, t.Ref, log)
 	if err != nil {
 		if errors.Is(err, core.ErrSandboxGone) {
@@ -367,6 +449,7 @@ func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored m
 	if err != nil || !found || corrupt || m.SandboxID != t.Ref.ID {
 		m = newManifest(t.Ref.ID)
 	}
+	m.RestorePending = pending
 	for _, f := range files {
 		rel, err := relPath(s.opts.Home, f.Path)
 		if err != nil {
@@ -387,20 +470,74 @@ func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored m
 	}
 }
 
-// finishRestore builds the result and the error of Restore.
-func (s *Syncer) finishRestore(ctx context.Context, p *pass, log *slog.Logger, start time.Time) (core.SyncResult, error) {
+// finishRestore seeds the manifest with what was restored and whether a
+// restore remains pending, then builds the result and the error.
+func (s *Syncer) finishRestore(ctx context.Context, t core.SyncTarget, p *pass, restored map[string]restoredFile, log *slog.Logger, start time.Time, resume bool) (core.SyncResult, bool, error) {
+	for _, d := range p.deferred {
+		if capReasons[d.Reason] {
+			p.res.Remaining++
+		}
+	}
+	if p.goneErr == nil && ctx.Err() == nil && (len(restored) > 0 || resume || p.res.Remaining > 0) {
+		s.seedManifest(ctx, t, restored, p.res.Remaining > 0, p, log)
+	}
 	res := p.res
 	res.Deferred, res.Excluded = s.report(p.deferred), s.report(p.excluded)
 	res.Complete = len(p.deferred) == 0 && p.goneErr == nil && ctx.Err() == nil
-	log.InfoContext(ctx, "restore", "restored", res.Uploaded, "deferred", len(p.deferred), "excluded", len(p.excluded), "bytes", res.Bytes,
-		"complete", res.Complete, "duration_ms", s.now().Sub(start).Milliseconds())
+	log.InfoContext(ctx, "restore", "restored", res.Uploaded, "skipped", res.Skipped, "remaining", res.Remaining,
+		"deferred", len(p.deferred), "excluded", len(p.excluded), "bytes", res.Bytes, "complete", res.Complete,
+		"duration_ms", s.now().Sub(start).Milliseconds())
 	switch {
 	case p.goneErr != nil:
-		return res, p.goneErr
+		return res, true, p.goneErr
 	case ctx.Err() != nil:
-		return res, fmt.Errorf("restore canceled: %w", context.Cause(ctx))
+		return res, true, fmt.Errorf("restore canceled: %w", context.Cause(ctx))
 	}
-	return res, nil
+	return res, true, nil
+}
+
+// place moves the files a resumed restore staged into place (placeScript);
+// a file the agent created at the same path meanwhile is kept, and the
+// staged copy dropped (counted as skipped, not restored).
+func (s *Syncer) place(ctx context.Context, ref core.SandboxRef, restored map[string]restoredFile, p *pass, log *slog.Logger) {
+	rels := make([]string, 0, len(restored))
+	for rel := range restored {
+		rels = append(rels, rel)
+	}
+	sort.Strings(rels)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	out, err := s.sb.Run(cctx, ref, core.Command{
+		Script:  "cd \"$SBX_HOME\" && { " + placeScript + "; }",
+		Env:     map[string]string{envRestoreMoves: strings.Join(rels, "\n"), "SBX_HOME": s.opts.Home},
+		Timeout: s.opts.ListTimeout,
+	})
+	if errors.Is(err, core.ErrSandboxGone) {
+		s.markGone(p, err)
+		return
+	}
+	kept := map[string]bool{}
+	if err != nil || out.ExitCode != 0 {
+		log.WarnContext(ctx, "placing restored files failed", "err", err, "exit_code", out.ExitCode)
+		for _, rel := range rels {
+			kept[rel] = true
+		}
+	}
+	for _, rel := range strings.Split(string(out.Stdout), "\n") {
+		if rel != "" {
+			kept[rel] = true
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for rel := range kept {
+		if f, ok := restored[rel]; ok {
+			delete(restored, rel)
+			p.res.Uploaded--
+			p.res.Bytes -= f.Size
+			p.res.Skipped++
+		}
+	}
 }
 
 // listObjects lists the objects under prefix in key order (at most

@@ -422,3 +422,75 @@ func TestRestore_RejectsBadTarget(t *testing.T) {
 		}
 	}
 }
+
+// A restore cut short by a cap converges: it reports what remains, each
+// ResumeRestore (and each Sync) continues it into the same sandbox, files
+// the agent changed or created meanwhile are never overwritten, and once
+// everything is back nothing is pending.
+func TestRestore_ResumesWithoutOverwriting(t *testing.T) {
+	t.Parallel()
+	files := map[string][]byte{}
+	for i := range 45 {
+		files[fmt.Sprintf("outputs/f%02d.txt", i)] = []byte(fmt.Sprintf("stored %02d", i))
+	}
+	for _, viaSync := range []bool{false, true} {
+		t.Run(fmt.Sprintf("via sync %v", viaSync), func(t *testing.T) {
+			t.Parallel()
+			e := newRestoreEnv(t, files)
+			s := e.restorer(Options{MaxFiles: 20})
+			res, err := e.restore(s, "sb-new")
+			if err != nil || res.Uploaded != 20 || res.Remaining != 25 || res.Complete {
+				t.Fatalf("first restore = %+v, %v; want 20 restored, 25 remaining, incomplete", res, err)
+			}
+			// The agent edits a restored file and creates one the restore
+			// has not reached yet.
+			writeFile(t, e.fresh.home, "outputs/f00.txt", []byte("agent edit"), t0.Add(time.Hour))
+			writeFile(t, e.fresh.home, "outputs/f30.txt", []byte("agent's own"), t0.Add(time.Hour))
+
+			ctx := context.Background()
+			target := core.SyncTarget{Ref: core.SandboxRef{ID: "sb-new"}, ThreadKey: e.key}
+			for round := 0; ; round++ {
+				if round == 5 {
+					t.Fatalf("restore did not converge in 5 rounds")
+				}
+				if viaSync {
+					if _, err := s.Sync(ctx, target); err != nil {
+						t.Fatalf("Sync: %v", err)
+					}
+					if m := e.manifest(); !m.RestorePending {
+						break
+					}
+					continue
+				}
+				res, ran, err := s.ResumeRestore(ctx, target)
+				if err != nil {
+					t.Fatalf("ResumeRestore: %v", err)
+				}
+				if !ran {
+					break
+				}
+				if res.Remaining == 0 && !res.Complete {
+					t.Fatalf("resume = %+v: nothing remaining but incomplete", res)
+				}
+			}
+			for rel, data := range files {
+				want := data
+				switch rel {
+				case "outputs/f00.txt":
+					want = []byte("agent edit")
+				case "outputs/f30.txt":
+					want = []byte("agent's own")
+				}
+				if got, ok := e.freshFile(rel); !ok || !bytes.Equal(got, want) {
+					t.Errorf("%s = %q (present %v), want %q", rel, got, ok, want)
+				}
+			}
+			if _, err := os.Stat(e.fresh.home + "/" + stagingDir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("staging directory left behind: %v", err)
+			}
+			if _, ran, err := s.ResumeRestore(ctx, target); ran || err != nil {
+				t.Errorf("ResumeRestore after convergence: ran %v, %v; want nothing pending", ran, err)
+			}
+		})
+	}
+}

@@ -278,6 +278,25 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 	if err != nil {
 		return core.SyncResult{}, fmt.Errorf("load manifest %s: %w", mkey, err)
 	}
+	if found && !corrupt && m.SandboxID == t.Ref.ID && m.RestorePending {
+		// A restore into this sandbox stopped short: continue it first,
+		// with at most half of the pass's time, then look again.
+		rctx, cancel := context.WithDeadline(ctx, start.Add(s.opts.Deadline/2))
+		_, _, rerr := s.restore(rctx, t, true)
+		cancel()
+		if errors.Is(rerr, core.ErrSandboxGone) {
+			return core.SyncResult{}, rerr
+		}
+		if files, bad, listIncomplete, err = s.list(ctx, t.Ref, log); err != nil {
+			return core.SyncResult{}, err
+		}
+		mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+		m, found, corrupt, err = loadThreadManifest(mctx, s.s3, s.opts.Bucket, s.opts.Prefix, t.ThreadKey)
+		cancel()
+		if err != nil {
+			return core.SyncResult{}, fmt.Errorf("load manifest %s: %w", mkey, err)
+		}
+	}
 	p := &pass{m: m, dirty: m != nil && m.legacy}
 	switch {
 	case corrupt:
@@ -495,7 +514,8 @@ func (s *Syncer) checkpoint(ctx context.Context, p *pass, mkey string, log *slog
 		return
 	}
 	p.storing = true
-	snap := &Manifest{Version: p.m.Version, SandboxID: p.m.SandboxID, Files: make(map[string]ManifestEntry, len(p.m.Files))}
+	snap := &Manifest{Version: p.m.Version, SandboxID: p.m.SandboxID, RestorePending: p.m.RestorePending,
+		Files: make(map[string]ManifestEntry, len(p.m.Files))}
 	for k, v := range p.m.Files {
 		snap.Files[k] = v
 	}

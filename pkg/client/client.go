@@ -149,6 +149,23 @@ type Sandbox struct {
 	// ExpiresAt is when the provider ends the sandbox unless the broker
 	// extends it (its provider timeout), UTC; zero when the server sent none.
 	ExpiresAt time.Time `json:"expires_at"`
+	// Restore reports the thread's earlier outputs brought back into the
+	// sandbox by this acquire; nil when none ran.
+	Restore *RestoreResult `json:"restore,omitempty"`
+}
+
+// RestoreResult reports a restore of a thread's outputs into its sandbox.
+// While Complete is false, Remaining files were left by a cap (files,
+// bytes, time) and the thread's next acquire or sync continues them,
+// never overwriting a file changed in the sandbox since.
+type RestoreResult struct {
+	Complete  bool           `json:"complete"`
+	Restored  int            `json:"restored"`
+	Skipped   int            `json:"skipped"`
+	Remaining int            `json:"remaining"`
+	Bytes     int64          `json:"bytes"`
+	Deferred  []DeferredFile `json:"deferred"`
+	Excluded  []DeferredFile `json:"excluded"`
 }
 
 // UnmarshalJSON accepts an empty or absent expires_at (zero time).

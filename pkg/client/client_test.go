@@ -324,3 +324,17 @@ func TestDrainForbiddenForNonAdmin(t *testing.T) {
 		})
 	}
 }
+
+func TestAcquireDecodesRestore(t *testing.T) {
+	c := newClient(t, &fakeBroker{status: 200, body: `{"sandbox_id":"s","state":"active","source":"created",
+		"restore":{"complete":false,"restored":20,"skipped":0,"remaining":25,"bytes":200,"deferred":[{"path":"outputs/f20.txt","reason":"max_files"}]}}`})
+	got, err := c.Acquire(context.Background(), "u", "t")
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	want := &client.RestoreResult{Restored: 20, Remaining: 25, Bytes: 200,
+		Deferred: []client.DeferredFile{{Path: "outputs/f20.txt", Reason: "max_files"}}}
+	if !reflect.DeepEqual(got.Restore, want) {
+		t.Errorf("Restore = %+v, want %+v", got.Restore, want)
+	}
+}

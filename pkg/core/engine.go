@@ -270,7 +270,7 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 		if !info.EndAt.IsZero() {
 			rec.ExpiresAt = info.EndAt // the provider's word; reuse does not extend it
 		}
-		return AcquireResult{Record: rec, Source: SourceReused}, false, nil
+		return AcquireResult{Record: rec, Source: SourceReused, Restore: e.resumeRestore(ctx, rec)}, false, nil
 	case errors.Is(err, ErrSandboxGone):
 		e.log.InfoContext(ctx, "active sandbox gone; replacing", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
 		e.destroy(ctx, rec, owner, StateActive)
@@ -298,7 +298,7 @@ func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (Acquire
 		e.destroyClaimed(ctx, rec)
 		return AcquireResult{}, true, err
 	}
-	return AcquireResult{Record: rec, Source: SourceReclaimed}, false, nil
+	return AcquireResult{Record: rec, Source: SourceReclaimed, Restore: e.resumeRestore(ctx, rec)}, false, nil
 }
 
 // destroy claims rec for destruction (from state from) and destroys it.
@@ -467,6 +467,15 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 // restoreShare is the part of the remaining invocation time restore may use.
 const restoreShare = 2
 
+// restoreContext bounds a restore to restoreShare of ctx's remaining time.
+func restoreContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/restoreShare))
+}
+
 // restore brings the thread's earlier outputs into a new sandbox when the
 // syncer can. Only a dead sandbox fails it; anything else is logged and the
 // sandbox is handed out with what was restored.
@@ -475,12 +484,8 @@ func (e *Engine) restore(ctx context.Context, key ThreadKey, ref SandboxRef) (*S
 	if !ok {
 		return nil, nil
 	}
-	rctx := ctx
-	if dl, ok := ctx.Deadline(); ok {
-		var cancel context.CancelFunc
-		rctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/restoreShare))
-		defer cancel()
-	}
+	rctx, cancel := restoreContext(ctx)
+	defer cancel()
 	res, err := r.Restore(rctx, SyncTarget{Ref: ref, ThreadKey: key})
 	if errors.Is(err, ErrSandboxGone) {
 		return &res, fmt.Errorf("restore outputs: %w", err)
@@ -489,6 +494,28 @@ func (e *Engine) restore(ctx context.Context, key ThreadKey, ref SandboxRef) (*S
 		e.log.WarnContext(ctx, "restore incomplete; handing out the sandbox", "sandbox_id", ref.ID, "err", err)
 	}
 	return &res, nil
+}
+
+// resumeRestore continues a restore into rec's sandbox that a cap cut
+// short, when the syncer can (RestoreResumer), with the same share of the
+// invocation's time as a first restore. It reports nil when none was
+// pending. Failures are logged: the sandbox is handed out either way (a
+// later acquire or sync pass continues).
+func (e *Engine) resumeRestore(ctx context.Context, rec Record) *SyncResult {
+	r, ok := e.sync.(RestoreResumer)
+	if !ok {
+		return nil
+	}
+	rctx, cancel := restoreContext(ctx)
+	defer cancel()
+	res, ran, err := r.ResumeRestore(rctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
+	if err != nil {
+		e.log.WarnContext(ctx, "resuming restore failed; handing out the sandbox", "sandbox_id", rec.SandboxID, "err", err)
+	}
+	if !ran {
+		return nil
+	}
+	return &res
 }
 
 // unavailable wraps a failure of the sandboxes the provider handed out as

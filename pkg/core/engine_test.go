@@ -682,17 +682,23 @@ func (r *restoringSyncer) Restore(_ context.Context, t core.SyncTarget) (core.Sy
 
 func newRestoreHarness(t *testing.T, restoreErr error) (*harness, *restoringSyncer) {
 	t.Helper()
-	h := newHarness(t, nil)
 	rs := &restoringSyncer{err: restoreErr}
+	return newSyncerHarness(t, rs), rs
+}
+
+// newSyncerHarness is a harness whose engine uses syncer.
+func newSyncerHarness(t *testing.T, syncer core.OutputSyncer) *harness {
+	t.Helper()
+	h := newHarness(t, nil)
 	s := core.DefaultSettings()
 	s.Deployment = "test"
 	s.AcquireTimeout = 2 * time.Second
-	eng, err := core.New(s, h.store, h.prov, rs, core.WithClock(h.clock.now))
+	eng, err := core.New(s, h.store, h.prov, syncer, core.WithClock(h.clock.now))
 	if err != nil {
 		t.Fatalf("core.New: %v", err)
 	}
 	h.eng = eng
-	return h, rs
+	return h
 }
 
 func TestCreatedSandboxGetsOutputsRestored(t *testing.T) {
@@ -741,5 +747,76 @@ func TestRecordLogValueHidesAccessToken(t *testing.T) {
 	slog.New(slog.NewJSONHandler(&buf, nil)).Info("x", "record", core.Record{SandboxID: "sb1", Endpoint: core.Endpoint{AccessToken: "secret-token"}})
 	if strings.Contains(buf.String(), "secret-token") || !strings.Contains(buf.String(), "sb1") {
 		t.Errorf("log line = %s; want the id and not the token", buf.String())
+	}
+}
+
+// resumingSyncer is a restoringSyncer whose first restore stops short and
+// that continues it on ResumeRestore (core.RestoreResumer): one file per
+// call until none remains.
+type resumingSyncer struct {
+	restoringSyncer
+	remaining int
+	resumes   []string
+}
+
+func (r *resumingSyncer) Restore(ctx context.Context, t core.SyncTarget) (core.SyncResult, error) {
+	res, err := r.restoringSyncer.Restore(ctx, t)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res.Remaining, res.Complete = r.remaining, false
+	return res, err
+}
+
+func (r *resumingSyncer) ResumeRestore(_ context.Context, t core.SyncTarget) (core.SyncResult, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.resumes = append(r.resumes, t.Ref.ID)
+	if r.remaining == 0 {
+		return core.SyncResult{}, false, nil
+	}
+	r.remaining--
+	return core.SyncResult{Uploaded: 1, Remaining: r.remaining, Complete: r.remaining == 0}, true, nil
+}
+
+// A restore cut short continues on the thread's next acquires (reuse and
+// reclaim), whose results report it, until nothing remains.
+func TestIncompleteRestoreResumesOnNextAcquire(t *testing.T) {
+	rs := &resumingSyncer{remaining: 2}
+	h := newSyncerHarness(t, rs)
+	ctx := context.Background()
+	first, err := h.eng.Acquire(ctx, key("t1"))
+	if err != nil || first.Restore == nil || first.Restore.Remaining != 2 || first.Restore.Complete {
+		t.Fatalf("first acquire restore = %+v, %v; want 2 remaining, incomplete", first.Restore, err)
+	}
+	id := first.Record.SandboxID
+	steps := []struct {
+		name          string
+		release       bool
+		source        core.Source
+		wantRemaining int // -1: no restore reported
+	}{
+		{"reuse", false, core.SourceReused, 1},
+		{"reclaim", true, core.SourceReclaimed, 0},
+		{"nothing pending", true, core.SourceReclaimed, -1},
+	}
+	for _, st := range steps {
+		if st.release {
+			if _, err := h.eng.Release(ctx, "acme", id); err != nil {
+				t.Fatalf("%s: Release: %v", st.name, err)
+			}
+		}
+		res, err := h.eng.Acquire(ctx, key("t1"))
+		if err != nil || res.Source != st.source || res.Record.SandboxID != id {
+			t.Fatalf("%s: acquire = %s %s, %v; want %s of %s", st.name, res.Source, res.Record.SandboxID, err, st.source, id)
+		}
+		switch {
+		case st.wantRemaining < 0 && res.Restore != nil:
+			t.Errorf("%s: restore = %+v, want none reported", st.name, res.Restore)
+		case st.wantRemaining >= 0 && (res.Restore == nil || res.Restore.Remaining != st.wantRemaining):
+			t.Errorf("%s: restore = %+v, want %d remaining", st.name, res.Restore, st.wantRemaining)
+		}
+	}
+	if len(rs.resumes) != 3 {
+		t.Errorf("resumes = %v, want one per later acquire", rs.resumes)
 	}
 }

@@ -30,6 +30,9 @@ type SyncResult struct {
 	// Complete is true when a later pass would copy nothing more: every
 	// listed file is in the sink unchanged or excluded.
 	Complete bool `json:"complete"`
+	// Remaining (restores only): files left for a later pass because a
+	// cap (files, bytes, time) stopped this one.
+	Remaining int `json:"remaining,omitempty"`
 }
 
 // OutputSyncer copies a thread's output directories from its sandbox to
@@ -46,4 +49,13 @@ type OutputSyncer interface {
 // is reported in the result's Deferred list.
 type OutputRestorer interface {
 	Restore(ctx context.Context, t SyncTarget) (SyncResult, error)
+}
+
+// RestoreResumer continues a restore that a cap cut short, into the same
+// sandbox, never overwriting a file the agent wrote since. ran is false
+// (and nothing is done) when no restore of this sandbox is pending. The
+// engine calls it when it hands a thread's sandbox out again (reuse,
+// reclaim); an OutputRestorer may implement it.
+type RestoreResumer interface {
+	ResumeRestore(ctx context.Context, t SyncTarget) (res SyncResult, ran bool, err error)
 }
