@@ -266,15 +266,21 @@ func (c *Client) envdError(ctx context.Context, ref core.SandboxRef, op string, 
 	return providerhttp.WithCause(pe, err)
 }
 
+// confirmTimeout bounds the clean-ups after a failed command (is the
+// sandbox gone, kill the timed-out process), within the invocation's time.
+const confirmTimeout = 5 * time.Second
+
 // confirmGone asks the control plane whether sandbox id is gone.
 func (c *Client) confirmGone(ctx context.Context, id string) bool {
-	_, err := c.Info(context.WithoutCancel(ctx), id)
+	ctx, cancel := core.SettleContext(ctx, confirmTimeout)
+	defer cancel()
+	_, err := c.Info(ctx, id)
 	return errors.Is(err, core.ErrSandboxGone)
 }
 
 // killProcess sends SIGKILL to pid (envd SendSignal), best effort.
 func (c *Client) killProcess(ctx context.Context, ref core.SandboxRef, pid uint32) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	ctx, cancel := core.SettleContext(ctx, confirmTimeout)
 	defer cancel()
 	client := connect.NewClient[sendSignalRequest, sendSignalResponse](c.http, c.envdBase(ref)+"/process.Process/SendSignal",
 		connect.WithCodec(connectjson.Codec{}))

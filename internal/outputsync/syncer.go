@@ -359,7 +359,7 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 	var storeErr error
 	if p.dirty {
 		// The uploads happened; record them even if ctx ended.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3CallTimeout)
+		sctx, cancel := core.SettleContext(ctx, s3CallTimeout)
 		storeErr = storeManifest(sctx, s.s3, s.opts.Bucket, mkey, p.m)
 		cancel()
 		if storeErr != nil {
@@ -520,7 +520,7 @@ func (s *Syncer) checkpoint(ctx context.Context, p *pass, mkey string, log *slog
 		snap.Files[k] = v
 	}
 	p.mu.Unlock()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3CallTimeout)
+	sctx, cancel := core.SettleContext(ctx, s3CallTimeout)
 	err := storeManifest(sctx, s.s3, s.opts.Bucket, mkey, snap)
 	cancel()
 	if err != nil {

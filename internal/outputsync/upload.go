@@ -15,6 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // errChanged: the stream was longer or shorter than the listed size (the
@@ -187,7 +189,7 @@ func (u *uploader) multipart(ctx context.Context, r io.Reader, key string, size 
 		if err == nil {
 			return
 		}
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		actx, cancel := core.SettleContext(ctx, cleanupTimeout)
 		defer cancel()
 		if _, aerr := u.s3.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{
 			Bucket: aws.String(u.bucket), Key: aws.String(key), UploadId: uploadID,

@@ -44,6 +44,9 @@ type ReconcileStats struct {
 	Dead int `json:"dead"`
 	// Expired: warm sandboxes destroyed after the idle timeout (or draining).
 	Expired int `json:"expired"`
+	// ReleasesTakenOver: releases whose invocation died midway (lease
+	// lapsed), finished by the pass: outputs synced, then parked or destroyed.
+	ReleasesTakenOver int `json:"releases_taken_over"`
 	// TombstonesRetried: tombstones whose kill was attempted again.
 	TombstonesRetried int `json:"tombstones_retried"`
 	// ReservationsSettled: crashed creates adopted, killed or freed.

@@ -146,22 +146,26 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 	if err := key.Validate(); err != nil {
 		return AcquireResult{}, err
 	}
+	ctx, cancel := e.begin(ctx)
+	defer cancel()
 	owner := newOwner()
 	deadline := e.now().Add(e.s.AcquireTimeout)
 	if dl, ok := ctx.Deadline(); ok {
 		// Stop waiting early enough that the create which follows a freed
 		// slot can finish inside the invocation: a create cut short by the
 		// deadline is ambiguous and would keep its reservation. ctx's
-		// deadline is wall-clock; translate it onto the engine's clock.
-		left := time.Until(dl) - responseMargin
+		// deadline (the work's end, see begin) is wall-clock; translate it
+		// onto the engine's clock.
+		left := time.Until(dl)
 		left -= min(createBudget, left/2)
 		if e.now().Add(left).Before(deadline) {
 			deadline = e.now().Add(left)
 		}
 	}
 	failures := 0 // sandboxes the provider handed out that proved unusable
+	st := &acquireState{}
 	for attempt := 0; ; attempt++ {
-		res, retry, err := e.acquireOnce(ctx, key, owner)
+		res, retry, err := e.acquireOnce(ctx, key, owner, st)
 		if err == nil {
 			if res.Record.Endpoint.Protocol == "" {
 				// Stored before records kept their endpoint's protocol:
@@ -210,9 +214,16 @@ func (e *Engine) refusal(ctx context.Context, err error) error {
 	return err
 }
 
+// acquireState is what one Acquire remembers across its attempts.
+type acquireState struct {
+	// deadChecked: the slots of dead sandboxes were looked for (once per
+	// acquire: it costs a query per state).
+	deadChecked bool
+}
+
 // acquireOnce makes one attempt. retry reports whether waiting and trying
 // again may succeed (lease held, capacity full, a concurrent create).
-func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string) (res AcquireResult, retry bool, err error) {
+func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, st *acquireState) (res AcquireResult, retry bool, err error) {
 	look, err := e.store.Lookup(ctx, key)
 	if err != nil {
 		return res, false, fmt.Errorf("lookup thread: %w", err)
@@ -236,6 +247,11 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string) (
 		switch {
 		case err == nil && rec.PrevState == StateActive:
 			return e.reuse(ctx, rec, owner)
+		case err == nil && rec.PrevState == StateReleasing:
+			// A release died mid-way and its lease lapsed: take it over,
+			// copying the outputs first, then hand the sandbox back.
+			e.syncTakenOver(ctx, rec)
+			return e.reclaim(ctx, rec, owner)
 		case err == nil:
 			return e.reclaim(ctx, rec, owner)
 		case errors.Is(err, ErrLeaseHeld):
@@ -253,7 +269,27 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string) (
 		}
 		replaceRes = b.Reservation
 	}
-	return e.create(ctx, key, owner, replaceID, replaceRes)
+	return e.create(ctx, key, owner, replaceID, replaceRes, st)
+}
+
+// takeoverSyncShare is the part of the work time left that an acquire
+// taking over a dead release spends copying the outputs.
+const takeoverSyncShare = 3
+
+// syncTakenOver copies the outputs of a sandbox whose release died before
+// its sync finished. Best effort: the sandbox goes back to its thread,
+// whose next release syncs again.
+func (e *Engine) syncTakenOver(ctx context.Context, rec Record) {
+	e.log.InfoContext(ctx, "taking over an interrupted release", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
+	if e.sync == nil {
+		return
+	}
+	sctx, cancel := shareOf(ctx, takeoverSyncShare)
+	defer cancel()
+	res, err := e.sync.Sync(sctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
+	if err != nil || !res.Complete {
+		e.log.WarnContext(ctx, "sync of a taken-over release incomplete", "sandbox_id", rec.SandboxID, "deferred", len(res.Deferred), "err", err)
+	}
 }
 
 func (e *Engine) drainingError() *CapacityError {
@@ -261,10 +297,19 @@ func (e *Engine) drainingError() *CapacityError {
 		Status: CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy), Draining: true}}
 }
 
-// reuse returns the thread's active sandbox if the provider still runs it.
-// The liveness probe is a read (Provider.Info) that never extends its life.
+// reuse returns the thread's active sandbox if the provider still runs it
+// and it answers. The checks are a read (Provider.Info) that never extends
+// its life and a trivial command under probeTimeout; a sandbox that does
+// not answer is discarded and the thread gets a fresh one.
 func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireResult, bool, error) {
 	info, err := e.prov.Info(ctx, rec.SandboxID)
+	if err == nil {
+		if perr := e.probe(ctx, rec.Ref()); perr != nil {
+			e.log.WarnContext(ctx, "active sandbox does not answer; discarding", "sandbox_id", rec.SandboxID, "err", perr)
+			e.destroy(ctx, rec, owner, StateActive)
+			return AcquireResult{}, true, unavailable(fmt.Errorf("sandbox %s does not answer: %v", rec.SandboxID, perr))
+		}
+	}
 	switch {
 	case err == nil:
 		if !info.EndAt.IsZero() {
@@ -293,10 +338,12 @@ func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (Acquire
 		return AcquireResult{}, true, fmt.Errorf("reconnect warm sandbox: %w", err)
 	}
 	rec.ExpiresAt = e.now().Add(e.s.ActiveTimeout)
-	if err := e.bootstrap(ctx, rec.Ref()); err != nil {
+	// The bootstrap, under the probe's short timeout, is the check that
+	// the sandbox answers: a wedged one is discarded, not handed out.
+	if err := e.bootstrap(ctx, rec.Ref(), probeTimeout); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox bootstrap failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
 		e.destroyClaimed(ctx, rec)
-		return AcquireResult{}, true, err
+		return AcquireResult{}, true, unavailable(err)
 	}
 	return AcquireResult{Record: rec, Source: SourceReclaimed, Restore: e.resumeRestore(ctx, rec)}, false, nil
 }
@@ -305,8 +352,10 @@ func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (Acquire
 // A peer that moved the record first wins; nothing is killed then.
 func (e *Engine) destroy(ctx context.Context, rec Record, owner string, from State) bool {
 	now := e.now()
-	claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{from},
-		To: StateDestroying, Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+	cctx, cancel := settle(ctx)
+	defer cancel()
+	claimed, err := e.store.Claim(cctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{from},
+		To: StateDestroying, Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
 	if err != nil {
 		e.log.InfoContext(ctx, "destroy claim lost", "sandbox_id", rec.SandboxID, "err", err)
 		return false
@@ -324,13 +373,13 @@ const maxEvictions = 3
 // create reserves a slot (evicting another thread's least recently parked
 // warm sandbox when the deployment is full), creates and bootstraps a
 // sandbox and records it.
-func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string) (AcquireResult, bool, error) {
+func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (AcquireResult, bool, error) {
 	var token string
 	for evictions := 0; ; evictions++ {
 		now := e.now()
 		token = "res-" + newOwner()[4:]
 		err := e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
-			MaxPerUser: e.s.MaxPerUser, Now: now, ExpiresAt: now.Add(e.s.LeaseDuration),
+			MaxPerUser: e.s.MaxPerUser, Now: now, ExpiresAt: e.leaseUntil(ctx),
 			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes})
 		var ce *CapacityError
 		switch {
@@ -340,6 +389,14 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 		case errors.As(err, &ce):
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
+			if ce.Reason == RefusalCapacity && !st.deadChecked {
+				// Before refusing, free the slots of sandboxes the provider
+				// has already ended.
+				st.deadChecked = true
+				if e.freeDead(ctx, owner) > 0 {
+					continue
+				}
+			}
 			if ce.Reason == RefusalCapacity && evicting && evictions < maxEvictions && e.evictOne(ctx, key, owner) {
 				continue
 			}
@@ -374,7 +431,7 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string) bool
 	if tombs, err := e.store.Tombstones(ctx, 5); err == nil {
 		for _, rec := range tombs {
 			claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
-				Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+				Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
 			if err != nil {
 				continue // a peer holds its retry lease
 			}
@@ -391,7 +448,7 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string) bool
 			continue
 		}
 		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateWarm},
-			To: StateDestroying, Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+			To: StateDestroying, Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
 		if err != nil {
 			continue // reclaimed or evicted by a peer
 		}
@@ -423,8 +480,8 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	// A sandbox that dies or fails its bootstrap right after its create is
 	// the provider's failure, not the caller's: acquire tries again while
 	// time allows, else answers ErrProviderUnavailable.
-	if err := e.bootstrap(ctx, ref); err != nil {
-		if kerr := e.prov.Kill(ctx, ref.ID); kerr != nil {
+	if err := e.bootstrap(ctx, ref, bootstrapTimeout); err != nil {
+		if kerr := e.kill(ctx, ref.ID); kerr != nil {
 			// Uncertain kill: keep the slot (invariant 4), and stop: a
 			// retry would strand another slot the same way.
 			return AcquireResult{}, false, unavailable(fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr))
@@ -433,13 +490,16 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	}
 	restored, err := e.restore(ctx, key, ref)
 	if err != nil {
-		if kerr := e.prov.Kill(ctx, ref.ID); kerr != nil {
+		if kerr := e.kill(ctx, ref.ID); kerr != nil {
 			return AcquireResult{}, false, unavailable(fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr))
 		}
 		return AcquireResult{}, true, unavailable(errors.Join(err, e.freeReservation(ctx, token, key)))
 	}
+	// Finalize settles the create: it runs even if the work time ran out.
 	now = e.now()
-	rec, err := e.store.Finalize(ctx, token, Record{
+	fctx, cancel := settle(ctx)
+	defer cancel()
+	rec, err := e.store.Finalize(fctx, token, Record{
 		SandboxID: ref.ID, ThreadKey: key, Seed: key.Seed(), State: StateActive, Backend: e.prov.Name(),
 		Endpoint: ref.Endpoint, ReservationToken: token,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(e.s.ActiveTimeout),
@@ -448,11 +508,11 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 		// Our reservation was taken over (we were presumed crashed). If
 		// reconcile adopted the sandbox it has a record now: it belongs to
 		// the thread and the next attempt reclaims it; never kill it.
-		if _, gerr := e.store.Get(ctx, ref.ID); gerr == nil || !errors.Is(gerr, ErrNotFound) {
+		if _, gerr := e.store.Get(fctx, ref.ID); gerr == nil || !errors.Is(gerr, ErrNotFound) {
 			return AcquireResult{}, true, fmt.Errorf("finalize (sandbox %s adopted or unknown): %w", ref.ID, err)
 		}
 		// Nobody else knows this sandbox: kill it, then return the slot.
-		if kerr := e.prov.Kill(ctx, ref.ID); kerr != nil {
+		if kerr := e.kill(ctx, ref.ID); kerr != nil {
 			e.log.WarnContext(ctx, "kill of superseded sandbox failed; reconcile will find it", "sandbox_id", ref.ID, "err", kerr)
 			return AcquireResult{}, true, fmt.Errorf("finalize: %w", err)
 		}
@@ -526,15 +586,51 @@ func unavailable(cause error) error {
 }
 
 func (e *Engine) freeReservation(ctx context.Context, token string, key ThreadKey) error {
+	ctx, cancel := settle(ctx)
+	defer cancel()
 	if err := e.store.FreeReservation(ctx, token, key); err != nil {
 		return fmt.Errorf("free reservation: %w", err)
 	}
 	return nil
 }
 
-// bootstrap runs the bootstrap script; it must print the marker and exit 0.
-func (e *Engine) bootstrap(ctx context.Context, ref SandboxRef) error {
-	out, err := e.prov.Run(ctx, ref, Command{Script: bootstrapScript, Env: map[string]string{"SBX_HOME": e.s.Home}, Timeout: 30 * time.Second})
+// Command timeouts (each also bounded by the work time left, see begin).
+const (
+	// bootstrapTimeout bounds the bootstrap of a new sandbox.
+	bootstrapTimeout = 10 * time.Second
+	// probeTimeout bounds the check that a sandbox about to be handed out
+	// again answers (a trivial command on reuse, the bootstrap on reclaim).
+	probeTimeout = 3 * time.Second
+)
+
+// probe checks that a sandbox answers: a trivial command must exit 0
+// within probeTimeout.
+func (e *Engine) probe(ctx context.Context, ref SandboxRef) error {
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	out, err := e.prov.Run(pctx, ref, Command{Script: "true", Timeout: probeTimeout})
+	if err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	if out.ExitCode != 0 {
+		return fmt.Errorf("probe: exit code %d", out.ExitCode)
+	}
+	return nil
+}
+
+// kill is a settle step: Provider.Kill under settle's time.
+func (e *Engine) kill(ctx context.Context, id string) error {
+	ctx, cancel := settle(ctx)
+	defer cancel()
+	return e.prov.Kill(ctx, id)
+}
+
+// bootstrap runs the bootstrap script; it must print the marker and exit 0
+// within timeout.
+func (e *Engine) bootstrap(ctx context.Context, ref SandboxRef, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out, err := e.prov.Run(ctx, ref, Command{Script: bootstrapScript, Env: map[string]string{"SBX_HOME": e.s.Home}, Timeout: timeout})
 	if err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
@@ -550,19 +646,23 @@ func (e *Engine) bootstrap(ctx context.Context, ref SandboxRef) error {
 // It reports whether the sandbox is confirmed gone.
 func (e *Engine) destroyClaimed(ctx context.Context, rec Record) bool {
 	if rec.State != StateDestroying {
-		tomb, err := e.store.Apply(ctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
+		tctx, cancel := settle(ctx)
+		tomb, err := e.store.Apply(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
 			KeepLease: true, Now: e.now(), KillAttempt: true})
+		cancel()
 		if err != nil {
 			e.log.WarnContext(ctx, "tombstone write failed", "sandbox_id", rec.SandboxID, "err", err)
 			return false
 		}
 		rec = tomb
 	}
-	if err := e.prov.Kill(ctx, rec.SandboxID); err != nil {
+	if err := e.kill(ctx, rec.SandboxID); err != nil {
 		e.log.WarnContext(ctx, "kill uncertain; tombstone keeps its slot", "sandbox_id", rec.SandboxID, "err", err)
 		return false
 	}
-	if err := e.store.Free(ctx, rec, e.now()); err != nil {
+	fctx, cancel := settle(ctx)
+	defer cancel()
+	if err := e.store.Free(fctx, rec, e.now()); err != nil {
 		e.log.WarnContext(ctx, "free slot after kill failed", "sandbox_id", rec.SandboxID, "err", err)
 		return false
 	}
@@ -571,7 +671,15 @@ func (e *Engine) destroyClaimed(ctx context.Context, rec Record) bool {
 
 // Release syncs the sandbox's outputs and parks it warm for its thread; a
 // sandbox found dead (or whose timeout cannot be set because it is gone),
-// or released while the deployment drains, is destroyed instead. Releasing a warm sandbox again is a no-op.
+// or released while the deployment drains, is destroyed instead.
+// Releasing again is idempotent: a warm sandbox answers "warm", a
+// destroyed one "destroyed", and a release whose invocation died midway
+// (its lease lapsed) is taken over and finished, outputs synced first.
+//
+// Worst case (see begin): the sync pass ends setTimeoutReserve before the
+// work time does; setting the idle timeout takes the rest of the work
+// time; the park (or the tombstone, kill and free) takes the settle
+// reserve.
 //
 // Errors: *ValidationError, ErrNotFound (unknown or another tenant's),
 // ErrConflict (not active), ErrLeaseHeld (a peer is moving it).
@@ -579,22 +687,47 @@ func (e *Engine) Release(ctx context.Context, tenant, sandboxID string) (Release
 	if err := ValidateSandboxID(sandboxID); err != nil {
 		return ReleaseResult{}, err
 	}
+	ctx, cancel := e.begin(ctx)
+	defer cancel()
 	owner := newOwner()
-	now := e.now()
-	rec, err := e.store.Claim(ctx, Claim{SandboxID: sandboxID, Tenant: tenant, From: []State{StateActive},
-		To: StateReleasing, Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+	rec, err := e.store.Claim(ctx, Claim{SandboxID: sandboxID, Tenant: tenant, From: []State{StateActive, StateReleasing},
+		To: StateReleasing, Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
 	if errors.Is(err, ErrConflict) {
-		if cur, gerr := e.store.Get(ctx, sandboxID); gerr == nil && cur.Tenant == tenant && cur.State == StateWarm {
-			return ReleaseResult{SandboxID: sandboxID, State: string(StateWarm)}, nil
+		if cur, gerr := e.store.Get(ctx, sandboxID); gerr == nil && cur.Tenant == tenant {
+			switch cur.State {
+			case StateWarm:
+				return ReleaseResult{SandboxID: sandboxID, State: string(StateWarm)}, nil
+			case StateDestroying, StateGone:
+				return ReleaseResult{SandboxID: sandboxID, State: releaseDestroyed}, nil
+			}
 		}
 	}
 	if err != nil {
 		return ReleaseResult{}, fmt.Errorf("claim for release: %w", err)
 	}
+	if rec.PrevState == StateReleasing {
+		e.log.InfoContext(ctx, "taking over an interrupted release", "sandbox_id", sandboxID, "thread", rec.ThreadKey.String())
+	}
+	return e.finishRelease(ctx, rec)
+}
+
+// releaseDestroyed is ReleaseResult.State for a sandbox destroyed, not parked.
+const releaseDestroyed = "destroyed"
+
+// setTimeoutReserve is the work time a release keeps after its sync pass
+// for setting the idle timeout.
+const setTimeoutReserve = 2 * time.Second
+
+// finishRelease completes a release of rec (claimed releasing under this
+// invocation's lease): sync, idle timeout, park (or destroy).
+func (e *Engine) finishRelease(ctx context.Context, rec Record) (ReleaseResult, error) {
+	sandboxID := rec.SandboxID
 	out := ReleaseResult{SandboxID: sandboxID}
 	dead := false
 	if e.sync != nil {
-		res, serr := e.sync.Sync(ctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
+		sctx, cancel := reserveEnd(ctx, setTimeoutReserve)
+		res, serr := e.sync.Sync(sctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
+		cancel()
 		out.Sync = &res
 		if serr != nil {
 			out.SyncError = serr.Error()
@@ -615,16 +748,18 @@ func (e *Engine) Release(ctx context.Context, tenant, sandboxID string) (Release
 	}
 	if dead {
 		e.destroyClaimed(ctx, rec)
-		out.State = "destroyed"
+		out.State = releaseDestroyed
 		return out, nil
 	}
-	now = e.now()
-	_, err = e.store.Apply(ctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: StateWarm, Now: now,
+	now := e.now()
+	pctx, cancel := settle(ctx)
+	_, err := e.store.Apply(pctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: StateWarm, Now: now,
 		ParkedAt: now, ExpiresAt: now.Add(e.s.IdleTimeout), UnlessDraining: true})
+	cancel()
 	if errors.Is(err, ErrDraining) {
 		// A draining deployment keeps nothing warm.
 		e.destroyClaimed(ctx, rec)
-		out.State = "destroyed"
+		out.State = releaseDestroyed
 		return out, nil
 	}
 	if err != nil {
@@ -632,6 +767,16 @@ func (e *Engine) Release(ctx context.Context, tenant, sandboxID string) (Release
 	}
 	out.State = string(StateWarm)
 	return out, nil
+}
+
+// reserveEnd returns ctx ending d before ctx's deadline (unchanged without
+// one; at once when less than d is left).
+func reserveEnd(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, dl.Add(-d))
 }
 
 // Sync copies the sandbox's outputs now. The sandbox must be active or warm
@@ -643,10 +788,11 @@ func (e *Engine) Sync(ctx context.Context, tenant, sandboxID string) (SyncResult
 	if e.sync == nil {
 		return SyncResult{}, errors.New("sync: no output sink configured")
 	}
+	ctx, cancel := e.begin(ctx)
+	defer cancel()
 	owner := newOwner()
-	now := e.now()
 	rec, err := e.store.Claim(ctx, Claim{SandboxID: sandboxID, Tenant: tenant, From: []State{StateActive, StateWarm},
-		Owner: owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
 	if err != nil {
 		return SyncResult{}, fmt.Errorf("claim for sync: %w", err)
 	}
@@ -655,7 +801,9 @@ func (e *Engine) Sync(ctx context.Context, tenant, sandboxID string) (SyncResult
 		e.destroyClaimed(ctx, rec)
 		return res, fmt.Errorf("sync: %w", serr)
 	}
-	if _, err := e.store.Apply(ctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: rec.State, Now: e.now(),
+	dctx, dcancel := settle(ctx)
+	defer dcancel()
+	if _, err := e.store.Apply(dctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: rec.State, Now: e.now(),
 		ParkedAt: rec.ParkedAt, ExpiresAt: rec.ExpiresAt}); err != nil {
 		return res, errors.Join(serr, fmt.Errorf("drop sync lease: %w", err))
 	}
@@ -663,6 +811,54 @@ func (e *Engine) Sync(ctx context.Context, tenant, sandboxID string) (SyncResult
 		return res, fmt.Errorf("sync: %w", serr)
 	}
 	return res, nil
+}
+
+// deadBatch bounds the dead sandboxes one acquire frees, and
+// deadScanLimit the records it examines per state to find them.
+const (
+	deadBatch     = 5
+	deadScanLimit = 500
+)
+
+// freeDead frees the slots of records whose provider end time has passed,
+// once the provider confirms the sandbox is gone (a read, as the kill
+// path's confirmation): warm ones parked longer than the idle timeout and
+// active ones past their recorded end. It returns the slots freed.
+func (e *Engine) freeDead(ctx context.Context, owner string) int {
+	now := e.now()
+	var cands []Record
+	if warm, err := e.store.WarmParkedBefore(ctx, now.Add(-e.s.IdleTimeout), deadBatch); err == nil {
+		cands = append(cands, warm...)
+	}
+	if rst := e.inventoryStore(); rst != nil {
+		examined := 0
+		_ = rst.ScanState(ctx, StateActive, func(r Record) bool {
+			examined++
+			if !r.ExpiresAt.IsZero() && r.ExpiresAt.Before(now) {
+				cands = append(cands, r)
+			}
+			return examined < deadScanLimit && len(cands) < 2*deadBatch
+		})
+	}
+	freed := 0
+	for _, r := range cands {
+		if freed >= deadBatch || ctx.Err() != nil {
+			break
+		}
+		if _, err := e.prov.Info(ctx, r.SandboxID); !errors.Is(err, ErrSandboxGone) {
+			continue // alive (its end was extended) or unknown: never free on doubt
+		}
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: r.SandboxID, Tenant: r.Tenant, From: []State{r.State},
+			To: StateDestroying, Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
+		if err != nil {
+			continue // a peer moved it
+		}
+		e.log.InfoContext(ctx, "freeing the slot of a sandbox the provider ended", "sandbox_id", r.SandboxID, "state", r.State)
+		if e.destroyClaimed(ctx, claimed) {
+			freed++
+		}
+	}
+	return freed
 }
 
 // Get returns the tenant's record; another tenant's answers ErrNotFound.

@@ -227,6 +227,16 @@ func WithReconcileSettings(rs ReconcileSettings) Option {
 	}
 }
 
+// inventoryStore is the ReconcileStore: the one set with
+// WithReconcileStore, else the Store if it implements it, else nil.
+func (e *Engine) inventoryStore() ReconcileStore {
+	if rst := e.reconcileConfig().store; rst != nil {
+		return rst
+	}
+	rst, _ := e.store.(ReconcileStore)
+	return rst
+}
+
 // WithReconcileStore sets the store reconcile uses for inventory work
 // (default: the engine's Store, if it implements ReconcileStore).
 func WithReconcileStore(rs ReconcileStore) Option {
@@ -278,16 +288,16 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 		return ReconcileStats{}, fmt.Errorf("reconcile settings: %w", err)
 	}
 	start := e.now()
-	p := &pass{e: e, rs: cfg.settings, rst: cfg.store, owner: newOwner(), start: start, deadline: start.Add(cfg.settings.MaxDuration)}
-	if p.rst == nil {
-		p.rst, _ = e.store.(ReconcileStore)
-	}
+	p := &pass{e: e, rs: cfg.settings, rst: e.inventoryStore(), owner: newOwner(), start: start, deadline: start.Add(cfg.settings.MaxDuration)}
 	var errs []error
 	draining := false
 	if look, err := e.store.Lookup(ctx, ThreadKey{}); err == nil {
 		draining = look.Ledger.Draining
 	}
 	if err := p.tombstones(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.releases(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	if err := p.expireWarm(ctx, draining); err != nil {
@@ -348,6 +358,46 @@ func (p *pass) tombstones(ctx context.Context) error {
 		} else {
 			p.st.Errors++
 		}
+	}
+	return nil
+}
+
+// releases finishes the releases whose invocation died midway: records
+// left releasing after their lease lapsed are claimed, their outputs
+// synced, then parked warm (or destroyed, as a release would).
+func (p *pass) releases(ctx context.Context) error {
+	if p.rst == nil {
+		return nil
+	}
+	e := p.e
+	now := e.now()
+	var stale []Record
+	err := p.rst.ScanState(ctx, StateReleasing, func(r Record) bool {
+		if !r.LeaseExpiresAt.After(now) {
+			stale = append(stale, r)
+		}
+		return len(stale) < reconcileBatch
+	})
+	if err != nil {
+		return fmt.Errorf("scan releasing records: %w", err)
+	}
+	for _, rec := range stale {
+		if p.timeUp() {
+			break
+		}
+		now := e.now()
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateReleasing},
+			To: StateReleasing, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		if err != nil {
+			continue // a peer took it over (a retried release, an acquire)
+		}
+		e.log.InfoContext(ctx, "reconcile: finishing an interrupted release", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
+		if _, err := e.finishRelease(ctx, claimed); err != nil {
+			p.st.Errors++
+			e.log.WarnContext(ctx, "reconcile: finishing a release failed", "sandbox_id", rec.SandboxID, "err", err)
+			continue
+		}
+		p.st.ReleasesTakenOver++
 	}
 	return nil
 }

@@ -20,7 +20,8 @@ func (s ReconcileStats) Metrics() []Metric {
 	return []Metric{
 		count("Discovered", s.Discovered), count("Adopted", s.Adopted), count("Duplicates", s.Duplicates),
 		count("Orphans", s.Orphans), count("Deferred", s.Deferred), count("Killed", s.Killed),
-		count("Dead", s.Dead), count("Expired", s.Expired), count("TombstonesRetried", s.TombstonesRetried),
+		count("Dead", s.Dead), count("Expired", s.Expired), count("ReleasesTakenOver", s.ReleasesTakenOver),
+		count("TombstonesRetried", s.TombstonesRetried),
 		count("ReservationsSettled", s.ReservationsSettled), count("LedgerRepaired", s.LedgerRepaired),
 		count("Pages", s.Pages), count("BudgetExhausted", exhausted), count("Errors", s.Errors),
 		{Name: "DurationMs", Unit: "Milliseconds", Value: float64(s.Duration.Milliseconds())},

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,8 +19,9 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
-// hookProvider wraps the fake: runHook runs before each Run (bootstrap) and
-// may replace its result; killCheck runs before each Kill.
+// hookProvider wraps the fake: runHook runs before each bootstrap (not
+// before the probes of reuse) and may replace its result; killCheck runs
+// before each Kill.
 type hookProvider struct {
 	*coretest.FakeProvider
 	mu        sync.Mutex
@@ -31,7 +33,7 @@ func (p *hookProvider) Run(ctx context.Context, ref core.SandboxRef, cmd core.Co
 	p.mu.Lock()
 	hook := p.runHook
 	p.mu.Unlock()
-	if hook != nil {
+	if hook != nil && strings.Contains(cmd.Script, "BOOTSTRAP_OK") {
 		if err := hook(ref); err != nil {
 			return core.CommandResult{}, err
 		}
