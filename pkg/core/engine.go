@@ -134,7 +134,14 @@ const createBudget = 10 * time.Second
 // reclaim 2 (lookup, conditional update); create 3 (lookup, reserve,
 // finalize; 4 when replacing a dead sandbox: the failed claim);
 // evict-then-create 8. A full deployment adds 2 eviction queries per
-// attempt and 4 COUNT queries once, for the refusal's details.
+// attempt, and once per acquire 2 queries looking for the slots of
+// sandboxes past their end (freed if the provider confirms them gone) and
+// 4 COUNT queries for the refusal's details.
+//
+// Worst case: see begin. The answer is written before ctx's deadline;
+// waiting for a slot stops early enough for a create and bootstrap
+// (createBudget) to fit; a reuse or reclaim whose sandbox does not answer
+// within probeTimeout is discarded and replaced.
 //
 // Errors: *ValidationError; *CapacityError when no slot frees in time
 // (one of RefusalReasons);
