@@ -342,7 +342,7 @@ func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (Acquire
 	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox reconnect failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
 		e.destroyClaimed(ctx, rec)
-		return AcquireResult{}, true, fmt.Errorf("reconnect warm sandbox: %w", err)
+		return AcquireResult{}, true, unavailable(fmt.Errorf("reconnect warm sandbox: %v", err))
 	}
 	rec.ExpiresAt = e.now().Add(e.s.ActiveTimeout)
 	// The bootstrap, under the probe's short timeout, is the check that
