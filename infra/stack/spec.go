@@ -43,13 +43,14 @@ type Function struct {
 var Functions = []Function{
 	{
 		Name: "acquire", LogicalID: "AcquireFunction", MemoryMB: 256, TimeoutSeconds: 29,
-		Description: "POST /v1/sandboxes/acquire, GET /v1/sandboxes/{id}, GET /v1/capacity, POST /v1/admin/drain|undrain",
+		Description: "POST /v1/sandboxes/acquire, GET /v1/sandboxes/{id}, GET /v1/capacity, POST /v1/admin/drain|undrain, GET /v1/openapi.json",
 		Routes: []Route{
 			{"POST", "/v1/sandboxes/acquire"},
 			{"GET", "/v1/sandboxes/{id}"},
 			{"GET", "/v1/capacity"},
 			{"POST", "/v1/admin/drain"},
 			{"POST", "/v1/admin/undrain"},
+			{"GET", "/v1/openapi.json"},
 		},
 	},
 	{

@@ -41,6 +41,7 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 	}
 	want := []string{
 		"GET /v1/capacity -> acquire",
+		"GET /v1/openapi.json -> acquire",
 		"GET /v1/sandboxes/{id} -> acquire",
 		"POST /v1/admin/drain -> acquire",
 		"POST /v1/admin/undrain -> acquire",

@@ -25,6 +25,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/google/uuid"
 
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -49,6 +50,7 @@ const (
 	RouteSync     = "POST /v1/sandboxes/{id}/sync"
 	RouteDrain    = "POST /v1/admin/drain"
 	RouteUndrain  = "POST /v1/admin/undrain"
+	RouteOpenAPI  = "GET /v1/openapi.json"
 )
 
 // Retry-After seconds suggested for outages (store or provider).
@@ -157,7 +159,7 @@ func method(ev events.APIGatewayV2HTTPRequest) string {
 // path exists under another method.
 func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool) {
 	switch ev.RouteKey {
-	case RouteAcquire, RouteCapacity, RouteDrain, RouteUndrain:
+	case RouteAcquire, RouteCapacity, RouteDrain, RouteUndrain, RouteOpenAPI:
 		return ev.RouteKey, "", true
 	case RouteGet, RouteRelease, RouteSync:
 		if v, ok := ev.PathParameters["id"]; ok {
@@ -176,6 +178,8 @@ func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool
 		want = RouteAcquire
 	case len(segs) == 2 && segs[0] == "v1" && segs[1] == "capacity":
 		want = RouteCapacity
+	case len(segs) == 2 && segs[0] == "v1" && segs[1] == "openapi.json":
+		want = RouteOpenAPI
 	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "admin" && segs[2] == "drain":
 		want = RouteDrain
 	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "admin" && segs[2] == "undrain":
@@ -267,6 +271,12 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		return r.json(http.StatusOK, releaseBody(res))
 	case RouteDrain, RouteUndrain:
 		return h.setDraining(ctx, r, route == RouteDrain)
+	case RouteOpenAPI:
+		doc, err := api.OpenAPIJSON()
+		if err != nil {
+			return r.fail(err)
+		}
+		return r.raw(http.StatusOK, doc)
 	case RouteSync:
 		res, err := h.broker.Sync(ctx, tenant, id)
 		if err != nil {
@@ -638,6 +648,11 @@ func (r *request) json(status int, v any) events.APIGatewayV2HTTPResponse {
 		r.detail = "marshal response: " + err.Error()
 		status, b = http.StatusInternalServerError, []byte(`{"error":{"code":"INTERNAL","message":"internal error","reason":"internal","retryable":false,"retry_after_seconds":0}}`)
 	}
+	return r.raw(status, b)
+}
+
+// raw answers status with b, a JSON document.
+func (r *request) raw(status int, b []byte) events.APIGatewayV2HTTPResponse {
 	return events.APIGatewayV2HTTPResponse{
 		StatusCode: status,
 		Headers:    map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store"},

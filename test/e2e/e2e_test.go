@@ -440,12 +440,17 @@ func TestBrokerEndToEnd(t *testing.T) {
 // reaching sandboxes through f.
 func scenario(t *testing.T, s *devstack.Stack, f face) {
 	connOf, run, readFile := f.connOf, f.run, f.readFile
-	a := api{t: t, base: s.Info.APIURL, http: &http.Client{Timeout: 2 * time.Minute}}
+	a := newAPI(t, s)
 	const user, thread, otherThread = "u-1", "thread-1", "thread-2"
 
 	// No token: the local authorizer refuses.
 	if r := a.do("GET", "/v1/capacity", "", ""); r.status != 401 {
 		t.Fatalf("no token: status %d, want 401", r.status)
+	}
+	// The API's contract, served to a tenant (checked against itself by
+	// the contract transport like every reply).
+	if r := a.do("GET", "/v1/openapi.json", tokenA, ""); r.status != 200 || str(r.body, "openapi") != "3.1.0" {
+		t.Fatalf("GET /v1/openapi.json: status %d, openapi %q", r.status, str(r.body, "openapi"))
 	}
 
 	// 1. acquire -> created.

@@ -29,10 +29,6 @@ func TestOverflowPolicies(t *testing.T) {
 	t.Run("draining", testDraining)
 }
 
-func newAPI(t *testing.T, s *devstack.Stack) api {
-	return api{t: t, base: s.Info.APIURL, http: &http.Client{Timeout: 2 * time.Minute}}
-}
-
 // want429 checks the capacity refusal contract: 429, a positive integer
 // Retry-After, code SANDBOX_CAPACITY_EXCEEDED, reason capacity, retryable,
 // and details with the given limit and used.
