@@ -7,7 +7,9 @@
 // (tenant:token,..., default dev:dev-token), DEVSTACK_ROOT (default: the
 // directory holding go.mod above the working directory),
 // DEVSTACK_DYNAMODB_ADDR, DEVSTACK_S3_ADDR, DEVSTACK_SANDBOX_API_ADDR,
-// DEVSTACK_ENVD_ADDR (default: free ports), DEVSTACK_ISOLATION (auto, bwrap,
+// DEVSTACK_ENVD_ADDR (default: free ports), DEVSTACK_SANDBOX_PROCESSES,
+// DEVSTACK_SANDBOX_MEMORY_BYTES, DEVSTACK_SANDBOX_CPU_MILLIS (per-sandbox
+// limits, sandboxhost.LimitsFromEnv), DEVSTACK_ISOLATION (auto, bwrap,
 // none), DEVSTACK_BUILD_DIR (default <root>/.build, where `make build` puts
 // <function>/bootstrap). SANDBOX_*, SYNC_*, RECONCILE_*, LOG_LEVEL and
 // BROKER_ADMIN_TENANTS pass through to the functions; BROKER_ADMIN_TENANTS
@@ -29,6 +31,7 @@ import (
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/devstack"
+	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 )
 
 func main() {
@@ -63,6 +66,10 @@ func run() error {
 		tokenMap[t.Token] = t.Tenant
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	limits, err := sandboxhost.LimitsFromEnv(os.Getenv, "DEVSTACK_SANDBOX_")
+	if err != nil {
+		return err
+	}
 	fmt.Fprintln(os.Stderr, "devstack: starting DynamoDB Local, versitygw, the sandbox host and the functions…")
 	s, err := devstack.Start(ctx, devstack.Options{
 		Root:           root,
@@ -73,6 +80,7 @@ func run() error {
 		SandboxAPIAddr: os.Getenv("DEVSTACK_SANDBOX_API_ADDR"),
 		EnvdAddr:       os.Getenv("DEVSTACK_ENVD_ADDR"),
 		Isolation:      os.Getenv("DEVSTACK_ISOLATION"),
+		SandboxLimits:  limits,
 		Tokens:         tokenMap,
 		TenantOrder:    devstack.Tenants(tokenList),
 		FunctionEnv:    devstack.MakeRunEnv(os.Environ(), tokenList),

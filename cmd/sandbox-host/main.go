@@ -8,7 +8,9 @@
 // (default 127.0.0.1:0), -envd-addr [SANDBOX_HOST_ENVD_ADDR] (default
 // 127.0.0.1:0), -root-dir [SANDBOX_HOST_ROOT_DIR] (default a new temp dir,
 // removed on exit), -isolation [SANDBOX_HOST_ISOLATION] (auto|bwrap|none),
-// -default-timeout [SANDBOX_HOST_DEFAULT_TIMEOUT] (default 300s). The API
+// -default-timeout [SANDBOX_HOST_DEFAULT_TIMEOUT] (default 300s). Per-sandbox
+// limits under bubblewrap: SANDBOX_HOST_PROCESSES (512), SANDBOX_HOST_MEMORY_BYTES
+// (1 GiB), SANDBOX_HOST_CPU_MILLIS (1000 = one core); -1 = no limit. The API
 // key is read from SANDBOX_HOST_API_KEY only (never a flag, so it does not
 // show in process listings) and is required.
 //
@@ -83,6 +85,10 @@ func run() error {
 		root = tmp
 	}
 
+	limits, err := sandboxhost.LimitsFromEnv(os.Getenv, "SANDBOX_HOST_")
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv, err := sandboxhost.Start(ctx, sandboxhost.Options{
@@ -90,6 +96,7 @@ func run() error {
 		RootDir:        root,
 		DefaultTimeout: *defTimeout,
 		Isolation:      *isolation,
+		Limits:         limits,
 		Logger:         log,
 	}, *apiAddr, *envdAddr)
 	if err != nil {

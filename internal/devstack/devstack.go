@@ -91,6 +91,8 @@ type Options struct {
 	ScheduleOverride time.Duration
 	// Isolation of the sandbox host ("" = auto: bubblewrap when usable).
 	Isolation string
+	// SandboxLimits bound each sandbox of the sandbox host.
+	SandboxLimits sandboxhost.Limits
 	// Provider is the functions' SANDBOX_PROVIDER: "e2b" or "provisioner"
 	// ("" = SANDBOX_PROVIDER from FunctionEnv, else "e2b"). The sandbox
 	// host serves both faces either way.
@@ -466,7 +468,7 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	go func() { defer wg.Done(); s3Err = s.startS3(ctx, versitygw, o.S3Addr, logDir) }()
 	go func() {
 		defer wg.Done()
-		shErr = s.startSandboxHost(ctx, o.SandboxAPIAddr, o.EnvdAddr, o.Isolation, logDir)
+		shErr = s.startSandboxHost(ctx, o, logDir)
 		if shErr == nil {
 			shErr = s.startProvisioner(o.ProvisionerAddr)
 		}
@@ -931,7 +933,7 @@ func S3Client(info S3Info) *s3.Client {
 	})
 }
 
-func (s *Stack) startSandboxHost(ctx context.Context, apiAddr, envdAddr, isolation, logDir string) error {
+func (s *Stack) startSandboxHost(ctx context.Context, o Options, logDir string) error {
 	root, err := os.MkdirTemp("", "devstack-sandboxes-")
 	if err != nil {
 		return fmt.Errorf("sandbox host dir: %w", err)
@@ -946,9 +948,10 @@ func (s *Stack) startSandboxHost(ctx context.Context, apiAddr, envdAddr, isolati
 	srv, err := sandboxhost.Start(context.WithoutCancel(ctx), sandboxhost.Options{
 		APIKey:    key,
 		RootDir:   root,
-		Isolation: isolation,
+		Isolation: o.Isolation,
+		Limits:    o.SandboxLimits,
 		Logger:    slog.New(slog.NewJSONHandler(lf, nil)),
-	}, apiAddr, envdAddr)
+	}, o.SandboxAPIAddr, o.EnvdAddr)
 	if err != nil {
 		lf.Close()
 		return fmt.Errorf("sandbox host: %w", err)

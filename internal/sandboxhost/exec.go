@@ -27,12 +27,28 @@ const (
 	outputQueue = 32
 )
 
-// sandboxUID and sandboxGID are the host ids sandbox processes run as when
-// the host itself runs as root (nobody/nogroup on Debian).
+// When the host runs as root, each sandbox runs as its own host uid (and
+// gid of the same number), taken from [firstSandboxUID, firstSandboxUID +
+// sandboxUIDs) and reused only after its sandbox is gone: per-uid kernel
+// state (keyrings, RLIMIT_NPROC, signal permission) is then never shared
+// between two live sandboxes of one host. No passwd entry is needed.
 const (
-	sandboxUID = 65534
-	sandboxGID = 65534
+	firstSandboxUID = 200000
+	sandboxUIDs     = 65536
 )
+
+// confinement is what one sandbox process is confined by, besides the
+// namespaces and mounts every sandbox gets.
+type confinement struct {
+	uid, gid int // host ids to drop to (root host only)
+	// seccompFD is the child's descriptor of the seccomp program (0: none).
+	seccompFD int
+	// cgroupProcs are the cgroup.procs files the process joins before
+	// bubblewrap starts (nil: no cgroup).
+	cgroupProcs []string
+	// nproc is RLIMIT_NPROC for the sandbox's uid (0: unchanged).
+	nproc int
+}
 
 // isolation is how sandbox processes are wrapped.
 type isolation struct {
@@ -51,8 +67,26 @@ type isolation struct {
 // namespace and drops to sandboxUID with setpriv (no capabilities, no new
 // privileges) before the command. As any other user, bwrap's user
 // namespace maps the caller's uid and --cap-drop ALL removes capabilities.
-func (iso isolation) command(home, tmp, mnt, cwd string, argv []string) []string {
-	args := []string{iso.bwrap}
+//
+// conf adds the sandbox's own uid, seccomp filter, cgroup and process
+// limit: a /bin/sh prefix writes its own pid into the cgroup (so bwrap and
+// everything below it start inside, race-free) and execs prlimit for the
+// uid's process limit.
+func (iso isolation) command(home, tmp, mnt, cwd string, argv []string, conf confinement) []string {
+	var args []string
+	if len(conf.cgroupProcs) > 0 || conf.nproc > 0 {
+		var script strings.Builder
+		for _, f := range conf.cgroupProcs {
+			script.WriteString("echo $$ > " + shellQuote(f) + " || exit 125; ")
+		}
+		script.WriteString(`exec "$@"`)
+		args = append(args, "/bin/sh", "-c", script.String(), "sh")
+		if conf.nproc > 0 {
+			n := strconv.Itoa(conf.nproc)
+			args = append(args, "prlimit", "--nproc="+n+":"+n, "--")
+		}
+	}
+	args = append(args, iso.bwrap)
 	if iso.setpriv != "" {
 		args = append(args, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
 	} else {
@@ -83,6 +117,9 @@ func (iso isolation) command(home, tmp, mnt, cwd string, argv []string) []string
 	if fi, err := os.Stat("/opt"); err == nil && fi.IsDir() {
 		args = append(args, "--ro-bind", "/opt", "/opt")
 	}
+	if conf.seccompFD > 0 {
+		args = append(args, "--seccomp", strconv.Itoa(conf.seccompFD))
+	}
 	args = append(args,
 		"--proc", "/proc",
 		"--dev", "/dev",
@@ -94,11 +131,20 @@ func (iso isolation) command(home, tmp, mnt, cwd string, argv []string) []string
 		"--",
 	)
 	if iso.setpriv != "" {
+		uid, gid := conf.uid, conf.gid
+		if uid == 0 {
+			uid, gid = firstSandboxUID, firstSandboxUID // probe runs
+		}
 		args = append(args, iso.setpriv,
-			"--reuid="+strconv.Itoa(sandboxUID), "--regid="+strconv.Itoa(sandboxGID), "--clear-groups",
+			"--reuid="+strconv.Itoa(uid), "--regid="+strconv.Itoa(gid), "--clear-groups",
 			"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--")
 	}
 	return append(args, argv...)
+}
+
+// shellQuote quotes s for /bin/sh.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // process is one running command in a sandbox.
@@ -237,6 +283,7 @@ func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
 		cwd = sandboxHome
 	}
 	var cmd *exec.Cmd
+	var extra []*os.File
 	if h.Isolated() {
 		vcwd, err := sb.virtualPath(cwd)
 		if err != nil {
@@ -249,8 +296,22 @@ func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
 				return nil, fmt.Errorf("cwd %s: %w", vcwd, err)
 			}
 		}
-		argv := h.iso.command(sb.home, sb.tmp, sb.mnt, vcwd, append([]string{spec.cmd}, spec.args...))
+		conf := confinement{uid: sb.uid, gid: sb.gid, nproc: sb.nproc}
+		if sb.cgroup != nil {
+			conf.cgroupProcs = sb.cgroup.procsFiles()
+		}
+		if h.seccomp != nil {
+			f, err := seccompFile(h.seccomp)
+			if err != nil {
+				return nil, err
+			}
+			defer f.Close()    // the child holds its own copy once started
+			conf.seccompFD = 3 // the first of ExtraFiles
+			extra = append(extra, f)
+		}
+		argv := h.iso.command(sb.home, sb.tmp, sb.mnt, vcwd, append([]string{spec.cmd}, spec.args...), conf)
 		cmd = exec.Command(argv[0], argv[1:]...)
+		cmd.ExtraFiles = extra
 	} else {
 		dir, err := sb.hostPathForCwd(cwd)
 		if err != nil {

@@ -25,13 +25,16 @@ const testAPIKey = "test-api-key"
 // startHost starts a Server on free loopback ports with a per-test root.
 func startHost(t *testing.T, isolation string) *Server {
 	t.Helper()
+	return startHostWith(t, Options{Isolation: isolation})
+}
+
+// startHostWith is startHost with opts (key, root dir and logger filled in).
+func startHostWith(t *testing.T, opts Options) *Server {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	srv, err := Start(ctx, Options{
-		APIKey:    testAPIKey,
-		RootDir:   t.TempDir(),
-		Isolation: isolation,
-		Logger:    slog.New(slog.NewJSONHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	}, "127.0.0.1:0", "127.0.0.1:0")
+	opts.APIKey, opts.RootDir = testAPIKey, t.TempDir()
+	opts.Logger = slog.New(slog.NewJSONHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	srv, err := Start(ctx, opts, "127.0.0.1:0", "127.0.0.1:0")
 	if err != nil {
 		cancel()
 		t.Fatalf("Start: %v", err)

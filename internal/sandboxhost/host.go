@@ -23,8 +23,12 @@
 //
 // Isolation under bubblewrap: new PID, IPC, UTS, cgroup and network
 // namespaces (only the sandbox's own loopback: no network), no
-// capabilities, and, when the host runs as root, processes drop to uid/gid
-// 65534 (root in the host's user namespace could write host sysctls).
+// capabilities, a seccomp filter (seccomp.go: no keyring, no nested user
+// namespace, no mounts), per-sandbox cgroup limits on processes, memory
+// and CPU where the host can make cgroups (cgroup.go), a sticky /tmp of
+// its own, and, when the host runs as root, each sandbox's own host uid
+// (root in the host's user namespace could write host sysctls; a shared
+// uid would share keyrings and the per-uid process limit).
 // Without bubblewrap (Isolation "none") processes run directly on the host
 // with HOME set to the real home directory: paths such as /home/user do not
 // exist for them, and nothing is isolated. Tests that run commands with
@@ -47,6 +51,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mathrand "math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,20 +119,31 @@ type Options struct {
 	Now func() time.Time
 	// MaxTimeout caps the timeout a client may ask for; 0 means 24 h.
 	MaxTimeout time.Duration
+	// Limits bound each sandbox under bubblewrap (zero fields: the
+	// defaults), through cgroups where the host can make them and, as
+	// root, through each sandbox's own uid.
+	Limits Limits
 }
 
 // Host runs sandboxes. Create it with New; it is safe for concurrent use.
 type Host struct {
-	opts     Options
-	log      *slog.Logger
-	now      func() time.Time
-	iso      isolation
+	opts Options
+	log  *slog.Logger
+	now  func() time.Time
+	iso  isolation
+	// seccomp is the filter program of sandbox processes (nil without
+	// bubblewrap); cg makes per-sandbox cgroups (nil where none can be
+	// made).
+	seccomp  []byte
+	cg       *cgroups
 	envdVer  string
 	clientID string
 
 	mu        sync.Mutex
 	closed    bool
 	sandboxes map[string]*sandbox
+	uids      map[int]bool // sandbox uids in use (root host)
+	nextUID   int
 	wg        sync.WaitGroup // sandbox teardowns in flight
 }
 
@@ -146,6 +162,8 @@ type sandbox struct {
 	mnt        string // <dir>/mnt  = /mnt
 	uid, gid   int    // owner of files the host creates for the sandbox
 	chown      bool   // whether to chown them to uid:gid
+	nproc      int    // RLIMIT_NPROC of uid (root host), 0 = unchanged
+	cgroup     *sandboxCgroup
 
 	ctx    context.Context // cancelled when the sandbox dies
 	cancel context.CancelFunc
@@ -218,19 +236,44 @@ func New(opts Options) (*Host, error) {
 	default:
 		return nil, fmt.Errorf("sandboxhost: unknown isolation %q (want auto, bwrap or none)", opts.Isolation)
 	}
+	h.opts.Limits = opts.Limits.withDefaults()
+	if h.Isolated() {
+		if h.seccomp, err = seccompProgram(); err != nil {
+			return nil, fmt.Errorf("sandboxhost: %w", err)
+		}
+		if h.cg, err = probeCgroups(); err != nil {
+			h.log.Warn("sandboxes run without cgroup limits on memory, CPU and processes", "error", err.Error())
+		}
+		h.uids = map[int]bool{}
+		// Start at a random uid so that two hosts on one machine (tests
+		// run several) are unlikely to hand out the same uids.
+		h.nextUID = mathrand.IntN(sandboxUIDs)
+	}
 	return h, nil
 }
 
 // Isolated reports whether sandbox processes run under bubblewrap.
 func (h *Host) Isolated() bool { return h.iso.bwrap != "" }
 
-// owner returns the uid and gid that should own files in sandbox homes,
-// or ok=false when files keep the host process's owner.
-func (h *Host) owner() (uid, gid int, ok bool) {
-	if h.iso.setpriv == "" {
-		return 0, 0, false
+// allocUID takes a sandbox uid no live sandbox has (root host only).
+func (h *Host) allocUID() (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for range sandboxUIDs {
+		uid := firstSandboxUID + h.nextUID%sandboxUIDs
+		h.nextUID++
+		if !h.uids[uid] {
+			h.uids[uid] = true
+			return uid, nil
+		}
 	}
-	return sandboxUID, sandboxGID, true
+	return 0, errors.New("every sandbox uid is in use")
+}
+
+func (h *Host) freeUID(uid int) {
+	h.mu.Lock()
+	delete(h.uids, uid)
+	h.mu.Unlock()
 }
 
 // probeBwrap finds bwrap (and setpriv when running as root) and checks
@@ -257,7 +300,7 @@ func probeBwrap() (isolation, error) {
 		return iso, err
 	}
 	defer os.RemoveAll(dir)
-	argv := iso.command(dir, dir, dir, "/", []string{"/bin/true"})
+	argv := iso.command(dir, dir, dir, "/", []string{"/bin/true"}, confinement{})
 	if out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput(); err != nil {
 		return iso, fmt.Errorf("bwrap trial run: %w: %s", err, strings.TrimSpace(string(out)))
 	}
@@ -315,7 +358,24 @@ func (h *Host) create(spec createSpec) (*sandbox, error) {
 		mnt:        filepath.Join(dir, "mnt"),
 		procs:      map[int]*process{},
 	}
-	sb.uid, sb.gid, sb.chown = h.owner()
+	if h.iso.setpriv != "" {
+		uid, err := h.allocUID()
+		if err != nil {
+			return nil, err
+		}
+		sb.uid, sb.gid, sb.chown = uid, uid, true
+		if n := h.opts.Limits.Processes; n > 0 {
+			sb.nproc = n
+		}
+	}
+	if h.cg != nil {
+		g, err := h.cg.create(id, h.opts.Limits)
+		if err != nil {
+			h.release(sb)
+			return nil, fmt.Errorf("sandbox cgroup: %w", err)
+		}
+		sb.cgroup = g
+	}
 	if sb.metadata == nil {
 		sb.metadata = map[string]string{}
 	}
@@ -325,17 +385,20 @@ func (h *Host) create(spec createSpec) (*sandbox, error) {
 	for _, d := range []string{sb.home, sb.tmp, sb.mnt} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			_ = os.RemoveAll(dir)
+			h.release(sb)
 			return nil, fmt.Errorf("create sandbox dir: %w", err)
 		}
 	}
-	if err := os.Chmod(sb.tmp, 0o1777); err != nil {
+	if err := os.Chmod(sb.tmp, 0o777|os.ModeSticky); err != nil {
 		_ = os.RemoveAll(dir)
+		h.release(sb)
 		return nil, fmt.Errorf("chmod sandbox tmp: %w", err)
 	}
-	if uid, gid, ok := h.owner(); ok {
+	if sb.chown {
 		for _, d := range []string{sb.home, sb.tmp, sb.mnt} {
-			if err := os.Chown(d, uid, gid); err != nil {
+			if err := os.Chown(d, sb.uid, sb.gid); err != nil {
 				_ = os.RemoveAll(dir)
+				h.release(sb)
 				return nil, fmt.Errorf("chown sandbox dir: %w", err)
 			}
 		}
@@ -347,11 +410,13 @@ func (h *Host) create(spec createSpec) (*sandbox, error) {
 		h.mu.Unlock()
 		sb.cancel()
 		_ = os.RemoveAll(dir)
+		h.release(sb)
 		return nil, ErrClosed
 	}
 	if _, dup := h.sandboxes[id]; dup {
 		h.mu.Unlock()
 		sb.cancel()
+		h.release(sb)
 		return nil, errDuplicateID
 	}
 	h.sandboxes[id] = sb
@@ -481,6 +546,25 @@ func (h *Host) teardown(sb *sandbox) {
 	if err := os.RemoveAll(sb.dir); err != nil {
 		h.log.Error("remove sandbox dir", "sandbox_id", sb.id, "error", err.Error())
 	}
+	h.release(sb)
+}
+
+// release frees what create took for sb besides its directory: its cgroup
+// (once its last process is reaped; the kernel refuses to remove a cgroup
+// that still holds one) and its uid.
+func (h *Host) release(sb *sandbox) {
+	if sb.cgroup != nil {
+		for i := 0; !sb.cgroup.removed(); i++ {
+			if i == 50 {
+				h.log.Error("sandbox cgroup not removed", "sandbox_id", sb.id)
+				return // its uid stays taken too: a process may live on
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if sb.chown {
+		h.freeUID(sb.uid)
+	}
 }
 
 // Close kills every sandbox and refuses new ones. It waits for the
@@ -503,5 +587,8 @@ func (h *Host) Close() error {
 	}
 	wg.Wait()
 	h.wg.Wait()
+	if h.cg != nil {
+		h.cg.close()
+	}
 	return nil
 }

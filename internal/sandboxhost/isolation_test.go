@@ -1,0 +1,194 @@
+package sandboxhost
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// isolationLimits are small enough that a hog reaches them fast.
+var isolationLimits = Limits{Processes: 64, MemoryBytes: 96 << 20, CPUMillis: 500}
+
+// startIsolatedPair starts a bubblewrap host with isolationLimits and two
+// sandboxes on it (two tenants' sandboxes, as the broker would create).
+func startIsolatedPair(t *testing.T) (srv *Server, a, b envdClient) {
+	t.Helper()
+	needBwrap(t)
+	srv = startHostWith(t, Options{Isolation: IsolationBwrap, Limits: isolationLimits})
+	return srv, newEnvd(srv, createSandbox(t, srv, nil)), newEnvd(srv, createSandbox(t, srv, nil))
+}
+
+// addKeyPy stores a key in the user keyring (add_key) and prints its
+// serial, or the errno name when the call is refused.
+const addKeyPy = `import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {"x86_64": 248, "aarch64": 217}[os.uname().machine]
+r = libc.syscall(NR, b"user", b"shared-key", b"secret", 6, -4)
+print(r if r >= 0 else errno.errorcode[ctypes.get_errno()])`
+
+// searchKeyPy looks the key up in the user keyring (keyctl SEARCH).
+const searchKeyPy = `import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {"x86_64": 250, "aarch64": 219}[os.uname().machine]
+r = libc.syscall(NR, 10, -4, b"user", b"shared-key", 0)
+print(r if r >= 0 else errno.errorcode[ctypes.get_errno()])`
+
+// cloneUserNSPy calls clone(CLONE_NEWUSER|SIGCHLD) and prints the errno
+// name, or "cloned" (the child exits at once).
+const cloneUserNSPy = `import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {"x86_64": 56, "aarch64": 220}[os.uname().machine]
+r = libc.syscall(NR, 0x10000000 | 17, 0, 0, 0, 0)
+if r == 0:
+    os._exit(0)
+if r > 0:
+    os.waitpid(r, 0)
+print("cloned" if r > 0 else errno.errorcode[ctypes.get_errno()])`
+
+// TestSandboxesAreIsolatedFromEachOther: what one sandbox does to keys,
+// files, processes and namespaces stays invisible to another.
+func TestSandboxesAreIsolatedFromEachOther(t *testing.T) {
+	srv, a, b := startIsolatedPair(t)
+	steps := []struct {
+		name     string
+		c        envdClient
+		script   string
+		wantOut  string
+		wantExit int32
+	}{
+		{"a cannot store a kernel key", a, "python3 -c '" + addKeyPy + "'", "EPERM\n", 0},
+		{"b cannot find or store one", b, "python3 -c '" + searchKeyPy + "'", "EPERM\n", 0},
+		{"a writes a file in its tmp and home", a, "echo secret > /tmp/a-secret && echo secret > ~/a-secret && echo ok", "ok\n", 0},
+		{"b does not see a's tmp", b, "cat /tmp/a-secret 2>/dev/null || echo absent", "absent\n", 0},
+		{"b does not see a's home", b, "cat ~/a-secret 2>/dev/null || echo absent", "absent\n", 0},
+		{"tmp is sticky and shared by nobody else", b, "stat -c %a /tmp", "1777\n", 0},
+		{"no nested user namespace (unshare)", a, "unshare -U true 2>/dev/null || echo refused", "refused\n", 0},
+		{"no nested user namespace (clone)", a, "python3 -c '" + cloneUserNSPy + "'", "EPERM\n", 0},
+		{"seccomp filter active", a, "grep '^Seccomp:' /proc/self/status | tr -d '\\t'", "Seccomp:2\n", 0},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			res := st.c.run(t, st.script, nil)
+			if res.end.ExitCode != st.wantExit || res.stdout != st.wantOut {
+				t.Errorf("exit %d stdout %q stderr %q, want exit %d stdout %q", res.end.ExitCode, res.stdout, res.stderr, st.wantExit, st.wantOut)
+			}
+		})
+	}
+
+	if os.Geteuid() == 0 {
+		t.Run("each sandbox has its own uid", func(t *testing.T) {
+			ua, ub := srv.Host.mustGet(t, a.id).uid, srv.Host.mustGet(t, b.id).uid
+			if ua == ub || ua < firstSandboxUID || ub < firstSandboxUID {
+				t.Errorf("uids %d and %d, want two distinct sandbox uids", ua, ub)
+			}
+		})
+	}
+
+	t.Run("processes of one are invisible to the other", func(t *testing.T) {
+		done := make(chan result, 1)
+		go func() { done <- a.run(t, "echo $$ > /tmp/pid; exec sleep 30", nil) }()
+		aTmp := srv.Host.mustGet(t, a.id).tmp
+		waitFor(t, 20*time.Second, "a's sleep to start", func() bool {
+			_, err := os.Stat(filepath.Join(aTmp, "pid"))
+			return err == nil
+		})
+		res := b.run(t, "cat /proc/[0-9]*/comm | sort -u | tr '\\n' ' '", nil)
+		if strings.Contains(res.stdout, "sleep") {
+			t.Errorf("b sees a's processes: %q", res.stdout)
+		}
+		_ = srv.Host.kill(a.id)
+		<-done
+	})
+
+}
+
+// TestForkStormDoesNotStopAnotherSandbox: one sandbox at its process limit
+// cannot start more, while another's commands run normally.
+func TestForkStormDoesNotStopAnotherSandbox(t *testing.T) {
+	srv, a, b := startIsolatedPair(t)
+	if os.Geteuid() != 0 && srv.Host.cg == nil {
+		t.Skip("no per-sandbox process limit here: the host is not root (no per-sandbox uid) and this kernel offers no writable cgroup hierarchy with the pids controller")
+	}
+	storm := `import os, time
+n = 0
+for i in range(400):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+    except OSError:
+        break
+print(n, flush=True)
+open("/tmp/storm", "w").close()
+time.sleep(30)`
+	var wg sync.WaitGroup
+	var stormRes result
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		stormRes = a.run(t, "python3 -c '"+storm+"'", nil)
+	}()
+	aTmp := srv.Host.mustGet(t, a.id).tmp
+	waitFor(t, 60*time.Second, "a's fork storm to hit its limit", func() bool {
+		_, err := os.Stat(filepath.Join(aTmp, "storm"))
+		return err == nil
+	})
+	res := b.run(t, `for i in $(seq 1 100); do /bin/true || exit 1; done; (sleep 0.1 & sleep 0.1 & wait); echo ok`, nil)
+	if res.end.ExitCode != 0 || res.stdout != "ok\n" {
+		t.Errorf("b during a's fork storm: exit %d stdout %q stderr %q, want ok", res.end.ExitCode, res.stdout, res.stderr)
+	}
+	_ = srv.Host.kill(a.id)
+	wg.Wait()
+	n, err := strconv.Atoi(strings.TrimSpace(stormRes.stdout))
+	if err != nil || n >= 400 || n > isolationLimits.Processes {
+		t.Errorf("a forked %q processes, want fewer than its limit %d", stormRes.stdout, isolationLimits.Processes)
+	}
+}
+
+// TestMemoryHogDoesNotStopAnotherSandbox: a sandbox past its memory limit
+// is killed by the kernel inside its cgroup; another's commands run.
+func TestMemoryHogDoesNotStopAnotherSandbox(t *testing.T) {
+	srv, a, b := startIsolatedPair(t)
+	if srv.Host.cg == nil {
+		t.Skip("the host cannot make cgroups here (no cgroup v2 hierarchy offering pids, memory and cpu it may delegate, nor writable v1 hierarchies of them): sandbox memory is not limited on this machine")
+	}
+	hog := a.run(t, `python3 -c 'b = bytearray(512 << 20); print("allocated")'`, nil)
+	if hog.end.ExitCode == 0 || strings.Contains(hog.stdout, "allocated") {
+		t.Errorf("a allocated 512 MiB under a %d-byte limit: exit %d stdout %q", isolationLimits.MemoryBytes, hog.end.ExitCode, hog.stdout)
+	}
+	res := b.run(t, `python3 -c 'b = bytearray(32 << 20); print(len(b))'`, nil)
+	if res.end.ExitCode != 0 || res.stdout != strconv.Itoa(32<<20)+"\n" {
+		t.Errorf("b after a's memory hog: exit %d stdout %q stderr %q", res.end.ExitCode, res.stdout, res.stderr)
+	}
+}
+
+func TestLimitsFromEnv(t *testing.T) {
+	tests := []struct {
+		env     map[string]string
+		want    Limits
+		wantErr string
+	}{
+		{map[string]string{}, Limits{}, ""},
+		{map[string]string{"P_PROCESSES": "100", "P_MEMORY_BYTES": "1073741824", "P_CPU_MILLIS": "-1"}, Limits{Processes: 100, MemoryBytes: 1 << 30, CPUMillis: -1}, ""},
+		{map[string]string{"P_PROCESSES": "0"}, Limits{}, "P_PROCESSES"},
+		{map[string]string{"P_MEMORY_BYTES": "1GiB"}, Limits{}, "P_MEMORY_BYTES"},
+		{map[string]string{"P_CPU_MILLIS": "-2"}, Limits{}, "P_CPU_MILLIS"},
+	}
+	for _, tt := range tests {
+		got, err := LimitsFromEnv(func(k string) string { return tt.env[k] }, "P_")
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("LimitsFromEnv(%v) error = %v, want one naming %s", tt.env, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("LimitsFromEnv(%v) = %+v, %v; want %+v", tt.env, got, err, tt.want)
+		}
+	}
+}
