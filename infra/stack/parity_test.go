@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"cmp"
 	"fmt"
 	"go/ast"
 	goparser "go/parser"
@@ -18,13 +19,16 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/devstack"
 )
 
 // deployment is what the parity test compares between template.yaml and
 // the synthesized CDK stack.
 type deployment struct {
-	Functions map[string]string   // function name (CodeUri directory) -> logical ID
-	Routes    map[string]string   // "METHOD /path" -> function name
+	Functions map[string]string // function name (CodeUri directory) -> logical ID
+	Routes    map[string]string // "METHOD /path" -> function name
+	// Tokens: "METHOD /path" -> the header its authorizer reads the token from.
+	Tokens    map[string]string
 	Schedules map[string]string   // function name -> schedule expression
 	Env       map[string][]string // function name -> sorted variable names
 	Params    []string            // sorted parameter names
@@ -38,7 +42,15 @@ func samDeployment(file string) (deployment, error) {
 	if err != nil {
 		return deployment{}, err
 	}
-	d := deployment{Functions: map[string]string{}, Routes: map[string]string{}, Schedules: map[string]string{}, Env: map[string][]string{}}
+	d := deployment{Functions: map[string]string{}, Routes: map[string]string{}, Tokens: map[string]string{}, Schedules: map[string]string{}, Env: map[string][]string{}}
+	// Each route's token header, as the local gateway reads it.
+	app, err := devstack.LoadTemplate(file)
+	if err != nil {
+		return deployment{}, err
+	}
+	for _, r := range app.Routes {
+		d.Tokens[r.Key()] = r.TokenHeader
+	}
 	global := map[string]bool{}
 	if g, err := tpl.GetServerlessGlobalFunction(); err == nil && g.Environment != nil {
 		for k := range g.Environment.Variables {
@@ -89,7 +101,7 @@ func samDeployment(file string) (deployment, error) {
 // cdkDeployment reads the same facts from a synthesized stack's template.
 // Functions are named through the shared logical IDs (Functions).
 func cdkDeployment(s *synthesized) deployment {
-	d := deployment{Functions: map[string]string{}, Routes: map[string]string{}, Schedules: map[string]string{}, Env: map[string][]string{}}
+	d := deployment{Functions: map[string]string{}, Routes: map[string]string{}, Tokens: map[string]string{}, Schedules: map[string]string{}, Env: map[string][]string{}}
 	nameOf := map[string]string{}
 	for _, f := range Functions {
 		nameOf[f.LogicalID] = f.Name
@@ -123,6 +135,13 @@ func cdkDeployment(s *synthesized) deployment {
 			}
 		}
 		d.Routes[p["RouteKey"].(string)] = fn
+		if ref, ok := p["AuthorizerId"].(map[string]any)["Ref"].(string); ok {
+			src, _ := props(s.Resources("AWS::ApiGatewayV2::Authorizer")[ref])["IdentitySource"].([]any)
+			if len(src) == 1 {
+				h, _ := src[0].(string)
+				d.Tokens[p["RouteKey"].(string)] = strings.TrimPrefix(h, "$request.header.")
+			}
+		}
 	}
 	for _, r := range s.Resources("AWS::Events::Rule") {
 		p := props(r)
@@ -152,6 +171,7 @@ func diffDeployments(a, b deployment, aName, bName string) []string {
 	}
 	cmp("functions", a.Functions, b.Functions)
 	cmp("routes", a.Routes, b.Routes)
+	cmp("token headers of the routes' authorizers", a.Tokens, b.Tokens)
 	cmp("schedules", a.Schedules, b.Schedules)
 	cmp("environment variable names", a.Env, b.Env)
 	cmp("parameters", a.Params, b.Params)
@@ -195,12 +215,13 @@ func TestParity(t *testing.T) {
 	}
 
 	// Both equal the spec in this package...
-	want := deployment{Functions: map[string]string{}, Routes: map[string]string{}, Schedules: map[string]string{}, Env: map[string][]string{}}
+	want := deployment{Functions: map[string]string{}, Routes: map[string]string{}, Tokens: map[string]string{}, Schedules: map[string]string{}, Env: map[string][]string{}}
 	for _, f := range Functions {
 		want.Functions[f.Name] = f.LogicalID
 		want.Env[f.Name] = deployedEnv()
 		for _, r := range f.Routes {
 			want.Routes[r.Key()] = f.Name
+			want.Tokens[r.Key()] = cmp.Or(r.TokenHeader, "Authorization")
 		}
 		if f.Schedule != "" {
 			want.Schedules[f.Name] = f.Schedule
@@ -374,15 +395,25 @@ func TestPolicyParity(t *testing.T) {
 
 // TestRoutesMatchHandler: the deployed routes are exactly the route keys
 // the HTTP handler serves (internal/httpapi's Route* constants, read from its
-// source).
+// sources).
 func TestRoutesMatchHandler(t *testing.T) {
-	file := filepath.Join("..", "..", "internal", "httpapi", "httpapi.go")
-	f, err := goparser.ParseFile(token.NewFileSet(), file, nil, 0)
+	files, err := filepath.Glob(filepath.Join("..", "..", "internal", "httpapi", "*.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	var decls []ast.Decl
+	for _, file := range files {
+		if strings.HasSuffix(file, "_test.go") {
+			continue
+		}
+		f, err := goparser.ParseFile(token.NewFileSet(), file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		decls = append(decls, f.Decls...)
+	}
 	var handler []string
-	for _, d := range f.Decls {
+	for _, d := range decls {
 		gd, ok := d.(*ast.GenDecl)
 		if !ok || gd.Tok != token.CONST {
 			continue

@@ -37,7 +37,7 @@ func TestResourceCounts(t *testing.T) {
 		"AWS::SecretsManager::Secret":    1,
 		"AWS::ApiGatewayV2::Api":         1,
 		"AWS::ApiGatewayV2::Stage":       1,
-		"AWS::ApiGatewayV2::Authorizer":  1,
+		"AWS::ApiGatewayV2::Authorizer":  2,      // Authorization, and X-API-Key for /e2b
 		"AWS::ApiGatewayV2::Route":       routes, // one per deployed route
 		"AWS::ApiGatewayV2::Integration": 3,
 		"AWS::Events::Rule":              1,
@@ -157,14 +157,22 @@ func TestRoutesRequireTheAuthorizer(t *testing.T) {
 		}
 	}
 
+	// Two JWT authorizers for the same issuer and audience: the token in
+	// Authorization, and in X-API-Key (the /e2b routes, for the E2B SDKs).
 	authz := defaultSynth(t).Resources("AWS::ApiGatewayV2::Authorizer")
+	var sources []string
 	for _, a := range authz {
 		p := props(a)
-		got := []string{str(p["AuthorizerType"]), str(p["IdentitySource"]), str(p["JwtConfiguration"])}
-		want := []string{`"JWT"`, `["$request.header.Authorization"]`, `{"Audience":[{"Ref":"JwtAudience"}],"Issuer":{"Ref":"JwtIssuer"}}`}
+		got := []string{str(p["AuthorizerType"]), str(p["JwtConfiguration"])}
+		want := []string{`"JWT"`, `{"Audience":[{"Ref":"JwtAudience"}],"Issuer":{"Ref":"JwtIssuer"}}`}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("authorizer = %v, want %v", got, want)
 		}
+		sources = append(sources, str(p["IdentitySource"]))
+	}
+	sort.Strings(sources)
+	if want := []string{`["$request.header.Authorization"]`, `["$request.header.X-API-Key"]`}; !reflect.DeepEqual(sources, want) {
+		t.Errorf("authorizer identity sources %v, want %v", sources, want)
 	}
 	if n := len(variantSynth(t).Resources("AWS::ApiGatewayV2::Authorizer")); n != 0 {
 		t.Errorf("IAM variant has %d authorizer resources, want 0 (AWS_IAM needs none)", n)

@@ -12,12 +12,19 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// Route is one HTTP API route: an upper-case method and a path in API
-// Gateway's syntax ({id} is a path parameter).
+// Route is one HTTP API route: an upper-case method (or ANY) and a path in
+// API Gateway's syntax ({id} is a path parameter, {proxy+} the rest of the
+// path), and the request header its authorizer reads the caller's token
+// from ("" = Authorization).
 type Route struct {
-	Method string
-	Path   string
+	Method      string
+	Path        string
+	TokenHeader string
 }
+
+// APIKeyHeader is where the E2B SDKs send their key: the /e2b routes read
+// the tenant's token there.
+const APIKeyHeader = "X-API-Key"
 
 // Key is the API Gateway route key, "METHOD /path".
 func (r Route) Key() string { return r.Method + " " + r.Path }
@@ -43,25 +50,28 @@ type Function struct {
 var Functions = []Function{
 	{
 		Name: "acquire", LogicalID: "AcquireFunction", MemoryMB: 256, TimeoutSeconds: 29,
-		Description: "POST /v1/sandboxes/acquire, GET /v1/sandboxes/{id}, GET /v1/capacity, POST /v1/admin/drain|undrain, GET /v1/openapi.json",
+		Description: "POST /v1/sandboxes/acquire, GET /v1/sandboxes/{id}, GET /v1/capacity, POST /v1/admin/drain|undrain, GET /v1/openapi.json, /e2b (E2B connect)",
 		Routes: []Route{
-			{"POST", "/v1/sandboxes/acquire"},
-			{"GET", "/v1/sandboxes/{id}"},
-			{"GET", "/v1/capacity"},
-			{"POST", "/v1/admin/drain"},
-			{"POST", "/v1/admin/undrain"},
-			{"GET", "/v1/openapi.json"},
+			{"POST", "/v1/sandboxes/acquire", ""},
+			{"GET", "/v1/sandboxes/{id}", ""},
+			{"GET", "/v1/capacity", ""},
+			{"POST", "/v1/admin/drain", ""},
+			{"POST", "/v1/admin/undrain", ""},
+			{"GET", "/v1/openapi.json", ""},
+			{"POST", "/e2b/sandboxes/{id}/connect", APIKeyHeader},
+			{"POST", "/e2b/v2/sandboxes/{id}/connect", APIKeyHeader},
+			{"ANY", "/e2b/{proxy+}", APIKeyHeader},
 		},
 	},
 	{
 		Name: "release", LogicalID: "ReleaseFunction", MemoryMB: 512, TimeoutSeconds: 29,
 		Description: "POST /v1/sandboxes/{id}/release (syncs outputs to S3, parks warm)",
-		Routes:      []Route{{"POST", "/v1/sandboxes/{id}/release"}},
+		Routes:      []Route{{"POST", "/v1/sandboxes/{id}/release", ""}},
 	},
 	{
 		Name: "sync", LogicalID: "SyncFunction", MemoryMB: 512, TimeoutSeconds: 29,
 		Description: "POST /v1/sandboxes/{id}/sync (copies outputs to S3)",
-		Routes:      []Route{{"POST", "/v1/sandboxes/{id}/sync"}},
+		Routes:      []Route{{"POST", "/v1/sandboxes/{id}/sync", ""}},
 	},
 	{
 		Name: "reconcile", LogicalID: "ReconcileFunction", MemoryMB: 256, TimeoutSeconds: 120,

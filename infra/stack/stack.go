@@ -377,7 +377,11 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 // an access-logged, throttled $default stage.
 func (s *Stack) api(props Props, retention awslogs.RetentionDays) {
 	st := s.Stack
-	var authz awsapigatewayv2.IHttpRouteAuthorizer
+	// authz reads the token from Authorization; apiKeyAuthz, the same JWTs
+	// from X-API-Key (the /e2b routes, for the E2B SDKs). Under IAM
+	// authorization both are the IAM authorizer: the E2B SDKs cannot sign
+	// requests, so the /e2b routes then serve SigV4 callers only.
+	var authz, apiKeyAuthz awsapigatewayv2.IHttpRouteAuthorizer
 	if props.Auth == AuthJWT {
 		issuer := awscdk.NewCfnParameter(st, jsii.String("JwtIssuer"), &awscdk.CfnParameterProps{
 			Type:           jsii.String("String"),
@@ -396,8 +400,15 @@ func (s *Stack) api(props Props, retention awslogs.RetentionDays) {
 				JwtAudience:    jsii.Strings(*audience.ValueAsString()),
 				IdentitySource: jsii.Strings("$request.header.Authorization"),
 			})
+		apiKeyAuthz = awsapigatewayv2authorizers.NewHttpJwtAuthorizer(jsii.String("TenantApiKey"), issuer.ValueAsString(),
+			&awsapigatewayv2authorizers.HttpJwtAuthorizerProps{
+				AuthorizerName: jsii.String("TenantApiKey"),
+				JwtAudience:    jsii.Strings(*audience.ValueAsString()),
+				IdentitySource: jsii.Strings("$request.header." + APIKeyHeader),
+			})
 	} else {
 		authz = awsapigatewayv2authorizers.NewHttpIamAuthorizer()
+		apiKeyAuthz = authz
 	}
 	s.API = awsapigatewayv2.NewHttpApi(st, jsii.String(LogicalAPI), &awsapigatewayv2.HttpApiProps{
 		Description:       jsii.String("sandbox-broker API"),
@@ -413,11 +424,15 @@ func (s *Stack) api(props Props, retention awslogs.RetentionDays) {
 				PayloadFormatVersion: awsapigatewayv2.PayloadFormatVersion_VERSION_2_0(),
 			})
 		for _, r := range f.Routes {
+			routeAuthz := authz
+			if r.TokenHeader == APIKeyHeader {
+				routeAuthz = apiKeyAuthz
+			}
 			s.API.AddRoutes(&awsapigatewayv2.AddRoutesOptions{
 				Path:        jsii.String(r.Path),
 				Methods:     &[]awsapigatewayv2.HttpMethod{awsapigatewayv2.HttpMethod(r.Method)},
 				Integration: integ,
-				Authorizer:  authz,
+				Authorizer:  routeAuthz,
 			})
 		}
 	}

@@ -105,7 +105,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		apiMessage(w, status, http.StatusText(status))
 		return
 	}
-	tenant, ok := g.authorize(r)
+	tenant, ok := g.authorize(r, route.TokenHeader)
 	if !ok {
 		status = http.StatusUnauthorized
 		apiMessage(w, status, "Unauthorized")
@@ -149,12 +149,19 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	status = writeResponse(w, out)
 }
 
-// authorize is the local Lambda authorizer: "Authorization: Bearer <token>"
-// with a token of BROKER_DEV_TOKENS names the tenant.
-func (g *gateway) authorize(r *http.Request) (string, bool) {
-	h := r.Header.Get("Authorization")
-	scheme, token, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
+// authorize is the local authorizer: a token of BROKER_DEV_TOKENS in the
+// route's token header names the tenant. In Authorization it must follow
+// "Bearer "; in any other header (X-API-Key, as the E2B SDKs send it) it
+// may stand alone, as API Gateway's JWT authorizer accepts it.
+func (g *gateway) authorize(r *http.Request, header string) (string, bool) {
+	if header == "" {
+		header = "Authorization"
+	}
+	h := r.Header.Get(header)
+	token := h
+	if scheme, rest, ok := strings.Cut(h, " "); ok && strings.EqualFold(scheme, "Bearer") {
+		token = rest
+	} else if strings.EqualFold(header, "Authorization") {
 		return "", false
 	}
 	tenant, ok := g.tokens[strings.TrimSpace(token)]

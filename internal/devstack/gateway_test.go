@@ -57,9 +57,10 @@ func fakeFunction(t *testing.T, name string, rie *fakeRIE) *lambdaFn {
 func newGateway(t *testing.T, rie *fakeRIE) *httptest.Server {
 	t.Helper()
 	app := App{Routes: []Route{
-		{"POST", "/v1/sandboxes/acquire", "acquire"},
-		{"GET", "/v1/sandboxes/{id}", "acquire"},
-		{"POST", "/v1/sandboxes/{id}/release", "release"},
+		{"POST", "/v1/sandboxes/acquire", "acquire", ""},
+		{"GET", "/v1/sandboxes/{id}", "acquire", "Authorization"},
+		{"POST", "/v1/sandboxes/{id}/release", "release", ""},
+		{"POST", "/e2b/v2/sandboxes/{id}/connect", "acquire", "X-API-Key"},
 	}}
 	fn := fakeFunction(t, "acquire", rie)
 	rel := fakeFunction(t, "release", rie)
@@ -171,6 +172,42 @@ func TestGatewayRefusalsNeverInvoke(t *testing.T) {
 	}
 }
 
+// TestGatewayTokenHeader: each route reads the token from its authorizer's
+// identity source: Authorization (with "Bearer ") by default, X-API-Key
+// (bare or with "Bearer ") where the template says so, and no other.
+func TestGatewayTokenHeader(t *testing.T) {
+	rie := &fakeRIE{reply: func(events.APIGatewayV2HTTPRequest) (int, string) { return 200, `{"statusCode":200,"body":"{}"}` }}
+	srv := newGateway(t, rie)
+	tests := []struct {
+		name, path string
+		hdr        map[string]string
+		want       int
+	}{
+		{"bearer on a v1 route", "/v1/sandboxes/abc", map[string]string{"Authorization": "Bearer tok-a"}, 200},
+		{"bare Authorization", "/v1/sandboxes/abc", map[string]string{"Authorization": "tok-a"}, 401},
+		{"X-API-Key on a v1 route", "/v1/sandboxes/abc", map[string]string{"X-API-Key": "tok-a"}, 401},
+		{"X-API-Key on an e2b route", "/e2b/v2/sandboxes/abc/connect", map[string]string{"X-API-Key": "tok-a"}, 200},
+		{"X-API-Key with Bearer", "/e2b/v2/sandboxes/abc/connect", map[string]string{"X-API-Key": "Bearer tok-a"}, 200},
+		{"wrong X-API-Key", "/e2b/v2/sandboxes/abc/connect", map[string]string{"X-API-Key": "nope"}, 401},
+		{"bearer on an e2b route", "/e2b/v2/sandboxes/abc/connect", map[string]string{"Authorization": "Bearer tok-a"}, 401},
+	}
+	for _, tt := range tests {
+		method := "GET"
+		if strings.HasPrefix(tt.path, "/e2b") {
+			method = "POST"
+		}
+		resp, body := call(t, method, srv.URL+tt.path, "", nil, tt.hdr)
+		if resp.StatusCode != tt.want {
+			t.Errorf("%s: %d %q, want %d", tt.name, resp.StatusCode, body, tt.want)
+		}
+	}
+	for _, ev := range rie.events {
+		if got := ev.RequestContext.Authorizer.Lambda["tenant"]; got != "acme" {
+			t.Errorf("%s: tenant %v, want acme", ev.RawPath, got)
+		}
+	}
+}
+
 func TestGatewayFunctionFailures(t *testing.T) {
 	tests := []struct {
 		name         string
@@ -249,7 +286,7 @@ func (r *endlessReader) Read(p []byte) (int, error) {
 // at most one buffer past the limit). A body at the limit is passed on.
 func TestGatewayRefusesLargeBodiesUnread(t *testing.T) {
 	rie := &fakeRIE{reply: func(events.APIGatewayV2HTTPRequest) (int, string) { return 200, `{"statusCode":200,"body":"{}"}` }}
-	app := App{Routes: []Route{{"POST", "/v1/sandboxes/acquire", "acquire"}}}
+	app := App{Routes: []Route{{"POST", "/v1/sandboxes/acquire", "acquire", ""}}}
 	gw := &gateway{app: app, fns: map[string]*lambdaFn{"acquire": fakeFunction(t, "acquire", rie)},
 		tokens: map[string]string{"tok-a": "acme"}, log: slog.New(slog.DiscardHandler), apiHost: "local"}
 	const limit = 16 << 10

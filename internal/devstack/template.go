@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/awslabs/goformation/v7"
+	"github.com/awslabs/goformation/v7/cloudformation"
 	"github.com/awslabs/goformation/v7/cloudformation/serverless"
 )
 
@@ -18,6 +19,10 @@ type Route struct {
 	Method   string // upper case, or "ANY"
 	Path     string // e.g. /v1/sandboxes/{id}/release
 	Function string // function name (the CodeUri directory name, e.g. "release")
+	// TokenHeader is the request header carrying the caller's token: the
+	// identity source of the route's authorizer (its own Auth.Authorizer,
+	// else the API's DefaultAuthorizer), "Authorization" when none says.
+	TokenHeader string
 }
 
 // Key is the API Gateway route key, "METHOD /path".
@@ -60,6 +65,10 @@ func LoadTemplate(file string) (App, error) {
 	}
 	var app App
 	seen := map[string]string{}
+	authHeaders, defaultAuth, err := authorizers(tpl)
+	if err != nil {
+		return App{}, err
+	}
 	// goformation does not merge Globals: take Timeout and MemorySize from
 	// Globals.Function as defaults here.
 	defTimeout, defMemory := 3*time.Second, 128 // SAM's own defaults
@@ -122,8 +131,12 @@ func LoadTemplate(file string) (App, error) {
 			case "HttpApi", "Api":
 				// goformation fills ApiEvent and HttpApiEvent alike; read by Type.
 				var method, p *string
+				authz := defaultAuth
 				if e := ev.Properties.HttpApiEvent; e != nil && ev.Type == "HttpApi" {
 					method, p = e.Method, e.Path
+					if e.Auth != nil && e.Auth.Authorizer != nil {
+						authz = *e.Auth.Authorizer
+					}
 				} else if e := ev.Properties.ApiEvent; e != nil {
 					m, pp := e.Method, e.Path
 					method, p = &m, &pp
@@ -131,7 +144,15 @@ func LoadTemplate(file string) (App, error) {
 				if method == nil || p == nil || *p == "" {
 					return App{}, fmt.Errorf("%s event %s: Method and Path are required here", id, evName)
 				}
-				app.Routes = append(app.Routes, Route{Method: strings.ToUpper(*method), Path: *p, Function: name})
+				header := "Authorization"
+				if authz != "" {
+					h, ok := authHeaders[authz]
+					if !ok {
+						return App{}, fmt.Errorf("%s event %s: authorizer %q is not declared on the HTTP API", id, evName, authz)
+					}
+					header = h
+				}
+				app.Routes = append(app.Routes, Route{Method: strings.ToUpper(*method), Path: *p, Function: name, TokenHeader: header})
 			case "Schedule":
 				e := ev.Properties.ScheduleEvent
 				if e == nil {
@@ -160,6 +181,32 @@ func LoadTemplate(file string) (App, error) {
 		return App{}, fmt.Errorf("%s declares no AWS::Serverless::Function", file)
 	}
 	return app, nil
+}
+
+// authorizers reads the HTTP APIs' authorizers: name -> the header of its
+// identity source ("$request.header.X-API-Key" -> "X-API-Key"), and the
+// default authorizer's name ("" when none).
+func authorizers(tpl *cloudformation.Template) (map[string]string, string, error) {
+	headers := map[string]string{}
+	def := ""
+	for id, api := range tpl.GetAllServerlessHttpApiResources() {
+		if api.Auth == nil {
+			continue
+		}
+		if api.Auth.DefaultAuthorizer != nil {
+			def = *api.Auth.DefaultAuthorizer
+		}
+		all, _ := api.Auth.Authorizers.(map[string]any)
+		for name, a := range all {
+			src, _ := a.(map[string]any)["IdentitySource"].(string)
+			h, ok := strings.CutPrefix(src, "$request.header.")
+			if !ok || h == "" {
+				return nil, "", fmt.Errorf("%s authorizer %s: IdentitySource %q is not a request header", id, name, src)
+			}
+			headers[name] = h
+		}
+	}
+	return headers, def, nil
 }
 
 func functionName(id string, fn *serverless.Function) (string, error) {

@@ -49,6 +49,17 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 		"POST /v1/sandboxes/{id}/release -> release",
 		"POST /v1/sandboxes/{id}/sync -> sync",
 	}
+	want = append(want, "ANY /e2b/{proxy+} -> acquire", "POST /e2b/sandboxes/{id}/connect -> acquire", "POST /e2b/v2/sandboxes/{id}/connect -> acquire")
+	slices.Sort(want)
+	for _, r := range app.Routes {
+		wantHeader := "Authorization"
+		if strings.HasPrefix(r.Path, "/e2b/") {
+			wantHeader = "X-API-Key" // the E2B SDKs send the key there
+		}
+		if r.TokenHeader != wantHeader {
+			t.Errorf("%s: token header %q, want %q", r.Key(), r.TokenHeader, wantHeader)
+		}
+	}
 	if !reflect.DeepEqual(routes, want) {
 		t.Errorf("routes = %q\nwant %q", routes, want)
 	}
@@ -98,10 +109,10 @@ func TestParseRate(t *testing.T) {
 
 func TestRouteMatching(t *testing.T) {
 	app := App{Routes: []Route{
-		{"POST", "/v1/sandboxes/acquire", "acquire"},
-		{"GET", "/v1/sandboxes/{id}", "acquire"},
-		{"POST", "/v1/sandboxes/{id}/release", "release"},
-		{"ANY", "/files/{path+}", "files"},
+		{"POST", "/v1/sandboxes/acquire", "acquire", ""},
+		{"GET", "/v1/sandboxes/{id}", "acquire", ""},
+		{"POST", "/v1/sandboxes/{id}/release", "release", ""},
+		{"ANY", "/files/{path+}", "files", ""},
 	}}
 	tests := []struct {
 		method, path string

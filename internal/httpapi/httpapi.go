@@ -161,10 +161,12 @@ func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool
 	switch ev.RouteKey {
 	case RouteAcquire, RouteCapacity, RouteDrain, RouteUndrain, RouteOpenAPI:
 		return ev.RouteKey, "", true
-	case RouteGet, RouteRelease, RouteSync:
+	case RouteGet, RouteRelease, RouteSync, RouteE2BConnect, RouteE2BConnectV2:
 		if v, ok := ev.PathParameters["id"]; ok {
 			return ev.RouteKey, v, true
 		}
+	case RouteE2BOther:
+		return ev.RouteKey, "", true
 	}
 	m := method(ev)
 	path := ev.RawPath
@@ -172,6 +174,12 @@ func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool
 		path = ev.RequestContext.HTTP.Path
 	}
 	segs := strings.Split(strings.Trim(path, "/"), "/")
+	if want, id, ok := e2bRoute(segs); ok {
+		if !strings.HasPrefix(want, m+" ") {
+			want, id = RouteE2BOther, "" // as API Gateway's ANY /e2b/{proxy+}
+		}
+		return want, id, true
+	}
 	var want string
 	switch {
 	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "sandboxes" && segs[2] == "acquire":
@@ -209,10 +217,17 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		return r.errorResponse(http.StatusNotFound, apiError{Code: core.CodeRouteNotFound, Message: "no such route"}, 0)
 	}
 	tenant, ok := tenantOf(r.ev)
+	e2b := route == RouteE2BConnect || route == RouteE2BConnectV2 || route == RouteE2BOther
 	if !ok {
+		if e2b {
+			return r.e2bError(http.StatusUnauthorized, core.CodeUnauthorized, "missing or invalid API key (X-API-Key: the tenant's broker token)", 0)
+		}
 		return r.errorResponse(http.StatusUnauthorized, apiError{Code: core.CodeUnauthorized, Message: "missing or invalid caller identity"}, 0)
 	}
 	r.tenant = tenant
+	if e2b {
+		return h.serveE2B(ctx, r, route, id)
+	}
 	body, err := bodyOf(r.ev)
 	if err != nil {
 		if errors.Is(err, errTooLarge) {

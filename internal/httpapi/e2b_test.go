@@ -1,0 +1,94 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"testing"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+func e2bRecord(state core.State, protocol, url string) core.Record {
+	return core.Record{SandboxID: "sb1", ThreadKey: core.ThreadKey{Tenant: "acme", User: "u", Thread: "t"}, State: state, Backend: "e2b",
+		Endpoint: core.Endpoint{Protocol: protocol, URL: url, AccessToken: "envd-secret"}}
+}
+
+// TestE2BConnect: connect answers E2B's reply for a sandbox the tenant
+// holds, reading the record only (no extension, no provider call), and
+// E2B's not-found for anything else; every other /e2b route is refused
+// without touching the broker.
+func TestE2BConnect(t *testing.T) {
+	local := e2bRecord(core.StateActive, core.ProtocolEnvd, "http://127.0.0.1:4000")
+	hosted := e2bRecord(core.StateActive, core.ProtocolEnvd, "https://49983-sb1.e2b.app")
+	aio := e2bRecord(core.StateActive, core.ProtocolAIO, "http://127.0.0.1:5000/sandboxes/sb1")
+	aio.Backend = "provisioner"
+	e2bDomain := "e2b.app"
+	tests := []struct {
+		name, method, routeKey, path, tenant string
+		params                               map[string]string
+		rec                                  core.Record
+		err                                  error
+		wantStatus                           int
+		wantCalls                            []string
+		wantDomain                           *string
+	}{
+		{"v2 connect, local envd", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, local, nil, 200, []string{"Get acme sb1"}, nil},
+		{"connect, hosted envd", "POST", RouteE2BConnect, "/e2b/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, hosted, nil, 200, []string{"Get acme sb1"}, &e2bDomain},
+		{"raw path connect", "POST", "", "/e2b/v2/sandboxes/sb1/connect", "acme", nil, local, nil, 200, []string{"Get acme sb1"}, nil},
+		{"warm sandbox", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, e2bRecord(core.StateWarm, core.ProtocolEnvd, "http://x"), nil, 404, []string{"Get acme sb1"}, nil},
+		{"unknown or another tenant's", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, core.Record{}, core.ErrNotFound, 404, []string{"Get acme sb1"}, nil},
+		{"store down", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, core.Record{}, fmt.Errorf("get: %w", core.ErrStoreUnavailable), 503, []string{"Get acme sb1"}, nil},
+		{"provisioner backend", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, aio, nil, 400, []string{"Get acme sb1"}, nil},
+		{"bad id", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/a.b/connect", "acme", map[string]string{"id": "a.b"}, local, nil, 400, nil, nil},
+		{"no key", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "", map[string]string{"id": "sb1"}, local, nil, 401, nil, nil},
+		{"create", "POST", RouteE2BOther, "/e2b/v2/sandboxes", "acme", map[string]string{"proxy": "v2/sandboxes"}, local, nil, 403, nil, nil},
+		{"list (raw path)", "GET", "", "/e2b/v2/sandboxes", "acme", nil, local, nil, 403, nil, nil},
+		{"kill (raw path)", "DELETE", "", "/e2b/sandboxes/sb1", "acme", nil, local, nil, 403, nil, nil},
+		{"set timeout (raw path)", "POST", "", "/e2b/sandboxes/sb1/timeout", "acme", nil, local, nil, 403, nil, nil},
+		{"pause (raw path)", "POST", "", "/e2b/sandboxes/sb1/pause", "acme", nil, local, nil, 403, nil, nil},
+		{"connect with another method", "GET", "", "/e2b/sandboxes/sb1/connect", "acme", nil, local, nil, 403, nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := &fakeBroker{record: tt.rec, err: tt.err}
+			ev := event(tt.routeKey, tt.path, `{"timeout":3600}`, tt.tenant, tt.params)
+			ev.RequestContext.HTTP.Method = tt.method
+			resp, err := NewHandler(b, nil)(context.Background(), ev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tt.wantStatus {
+				t.Fatalf("status %d, want %d (body %s)", resp.StatusCode, tt.wantStatus, resp.Body)
+			}
+			if !slices.Equal(b.calls, tt.wantCalls) {
+				t.Errorf("broker calls %q, want %q", b.calls, tt.wantCalls)
+			}
+			if tt.wantStatus != http.StatusOK {
+				var e e2bError
+				if err := json.Unmarshal([]byte(resp.Body), &e); err != nil || e.Code != tt.wantStatus || e.Message == "" {
+					t.Errorf("body %s: want E2B's {code: %d, message}", resp.Body, tt.wantStatus)
+				}
+				if tt.wantStatus == http.StatusServiceUnavailable && resp.Headers["Retry-After"] == "" {
+					t.Errorf("503 without Retry-After")
+				}
+				return
+			}
+			var got struct {
+				SandboxID, EnvdVersion, EnvdAccessToken string
+				Domain                                  *string
+			}
+			if err := json.Unmarshal([]byte(resp.Body), &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.SandboxID != "sb1" || got.EnvdVersion != E2BEnvdVersion || got.EnvdAccessToken != "envd-secret" {
+				t.Errorf("reply %s", resp.Body)
+			}
+			if (got.Domain == nil) != (tt.wantDomain == nil) || (got.Domain != nil && *got.Domain != *tt.wantDomain) {
+				t.Errorf("domain %v, want %v (body %s)", got.Domain, tt.wantDomain, resp.Body)
+			}
+		})
+	}
+}
