@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 var _ core.Provider = (*Client)(nil)
@@ -26,9 +27,6 @@ const (
 	DefaultTemplate = "base"
 	// DefaultDomain is the sandbox domain used when a create reply has none.
 	DefaultDomain = "e2b.app"
-	// EnvdPort is the port envd listens on in every sandbox; it is sent as
-	// the E2b-Sandbox-Port header and is part of the default envd host name.
-	EnvdPort = 49983
 
 	defaultControlPlaneTimeout = 30 * time.Second
 	defaultCreateTimeout       = 60 * time.Second
@@ -292,7 +290,7 @@ func (c *Client) envdURL(id, domain string) string {
 	if c.sandboxURL != "" {
 		return c.sandboxURL
 	}
-	return fmt.Sprintf("https://%d-%s.%s", EnvdPort, id, domain)
+	return fmt.Sprintf("https://%d-%s.%s", envd.Port, id, domain)
 }
 
 // Info reads a sandbox with GET /sandboxes/{id}, which does not extend its

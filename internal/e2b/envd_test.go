@@ -18,50 +18,50 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/connectjson"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 // fakeEnvd is an envd whose process.Process/Start is a real connect-go
 // handler (JSON codec) running script.
 type fakeEnvd struct {
-	script func(ctx context.Context, req *connect.Request[startRequest], s *connect.ServerStream[startResponse]) error
+	script func(ctx context.Context, req *connect.Request[envd.StartRequest], s *connect.ServerStream[envd.StartResponse]) error
 	mu     sync.Mutex
 	header http.Header
-	msg    *startRequest
+	msg    *envd.StartRequest
 	killed atomic.Uint32 // pid of the last SendSignal
 }
 
-func (f *fakeEnvd) start(ctx context.Context, req *connect.Request[startRequest], s *connect.ServerStream[startResponse]) error {
+func (f *fakeEnvd) start(ctx context.Context, req *connect.Request[envd.StartRequest], s *connect.ServerStream[envd.StartResponse]) error {
 	f.mu.Lock()
 	f.header, f.msg = req.Header().Clone(), req.Msg
 	f.mu.Unlock()
 	return f.script(ctx, req, s)
 }
 
-func (f *fakeEnvd) signal(_ context.Context, req *connect.Request[sendSignalRequest]) (*connect.Response[sendSignalResponse], error) {
-	if req.Msg.Signal == "SIGNAL_SIGKILL" {
-		f.killed.Store(req.Msg.Process.Pid)
+func (f *fakeEnvd) signal(_ context.Context, req *connect.Request[envd.SendSignalRequest]) (*connect.Response[envd.Empty], error) {
+	if req.Msg.Signal.Name == envd.SignalKill {
+		f.killed.Store(uint32(req.Msg.Process.Pid))
 	}
-	return connect.NewResponse(&sendSignalResponse{}), nil
+	return connect.NewResponse(&envd.Empty{}), nil
 }
 
 func (f *fakeEnvd) serve(t *testing.T) *httptest.Server {
 	t.Helper()
 	mux := http.NewServeMux()
-	mux.Handle("/process.Process/Start", connect.NewServerStreamHandler("/process.Process/Start", f.start, connect.WithCodec(connectjson.Codec{})))
-	mux.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", f.signal, connect.WithCodec(connectjson.Codec{})))
+	mux.Handle("/process.Process/Start", connect.NewServerStreamHandler("/process.Process/Start", f.start, connect.WithCodec(envd.Codec{})))
+	mux.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", f.signal, connect.WithCodec(envd.Codec{})))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv
 }
 
-func send(s *connect.ServerStream[startResponse], ev processEvent) error {
-	return s.Send(&startResponse{Event: ev})
+func send(s *connect.ServerStream[envd.StartResponse], ev envd.ProcessEvent) error {
+	return s.Send(&envd.StartResponse{Event: ev})
 }
 
-func exitWith(code int32) *endEvent {
-	return &endEvent{ExitCode: &code, Exited: true, Status: "exit status " + strconv.Itoa(int(code))}
+func exitWith(code int32) *envd.EndEvent {
+	return &envd.EndEvent{ExitCode: code, Exited: true, Status: "exit status " + strconv.Itoa(int(code))}
 }
 
 // goneControlPlane answers GET /sandboxes/{id}: 404 when gone, else running.
@@ -83,13 +83,13 @@ var testRef = core.SandboxRef{ID: "sbx1", Endpoint: core.Endpoint{Protocol: core
 func refAt(url string) core.SandboxRef { r := testRef; r.Endpoint.URL = url; return r }
 
 func TestRunCollectsOutputAndExitCode(t *testing.T) {
-	f := &fakeEnvd{script: func(ctx context.Context, req *connect.Request[startRequest], s *connect.ServerStream[startResponse]) error {
-		_ = send(s, processEvent{Start: &startEvent{Pid: 42}})
-		_ = send(s, processEvent{Data: &dataEvent{Stdout: []byte("hello ")}})
-		_ = send(s, processEvent{Keepalive: &struct{}{}})
-		_ = send(s, processEvent{Data: &dataEvent{Stderr: []byte("warn")}})
-		_ = send(s, processEvent{Data: &dataEvent{Stdout: []byte("world")}})
-		return send(s, processEvent{End: exitWith(3)})
+	f := &fakeEnvd{script: func(ctx context.Context, req *connect.Request[envd.StartRequest], s *connect.ServerStream[envd.StartResponse]) error {
+		_ = send(s, envd.ProcessEvent{Start: &envd.StartEvent{Pid: 42}})
+		_ = send(s, envd.ProcessEvent{Data: &envd.DataEvent{Stdout: []byte("hello ")}})
+		_ = send(s, envd.ProcessEvent{Keepalive: &struct{}{}})
+		_ = send(s, envd.ProcessEvent{Data: &envd.DataEvent{Stderr: []byte("warn")}})
+		_ = send(s, envd.ProcessEvent{Data: &envd.DataEvent{Stdout: []byte("world")}})
+		return send(s, envd.ProcessEvent{End: exitWith(3)})
 	}}
 	srv := f.serve(t)
 	c := newTestClient(t, "http://127.0.0.1:9", "", nil)
@@ -137,9 +137,9 @@ func TestRunRejectsBadEnvKeyBeforeAnyCall(t *testing.T) {
 }
 
 func TestRunWithoutEndEventIsAnError(t *testing.T) {
-	f := &fakeEnvd{script: func(ctx context.Context, req *connect.Request[startRequest], s *connect.ServerStream[startResponse]) error {
-		_ = send(s, processEvent{Start: &startEvent{Pid: 1}})
-		return send(s, processEvent{Data: &dataEvent{Stdout: []byte("partial")}})
+	f := &fakeEnvd{script: func(ctx context.Context, req *connect.Request[envd.StartRequest], s *connect.ServerStream[envd.StartResponse]) error {
+		_ = send(s, envd.ProcessEvent{Start: &envd.StartEvent{Pid: 1}})
+		return send(s, envd.ProcessEvent{Data: &envd.DataEvent{Stdout: []byte("partial")}})
 	}}
 	srv := f.serve(t)
 	c := newTestClient(t, "http://127.0.0.1:9", "", nil)
@@ -201,7 +201,7 @@ func TestRunSandboxGone(t *testing.T) {
 		t.Cleanup(srv.Close)
 		return srv
 	}
-	unavailable := &fakeEnvd{script: func(context.Context, *connect.Request[startRequest], *connect.ServerStream[startResponse]) error {
+	unavailable := &fakeEnvd{script: func(context.Context, *connect.Request[envd.StartRequest], *connect.ServerStream[envd.StartResponse]) error {
 		return connect.NewError(connect.CodeUnavailable, errors.New("sandbox is gone"))
 	}}
 	unavailableSrv := unavailable.serve(t)
@@ -248,16 +248,16 @@ func TestRunUnauthenticatedIsCertain(t *testing.T) {
 func TestRunTimeout(t *testing.T) {
 	// envd enforces Connect-Timeout-Ms (a connect-go handler ends the stream
 	// with deadline_exceeded).
-	enforcing := &fakeEnvd{script: func(ctx context.Context, req *connect.Request[startRequest], s *connect.ServerStream[startResponse]) error {
-		_ = send(s, processEvent{Start: &startEvent{Pid: 99}})
-		_ = send(s, processEvent{Data: &dataEvent{Stdout: []byte("so far")}})
+	enforcing := &fakeEnvd{script: func(ctx context.Context, req *connect.Request[envd.StartRequest], s *connect.ServerStream[envd.StartResponse]) error {
+		_ = send(s, envd.ProcessEvent{Start: &envd.StartEvent{Pid: 99}})
+		_ = send(s, envd.ProcessEvent{Data: &envd.DataEvent{Stdout: []byte("so far")}})
 		<-ctx.Done()
 		return ctx.Err()
 	}}
 	// envd ignores its deadline: the client gives up after timeout + margin.
 	ignoring := &fakeEnvd{}
 	mux := http.NewServeMux()
-	mux.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", ignoring.signal, connect.WithCodec(connectjson.Codec{})))
+	mux.Handle("/process.Process/SendSignal", connect.NewUnaryHandler("/process.Process/SendSignal", ignoring.signal, connect.WithCodec(envd.Codec{})))
 	mux.HandleFunc("/process.Process/Start", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/connect+json")
 		w.Write(envelope(0, `{"event":{"start":{"pid":99}}}`))
@@ -313,12 +313,12 @@ func TestRunHonoursCallerContext(t *testing.T) {
 }
 
 func TestRunKeepsOutputTail(t *testing.T) {
-	f := &fakeEnvd{script: func(ctx context.Context, req *connect.Request[startRequest], s *connect.ServerStream[startResponse]) error {
-		_ = send(s, processEvent{Start: &startEvent{Pid: 1}})
+	f := &fakeEnvd{script: func(ctx context.Context, req *connect.Request[envd.StartRequest], s *connect.ServerStream[envd.StartResponse]) error {
+		_ = send(s, envd.ProcessEvent{Start: &envd.StartEvent{Pid: 1}})
 		for i := range 10 {
-			_ = send(s, processEvent{Data: &dataEvent{Stdout: []byte(strconv.Itoa(i) + "abcdefgh")}})
+			_ = send(s, envd.ProcessEvent{Data: &envd.DataEvent{Stdout: []byte(strconv.Itoa(i) + "abcdefgh")}})
 		}
-		return send(s, processEvent{End: exitWith(0)})
+		return send(s, envd.ProcessEvent{End: exitWith(0)})
 	}}
 	srv := f.serve(t)
 	c := newTestClient(t, "http://127.0.0.1:9", "", func(o *Options) { o.MaxOutputBytes = 12 })

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 
 	"connectrpc.com/connect"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 // OpenFile streams the bytes of path with envd's GET /files?path=… . The
@@ -28,7 +28,7 @@ func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string,
 	if err := core.ValidateSandboxID(ref.ID); err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.envdBase(ref)+"/files?"+url.Values{"path": {path}}.Encode(), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, envd.FileURL(c.envdBase(ref), path), nil)
 	if err != nil {
 		return nil, fmt.Errorf("e2b %s: %w", op, err)
 	}
@@ -71,7 +71,7 @@ func (c *Client) WriteFile(ctx context.Context, ref core.SandboxRef, path string
 	if err := core.ValidateSandboxID(ref.ID); err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.envdBase(ref)+"/files?"+url.Values{"path": {path}}.Encode(), r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, envd.FileURL(c.envdBase(ref), path), r)
 	if err != nil {
 		return fmt.Errorf("e2b %s: %w", op, err)
 	}

@@ -12,9 +12,9 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/connectjson"
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 // envKey is the shape of environment variable names accepted by Run: a
@@ -36,63 +36,6 @@ type OutputTruncatedError struct {
 
 func (e *OutputTruncatedError) Error() string {
 	return fmt.Sprintf("%s truncated: kept the last %d of %d bytes", e.Stream, e.Kept, e.Total)
-}
-
-// Wire types of envd's process.Process service (envd process.proto) in the
-// Connect JSON mapping (lowerCamelCase names, bytes as standard base64).
-type (
-	processConfig struct {
-		Cmd  string            `json:"cmd"`
-		Args []string          `json:"args"`
-		Envs map[string]string `json:"envs,omitempty"`
-		Cwd  string            `json:"cwd,omitempty"`
-	}
-	startRequest struct {
-		Process processConfig `json:"process"`
-		Stdin   bool          `json:"stdin"`
-	}
-	startResponse struct {
-		Event processEvent `json:"event"`
-	}
-	processEvent struct {
-		Start     *startEvent `json:"start,omitempty"`
-		Data      *dataEvent  `json:"data,omitempty"`
-		End       *endEvent   `json:"end,omitempty"`
-		Keepalive *struct{}   `json:"keepalive,omitempty"`
-	}
-	startEvent struct {
-		Pid uint32 `json:"pid"`
-	}
-	dataEvent struct {
-		Stdout []byte `json:"stdout,omitempty"`
-		Stderr []byte `json:"stderr,omitempty"`
-		Pty    []byte `json:"pty,omitempty"`
-	}
-	endEvent struct {
-		ExitCode      *int32  `json:"exitCode"`
-		ExitCodeSnake *int32  `json:"exit_code"` // protojson parsers accept both
-		Exited        bool    `json:"exited"`
-		Status        string  `json:"status"`
-		Error         *string `json:"error"`
-	}
-	processSelector struct {
-		Pid uint32 `json:"pid"`
-	}
-	sendSignalRequest struct {
-		Process processSelector `json:"process"`
-		Signal  string          `json:"signal"`
-	}
-	sendSignalResponse struct{}
-)
-
-func (e *endEvent) exitCode() int {
-	switch {
-	case e.ExitCode != nil:
-		return int(*e.ExitCode)
-	case e.ExitCodeSnake != nil:
-		return int(*e.ExitCodeSnake)
-	}
-	return 0 // proto3 default: omitted means 0
 }
 
 // statusRecorder remembers the HTTP status of the last response, which
@@ -159,16 +102,16 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	defer timer.Stop()
 
 	rec := &statusRecorder{doer: c.http}
-	client := connect.NewClient[startRequest, startResponse](rec, c.envdBase(ref)+"/process.Process/Start",
-		connect.WithCodec(connectjson.Codec{}), connect.WithReadMaxBytes(maxReplyBytes))
-	req := connect.NewRequest(&startRequest{Process: processConfig{
+	client := connect.NewClient[envd.StartRequest, envd.StartResponse](rec, c.envdBase(ref)+envd.ProcedureStart,
+		connect.WithCodec(envd.Codec{}), connect.WithReadMaxBytes(maxReplyBytes))
+	req := connect.NewRequest(&envd.StartRequest{Process: envd.ProcessConfig{
 		Cmd:  "/bin/bash",
 		Args: []string{"-l", "-c", cmd.Script},
 		Envs: cmd.Env,
 		Cwd:  cmd.Cwd,
 	}})
 	setEnvdHeaders(req.Header(), ref)
-	req.Header().Set("Keepalive-Ping-Interval", "50")
+	req.Header().Set(envd.HeaderKeepalive, "50")
 	req.Header().Set("Connect-Timeout-Ms", strconv.FormatInt(max(serverTimeout.Milliseconds(), 1), 10))
 
 	started := time.Now()
@@ -181,7 +124,7 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	stdout := tailBuffer{max: c.maxOutput}
 	stderr := tailBuffer{max: c.maxOutput}
 	var pid uint32
-	var end *endEvent
+	var end *envd.EndEvent
 	for stream.Receive() {
 		ev := stream.Msg().Event
 		switch {
@@ -201,7 +144,7 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	if end == nil {
 		return result, &core.ProviderError{Op: op, Message: "process stream ended without an end event: outcome unknown", Ambiguous: true}
 	}
-	result.ExitCode = end.exitCode()
+	result.ExitCode = int(end.ExitCode)
 	if !end.Exited && time.Since(started) >= serverTimeout {
 		// envd stopped the process at its deadline.
 		return result, fmt.Errorf("e2b %s: %w after %s (%s): %w", op, ErrCommandTimeout, timeout, end.Status, context.DeadlineExceeded)
@@ -282,9 +225,9 @@ func (c *Client) confirmGone(ctx context.Context, id string) bool {
 func (c *Client) killProcess(ctx context.Context, ref core.SandboxRef, pid uint32) {
 	ctx, cancel := core.SettleContext(ctx, confirmTimeout)
 	defer cancel()
-	client := connect.NewClient[sendSignalRequest, sendSignalResponse](c.http, c.envdBase(ref)+"/process.Process/SendSignal",
-		connect.WithCodec(connectjson.Codec{}))
-	req := connect.NewRequest(&sendSignalRequest{Process: processSelector{Pid: pid}, Signal: "SIGNAL_SIGKILL"})
+	client := connect.NewClient[envd.SendSignalRequest, envd.Empty](c.http, c.envdBase(ref)+envd.ProcedureSendSignal,
+		connect.WithCodec(envd.Codec{}))
+	req := connect.NewRequest(&envd.SendSignalRequest{Process: envd.ProcessSelector{Pid: envd.Uint(pid)}, Signal: envd.Enum{Name: envd.SignalKill}})
 	setEnvdHeaders(req.Header(), ref)
 	if _, err := client.CallUnary(ctx, req); err != nil {
 		c.log.WarnContext(ctx, "e2b: kill of timed-out process failed", "sandbox_id", ref.ID, "pid", pid, "error", err)
@@ -302,11 +245,7 @@ func (c *Client) envdBase(ref core.SandboxRef) string {
 // setEnvdHeaders sets the routing and auth headers of every envd call
 // (E2b-Sandbox-Id, X-Access-Token): never the API key.
 func setEnvdHeaders(h http.Header, ref core.SandboxRef) {
-	h.Set("E2b-Sandbox-Id", ref.ID)
-	h.Set("E2b-Sandbox-Port", strconv.Itoa(EnvdPort))
-	if ref.Endpoint.AccessToken != "" {
-		h.Set("X-Access-Token", ref.Endpoint.AccessToken)
-	}
+	envd.SetHeaders(h, ref.ID, ref.Endpoint.AccessToken)
 }
 
 // tailBuffer keeps the last max bytes written and counts all of them.

@@ -3,6 +3,8 @@ package sandboxhost
 import (
 	"context"
 	"testing"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 // BenchmarkRunTrue measures one `bash -l -c true` round trip over envd.
@@ -19,7 +21,7 @@ func BenchmarkRunTrue(b *testing.B) {
 				b.Fatal(err)
 			}
 			c := envdClient{srv: srv, id: sb.id, token: sb.token}
-			req := &startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "true"}}}
+			req := &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "true"}}}
 			b.ResetTimer()
 			for range b.N {
 				if res, err := c.runReq(context.Background(), req); err != nil || res.end.ExitCode != 0 {

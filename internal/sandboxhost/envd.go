@@ -3,7 +3,6 @@ package sandboxhost
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -15,88 +14,11 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/connectjson"
-)
-
-// envd Connect procedures served (from envd's process.proto and
-// filesystem.proto).
-const (
-	procStart      = "/process.Process/Start"
-	procSendSignal = "/process.Process/SendSignal"
-	procList       = "/process.Process/List"
-	fsStat         = "/filesystem.Filesystem/Stat"
-	fsMakeDir      = "/filesystem.Filesystem/MakeDir"
-	fsListDir      = "/filesystem.Filesystem/ListDir"
-	fsMove         = "/filesystem.Filesystem/Move"
-	fsRemove       = "/filesystem.Filesystem/Remove"
-)
-
-// Envd request headers.
-const (
-	headerSandboxID   = "E2b-Sandbox-Id"
-	headerAccessToken = "X-Access-Token"
-	headerKeepalive   = "Keepalive-Ping-Interval"
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 // maxRPCBytes caps a Connect request message.
 const maxRPCBytes = 8 << 20
-
-// process.proto messages, as proto3 JSON.
-type (
-	processConfig struct {
-		Cmd  string            `json:"cmd"`
-		Args []string          `json:"args"`
-		Envs map[string]string `json:"envs"`
-		Cwd  *string           `json:"cwd,omitempty"`
-	}
-	startRequest struct {
-		Process processConfig   `json:"process"`
-		Pty     json.RawMessage `json:"pty,omitempty"`
-		Tag     *string         `json:"tag,omitempty"`
-		Stdin   *bool           `json:"stdin,omitempty"`
-	}
-	startResponse struct {
-		Event processEvent `json:"event"`
-	}
-	processEvent struct {
-		Start     *startEvent `json:"start,omitempty"`
-		Data      *dataEvent  `json:"data,omitempty"`
-		End       *endEvent   `json:"end,omitempty"`
-		Keepalive *struct{}   `json:"keepalive,omitempty"`
-	}
-	startEvent struct {
-		Pid uint32 `json:"pid"`
-	}
-	// dataEvent bytes are standard base64 in JSON (encoding/json's []byte).
-	dataEvent struct {
-		Stdout []byte `json:"stdout,omitempty"`
-		Stderr []byte `json:"stderr,omitempty"`
-	}
-	endEvent struct {
-		ExitCode int32   `json:"exitCode"`
-		Exited   bool    `json:"exited"`
-		Status   string  `json:"status"`
-		Error    *string `json:"error,omitempty"`
-	}
-	processSelector struct {
-		Pid *protoUint `json:"pid,omitempty"`
-		Tag *string    `json:"tag,omitempty"`
-	}
-	sendSignalRequest struct {
-		Process processSelector `json:"process"`
-		Signal  protoEnum       `json:"signal"`
-	}
-	empty       struct{}
-	listRequest struct{}
-	processInfo struct {
-		Config processConfig `json:"config"`
-		Pid    uint32        `json:"pid"`
-		Tag    *string       `json:"tag,omitempty"`
-	}
-	listResponse struct {
-		Processes []processInfo `json:"processes"`
-	}
-)
 
 // sandboxKey carries the routed *sandbox in a request context.
 type sandboxKey struct{}
@@ -115,23 +37,23 @@ func sandboxFrom(ctx context.Context) *sandbox {
 // it); every route but /health needs X-Access-Token equal to the sandbox's
 // token (401 otherwise).
 func (h *Host) EnvdHandler() http.Handler {
-	opts := []connect.HandlerOption{connect.WithCodec(connectjson.Codec{}), connect.WithReadMaxBytes(maxRPCBytes)}
+	opts := []connect.HandlerOption{connect.WithCodec(envd.Codec{}), connect.WithReadMaxBytes(maxRPCBytes)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("GET /files", h.handleReadFile)
 	mux.HandleFunc("POST /files", h.handleWriteFile)
-	mux.Handle(procStart, connect.NewServerStreamHandler(procStart, h.rpcStart, opts...))
-	mux.Handle(procSendSignal, connect.NewUnaryHandler(procSendSignal, h.rpcSendSignal, opts...))
-	mux.Handle(procList, connect.NewUnaryHandler(procList, h.rpcList, opts...))
-	mux.Handle(fsStat, connect.NewUnaryHandler(fsStat, h.rpcStat, opts...))
-	mux.Handle(fsMakeDir, connect.NewUnaryHandler(fsMakeDir, h.rpcMakeDir, opts...))
-	mux.Handle(fsListDir, connect.NewUnaryHandler(fsListDir, h.rpcListDir, opts...))
-	mux.Handle(fsMove, connect.NewUnaryHandler(fsMove, h.rpcMove, opts...))
-	mux.Handle(fsRemove, connect.NewUnaryHandler(fsRemove, h.rpcRemove, opts...))
+	mux.Handle(envd.ProcedureStart, connect.NewServerStreamHandler(envd.ProcedureStart, h.rpcStart, opts...))
+	mux.Handle(envd.ProcedureSendSignal, connect.NewUnaryHandler(envd.ProcedureSendSignal, h.rpcSendSignal, opts...))
+	mux.Handle(envd.ProcedureList, connect.NewUnaryHandler(envd.ProcedureList, h.rpcList, opts...))
+	mux.Handle(envd.ProcedureStat, connect.NewUnaryHandler(envd.ProcedureStat, h.rpcStat, opts...))
+	mux.Handle(envd.ProcedureMakeDir, connect.NewUnaryHandler(envd.ProcedureMakeDir, h.rpcMakeDir, opts...))
+	mux.Handle(envd.ProcedureListDir, connect.NewUnaryHandler(envd.ProcedureListDir, h.rpcListDir, opts...))
+	mux.Handle(envd.ProcedureMove, connect.NewUnaryHandler(envd.ProcedureMove, h.rpcMove, opts...))
+	mux.Handle(envd.ProcedureRemove, connect.NewUnaryHandler(envd.ProcedureRemove, h.rpcRemove, opts...))
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		isRPC := r.URL.Path != "/health" && r.URL.Path != "/files"
-		id := r.Header.Get(headerSandboxID)
+		id := r.Header.Get(envd.HeaderSandboxID)
 		sb, err := h.get(id)
 		if err != nil {
 			// Connect clients map a non-JSON error by HTTP status:
@@ -140,7 +62,7 @@ func (h *Host) EnvdHandler() http.Handler {
 			return
 		}
 		if r.URL.Path != "/health" {
-			tok := r.Header.Get(headerAccessToken)
+			tok := r.Header.Get(envd.HeaderAccessToken)
 			if subtle.ConstantTimeCompare([]byte(tok), []byte(sb.token)) != 1 {
 				envdError(w, isRPC, http.StatusUnauthorized, "invalid or missing access token")
 				return
@@ -167,17 +89,13 @@ func envdError(w http.ResponseWriter, rpc bool, status int, msg string) {
 // at once), data chunks, keepalives every Keepalive-Ping-Interval seconds,
 // then end{exitCode, exited, status}. A client that goes away (or whose
 // Connect-Timeout-Ms passes) kills the process group.
-func (h *Host) rpcStart(ctx context.Context, req *connect.Request[startRequest], stream *connect.ServerStream[startResponse]) error {
+func (h *Host) rpcStart(ctx context.Context, req *connect.Request[envd.StartRequest], stream *connect.ServerStream[envd.StartResponse]) error {
 	sb := sandboxFrom(ctx)
 	msg := req.Msg
 	if len(msg.Pty) > 0 && string(msg.Pty) != "null" {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("pty is not supported by the local sandbox host"))
 	}
-	spec := startSpec{cmd: msg.Process.Cmd, args: msg.Process.Args, envs: msg.Process.Envs}
-	if msg.Process.Cwd != nil {
-		spec.cwd = *msg.Process.Cwd
-	}
-	spec.tag = msg.Tag
+	spec := startSpec{cmd: msg.Process.Cmd, args: msg.Process.Args, envs: msg.Process.Envs, cwd: msg.Process.Cwd, tag: msg.Tag}
 	r, err := h.start(sb, spec)
 	if err != nil {
 		return startError(err)
@@ -188,11 +106,11 @@ func (h *Host) rpcStart(ctx context.Context, req *connect.Request[startRequest],
 		go r.discard()
 		return err
 	}
-	if err := stream.Send(&startResponse{Event: processEvent{Start: &startEvent{Pid: uint32(r.pid)}}}); err != nil {
+	if err := stream.Send(&envd.StartResponse{Event: envd.ProcessEvent{Start: &envd.StartEvent{Pid: uint32(r.pid)}}}); err != nil {
 		return abort(err)
 	}
 	interval := 50 * time.Second
-	if s := req.Header().Get(headerKeepalive); s != "" {
+	if s := req.Header().Get(envd.HeaderKeepalive); s != "" {
 		if n, err := strconv.Atoi(s); err == nil && n > 0 {
 			interval = time.Duration(n) * time.Second
 		}
@@ -206,11 +124,11 @@ func (h *Host) rpcStart(ctx context.Context, req *connect.Request[startRequest],
 				done = true
 				break
 			}
-			if err := stream.Send(&startResponse{Event: processEvent{Data: &dataEvent{Stdout: ev.stdout, Stderr: ev.stderr}}}); err != nil {
+			if err := stream.Send(&envd.StartResponse{Event: envd.ProcessEvent{Data: &envd.DataEvent{Stdout: ev.stdout, Stderr: ev.stderr}}}); err != nil {
 				return abort(err)
 			}
 		case <-tick.C:
-			if err := stream.Send(&startResponse{Event: processEvent{Keepalive: &struct{}{}}}); err != nil {
+			if err := stream.Send(&envd.StartResponse{Event: envd.ProcessEvent{Keepalive: &struct{}{}}}); err != nil {
 				return abort(err)
 			}
 		case <-ctx.Done():
@@ -219,12 +137,9 @@ func (h *Host) rpcStart(ctx context.Context, req *connect.Request[startRequest],
 	}
 	<-r.done
 	code, exited, status, errText := r.exitInfo()
-	end := &endEvent{ExitCode: int32(code), Exited: exited, Status: status}
-	if errText != "" {
-		end.Error = &errText
-	}
+	end := &envd.EndEvent{ExitCode: int32(code), Exited: exited, Status: status, Error: errText}
 	h.log.Debug("process ended", "sandbox_id", sb.id, "pid", r.pid, "exit_code", code)
-	return stream.Send(&startResponse{Event: processEvent{End: end}})
+	return stream.Send(&envd.StartResponse{Event: envd.ProcessEvent{End: end}})
 }
 
 // startError maps a start failure to a Connect error.
@@ -243,7 +158,7 @@ func startError(err error) error {
 
 // rpcSendSignal signals a process's group: SIGNAL_SIGKILL (9) or
 // SIGNAL_SIGTERM (15).
-func (h *Host) rpcSendSignal(ctx context.Context, req *connect.Request[sendSignalRequest]) (*connect.Response[empty], error) {
+func (h *Host) rpcSendSignal(ctx context.Context, req *connect.Request[envd.SendSignalRequest]) (*connect.Response[envd.Empty], error) {
 	sb := sandboxFrom(ctx)
 	var sig syscall.Signal
 	switch {
@@ -259,15 +174,15 @@ func (h *Host) rpcSendSignal(ctx context.Context, req *connect.Request[sendSigna
 		return nil, connect.NewError(connect.CodeNotFound, errors.New("process not found"))
 	}
 	p.signal(sig)
-	return connect.NewResponse(&empty{}), nil
+	return connect.NewResponse(&envd.Empty{}), nil
 }
 
 // findProcess returns the live process selected by pid or tag, or nil.
-func (sb *sandbox) findProcess(sel processSelector) *process {
+func (sb *sandbox) findProcess(sel envd.ProcessSelector) *process {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sel.Pid != nil {
-		return sb.procs[int(*sel.Pid)]
+	if sel.Pid != 0 {
+		return sb.procs[int(sel.Pid)]
 	}
 	if sel.Tag != nil {
 		for _, p := range sb.procs {
@@ -280,17 +195,13 @@ func (sb *sandbox) findProcess(sel processSelector) *process {
 }
 
 // rpcList lists the sandbox's running processes.
-func (h *Host) rpcList(ctx context.Context, _ *connect.Request[listRequest]) (*connect.Response[listResponse], error) {
+func (h *Host) rpcList(ctx context.Context, _ *connect.Request[envd.Empty]) (*connect.Response[envd.ListResponse], error) {
 	sb := sandboxFrom(ctx)
-	out := &listResponse{Processes: []processInfo{}}
+	out := &envd.ListResponse{Processes: []envd.ProcessInfo{}}
 	sb.mu.Lock()
 	for _, p := range sb.procs {
-		cfg := processConfig{Cmd: p.spec.cmd, Args: p.spec.args, Envs: p.spec.envs}
-		if p.spec.cwd != "" {
-			cwd := p.spec.cwd
-			cfg.Cwd = &cwd
-		}
-		out.Processes = append(out.Processes, processInfo{Config: cfg, Pid: uint32(p.pid), Tag: p.spec.tag})
+		cfg := envd.ProcessConfig{Cmd: p.spec.cmd, Args: p.spec.args, Envs: p.spec.envs, Cwd: p.spec.cwd}
+		out.Processes = append(out.Processes, envd.ProcessInfo{Config: cfg, Pid: uint32(p.pid), Tag: p.spec.tag})
 	}
 	sb.mu.Unlock()
 	return connect.NewResponse(out), nil

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 // isolations returns the modes to test: always none, bwrap when installed.
@@ -54,11 +56,11 @@ func TestEnvdRoutingAndAuth(t *testing.T) {
 			if resp.StatusCode != tc.wantHealth {
 				t.Errorf("health status = %d, want %d", resp.StatusCode, tc.wantHealth)
 			}
-			_, err = unary[listDirRequest, listDirResponse](ctx, tc.c, fsListDir, &listDirRequest{Path: "/home/user"})
+			_, err = unary[envd.ListDirRequest, envd.ListDirResponse](ctx, tc.c, envd.ProcedureListDir, &envd.ListDirRequest{Path: "/home/user"})
 			if got := connect.CodeOf(err); got != tc.wantCode {
 				t.Errorf("ListDir code = %v (%v), want %v", got, err, tc.wantCode)
 			}
-			_, err = tc.c.runReq(ctx, &startRequest{Process: processConfig{Cmd: "/bin/true"}})
+			_, err = tc.c.runReq(ctx, &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/true"}})
 			if got := connect.CodeOf(err); got != tc.wantCode {
 				t.Errorf("Start code = %v (%v), want %v", got, err, tc.wantCode)
 			}
@@ -103,7 +105,7 @@ func TestRunCommand(t *testing.T) {
 				t.Fatal(err)
 			}
 			cwd := "/home/user/sub"
-			r2, err := c.runReq(context.Background(), &startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-c", "basename $PWD"}, Cwd: &cwd}})
+			r2, err := c.runReq(context.Background(), &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "basename $PWD"}, Cwd: cwd}})
 			if err != nil || strings.TrimSpace(r2.stdout) != "sub" {
 				t.Errorf("cwd run: stdout %q err %v, want sub", r2.stdout, err)
 			}
@@ -144,16 +146,16 @@ func testStartErrors(t *testing.T, mode string) {
 	}
 	tests := []struct {
 		name string
-		req  *startRequest
+		req  *envd.StartRequest
 		want connect.Code
 	}{
-		{"empty command", &startRequest{}, connect.CodeInvalidArgument},
-		{"missing binary", &startRequest{Process: processConfig{Cmd: "/no/such/binary"}}, connect.CodeInvalidArgument},
-		{"bad env key", &startRequest{Process: processConfig{Cmd: "/bin/true", Envs: map[string]string{"A=B": "x"}}}, connect.CodeInvalidArgument},
-		{"cwd outside sandbox", &startRequest{Process: processConfig{Cmd: "/bin/true", Cwd: &outside}}, connect.CodeInvalidArgument},
-		{"missing cwd", &startRequest{Process: processConfig{Cmd: "/bin/true", Cwd: &missing}}, connect.CodeInvalidArgument},
-		{"cwd is a file", &startRequest{Process: processConfig{Cmd: "/bin/true", Cwd: &file}}, connect.CodeInvalidArgument},
-		{"pty", &startRequest{Process: processConfig{Cmd: "/bin/true"}, Pty: []byte(`{"size":{"cols":80,"rows":24}}`)}, connect.CodeUnimplemented},
+		{"empty command", &envd.StartRequest{}, connect.CodeInvalidArgument},
+		{"missing binary", &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/no/such/binary"}}, connect.CodeInvalidArgument},
+		{"bad env key", &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/true", Envs: map[string]string{"A=B": "x"}}}, connect.CodeInvalidArgument},
+		{"cwd outside sandbox", &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/true", Cwd: outside}}, connect.CodeInvalidArgument},
+		{"missing cwd", &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/true", Cwd: missing}}, connect.CodeInvalidArgument},
+		{"cwd is a file", &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/true", Cwd: file}}, connect.CodeInvalidArgument},
+		{"pty", &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/true"}, Pty: []byte(`{"size":{"cols":80,"rows":24}}`)}, connect.CodeUnimplemented},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -215,7 +217,7 @@ func startSleeper(t *testing.T, c envdClient) (string, <-chan error) {
 	done := make(chan error, 1)
 	started := make(chan struct{})
 	go func() {
-		stream, err := c.startStream(context.Background(), &startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-c", script}}})
+		stream, err := c.startStream(context.Background(), &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", script}}})
 		if err != nil {
 			close(started)
 			done <- err
@@ -223,7 +225,7 @@ func startSleeper(t *testing.T, c envdClient) (string, <-chan error) {
 		}
 		defer stream.Close()
 		first := true
-		var end *endEvent
+		var end *envd.EndEvent
 		for stream.Receive() {
 			if first {
 				close(started)
@@ -339,7 +341,7 @@ func TestSendSignalAndDisconnect(t *testing.T) {
 	// SIGKILL via SendSignal ends the process with exit code -1.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	stream, err := c.startStream(ctx, &startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-c", "sleep 1000"}}})
+	stream, err := c.startStream(ctx, &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "sleep 1000"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,11 +349,11 @@ func TestSendSignalAndDisconnect(t *testing.T) {
 		t.Fatalf("first event missing: %v", stream.Err())
 	}
 	pid := stream.Msg().Event.Start.Pid
-	p := protoUint(pid)
-	if _, err := unary[sendSignalRequest, empty](ctx, c, procSendSignal, &sendSignalRequest{Process: processSelector{Pid: &p}, Signal: protoEnum{Name: "SIGNAL_SIGKILL"}}); err != nil {
+	p := envd.Uint(pid)
+	if _, err := unary[envd.SendSignalRequest, envd.Empty](ctx, c, envd.ProcedureSendSignal, &envd.SendSignalRequest{Process: envd.ProcessSelector{Pid: p}, Signal: envd.Enum{Name: "SIGNAL_SIGKILL"}}); err != nil {
 		t.Fatalf("SendSignal: %v", err)
 	}
-	var end *endEvent
+	var end *envd.EndEvent
 	for stream.Receive() {
 		if e := stream.Msg().Event.End; e != nil {
 			end = e
@@ -364,8 +366,8 @@ func TestSendSignalAndDisconnect(t *testing.T) {
 	if end == nil || end.ExitCode != -1 || end.Exited || !strings.Contains(end.Status, "killed") {
 		t.Errorf("end = %+v, want killed with exit code -1", end)
 	}
-	missing := protoUint(1)
-	_, err = unary[sendSignalRequest, empty](ctx, c, procSendSignal, &sendSignalRequest{Process: processSelector{Pid: &missing}, Signal: protoEnum{Number: 9}})
+	missing := envd.Uint(1)
+	_, err = unary[envd.SendSignalRequest, envd.Empty](ctx, c, envd.ProcedureSendSignal, &envd.SendSignalRequest{Process: envd.ProcessSelector{Pid: missing}, Signal: envd.Enum{Number: 9}})
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("SendSignal to unknown pid: %v, want not_found", err)
 	}
@@ -373,7 +375,7 @@ func TestSendSignalAndDisconnect(t *testing.T) {
 	// A client that goes away takes its process with it.
 	marker := fmt.Sprintf("sleep %d", 200000+time.Now().UnixNano()%100000)
 	ctx2, cancel2 := context.WithCancel(context.Background())
-	s2, err := c.startStream(ctx2, &startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-c", marker}}})
+	s2, err := c.startStream(ctx2, &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", marker}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,52 +20,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-)
 
-// filesystem.proto messages, as proto3 JSON.
-type (
-	entryInfo struct {
-		Name          string  `json:"name"`
-		Type          string  `json:"type"`
-		Path          string  `json:"path"`
-		Size          int64   `json:"size"`
-		Mode          uint32  `json:"mode"`
-		Permissions   string  `json:"permissions"`
-		Owner         string  `json:"owner"`
-		Group         string  `json:"group"`
-		ModifiedTime  string  `json:"modifiedTime,omitempty"`
-		SymlinkTarget *string `json:"symlinkTarget,omitempty"`
-	}
-	pathRequest struct {
-		Path string `json:"path"`
-	}
-	entryResponse struct {
-		Entry entryInfo `json:"entry"`
-	}
-	listDirRequest struct {
-		Path  string    `json:"path"`
-		Depth protoUint `json:"depth"`
-	}
-	listDirResponse struct {
-		Entries []entryInfo `json:"entries"`
-	}
-	moveRequest struct {
-		Source      string `json:"source"`
-		Destination string `json:"destination"`
-	}
-	// writeInfo is one element of POST /files's reply.
-	writeInfo struct {
-		Name string `json:"name"`
-		Type string `json:"type"`
-		Path string `json:"path"`
-	}
-)
-
-// File types in EntryInfo.type (filesystem.proto FileType).
-const (
-	fileTypeFile    = "FILE_TYPE_FILE"
-	fileTypeDir     = "FILE_TYPE_DIRECTORY"
-	fileTypeSymlink = "FILE_TYPE_SYMLINK"
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 // fsError maps a filesystem error to a Connect error.
@@ -169,7 +125,7 @@ func (h *Host) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 		defer zr.Close()
 		body = zr
 	}
-	var written []writeInfo
+	var written []envd.WriteInfo
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if mt == "multipart/form-data" {
 		mr := multipart.NewReader(body, params["boundary"])
@@ -222,65 +178,65 @@ func (h *Host) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 }
 
 // writeFile writes r to sandbox path p (creating parents), truncating.
-func (sb *sandbox) writeFile(p string, r io.Reader) (writeInfo, error) {
+func (sb *sandbox) writeFile(p string, r io.Reader) (envd.WriteInfo, error) {
 	vp, err := sb.resolve(p)
 	if err != nil {
-		return writeInfo{}, err
+		return envd.WriteInfo{}, err
 	}
 	if vp.rel == "." {
-		return writeInfo{}, fmt.Errorf("%w: %s", errIsDir, vp.view())
+		return envd.WriteInfo{}, fmt.Errorf("%w: %s", errIsDir, vp.view())
 	}
 	root, err := vp.open()
 	if err != nil {
-		return writeInfo{}, err
+		return envd.WriteInfo{}, err
 	}
 	defer root.Close()
 	if err := sb.mkdirAll(root, path.Dir(vp.rel)); err != nil {
-		return writeInfo{}, fmt.Errorf("create parent: %w", err)
+		return envd.WriteInfo{}, fmt.Errorf("create parent: %w", err)
 	}
 	// O_NONBLOCK: a FIFO planted by the sandbox must not hang the host.
 	f, err := root.OpenFile(vp.rel, os.O_WRONLY|os.O_CREATE|syscall.O_NONBLOCK, 0o644)
 	if err != nil {
 		if errors.Is(err, syscall.EISDIR) {
-			return writeInfo{}, fmt.Errorf("%w: %s", errIsDir, vp.view())
+			return envd.WriteInfo{}, fmt.Errorf("%w: %s", errIsDir, vp.view())
 		}
 		if errors.Is(err, syscall.ENXIO) {
-			return writeInfo{}, fmt.Errorf("%w: %s is not a regular file", errBadUpload, vp.view())
+			return envd.WriteInfo{}, fmt.Errorf("%w: %s is not a regular file", errBadUpload, vp.view())
 		}
-		return writeInfo{}, err
+		return envd.WriteInfo{}, err
 	}
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
 		f.Close()
-		return writeInfo{}, fmt.Errorf("%w: %s is not a regular file", errBadUpload, vp.view())
+		return envd.WriteInfo{}, fmt.Errorf("%w: %s is not a regular file", errBadUpload, vp.view())
 	}
 	if err := f.Truncate(0); err != nil {
 		f.Close()
-		return writeInfo{}, err
+		return envd.WriteInfo{}, err
 	}
 	if _, err := io.Copy(f, r); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.ENOSPC) {
-			return writeInfo{}, err
+			return envd.WriteInfo{}, err
 		}
-		return writeInfo{}, fmt.Errorf("%w: write %s: %v", errBadUpload, vp.view(), err)
+		return envd.WriteInfo{}, fmt.Errorf("%w: write %s: %v", errBadUpload, vp.view(), err)
 	}
 	if err := f.Close(); err != nil {
-		return writeInfo{}, err
+		return envd.WriteInfo{}, err
 	}
 	if err := sb.own(root, vp.rel); err != nil {
-		return writeInfo{}, err
+		return envd.WriteInfo{}, err
 	}
-	return writeInfo{Name: path.Base(vp.rel), Type: "file", Path: vp.view()}, nil
+	return envd.WriteInfo{Name: path.Base(vp.rel), Type: "file", Path: vp.view()}, nil
 }
 
 // entry describes the file at vp (not following a final symlink), named
 // with the sandbox path view.
-func entry(root *os.Root, rel, view string) (entryInfo, error) {
+func entry(root *os.Root, rel, view string) (envd.EntryInfo, error) {
 	fi, err := root.Lstat(rel)
 	if err != nil {
-		return entryInfo{}, err
+		return envd.EntryInfo{}, err
 	}
-	e := entryInfo{
+	e := envd.EntryInfo{
 		Name:         path.Base(view),
 		Path:         view,
 		Size:         fi.Size(),
@@ -296,14 +252,14 @@ func entry(root *os.Root, rel, view string) (entryInfo, error) {
 	}
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
-		e.Type = fileTypeSymlink
+		e.Type = envd.FileTypeSymlink
 		if t, err := root.Readlink(rel); err == nil {
 			e.SymlinkTarget = &t
 		}
 	case fi.IsDir():
-		e.Type = fileTypeDir
+		e.Type = envd.FileTypeDirectory
 	default:
-		e.Type = fileTypeFile
+		e.Type = envd.FileTypeFile
 	}
 	return e, nil
 }
@@ -339,16 +295,16 @@ func (sb *sandbox) openResolved(p string) (vpath, *os.Root, error) {
 
 // entryReply answers an RPC with the entry at rel inside root, named view;
 // filesystem errors become Connect errors (fsError).
-func entryReply(root *os.Root, rel, view string) (*connect.Response[entryResponse], error) {
+func entryReply(root *os.Root, rel, view string) (*connect.Response[envd.EntryResponse], error) {
 	e, err := entry(root, rel, view)
 	if err != nil {
 		return nil, fsError(err)
 	}
-	return connect.NewResponse(&entryResponse{Entry: e}), nil
+	return connect.NewResponse(&envd.EntryResponse{Entry: e}), nil
 }
 
 // rpcStat describes one path (following symlinks in the path, not the last).
-func (h *Host) rpcStat(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
+func (h *Host) rpcStat(ctx context.Context, req *connect.Request[envd.PathRequest]) (*connect.Response[envd.EntryResponse], error) {
 	sb := sandboxFrom(ctx)
 	vp, root, err := sb.openResolved(req.Msg.Path)
 	if err != nil {
@@ -360,7 +316,7 @@ func (h *Host) rpcStat(ctx context.Context, req *connect.Request[pathRequest]) (
 
 // rpcMakeDir creates a directory and its parents; already_exists if it
 // exists.
-func (h *Host) rpcMakeDir(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[entryResponse], error) {
+func (h *Host) rpcMakeDir(ctx context.Context, req *connect.Request[envd.PathRequest]) (*connect.Response[envd.EntryResponse], error) {
 	sb := sandboxFrom(ctx)
 	vp, root, err := sb.openResolved(req.Msg.Path)
 	if err != nil {
@@ -378,7 +334,7 @@ func (h *Host) rpcMakeDir(ctx context.Context, req *connect.Request[pathRequest]
 
 // rpcListDir lists a directory down to depth levels (0 means 1); symlinks
 // are reported, not followed.
-func (h *Host) rpcListDir(ctx context.Context, req *connect.Request[listDirRequest]) (*connect.Response[listDirResponse], error) {
+func (h *Host) rpcListDir(ctx context.Context, req *connect.Request[envd.ListDirRequest]) (*connect.Response[envd.ListDirResponse], error) {
 	sb := sandboxFrom(ctx)
 	vp, root, err := sb.openResolved(req.Msg.Path)
 	if err != nil {
@@ -401,7 +357,7 @@ func (h *Host) rpcListDir(ctx context.Context, req *connect.Request[listDirReque
 	if !fi.IsDir() {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s is not a directory", view))
 	}
-	out := &listDirResponse{Entries: []entryInfo{}}
+	out := &envd.ListDirResponse{Entries: []envd.EntryInfo{}}
 	var walk func(rel, view string, level int) error
 	walk = func(rel, view string, level int) error {
 		if err := ctx.Err(); err != nil {
@@ -427,7 +383,7 @@ func (h *Host) rpcListDir(ctx context.Context, req *connect.Request[listDirReque
 				return err
 			}
 			out.Entries = append(out.Entries, e)
-			if e.Type == fileTypeDir && level < depth {
+			if e.Type == envd.FileTypeDirectory && level < depth {
 				if err := walk(crel, cview, level+1); err != nil {
 					return err
 				}
@@ -442,7 +398,7 @@ func (h *Host) rpcListDir(ctx context.Context, req *connect.Request[listDirReque
 }
 
 // rpcMove renames source to destination (creating destination's parents).
-func (h *Host) rpcMove(ctx context.Context, req *connect.Request[moveRequest]) (*connect.Response[entryResponse], error) {
+func (h *Host) rpcMove(ctx context.Context, req *connect.Request[envd.MoveRequest]) (*connect.Response[envd.EntryResponse], error) {
 	sb := sandboxFrom(ctx)
 	src, err := sb.resolveNoFollow(req.Msg.Source)
 	if err != nil {
@@ -470,7 +426,7 @@ func (h *Host) rpcMove(ctx context.Context, req *connect.Request[moveRequest]) (
 }
 
 // rpcRemove removes a file or a directory tree; not_found if missing.
-func (h *Host) rpcRemove(ctx context.Context, req *connect.Request[pathRequest]) (*connect.Response[empty], error) {
+func (h *Host) rpcRemove(ctx context.Context, req *connect.Request[envd.PathRequest]) (*connect.Response[envd.Empty], error) {
 	sb := sandboxFrom(ctx)
 	vp, err := sb.resolveNoFollow(req.Msg.Path)
 	if err != nil {
@@ -490,7 +446,7 @@ func (h *Host) rpcRemove(ctx context.Context, req *connect.Request[pathRequest])
 	if err := root.RemoveAll(vp.rel); err != nil {
 		return nil, fsError(err)
 	}
-	return connect.NewResponse(&empty{}), nil
+	return connect.NewResponse(&envd.Empty{}), nil
 }
 
 // rawFileName is a part's Content-Disposition filename as sent: the SDK

@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 // multipartBody builds a multipart/form-data body with "file" parts.
@@ -66,7 +68,7 @@ func TestFilesWriteRead(t *testing.T) {
 			if status != 200 {
 				t.Fatalf("write status %d body %s", status, body)
 			}
-			var infos []writeInfo
+			var infos []envd.WriteInfo
 			if err := json.Unmarshal(body, &infos); err != nil || len(infos) != 1 || infos[0].Path != tc.wantPath || infos[0].Type != "file" || infos[0].Name != filepath.Base(tc.wantPath) {
 				t.Fatalf("write reply %s (%v), want [{name, type file, path %s}]", body, err, tc.wantPath)
 			}
@@ -104,50 +106,50 @@ func TestFilesystemRPC(t *testing.T) {
 	os.WriteFile(filepath.Join(home, "a", "b", "g.txt"), []byte("1"), 0o644)
 	os.Symlink("f.txt", filepath.Join(home, "a", "link"))
 
-	ls, err := unary[listDirRequest, listDirResponse](ctx, c, fsListDir, &listDirRequest{Path: "/home/user/a", Depth: 1})
+	ls, err := unary[envd.ListDirRequest, envd.ListDirResponse](ctx, c, envd.ProcedureListDir, &envd.ListDirRequest{Path: "/home/user/a", Depth: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]entryInfo{}
+	got := map[string]envd.EntryInfo{}
 	for _, e := range ls.Entries {
 		got[e.Path] = e
 	}
-	if len(got) != 3 || got["/home/user/a/b"].Type != fileTypeDir || got["/home/user/a/f.txt"].Type != fileTypeFile ||
+	if len(got) != 3 || got["/home/user/a/b"].Type != envd.FileTypeDirectory || got["/home/user/a/f.txt"].Type != envd.FileTypeFile ||
 		got["/home/user/a/f.txt"].Size != 5 || got["/home/user/a/f.txt"].Permissions != "-rw-r-----" ||
-		got["/home/user/a/link"].Type != fileTypeSymlink || got["/home/user/a/link"].SymlinkTarget == nil {
+		got["/home/user/a/link"].Type != envd.FileTypeSymlink || got["/home/user/a/link"].SymlinkTarget == nil {
 		t.Errorf("ListDir depth 1 = %+v", ls.Entries)
 	}
-	ls2, err := unary[listDirRequest, listDirResponse](ctx, c, fsListDir, &listDirRequest{Path: "a", Depth: 2})
+	ls2, err := unary[envd.ListDirRequest, envd.ListDirResponse](ctx, c, envd.ProcedureListDir, &envd.ListDirRequest{Path: "a", Depth: 2})
 	if err != nil || len(ls2.Entries) != 4 {
 		t.Errorf("ListDir depth 2: %d entries (%v), want 4", len(ls2.Entries), err)
 	}
-	if _, err := unary[listDirRequest, listDirResponse](ctx, c, fsListDir, &listDirRequest{Path: "nope"}); connect.CodeOf(err) != connect.CodeNotFound {
+	if _, err := unary[envd.ListDirRequest, envd.ListDirResponse](ctx, c, envd.ProcedureListDir, &envd.ListDirRequest{Path: "nope"}); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("ListDir missing: %v, want not_found", err)
 	}
-	if _, err := unary[listDirRequest, listDirResponse](ctx, c, fsListDir, &listDirRequest{Path: "a/f.txt"}); connect.CodeOf(err) != connect.CodeInvalidArgument {
+	if _, err := unary[envd.ListDirRequest, envd.ListDirResponse](ctx, c, envd.ProcedureListDir, &envd.ListDirRequest{Path: "a/f.txt"}); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Errorf("ListDir of a file: %v, want invalid_argument", err)
 	}
 
-	st, err := unary[pathRequest, entryResponse](ctx, c, fsStat, &pathRequest{Path: "/home/user/a/link"})
-	if err != nil || st.Entry.Type != fileTypeFile || st.Entry.Size != 5 {
+	st, err := unary[envd.PathRequest, envd.EntryResponse](ctx, c, envd.ProcedureStat, &envd.PathRequest{Path: "/home/user/a/link"})
+	if err != nil || st.Entry.Type != envd.FileTypeFile || st.Entry.Size != 5 {
 		t.Errorf("Stat through a symlink = %+v, %v; want the file", st, err)
 	}
-	if _, err := unary[pathRequest, entryResponse](ctx, c, fsStat, &pathRequest{Path: "x"}); connect.CodeOf(err) != connect.CodeNotFound {
+	if _, err := unary[envd.PathRequest, envd.EntryResponse](ctx, c, envd.ProcedureStat, &envd.PathRequest{Path: "x"}); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("Stat missing: %v, want not_found", err)
 	}
-	if _, err := unary[pathRequest, entryResponse](ctx, c, fsMakeDir, &pathRequest{Path: "new/deep"}); err != nil {
+	if _, err := unary[envd.PathRequest, envd.EntryResponse](ctx, c, envd.ProcedureMakeDir, &envd.PathRequest{Path: "new/deep"}); err != nil {
 		t.Errorf("MakeDir: %v", err)
 	}
-	if _, err := unary[pathRequest, entryResponse](ctx, c, fsMakeDir, &pathRequest{Path: "new/deep"}); connect.CodeOf(err) != connect.CodeAlreadyExists {
+	if _, err := unary[envd.PathRequest, envd.EntryResponse](ctx, c, envd.ProcedureMakeDir, &envd.PathRequest{Path: "new/deep"}); connect.CodeOf(err) != connect.CodeAlreadyExists {
 		t.Errorf("MakeDir again: %v, want already_exists", err)
 	}
-	if _, err := unary[moveRequest, entryResponse](ctx, c, fsMove, &moveRequest{Source: "a/f.txt", Destination: "moved/f.txt"}); err != nil {
+	if _, err := unary[envd.MoveRequest, envd.EntryResponse](ctx, c, envd.ProcedureMove, &envd.MoveRequest{Source: "a/f.txt", Destination: "moved/f.txt"}); err != nil {
 		t.Errorf("Move: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(home, "moved", "f.txt")); err != nil {
 		t.Errorf("moved file: %v", err)
 	}
-	if _, err := unary[pathRequest, empty](ctx, c, fsRemove, &pathRequest{Path: "a"}); err != nil {
+	if _, err := unary[envd.PathRequest, envd.Empty](ctx, c, envd.ProcedureRemove, &envd.PathRequest{Path: "a"}); err != nil {
 		t.Errorf("Remove: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(home, "a")); !os.IsNotExist(err) {
@@ -203,10 +205,10 @@ func TestPathEscapeRefused(t *testing.T) {
 			if status, _ := c.files(t, "POST", "path="+url.QueryEscape(p+"/x"), bytes.NewBufferString("pwned"), nil); status != http.StatusForbidden {
 				t.Errorf("write under %s: status %d, want 403", p, status)
 			}
-			if _, err := unary[listDirRequest, listDirResponse](ctx, c, fsListDir, &listDirRequest{Path: p}); connect.CodeOf(err) != connect.CodePermissionDenied {
+			if _, err := unary[envd.ListDirRequest, envd.ListDirResponse](ctx, c, envd.ProcedureListDir, &envd.ListDirRequest{Path: p}); connect.CodeOf(err) != connect.CodePermissionDenied {
 				t.Errorf("ListDir %s: %v, want permission_denied", p, err)
 			}
-			if _, err := unary[pathRequest, empty](ctx, c, fsRemove, &pathRequest{Path: p + "/x"}); connect.CodeOf(err) != connect.CodePermissionDenied {
+			if _, err := unary[envd.PathRequest, envd.Empty](ctx, c, envd.ProcedureRemove, &envd.PathRequest{Path: p + "/x"}); connect.CodeOf(err) != connect.CodePermissionDenied {
 				t.Errorf("Remove %s/x: %v, want permission_denied", p, err)
 			}
 		})

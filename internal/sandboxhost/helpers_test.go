@@ -17,7 +17,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/connectjson"
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 const testAPIKey = "test-api-key"
@@ -134,16 +134,16 @@ func newEnvd(srv *Server, sb createdSandbox) envdClient {
 }
 
 func (c envdClient) headers(h http.Header) {
-	h.Set(headerSandboxID, c.id)
+	h.Set(envd.HeaderSandboxID, c.id)
 	h.Set("E2b-Sandbox-Port", "49983")
 	if c.token != "" {
-		h.Set(headerAccessToken, c.token)
+		h.Set(envd.HeaderAccessToken, c.token)
 	}
 }
 
 // unary calls an envd unary procedure.
 func unary[Req, Res any](ctx context.Context, c envdClient, procedure string, msg *Req) (*Res, error) {
-	cl := connect.NewClient[Req, Res](http.DefaultClient, c.srv.EnvdURL+procedure, connect.WithCodec(connectjson.Codec{}))
+	cl := connect.NewClient[Req, Res](http.DefaultClient, c.srv.EnvdURL+procedure, connect.WithCodec(envd.Codec{}))
 	req := connect.NewRequest(msg)
 	c.headers(req.Header())
 	resp, err := cl.CallUnary(ctx, req)
@@ -157,13 +157,13 @@ func unary[Req, Res any](ctx context.Context, c envdClient, procedure string, ms
 type result struct {
 	pid            uint32
 	stdout, stderr string
-	end            *endEvent
-	events         []processEvent
+	end            *envd.EndEvent
+	events         []envd.ProcessEvent
 }
 
 // startStream starts a command and returns the open stream.
-func (c envdClient) startStream(ctx context.Context, req *startRequest) (*connect.ServerStreamForClient[startResponse], error) {
-	cl := connect.NewClient[startRequest, startResponse](http.DefaultClient, c.srv.EnvdURL+procStart, connect.WithCodec(connectjson.Codec{}))
+func (c envdClient) startStream(ctx context.Context, req *envd.StartRequest) (*connect.ServerStreamForClient[envd.StartResponse], error) {
+	cl := connect.NewClient[envd.StartRequest, envd.StartResponse](http.DefaultClient, c.srv.EnvdURL+envd.ProcedureStart, connect.WithCodec(envd.Codec{}))
 	creq := connect.NewRequest(req)
 	c.headers(creq.Header())
 	return cl.CallServerStream(ctx, creq)
@@ -174,14 +174,14 @@ func (c envdClient) run(t *testing.T, script string, envs map[string]string) res
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	res, err := c.runReq(ctx, &startRequest{Process: processConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", script}, Envs: envs}})
+	res, err := c.runReq(ctx, &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", script}, Envs: envs}})
 	if err != nil {
 		t.Fatalf("run %q: %v", script, err)
 	}
 	return res
 }
 
-func (c envdClient) runReq(ctx context.Context, req *startRequest) (result, error) {
+func (c envdClient) runReq(ctx context.Context, req *envd.StartRequest) (result, error) {
 	stream, err := c.startStream(ctx, req)
 	if err != nil {
 		return result{}, err

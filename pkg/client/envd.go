@@ -15,17 +15,13 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandbox-broker/sandbox-broker/internal/connectjson"
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 // SandboxHome is the sandbox user's home directory; relative paths given to
 // the envd helper are resolved against it (E2B's default user home; the
 // broker prepares uploads/, outputs/ and workspace/ there).
 const SandboxHome = "/home/user"
-
-// envdPort is what E2B's SDKs send in E2b-Sandbox-Port on every envd call
-// (as the official E2B JS SDK, npm e2b 2.x, sends it).
-const envdPort = "49983"
 
 // DefaultFileTimeout bounds PutFile and GetFile unless their ctx is earlier.
 const DefaultFileTimeout = 10 * time.Minute
@@ -134,11 +130,7 @@ func ResolvePath(p string) string {
 }
 
 func (e *Envd) setHeaders(h http.Header) {
-	h.Set("E2b-Sandbox-Id", e.sandboxID)
-	h.Set("E2b-Sandbox-Port", envdPort)
-	if e.conn.EnvdAccessToken != "" {
-		h.Set("X-Access-Token", e.conn.EnvdAccessToken)
-	}
+	envd.SetHeaders(h, e.sandboxID, e.conn.EnvdAccessToken)
 }
 
 // ExecRequest is one command to run in the sandbox.
@@ -194,15 +186,15 @@ func (e *Envd) Exec(ctx context.Context, req ExecRequest) (int, error) {
 	runCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
-	cl := connect.NewClient[startRequest, startResponse](e.http, e.base+"/process.Process/Start", connect.WithCodec(connectjson.Codec{}))
-	creq := connect.NewRequest(&startRequest{Process: processConfig{
+	cl := connect.NewClient[envd.StartRequest, envd.StartResponse](e.http, e.base+envd.ProcedureStart, connect.WithCodec(envd.Codec{}))
+	creq := connect.NewRequest(&envd.StartRequest{Process: envd.ProcessConfig{
 		Cmd:  "/bin/bash",
 		Args: []string{"-l", "-c", req.Script},
 		Envs: req.Env,
 		Cwd:  req.Cwd,
 	}})
 	e.setHeaders(creq.Header())
-	creq.Header().Set("Keepalive-Ping-Interval", "50")
+	creq.Header().Set(envd.HeaderKeepalive, "50")
 
 	stream, err := cl.CallServerStream(runCtx, creq)
 	if err != nil {
@@ -244,7 +236,7 @@ func (e *Envd) Exec(ctx context.Context, req ExecRequest) (int, error) {
 			if ev.End.Error != "" && ev.End.ExitCode == 0 && !ev.End.Exited {
 				return -1, fmt.Errorf("process ended without an exit code: %s", ev.End.Error)
 			}
-			return ev.End.ExitCode, nil
+			return int(ev.End.ExitCode), nil
 		}
 	}
 	err = stream.Err()
@@ -281,9 +273,8 @@ func (e *Envd) kill(pid uint32) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cl := connect.NewClient[sendSignalRequest, struct{}](e.http, e.base+"/process.Process/SendSignal", connect.WithCodec(connectjson.Codec{}))
-	req := connect.NewRequest(&sendSignalRequest{Signal: "SIGNAL_SIGKILL"})
-	req.Msg.Process.Pid = pid
+	cl := connect.NewClient[envd.SendSignalRequest, envd.Empty](e.http, e.base+envd.ProcedureSendSignal, connect.WithCodec(envd.Codec{}))
+	req := connect.NewRequest(&envd.SendSignalRequest{Process: envd.ProcessSelector{Pid: envd.Uint(pid)}, Signal: envd.Enum{Name: envd.SignalKill}})
 	e.setHeaders(req.Header())
 	_, _ = cl.CallUnary(ctx, req)
 }
@@ -296,7 +287,7 @@ func (e *Envd) PutFile(ctx context.Context, p string, r io.Reader) error {
 	ctx, cancel := context.WithTimeout(ctx, DefaultFileTimeout)
 	defer cancel()
 	p = ResolvePath(p)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base+"/files?path="+url.QueryEscape(p), r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, envd.FileURL(e.base, p), r)
 	if err != nil {
 		return fmt.Errorf("put %s: %w", p, err)
 	}
@@ -322,7 +313,7 @@ func (e *Envd) GetFile(ctx context.Context, p string, w io.Writer) (int64, error
 	ctx, cancel := context.WithTimeout(ctx, DefaultFileTimeout)
 	defer cancel()
 	p = ResolvePath(p)
-	return getFile(ctx, e.http, e.base+"/files?path="+url.QueryEscape(p), e.setHeaders, "get "+p, w,
+	return getFile(ctx, e.http, envd.FileURL(e.base, p), e.setHeaders, "get "+p, w,
 		func(resp *http.Response) error {
 			if resp.StatusCode/100 != 2 {
 				return fileErr("get "+p, resp)
@@ -352,48 +343,4 @@ func fileErr(op string, resp *http.Response) error {
 		return fmt.Errorf("%s: %w: HTTP %d: %s", op, ErrSandboxUnreachable, resp.StatusCode, msg)
 	}
 	return &EnvdError{Op: op, Status: resp.StatusCode, Message: msg}
-}
-
-// Wire types of envd's process service (process.proto, JSON form; only the
-// fields used here).
-type processConfig struct {
-	Cmd  string            `json:"cmd"`
-	Args []string          `json:"args"`
-	Envs map[string]string `json:"envs,omitempty"`
-	Cwd  string            `json:"cwd,omitempty"`
-}
-
-type startRequest struct {
-	Process processConfig `json:"process"`
-	Stdin   bool          `json:"stdin"`
-}
-
-type startResponse struct {
-	Event processEvent `json:"event"`
-}
-
-type processEvent struct {
-	Start *struct {
-		Pid uint32 `json:"pid"`
-	} `json:"start,omitempty"`
-	Data *struct {
-		// []byte fields decode standard base64, as protojson encodes bytes.
-		Stdout []byte `json:"stdout,omitempty"`
-		Stderr []byte `json:"stderr,omitempty"`
-		Pty    []byte `json:"pty,omitempty"`
-	} `json:"data,omitempty"`
-	End *struct {
-		ExitCode int    `json:"exitCode"`
-		Exited   bool   `json:"exited"`
-		Status   string `json:"status"`
-		Error    string `json:"error"`
-	} `json:"end,omitempty"`
-	Keepalive *struct{} `json:"keepalive,omitempty"`
-}
-
-type sendSignalRequest struct {
-	Process struct {
-		Pid uint32 `json:"pid"`
-	} `json:"process"`
-	Signal string `json:"signal"`
 }

@@ -1,4 +1,4 @@
-package connectjson
+package envd
 
 import (
 	"strings"

@@ -1,0 +1,54 @@
+package envd
+
+// File types in EntryInfo.Type (filesystem.proto FileType).
+const (
+	FileTypeFile      = "FILE_TYPE_FILE"
+	FileTypeDirectory = "FILE_TYPE_DIRECTORY"
+	FileTypeSymlink   = "FILE_TYPE_SYMLINK"
+)
+
+// Messages of envd's filesystem service (filesystem.proto) and of the
+// /files routes.
+type (
+	// EntryInfo describes one file or directory.
+	EntryInfo struct {
+		Name          string  `json:"name"`
+		Type          string  `json:"type"`
+		Path          string  `json:"path"`
+		Size          int64   `json:"size"`
+		Mode          uint32  `json:"mode"`
+		Permissions   string  `json:"permissions"`
+		Owner         string  `json:"owner"`
+		Group         string  `json:"group"`
+		ModifiedTime  string  `json:"modifiedTime,omitempty"`
+		SymlinkTarget *string `json:"symlinkTarget,omitempty"`
+	}
+	// PathRequest is the request of Stat, MakeDir and Remove.
+	PathRequest struct {
+		Path string `json:"path"`
+	}
+	// EntryResponse is the reply of Stat, MakeDir and Move.
+	EntryResponse struct {
+		Entry EntryInfo `json:"entry"`
+	}
+	// ListDirRequest lists Path to Depth levels (0 is read as 1).
+	ListDirRequest struct {
+		Path  string `json:"path"`
+		Depth Uint   `json:"depth"`
+	}
+	// ListDirResponse is ListDir's reply.
+	ListDirResponse struct {
+		Entries []EntryInfo `json:"entries"`
+	}
+	// MoveRequest renames Source to Destination.
+	MoveRequest struct {
+		Source      string `json:"source"`
+		Destination string `json:"destination"`
+	}
+	// WriteInfo is one element of POST /files's reply (a JSON array).
+	WriteInfo struct {
+		Name string `json:"name"`
+		Type string `json:"type"`
+		Path string `json:"path"`
+	}
+)
