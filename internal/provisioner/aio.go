@@ -8,14 +8,13 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"mime/multipart"
 	"net/http"
-	"net/url"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
+	"github.com/sandbox-broker/sandbox-broker/pkg/aio"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -34,38 +33,22 @@ var (
 // envNamePattern is the shape of core.Command.Env keys.
 var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// aioEnvelope is the AIO API's response wrapper (OpenAPI Response[T]):
-// success defaults to true; a 200 with success=false is an error whose data
-// may be a FileOperationError {path, operation, message, error_type}.
-type aioEnvelope struct {
-	Success *bool           `json:"success"`
-	Message string          `json:"message"`
-	Data    json.RawMessage `json:"data"`
-}
+// aioEnvelope is the AIO API's response wrapper; a 200 with success=false
+// is an error whose data may be a FileOperationError.
+type aioEnvelope = aio.Response[json.RawMessage]
 
-// fileOpError is the AIO FileOperationError.
-type fileOpError struct {
-	Message   string `json:"message"`
-	ErrorType string `json:"error_type"`
-	Retryable bool   `json:"retryable"`
-}
-
-// failed returns the error of a success=false envelope, or nil.
-func (e aioEnvelope) failed(op string) error {
-	if e.Success == nil || *e.Success {
+// aioFailed returns the error of a success=false envelope, or nil.
+func aioFailed(e aioEnvelope, op string) error {
+	fe, failed := aio.Failure(e)
+	if !failed {
 		return nil
 	}
-	var fe fileOpError
-	_ = json.Unmarshal(e.Data, &fe)
-	msg := e.Message
-	if fe.Message != "" {
-		msg = fe.Message
-	}
+	msg := fe.Message
 	if fe.ErrorType != "" {
 		msg = fe.ErrorType + ": " + msg
 	}
 	pe := &core.ProviderError{Op: op, StatusCode: http.StatusOK, Message: msg, Ambiguous: fe.Retryable}
-	if fe.ErrorType == "not_found" {
+	if fe.ErrorType == aio.ErrorTypeNotFound {
 		return providerhttp.WithCause(pe, core.ErrFileNotFound)
 	}
 	return pe
@@ -81,9 +64,7 @@ func aioBase(ref core.SandboxRef) (string, error) {
 
 // aioHeaders sets the bearer token (AIO JWT auth) when ref carries one.
 func aioHeaders(h http.Header, ref core.SandboxRef) {
-	if ref.Endpoint.AccessToken != "" {
-		h.Set("Authorization", "Bearer "+ref.Endpoint.AccessToken)
-	}
+	aio.SetAuth(h, ref.Endpoint.AccessToken)
 }
 
 // goneOr asks the provisioner whether ref's sandbox still exists after an
@@ -130,7 +111,7 @@ func (c *Client) WaitReady(ctx context.Context, ref core.SandboxRef) error {
 func (c *Client) readyOnce(ctx context.Context, base string, ref core.SandboxRef) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/sandbox", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+aio.PathContext, nil)
 	if err != nil {
 		return err
 	}
@@ -148,27 +129,7 @@ func (c *Client) readyOnce(ctx context.Context, base string, ref core.SandboxRef
 	if err := json.Unmarshal(b, &env); err != nil {
 		return fmt.Errorf("malformed /v1/sandbox reply: %w", err)
 	}
-	return env.failed("wait ready")
-}
-
-// execBody is POST /v1/bash/exec's request (OpenAPI BashExecRequest).
-type execBody struct {
-	Command     string            `json:"command"`
-	ExecDir     string            `json:"exec_dir,omitempty"`
-	Env         map[string]string `json:"env,omitempty"`
-	AsyncMode   bool              `json:"async_mode"`
-	Timeout     float64           `json:"timeout"`
-	HardTimeout float64           `json:"hard_timeout"`
-	// MaxOutputLength 0 disables the server's middle truncation.
-	MaxOutputLength int `json:"max_output_length"`
-}
-
-// execResult is BashExecResult.
-type execResult struct {
-	Status   string  `json:"status"`
-	Stdout   *string `json:"stdout"`
-	Stderr   *string `json:"stderr"`
-	ExitCode *int    `json:"exit_code"`
+	return aioFailed(env, "wait ready")
 }
 
 // Run runs cmd.Script with bash through POST /v1/bash/exec in sync mode:
@@ -202,13 +163,13 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	if cwd == "" {
 		cwd = c.opts.Home
 	}
-	body, err := json.Marshal(execBody{Command: cmd.Script, ExecDir: cwd, Env: cmd.Env, Timeout: secs + 5, HardTimeout: secs})
+	body, err := json.Marshal(aio.SyncExec(cmd.Script, cwd, cmd.Env, secs))
 	if err != nil {
 		return core.CommandResult{}, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout+c.timeouts.CommandMargin)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, base+"/v1/bash/exec", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, base+aio.PathExec, bytes.NewReader(body))
 	if err != nil {
 		return core.CommandResult{}, err
 	}
@@ -239,30 +200,30 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	if err := json.Unmarshal(b, &env); err != nil {
 		return core.CommandResult{}, &core.ProviderError{Op: op, StatusCode: r.status, Message: "malformed exec reply", Ambiguous: true}
 	}
-	if err := env.failed(op); err != nil {
+	if err := aioFailed(env, op); err != nil {
 		return core.CommandResult{}, err
 	}
-	var res execResult
+	var res aio.ExecResult
 	if err := json.Unmarshal(env.Data, &res); err != nil {
 		return core.CommandResult{}, &core.ProviderError{Op: op, StatusCode: r.status, Message: "malformed exec result", Ambiguous: true}
 	}
 	out := core.CommandResult{ExitCode: -1}
-	if res.Stdout != nil {
-		out.Stdout = []byte(*res.Stdout)
+	if res.Stdout != "" {
+		out.Stdout = []byte(res.Stdout)
 	}
-	if res.Stderr != nil {
-		out.Stderr = []byte(*res.Stderr)
+	if res.Stderr != "" {
+		out.Stderr = []byte(res.Stderr)
 	}
 	if res.ExitCode != nil {
 		out.ExitCode = *res.ExitCode
 	}
 	switch res.Status {
-	case "completed":
+	case aio.StatusCompleted:
 		if res.ExitCode == nil {
 			return out, &core.ProviderError{Op: op, Message: "completed without an exit code", Ambiguous: true}
 		}
 		return out, nil
-	case "timed_out":
+	case aio.StatusTimedOut:
 		return out, fmt.Errorf("provisioner %s: %w after %s: %w", op, ErrCommandTimeout, timeout, context.DeadlineExceeded)
 	default: // killed, running, pending: the outcome is unknown
 		return out, &core.ProviderError{Op: op, Message: "command ended with status " + res.Status, Ambiguous: true}
@@ -283,7 +244,7 @@ func (c *Client) OpenFile(ctx context.Context, ref core.SandboxRef, path string,
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/file/download?"+url.Values{"path": {path}}.Encode(), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, aio.DownloadURL(base, path), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -339,32 +300,14 @@ func (c *Client) WriteFile(ctx context.Context, ref core.SandboxRef, path string
 			return certain(op, fmt.Sprintf("mkdir %s: exit %d: %s", dir, res.ExitCode, bytes.TrimSpace(res.Stderr)))
 		}
 	}
-	pr, pw := io.Pipe()
-	mw := multipart.NewWriter(pw)
-	go func() {
-		err := func() error {
-			if err := mw.WriteField("path", path); err != nil {
-				return err
-			}
-			name := path[strings.LastIndex(path, "/")+1:]
-			fw, err := mw.CreateFormFile("file", name)
-			if err != nil {
-				return err
-			}
-			if _, err := io.Copy(fw, r); err != nil {
-				return err
-			}
-			return mw.Close()
-		}()
-		pw.CloseWithError(err)
-	}()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/file/upload", pr)
+	pr, contentType := aio.UploadBody(path, r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+aio.PathUpload, pr)
 	if err != nil {
 		pr.CloseWithError(err)
 		return err
 	}
 	aioHeaders(req.Header, ref)
-	req.Header.Set("Content-Type", mw.FormDataContentType())
+	req.Header.Set("Content-Type", contentType)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		pr.CloseWithError(err)
@@ -386,7 +329,7 @@ func (c *Client) WriteFile(ctx context.Context, ref core.SandboxRef, path string
 	if err := json.Unmarshal(b, &env); err != nil {
 		return &core.ProviderError{Op: op, StatusCode: rep.status, Message: "malformed upload reply", Ambiguous: true}
 	}
-	return env.failed(op)
+	return aioFailed(env, op)
 }
 
 // parentDir returns the directory part of a slash path ("" for none or "/").

@@ -14,10 +14,11 @@ import (
 	"mime/multipart"
 	"net/http"
 	"runtime"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/aio"
 )
 
 // AIO sandbox API subset served under /aio/{id} by the provisioner face.
@@ -37,83 +38,36 @@ const (
 	aioMaxWriteBody = 64 << 20
 )
 
-// aioResponse is the Response[T] envelope.
-type aioResponse struct {
-	Success bool   `json:"success"`
-	Message string `json:"message"`
-	Data    any    `json:"data"`
-}
-
-// aioFileError is the FileOperationError data of a failed file call.
-type aioFileError struct {
-	Path      string `json:"path"`
-	Operation string `json:"operation"`
-	Message   string `json:"message"`
-	ErrorType string `json:"error_type"`
-	Retryable bool   `json:"retryable"`
-}
-
-// aioExecRequest is BashExecRequest.
-type aioExecRequest struct {
-	SessionID       *string           `json:"session_id"`
-	Command         string            `json:"command"`
-	ExecDir         *string           `json:"exec_dir"`
-	Env             map[string]string `json:"env"`
-	AsyncMode       bool              `json:"async_mode"`
-	Timeout         *float64          `json:"timeout"`
-	HardTimeout     *float64          `json:"hard_timeout"`
-	MaxOutputLength *int              `json:"max_output_length"`
-}
-
-// aioExecResult is BashExecResult.
-type aioExecResult struct {
-	SessionID    string `json:"session_id"`
-	CommandID    string `json:"command_id"`
-	Command      string `json:"command"`
-	Status       string `json:"status"`
-	Stdout       string `json:"stdout"`
-	Stderr       string `json:"stderr"`
-	ExitCode     *int   `json:"exit_code"`
-	Offset       int    `json:"offset"`
-	StderrOffset int    `json:"stderr_offset"`
-}
-
-// aioWriteRequest is FileWriteRequest.
-type aioWriteRequest struct {
-	File     string  `json:"file"`
-	Content  string  `json:"content"`
-	Encoding *string `json:"encoding"`
-	Append   *bool   `json:"append"`
-}
+// aioResponse is the Response[T] envelope of every JSON reply.
+type aioResponse = aio.Response[any]
 
 // aioHandler routes the AIO subset; the sandbox is in the request context.
 func (p *Provisioner) aioHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/sandbox", p.handleAIOContext)
-	mux.HandleFunc("POST /v1/bash/exec", p.handleAIOExec)
-	mux.HandleFunc("GET /v1/file/download", p.h.handleReadFile)
-	mux.HandleFunc("POST /v1/file/write", p.handleAIOWrite)
-	mux.HandleFunc("POST /v1/file/upload", p.handleAIOUpload)
+	mux.HandleFunc("GET "+aio.PathContext, p.handleAIOContext)
+	mux.HandleFunc("POST "+aio.PathExec, p.handleAIOExec)
+	mux.HandleFunc("GET "+aio.PathDownload, p.h.handleReadFile)
+	mux.HandleFunc("POST "+aio.PathWrite, p.handleAIOWrite)
+	mux.HandleFunc("POST "+aio.PathUpload, p.handleAIOUpload)
 	return mux
 }
 
 // serveAIO checks that id is a live sandbox of this provisioner and that
 // the bearer token is its own, then serves sub with the AIO routes.
-func (p *Provisioner) serveAIO(w http.ResponseWriter, r *http.Request, id, sub string, aio http.Handler) {
+func (p *Provisioner) serveAIO(w http.ResponseWriter, r *http.Request, id, sub string, routes http.Handler) {
 	_, sb, ok := p.live(id)
 	if !ok {
 		writeJSON(w, http.StatusNotFound, provError{Detail: fmt.Sprintf("sandbox %q not found", id)})
 		return
 	}
-	tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if subtle.ConstantTimeCompare([]byte(tok), []byte(sb.token)) != 1 {
+	if subtle.ConstantTimeCompare([]byte(aio.BearerToken(r.Header)), []byte(sb.token)) != 1 {
 		writeJSON(w, http.StatusUnauthorized, provError{Detail: "invalid or missing bearer token"})
 		return
 	}
 	r2 := r.Clone(context.WithValue(r.Context(), sandboxKey{}, sb))
 	r2.URL.Path = sub
 	r2.URL.RawPath = ""
-	aio.ServeHTTP(w, r2)
+	routes.ServeHTTP(w, r2)
 }
 
 // handleAIOContext serves GET /v1/sandbox (SandboxResponse): readiness.
@@ -170,7 +124,7 @@ func truncateMiddle(s string, n int) string {
 // async_mode and sessions are not supported (422 / ignored).
 func (p *Provisioner) handleAIOExec(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxFrom(r.Context())
-	var req aioExecRequest
+	var req aio.ExecRequest
 	if err := readBody(r, &req); err != nil {
 		writeJSON(w, http.StatusUnprocessableEntity, provError{Detail: err.Error()})
 		return
@@ -188,10 +142,7 @@ func (p *Provisioner) handleAIOExec(w http.ResponseWriter, r *http.Request) {
 		}
 		hard = d
 	}
-	spec := startSpec{cmd: "/bin/bash", args: []string{"-c", req.Command}, envs: req.Env}
-	if req.ExecDir != nil {
-		spec.cwd = *req.ExecDir
-	}
+	spec := startSpec{cmd: "/bin/bash", args: []string{"-c", req.Command}, envs: req.Env, cwd: req.ExecDir}
 	run, err := p.h.start(sb, spec)
 	if errors.Is(err, ErrNotFound) {
 		writeJSON(w, http.StatusNotFound, provError{Detail: fmt.Sprintf("sandbox %q not found", sb.id)})
@@ -229,15 +180,15 @@ func (p *Provisioner) handleAIOExec(w http.ResponseWriter, r *http.Request) {
 	}
 	<-run.done
 	code, exited, _, _ := run.exitInfo()
-	res := aioExecResult{SessionID: "local-" + sb.id, CommandID: fmt.Sprint(run.pid), Command: req.Command}
+	res := aio.ExecResult{SessionID: "local-" + sb.id, CommandID: fmt.Sprint(run.pid), Command: req.Command}
 	mu.Lock()
 	switch {
 	case timedOut:
-		res.Status = "timed_out"
+		res.Status = aio.StatusTimedOut
 	case sb.ctx.Err() != nil || !exited:
-		res.Status = "killed"
+		res.Status = aio.StatusKilled
 	default:
-		res.Status = "completed"
+		res.Status = aio.StatusCompleted
 		res.ExitCode = &code
 	}
 	mu.Unlock()
@@ -255,7 +206,7 @@ func (p *Provisioner) handleAIOExec(w http.ResponseWriter, r *http.Request) {
 func aioErrorType(err error) string {
 	switch {
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
-		return "not_found"
+		return aio.ErrorTypeNotFound
 	case errors.Is(err, ErrOutsideSandbox), errors.Is(err, fs.ErrPermission):
 		return "permission_denied"
 	case errors.Is(err, errIsDir):
@@ -274,14 +225,14 @@ func aioErrorType(err error) string {
 // fileFailure writes a success=false FileOperationError reply.
 func fileFailure(w http.ResponseWriter, op, path string, err error) {
 	msg := fmt.Sprintf("Failed to %s file: %v", op, err)
-	aioFailure(w, msg, aioFileError{Path: path, Operation: op, Message: msg, ErrorType: aioErrorType(err)})
+	aioFailure(w, msg, aio.FileOperationError{Path: path, Operation: op, Message: msg, ErrorType: aioErrorType(err)})
 }
 
 // handleAIOWrite serves POST /v1/file/write (utf-8 or base64 content;
 // parents created; append not supported).
 func (p *Provisioner) handleAIOWrite(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxFrom(r.Context())
-	var req aioWriteRequest
+	var req aio.WriteRequest
 	b, err := io.ReadAll(io.LimitReader(r.Body, aioMaxWriteBody+1))
 	if err == nil && len(b) > aioMaxWriteBody {
 		err = errors.New("body too large")
@@ -337,10 +288,10 @@ func (p *Provisioner) handleAIOUpload(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		switch part.FormName() {
-		case "path":
+		case aio.FormPath:
 			v, _ := io.ReadAll(io.LimitReader(part, 4096))
 			dest = string(v)
-		case "file":
+		case aio.FormFile:
 			target := dest
 			if target == "" {
 				target = rawFileName(part)

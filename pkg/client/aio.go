@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"mime/multipart"
 	"net/http"
-	"net/url"
 	"path"
 	"strings"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/aio"
 )
 
 // aioCallMargin is added to a command's timeout to bound its HTTP call
@@ -68,33 +68,17 @@ func NewAIO(sandboxID string, conn Connection, httpClient *http.Client) (*AIO, e
 }
 
 func (a *AIO) setHeaders(h http.Header) {
-	if a.conn.AccessToken != "" {
-		h.Set("Authorization", "Bearer "+a.conn.AccessToken)
-	}
+	aio.SetAuth(h, a.conn.AccessToken)
 }
 
-// aioEnvelope is the AIO API's Response[T]: success defaults to true.
-type aioEnvelope struct {
-	Success *bool           `json:"success"`
-	Message string          `json:"message"`
-	Data    json.RawMessage `json:"data"`
-}
-
-// failed returns the *AIOError of a success=false envelope, or nil.
-func (e aioEnvelope) failed(op string) error {
-	if e.Success == nil || *e.Success {
+// aioFailed returns the *AIOError of a success=false envelope, or nil.
+func aioFailed(e aio.Response[json.RawMessage], op string) error {
+	fe, failed := aio.Failure(e)
+	if !failed {
 		return nil
 	}
-	var fe struct {
-		Message   string `json:"message"`
-		ErrorType string `json:"error_type"`
-	}
-	_ = json.Unmarshal(e.Data, &fe)
-	ae := &AIOError{Op: op, Status: http.StatusOK, ErrorType: fe.ErrorType, Message: e.Message}
-	if fe.Message != "" {
-		ae.Message = fe.Message
-	}
-	if fe.ErrorType == "not_found" {
+	ae := &AIOError{Op: op, Status: http.StatusOK, ErrorType: fe.ErrorType, Message: fe.Message}
+	if fe.ErrorType == aio.ErrorTypeNotFound {
 		return fmt.Errorf("%w: %w", ErrFileNotFound, ae)
 	}
 	return ae
@@ -135,26 +119,6 @@ func aioStatusErr(op string, resp *http.Response, notFound error) error {
 	return ae
 }
 
-// aioExecRequest is BashExecRequest (sync mode).
-type aioExecRequest struct {
-	Command     string            `json:"command"`
-	ExecDir     string            `json:"exec_dir"`
-	Env         map[string]string `json:"env,omitempty"`
-	AsyncMode   bool              `json:"async_mode"`
-	Timeout     float64           `json:"timeout"`
-	HardTimeout float64           `json:"hard_timeout"`
-	// MaxOutputLength 0 disables the server's middle truncation.
-	MaxOutputLength int `json:"max_output_length"`
-}
-
-// aioExecResult is BashExecResult.
-type aioExecResult struct {
-	Status   string  `json:"status"`
-	Stdout   *string `json:"stdout"`
-	Stderr   *string `json:"stderr"`
-	ExitCode *int    `json:"exit_code"`
-}
-
 // Exec runs req.Script with bash through POST /v1/bash/exec (sync mode,
 // exec_dir req.Cwd resolved like ResolvePath, else SandboxHome; hard
 // timeout req.Timeout or DefaultExecTimeout, rounded up to seconds; output
@@ -173,13 +137,13 @@ func (a *AIO) Exec(ctx context.Context, req ExecRequest) (int, error) {
 	if req.Cwd != "" {
 		cwd = ResolvePath(req.Cwd)
 	}
-	body, err := json.Marshal(aioExecRequest{Command: req.Script, ExecDir: cwd, Env: req.Env, Timeout: secs + 5, HardTimeout: secs})
+	body, err := json.Marshal(aio.SyncExec(req.Script, cwd, req.Env, secs))
 	if err != nil {
 		return -1, fmt.Errorf("exec: %w", err)
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout+aioCallMargin)
 	defer cancel()
-	hreq, err := http.NewRequestWithContext(rctx, http.MethodPost, a.base+"/v1/bash/exec", bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(rctx, http.MethodPost, a.base+aio.PathExec, bytes.NewReader(body))
 	if err != nil {
 		return -1, fmt.Errorf("exec: %w", err)
 	}
@@ -199,34 +163,34 @@ func (a *AIO) Exec(ctx context.Context, req ExecRequest) (int, error) {
 	if resp.StatusCode != http.StatusOK {
 		return -1, fmt.Errorf("exec: %w", aioStatusErr(op, resp, ErrSandboxUnreachable))
 	}
-	var env aioEnvelope
+	var env aio.Response[json.RawMessage]
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxResponseBody*8)).Decode(&env); err != nil {
 		return -1, fmt.Errorf("exec: decode reply: %w", err)
 	}
-	if err := env.failed(op); err != nil {
+	if err := aioFailed(env, op); err != nil {
 		return -1, fmt.Errorf("exec: %w", err)
 	}
-	var res aioExecResult
+	var res aio.ExecResult
 	if err := json.Unmarshal(env.Data, &res); err != nil {
 		return -1, fmt.Errorf("exec: decode result: %w", err)
 	}
 	for _, o := range []struct {
 		w io.Writer
-		s *string
+		s string
 	}{{req.Stdout, res.Stdout}, {req.Stderr, res.Stderr}} {
-		if o.w != nil && o.s != nil && *o.s != "" {
-			if _, err := io.WriteString(o.w, *o.s); err != nil {
+		if o.w != nil && o.s != "" {
+			if _, err := io.WriteString(o.w, o.s); err != nil {
 				return -1, fmt.Errorf("exec: write output: %w", err)
 			}
 		}
 	}
 	switch res.Status {
-	case "completed":
+	case aio.StatusCompleted:
 		if res.ExitCode == nil {
 			return -1, fmt.Errorf("exec: %w", &AIOError{Op: op, Status: resp.StatusCode, Message: "completed without an exit code"})
 		}
 		return *res.ExitCode, nil
-	case "timed_out":
+	case aio.StatusTimedOut:
 		return -1, fmt.Errorf("exec: %w after %s", ErrExecTimeout, timeout)
 	default: // killed, running, pending
 		return -1, fmt.Errorf("exec: %w", &AIOError{Op: op, Status: resp.StatusCode, Message: "command ended with status " + res.Status})
@@ -253,31 +217,14 @@ func (a *AIO) PutFile(ctx context.Context, p string, r io.Reader) error {
 			return fmt.Errorf("put %s: mkdir %s: exit %d: %s", p, dir, code, bytes.TrimSpace(stderr.Bytes()))
 		}
 	}
-	pr, pw := io.Pipe()
-	mw := multipart.NewWriter(pw)
-	go func() {
-		err := func() error {
-			if err := mw.WriteField("path", p); err != nil {
-				return err
-			}
-			fw, err := mw.CreateFormFile("file", path.Base(p))
-			if err != nil {
-				return err
-			}
-			if _, err := io.Copy(fw, r); err != nil {
-				return err
-			}
-			return mw.Close()
-		}()
-		pw.CloseWithError(err)
-	}()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.base+"/v1/file/upload", pr)
+	pr, contentType := aio.UploadBody(p, r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.base+aio.PathUpload, pr)
 	if err != nil {
 		pr.CloseWithError(err)
 		return fmt.Errorf("put %s: %w", p, err)
 	}
 	a.setHeaders(req.Header)
-	req.Header.Set("Content-Type", mw.FormDataContentType())
+	req.Header.Set("Content-Type", contentType)
 	resp, err := a.http.Do(req)
 	if err != nil {
 		pr.CloseWithError(err)
@@ -287,11 +234,11 @@ func (a *AIO) PutFile(ctx context.Context, p string, r io.Reader) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("put %s: %w", p, aioStatusErr("upload", resp, ErrSandboxUnreachable))
 	}
-	var env aioEnvelope
+	var env aio.Response[json.RawMessage]
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&env); err != nil {
 		return fmt.Errorf("put %s: decode reply: %w", p, err)
 	}
-	if err := env.failed("upload"); err != nil {
+	if err := aioFailed(env, "upload"); err != nil {
 		return fmt.Errorf("put %s: %w", p, err)
 	}
 	return nil
@@ -305,7 +252,7 @@ func (a *AIO) GetFile(ctx context.Context, p string, w io.Writer) (int64, error)
 	ctx, cancel := context.WithTimeout(ctx, DefaultFileTimeout)
 	defer cancel()
 	p = ResolvePath(p)
-	return getFile(ctx, a.http, a.base+"/v1/file/download?"+url.Values{"path": {p}}.Encode(), a.setHeaders, "get "+p, w,
+	return getFile(ctx, a.http, aio.DownloadURL(a.base, p), a.setHeaders, "get "+p, w,
 		func(resp *http.Response) error {
 			if resp.StatusCode != http.StatusOK {
 				return fmt.Errorf("get %s: %w", p, aioStatusErr("download", resp, ErrFileNotFound))
