@@ -6,6 +6,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -46,5 +47,5 @@ func (h *handler) setDraining(ctx context.Context, r *request, draining bool) ev
 	if err := h.broker.SetDraining(ctx, draining); err != nil {
 		return r.fail(err)
 	}
-	return r.json(http.StatusOK, map[string]bool{"draining": draining})
+	return r.json(http.StatusOK, api.DrainStatus{Draining: draining})
 }

@@ -274,7 +274,7 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 			return r.fail(err)
 		}
 		r.metrics = append(r.metrics, core.CapacityMetrics(st)...)
-		return r.json(http.StatusOK, st)
+		return r.json(http.StatusOK, capacityBody(st))
 	case RouteRelease:
 		res, err := h.broker.Release(ctx, tenant, id)
 		if err != nil {
@@ -437,148 +437,79 @@ func strictObject(body []byte, shape string, fields ...string) (map[string]json.
 
 // Response bodies (the README's route table).
 
-// envdConnectionJSON is an envd endpoint: the daemon's base URL and its
-// X-Access-Token.
-type envdConnectionJSON struct {
-	Protocol        string `json:"protocol"`
-	EnvdURL         string `json:"envd_url"`
-	EnvdAccessToken string `json:"envd_access_token"`
-}
-
-// urlConnectionJSON is an endpoint of any other protocol (AIO: the AIO
-// sandbox API base the agent talks to, and its bearer token if any).
-type urlConnectionJSON struct {
-	Protocol    string `json:"protocol"`
-	SandboxURL  string `json:"sandbox_url"`
-	AccessToken string `json:"access_token,omitempty"`
-}
-
-type acquireJSON struct {
-	SandboxID string `json:"sandbox_id"`
-	State     string `json:"state"`
-	Source    string `json:"source"`
-	Backend   string `json:"backend"`
-	// Connection is an envdConnectionJSON or a urlConnectionJSON, by the
-	// endpoint's protocol.
-	Connection any    `json:"connection"`
-	ExpiresAt  string `json:"expires_at"`
-	// Restore reports the thread's outputs brought back into the sandbox
-	// by this acquire (a created sandbox, or a restore continued); absent
-	// when none ran.
-	Restore *restoreJSON `json:"restore,omitempty"`
-}
-
-// restoreJSON is a restore's report: complete is false while files remain
-// (remaining: left by a cap for the next acquire or sync pass; deferred
-// lists every file not restored, and why).
-type restoreJSON struct {
-	Complete  bool                `json:"complete"`
-	Restored  int                 `json:"restored"`
-	Skipped   int                 `json:"skipped"`
-	Remaining int                 `json:"remaining"`
-	Bytes     int64               `json:"bytes"`
-	Deferred  []core.DeferredFile `json:"deferred"`
-	Excluded  []core.DeferredFile `json:"excluded"`
-}
-
-func restoreBody(r *core.SyncResult) *restoreJSON {
-	if r == nil {
-		return nil
-	}
-	s := syncBody(*r)
-	return &restoreJSON{Complete: s.Complete, Restored: s.Uploaded, Skipped: s.Skipped, Remaining: s.Remaining,
-		Bytes: s.Bytes, Deferred: s.Deferred, Excluded: s.Excluded}
-}
-
-func rfc3339(t time.Time) string {
-	if t.IsZero() {
-		return ""
-	}
-	return t.UTC().Format(time.RFC3339)
-}
-
-func acquireBody(res core.AcquireResult) acquireJSON {
-	return acquireJSON{
+// acquireBody is the acquire reply; the connection is keyed by the
+// endpoint's protocol, never by the backend.
+func acquireBody(res core.AcquireResult) api.Sandbox {
+	ep := res.Record.Endpoint
+	return api.Sandbox{
 		SandboxID:  res.Record.SandboxID,
 		State:      string(core.StateActive),
 		Source:     string(res.Source),
 		Backend:    res.Record.Backend,
-		Connection: connectionBody(res.Record.Endpoint),
-		ExpiresAt:  rfc3339(res.Record.ExpiresAt),
+		Connection: api.EndpointConnection(ep.Protocol, ep.URL, ep.AccessToken),
+		ExpiresAt:  res.Record.ExpiresAt,
 		Restore:    restoreBody(res.Restore),
 	}
 }
 
-// connectionBody is how the agent reaches the sandbox, keyed by the
-// endpoint's protocol (never by backend): envd_url and envd_access_token
-// for envd; sandbox_url (and access_token when there is one) for AIO and
-// any other protocol.
-func connectionBody(ep core.Endpoint) any {
-	if ep.Protocol == core.ProtocolEnvd {
-		return envdConnectionJSON{Protocol: ep.Protocol, EnvdURL: ep.URL, EnvdAccessToken: ep.AccessToken}
-	}
-	return urlConnectionJSON{Protocol: ep.Protocol, SandboxURL: ep.URL, AccessToken: ep.AccessToken}
-}
-
-// recordJSON is GET /v1/sandboxes/{id}: the record without secrets or
+// recordBody is GET /v1/sandboxes/{id}: the record without secrets or
 // lease internals.
-type recordJSON struct {
-	SandboxID string `json:"sandbox_id"`
-	State     string `json:"state"`
-	UserID    string `json:"user_id"`
-	ThreadID  string `json:"thread_id"`
-	Backend   string `json:"backend"`
-	CreatedAt string `json:"created_at,omitempty"`
-	UpdatedAt string `json:"updated_at,omitempty"`
-	ParkedAt  string `json:"parked_at,omitempty"`
-	ExpiresAt string `json:"expires_at,omitempty"`
-}
-
-func recordBody(r core.Record) recordJSON {
-	return recordJSON{
+func recordBody(r core.Record) api.Record {
+	return api.Record{
 		SandboxID: r.SandboxID, State: string(r.State), UserID: r.User, ThreadID: r.Thread,
-		Backend: r.Backend, CreatedAt: rfc3339(r.CreatedAt), UpdatedAt: rfc3339(r.UpdatedAt),
-		ParkedAt: rfc3339(r.ParkedAt), ExpiresAt: rfc3339(r.ExpiresAt),
+		Backend: r.Backend, CreatedAt: api.Time(r.CreatedAt), UpdatedAt: api.Time(r.UpdatedAt),
+		ParkedAt: api.Time(r.ParkedAt), ExpiresAt: api.Time(r.ExpiresAt),
 	}
 }
 
-type releaseJSON struct {
-	SandboxID string           `json:"sandbox_id"`
-	State     string           `json:"state"`
-	Sync      *core.SyncResult `json:"sync"`
-	SyncError string           `json:"sync_error,omitempty"`
+// restoreBody reports a restore; nil when none ran.
+func restoreBody(r *core.SyncResult) *api.RestoreResult {
+	if r == nil {
+		return nil
+	}
+	s := syncBody(*r)
+	return &api.RestoreResult{Complete: s.Complete, Restored: s.Uploaded, Skipped: s.Skipped, Remaining: s.Remaining,
+		Bytes: s.Bytes, Deferred: s.Deferred, Excluded: s.Excluded}
 }
 
-func releaseBody(res core.ReleaseResult) releaseJSON {
-	var s *core.SyncResult
+func releaseBody(res core.ReleaseResult) api.ReleaseResult {
+	var s *api.SyncResult
 	if res.Sync != nil {
 		v := syncBody(*res.Sync)
 		s = &v
 	}
-	return releaseJSON{SandboxID: res.SandboxID, State: res.State, Sync: s, SyncError: res.SyncError}
+	return api.ReleaseResult{SandboxID: res.SandboxID, State: res.State, Sync: s, SyncError: res.SyncError}
 }
 
-// syncBody normalises nil deferred and excluded lists to [] so clients
-// see arrays.
-func syncBody(s core.SyncResult) core.SyncResult {
-	if s.Deferred == nil {
-		s.Deferred = []core.DeferredFile{}
+// syncBody is a sync pass's reply; nil deferred and excluded lists become
+// [] so clients see arrays.
+func syncBody(s core.SyncResult) api.SyncResult {
+	return api.SyncResult{Uploaded: s.Uploaded, Skipped: s.Skipped, Deferred: files(s.Deferred),
+		Excluded: files(s.Excluded), Bytes: s.Bytes, Complete: s.Complete, Remaining: s.Remaining}
+}
+
+func files(fs []core.DeferredFile) []api.DeferredFile {
+	out := make([]api.DeferredFile, len(fs))
+	for i, f := range fs {
+		out[i] = api.DeferredFile{Path: f.Path, Reason: f.Reason}
 	}
-	if s.Excluded == nil {
-		s.Excluded = []core.DeferredFile{}
-	}
-	return s
+	return out
+}
+
+func capacityBody(st core.CapacityStatus) api.Capacity {
+	return api.Capacity{Limit: st.Limit, Used: st.Used, Active: st.Active, Warm: st.Warm, Reserved: st.Reserved,
+		Transitioning: st.Transitioning, Tombstones: st.Tombstones, Policy: st.Policy, Draining: st.Draining}
 }
 
 // Errors.
 
+// apiError is an error reply before its Retry-After is set.
 type apiError struct {
-	Code              core.ErrorCode `json:"code"`
-	Message           string         `json:"message"`
-	Reason            string         `json:"reason"`
-	Retryable         bool           `json:"retryable"`
-	RetryAfterSeconds int            `json:"retry_after_seconds"`
-	Details           map[string]any `json:"details,omitempty"`
+	Code      core.ErrorCode
+	Message   string
+	Reason    string
+	Retryable bool
+	Details   map[string]any
 }
 
 // fail maps an error from the broker (or input validation) to a response.
@@ -647,10 +578,8 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 
 func (r *request) errorResponse(status int, e apiError, retryAfter int) events.APIGatewayV2HTTPResponse {
 	r.code = e.Code
-	e.RetryAfterSeconds = retryAfter
-	resp := r.json(status, struct {
-		Error apiError `json:"error"`
-	}{e})
+	resp := r.json(status, api.ErrorReply{Error: api.Error{Code: string(e.Code), Message: e.Message, Reason: e.Reason,
+		Retryable: e.Retryable, RetryAfterSeconds: float64(retryAfter), Details: e.Details}})
 	if retryAfter > 0 {
 		resp.Headers["Retry-After"] = strconv.Itoa(retryAfter)
 	}

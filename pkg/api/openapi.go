@@ -1,5 +1,3 @@
-// Package api holds the contract of the broker's HTTP API: its OpenAPI 3.1
-// document (openapi.yaml), served by the API at GET /v1/openapi.json.
 package api
 
 import (

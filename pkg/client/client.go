@@ -27,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -95,153 +96,35 @@ func New(baseURL, token string, opts ...Option) (*Client, error) {
 // BaseURL is the API base URL the client calls, without a trailing slash.
 func (c *Client) BaseURL() string { return c.base.String() }
 
-// Connection is how to reach a sandbox, as the acquire response carries it.
-// Its shape depends on the protocol the sandbox speaks (Protocol), never on
-// the backend:
-//
-//   - envd, the E2B in-sandbox daemon: every sandbox is routed on EnvdURL
-//     by its id (E2b-Sandbox-Id header), and EnvdAccessToken is sent as
-//     X-Access-Token. Use NewEnvd.
-//   - aio: SandboxURL is the sandbox's AIO sandbox API base, and
-//     AccessToken, when set, is sent as "Authorization: Bearer". Use NewAIO.
-//
-// The tokens are secrets.
-type Connection struct {
-	// Protocol is KindEnvd or KindAIO ("" from a broker that predates
-	// the key: Kind then infers it from the URL present).
-	Protocol        string `json:"protocol,omitempty"`
-	EnvdURL         string `json:"envd_url,omitempty"`
-	EnvdAccessToken string `json:"envd_access_token,omitempty"`
-	SandboxURL      string `json:"sandbox_url,omitempty"`
-	AccessToken     string `json:"access_token,omitempty"`
-}
+// The broker API's bodies (pkg/api, shared with the server).
+type (
+	// Connection is how to reach a sandbox, keyed by its protocol
+	// (Connection.Kind): KindEnvd is reached with NewEnvd, KindAIO with
+	// NewAIO. The tokens are secrets.
+	Connection = api.Connection
+	// Sandbox is the acquire reply: a sandbox handed to a thread.
+	Sandbox = api.Sandbox
+	// DeferredFile is an output file a sync pass did not copy, and why.
+	DeferredFile = api.DeferredFile
+	// SyncResult is the reply of Sync: one pass copying outputs/ and
+	// workspace/ to S3.
+	SyncResult = api.SyncResult
+	// ReleaseResult is the reply of Release.
+	ReleaseResult = api.ReleaseResult
+	// Capacity is the reply of Capacity: deployment-wide slot usage.
+	Capacity = api.Capacity
+	// DrainStatus is the reply of Drain and Undrain.
+	DrainStatus = api.DrainStatus
+	// RestoreResult reports a restore of a thread's outputs into its
+	// sandbox (Sandbox.Restore).
+	RestoreResult = api.RestoreResult
+)
 
 // Connection kinds (Connection.Kind).
 const (
-	KindEnvd = "envd" // E2B envd: NewEnvd
-	KindAIO  = "aio"  // AIO sandbox API: NewAIO
+	KindEnvd = api.ProtocolEnvd // E2B envd: NewEnvd
+	KindAIO  = api.ProtocolAIO  // AIO sandbox API: NewAIO
 )
-
-// Kind tells which helper reaches the sandbox: Protocol when set; else
-// KindAIO when SandboxURL is set, KindEnvd when EnvdURL is set, "" when
-// neither is (a protocol this client does not know).
-func (c Connection) Kind() string {
-	switch {
-	case c.Protocol != "":
-		return c.Protocol
-	case c.SandboxURL != "":
-		return KindAIO
-	case c.EnvdURL != "":
-		return KindEnvd
-	}
-	return ""
-}
-
-// Sandbox is the acquire response: a sandbox handed to a thread.
-type Sandbox struct {
-	SandboxID string `json:"sandbox_id"`
-	// State is "active" for a handed-out sandbox.
-	State string `json:"state"`
-	// Source is how the broker obtained it: reused, reclaimed, discovered or created.
-	Source     string     `json:"source"`
-	Backend    string     `json:"backend"`
-	Connection Connection `json:"connection"`
-	// ExpiresAt is when the provider ends the sandbox unless the broker
-	// extends it (its provider timeout), UTC; zero when the server sent none.
-	ExpiresAt time.Time `json:"expires_at"`
-	// Restore reports the thread's earlier outputs brought back into the
-	// sandbox by this acquire; nil when none ran.
-	Restore *RestoreResult `json:"restore,omitempty"`
-}
-
-// RestoreResult reports a restore of a thread's outputs into its sandbox.
-// While Complete is false, Remaining files were left by a cap (files,
-// bytes, time) and the thread's next acquire or sync continues them,
-// never overwriting a file changed in the sandbox since.
-type RestoreResult struct {
-	Complete  bool           `json:"complete"`
-	Restored  int            `json:"restored"`
-	Skipped   int            `json:"skipped"`
-	Remaining int            `json:"remaining"`
-	Bytes     int64          `json:"bytes"`
-	Deferred  []DeferredFile `json:"deferred"`
-	Excluded  []DeferredFile `json:"excluded"`
-}
-
-// UnmarshalJSON accepts an empty or absent expires_at (zero time).
-func (s *Sandbox) UnmarshalJSON(b []byte) error {
-	type plain Sandbox
-	var w struct {
-		plain
-		ExpiresAt string `json:"expires_at"`
-	}
-	if err := json.Unmarshal(b, &w); err != nil {
-		return err
-	}
-	*s = Sandbox(w.plain)
-	s.ExpiresAt = time.Time{}
-	if w.ExpiresAt != "" {
-		t, err := time.Parse(time.RFC3339Nano, w.ExpiresAt)
-		if err != nil {
-			return fmt.Errorf("expires_at: %w", err)
-		}
-		s.ExpiresAt = t.UTC()
-	}
-	return nil
-}
-
-// DeferredFile is an output file a sync pass did not copy, and why.
-type DeferredFile struct {
-	Path   string `json:"path"`
-	Reason string `json:"reason"`
-}
-
-// SyncResult is the body of POST /v1/sandboxes/{id}/sync: one pass copying
-// outputs/ and workspace/ to S3.
-type SyncResult struct {
-	Uploaded int `json:"uploaded"`
-	Skipped  int `json:"skipped"`
-	// Deferred lists files a later pass may still copy, with the reason.
-	Deferred []DeferredFile `json:"deferred"`
-	// Excluded lists files no pass copies as they are (over the per-file
-	// cap, unsafe or too long a name); they do not make a pass incomplete.
-	Excluded []DeferredFile `json:"excluded"`
-	Bytes    int64          `json:"bytes"`
-	// Complete is true when a later pass would copy nothing more.
-	Complete bool `json:"complete"`
-}
-
-// ReleaseResult is the body of POST /v1/sandboxes/{id}/release.
-type ReleaseResult struct {
-	SandboxID string `json:"sandbox_id"`
-	// State is "warm" (parked for the thread) or "destroyed".
-	State string `json:"state"`
-	// Sync is the output sync that ran before parking (nil if none ran).
-	Sync *SyncResult `json:"sync,omitempty"`
-	// SyncError says why the sync failed, when it did.
-	SyncError string `json:"sync_error,omitempty"`
-}
-
-// Capacity is the body of GET /v1/capacity: deployment-wide slot usage.
-type Capacity struct {
-	Limit         int    `json:"limit"`
-	Used          int    `json:"used"`
-	Active        int    `json:"active"`
-	Warm          int    `json:"warm"`
-	Reserved      int    `json:"reserved"`
-	Transitioning int    `json:"transitioning"`
-	Tombstones    int    `json:"tombstones"` // destroying: kill not yet confirmed
-	Policy        string `json:"policy"`
-	// Draining is true while the deployment drains (sbx drain).
-	Draining bool `json:"draining"`
-}
-
-// DrainStatus is the body of POST /v1/admin/drain and /v1/admin/undrain.
-type DrainStatus struct {
-	// Draining is true while the deployment is draining: acquires answer
-	// 503 with reason "draining" and releases destroy instead of parking.
-	Draining bool `json:"draining"`
-}
 
 // Record is the body of GET /v1/sandboxes/{id}: the broker's record of a
 // sandbox, kept as the raw JSON object so fields added by the server are not lost.
@@ -318,7 +201,7 @@ func IsNotFound(err error) bool {
 // a transport error.
 func (c *Client) Acquire(ctx context.Context, userID, threadID string) (Sandbox, error) {
 	var out Sandbox
-	body := map[string]string{"user_id": userID, "thread_id": threadID}
+	body := api.AcquireRequest{UserID: userID, ThreadID: threadID}
 	err := c.do(ctx, http.MethodPost, "/v1/sandboxes/acquire", body, &out)
 	return out, err
 }
@@ -419,16 +302,10 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	return nil
 }
 
-// errorBody is the wire shape of an API error.
+// errorBody is the wire shape of an API error, or of an error of the
+// gateway in front of the broker.
 type errorBody struct {
-	Error *struct {
-		Code              string         `json:"code"`
-		Message           string         `json:"message"`
-		Reason            string         `json:"reason"`
-		Retryable         bool           `json:"retryable"`
-		RetryAfterSeconds *float64       `json:"retry_after_seconds"`
-		Details           map[string]any `json:"details"`
-	} `json:"error"`
+	Error *api.Error `json:"error"`
 	// Message is what API Gateway's own errors carry ({"message":"Unauthorized"}).
 	Message string `json:"message"`
 }
@@ -441,8 +318,8 @@ func decodeError(resp *http.Response) *APIError {
 	if json.Unmarshal(raw, &eb) == nil && eb.Error != nil && eb.Error.Code != "" {
 		e.Code, e.Message, e.Reason, e.Retryable = eb.Error.Code, eb.Error.Message, eb.Error.Reason, eb.Error.Retryable
 		e.Details = eb.Error.Details
-		if s := eb.Error.RetryAfterSeconds; s != nil && *s > 0 {
-			e.RetryAfter = time.Duration(*s * float64(time.Second))
+		if s := eb.Error.RetryAfterSeconds; s > 0 {
+			e.RetryAfter = time.Duration(s * float64(time.Second))
 		}
 	} else {
 		e.Code = "HTTP_" + strconv.Itoa(resp.StatusCode)
