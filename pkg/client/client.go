@@ -12,6 +12,11 @@
 // Inside a sandbox, Envd speaks E2B's envd (connection protocol "envd":
 // envd_url, envd_access_token) and AIO speaks the AIO sandbox API
 // (protocol "aio": sandbox_url, access_token), whatever the backend.
+//
+// The wire types are public packages of their own, shared with the broker
+// and the local sandbox host: pkg/api (the broker API's bodies; Sandbox,
+// Connection and the other replies here are aliases of them), pkg/envd and
+// pkg/aio (the two sandbox protocols).
 package client
 
 import (
