@@ -115,6 +115,8 @@ var Parameters = []Parameter{
 		Description: "E2B template ID (empty = the provider's default)."},
 	{Name: "SandboxMaxPerUser", Env: config.EnvMaxPerUser, Default: "", AllowedPattern: `^([0-9]+)?$`,
 		Description: "Slots one (tenant, user) may hold; 0 = no cap (empty = the default)."},
+	{Name: "SandboxMaxPerTenant", Env: config.EnvMaxPerTenant, Default: "", AllowedPattern: `^([0-9]+)?$`,
+		Description: "Slots one tenant may hold across its users; 0 = no cap (empty = the default)."},
 	{Name: "SandboxProvider", Env: config.EnvSandboxProvider, Default: config.ProviderE2B, AllowedValues: config.ProviderNames,
 		Description: "Sandbox provider: E2B, or a Kubernetes sandbox provisioner (PROVISIONER_URL)."},
 	{Name: "ProvisionerUrl", Env: config.EnvProvisionerURL, Default: "",

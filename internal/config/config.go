@@ -30,6 +30,7 @@ const (
 	EnvTemplate              = "SANDBOX_TEMPLATE"
 	EnvDeploymentID          = "SANDBOX_DEPLOYMENT_ID"
 	EnvMaxPerUser            = "SANDBOX_MAX_PER_USER"
+	EnvMaxPerTenant          = "SANDBOX_MAX_PER_TENANT"
 	// EnvAdminTenants lists the tenants (comma-separated) allowed on the
 	// /v1/admin routes (drain, undrain).
 	EnvAdminTenants  = "BROKER_ADMIN_TENANTS"
@@ -78,7 +79,7 @@ var deploymentPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 var knownSandboxVars = map[string]bool{
 	EnvReplicas: true, EnvOverflowPolicy: true, EnvAcquireTimeoutSeconds: true,
 	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true,
-	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvSandboxProvider: true,
+	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvSandboxProvider: true,
 }
 
 // E2B configures the E2B provider client.
@@ -224,6 +225,7 @@ func Parse(environ []string) (Config, []string, error) {
 	s.Template = p.str(EnvTemplate, s.Template)
 	s.Deployment = p.str(EnvDeploymentID, s.Deployment)
 	s.MaxPerUser = p.intVar(EnvMaxPerUser, s.MaxPerUser, 0)
+	s.MaxPerTenant = p.intVar(EnvMaxPerTenant, s.MaxPerTenant, 0)
 	if !deploymentPattern.MatchString(s.Deployment) {
 		p.fail(EnvDeploymentID, "must match %s, got %q", deploymentPattern, s.Deployment)
 	}

@@ -17,7 +17,7 @@ func VariableNames() []string {
 		EnvIdleTimeoutSeconds,
 		EnvActiveTimeoutSeconds,
 		EnvTemplate,
-		EnvDeploymentID, EnvMaxPerUser, EnvAdminTenants,
+		EnvDeploymentID, EnvMaxPerUser, EnvMaxPerTenant, EnvAdminTenants,
 		EnvE2BAPIURL,
 		EnvE2BSandboxURL,
 		EnvE2BAPIKey,

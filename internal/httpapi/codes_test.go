@@ -127,6 +127,7 @@ func TestErrorTableIsWhatTheAdapterAnswers(t *testing.T) {
 		}},
 		{"capacity", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(core.RefusalCapacity)) }},
 		{"user quota", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(core.RefusalUserQuota)) }},
+		{"tenant quota", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(core.RefusalTenantQuota)) }},
 		{"ledger failed", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
 			return acquire(capErr(core.RefusalCapacityBackend))
 		}},

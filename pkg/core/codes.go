@@ -16,6 +16,9 @@ const (
 	// RefusalUserQuota: the (tenant, user) holds SANDBOX_MAX_PER_USER
 	// slots already (HTTP 429).
 	RefusalUserQuota RefusalReason = "user_quota"
+	// RefusalTenantQuota: the tenant holds SANDBOX_MAX_PER_TENANT slots
+	// already, across all its users (HTTP 429).
+	RefusalTenantQuota RefusalReason = "tenant_quota"
 	// RefusalCapacityBackend: the capacity ledger could not decide (the
 	// store failed), so nothing was created: fail closed (HTTP 429).
 	RefusalCapacityBackend RefusalReason = "capacity_backend"
@@ -25,7 +28,7 @@ const (
 
 // RefusalReasons lists every capacity refusal reason the broker produces.
 func RefusalReasons() []RefusalReason {
-	return []RefusalReason{RefusalCapacity, RefusalUserQuota, RefusalCapacityBackend, RefusalDraining}
+	return []RefusalReason{RefusalCapacity, RefusalUserQuota, RefusalTenantQuota, RefusalCapacityBackend, RefusalDraining}
 }
 
 // ErrorCode is the "code" of an HTTP API error answer.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 )
@@ -226,6 +227,9 @@ type acquireState struct {
 	// deadChecked: the slots of dead sandboxes were looked for (once per
 	// acquire: it costs a query per state).
 	deadChecked bool
+	// ownTenant: the tenant holds its fair share or more (atFairShare), so
+	// eviction takes only its own tenant's warm sandboxes.
+	ownTenant bool
 }
 
 // acquireOnce makes one attempt. retry reports whether waiting and trying
@@ -276,6 +280,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 		}
 		replaceRes = b.Reservation
 	}
+	st.ownTenant = e.atFairShare(key, look)
 	return e.create(ctx, key, owner, replaceID, replaceRes, st)
 }
 
@@ -297,6 +302,20 @@ func (e *Engine) syncTakenOver(ctx context.Context, rec Record) {
 	if err != nil || !res.Complete {
 		e.log.WarnContext(ctx, "sync of a taken-over release incomplete", "sandbox_id", rec.SandboxID, "deferred", len(res.Deferred), "err", err)
 	}
+}
+
+// atFairShare reports whether key's tenant holds its fair share of slots
+// or more (Settings.FairShare), as look saw: its acquires then evict only
+// the tenant's own warm sandboxes. The tenants holding slots are the
+// ledger's tenant set (which may still name tenants that just freed their
+// last slot, until reconcile drops them: the share is then smaller, never
+// larger) plus key's tenant.
+func (e *Engine) atFairShare(key ThreadKey, look Lookup) bool {
+	tenants := len(look.Ledger.Tenants)
+	if !slices.Contains(look.Ledger.Tenants, key.Tenant) {
+		tenants++
+	}
+	return look.TenantUsed >= e.s.FairShare(tenants)
 }
 
 func (e *Engine) drainingError() *CapacityError {
@@ -378,15 +397,15 @@ const leaseSafety = 10 * time.Second
 const maxEvictions = 3
 
 // create reserves a slot (evicting another thread's least recently parked
-// warm sandbox when the deployment is full), creates and bootstraps a
-// sandbox and records it.
+// warm sandbox when the deployment is full; only one of key's own tenant
+// when st.ownTenant), creates and bootstraps a sandbox and records it.
 func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (AcquireResult, bool, error) {
 	var token string
 	for evictions := 0; ; evictions++ {
 		now := e.now()
 		token = "res-" + newOwner()[4:]
 		err := e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
-			MaxPerUser: e.s.MaxPerUser, Now: now, ExpiresAt: e.leaseUntil(ctx),
+			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
 			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes})
 		var ce *CapacityError
 		switch {
@@ -404,7 +423,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 					continue
 				}
 			}
-			if ce.Reason == RefusalCapacity && evicting && evictions < maxEvictions && e.evictOne(ctx, key, owner) {
+			if ce.Reason == RefusalCapacity && evicting && evictions < maxEvictions && e.evictOne(ctx, key, owner, st.ownTenant) {
 				continue
 			}
 			ce.Status.Policy = string(e.s.Policy)
@@ -429,11 +448,21 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 	return e.createReserved(ctx, key, token)
 }
 
+// evictCandidates is how many of the least recently parked warm sandboxes
+// one eviction considers; ownTenantCandidates when only the acquiring
+// tenant's own may be taken (other tenants' are skipped).
+const (
+	evictCandidates     = 10
+	ownTenantCandidates = 50
+)
+
 // evictOne frees one slot for key's thread: first by retrying a tombstone
 // whose lease lapsed, else by destroying the least recently parked warm
-// sandbox of another thread. It reports whether a slot was freed. A kill
-// that fails leaves a tombstone holding the slot and stops the eviction.
-func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string) bool {
+// sandbox of another thread (of key's own tenant when ownTenant: a tenant
+// at or over its fair share never takes another tenant's warm sandbox).
+// It reports whether a slot was freed. A kill that fails leaves a
+// tombstone holding the slot and stops the eviction.
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownTenant bool) bool {
 	now := e.now()
 	if tombs, err := e.store.Tombstones(ctx, 5); err == nil {
 		for _, rec := range tombs {
@@ -445,13 +474,17 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string) bool
 			return e.destroyClaimed(ctx, claimed)
 		}
 	}
-	warm, err := e.store.WarmParkedBefore(ctx, now.Add(time.Millisecond), 10)
+	limit := evictCandidates
+	if ownTenant {
+		limit = ownTenantCandidates
+	}
+	warm, err := e.store.WarmParkedBefore(ctx, now.Add(time.Millisecond), limit)
 	if err != nil {
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
 		return false
 	}
 	for _, rec := range warm {
-		if rec.ThreadKey == key {
+		if rec.ThreadKey == key || (ownTenant && rec.Tenant != key.Tenant) {
 			continue
 		}
 		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateWarm},

@@ -191,6 +191,9 @@ type ReconcileStore interface {
 	// RepairLedger sets the ledger's used count if its revision is still
 	// revision (else ErrConflict), bumping the revision.
 	RepairLedger(ctx context.Context, revision int64, used int) error
+	// DropIdleTenants removes from the ledger's tenant set (Ledger.Tenants)
+	// those of tenants that hold no slot, and returns them.
+	DropIdleTenants(ctx context.Context, tenants []string) ([]string, error)
 }
 
 // reconcileConfig is what the reconcile Options set (Engine.rc).
@@ -927,6 +930,15 @@ func (p *pass) ledger(ctx context.Context) error {
 		}
 	}
 	p.cursor.LedgerRevision, p.cursor.LedgerCount, p.cursor.LedgerNoted = l.Revision, counted, true
+	// Tenants that hold no slot any more leave the ledger's tenant set, so
+	// fair shares are divided among the tenants holding slots.
+	dropped, err := p.rst.DropIdleTenants(ctx, l.Tenants)
+	if len(dropped) > 0 {
+		p.e.log.InfoContext(ctx, "reconcile: idle tenants dropped from the fair-share set", "tenants", dropped)
+	}
+	if err != nil {
+		return fmt.Errorf("drop idle tenants: %w", err)
+	}
 	return nil
 }
 

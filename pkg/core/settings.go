@@ -29,6 +29,9 @@ type Settings struct {
 	BurstLimit int
 	// MaxPerUser caps the slots one (tenant, user) holds; 0 = no cap.
 	MaxPerUser int
+	// MaxPerTenant caps the slots one tenant holds across its users; 0 = no
+	// cap. It is also the tenant's fair share when set (see FairShare).
+	MaxPerTenant int
 	// AcquireTimeout bounds waiting for a slot under PolicyWait (> 0).
 	AcquireTimeout time.Duration
 	// IdleTimeout is how long a released sandbox stays warm; it is set as the
@@ -69,6 +72,23 @@ func (s Settings) Limit() int {
 	return s.Replicas
 }
 
+// FairShare is the number of slots a tenant may hold before its acquires
+// stop evicting other tenants' warm sandboxes: the deployment limit
+// divided among the tenants holding slots (the acquiring tenant counted
+// even if it holds none), rounded up, and never more than MaxPerTenant
+// when that is set. tenants is the number of tenants holding slots,
+// including the acquiring one.
+func (s Settings) FairShare(tenants int) int {
+	share := s.Limit()
+	if tenants > 1 {
+		share = (share + tenants - 1) / tenants
+	}
+	if s.MaxPerTenant > 0 {
+		share = min(share, s.MaxPerTenant)
+	}
+	return share
+}
+
 // Validate returns every problem, each naming its field.
 func (s Settings) Validate() error {
 	var errs []error
@@ -85,6 +105,9 @@ func (s Settings) Validate() error {
 	}
 	if s.MaxPerUser < 0 {
 		errs = append(errs, fmt.Errorf("MaxPerUser: must be >= 0, got %d", s.MaxPerUser))
+	}
+	if s.MaxPerTenant < 0 {
+		errs = append(errs, fmt.Errorf("MaxPerTenant: must be >= 0, got %d", s.MaxPerTenant))
 	}
 	if s.BurstLimit < 0 {
 		errs = append(errs, fmt.Errorf("BurstLimit: must be >= 0, got %d", s.BurstLimit))

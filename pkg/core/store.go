@@ -64,7 +64,10 @@ type Reservation struct {
 	// MaxPerUser, when > 0, caps the slots one (tenant, user) may hold; the
 	// per-user count moves in the same transaction as the deployment's.
 	MaxPerUser int
-	Now        time.Time
+	// MaxPerTenant, when > 0, caps the slots one tenant may hold across its
+	// users; the tenant's count moves in the same transaction.
+	MaxPerTenant int
+	Now          time.Time
 	// ExpiresAt bounds the create; after it peers may replace the binding.
 	ExpiresAt time.Time
 	// ReplaceSandboxID, when set, is the dead or destroying sandbox the
@@ -80,6 +83,9 @@ type Ledger struct {
 	Used     int
 	Revision int64
 	Draining bool
+	// Tenants names the tenants that hold or held slots: every reservation
+	// adds its tenant, reconcile drops a tenant whose count reached zero.
+	Tenants []string
 }
 
 // Lookup is what acquire reads first: the thread's binding (Bound false if
@@ -88,6 +94,8 @@ type Lookup struct {
 	Binding Binding
 	Bound   bool
 	Ledger  Ledger
+	// TenantUsed is the number of slots the thread's tenant holds.
+	TenantUsed int
 }
 
 // Store is the durable state of the broker (DynamoDB in production).
@@ -98,7 +106,8 @@ type Lookup struct {
 // means it may have; any other error (a bug or a misconfiguration, such as
 // a missing table) certainly did not apply.
 type Store interface {
-	// Lookup reads the thread's binding and the ledger (strongly consistent).
+	// Lookup reads the thread's binding, the ledger and the tenant's slot
+	// count (strongly consistent).
 	Lookup(ctx context.Context, key ThreadKey) (Lookup, error)
 	// Get reads a record (strongly consistent); ErrNotFound if none.
 	Get(ctx context.Context, sandboxID string) (Record, error)
@@ -113,7 +122,7 @@ type Store interface {
 	// not what r expects).
 	// The *CapacityError's reason is RefusalCapacity when Limit slots are
 	// held, RefusalDraining when the deployment drains, RefusalUserQuota
-	// when the user's cap is reached.
+	// when the user's cap is reached, RefusalTenantQuota when the tenant's.
 	Reserve(ctx context.Context, r Reservation) error
 	// Finalize turns reservation token into the record rec (state active),
 	// moving the binding to rec.SandboxID. ErrConflict if the reservation is
@@ -123,7 +132,7 @@ type Store interface {
 	// whose sandbox was confirmed killed) and frees its slot.
 	FreeReservation(ctx context.Context, token string, key ThreadKey) error
 	// Free marks rec gone (fenced by rec.Fence) and frees its slot (and its
-	// user's): call only after the provider confirmed the sandbox is gone.
+	// user's and tenant's): call only after the provider confirmed the sandbox is gone.
 	Free(ctx context.Context, rec Record, now time.Time) error
 	// SetDraining marks the deployment draining (or not).
 	SetDraining(ctx context.Context, draining bool) error

@@ -62,6 +62,13 @@ func capacityPK(deployment string) string { return "CAP#" + deployment }
 func userPK(deployment string, k core.ThreadKey) string {
 	return "USR#" + deployment + "#" + k.Tenant + "#" + k.User
 }
+
+// tenantPK is the per-tenant slot counter (SANDBOX_MAX_PER_TENANT and
+// fair-share eviction).
+func tenantPK(deployment, tenant string) string {
+	return "TEN#" + deployment + "#" + tenant
+}
+
 func statePK(deployment string, s core.State) string {
 	return "ST#" + deployment + "#" + string(s)
 }

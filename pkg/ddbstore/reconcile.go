@@ -191,8 +191,8 @@ func (s *Store) transact(ctx context.Context, op string, items []types.TransactW
 }
 
 // Adopt records an untracked sandbox in one transaction: the record, its
-// slot (a consumed reservation, or a new deployment and user slot taken
-// without a limit check), and optionally the binding or a check that the
+// slot (a consumed reservation, or a new deployment, user and tenant slot
+// taken without a limit check), and optionally the binding or a check that the
 // binding still names a canonical sandbox. ErrConflict when any condition
 // fails (nothing written).
 func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error) {
@@ -208,15 +208,21 @@ func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error)
 		items = append(items, types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table,
 			Key: s.key(reservationPK(a.Reservation)), ConditionExpression: &exists}})
 	} else {
-		inc := "ADD #used :one, #rev :one"
-		vals := map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}}
+		inc := "ADD #used :one, #rev :one, #tenants :tenant"
+		user, err := s.counterTake(userPK(s.deployment, rec.ThreadKey), 0)
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt: %w", err)
+		}
+		tenant, err := s.counterTake(tenantPK(s.deployment, rec.Tenant), 0)
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt: %w", err)
+		}
 		items = append(items,
 			types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-				UpdateExpression: &inc, ExpressionAttributeNames: map[string]string{"#used": "used", "#rev": "revision"},
-				ExpressionAttributeValues: vals}},
-			types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(userPK(s.deployment, rec.ThreadKey)),
-				UpdateExpression: aws.String("ADD #used :one"), ExpressionAttributeNames: map[string]string{"#used": "used"},
-				ExpressionAttributeValues: vals}})
+				UpdateExpression: &inc, ExpressionAttributeNames: map[string]string{"#used": "used", "#rev": "revision", "#tenants": "tenants"},
+				ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"},
+					":tenant": tenantSet(rec.Tenant)}}},
+			user, tenant)
 	}
 	if a.Bind {
 		it, err := s.bindingPut(rec.ThreadKey, rec.SandboxID, rec.UpdatedAt, bindingCondition(a.From, a.FromBound))
@@ -532,4 +538,54 @@ func (s *Store) RepairLedger(ctx context.Context, revision int64, used int) erro
 		return unavailable("repair ledger", err)
 	}
 	return nil
+}
+
+// DropIdleTenants removes from the ledger's tenant set each of tenants
+// whose slot count is zero (or absent): one BatchGetItem of the counts,
+// then for each idle tenant a transaction with a check of its count, so a tenant whose reservation lands meanwhile
+// stays. It returns the tenants dropped.
+func (s *Store) DropIdleTenants(ctx context.Context, tenants []string) ([]string, error) {
+	var keys []map[string]types.AttributeValue
+	for _, t := range tenants {
+		keys = append(keys, s.key(tenantPK(s.deployment, t)))
+	}
+	busy := map[string]bool{}
+	for len(keys) > 0 {
+		n := min(len(keys), batchGetMax)
+		items, err := s.batchGet(ctx, keys[:n])
+		if err != nil {
+			return nil, err
+		}
+		keys = keys[n:]
+		for _, av := range items {
+			if pk, _ := av[AttrPK].(*types.AttributeValueMemberS); pk != nil && decodeCounter(av) > 0 {
+				busy[pk.Value] = true
+			}
+		}
+	}
+	var dropped []string
+	for _, t := range tenants {
+		if busy[tenantPK(s.deployment, t)] {
+			continue
+		}
+		check, err := s.conditionCheck(tenantPK(s.deployment, t), expression.Or(
+			expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThanEqual(expression.Value(0))))
+		if err != nil {
+			return dropped, fmt.Errorf("drop idle tenant: %w", err)
+		}
+		del := "DELETE #tenants :tenant"
+		err = s.transact(ctx, "drop idle tenant", []types.TransactWriteItem{check,
+			{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)), UpdateExpression: &del,
+				ExpressionAttributeNames:  map[string]string{"#tenants": "tenants"},
+				ExpressionAttributeValues: map[string]types.AttributeValue{":tenant": tenantSet(t)}}}})
+		switch {
+		case err == nil:
+			dropped = append(dropped, t)
+		case errors.Is(err, core.ErrConflict): // the tenant holds slots
+		default:
+			return dropped, err
+		}
+	}
+	return dropped, nil
 }

@@ -7,8 +7,10 @@
 //	SBX#<sandbox id>              the sandbox record (core.Record)
 //	RES#<token>                   a reservation: a slot taken for an in-flight create
 //	THR#<tenant>#<user>#<thread>  the thread's binding: sandbox_id or reservation
-//	CAP#<deployment>              the capacity ledger: "used" slots, "revision", "draining"
+//	CAP#<deployment>              the capacity ledger: "used" slots, "revision", "draining",
+//	                              "tenants" (string set: tenants holding or lately holding slots)
 //	USR#<deployment>#<tenant>#<user>  slots held by one user ("used"), for SANDBOX_MAX_PER_USER
+//	TEN#<deployment>#<tenant>     slots held by one tenant ("used"), for SANDBOX_MAX_PER_TENANT
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and
 // reservations by state: gsi1pk = "ST#<deployment>#<state>", gsi1sk =

@@ -63,7 +63,8 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 func (s *Store) Lookup(ctx context.Context, key core.ThreadKey) (core.Lookup, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	keys := []map[string]types.AttributeValue{s.key(bindingPK(key)), s.key(capacityPK(s.deployment))}
+	keys := []map[string]types.AttributeValue{s.key(bindingPK(key)), s.key(capacityPK(s.deployment)),
+		s.key(tenantPK(s.deployment, key.Tenant))}
 	var items []map[string]types.AttributeValue
 	for attempt := 0; len(keys) > 0; attempt++ {
 		if attempt > 0 {
@@ -88,8 +89,12 @@ func (s *Store) Lookup(ctx context.Context, key core.ThreadKey) (core.Lookup, er
 		if pk == nil {
 			continue
 		}
-		if pk.Value == capacityPK(s.deployment) {
+		switch pk.Value {
+		case capacityPK(s.deployment):
 			look.Ledger = decodeLedger(av)
+			continue
+		case tenantPK(s.deployment, key.Tenant):
+			look.TenantUsed = decodeCounter(av)
 			continue
 		}
 		var b bindingItem
@@ -106,15 +111,25 @@ func (s *Store) Lookup(ctx context.Context, key core.ThreadKey) (core.Lookup, er
 
 // ledgerItem is the stored capacity ledger.
 type ledgerItem struct {
-	Used     int   `dynamodbav:"used"`
-	Revision int64 `dynamodbav:"revision"`
-	Draining bool  `dynamodbav:"draining"`
+	Used     int      `dynamodbav:"used"`
+	Revision int64    `dynamodbav:"revision"`
+	Draining bool     `dynamodbav:"draining"`
+	Tenants  []string `dynamodbav:"tenants,stringset"`
 }
 
 func decodeLedger(av map[string]types.AttributeValue) core.Ledger {
 	var l ledgerItem
 	_ = attributevalue.UnmarshalMap(av, &l) // absent attributes stay zero
-	return core.Ledger{Used: l.Used, Revision: l.Revision, Draining: l.Draining}
+	return core.Ledger{Used: l.Used, Revision: l.Revision, Draining: l.Draining, Tenants: l.Tenants}
+}
+
+// decodeCounter reads a slot counter item's "used" (0 if absent).
+func decodeCounter(av map[string]types.AttributeValue) int {
+	var c struct {
+		Used int `dynamodbav:"used"`
+	}
+	_ = attributevalue.UnmarshalMap(av, &c)
+	return c.Used
 }
 
 // SetDraining marks the deployment draining (or not).
@@ -348,7 +363,8 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 			expression.AttributeNotExists(expression.Name("used")),
 			expression.Name("used").LessThan(expression.Value(r.Limit))).And(notDraining())).
 		WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)).
-			Add(expression.Name("revision"), expression.Value(1))).
+			Add(expression.Name("revision"), expression.Value(1)).
+			Add(expression.Name("tenants"), expression.Value(tenantSet(r.Tenant)))).
 		Build()
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
@@ -380,13 +396,11 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
-	userUpd := expression.Add(expression.Name("used"), expression.Value(1))
-	userB := expression.NewBuilder().WithUpdate(userUpd)
-	if r.MaxPerUser > 0 {
-		userB = userB.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
-			expression.Name("used").LessThan(expression.Value(r.MaxPerUser))))
+	userItem, err := s.counterTake(userPK(s.deployment, r.ThreadKey), r.MaxPerUser)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
 	}
-	userExpr, err := userB.Build()
+	tenantItem, err := s.counterTake(tenantPK(s.deployment, r.Tenant), r.MaxPerTenant)
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
@@ -399,16 +413,16 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
 		{Put: &types.Put{TableName: &s.table, Item: bindItem, ConditionExpression: bindExpr.Condition(),
 			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
-		{Update: &types.Update{TableName: &s.table, Key: s.key(userPK(s.deployment, r.ThreadKey)),
-			ConditionExpression: userExpr.Condition(), UpdateExpression: userExpr.Update(),
-			ExpressionAttributeNames: userExpr.Names(), ExpressionAttributeValues: userExpr.Values()}},
+		userItem,
+		tenantItem,
 	})
 	if len(failed) == 0 {
 		return err
 	}
 	// Several conditions may fail at once: report what the caller can act
-	// on first (a binding race, then the user's quota), capacity last, so a
-	// lost race never triggers an eviction.
+	// on first (a binding race, then the user's and the tenant's quota),
+	// capacity last, so neither a lost race nor a tenant at its quota ever
+	// triggers an eviction.
 	ledger, ledgerFailed := failed[capacityPK(s.deployment)]
 	switch {
 	case has(failed, bindingPK(r.ThreadKey)):
@@ -417,6 +431,9 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
 	case has(failed, userPK(s.deployment, r.ThreadKey)):
 		return &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second,
+			Status: core.CapacityStatus{Limit: r.Limit}}
+	case has(failed, tenantPK(s.deployment, r.Tenant)):
+		return &core.CapacityError{Reason: core.RefusalTenantQuota, RetryAfter: 5 * time.Second,
 			Status: core.CapacityStatus{Limit: r.Limit}}
 	case ledgerFailed:
 		l := decodeLedger(ledger.Item)
@@ -468,7 +485,8 @@ func (s *Store) FreeReservation(ctx context.Context, token string, key core.Thre
 	failed, err := s.writeTxn(ctx, "free reservation", []types.TransactWriteItem{
 		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
 		s.capRelease(),
-		s.userRelease(key),
+		s.counterRelease(userPK(s.deployment, key)),
+		s.counterRelease(tenantPK(s.deployment, key.Tenant)),
 	})
 	if has(failed, reservationPK(token)) {
 		return fmt.Errorf("free reservation %s: %w", token, core.ErrNotFound)
@@ -503,12 +521,36 @@ func (s *Store) capRelease() types.TransactWriteItem {
 			":minus": &types.AttributeValueMemberN{Value: "-1"}, ":one": &types.AttributeValueMemberN{Value: "1"}}}}
 }
 
-// userRelease is the transaction item that returns one of key's user slots.
-func (s *Store) userRelease(key core.ThreadKey) types.TransactWriteItem {
+// counterRelease is the transaction item that returns one slot of a user
+// or tenant counter (pk).
+func (s *Store) counterRelease(pk string) types.TransactWriteItem {
 	u := "ADD #used :minus"
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(userPK(s.deployment, key)),
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
 		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#used": "used"},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": &types.AttributeValueMemberN{Value: "-1"}}}}
+}
+
+// counterTake is the transaction item that takes one slot of a user or
+// tenant counter (pk), conditional on the count staying within max when
+// max > 0.
+func (s *Store) counterTake(pk string, max int) (types.TransactWriteItem, error) {
+	b := expression.NewBuilder().WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)))
+	if max > 0 {
+		b = b.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThan(expression.Value(max))))
+	}
+	expr, err := b.Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+}
+
+// tenantSet is the string set {tenant}, added to the ledger's "tenants".
+func tenantSet(tenant string) *types.AttributeValueMemberSS {
+	return &types.AttributeValueMemberSS{Value: []string{tenant}}
 }
 
 // Free marks a record gone and frees its slot (and its user's), atomically
@@ -534,7 +576,8 @@ func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error 
 			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
 			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}},
 		s.capRelease(),
-		s.userRelease(rec.ThreadKey),
+		s.counterRelease(userPK(s.deployment, rec.ThreadKey)),
+		s.counterRelease(tenantPK(s.deployment, rec.Tenant)),
 	})
 	if has(failed, sandboxPK(id)) {
 		return fmt.Errorf("free sandbox %s fence %d: %w", id, fence, core.ErrStaleFence)

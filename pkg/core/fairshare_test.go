@@ -1,0 +1,159 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+func TestFairShare(t *testing.T) {
+	cases := []struct {
+		replicas, maxPerTenant, tenants, want int
+	}{
+		{replicas: 10, tenants: 1, want: 10},
+		{replicas: 10, tenants: 0, want: 10},
+		{replicas: 10, tenants: 3, want: 4},
+		{replicas: 10, tenants: 5, want: 2},
+		{replicas: 3, tenants: 7, want: 1},
+		{replicas: 10, maxPerTenant: 3, tenants: 2, want: 3},
+		{replicas: 10, maxPerTenant: 8, tenants: 2, want: 5},
+	}
+	for _, c := range cases {
+		s := core.DefaultSettings()
+		s.Replicas, s.MaxPerTenant = c.replicas, c.maxPerTenant
+		if got := s.FairShare(c.tenants); got != c.want {
+			t.Errorf("FairShare(limit %d, max per tenant %d, %d tenants) = %d, want %d", c.replicas, c.maxPerTenant, c.tenants, got, c.want)
+		}
+	}
+}
+
+func tenantKey(tenant, thread string) core.ThreadKey {
+	return core.ThreadKey{Tenant: tenant, User: "u-" + thread, Thread: thread}
+}
+
+// A tenant at or over its fair share evicts only its own tenant's warm
+// sandboxes, even when another tenant's was parked longer; a tenant under
+// its share may evict any tenant's least recently parked one.
+func TestEvictionRespectsFairShare(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 4; s.Policy = core.PolicyReject })
+	ctx := context.Background()
+	release := func(rec core.Record) {
+		t.Helper()
+		if _, err := h.eng.Release(ctx, rec.Tenant, rec.SandboxID); err != nil {
+			t.Fatalf("Release %s: %v", rec.SandboxID, err)
+		}
+		h.clock.advance(time.Second) // distinct park times: LRU order is defined
+	}
+	acmeWarm := h.acquire(t, tenantKey("acme", "a1"), core.SourceCreated)
+	release(acmeWarm) // parked first: the least recently parked of the pool
+	h.acquire(t, tenantKey("hog", "h1"), core.SourceCreated)
+	h.acquire(t, tenantKey("hog", "h2"), core.SourceCreated)
+	hogWarm := h.acquire(t, tenantKey("hog", "h3"), core.SourceCreated)
+	release(hogWarm)
+	// Full: acme 1 (warm), hog 3 (one warm). Two tenants: fair share 2.
+
+	h.acquire(t, tenantKey("hog", "h4"), core.SourceCreated)
+	if !h.prov.Alive(acmeWarm.SandboxID) {
+		t.Fatal("hog, over its fair share, evicted acme's warm sandbox")
+	}
+	if h.prov.Alive(hogWarm.SandboxID) {
+		t.Error("hog's own warm sandbox was not the one evicted")
+	}
+
+	var ce *core.CapacityError
+	if _, err := h.eng.Acquire(ctx, tenantKey("hog", "h5")); !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
+		t.Fatalf("hog's fifth = %v, want a capacity refusal (only another tenant's warm sandbox is left)", err)
+	}
+	if !h.prov.Alive(acmeWarm.SandboxID) {
+		t.Fatal("a refused acquire of hog evicted acme's warm sandbox")
+	}
+
+	// A third tenant holds nothing (share 2 of 4 among three tenants): it
+	// may take the least recently parked warm sandbox, acme's.
+	h.acquire(t, tenantKey("globex", "g1"), core.SourceCreated)
+	if h.prov.Alive(acmeWarm.SandboxID) {
+		t.Error("globex, under its fair share, could not evict the least recently parked warm sandbox")
+	}
+}
+
+// SANDBOX_MAX_PER_TENANT refuses a tenant's acquires past its quota
+// (tenant_quota, at once even under wait) across its users, evicts
+// nothing and creates nothing; concurrent acquires of many users never
+// take the tenant past it.
+func TestTenantQuotaAcrossUsers(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) {
+		s.Replicas, s.MaxPerTenant, s.Policy, s.AcquireTimeout = 20, 3, core.PolicyWait, time.Hour
+	})
+	ctx := context.Background()
+	other := h.acquire(t, tenantKey("globex", "g1"), core.SourceCreated)
+	if _, err := h.eng.Release(ctx, "globex", other.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	ok, quota := 0, 0
+	var wg sync.WaitGroup
+	for i := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := h.eng.Acquire(ctx, tenantKey("acme", fmt.Sprint("t", i)))
+			var ce *core.CapacityError
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case errors.As(err, &ce) && ce.Reason == core.RefusalTenantQuota:
+				quota++
+			default:
+				t.Errorf("acquire %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok != 3 || quota != 9 {
+		t.Errorf("acquires: %d served, %d refused tenant_quota; want 3 and 9", ok, quota)
+	}
+	if !h.prov.Alive(other.SandboxID) {
+		t.Error("a tenant at its quota evicted another tenant's warm sandbox")
+	}
+	if got := h.prov.Count("create"); got != 4 {
+		t.Errorf("provider creates = %d, want 4 (nothing created past the quota)", got)
+	}
+}
+
+// A reconcile pass drops the tenants that hold no slot any more from the
+// ledger's tenant set, so fair shares are divided among those holding slots.
+func TestReconcileDropsIdleTenantsFromFairShare(t *testing.T) {
+	h := newRecHarness(t, nil)
+	ctx := context.Background()
+	h.acquire(t, "t1") // acme holds a slot
+	g := tenantKey("globex", "g1")
+	now := h.clock.now()
+	if err := h.store.Reserve(ctx, core.Reservation{Token: "res-g", ThreadKey: g, Limit: 50, Now: now, ExpiresAt: now.Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.store.FreeReservation(ctx, "res-g", g); err != nil {
+		t.Fatal(err)
+	}
+	tenants := func() []string {
+		t.Helper()
+		look, err := h.store.Lookup(ctx, key("t1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return look.Ledger.Tenants
+	}
+	if got := len(tenants()); got != 2 {
+		t.Fatalf("before the pass the ledger names %d tenants, want 2", got)
+	}
+	h.pass(t)
+	if got := tenants(); len(got) != 1 || got[0] != "acme" {
+		t.Errorf("after the pass the ledger names %v, want [acme]", got)
+	}
+}

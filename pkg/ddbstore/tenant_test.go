@@ -1,0 +1,163 @@
+package ddbstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// TestTenantQuotaHoldsUnderConcurrentReserves: many goroutines, spread
+// over many users of two tenants, reserve at once. SANDBOX_MAX_PER_TENANT
+// moves in the same transaction as the slot, so no tenant ever holds more
+// than its quota, every refusal says tenant_quota, and the other tenant's
+// reservations are not affected.
+func TestTenantQuotaHoldsUnderConcurrentReserves(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	const quota, perTenant = 4, 24
+	var mu sync.Mutex
+	got := map[string]int{}
+	reasons := map[core.RefusalReason]int{}
+	var wg sync.WaitGroup
+	for _, tenant := range []string{"acme", "globex"} {
+		for i := range perTenant {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				k := core.ThreadKey{Tenant: tenant, User: fmt.Sprint("u", i), Thread: "t"}
+				err := s.Reserve(ctx, core.Reservation{Token: fmt.Sprintf("res-%s-%d", tenant, i), ThreadKey: k, Limit: 100,
+					MaxPerTenant: quota, Now: t0, ExpiresAt: t0.Add(time.Minute)})
+				var ce *core.CapacityError
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					got[tenant]++
+				case errors.As(err, &ce):
+					reasons[ce.Reason]++
+				default:
+					t.Errorf("Reserve(%s): %v", k, err)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for _, tenant := range []string{"acme", "globex"} {
+		if got[tenant] != quota {
+			t.Errorf("tenant %s holds %d slots, want exactly its quota %d", tenant, got[tenant], quota)
+		}
+	}
+	if want := map[core.RefusalReason]int{core.RefusalTenantQuota: 2 * (perTenant - quota)}; len(reasons) != 1 || reasons[core.RefusalTenantQuota] != want[core.RefusalTenantQuota] {
+		t.Errorf("refusals = %v, want %v", reasons, want)
+	}
+	st, err := s.Capacity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Used != 2*quota {
+		t.Errorf("ledger used = %d, want %d (refused reservations take nothing)", st.Used, 2*quota)
+	}
+	look, err := s.Lookup(ctx, core.ThreadKey{Tenant: "acme", User: "u0", Thread: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if look.TenantUsed != quota || !slices.Equal(slices.Sorted(slices.Values(look.Ledger.Tenants)), []string{"acme", "globex"}) {
+		t.Errorf("lookup: tenant used %d, ledger tenants %v; want %d and [acme globex]", look.TenantUsed, look.Ledger.Tenants, quota)
+	}
+}
+
+// TestTenantCountMovesWithEverySlot: reserve, finalize, free and free
+// reservation move the tenant's count with the slot; a tenant's freed slot
+// can be taken again; the tenant quota is checked after the user quota.
+func TestTenantCountMovesWithEverySlot(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	k := func(user string, n int) core.ThreadKey {
+		return core.ThreadKey{Tenant: "acme", User: user, Thread: fmt.Sprint("t", n)}
+	}
+	res := func(tok string, key core.ThreadKey) error {
+		return s.Reserve(ctx, core.Reservation{Token: tok, ThreadKey: key, Limit: 10, MaxPerUser: 1, MaxPerTenant: 2,
+			Now: t0, ExpiresAt: t0.Add(time.Minute)})
+	}
+	tenantUsed := func() int {
+		t.Helper()
+		look, err := s.Lookup(ctx, k("x", 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return look.TenantUsed
+	}
+	if err := res("r1", k("alice", 1)); err != nil {
+		t.Fatal(err)
+	}
+	var ce *core.CapacityError
+	if err := res("r2", k("alice", 2)); !errors.As(err, &ce) || ce.Reason != core.RefusalUserQuota {
+		t.Fatalf("alice's second = %v, want user_quota (checked before the tenant's)", err)
+	}
+	rec, err := s.Finalize(ctx, "r1", core.Record{SandboxID: "sbx1", ThreadKey: k("alice", 1), State: core.StateActive,
+		CreatedAt: t0, UpdatedAt: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res("r3", k("bob", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := res("r4", k("carol", 1)); !errors.As(err, &ce) || ce.Reason != core.RefusalTenantQuota {
+		t.Fatalf("third user's reserve = %v, want tenant_quota", err)
+	}
+	if n := tenantUsed(); n != 2 {
+		t.Errorf("tenant used = %d, want 2", n)
+	}
+	if err := s.Free(ctx, rec, t0); err != nil {
+		t.Fatal(err)
+	}
+	if n := tenantUsed(); n != 1 {
+		t.Errorf("after Free tenant used = %d, want 1", n)
+	}
+	if err := s.FreeReservation(ctx, "r3", k("bob", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if n := tenantUsed(); n != 0 {
+		t.Errorf("after FreeReservation tenant used = %d, want 0", n)
+	}
+	if err := res("r5", k("carol", 1)); err != nil {
+		t.Errorf("reserve after the tenant freed its slots: %v", err)
+	}
+}
+
+// TestDropIdleTenants: only tenants holding no slot leave the ledger's
+// tenant set.
+func TestDropIdleTenants(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	a := core.ThreadKey{Tenant: "acme", User: "u", Thread: "t"}
+	g := core.ThreadKey{Tenant: "globex", User: "u", Thread: "t"}
+	for _, key := range []core.ThreadKey{a, g} {
+		if err := s.Reserve(ctx, core.Reservation{Token: "res-" + key.Tenant, ThreadKey: key, Limit: 10, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.FreeReservation(ctx, "res-globex", g); err != nil {
+		t.Fatal(err)
+	}
+	dropped, err := s.DropIdleTenants(ctx, []string{"acme", "globex", "initech"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(dropped, []string{"globex", "initech"}) {
+		t.Errorf("dropped %v, want [globex initech]", dropped)
+	}
+	look, err := s.Lookup(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(look.Ledger.Tenants, []string{"acme"}) {
+		t.Errorf("ledger tenants = %v, want [acme]", look.Ledger.Tenants)
+	}
+}
