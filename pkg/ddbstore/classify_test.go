@@ -41,7 +41,10 @@ func (f *faultDB) single() error {
 	err := f.fault(1, nil)
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
-		ccf.Item = f.old
+		// A copy: parallel cases share the exception their fault returns.
+		c := *ccf
+		c.Item = f.old
+		return &c
 	}
 	return err
 }
@@ -265,6 +268,9 @@ func TestStoreClassifiesEveryOutcome(t *testing.T) {
 			{"user quota", failing(nil, "USR#"), errCapacity},
 			{"thread bound and ledger full: the race first", failing(ledger(false), "THR#", "CAP#"), core.ErrThreadBound},
 			{"quota and ledger full: the quota first", failing(ledger(false), "USR#", "CAP#"), errCapacity},
+			{"tenant quota", failing(nil, "TEN#"), errCapacity},
+			{"tenant quota and ledger full: the tenant quota first", failing(ledger(false), "TEN#", "CAP#"), errCapacity},
+			{"user and tenant quota: the user's first", failing(nil, "USR#", "TEN#"), errCapacity},
 		}, commonTxn...)},
 		{"finalize", nil, func(s *Store) error {
 			_, err := s.Finalize(context.Background(), "res-1", core.Record{SandboxID: "sbx1", ThreadKey: key, State: core.StateActive})
@@ -331,7 +337,9 @@ func TestStoreClassifiesEveryOutcome(t *testing.T) {
 					if oc.want == errDrainingRefus {
 						wantReason = core.RefusalDraining
 					}
-					if strings.Contains(oc.name, "quota") {
+					if strings.Contains(oc.name, "tenant quota") && !strings.Contains(oc.name, "user and tenant") {
+						wantReason = core.RefusalTenantQuota
+					} else if strings.Contains(oc.name, "quota") {
 						wantReason = core.RefusalUserQuota
 					}
 					if !errors.As(err, &ce) || ce.Reason != wantReason || maybe {
