@@ -71,45 +71,56 @@ func (s *Store) LookupMany(ctx context.Context, ids []string, keys []core.Thread
 	for _, t := range tokens {
 		add(reservationPK(t))
 	}
-	for len(all) > 0 {
-		n := min(len(all), batchGetMax)
-		items, err := s.batchGet(ctx, all[:n])
-		if err != nil {
-			return out, err
+	items, err := s.batchGetAll(ctx, all)
+	if err != nil {
+		return out, err
+	}
+	for _, av := range items {
+		pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
+		if pk == nil {
+			continue
 		}
-		all = all[n:]
-		for _, av := range items {
-			pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
-			if pk == nil {
-				continue
+		switch {
+		case strings.HasPrefix(pk.Value, "SBX#"):
+			rec, err := decodeRecord(av)
+			if err != nil {
+				return out, err
 			}
-			switch {
-			case strings.HasPrefix(pk.Value, "SBX#"):
-				rec, err := decodeRecord(av)
-				if err != nil {
-					return out, err
-				}
-				out.Records[rec.SandboxID] = rec
-			case strings.HasPrefix(pk.Value, "RES#"):
-				var it item
-				if err := attributevalue.UnmarshalMap(av, &it); err != nil {
-					return out, fmt.Errorf("decode reservation: %w", err)
-				}
-				out.Reservations[it.Reservation] = core.PendingReservation{Token: it.Reservation,
-					ThreadKey: core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread},
-					CreatedAt: fromMS(it.CreatedAt), ExpiresAt: fromMS(it.ExpiresAt)}
-			case strings.HasPrefix(pk.Value, "THR#"):
-				k := bindingKeys[pk.Value]
-				var b bindingItem
-				if err := attributevalue.UnmarshalMap(av, &b); err != nil {
-					return out, fmt.Errorf("decode binding: %w", err)
-				}
-				out.Bindings[k] = core.Binding{ThreadKey: k, SandboxID: b.SandboxID, Reservation: b.Reservation,
-					ReservationExpiresAt: fromMS(b.ReservationExpires)}
+			out.Records[rec.SandboxID] = rec
+		case strings.HasPrefix(pk.Value, "RES#"):
+			var it item
+			if err := attributevalue.UnmarshalMap(av, &it); err != nil {
+				return out, fmt.Errorf("decode reservation: %w", err)
 			}
+			out.Reservations[it.Reservation] = core.PendingReservation{Token: it.Reservation,
+				ThreadKey: core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread},
+				CreatedAt: fromMS(it.CreatedAt), ExpiresAt: fromMS(it.ExpiresAt)}
+		case strings.HasPrefix(pk.Value, "THR#"):
+			k := bindingKeys[pk.Value]
+			var b bindingItem
+			if err := attributevalue.UnmarshalMap(av, &b); err != nil {
+				return out, fmt.Errorf("decode binding: %w", err)
+			}
+			out.Bindings[k] = core.Binding{ThreadKey: k, SandboxID: b.SandboxID, Reservation: b.Reservation,
+				ReservationExpiresAt: fromMS(b.ReservationExpires)}
 		}
 	}
 	return out, nil
+}
+
+// batchGetAll reads keys (any number) with batchGet, batchGetMax at a time.
+func (s *Store) batchGetAll(ctx context.Context, keys []map[string]types.AttributeValue) ([]map[string]types.AttributeValue, error) {
+	var items []map[string]types.AttributeValue
+	for len(keys) > 0 {
+		n := min(len(keys), batchGetMax)
+		got, err := s.batchGet(ctx, keys[:n])
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, got...)
+		keys = keys[n:]
+	}
+	return items, nil
 }
 
 func (s *Store) batchGet(ctx context.Context, keys []map[string]types.AttributeValue) ([]map[string]types.AttributeValue, error) {
@@ -549,18 +560,14 @@ func (s *Store) DropIdleTenants(ctx context.Context, tenants []string) ([]string
 	for _, t := range tenants {
 		keys = append(keys, s.key(tenantPK(s.deployment, t)))
 	}
+	items, err := s.batchGetAll(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
 	busy := map[string]bool{}
-	for len(keys) > 0 {
-		n := min(len(keys), batchGetMax)
-		items, err := s.batchGet(ctx, keys[:n])
-		if err != nil {
-			return nil, err
-		}
-		keys = keys[n:]
-		for _, av := range items {
-			if pk, _ := av[AttrPK].(*types.AttributeValueMemberS); pk != nil && decodeCounter(av) > 0 {
-				busy[pk.Value] = true
-			}
+	for _, av := range items {
+		if pk, _ := av[AttrPK].(*types.AttributeValueMemberS); pk != nil && decodeCounter(av) > 0 {
+			busy[pk.Value] = true
 		}
 	}
 	var dropped []string
