@@ -215,7 +215,7 @@ const confirmTimeout = 5 * time.Second
 
 // confirmGone asks the control plane whether sandbox id is gone.
 func (c *Client) confirmGone(ctx context.Context, id string) bool {
-	ctx, cancel := core.SettleContext(ctx, confirmTimeout)
+	ctx, cancel := core.CleanupContext(ctx, confirmTimeout)
 	defer cancel()
 	_, err := c.Info(ctx, id)
 	return errors.Is(err, core.ErrSandboxGone)
@@ -223,7 +223,7 @@ func (c *Client) confirmGone(ctx context.Context, id string) bool {
 
 // killProcess sends SIGKILL to pid (envd SendSignal), best effort.
 func (c *Client) killProcess(ctx context.Context, ref core.SandboxRef, pid uint32) {
-	ctx, cancel := core.SettleContext(ctx, confirmTimeout)
+	ctx, cancel := core.CleanupContext(ctx, confirmTimeout)
 	defer cancel()
 	client := connect.NewClient[envd.SendSignalRequest, envd.Empty](c.http, c.envdBase(ref)+envd.ProcedureSendSignal,
 		connect.WithCodec(envd.Codec{}))

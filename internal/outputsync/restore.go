@@ -258,7 +258,7 @@ func (s *Syncer) restore(ctx context.Context, t core.SyncTarget, resume bool) (c
 		// Cleanup runs past the pass deadline, and briefly past the end of
 		// ctx: it keeps a later pass from uploading a partial file over
 		// the good object.
-		cctx, cancel := core.SettleContext(ctx, cleanupTimeout)
+		cctx, cancel := core.CleanupContext(ctx, cleanupTimeout)
 		err := s.removePartial(cctx, t.Ref, failed, log)
 		cancel()
 		if err != nil {
@@ -461,7 +461,7 @@ func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored m
 		}
 		m.Files[rel] = ManifestEntry{Size: r.Size, MtimeNs: f.MtimeNs, CRC32: r.CRC32, ETag: r.ETag}
 	}
-	sctx, cancel := core.SettleContext(ctx, s3CallTimeout)
+	sctx, cancel := core.CleanupContext(ctx, s3CallTimeout)
 	err = storeManifest(sctx, s.s3, s.opts.Bucket, mkey, m)
 	cancel()
 	if err != nil {

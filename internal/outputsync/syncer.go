@@ -67,7 +67,8 @@ const (
 	// s3CallTimeout bounds each S3 request.
 	s3CallTimeout = 2 * time.Minute
 	// manifestReserve is kept free before the caller's context deadline for
-	// the final manifest write: uploads stop that much earlier.
+	// the final manifest write (a quarter of the time when less is left):
+	// uploads stop that much earlier.
 	manifestReserve = 3 * time.Second
 	// checkpointEvery: during a long pass the manifest is stored at least
 	// this often, so an invocation that dies mid-pass loses little.
@@ -359,7 +360,7 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 	var storeErr error
 	if p.dirty {
 		// The uploads happened; record them even if ctx ended.
-		sctx, cancel := core.SettleContext(ctx, s3CallTimeout)
+		sctx, cancel := core.CleanupContext(ctx, s3CallTimeout)
 		storeErr = storeManifest(sctx, s.s3, s.opts.Bucket, mkey, p.m)
 		cancel()
 		if storeErr != nil {
@@ -520,7 +521,7 @@ func (s *Syncer) checkpoint(ctx context.Context, p *pass, mkey string, log *slog
 		snap.Files[k] = v
 	}
 	p.mu.Unlock()
-	sctx, cancel := core.SettleContext(ctx, s3CallTimeout)
+	sctx, cancel := core.CleanupContext(ctx, s3CallTimeout)
 	err := storeManifest(sctx, s.s3, s.opts.Bucket, mkey, snap)
 	cancel()
 	if err != nil {
@@ -537,8 +538,12 @@ func (s *Syncer) checkpoint(ctx context.Context, p *pass, mkey string, log *slog
 // when that comes sooner (so the manifest can still be stored).
 func (s *Syncer) passDeadline(ctx context.Context, start time.Time) time.Time {
 	deadline := start.Add(s.opts.Deadline)
-	if d, ok := ctx.Deadline(); ok && d.Add(-manifestReserve).Before(deadline) {
-		deadline = d.Add(-manifestReserve)
+	if d, ok := ctx.Deadline(); ok {
+		// A short pass keeps a quarter of its time for the manifest.
+		reserve := min(manifestReserve, time.Until(d)/4)
+		if d.Add(-reserve).Before(deadline) {
+			deadline = d.Add(-reserve)
+		}
 	}
 	return deadline
 }

@@ -189,7 +189,7 @@ func (u *uploader) multipart(ctx context.Context, r io.Reader, key string, size 
 		if err == nil {
 			return
 		}
-		actx, cancel := core.SettleContext(ctx, cleanupTimeout)
+		actx, cancel := core.CleanupContext(ctx, cleanupTimeout)
 		defer cancel()
 		if _, aerr := u.s3.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{
 			Bucket: aws.String(u.bucket), Key: aws.String(key), UploadId: uploadID,

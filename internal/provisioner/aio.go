@@ -70,7 +70,7 @@ func aioHeaders(h http.Header, ref core.SandboxRef) {
 // goneOr asks the provisioner whether ref's sandbox still exists after an
 // AIO call failed: core.ErrSandboxGone when it says 404, else fallback.
 func (c *Client) goneOr(ctx context.Context, ref core.SandboxRef, op string, fallback error) error {
-	gctx, cancel := core.SettleContext(ctx, c.timeouts.Get)
+	gctx, cancel := core.CleanupContext(ctx, c.timeouts.Get)
 	defer cancel()
 	if _, err := c.GetSandbox(gctx, ref.ID); errors.Is(err, core.ErrSandboxGone) {
 		return fmt.Errorf("provisioner %s in %s: %w", op, ref.ID, core.ErrSandboxGone)

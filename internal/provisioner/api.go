@@ -391,7 +391,7 @@ func (c *Client) CreateSandbox(ctx context.Context, req CreateRequest) (Sandbox,
 // was refused after the provisioner accepted it; if that fails, the
 // refusal becomes ambiguous (the sandbox may exist).
 func (c *Client) refuseCreated(ctx context.Context, id string, refusal error) error {
-	dctx, cancel := core.SettleContext(ctx, c.timeouts.Delete+c.timeouts.KillConfirm)
+	dctx, cancel := core.CleanupContext(ctx, c.timeouts.Delete+c.timeouts.KillConfirm)
 	defer cancel()
 	if err := c.Kill(dctx, id); err != nil {
 		return errors.Join(refusal, &core.ProviderError{Op: "create sandbox", Ambiguous: true,

@@ -63,21 +63,28 @@ func invocationEnd(ctx context.Context) (time.Time, bool) {
 	return b.end, ok
 }
 
-// SettleContext returns a context for one write that settles state after
-// the work (a kill, a free, a manifest store): it is not canceled with ctx
-// and lasts at most d, and never past the invocation's end recorded by the
-// engine in ctx. Call cancel when done.
-func SettleContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	deadline := time.Now().Add(d)
+// settle returns the context of one settle step of the engine (a kill, a
+// free, a park): not canceled with ctx, it lasts at most settleStep and
+// never past the invocation's end recorded in ctx by begin.
+func settle(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline := time.Now().Add(settleStep)
 	if end, ok := invocationEnd(ctx); ok && end.Before(deadline) {
 		deadline = end
 	}
 	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
 }
 
-// settle is SettleContext for one settle step of the engine.
-func settle(ctx context.Context) (context.Context, context.CancelFunc) {
-	return SettleContext(ctx, settleStep)
+// CleanupContext returns a context for the clean-up that follows a call or
+// a pass made under ctx (store a manifest, abort an upload, confirm a
+// sandbox is gone): it is not canceled with ctx, and it ends after d or at
+// ctx's deadline, whichever comes first, so a clean-up never eats the time
+// the engine keeps for settling state. Call cancel when done.
+func CleanupContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	deadline := time.Now().Add(d)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
 }
 
 // leaseUntil is the end of a lease taken now by the invocation of ctx:

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
 	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
+	"github.com/sandbox-broker/sandbox-broker/internal/faults"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
@@ -87,7 +91,7 @@ func (f *faultyProvider) live(t *testing.T, deployment string) []core.SandboxInf
 // release over 200 threads against DynamoDB Local and the local sandbox
 // host, with injected faults (ambiguous creates, failed kills and
 // reconnects, sandboxes killed out of band, invocations abandoned
-// mid-step). After every step: never more live sandboxes than the limit
+// mid-step, DynamoDB calls failed or applied with their reply lost). After every step: never more live sandboxes than the limit
 // (invariant 1) and never two active records for one thread (invariant 2);
 // every kill is checked for a destroy claim (invariant 3). After faults
 // stop, reconcile passes make slots used equal the live sandboxes
@@ -114,7 +118,26 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 	}
 	ddb := testenv.DynamoClient(t)
 	table := freshTable(t, ddb, "stress")
-	store := ddbstore.New(ddb, table, "stress")
+	store := ddbstore.New(ddb, table, "stress") // clean: the checks' view
+	// The engine's DynamoDB goes through a fault layer: a few calls fail
+	// unsent, or are applied and their reply lost or cut.
+	ddbFaults := &faults.Transport{}
+	var ddbMu sync.Mutex
+	ddbRng := rand.New(rand.NewPCG(3, 4))
+	ddbFaults.ArmFunc(func(faults.Request) (faults.Kind, bool) {
+		ddbMu.Lock()
+		defer ddbMu.Unlock()
+		switch n := ddbRng.IntN(1000); {
+		case n < 10:
+			return faults.Fail, true
+		case n < 20:
+			return faults.Lost, true
+		case n < 25:
+			return faults.Cut, true
+		}
+		return "", false
+	})
+	faultyDB := dynamodb.New(ddb.Options(), func(o *dynamodb.Options) { o.HTTPClient = &http.Client{Transport: ddbFaults} })
 	prov := &faultyProvider{Provider: client, t: t, store: store, rng: rand.New(rand.NewPCG(1, 2)), created: map[string]core.ThreadKey{}}
 	prov.faults.Store(true)
 	clk := &clock{}
@@ -126,7 +149,7 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 	s.LeaseDuration = 3 * time.Second // leases lapse during the run, so takeovers happen
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = time.Second
-	eng, err := core.New(s, store, prov, &fakeSyncer{}, core.WithClock(clk.now), core.WithReconcileSettings(rs))
+	eng, err := core.New(s, ddbstore.New(faultyDB, table, "stress"), prov, &fakeSyncer{}, core.WithClock(clk.now), core.WithReconcileSettings(rs))
 	if err != nil {
 		t.Fatalf("core.New: %v", err)
 	}
@@ -220,9 +243,12 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 		t.Fatal("no acquire succeeded: the stress test exercised nothing")
 	}
 
+	t.Logf("DynamoDB calls hit by faults: %d", ddbFaults.Hits())
+
 	// Faults stop; reconcile passes (with the clock past leases, grace and
 	// reservation expiry) must converge: slots used == live sandboxes.
 	prov.faults.Store(false)
+	ddbFaults.Disarm()
 	var used, live int
 	for pass := range 8 {
 		clk.advance(5 * time.Minute)

@@ -1,0 +1,400 @@
+// Package faults_test runs the engine over the real local components (the
+// repository's sandbox host driven through the E2B client, DynamoDB Local,
+// versitygw) with a fault layer in front of each of them, and injects one
+// fault at each step of acquire and release. After at most two reconcile
+// passes the broker's invariants must hold: no record in a transitional
+// state, slots used equal to live sandboxes, no sandbox handed out that
+// does not answer, and every file written before a release in S3 with the
+// right bytes or named in the release's result as deferred.
+package faults_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
+	"github.com/sandbox-broker/sandbox-broker/internal/faults"
+	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
+	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
+	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+)
+
+// invocationTime is each acquire's and release's deadline (a short
+// Lambda timeout keeps the stall cases fast; the budgets scale with it).
+const invocationTime = 8 * time.Second
+
+const apiKey = "faults-key"
+
+// offsetClock is real time shifted by what the test advanced.
+type offsetClock struct{ off atomic.Int64 }
+
+func (c *offsetClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *offsetClock) advance(d time.Duration) { c.off.Add(int64(d)) }
+
+// stack is one case's broker: an engine whose provider, store and S3
+// clients go through fault layers, and clean clients to check with.
+type stack struct {
+	t          *testing.T
+	deployment string
+	eng        *core.Engine
+	clock      *offsetClock
+	prov, ddb  *faults.Transport // provider (control plane and envd), DynamoDB
+	s3         *faults.Transport
+	clean      *e2b.Client
+	store      *ddbstore.Store // clean
+	s3c        *s3.Client      // clean
+	bucket     string
+}
+
+// newStack builds a case's stack over the shared sandbox host, DynamoDB
+// Local and versitygw, with its own table, bucket and deployment.
+func newStack(t *testing.T, host *sandboxhost.Server) *stack {
+	t.Helper()
+	st := &stack{t: t, deployment: testenv.UniqueName(t, "f"), clock: &offsetClock{},
+		prov: &faults.Transport{}, ddb: &faults.Transport{}, s3: &faults.Transport{}}
+	var err error
+	st.clean, err = e2b.New(e2b.Options{APIURL: host.APIURL, SandboxURL: host.EnvdURL, APIKey: apiKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov, err := e2b.New(e2b.Options{APIURL: host.APIURL, SandboxURL: host.EnvdURL, APIKey: apiKey,
+		HTTPClient: &http.Client{Transport: st.prov}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := testenv.DynamoClient(t)
+	table := testenv.UniqueName(t, "faults")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := ddbstore.CreateTable(ctx, db, table); err != nil {
+		t.Fatalf("CreateTable: %v", err)
+	}
+	st.store = ddbstore.New(db, table, st.deployment)
+	faultyDB := dynamodb.New(db.Options(), func(o *dynamodb.Options) { o.HTTPClient = &http.Client{Transport: st.ddb} })
+	st.s3c = testenv.S3Client(t)
+	st.bucket = testenv.Bucket(t, st.s3c)
+	faultyS3 := s3.New(st.s3c.Options(), func(o *s3.Options) { o.HTTPClient = &http.Client{Transport: st.s3} })
+	logger := slog.New(slog.NewJSONHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	syncer, err := outputsync.New(prov, faultyS3, outputsync.Options{Bucket: st.bucket, Prefix: "outputs", Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := core.DefaultSettings()
+	s.Deployment = st.deployment
+	s.Replicas = 4
+	s.AcquireTimeout = 3 * time.Second
+	rs := core.DefaultReconcileSettings()
+	rs.Grace = 0
+	st.eng, err = core.New(s, ddbstore.New(faultyDB, table, st.deployment), prov, syncer,
+		core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, sb := range st.live(ctx) {
+			_ = st.clean.Kill(ctx, sb)
+		}
+	})
+	return st
+}
+
+// invocation is a ctx with a Lambda-like deadline.
+func invocation() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), invocationTime)
+}
+
+// live lists the deployment's sandboxes at the provider (clean client).
+func (st *stack) live(ctx context.Context) []string {
+	st.t.Helper()
+	infos, err := st.clean.List(ctx, core.ListFilter{Metadata: map[string]string{core.MetaDeployment: st.deployment}})
+	if err != nil {
+		st.t.Fatalf("list sandboxes: %v", err)
+	}
+	ids := make([]string, 0, len(infos))
+	for _, in := range infos {
+		ids = append(ids, in.ID)
+	}
+	return ids
+}
+
+// acquire acquires for thread and checks that a sandbox handed out
+// answers (through the clean client). ok is false when acquire failed.
+func (st *stack) acquire(thread string) (core.AcquireResult, bool) {
+	st.t.Helper()
+	ctx, cancel := invocation()
+	defer cancel()
+	res, err := st.eng.Acquire(ctx, core.ThreadKey{Tenant: "acme", User: "alice", Thread: thread})
+	if err != nil {
+		st.t.Logf("acquire %s: %v", thread, err)
+		return res, false
+	}
+	if dl, _ := ctx.Deadline(); time.Now().After(dl) {
+		st.t.Errorf("acquire %s answered after its deadline", thread)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	out, err := st.clean.Run(cctx, res.Record.Ref(), core.Command{Script: "true", Timeout: 5 * time.Second})
+	if err != nil || out.ExitCode != 0 {
+		st.t.Errorf("acquire %s handed out %s (%s), which does not answer: %v", thread, res.Record.SandboxID, res.Source, err)
+	}
+	return res, true
+}
+
+// write puts a file with random bytes under outputs/ in the sandbox.
+func (st *stack) write(rec core.Record, name string) []byte {
+	st.t.Helper()
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	data := []byte(hex.EncodeToString(b))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := st.clean.Run(ctx, rec.Ref(), core.Command{Script: `mkdir -p outputs && printf '%s' "$DATA" > "outputs/$NAME"`,
+		Env: map[string]string{"DATA": string(data), "NAME": name}, Cwd: "/home/user"})
+	if err != nil || out.ExitCode != 0 {
+		st.t.Fatalf("write %s: %v (exit %d)", name, err, out.ExitCode)
+	}
+	return data
+}
+
+// release releases id; ok is false when the release failed.
+func (st *stack) release(id string) (core.ReleaseResult, bool) {
+	st.t.Helper()
+	ctx, cancel := invocation()
+	defer cancel()
+	res, err := st.eng.Release(ctx, "acme", id)
+	if dl, _ := ctx.Deadline(); time.Now().After(dl) {
+		st.t.Errorf("release %s answered after its deadline", id)
+	}
+	if err != nil {
+		st.t.Logf("release %s: %v", id, err)
+		return res, false
+	}
+	return res, true
+}
+
+// settle runs at most two reconcile passes, once every lease, reservation
+// and tombstone back-off of the case has lapsed on the engine's clock.
+func (st *stack) settle() {
+	st.t.Helper()
+	st.clock.advance(10 * time.Minute)
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := st.eng.Reconcile(ctx)
+		cancel()
+		if err != nil {
+			st.t.Logf("reconcile: %v", err)
+		}
+		st.clock.advance(10 * time.Minute)
+	}
+}
+
+// checkInvariants: no transitional record, used slots == live sandboxes.
+func (st *stack) checkInvariants() {
+	st.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := st.store.CountStates(ctx, core.StateCreating, core.StateReleasing, core.StateReclaiming, core.StateDestroying)
+	if err != nil {
+		st.t.Fatalf("count states: %v", err)
+	}
+	for state, c := range n {
+		if c != 0 {
+			st.t.Errorf("%d records still %s after two reconcile passes", c, state)
+		}
+	}
+	capa, err := st.store.Capacity(ctx)
+	if err != nil {
+		st.t.Fatalf("capacity: %v", err)
+	}
+	if live := st.live(ctx); capa.Used != len(live) {
+		st.t.Errorf("used slots = %d, live sandboxes = %d (%v)", capa.Used, len(live), live)
+	}
+}
+
+// checkOutputs: every file written before the release is in S3 with its
+// bytes, or the release's result names it as deferred.
+func (st *stack) checkOutputs(thread string, files map[string][]byte, res core.ReleaseResult, answered bool) {
+	st.t.Helper()
+	deferred := map[string]bool{}
+	if answered && res.Sync != nil {
+		for _, d := range res.Sync.Deferred {
+			deferred[d.Path] = true
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for name, want := range files {
+		key := fmt.Sprintf("outputs/acme/alice/%s/outputs/%s", thread, name)
+		obj, err := st.s3c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(st.bucket), Key: aws.String(key)})
+		if err == nil {
+			got, rerr := io.ReadAll(obj.Body)
+			_ = obj.Body.Close()
+			if rerr == nil && bytes.Equal(got, want) {
+				continue
+			}
+		}
+		if deferred["outputs/"+name] {
+			continue
+		}
+		st.t.Errorf("outputs/%s is neither in S3 with its bytes (%v) nor named as deferred (%+v)", name, err, res.Sync)
+	}
+}
+
+// step is one step of acquire or release where a fault is injected: the
+// dependency it goes through and the requests that make it.
+type step struct {
+	name  string
+	layer func(st *stack) *faults.Transport
+	match faults.Match
+	// run drives the step on a fresh thread with the fault armed around
+	// the one call that makes the step (arm, call, disarm), and returns
+	// the files written before a release and the release's answer.
+	run func(st *stack, thread string, arm func(), disarm func()) (map[string][]byte, core.ReleaseResult, bool)
+}
+
+func provLayer(st *stack) *faults.Transport { return st.prov }
+func ddbLayer(st *stack) *faults.Transport  { return st.ddb }
+func s3Layer(st *stack) *faults.Transport   { return st.s3 }
+
+// acquireStep prepares the thread with prep (faults off), then acquires
+// under the fault.
+func acquireStep(prep func(st *stack, thread string)) func(*stack, string, func(), func()) (map[string][]byte, core.ReleaseResult, bool) {
+	return func(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+		if prep != nil {
+			prep(st, thread)
+		}
+		arm()
+		st.acquire(thread)
+		disarm()
+		return nil, core.ReleaseResult{}, false
+	}
+}
+
+// releaseStep acquires the thread, writes files, then releases under the
+// fault (draining first when the step is the kill of a release).
+func releaseStep(drain bool) func(*stack, string, func(), func()) (map[string][]byte, core.ReleaseResult, bool) {
+	return func(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+		res, ok := st.acquire(thread)
+		if !ok {
+			st.t.Fatalf("setup acquire failed")
+		}
+		files := map[string][]byte{"a.txt": st.write(res.Record, "a.txt"), "b.txt": st.write(res.Record, "b.txt")}
+		if drain {
+			if err := st.eng.SetDraining(context.Background(), true); err != nil {
+				st.t.Fatal(err)
+			}
+			defer func() { _ = st.eng.SetDraining(context.Background(), false) }()
+		}
+		arm()
+		rel, answered := st.release(res.Record.SandboxID)
+		disarm()
+		return files, rel, answered
+	}
+}
+
+// warm leaves the thread with a warm sandbox.
+func warm(st *stack, thread string) {
+	res, ok := st.acquire(thread)
+	if !ok {
+		st.t.Fatalf("setup acquire failed")
+	}
+	if _, ok := st.release(res.Record.SandboxID); !ok {
+		st.t.Fatalf("setup release failed")
+	}
+}
+
+// steps are the steps of acquire (reuse, reclaim, create, bootstrap,
+// restore) and release (sync, park, kill), each at the dependency call
+// that makes it, and the DynamoDB writes that settle reuse, create and
+// kill. A step whose requests the rule never hits fails the case.
+var steps = []step{
+	{"acquire/reuse", provLayer, faults.BodyContains(faults.PathSuffix("POST", "/process.Process/Start"), `"-c","true"`),
+		acquireStep(func(st *stack, thread string) { st.acquire(thread) })},
+	{"acquire/reclaim", provLayer, faults.PathSuffix("POST", "/timeout"), acquireStep(warm)},
+	{"acquire/create", provLayer, faults.PathSuffix("POST", "/v2/sandboxes"), acquireStep(nil)},
+	{"acquire/bootstrap", provLayer, faults.BodyContains(faults.PathSuffix("POST", "/process.Process/Start"), "BOOTSTRAP_OK"), acquireStep(nil)},
+	{"acquire/restore", s3Layer, faults.PathContains("GET", "/outputs/"), acquireStep(func(st *stack, thread string) {
+		// Earlier outputs in S3, and no sandbox left: the acquire creates
+		// and restores.
+		res, ok := st.acquire(thread)
+		if !ok {
+			st.t.Fatalf("setup acquire failed")
+		}
+		st.write(res.Record, "earlier.txt")
+		if err := st.eng.SetDraining(context.Background(), true); err != nil {
+			st.t.Fatal(err)
+		}
+		if rel, ok := st.release(res.Record.SandboxID); !ok || rel.State != "destroyed" {
+			st.t.Fatalf("setup release = %+v", rel)
+		}
+		if err := st.eng.SetDraining(context.Background(), false); err != nil {
+			st.t.Fatal(err)
+		}
+	})},
+	// The state writes of those steps, in DynamoDB.
+	{"acquire/reuse-claim", ddbLayer, faults.DynamoDB("UpdateItem"),
+		acquireStep(func(st *stack, thread string) { st.acquire(thread) })},
+	{"acquire/create-finalize", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), acquireStep(nil)},
+	{"release/kill-free", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"gone"`), releaseStep(true)},
+	{"release/sync", s3Layer, faults.PathContains("PUT", "/outputs/"), releaseStep(false)},
+	{"release/park", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"warm"`), releaseStep(false)},
+	{"release/kill", provLayer, faults.PathContains("DELETE", "/sandboxes/"), releaseStep(true)},
+}
+
+func TestOneFaultAtEachStep(t *testing.T) {
+	// Subtests run after this function returns: the host lives until
+	// they are done.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	host, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: apiKey, RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("sandboxhost.Start: %v", err)
+	}
+	t.Cleanup(func() { _ = host.Close() })
+	pairs := 0
+	for _, sp := range steps {
+		for _, kind := range faults.Kinds() {
+			pairs++
+			t.Run(sp.name+"/"+string(kind), func(t *testing.T) {
+				t.Parallel()
+				st := newStack(t, host)
+				layer := sp.layer(st)
+				hits := 0
+				thread := "t-" + strings.NewReplacer("/", "-").Replace(sp.name)
+				files, rel, answered := sp.run(st, thread, func() { layer.Arm(kind, sp.match) }, func() { hits = layer.Disarm() })
+				if hits == 0 {
+					t.Fatalf("the fault never hit: the step %s made no matching request", sp.name)
+				}
+				st.settle()
+				st.checkInvariants()
+				if files != nil {
+					st.checkOutputs(thread, files, rel, answered)
+				}
+				// The thread works again once the fault is gone.
+				if _, ok := st.acquire(thread); !ok {
+					t.Errorf("acquire after the fault and two reconcile passes failed")
+				}
+				st.checkInvariants()
+			})
+		}
+	}
+	t.Logf("(step, fault) pairs covered: %d", pairs)
+}
