@@ -432,13 +432,7 @@ func TestRoutesMatchHandler(t *testing.T) {
 		}
 	}
 	sort.Strings(handler)
-	var deployed []string
-	for _, f := range Functions {
-		for _, r := range f.Routes {
-			deployed = append(deployed, r.Key())
-		}
-	}
-	sort.Strings(deployed)
+	deployed := deployedRoutes()
 	if len(handler) == 0 || !reflect.DeepEqual(handler, deployed) {
 		t.Errorf("internal/httpapi serves %q\ninfra/stack deploys %q", handler, deployed)
 	}

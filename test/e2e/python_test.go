@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"context"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,20 +24,31 @@ func python3(t *testing.T) string {
 }
 
 // TestPythonClient runs the Python client's unittest suite
-// (clients/python/tests) against the local stack on each backend: one
-// slot, overflow policy reject, two tenants.
+// (clients/python/tests) against the local stack on each backend (one
+// slot, overflow policy reject, two tenants), its broker calls checked
+// against the OpenAPI document on the way.
 func TestPythonClient(t *testing.T) {
 	py := python3(t)
 	dir := filepath.Join(repoRoot(t), "clients", "python")
 	for _, provider := range []string{"e2b", "provisioner"} {
 		t.Run(provider, func(t *testing.T) {
 			s := startStack(t, provider)
+			// The client's calls go through a proxy that checks each
+			// request and reply against the OpenAPI document.
+			target, err := url.Parse(s.Info.APIURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy := httputil.NewSingleHostReverseProxy(target)
+			proxy.Transport = newContractTransport(t, s.Info.APIURL)
+			front := httptest.NewServer(proxy)
+			defer front.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, py, "-m", "unittest", "discover", "-v", "-s", "tests")
 			cmd.Dir = dir
 			cmd.Env = append(os.Environ(),
-				"SANDBOX_BROKER_URL="+s.Info.APIURL,
+				"SANDBOX_BROKER_URL="+front.URL,
 				"SANDBOX_BROKER_TOKEN="+tokenA,
 				"SANDBOX_BROKER_OTHER_TOKEN="+tokenB,
 				"SANDBOX_BROKER_BACKEND="+provider,

@@ -131,6 +131,9 @@ class Lease:
     backend: str
     connection: dict[str, str] = field(repr=False)
     expires_at: str = ""
+    # The thread's outputs brought back into the sandbox by this acquire
+    # ({"complete", "restored", "remaining", ...}); None when none ran.
+    restore: dict[str, Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -239,6 +242,7 @@ class Client:
             backend=str(body.get("backend", "")),
             connection={str(k): str(v) for k, v in conn.items() if v is not None},
             expires_at=str(body.get("expires_at") or ""),
+            restore=body.get("restore") if isinstance(body.get("restore"), dict) else None,
         )
 
     def release(self, sandbox_id: str) -> dict[str, Any]:
