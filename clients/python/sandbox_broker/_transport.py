@@ -254,9 +254,10 @@ class AIOTransport:
     """The AIO sandbox API, reached with the acquire reply's
     ``sandbox_url`` and optional ``access_token``."""
 
-    def __init__(self, sandbox_url: str, access_token: str = "") -> None:
+    def __init__(self, sandbox_url: str, access_token: str = "", home: str = "/home/user") -> None:
         self._base = sandbox_url.rstrip("/")
         self._token = access_token
+        self._home = home
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
@@ -280,7 +281,7 @@ class AIOTransport:
         secs = math.ceil(timeout)
         msg: dict[str, Any] = {
             "command": command,
-            "exec_dir": "/home/user",
+            "exec_dir": self._home,
             "async_mode": False,
             "timeout": secs + 5,
             "hard_timeout": secs,

@@ -147,7 +147,7 @@ class Sandbox:
         self._lock = threading.Lock()
         self.kind = connection_kind(connection)
         if self.kind == "aio":
-            self._t: Transport = AIOTransport(connection["sandbox_url"], connection.get("access_token", ""))
+            self._t: Transport = AIOTransport(connection["sandbox_url"], connection.get("access_token", ""), self._home)
         elif self.kind == "envd":
             self._t = EnvdTransport(sandbox_id, connection["envd_url"], connection.get("envd_access_token", ""))
         else:
