@@ -3,21 +3,27 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 
 GO          ?= go
-LAMBDA_ARCH ?= amd64
 FUNCTIONS   := acquire release sync reconcile
 COMMANDS    := sandbox-host sbx devstack
 BUILD       := .build
+# Local bootstraps (make run, the tests) are built for this machine into
+# $(BUILD)/<fn>/; what a deploy uploads is built for the functions'
+# architecture (template.yaml's Architectures) into $(DEPLOY_BUILD)/<fn>/,
+# the CDK stack's asset directory, exactly as `sam build` builds it.
+LAMBDA_ARCH  ?= $(shell $(GO) env GOARCH)
+DEPLOY_ARCH  := arm64
+DEPLOY_BUILD ?= $(BUILD)/deploy
 
-.PHONY: help deps build run test bench fuzz vet fmt clean synth deploy
+.PHONY: help deps build deploy-build print-deploy-build run test bench fuzz vet fmt clean synth deploy
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
-	@echo "  variables: LAMBDA_ARCH=$(LAMBDA_ARCH) (amd64|arm64, for the Lambda bootstraps)"
+	@echo "  variables: LAMBDA_ARCH=$(LAMBDA_ARCH) (local bootstraps; deploys are always $(DEPLOY_ARCH))"
 
 deps: ## install local stand-ins into .tools/ (DynamoDB Local, versitygw, aws-lambda-rie, npm, Go modules)
 	@scripts/install-deps.sh
 
-build: ## build the Lambda bootstraps (.build/<fn>/bootstrap) and the binaries (.build/bin/)
+build: ## build the local Lambda bootstraps for this machine (.build/<fn>/bootstrap) and the binaries (.build/bin/)
 	@for fn in $(FUNCTIONS); do \
 	  GOOS=linux GOARCH=$(LAMBDA_ARCH) CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -tags lambda.norpc \
 	    -o $(BUILD)/$$fn/bootstrap ./functions/$$fn; \
@@ -25,6 +31,17 @@ build: ## build the Lambda bootstraps (.build/<fn>/bootstrap) and the binaries (
 	@for cmd in $(COMMANDS); do \
 	  $(GO) build -o $(BUILD)/bin/$$cmd ./cmd/$$cmd; \
 	done
+
+# The bootstraps a deploy uploads: GOOS=linux GOARCH=arm64 go build of each
+# function's directory, the command of template.yaml's BuildMethod go1.x
+# (`sam build`), so both deploy paths ship the same binaries.
+deploy-build: ## build the arm64 bootstraps a deploy uploads (.build/deploy/<fn>/bootstrap)
+	@for fn in $(FUNCTIONS); do \
+	  GOOS=linux GOARCH=$(DEPLOY_ARCH) CGO_ENABLED=0 $(GO) build -o $(DEPLOY_BUILD)/$$fn/bootstrap ./functions/$$fn; \
+	done
+
+print-deploy-build:
+	@echo $(DEPLOY_BUILD)
 
 run: deps build ## start the local stack (devstack); SANDBOX_* and BROKER_* env vars pass through
 	exec $(BUILD)/bin/devstack
@@ -58,16 +75,15 @@ clean: ## remove build output (keeps .tools)
 	rm -rf $(BUILD) cdk.out coverage*
 
 # The CDK app (infra/) reads context from CDK_CONTEXT_JSON, e.g.
-#   make synth CDK_CONTEXT_JSON='{"auth":"iam","reservedConcurrency":false}'
-# and deploy-time settings from CloudFormation parameters:
+#   make synth CDK_CONTEXT_JSON='{"alarmTopicArn":"arn:aws:sns:..."}'
+# and deploy-time settings from CloudFormation parameters (docs/DEPLOY.md):
 #   make deploy CDK_DEPLOY_ARGS='--parameters JwtIssuer=https://... --parameters JwtAudience=...'
 CDK_CLI_VERSION ?= 2.1148.1
 CDK_CLI         := .tools/cdk/node_modules/.bin/cdk
 CDK_DEPLOY_ARGS ?=
 export CDK_CONTEXT_JSON
 
-synth: ## write the CloudFormation template offline (cdk.out/SandboxBroker.template.json, arm64 bootstraps)
-	$(MAKE) --no-print-directory build LAMBDA_ARCH=arm64
+synth: deploy-build ## write the CloudFormation template offline (cdk.out/SandboxBroker.template.json, arm64 bootstraps from .build/deploy)
 	rm -rf cdk.out
 	JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 CDK_OUTDIR=cdk.out $(GO) run ./infra
 	@echo "wrote cdk.out/SandboxBroker.template.json"

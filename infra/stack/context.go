@@ -2,6 +2,7 @@ package stack
 
 import (
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -13,21 +14,26 @@ import (
 // CDK_CONTEXT_JSON for `go run ./infra`).
 const (
 	CtxAssetDir             = "assetDir"
-	CtxAuth                 = "auth"
 	CtxDeletionProtection   = "deletionProtection"
 	CtxE2BSecretARN         = "e2bApiKeySecretArn"
 	CtxAlarmTopicARN        = "alarmTopicArn"
 	CtxLogRetentionDays     = "logRetentionDays"
-	CtxReservedConcurrency  = "reservedConcurrency"
 	CtxThrottleRate         = "throttleRate"
 	CtxThrottleBurst        = "throttleBurst"
 	CtxReconcileAlarmPasses = "reconcileAlarmPasses"
 	CtxTombstoneAlarmSecs   = "tombstoneAlarmSeconds"
 )
 
+// removedContext are context keys earlier versions read, with what replaced
+// them: PropsFromContext refuses them rather than silently ignoring them.
+var removedContext = map[string]string{
+	"auth": "the API always uses the JWT authorizer (an IAM authorizer made every caller one tenant); " +
+		"set the JwtTenantClaim parameter for the claim that names the tenant",
+	"reservedConcurrency": "reserved concurrency is a deploy-time parameter per function (<Function>ReservedConcurrency, default 0 = none)",
+}
+
 // PropsFromContext starts from DefaultProps and applies the context values
-// set on node. reservedConcurrency=false drops every reservation (accounts
-// with the default concurrency quota of 10 cannot reserve any).
+// set on node.
 func PropsFromContext(node constructs.Node) (Props, error) {
 	p := DefaultProps()
 	get := func(key string) (string, bool) {
@@ -58,10 +64,9 @@ func PropsFromContext(node constructs.Node) (Props, error) {
 	if v, ok := get(CtxAssetDir); ok {
 		p.AssetDir = v
 	}
-	if v, ok := get(CtxAuth); ok {
-		p.Auth = Auth(v)
-		if p.Auth != AuthJWT && p.Auth != AuthIAM {
-			errs = append(errs, fmt.Sprintf("%s: want jwt or iam, got %q", CtxAuth, v))
+	for _, k := range sortedContextKeys(removedContext) {
+		if v, ok := get(k); ok {
+			errs = append(errs, fmt.Sprintf("%s=%s: no longer read: %s", k, v, removedContext[k]))
 		}
 	}
 	if v, ok := get(CtxDeletionProtection); ok {
@@ -70,15 +75,6 @@ func PropsFromContext(node constructs.Node) (Props, error) {
 			errs = append(errs, fmt.Sprintf("%s: want true or false, got %q", CtxDeletionProtection, v))
 		}
 		p.DeletionProtection = b
-	}
-	if v, ok := get(CtxReservedConcurrency); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("%s: want true or false, got %q", CtxReservedConcurrency, v))
-		}
-		if !b {
-			p.ReservedConcurrency = nil
-		}
 	}
 	if v, ok := get(CtxE2BSecretARN); ok {
 		p.ExistingSecretARN = v
@@ -95,4 +91,13 @@ func PropsFromContext(node constructs.Node) (Props, error) {
 		return Props{}, fmt.Errorf("cdk context: %s", strings.Join(errs, "; "))
 	}
 	return p, nil
+}
+
+func sortedContextKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -153,7 +154,8 @@ func cdkDeployment(s *synthesized) deployment {
 		}
 	}
 	for p := range s.tpl["Parameters"].(map[string]any) {
-		if p != "BootstrapVersion" { // CDK's bootstrap check, not a setting
+		_, cdkOnly := CDKOnlyParameters[p]       // TestCDKOnlyParameters
+		if p != "BootstrapVersion" && !cdkOnly { // BootstrapVersion: CDK's bootstrap check, not a setting
 			d.Params = append(d.Params, p)
 		}
 	}
@@ -230,6 +232,9 @@ func TestParity(t *testing.T) {
 	for _, p := range Parameters {
 		want.Params = append(want.Params, p.Name)
 	}
+	for _, f := range Functions {
+		want.Params = append(want.Params, f.ReservedParam())
+	}
 	want.Params = append(want.Params, "JwtAudience", "JwtIssuer")
 	sort.Strings(want.Params)
 	for _, d := range diffDeployments(cdk, want, "CDK stack", "infra/stack spec") {
@@ -285,6 +290,23 @@ func TestParity(t *testing.T) {
 	}
 }
 
+// TestCDKOnlyParameters: the parameters only the CDK stack has are there.
+func TestCDKOnlyParameters(t *testing.T) {
+	params := defaultSynth(t).tpl["Parameters"].(map[string]any)
+	sam, err := samDeployment(repoTemplate())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range CDKOnlyParameters {
+		if _, ok := params[p]; !ok {
+			t.Errorf("CDKOnlyParameters lists %s, which the CDK stack lacks", p)
+		}
+		if slices.Contains(sam.Params, p) {
+			t.Errorf("CDKOnlyParameters lists %s, which template.yaml has too", p)
+		}
+	}
+}
+
 // anyList normalizes a missing list to an empty one.
 func anyList(v any) []any {
 	l, _ := v.([]any)
@@ -313,7 +335,7 @@ func TestParityCatchesDrift(t *testing.T) {
 		{"renamed variable", "SANDBOX_BURST_LIMIT:", "SANDBOX_BURST_LIMITS:", "environment variable names"},
 		{"renamed route", "Path: /v1/capacity", "Path: /v1/capacities", "routes"},
 		{"changed schedule", "rate(1 minute)", "rate(10 minutes)", "schedules"},
-		{"renamed function", ".build/sync/", ".build/syncer/", "functions"},
+		{"renamed function", "functions/sync/", "functions/syncer/", "functions"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,6 +8,8 @@
 package stack
 
 import (
+	"strings"
+
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
@@ -80,6 +82,29 @@ var Functions = []Function{
 	},
 }
 
+// ReservedParam is the CloudFormation parameter (in both templates) that
+// sets the function's reserved concurrency, e.g. AcquireReservedConcurrency.
+func (f Function) ReservedParam() string { return f.LogicalIDBase() + "ReservedConcurrency" }
+
+// LogicalIDBase is the logical ID without its "Function" suffix ("Acquire").
+func (f Function) LogicalIDBase() string { return strings.TrimSuffix(f.LogicalID, "Function") }
+
+// ReservedParamDescription describes f's reserved concurrency parameter.
+func ReservedParamDescription(f Function) string {
+	return "Concurrent executions reserved for the " + f.Name + " function (0 = none). " +
+		"Reservations come out of the account's concurrency quota, which must keep 100 unreserved."
+}
+
+// ParamAlarmEmail is the CDK stack's parameter for an e-mail subscription
+// to its alarm topic.
+const ParamAlarmEmail = "AlarmEmail"
+
+// CDKOnlyParameters are the CDK stack's parameters template.yaml does not
+// have, each with the reason.
+var CDKOnlyParameters = map[string]string{
+	ParamAlarmEmail: "the SAM template has no alarms (see infra/README.md, SAM gaps)",
+}
+
 // ReconcileSchedule is how often the reconcile function runs.
 const ReconcileSchedule = "rate(1 minute)"
 
@@ -97,7 +122,8 @@ type Parameter struct {
 
 // Parameters are the deploy-time settings, one per internal/config variable
 // that is not a resource reference. An empty default leaves the variable
-// blank, which internal/config reads as unset (its documented default applies).
+// blank, which internal/config reads as unset (its documented default
+// applies), except SandboxDeploymentId: empty means the stack name.
 var Parameters = []Parameter{
 	{Name: "SandboxReplicas", Env: config.EnvReplicas, Default: "3", AllowedPattern: `^[1-9][0-9]*$`,
 		Description: "Sandboxes the deployment may hold (capacity limit)."},
@@ -123,8 +149,11 @@ var Parameters = []Parameter{
 		Description: "Provisioner API base URL (SandboxProvider=provisioner only)."},
 	{Name: "BrokerAdminTenants", Env: config.EnvAdminTenants, Default: "", AllowedPattern: `^([A-Za-z0-9_-]{1,64}(,[A-Za-z0-9_-]{1,64})*)?$`,
 		Description: "Comma-separated tenants allowed on /v1/admin/drain and /v1/admin/undrain."},
-	{Name: "SandboxDeploymentId", Env: config.EnvDeploymentID, Default: "default", AllowedPattern: `^[A-Za-z0-9_-]{1,64}$`,
-		Description: "Names this deployment in the table and in provider metadata."},
+	{Name: "SandboxDeploymentId", Env: config.EnvDeploymentID, Default: "", AllowedPattern: `^([A-Za-z0-9_-]{1,64})?$`,
+		Description: "Names this deployment in the table and in provider metadata; reconcile adopts or kills every sandbox tagged with it, " +
+			`so it must differ between stacks sharing an E2B team (empty = the stack name; "default" is refused).`},
+	{Name: "JwtTenantClaim", Env: config.EnvTenantClaim, Default: config.DefaultTenantClaim, AllowedPattern: `^[A-Za-z0-9_:.-]{1,128}$`,
+		Description: "The JWT claim that names the caller's tenant (Cognito user pools issue custom attributes as custom:<name>, e.g. custom:tenant)."},
 	{Name: "E2BApiUrl", Env: config.EnvE2BAPIURL, Default: config.DefaultE2BAPIURL,
 		Description: "E2B control-plane base URL."},
 	{Name: "E2BSandboxUrl", Env: config.EnvE2BSandboxURL, Default: "",

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigatewayv2"
@@ -25,44 +26,31 @@ import (
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
-)
-
-// Auth selects how the HTTP API authenticates callers.
-type Auth string
-
-const (
-	// AuthJWT: a JWT authorizer (issuer and audience are the JwtIssuer and
-	// JwtAudience parameters); the token's "tenant" claim is the tenant.
-	AuthJWT Auth = "jwt"
-	// AuthIAM: SigV4-signed requests (AWS_IAM); the caller's IAM identity
-	// is the principal.
-	AuthIAM Auth = "iam"
 )
 
 // Props configures the stack at synthesis time. Deploy-time settings are
 // CloudFormation parameters (Parameters, JwtIssuer, JwtAudience).
 type Props struct {
 	awscdk.StackProps
-	// AssetDir holds <function>/bootstrap for every function (default
-	// ".build", written by `make build LAMBDA_ARCH=arm64`).
+	// AssetDir holds <function>/bootstrap for every function, built for
+	// arm64 (default DefaultAssetDir, written by `make synth`; the local
+	// builds of `make build` for the host live elsewhere).
 	AssetDir string
-	// Auth is AuthJWT (default) or AuthIAM.
-	Auth Auth
 	// DeletionProtection turns on the table's deletion protection
 	// (default true through DefaultProps).
 	DeletionProtection bool
 	// ExistingSecretARN uses an existing Secrets Manager secret for the
 	// E2B API key instead of creating one.
 	ExistingSecretARN string
-	// AlarmTopicARN, if set, receives every alarm's state changes.
+	// AlarmTopicARN, if set, receives every alarm's state changes instead
+	// of the topic the stack creates (AlarmTopic, with an optional e-mail
+	// subscription: the AlarmEmail parameter).
 	AlarmTopicARN string
 	// LogRetentionDays of every log group (a value CloudWatch accepts).
 	LogRetentionDays int
-	// ReservedConcurrency caps concurrent executions per function name (a
-	// missing or zero entry leaves the function unreserved); it bounds the
-	// load the functions put on the table.
-	ReservedConcurrency map[string]int
 	// ThrottleRate (requests/s) and ThrottleBurst bound the HTTP API stage.
 	ThrottleRate  float64
 	ThrottleBurst float64
@@ -77,16 +65,16 @@ type Props struct {
 	ServerErrorAlarmPercent int
 }
 
+// DefaultAssetDir is where `make synth` writes the arm64 bootstraps the
+// stack deploys (the Makefile's DEPLOY_BUILD).
+const DefaultAssetDir = ".build/deploy"
+
 // DefaultProps returns the production defaults.
 func DefaultProps() Props {
 	return Props{
-		AssetDir:           ".build",
-		Auth:               AuthJWT,
-		DeletionProtection: true,
-		LogRetentionDays:   30,
-		// Reconcile must never overlap itself; the others bound the
-		// concurrent DynamoDB writers (one request is a handful of calls).
-		ReservedConcurrency:     map[string]int{"acquire": 50, "release": 20, "sync": 20, "reconcile": 1},
+		AssetDir:                DefaultAssetDir,
+		DeletionProtection:      true,
+		LogRetentionDays:        30,
 		ThrottleRate:            50,
 		ThrottleBurst:           100,
 		ReconcileAlarmPasses:    3,
@@ -107,6 +95,8 @@ type Stack struct {
 	API       awsapigatewayv2.HttpApi
 	Alarms    map[string]awscloudwatch.Alarm // by short name
 	Params    map[string]awscdk.CfnParameter // by parameter name
+	// AlarmTopic receives every alarm's state changes.
+	AlarmTopic awssns.ITopic
 }
 
 // DynamoDBActions are the IAM actions every function gets on the table:
@@ -137,8 +127,11 @@ var S3ObjectActions = []string{
 	"s3:PutObject",
 }
 
-// S3BucketActions are granted on the bucket, limited to the output prefix
-// by an s3:prefix condition (ListObjectsV2).
+// S3BucketActions are granted on the bucket (ListObjectsV2), without an
+// s3:prefix condition: S3 answers a GetObject of a missing key with 404
+// only to a caller allowed s3:ListBucket on the bucket, else 403, and that
+// condition key is absent from a GetObject request, so a prefix-limited
+// grant would turn every "no manifest yet" into an access error.
 var S3BucketActions = []string{"s3:ListBucket"}
 
 // SecretActions are granted on the E2B API key secret.
@@ -150,14 +143,8 @@ var LogActions = []string{"logs:CreateLogStream", "logs:PutLogEvents"}
 // New defines the broker stack in scope. It panics (as CDK constructs do)
 // on invalid props.
 func New(scope constructs.Construct, id string, props Props) *Stack {
-	if props.Auth == "" {
-		props.Auth = AuthJWT
-	}
-	if props.Auth != AuthJWT && props.Auth != AuthIAM {
-		panic(fmt.Sprintf("stack: auth must be %q or %q, got %q", AuthJWT, AuthIAM, props.Auth))
-	}
 	if props.AssetDir == "" {
-		props.AssetDir = ".build"
+		props.AssetDir = DefaultAssetDir
 	}
 	sp := props.StackProps
 	if sp.Description == nil {
@@ -191,7 +178,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 		s.Params[p.Name] = awscdk.NewCfnParameter(st, jsii.String(p.Name), cp)
 	}
 	prefix := s.Params["OutputPrefix"].ValueAsString()
-	deployment := s.Params["SandboxDeploymentId"].ValueAsString()
+	deployment := s.deploymentID()
 
 	// Table: one table, on-demand, PITR, KMS (AWS managed key), TTL for
 	// garbage only (gone records), the state index ddbstore queries.
@@ -268,6 +255,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	for _, p := range Parameters {
 		env[p.Env] = s.Params[p.Name].ValueAsString()
 	}
+	env[config.EnvDeploymentID] = deployment
 	env["TABLE_NAME"] = s.Table.TableName()
 	env["OUTPUT_BUCKET"] = s.Bucket.BucketName()
 	env["E2B_API_KEY_SECRET_ARN"] = s.Secret.SecretArn()
@@ -283,6 +271,12 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 		if f.Schedule == "" {
 			continue
 		}
+		// Asynchronous invocations (the schedule's) are not retried by
+		// Lambda either.
+		s.Functions[f.Name].ConfigureAsyncInvoke(&awslambda.EventInvokeConfigOptions{
+			RetryAttempts: jsii.Number(0),
+			MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(5)),
+		})
 		rule := awsevents.NewRule(st, jsii.String(LogicalRule), &awsevents.RuleProps{
 			Description: jsii.String("sandbox-broker reconcile pass"),
 			Schedule:    awsevents.Schedule_Expression(jsii.String(f.Schedule)),
@@ -335,16 +329,12 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	// time, so the narrowest static scope is the prefix with a trailing
 	// wildcard (IAM has no other way to name "objects under a prefix").
 	objects := awscdk.Fn_Join(jsii.String(""), &[]*string{s.Bucket.BucketArn(), jsii.String("/"), prefix, jsii.String("/*")})
-	list := stmt("ListOutputPrefix", S3BucketActions, s.Bucket.BucketArn())
-	list.AddCondition(jsii.String("StringLike"), map[string]any{
-		"s3:prefix": []any{awscdk.Fn_Join(jsii.String(""), &[]*string{prefix, jsii.String("/*")})},
-	})
 	doc := awsiam.NewPolicyDocument(&awsiam.PolicyDocumentProps{Statements: &[]awsiam.PolicyStatement{
 		stmt("WriteOwnLogs", LogActions, logs.LogGroupArn()),
 		stmt("TableItems", DynamoDBActions, tableArn),
 		stmt("StateIndex", DynamoDBIndexActions, indexArn),
 		stmt("OutputObjects", S3ObjectActions, objects),
-		list,
+		stmt("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn()),
 		stmt("ReadE2BApiKey", SecretActions, s.Secret.SecretArn()),
 	}})
 	policy := awsiam.NewPolicy(st, jsii.String(f.LogicalID+"Policy"), &awsiam.PolicyProps{Document: doc})
@@ -362,10 +352,8 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 		Role:         role,
 		LogGroup:     logs,
 	}
-	if n := props.ReservedConcurrency[f.Name]; n > 0 {
-		fp.ReservedConcurrentExecutions = jsii.Number(float64(n))
-	}
 	fn := awslambda.NewFunction(st, jsii.String(f.LogicalID), fp)
+	s.reserve(fn, f)
 	// The role's policy must exist before the function is created (it
 	// reads the secret at cold start).
 	fn.Node().AddDependency(policy)
@@ -377,39 +365,35 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 // an access-logged, throttled $default stage.
 func (s *Stack) api(props Props, retention awslogs.RetentionDays) {
 	st := s.Stack
-	// authz reads the token from Authorization; apiKeyAuthz, the same JWTs
-	// from X-API-Key (the /e2b routes, for the E2B SDKs). Under IAM
-	// authorization both are the IAM authorizer: the E2B SDKs cannot sign
-	// requests, so the /e2b routes then serve SigV4 callers only.
-	var authz, apiKeyAuthz awsapigatewayv2.IHttpRouteAuthorizer
-	if props.Auth == AuthJWT {
-		issuer := awscdk.NewCfnParameter(st, jsii.String("JwtIssuer"), &awscdk.CfnParameterProps{
-			Type:           jsii.String("String"),
-			AllowedPattern: jsii.String(`^https://\S+$`),
-			Description:    jsii.String(`Issuer URL of the JWTs callers present; the "tenant" claim names the tenant.`),
+	// JWT only: an IAM authorizer would name callers by AWS identity, and
+	// an HTTP API takes callers of other accounts only through a role in
+	// its own account, so every caller would be one tenant. The tenant is
+	// the claim JwtTenantClaim names (BROKER_TENANT_CLAIM). authz reads the
+	// token from Authorization; apiKeyAuthz, the same JWTs from X-API-Key
+	// (the /e2b routes, for the E2B SDKs).
+	issuer := awscdk.NewCfnParameter(st, jsii.String("JwtIssuer"), &awscdk.CfnParameterProps{
+		Type:           jsii.String("String"),
+		AllowedPattern: jsii.String(`^https://\S+$`),
+		Description:    jsii.String("Issuer URL of the JWTs callers present (JwtTenantClaim names the tenant)."),
+	})
+	audience := awscdk.NewCfnParameter(st, jsii.String("JwtAudience"), &awscdk.CfnParameterProps{
+		Type:           jsii.String("String"),
+		AllowedPattern: jsii.String(`^\S+$`),
+		Description:    jsii.String("Audience the JWTs must carry."),
+	})
+	s.Params["JwtIssuer"], s.Params["JwtAudience"] = issuer, audience
+	authz := awsapigatewayv2authorizers.NewHttpJwtAuthorizer(jsii.String("TenantJwt"), issuer.ValueAsString(),
+		&awsapigatewayv2authorizers.HttpJwtAuthorizerProps{
+			AuthorizerName: jsii.String("TenantJwt"),
+			JwtAudience:    jsii.Strings(*audience.ValueAsString()),
+			IdentitySource: jsii.Strings("$request.header.Authorization"),
 		})
-		audience := awscdk.NewCfnParameter(st, jsii.String("JwtAudience"), &awscdk.CfnParameterProps{
-			Type:           jsii.String("String"),
-			AllowedPattern: jsii.String(`^\S+$`),
-			Description:    jsii.String("Audience the JWTs must carry."),
+	apiKeyAuthz := awsapigatewayv2authorizers.NewHttpJwtAuthorizer(jsii.String("TenantApiKey"), issuer.ValueAsString(),
+		&awsapigatewayv2authorizers.HttpJwtAuthorizerProps{
+			AuthorizerName: jsii.String("TenantApiKey"),
+			JwtAudience:    jsii.Strings(*audience.ValueAsString()),
+			IdentitySource: jsii.Strings("$request.header." + APIKeyHeader),
 		})
-		s.Params["JwtIssuer"], s.Params["JwtAudience"] = issuer, audience
-		authz = awsapigatewayv2authorizers.NewHttpJwtAuthorizer(jsii.String("TenantJwt"), issuer.ValueAsString(),
-			&awsapigatewayv2authorizers.HttpJwtAuthorizerProps{
-				AuthorizerName: jsii.String("TenantJwt"),
-				JwtAudience:    jsii.Strings(*audience.ValueAsString()),
-				IdentitySource: jsii.Strings("$request.header.Authorization"),
-			})
-		apiKeyAuthz = awsapigatewayv2authorizers.NewHttpJwtAuthorizer(jsii.String("TenantApiKey"), issuer.ValueAsString(),
-			&awsapigatewayv2authorizers.HttpJwtAuthorizerProps{
-				AuthorizerName: jsii.String("TenantApiKey"),
-				JwtAudience:    jsii.Strings(*audience.ValueAsString()),
-				IdentitySource: jsii.Strings("$request.header." + APIKeyHeader),
-			})
-	} else {
-		authz = awsapigatewayv2authorizers.NewHttpIamAuthorizer()
-		apiKeyAuthz = authz
-	}
 	s.API = awsapigatewayv2.NewHttpApi(st, jsii.String(LogicalAPI), &awsapigatewayv2.HttpApiProps{
 		Description:       jsii.String("sandbox-broker API"),
 		DefaultAuthorizer: authz,
@@ -451,14 +435,14 @@ func (s *Stack) api(props Props, retention awslogs.RetentionDays) {
 	})
 }
 
-// accessLogFormat is one JSON line per request; the principal fields name
-// the caller (JWT subject and tenant claim, or the IAM identity).
+// accessLogFormat is one JSON line per request; jwtSub names the caller
+// (the function's own request log names the tenant, whichever claim
+// carries it).
 const accessLogFormat = `{"requestId":"$context.requestId","ip":"$context.identity.sourceIp",` +
 	`"requestTime":"$context.requestTime","routeKey":"$context.routeKey","status":"$context.status",` +
 	`"responseLength":"$context.responseLength","latencyMs":"$context.responseLatency",` +
 	`"integrationError":"$context.integrationErrorMessage","authorizerError":"$context.authorizer.error",` +
-	`"jwtSub":"$context.authorizer.claims.sub","tenant":"$context.authorizer.claims.tenant",` +
-	`"iamUserArn":"$context.identity.userArn"}`
+	`"jwtSub":"$context.authorizer.claims.sub"}`
 
 // observability defines the alarms and the dashboard.
 func (s *Stack) observability(props Props, deployment *string) {
@@ -473,16 +457,11 @@ func (s *Stack) observability(props Props, deployment *string) {
 			Period:        five,
 		})
 	}
-	var topic awssns.ITopic
-	if props.AlarmTopicARN != "" {
-		topic = awssns.Topic_FromTopicArn(st, jsii.String("AlarmTopic"), jsii.String(props.AlarmTopicARN))
-	}
+	topic := s.alarmTopic(props)
 	alarm := func(key, id string, p *awscloudwatch.AlarmProps) {
 		a := awscloudwatch.NewAlarm(st, jsii.String(id), p)
-		if topic != nil {
-			a.AddAlarmAction(awscloudwatchactions.NewSnsAction(topic))
-			a.AddOkAction(awscloudwatchactions.NewSnsAction(topic))
-		}
+		a.AddAlarmAction(awscloudwatchactions.NewSnsAction(topic))
+		a.AddOkAction(awscloudwatchactions.NewSnsAction(topic))
 		s.Alarms[key] = a
 	}
 
@@ -504,12 +483,16 @@ func (s *Stack) observability(props Props, deployment *string) {
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
 
-	// One period per scheduled pass (ReconcileSchedule).
+	// One period per scheduled pass (ReconcileSchedule). Every pass that
+	// ends writes BudgetExhausted (0 or 1); a pass that crashes or times
+	// out writes none, and neither does a schedule that stopped invoking:
+	// a period without it counts as a failed pass (FILL), and a period
+	// without any data breaches.
 	reconcile := s.Functions["reconcile"]
 	n := float64(props.ReconcileAlarmPasses)
 	one := awscdk.Duration_Minutes(jsii.Number(1))
 	failed := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
-		Expression: jsii.String("errors + exhausted"),
+		Expression: jsii.String(ReconcileFailedExpression),
 		UsingMetrics: &map[string]awscloudwatch.IMetric{
 			"errors":    reconcile.MetricErrors(&awscloudwatch.MetricOptions{Period: one, Statistic: jsii.String("Sum")}),
 			"exhausted": emf(MetricReconcileBudgetExhausted, "Sum"),
@@ -524,6 +507,28 @@ func (s *Stack) observability(props Props, deployment *string) {
 		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
 		EvaluationPeriods:  jsii.Number(n),
 		DatapointsToAlarm:  jsii.Number(n),
+		TreatMissingData:   awscloudwatch.TreatMissingData_BREACHING,
+	})
+
+	throttleMetrics := map[string]awscloudwatch.IMetric{}
+	var sum []string
+	for _, f := range Functions {
+		throttleMetrics[f.Name] = s.Functions[f.Name].MetricThrottles(&awscloudwatch.MetricOptions{Period: five, Statistic: jsii.String("Sum")})
+		sum = append(sum, "FILL("+f.Name+", 0)")
+	}
+	alarm("throttles", "FunctionThrottlesAlarm", &awscloudwatch.AlarmProps{
+		AlarmDescription: jsii.String("Lambda throttled invocations of the broker's functions in two consecutive 5-minute periods " +
+			"(callers see 429/500, reconcile passes are skipped): raise the reserved concurrency or the account quota."),
+		Metric: awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+			Expression:   jsii.String(strings.Join(sum, " + ")),
+			UsingMetrics: &throttleMetrics,
+			Label:        jsii.String("throttled invocations"),
+			Period:       five,
+		}),
+		Threshold:          jsii.Number(1),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(2),
+		DatapointsToAlarm:  jsii.Number(2),
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
 
@@ -603,6 +608,91 @@ func (s *Stack) observability(props Props, deployment *string) {
 			},
 		},
 	})
+}
+
+// ReconcileFailedExpression counts a 5-minute period as failed when the
+// reconcile function reported errors, or a pass ran out of budget, or no
+// pass reported at all (crash, timeout, not invoked).
+const ReconcileFailedExpression = "FILL(errors, 0) + FILL(exhausted, 1)"
+
+// deploymentID is SandboxDeploymentId, or the stack name when it is empty;
+// a rule refuses "default" (see the SAM template's Rules).
+func (s *Stack) deploymentID() *string {
+	st := s.Stack
+	param := s.Params["SandboxDeploymentId"]
+	has := awscdk.NewCfnCondition(st, jsii.String("HasDeploymentId"), &awscdk.CfnConditionProps{
+		Expression: awscdk.Fn_ConditionNot(awscdk.Fn_ConditionEquals(param.ValueAsString(), jsii.String(""))),
+	})
+	awscdk.NewCfnRule(st, jsii.String("DeploymentIdIsNotDefault"), &awscdk.CfnRuleProps{
+		Assertions: &[]*awscdk.CfnRuleAssertion{{
+			Assert:            awscdk.Fn_ConditionNot(awscdk.Fn_ConditionEquals(param.ValueAsString(), jsii.String(core.DefaultSettings().Deployment))),
+			AssertDescription: jsii.String(`SandboxDeploymentId must not be "default"; leave it empty to use the stack name.`),
+		}},
+	})
+	return awscdk.Token_AsString(awscdk.Fn_ConditionIf(has.LogicalId(), param.ValueAsString(), awscdk.Aws_STACK_NAME()), nil)
+}
+
+// reserve gives fn the reserved concurrency its parameter names, or none
+// when the parameter is 0 (the default: reservations come out of the
+// account's quota, which must keep 100 unreserved, and new accounts have
+// far less than the sum).
+func (s *Stack) reserve(fn awslambda.Function, f Function) {
+	st := s.Stack
+	param := awscdk.NewCfnParameter(st, jsii.String(f.ReservedParam()), &awscdk.CfnParameterProps{
+		Type:        jsii.String("Number"),
+		Default:     jsii.Number(0),
+		MinValue:    jsii.Number(0),
+		Description: jsii.String(ReservedParamDescription(f)),
+	})
+	s.Params[f.ReservedParam()] = param
+	cond := awscdk.NewCfnCondition(st, jsii.String("Reserve"+f.LogicalIDBase()), &awscdk.CfnConditionProps{
+		Expression: awscdk.Fn_ConditionNot(awscdk.Fn_ConditionEquals(param.ValueAsString(), jsii.String("0"))),
+	})
+	cfn := fn.Node().DefaultChild().(awslambda.CfnFunction)
+	cfn.AddPropertyOverride(jsii.String("ReservedConcurrentExecutions"),
+		awscdk.Fn_ConditionIf(cond.LogicalId(), param.ValueAsString(), awscdk.Aws_NO_VALUE()))
+}
+
+// alarmTopic is the topic every alarm notifies: props.AlarmTopicARN, or a
+// topic of the stack (TLS only, CloudWatch allowed to publish) with an
+// e-mail subscription when the AlarmEmail parameter is set.
+func (s *Stack) alarmTopic(props Props) awssns.ITopic {
+	st := s.Stack
+	if props.AlarmTopicARN != "" {
+		s.AlarmTopic = awssns.Topic_FromTopicArn(st, jsii.String("AlarmTopic"), jsii.String(props.AlarmTopicARN))
+		return s.AlarmTopic
+	}
+	topic := awssns.NewTopic(st, jsii.String("AlarmTopic"), &awssns.TopicProps{
+		DisplayName: jsii.String("sandbox-broker alarms"),
+		EnforceSSL:  jsii.Bool(true),
+	})
+	// The topic policy CDK writes for EnforceSSL replaces SNS's default
+	// one: CloudWatch alarms of this account must be allowed explicitly.
+	topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String("AllowCloudWatchAlarms"),
+		Principals: &[]awsiam.IPrincipal{awsiam.NewServicePrincipal(jsii.String("cloudwatch.amazonaws.com"), nil)},
+		Actions:    jsii.Strings("sns:Publish"),
+		Resources:  jsii.Strings(*topic.TopicArn()),
+		Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()}},
+	}))
+	email := awscdk.NewCfnParameter(st, jsii.String(ParamAlarmEmail), &awscdk.CfnParameterProps{
+		Type:           jsii.String("String"),
+		Default:        jsii.String(""),
+		AllowedPattern: jsii.String(`^([^\s@]+@[^\s@]+)?$`),
+		Description:    jsii.String("E-mail address subscribed to the alarm topic (empty = none; confirm the subscription from the e-mail AWS sends)."),
+	})
+	s.Params[ParamAlarmEmail] = email
+	hasEmail := awscdk.NewCfnCondition(st, jsii.String("HasAlarmEmail"), &awscdk.CfnConditionProps{
+		Expression: awscdk.Fn_ConditionNot(awscdk.Fn_ConditionEquals(email.ValueAsString(), jsii.String(""))),
+	})
+	sub := awssns.NewCfnSubscription(st, jsii.String("AlarmEmailSubscription"), &awssns.CfnSubscriptionProps{
+		TopicArn: topic.TopicArn(),
+		Protocol: jsii.String("email"),
+		Endpoint: email.ValueAsString(),
+	})
+	sub.CfnOptions().SetCondition(hasEmail)
+	s.AlarmTopic = topic
+	return topic
 }
 
 // overrideID gives c's CloudFormation resource the logical ID id (the one

@@ -136,14 +136,12 @@ func defaultSynth(t *testing.T) *synthesized {
 	return synth(t, "default", DefaultProps())
 }
 
-// variantSynth exercises the options: IAM auth, an existing secret, an
-// alarm topic, no reserved concurrency, other retention.
+// variantSynth exercises the options: an existing secret, an existing
+// alarm topic, other retention, no deletion protection.
 func variantSynth(t *testing.T) *synthesized {
 	p := DefaultProps()
-	p.Auth = AuthIAM
 	p.ExistingSecretARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:e2b-key-AbCdEf"
 	p.AlarmTopicARN = "arn:aws:sns:eu-west-1:123456789012:oncall"
-	p.ReservedConcurrency = nil
 	p.LogRetentionDays = 90
 	p.DeletionProtection = false
 	return synth(t, "variant", p)

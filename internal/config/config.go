@@ -33,7 +33,11 @@ const (
 	EnvMaxPerTenant          = "SANDBOX_MAX_PER_TENANT"
 	// EnvAdminTenants lists the tenants (comma-separated) allowed on the
 	// /v1/admin routes (drain, undrain).
-	EnvAdminTenants  = "BROKER_ADMIN_TENANTS"
+	EnvAdminTenants = "BROKER_ADMIN_TENANTS"
+	// EnvTenantClaim names the JWT claim that carries the caller's tenant
+	// (default DefaultTenantClaim; Cognito user pools issue custom
+	// attributes as "custom:<name>").
+	EnvTenantClaim   = "BROKER_TENANT_CLAIM"
 	EnvE2BAPIURL     = "E2B_API_URL"
 	EnvE2BSandboxURL = "E2B_SANDBOX_URL"
 	EnvE2BAPIKey     = "E2B_API_KEY"
@@ -70,6 +74,12 @@ const (
 
 // DefaultE2BAPIURL is E2B's public control-plane URL (E2B API spec).
 const DefaultE2BAPIURL = "https://api.e2b.app"
+
+// DefaultTenantClaim is the JWT claim read when BROKER_TENANT_CLAIM is unset.
+const DefaultTenantClaim = "tenant"
+
+// claimPattern is the shape of a JWT claim name BROKER_TENANT_CLAIM accepts.
+var claimPattern = regexp.MustCompile(`^[A-Za-z0-9_:.-]{1,128}$`)
 
 // deploymentPattern is the shape core.Settings.Validate requires of Deployment.
 var deploymentPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -154,7 +164,10 @@ type Config struct {
 	Reconcile core.ReconcileSettings
 	// AdminTenants may call the /v1/admin routes (BROKER_ADMIN_TENANTS).
 	AdminTenants []string
-	LogLevel     slog.Level
+	// TenantClaim is the JWT claim naming the caller's tenant
+	// (BROKER_TENANT_CLAIM, default DefaultTenantClaim).
+	TenantClaim string
+	LogLevel    slog.Level
 }
 
 // String renders c for logs with the API key redacted.
@@ -229,6 +242,14 @@ func Parse(environ []string) (Config, []string, error) {
 	if !deploymentPattern.MatchString(s.Deployment) {
 		p.fail(EnvDeploymentID, "must match %s, got %q", deploymentPattern, s.Deployment)
 	}
+	// The templates always set E2B_API_KEY_SECRET_ARN, and only they do: a
+	// deployed stack must name itself (they default the id to the stack
+	// name), because reconcile adopts or kills every sandbox tagged with the
+	// id, and "default" is what every unconfigured run shares.
+	if s.Deployment == core.DefaultSettings().Deployment && p.str(EnvE2BAPIKeySecretARN, "") != "" {
+		p.fail(EnvDeploymentID, "must name this deployment when it is deployed (%s is set), not %q: stacks sharing a provider account would reconcile each other's sandboxes",
+			EnvE2BAPIKeySecretARN, s.Deployment)
+	}
 
 	c := Config{
 		Settings:     s,
@@ -262,6 +283,10 @@ func Parse(environ []string) (Config, []string, error) {
 	}
 	c.Reconcile = p.reconcile()
 	c.AdminTenants = p.tenantList(EnvAdminTenants)
+	c.TenantClaim = p.str(EnvTenantClaim, DefaultTenantClaim)
+	if !claimPattern.MatchString(c.TenantClaim) {
+		p.fail(EnvTenantClaim, "must match %s, got %q", claimPattern, c.TenantClaim)
+	}
 	if err := c.LogLevel.UnmarshalText([]byte(p.str(EnvLogLevel, "INFO"))); err != nil {
 		p.fail(EnvLogLevel, "must be DEBUG, INFO, WARN or ERROR, got %q", env[EnvLogLevel])
 	}

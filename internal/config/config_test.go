@@ -79,6 +79,11 @@ func TestParseInvalidNamesVariable(t *testing.T) {
 		{"idle zero", base("SANDBOX_IDLE_TIMEOUT_SECONDS=0"), "SANDBOX_IDLE_TIMEOUT_SECONDS"},
 		{"active huge", base("SANDBOX_ACTIVE_TIMEOUT_SECONDS=999999999"), "SANDBOX_ACTIVE_TIMEOUT_SECONDS"},
 		{"deployment bad", base("SANDBOX_DEPLOYMENT_ID=a/b"), "SANDBOX_DEPLOYMENT_ID"},
+		// Deployed (the templates set the secret ARN): "default" is refused,
+		// explicitly or by omission.
+		{"deployed as default", []string{"TABLE_NAME=t", "OUTPUT_BUCKET=b", "E2B_API_KEY_SECRET_ARN=arn:aws:secretsmanager:eu-west-1:123456789012:secret:k", "SANDBOX_DEPLOYMENT_ID=default"}, "SANDBOX_DEPLOYMENT_ID"},
+		{"deployed without id", []string{"TABLE_NAME=t", "OUTPUT_BUCKET=b", "E2B_API_KEY_SECRET_ARN=arn:aws:secretsmanager:eu-west-1:123456789012:secret:k"}, "SANDBOX_DEPLOYMENT_ID"},
+		{"tenant claim with space", base("BROKER_TENANT_CLAIM=custom tenant"), "BROKER_TENANT_CLAIM"},
 		{"api url relative", base("E2B_API_URL=api.e2b.app"), "E2B_API_URL"},
 		{"sandbox url scheme", base("E2B_SANDBOX_URL=ftp://x"), "E2B_SANDBOX_URL"},
 		{"log level", base("LOG_LEVEL=loud"), "LOG_LEVEL"},

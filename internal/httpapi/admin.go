@@ -38,6 +38,13 @@ func WithMetrics(deployment string) Option {
 	return func(h *handler) { h.deployment = deployment }
 }
 
+// WithTenantClaim names the JWT claim that carries the caller's tenant
+// (BROKER_TENANT_CLAIM; Cognito issues custom attributes as
+// "custom:<name>"). "" keeps DefaultTenantClaim.
+func WithTenantClaim(claim string) Option {
+	return func(h *handler) { h.tenantClaim = claim }
+}
+
 // setDraining serves POST /v1/admin/drain and /v1/admin/undrain: 200
 // {"draining": bool}; 403 FORBIDDEN for a tenant that is not an admin.
 func (h *handler) setDraining(ctx context.Context, r *request, draining bool) events.APIGatewayV2HTTPResponse {

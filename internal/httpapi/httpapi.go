@@ -83,6 +83,9 @@ type handler struct {
 	// deployment is the Deployment dimension of the EMF metrics; "" emits
 	// none (WithMetrics).
 	deployment string
+	// tenantClaim is the JWT claim naming the tenant (WithTenantClaim;
+	// "" means DefaultTenantClaim).
+	tenantClaim string
 }
 
 // request is the per-request state threaded through the route functions.
@@ -216,7 +219,7 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		}
 		return r.errorResponse(http.StatusNotFound, apiError{Code: core.CodeRouteNotFound, Message: "no such route"}, 0)
 	}
-	tenant, ok := tenantOf(r.ev)
+	tenant, ok := tenantOf(r.ev, h.tenantClaim)
 	e2b := route == RouteE2BConnect || route == RouteE2BConnectV2 || route == RouteE2BOther
 	if !ok {
 		if e2b {
@@ -303,32 +306,36 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 	return r.errorResponse(http.StatusNotFound, apiError{Code: core.CodeRouteNotFound, Message: "no such route"}, 0)
 }
 
+// DefaultTenantClaim is the JWT claim read for the tenant unless
+// WithTenantClaim names another.
+const DefaultTenantClaim = "tenant"
+
 // tenantOf reads the caller's tenant from the authorizer context (payload
 // format 2.0, requestContext.authorizer), in this order:
 //   - a Lambda (or the local) authorizer's context "tenant";
-//   - a JWT authorizer's claim "tenant";
-//   - IAM authorization (AWS_IAM, SigV4-signed requests): the caller's AWS
-//     account id (authorizer.iam.accountId). Every principal of one account
-//     is one tenant: isolate tenants by giving each its own account (the
-//     account id, not the role or user ARN, is the boundary because the
-//     ARN of an assumed role changes with its session name). Admin tenants
-//     (BROKER_ADMIN_TENANTS) are then account ids too.
+//   - a JWT authorizer's claim named claim (DefaultTenantClaim when "").
+//
+// IAM authorization (AWS_IAM) names no tenant: an HTTP API admits callers
+// of other accounts only through a role of its own account, so the
+// caller's account, role or session would not tell tenants apart (and a
+// session name is the caller's choice). Such a request is unauthorized.
 //
 // It reports false when none is present or the value is not a valid id
 // (^[A-Za-z0-9_-]{1,64}$, as user and thread ids).
-func tenantOf(ev events.APIGatewayV2HTTPRequest) (string, bool) {
+func tenantOf(ev events.APIGatewayV2HTTPRequest, claim string) (string, bool) {
 	a := ev.RequestContext.Authorizer
 	if a == nil {
 		return "", false
+	}
+	if claim == "" {
+		claim = DefaultTenantClaim
 	}
 	var t string
 	switch v, ok := a.Lambda["tenant"].(string); {
 	case ok:
 		t = v
 	case a.JWT != nil:
-		t = a.JWT.Claims["tenant"]
-	case a.IAM != nil:
-		t = a.IAM.AccountID
+		t = a.JWT.Claims[claim]
 	}
 	if t == "" || (core.ThreadKey{Tenant: t, User: "u", Thread: "t"}).Validate() != nil {
 		return "", false

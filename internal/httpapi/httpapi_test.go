@@ -85,10 +85,10 @@ func event(routeKey, path, body string, tenant string, params map[string]string)
 	return ev
 }
 
-func serve(t *testing.T, b core.Broker, ev events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, map[string]any, string) {
+func serve(t *testing.T, b core.Broker, ev events.APIGatewayV2HTTPRequest, opts ...Option) (events.APIGatewayV2HTTPResponse, map[string]any, string) {
 	t.Helper()
 	var logs bytes.Buffer
-	h := NewHandler(b, slog.New(slog.NewJSONHandler(&logs, nil)))
+	h := NewHandler(b, slog.New(slog.NewJSONHandler(&logs, nil)), opts...)
 	resp, err := h(context.Background(), ev)
 	if err != nil {
 		t.Fatalf("handler returned a Go error: %v", err)

@@ -7,46 +7,49 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 )
 
-// TestTenantFromIAM: with AWS_IAM authorization (API Gateway HTTP API,
-// payload 2.0: requestContext.authorizer.iam) the tenant is the caller's
-// account id; a Lambda or JWT tenant takes precedence; an IAM context
-// without an account id is unauthorized.
-func TestTenantFromIAM(t *testing.T) {
-	iam := func(account string) *events.APIGatewayV2HTTPRequestContextAuthorizerIAMDescription {
-		return &events.APIGatewayV2HTTPRequestContextAuthorizerIAMDescription{
-			AccessKey: "ASIAEXAMPLE", AccountID: account, CallerID: "AROAEXAMPLE:session",
-			UserARN: "arn:aws:sts::" + account + ":assumed-role/agent/session", UserID: "AROAEXAMPLE:session",
-		}
+// TestTenantSources: the tenant comes from a Lambda authorizer's "tenant"
+// or from the JWT claim WithTenantClaim names; an IAM identity (whatever
+// its account or session) names none, so such a request is unauthorized.
+func TestTenantSources(t *testing.T) {
+	iam := &events.APIGatewayV2HTTPRequestContextAuthorizerIAMDescription{
+		AccessKey: "ASIAEXAMPLE", AccountID: "123456789012", CallerID: "AROAEXAMPLE:acme",
+		UserARN: "arn:aws:sts::123456789012:assumed-role/agent/acme", UserID: "AROAEXAMPLE:acme",
+	}
+	jwt := func(claims map[string]string) *events.APIGatewayV2HTTPRequestContextAuthorizerDescription {
+		return &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{JWT: &events.APIGatewayV2HTTPRequestContextAuthorizerJWTDescription{Claims: claims}}
 	}
 	tests := []struct {
 		name   string
+		claim  string // WithTenantClaim; "" = not set
 		auth   *events.APIGatewayV2HTTPRequestContextAuthorizerDescription
 		status int
 		call   string
 	}{
-		{"account id", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{IAM: iam("123456789012")}, 200, "Get 123456789012 sbx1"},
-		{"no account id", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{IAM: iam("")}, 401, ""},
-		{"malformed account id", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{IAM: iam("12/34")}, 401, ""},
-		{"lambda tenant wins", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
-			Lambda: map[string]any{"tenant": "acme"}, IAM: iam("123456789012")}, 200, "Get acme sbx1"},
+		{"jwt default claim", "", jwt(map[string]string{"tenant": "acme", "sub": "u1"}), 200, "Get acme sbx1"},
+		{"cognito custom claim", "custom:tenant", jwt(map[string]string{"custom:tenant": "acme", "tenant": "other"}), 200, "Get acme sbx1"},
+		{"configured claim absent", "custom:tenant", jwt(map[string]string{"tenant": "acme"}), 401, ""},
+		{"iam identity", "", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{IAM: iam}, 401, ""},
+		{"lambda tenant", "", &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
+			Lambda: map[string]any{"tenant": "acme"}, IAM: iam}, 200, "Get acme sbx1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			fb := &fakeBroker{}
 			ev := event(RouteGet, "/v1/sandboxes/sbx1", "", "", map[string]string{"id": "sbx1"})
 			ev.RequestContext.Authorizer = tt.auth
-			resp, _, logs := serve(t, fb, ev)
+			var opts []Option
+			if tt.claim != "" {
+				opts = append(opts, WithTenantClaim(tt.claim))
+			}
+			resp, _, logs := serve(t, fb, ev, opts...)
 			if resp.StatusCode != tt.status {
 				t.Fatalf("status = %d, want %d", resp.StatusCode, tt.status)
 			}
 			if got := strings.Join(fb.calls, ","); got != tt.call {
 				t.Errorf("calls = %q, want %q", got, tt.call)
 			}
-			if tt.status == 200 {
-				tenant := strings.Fields(tt.call)[1]
-				if !strings.Contains(logs, `"tenant":"`+tenant+`"`) {
-					t.Errorf("request log %s lacks tenant %s", logs, tenant)
-				}
+			if tt.status == 200 && !strings.Contains(logs, `"tenant":"acme"`) {
+				t.Errorf("request log %s lacks tenant acme", logs)
 			}
 		})
 	}

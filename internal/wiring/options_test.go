@@ -67,3 +67,32 @@ func TestHTTPOptions(t *testing.T) {
 		t.Errorf("no EMF line in %s", logs.String())
 	}
 }
+
+// TestHTTPOptionsTenantClaim: BROKER_TENANT_CLAIM picks the JWT claim that
+// names the tenant (Cognito's custom:tenant).
+func TestHTTPOptionsTenantClaim(t *testing.T) {
+	cfg, _, err := config.Parse([]string{"E2B_API_KEY=k", "TABLE_NAME=t", "OUTPUT_BUCKET=b",
+		"BROKER_TENANT_CLAIM=custom:tenant", "BROKER_ADMIN_TENANTS=ops"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := httpapi.NewHandler(&capacityBroker{st: core.CapacityStatus{Limit: 3}}, slog.New(slog.NewJSONHandler(&bytes.Buffer{}, nil)), HTTPOptions(cfg)...)
+	for _, tt := range []struct {
+		claims map[string]string
+		want   int
+	}{
+		{map[string]string{"custom:tenant": "ops"}, 200},
+		{map[string]string{"tenant": "ops"}, 401},
+	} {
+		resp, err := h(context.Background(), events.APIGatewayV2HTTPRequest{RouteKey: httpapi.RouteDrain, RawPath: "/v1/admin/drain",
+			RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "POST"},
+				Authorizer: &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
+					JWT: &events.APIGatewayV2HTTPRequestContextAuthorizerJWTDescription{Claims: tt.claims}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != tt.want {
+			t.Errorf("claims %v: status %d, want %d", tt.claims, resp.StatusCode, tt.want)
+		}
+	}
+}

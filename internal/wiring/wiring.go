@@ -150,10 +150,12 @@ func StartHTTP(function string) {
 }
 
 // HTTPOptions are the httpapi options of the HTTP API functions: the admin
-// tenants (BROKER_ADMIN_TENANTS) and EMF metrics under the deployment id
+// tenants (BROKER_ADMIN_TENANTS), the JWT claim naming the tenant
+// (BROKER_TENANT_CLAIM) and EMF metrics under the deployment id
 // (SANDBOX_DEPLOYMENT_ID) as the Deployment dimension.
 func HTTPOptions(cfg config.Config) []httpapi.Option {
-	return []httpapi.Option{httpapi.WithAdminTenants(cfg.AdminTenants...), httpapi.WithMetrics(cfg.Settings.Deployment)}
+	return []httpapi.Option{httpapi.WithAdminTenants(cfg.AdminTenants...), httpapi.WithTenantClaim(cfg.TenantClaim),
+		httpapi.WithMetrics(cfg.Settings.Deployment)}
 }
 
 // StartReconcile runs the reconcile function on EventBridge schedule events.
@@ -163,7 +165,9 @@ func StartReconcile() {
 }
 
 // ReconcileHandler runs one reconcile pass per event and logs its stats.
-// A failed pass is returned as the Lambda error (EventBridge retries it).
+// A failed pass is returned as the Lambda error; neither EventBridge nor
+// Lambda retries it (the templates set no retries): the next scheduled
+// pass starts over.
 func ReconcileHandler(b core.Broker, logger *slog.Logger) func(ctx context.Context, ev events.EventBridgeEvent) (core.ReconcileStats, error) {
 	return func(ctx context.Context, ev events.EventBridgeEvent) (core.ReconcileStats, error) {
 		stats, err := b.Reconcile(ctx)

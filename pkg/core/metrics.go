@@ -134,6 +134,19 @@ func (e *Engine) emitTombstoneAge(ctx context.Context, tombs []Record) {
 	LogEMF(ctx, e.log, e.s.Deployment, now, TombstoneAgeMetric(tombs, now))
 }
 
+// emitCapacity logs the capacity gauges (CapacityUsed, CapacityLimit) once
+// per reconcile pass, so a deployment that stays full while its waiters
+// still get slots reaches the saturation alarm (the HTTP functions write
+// them only on capacity reads and refusals). A failed read writes nothing.
+func (e *Engine) emitCapacity(ctx context.Context) {
+	st, err := e.Capacity(ctx)
+	if err != nil {
+		e.log.WarnContext(ctx, "reconcile: capacity read for metrics failed", "err", err)
+		return
+	}
+	LogEMF(ctx, e.log, e.s.Deployment, e.now(), CapacityMetrics(st)...)
+}
+
 // EmittedMetrics lists the names of every metric the broker emits:
 // reconcile's pass stats (ReconcileStats.Metrics) and the metrics above,
 // for checks that every metric an alarm reads is emitted.

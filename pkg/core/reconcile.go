@@ -313,6 +313,7 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	} else {
 		e.log.WarnContext(ctx, "reconcile: store has no inventory support; only expiry and tombstones run")
 	}
+	e.emitCapacity(ctx)
 	p.st.Duration = e.now().Sub(start)
 	err := errors.Join(errs...)
 	if err != nil {

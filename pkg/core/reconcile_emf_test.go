@@ -82,6 +82,38 @@ func passLine(t *testing.T, logs string) map[string]any {
 	return line
 }
 
+// TestReconcileWritesCapacityGauge: every pass writes CapacityUsed and
+// CapacityLimit (the saturation alarm's inputs), whether or not any
+// acquire was refused.
+func TestReconcileWritesCapacityGauge(t *testing.T) {
+	h := newRecHarness(t, nil)
+	h.untracked(t, h.threadMeta("t1", 0))
+	var buf bytes.Buffer
+	eng, err := core.New(h.s, h.store, h.prov, nil, core.WithClock(h.clock.now), core.WithReconcileSettings(h.rs),
+		core.WithLogger(slog.New(slog.NewJSONHandler(&buf, nil))))
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	if _, err := eng.Reconcile(context.Background()); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	found := 0
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var line map[string]any
+		if json.Unmarshal([]byte(l), &line) != nil || line[core.MetricCapacityLimit] == nil {
+			continue
+		}
+		found++
+		// The pass adopted the one untracked sandbox: it holds a slot.
+		if line[core.MetricCapacityUsed] != 1.0 || line[core.MetricCapacityLimit] != float64(h.s.Limit()) || line["_aws"] == nil {
+			t.Errorf("capacity line %s: want %s 1, %s %d and an _aws member", l, core.MetricCapacityUsed, core.MetricCapacityLimit, h.s.Limit())
+		}
+	}
+	if found != 1 {
+		t.Errorf("%d capacity gauge lines, want 1:\n%s", found, buf.String())
+	}
+}
+
 func TestReconcileDrainingExpiresEveryWarmSandbox(t *testing.T) {
 	h := newRecHarness(t, nil)
 	ctx := context.Background()

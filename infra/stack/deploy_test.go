@@ -1,0 +1,437 @@
+package stack
+
+import (
+	"bufio"
+	"debug/elf"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/awslabs/goformation/v7/intrinsics"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
+)
+
+// samRaw is template.yaml as CloudFormation JSON, intrinsics unresolved
+// (!If, !Ref... become {"Fn::If": ...}, {"Ref": ...}).
+func samRaw(t *testing.T) map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile(repoTemplate())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := intrinsics.ProcessYAML(raw, &intrinsics.ProcessorOptions{NoProcess: true})
+	if err != nil {
+		t.Fatalf("template.yaml: %v", err)
+	}
+	var tpl map[string]any
+	if err := json.Unmarshal(js, &tpl); err != nil {
+		t.Fatal(err)
+	}
+	return tpl
+}
+
+func samResource(t *testing.T, tpl map[string]any, id string) map[string]any {
+	t.Helper()
+	r, _ := tpl["Resources"].(map[string]any)[id].(map[string]any)
+	if r == nil {
+		t.Fatalf("template.yaml has no resource %s", id)
+	}
+	return r
+}
+
+// alarmTopicID is the logical ID of the stack's one SNS topic.
+func alarmTopicID(t *testing.T, s *synthesized) string {
+	t.Helper()
+	topics := keys(s.Resources("AWS::SNS::Topic"))
+	if len(topics) != 1 {
+		t.Fatalf("SNS topics %v, want one", topics)
+	}
+	return topics[0]
+}
+
+// elfMachine opens an executable and reports its machine and whether it
+// asks for a dynamic loader.
+func elfMachine(t *testing.T, file string) (elf.Machine, bool) {
+	t.Helper()
+	f, err := elf.Open(file)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	defer f.Close()
+	dynamic := false
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			dynamic = true
+		}
+	}
+	return f.Machine, dynamic
+}
+
+// goarch is the GOARCH the go1.x build method passes for a Lambda
+// architecture (aws-lambda-builders' get_goarch).
+var goarch = map[string]string{"arm64": "arm64", "x86_64": "amd64"}
+
+// TestDeployArtefactsAreArm64 builds what each deploy path uploads and
+// reads the ELF header of every bootstrap: the functions run on arm64, and
+// an x86-64 bootstrap deploys fine and fails every invocation.
+//   - SAM: `sam build` runs each function's Metadata BuildMethod (go1.x:
+//     GOOS=linux GOARCH=<Architectures> go build -o <artifacts>/<Handler>
+//     <CodeUri>, in CodeUri); the test runs that command.
+//   - CDK: `make synth` builds with the Makefile's deploy-build target into
+//     DEPLOY_BUILD, the stack's DefaultAssetDir; the test runs that target.
+func TestDeployArtefactsAreArm64(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cross-compiles the four functions")
+	}
+	root := filepath.Join("..", "..")
+	tpl := samRaw(t)
+	globals := tpl["Globals"].(map[string]any)["Function"].(map[string]any)
+	if str(globals["Architectures"]) != `["arm64"]` || globals["Runtime"] != "provided.al2023" || globals["Handler"] != "bootstrap" {
+		t.Fatalf("template.yaml Globals: architectures %s runtime %v handler %v, want arm64 provided.al2023 bootstrap",
+			str(globals["Architectures"]), globals["Runtime"], globals["Handler"])
+	}
+	arch := globals["Architectures"].([]any)[0].(string)
+	samOut := t.TempDir()
+	for _, f := range Functions {
+		r := samResource(t, tpl, f.LogicalID)
+		if md, _ := r["Metadata"].(map[string]any); md["BuildMethod"] != "go1.x" {
+			t.Errorf("%s: Metadata %v, want BuildMethod go1.x (else sam build uploads CodeUri as it is)", f.LogicalID, md)
+			continue
+		}
+		codeURI, _ := props(r)["CodeUri"].(string)
+		if filepath.Clean(codeURI) != filepath.Join("functions", f.Name) {
+			t.Errorf("%s: CodeUri %q, want functions/%s/ (the main package)", f.LogicalID, codeURI, f.Name)
+			continue
+		}
+		dir, err := filepath.Abs(filepath.Join(root, codeURI))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(samOut, f.Name, "bootstrap")
+		cmd := exec.Command("go", "build", "-o", out, dir)
+		cmd.Dir = dir
+		// CGO_ENABLED=0 as docs/DEPLOY.md tells SAM users (a native arm64
+		// host would otherwise link against its own libc).
+		cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+goarch[arch], "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: go build as sam build runs it: %v\n%s", f.Name, err, b)
+		}
+		if m, dyn := elfMachine(t, out); m != elf.EM_AARCH64 || dyn {
+			t.Errorf("sam build %s: machine %v, dynamic %v; want EM_AARCH64, static", f.Name, m, dyn)
+		}
+	}
+
+	// The CDK path: the Makefile's deploy directory is the stack's default
+	// asset directory, and what deploy-build writes there is arm64.
+	dirOut, err := exec.Command("make", "-s", "--no-print-directory", "-C", root, "print-deploy-build").Output()
+	if err != nil {
+		t.Fatalf("make print-deploy-build: %v", err)
+	}
+	if got := strings.TrimSpace(string(dirOut)); got != DefaultAssetDir {
+		t.Errorf("make synth builds into %q, the stack deploys %q", got, DefaultAssetDir)
+	}
+	cdkOut := t.TempDir()
+	mk := exec.Command("make", "-s", "--no-print-directory", "-C", root, "deploy-build", "DEPLOY_BUILD="+cdkOut)
+	if b, err := mk.CombinedOutput(); err != nil {
+		t.Fatalf("make deploy-build: %v\n%s", err, b)
+	}
+	for _, f := range Functions {
+		if m, dyn := elfMachine(t, filepath.Join(cdkOut, f.Name, "bootstrap")); m != elf.EM_AARCH64 || dyn {
+			t.Errorf("make deploy-build %s: machine %v, dynamic %v; want EM_AARCH64, static", f.Name, m, dyn)
+		}
+	}
+}
+
+// TestReservedConcurrencyIsAParameter: no reservation unless a parameter
+// asks for one, in both templates (a reservation needs account quota:
+// Lambda keeps 100 executions unreserved, and new accounts' quota is far
+// below 100 + the sum).
+func TestReservedConcurrencyIsAParameter(t *testing.T) {
+	sam := samRaw(t)
+	cdk := defaultSynth(t)
+	for _, f := range Functions {
+		want := fmt.Sprintf(`{"Fn::If":["Reserve%s",{"Ref":"%s"},{"Ref":"AWS::NoValue"}]}`, f.LogicalIDBase(), f.ReservedParam())
+		wantCond := fmt.Sprintf(`{"Fn::Not":[{"Fn::Equals":[{"Ref":"%s"},"0"]}]}`, f.ReservedParam())
+		for name, tpl := range map[string]map[string]any{"template.yaml": sam, "CDK stack": cdk.tpl} {
+			fn := props(tpl["Resources"].(map[string]any)[f.LogicalID].(map[string]any))
+			if got := str(fn["ReservedConcurrentExecutions"]); got != want {
+				t.Errorf("%s %s: reserved concurrency %s, want %s", name, f.Name, got, want)
+			}
+			param, _ := tpl["Parameters"].(map[string]any)[f.ReservedParam()].(map[string]any)
+			if param["Type"] != "Number" || fmt.Sprint(param["Default"]) != "0" || fmt.Sprint(param["MinValue"]) != "0" {
+				t.Errorf("%s: parameter %s = %s, want a Number defaulting to 0 (no reservation)", name, f.ReservedParam(), str(param))
+			}
+			if got := str(tpl["Conditions"].(map[string]any)["Reserve"+f.LogicalIDBase()]); got != wantCond {
+				t.Errorf("%s: condition Reserve%s = %s, want %s", name, f.LogicalIDBase(), got, wantCond)
+			}
+		}
+	}
+}
+
+// TestDeploymentID: both templates default SANDBOX_DEPLOYMENT_ID to the
+// stack name and refuse "default" (stacks sharing an E2B team would adopt
+// or kill each other's sandboxes).
+func TestDeploymentID(t *testing.T) {
+	sam := samRaw(t)
+	cdk := defaultSynth(t)
+	wantEnv := `{"Fn::If":["HasDeploymentId",{"Ref":"SandboxDeploymentId"},{"Ref":"AWS::StackName"}]}`
+	wantRule := `[{"Assert":{"Fn::Not":[{"Fn::Equals":[{"Ref":"SandboxDeploymentId"},"default"]}]},"AssertDescription":"SandboxDeploymentId must not be \"default\"; leave it empty to use the stack name."}]`
+	if got := str(sam["Globals"].(map[string]any)["Function"].(map[string]any)["Environment"].(map[string]any)["Variables"].(map[string]any)[config.EnvDeploymentID]); got != wantEnv {
+		t.Errorf("template.yaml %s = %s, want %s", config.EnvDeploymentID, got, wantEnv)
+	}
+	for _, f := range Functions {
+		env := props(cdk.Resources("AWS::Lambda::Function")[f.LogicalID])["Environment"].(map[string]any)["Variables"].(map[string]any)
+		if got := str(env[config.EnvDeploymentID]); got != wantEnv {
+			t.Errorf("CDK %s: %s = %s, want %s", f.Name, config.EnvDeploymentID, got, wantEnv)
+		}
+	}
+	for name, tpl := range map[string]map[string]any{"template.yaml": sam, "CDK stack": cdk.tpl} {
+		rule, _ := tpl["Rules"].(map[string]any)["DeploymentIdIsNotDefault"].(map[string]any)
+		if got := str(rule["Assertions"]); got != wantRule {
+			t.Errorf("%s: rule DeploymentIdIsNotDefault assertions %s, want %s", name, got, wantRule)
+		}
+		if got := str(tpl["Conditions"].(map[string]any)["HasDeploymentId"]); got != `{"Fn::Not":[{"Fn::Equals":[{"Ref":"SandboxDeploymentId"},""]}]}` {
+			t.Errorf("%s: condition HasDeploymentId = %s", name, got)
+		}
+		p := tpl["Parameters"].(map[string]any)["SandboxDeploymentId"].(map[string]any)
+		if p["Default"] != "" {
+			t.Errorf("%s: SandboxDeploymentId default %v, want empty (the stack name)", name, p["Default"])
+		}
+	}
+}
+
+// TestListBucketGrant pins what S3 needs to answer a GetObject of a missing
+// key (the first manifest read of a thread) with 404 rather than 403: the
+// caller must be allowed s3:ListBucket on the bucket, and a grant limited
+// by an s3:prefix condition does not count (a GetObject request carries no
+// s3:prefix). Both templates grant it unconditionally.
+func TestListBucketGrant(t *testing.T) {
+	sam := samRaw(t)
+	cdk := defaultSynth(t)
+	want := `{"Action":"s3:ListBucket","Effect":"Allow","Resource":{"Fn::GetAtt":["OutputBucket","Arn"]},"Sid":"ListOutputBucket"}`
+	for _, f := range Functions {
+		found := 0
+		for _, p := range props(samResource(t, sam, f.LogicalID))["Policies"].([]any) {
+			for _, st := range p.(map[string]any)["Statement"].([]any) {
+				st := st.(map[string]any)
+				if strings.Contains(str(st["Action"]), "s3:ListBucket") {
+					found++
+					// !GetAtt X.Arn is the short form of ["X", "Arn"].
+					if got := strings.Replace(str(st), `"OutputBucket.Arn"`, `["OutputBucket","Arn"]`, 1); got != want {
+						t.Errorf("template.yaml %s: %s, want %s", f.Name, got, want)
+					}
+				}
+			}
+		}
+		for _, pol := range cdk.Resources("AWS::IAM::Policy") {
+			if !strings.HasPrefix(str(props(pol)["Roles"]), `[{"Ref":"`+f.LogicalID+`Role`) {
+				continue
+			}
+			for _, st := range props(pol)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
+				st := st.(map[string]any)
+				if strings.Contains(str(st["Action"]), "s3:ListBucket") {
+					found++
+					if got := str(st); got != want {
+						t.Errorf("CDK %s: %s, want %s", f.Name, got, want)
+					}
+				}
+			}
+		}
+		if found != 2 {
+			t.Errorf("%s: %d ListBucket statements across both templates, want one each", f.Name, found)
+		}
+	}
+}
+
+// TestReconcileIsNotRetried: a failed pass is not retried by Lambda's
+// asynchronous invocation (EventInvokeConfig) nor by EventBridge: the next
+// scheduled pass starts over.
+func TestReconcileIsNotRetried(t *testing.T) {
+	sam := samRaw(t)
+	eic := props(samResource(t, sam, "ReconcileFunction"))["EventInvokeConfig"].(map[string]any)
+	if fmt.Sprint(eic["MaximumRetryAttempts"]) != "0" {
+		t.Errorf("template.yaml reconcile EventInvokeConfig = %s, want MaximumRetryAttempts 0", str(eic))
+	}
+	for _, f := range Functions {
+		if f.Schedule == "" {
+			if _, ok := props(samResource(t, sam, f.LogicalID))["EventInvokeConfig"]; ok {
+				t.Errorf("template.yaml %s: EventInvokeConfig on an HTTP function", f.Name)
+			}
+		}
+	}
+	cfgs := defaultSynth(t).Resources("AWS::Lambda::EventInvokeConfig")
+	if len(cfgs) != 1 {
+		t.Fatalf("CDK: %d EventInvokeConfig, want 1", len(cfgs))
+	}
+	for _, c := range cfgs {
+		p := props(c)
+		if p["MaximumRetryAttempts"] != float64(0) || str(p["FunctionName"]) != `{"Ref":"ReconcileFunction"}` {
+			t.Errorf("CDK EventInvokeConfig = %s, want the reconcile function with MaximumRetryAttempts 0", str(p))
+		}
+	}
+}
+
+// TestAlarmTopic: the stack creates the topic the alarms notify. It is not
+// encrypted with SNS's AWS managed key (CloudWatch alarms cannot use that
+// key: its policy cannot grant them kms:GenerateDataKey), accepts TLS only,
+// lets this account's CloudWatch alarms publish (the policy CDK writes for
+// TLS replaces SNS's default one), and gets an e-mail subscription only when
+// AlarmEmail is set.
+func TestAlarmTopic(t *testing.T) {
+	s := defaultSynth(t)
+	id := alarmTopicID(t, s)
+	if k := props(s.Resources("AWS::SNS::Topic")[id])["KmsMasterKeyId"]; k != nil {
+		t.Errorf("topic key %v: CloudWatch alarms cannot publish to a topic under the AWS managed key", k)
+	}
+	var stmts []string
+	for _, pol := range s.Resources("AWS::SNS::TopicPolicy") {
+		if str(props(pol)["Topics"]) != "["+str(ref(id))+"]" {
+			continue
+		}
+		for _, st := range props(pol)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
+			st := st.(map[string]any)
+			stmts = append(stmts, fmt.Sprintf("%v %v %v %v", st["Effect"], str(st["Principal"]), str(st["Action"]), str(st["Condition"])))
+		}
+	}
+	sort.Strings(stmts)
+	want := []string{
+		`Allow {"Service":"cloudwatch.amazonaws.com"} "sns:Publish" {"StringEquals":{"aws:SourceAccount":{"Ref":"AWS::AccountId"}}}`,
+		`Deny "*" "sns:Publish" {"Bool":{"aws:SecureTransport":"false"}}`,
+	}
+	if !reflect.DeepEqual(stmts, want) {
+		t.Errorf("topic policy statements\n%q\nwant\n%q", stmts, want)
+	}
+	subs := s.Resources("AWS::SNS::Subscription")
+	for _, sub := range subs {
+		p := props(sub)
+		if sub["Condition"] != "HasAlarmEmail" || p["Protocol"] != "email" || str(p["Endpoint"]) != str(ref(ParamAlarmEmail)) || str(p["TopicArn"]) != str(ref(id)) {
+			t.Errorf("subscription = %s, want an e-mail one to %s under HasAlarmEmail", str(sub), ParamAlarmEmail)
+		}
+	}
+	if len(subs) != 1 || str(s.tpl["Conditions"].(map[string]any)["HasAlarmEmail"]) != `{"Fn::Not":[{"Fn::Equals":[{"Ref":"AlarmEmail"},""]}]}` {
+		t.Errorf("%d subscriptions, condition %s", len(subs), str(s.tpl["Conditions"].(map[string]any)["HasAlarmEmail"]))
+	}
+	if p := s.tpl["Parameters"].(map[string]any)[ParamAlarmEmail].(map[string]any); p["Default"] != "" {
+		t.Errorf("AlarmEmail default %v, want empty (no subscription)", p["Default"])
+	}
+}
+
+// readmeParameters reads the README's parameter table: the rows after the
+// heading "### Deploy parameters", up to the first line that is not a row.
+// Each row is | `Name` | default | meaning |.
+func readmeParameters(t *testing.T, file string) map[string]string {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows := map[string]string{}
+	in, header := false, 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, "#") {
+			if in {
+				break
+			}
+			in = line == "### Deploy parameters"
+			continue
+		}
+		if !in {
+			continue
+		}
+		if !strings.HasPrefix(line, "|") {
+			if header > 0 {
+				break
+			}
+			continue
+		}
+		header++
+		if header <= 2 {
+			continue // header and separator rows
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if len(cells) < 3 {
+			t.Fatalf("README parameter row %q: want 3 cells", line)
+		}
+		name := strings.Trim(strings.TrimSpace(cells[0]), "`")
+		rows[name] = strings.TrimSpace(cells[1])
+	}
+	if len(rows) == 0 {
+		t.Fatalf("%s: no rows under ### Deploy parameters", file)
+	}
+	return rows
+}
+
+// readmeDefault renders a template parameter's default as the README
+// writes it: `value`, "empty", or "required" (no default).
+func readmeDefault(p map[string]any) string {
+	d, ok := p["Default"]
+	switch {
+	case !ok:
+		return "required"
+	case fmt.Sprint(d) == "":
+		return "empty"
+	}
+	return "`" + fmt.Sprint(d) + "`"
+}
+
+// TestReadmeParameterTable: the README's table of deploy parameters lists
+// exactly template.yaml's parameters and the CDK stack's, with their
+// defaults (CDK-only ones say so).
+func TestReadmeParameterTable(t *testing.T) {
+	got := readmeParameters(t, filepath.Join("..", "..", "README.md"))
+	want := map[string]string{}
+	for name, p := range samRaw(t)["Parameters"].(map[string]any) {
+		want[name] = readmeDefault(p.(map[string]any))
+	}
+	for name, p := range defaultSynth(t).tpl["Parameters"].(map[string]any) {
+		if _, ok := CDKOnlyParameters[name]; ok {
+			want[name] = readmeDefault(p.(map[string]any)) + " (CDK only)"
+		}
+	}
+	for _, name := range keys(want) {
+		if g, ok := got[name]; !ok {
+			t.Errorf("README lacks parameter %s (default %s)", name, want[name])
+		} else if g != want[name] {
+			t.Errorf("README parameter %s: default %q, want %q", name, g, want[name])
+		}
+	}
+	for _, name := range keys(got) {
+		if _, ok := want[name]; !ok {
+			t.Errorf("README lists parameter %s, which neither template has", name)
+		}
+	}
+}
+
+// TestReadmeTableCatchesDrift: the README comparison reports a renamed and a
+// missing parameter.
+func TestReadmeTableCatchesDrift(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "README.md")
+	changed := strings.Replace(string(raw), "| `SandboxReplicas` |", "| `SandboxReplica` |", 1)
+	if changed == string(raw) {
+		t.Fatal("README has no SandboxReplicas row to rename")
+	}
+	if err := os.WriteFile(p, []byte(changed), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rows := readmeParameters(t, p)
+	if _, ok := rows["SandboxReplicas"]; ok {
+		t.Error("renamed row still read as SandboxReplicas")
+	}
+	if _, ok := rows["SandboxReplica"]; !ok {
+		t.Error("renamed row not read")
+	}
+}
