@@ -52,7 +52,7 @@ func (s *Stack) suppressions() {
 		add(sec, Suppression{
 			Rule: "AwsSolutions-SMG4",
 			Reason: "The secret holds an E2B API key, issued in E2B's dashboard; E2B has no API to create or revoke keys, " +
-				"so no rotation function can exist. Rotate by putting a new value; functions read it on their next cold start.",
+				"so no rotation function can exist. Rotate by putting a new value; functions read it within 5 minutes, or at once when E2B refuses the old one.",
 		})
 	}
 }

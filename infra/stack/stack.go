@@ -233,7 +233,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	overrideID(s.Bucket, LogicalBucket)
 
 	// The E2B API key: in Secrets Manager, read by the functions at cold
-	// start (internal/wiring.ResolveAPIKey). A new secret starts with a random
+	// start and again after a TTL or a refusal (internal/wiring.SecretKey). A new secret starts with a random
 	// placeholder: put the real key with
 	// `aws secretsmanager put-secret-value --secret-id <E2BApiKeySecretArn> --secret-string <key>`.
 	if props.ExistingSecretARN != "" {

@@ -68,8 +68,14 @@ type Options struct {
 	// https://49983-<sandboxID>.<domain>, domain from the create reply or
 	// DefaultDomain.
 	SandboxURL string
-	// APIKey is sent as X-API-Key on control-plane calls. Required. Secret.
+	// APIKey is sent as X-API-Key on control-plane calls. Required unless
+	// Keys is set. Secret.
 	APIKey string
+	// Keys, if set, supplies the key instead of APIKey and is asked for a
+	// fresh one when the control plane refuses the key given (401/403): a
+	// rotated key is picked up by the next request, which is then sent
+	// once more with the new key (a refused request did not apply).
+	Keys KeySource
 	// HTTPClient is used for every call. Nil means a client on a clone of
 	// http.DefaultTransport. Its Timeout should be 0: streams are bounded by
 	// ctx and Timeouts.
@@ -87,12 +93,25 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// KeySource supplies the control-plane API key. Key may serve a cached
+// key unless refresh is true, which the client asks for when the control
+// plane refused the key Key returned: it should then read the key's
+// source again (and may return the same key when nothing changed).
+type KeySource interface {
+	Key(ctx context.Context, refresh bool) (string, error)
+}
+
+// staticKey is the KeySource of Options.APIKey.
+type staticKey string
+
+func (k staticKey) Key(context.Context, bool) (string, error) { return string(k), nil }
+
 // Client talks to E2B (or an E2B-compatible host). It is safe for
 // concurrent use.
 type Client struct {
 	apiURL     string
 	sandboxURL string
-	apiKey     string
+	keys       KeySource
 	http       *http.Client
 	timeouts   Timeouts
 	pageSize   int
@@ -115,8 +134,12 @@ func New(opts Options) (*Client, error) {
 			return nil, err
 		}
 	}
-	if strings.TrimSpace(opts.APIKey) == "" {
-		return nil, errors.New("e2b: APIKey is empty")
+	keys := opts.Keys
+	if keys == nil {
+		if strings.TrimSpace(opts.APIKey) == "" {
+			return nil, errors.New("e2b: APIKey is empty")
+		}
+		keys = staticKey(opts.APIKey)
 	}
 	if opts.ListPageSize < 0 || opts.ListPageSize > 100 {
 		return nil, fmt.Errorf("e2b: ListPageSize must be 1..100, got %d", opts.ListPageSize)
@@ -127,7 +150,7 @@ func New(opts Options) (*Client, error) {
 	c := &Client{
 		apiURL:     apiURL,
 		sandboxURL: sandboxURL,
-		apiKey:     opts.APIKey,
+		keys:       keys,
 		http:       opts.HTTPClient,
 		timeouts:   opts.Timeouts,
 		pageSize:   or(opts.ListPageSize, defaultListPageSize),
@@ -398,17 +421,45 @@ func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) err
 // call does one control-plane request bounded by timeout and reads the
 // reply (up to maxReplyBytes). A transport error or timeout is returned as
 // an ambiguous *core.ProviderError that also wraps the cause, so
-// errors.Is(err, context.DeadlineExceeded) holds for timeouts.
+// errors.Is(err, context.DeadlineExceeded) holds for timeouts. When the
+// control plane refuses the key (401/403), the key source is asked for a
+// fresh key and, if it differs, the request is sent once more with it.
 func (c *Client) call(ctx context.Context, timeout time.Duration, op, method, path string, query url.Values, body any) (int, http.Header, []byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var rd io.Reader
+	var payload []byte
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return 0, nil, nil, fmt.Errorf("e2b %s: encode request: %w", op, err)
 		}
-		rd = bytes.NewReader(b)
+		payload = b
+	}
+	key, err := c.keys.Key(ctx, false)
+	if err != nil {
+		return 0, nil, nil, &core.ProviderError{Op: op, Message: "api key: " + err.Error()}
+	}
+	status, hdr, reply, err := c.send(ctx, timeout, op, method, path, query, payload, key)
+	if err != nil || (status != http.StatusUnauthorized && status != http.StatusForbidden) {
+		return status, hdr, reply, err
+	}
+	fresh, kerr := c.keys.Key(ctx, true)
+	if kerr != nil {
+		c.log.WarnContext(ctx, "e2b: refresh of a refused api key failed", "op", op, "status", status, "err", kerr)
+		return status, hdr, reply, nil
+	}
+	if fresh == key {
+		return status, hdr, reply, nil
+	}
+	c.log.InfoContext(ctx, "e2b: api key refused; retrying with the refreshed key", "op", op, "status", status)
+	return c.send(ctx, timeout, op, method, path, query, payload, fresh)
+}
+
+// send is one attempt of call, with key.
+func (c *Client) send(ctx context.Context, timeout time.Duration, op, method, path string, query url.Values, payload []byte, key string) (int, http.Header, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var rd io.Reader
+	if payload != nil {
+		rd = bytes.NewReader(payload)
 	}
 	u := c.apiURL + path
 	if len(query) > 0 {
@@ -418,9 +469,9 @@ func (c *Client) call(ctx context.Context, timeout time.Duration, op, method, pa
 	if err != nil {
 		return 0, nil, nil, fmt.Errorf("e2b %s: %w", op, err)
 	}
-	req.Header.Set("X-API-Key", c.apiKey)
+	req.Header.Set("X-API-Key", key)
 	req.Header.Set("Accept", "application/json")
-	if body != nil {
+	if payload != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.http.Do(req)

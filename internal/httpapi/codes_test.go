@@ -137,6 +137,9 @@ func TestErrorTableIsWhatTheAdapterAnswers(t *testing.T) {
 		{"provider", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
 			return acquire(&core.ProviderError{Op: "create", StatusCode: 502, Ambiguous: true})
 		}},
+		{"provider refuses the key", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
+			return acquire(&core.ProviderError{Op: "create", StatusCode: 401, Message: "unauthorized"})
+		}},
 	}
 	var got []errorRow
 	for _, c := range cases {

@@ -53,8 +53,13 @@ const (
 	RouteOpenAPI  = "GET /v1/openapi.json"
 )
 
-// Retry-After seconds suggested for outages (store or provider).
-const outageRetryAfter = 2
+// Retry-After seconds suggested for outages (store or provider), and for
+// a provider refusing the deployment's credentials (an operator must put
+// a valid key; the functions pick it up on the next request).
+const (
+	outageRetryAfter = 2
+	authRetryAfter   = 30
+)
 
 // Handler is the Lambda handler signature for HTTP API events.
 type Handler func(ctx context.Context, req events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error)
@@ -572,6 +577,13 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 	case errors.Is(err, core.ErrStoreUnavailable):
 		r.detail = err.Error()
 		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: core.CodeStoreUnavailable, Message: "state store unavailable, retry later", Reason: core.ReasonStoreUnavailable, Retryable: true}, outageRetryAfter)
+	case errors.As(err, &pe) && (pe.StatusCode == http.StatusUnauthorized || pe.StatusCode == http.StatusForbidden):
+		// The provider refused the deployment's credentials (a rotated or
+		// placeholder key): an outage of this deployment, not the caller's
+		// fault nor an internal error.
+		r.detail = err.Error()
+		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: core.CodeProviderUnavailable,
+			Message: "the sandbox provider refused this deployment's credentials, retry later", Reason: core.ReasonProviderAuth, Retryable: true}, authRetryAfter)
 	case errors.Is(err, core.ErrProviderUnavailable),
 		errors.As(err, &pe) && (pe.Ambiguous || pe.StatusCode == 0 || pe.StatusCode >= 500 || pe.StatusCode == http.StatusTooManyRequests),
 		errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne):

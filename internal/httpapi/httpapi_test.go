@@ -436,6 +436,8 @@ func TestErrorMapping(t *testing.T) {
 		{"deadline", fmt.Errorf("create: %w", context.DeadlineExceeded), 503, "PROVIDER_UNAVAILABLE", "2", true, true},
 		{"created sandboxes unusable", fmt.Errorf("acquire: %w: sandbox sb1 was gone", core.ErrProviderUnavailable), 503, "PROVIDER_UNAVAILABLE", "2", true, true},
 		{"provider 4xx", &core.ProviderError{Op: "create", StatusCode: 400, Message: "template secret-x not found"}, 500, "INTERNAL", "", false, true},
+		{"provider 401", fmt.Errorf("acquire: %w", &core.ProviderError{Op: "create", StatusCode: 401, Message: "unauthorized (check the E2B API key): invalid"}), 503, "PROVIDER_UNAVAILABLE", "30", true, true},
+		{"provider 403", &core.ProviderError{Op: "list", StatusCode: 403, Message: "forbidden: team"}, 503, "PROVIDER_UNAVAILABLE", "30", true, true},
 		{"other", errors.New("boom: secret detail"), 500, "INTERNAL", "", false, true},
 	}
 	for _, tt := range tests {
@@ -471,6 +473,9 @@ func TestErrorMapping(t *testing.T) {
 			}
 			if !strings.Contains(logs, `"request_id":"req-1"`) {
 				t.Errorf("log %q lacks the request id", logs)
+			}
+			if strings.HasPrefix(tt.name, "provider 40") && tt.status == 503 && e["reason"] != "provider_auth" {
+				t.Errorf("reason %v, want provider_auth", e["reason"])
 			}
 			if tt.code == "SANDBOX_CAPACITY_EXCEEDED" {
 				want := map[string]any{"limit": 1.0, "used": 1.0, "active": 1.0, "warm": 0.0, "reserved": 0.0, "tombstones": 0.0}

@@ -61,12 +61,23 @@ func newManifest(sandboxID string) *Manifest {
 
 // loadManifest reads the manifest at key. A missing object gives found ==
 // false; a corrupt one gives corrupt == true (the caller starts afresh).
-// Other errors are S3 failures.
+// Other errors are S3 failures. S3 answers a GetObject of a missing key
+// with 403 instead of 404 to a caller that may not list the bucket: a 403
+// is taken for "missing" only when a listing of the key confirms it.
 func loadManifest(ctx context.Context, c S3API, bucket, key string) (m *Manifest, found, corrupt bool, err error) {
 	out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
 	if err != nil {
 		if isNotFound(err) {
 			return nil, false, false, nil
+		}
+		if isForbidden(err) {
+			exists, lerr := objectListed(ctx, c, bucket, key)
+			if lerr == nil && !exists {
+				return nil, false, false, nil
+			}
+			if lerr != nil {
+				err = errors.Join(err, fmt.Errorf("confirm absence: %w", lerr))
+			}
 		}
 		return nil, false, false, fmt.Errorf("get manifest: %w", err)
 	}
@@ -133,6 +144,27 @@ func isNotFound(err error) bool {
 	}
 	var re *smithyhttp.ResponseError
 	return errors.As(err, &re) && re.HTTPStatusCode() == http.StatusNotFound
+}
+
+// isForbidden reports an access-denied answer (HTTP 403).
+func isForbidden(err error) bool {
+	var re *smithyhttp.ResponseError
+	return errors.As(err, &re) && re.HTTPStatusCode() == http.StatusForbidden
+}
+
+// objectListed reports whether a listing shows an object with exactly
+// key (ListObjectsV2 from key's prefix, one key).
+func objectListed(ctx context.Context, c S3API, bucket, key string) (bool, error) {
+	out, err := c.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(key), MaxKeys: aws.Int32(1)})
+	if err != nil {
+		return false, err
+	}
+	for _, o := range out.Contents {
+		if aws.ToString(o.Key) == key {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // maxVerifyPages bounds the ListObjectsV2 pages read to verify a manifest

@@ -64,21 +64,30 @@ func (r Registry) New(cfg config.Config, logger *slog.Logger) (core.Provider, er
 	return p, nil
 }
 
-// New builds the deployment's provider from the builtin registry. The
-// E2B API key must already be resolved (internal/wiring reads it from
-// Secrets Manager).
+// New builds the deployment's provider from the builtin registry, with
+// the E2B API key cfg.E2B.APIKey (see E2BWithKeys for a refreshed one).
 func New(cfg config.Config, logger *slog.Logger) (core.Provider, error) {
 	return builtin.New(cfg, logger)
 }
 
 // newE2B is the E2B client (internal/e2b), configured from cfg.E2B.
 func newE2B(cfg config.Config, logger *slog.Logger) (core.Provider, error) {
-	return e2b.New(e2b.Options{
-		APIURL:     cfg.E2B.APIURL,
-		SandboxURL: cfg.E2B.SandboxURL,
-		APIKey:     cfg.E2B.APIKey,
-		Logger:     logger,
-	})
+	return E2BWithKeys(nil)(cfg, logger)
+}
+
+// E2BWithKeys is the E2B constructor with the API key taken from keys
+// (internal/wiring's Secrets Manager source, refreshed when E2B refuses
+// it) instead of cfg.E2B.APIKey; nil keys means cfg.E2B.APIKey.
+func E2BWithKeys(keys e2b.KeySource) Constructor {
+	return func(cfg config.Config, logger *slog.Logger) (core.Provider, error) {
+		return e2b.New(e2b.Options{
+			APIURL:     cfg.E2B.APIURL,
+			SandboxURL: cfg.E2B.SandboxURL,
+			APIKey:     cfg.E2B.APIKey,
+			Keys:       keys,
+			Logger:     logger,
+		})
+	}
 }
 
 // newProvisioner is the Kubernetes provisioner client

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
 )
 
 // SecretsAPI lists the Secrets Manager call wiring makes, with the
@@ -26,35 +29,91 @@ var ErrEmptySecret = errors.New("secret has no string value")
 // SecretTimeout bounds one GetSecretValue call (SDK retries included).
 const SecretTimeout = 5 * time.Second
 
-// secretCache keeps each secret's value for the life of the process (a
-// Lambda execution environment), so the key is read once per cold start.
-var secretCache = struct {
-	sync.Mutex
-	values map[string]string
-}{values: map[string]string{}}
+// Key freshness: a cached key is read again after KeyTTL (so a key put
+// with put-secret-value reaches warm environments within minutes even
+// before E2B refuses the old one), and at once when the provider refuses
+// it, but at most once per KeyMinRefresh (a key that is really wrong must
+// not turn every request into a Secrets Manager call).
+const (
+	KeyTTL        = 5 * time.Minute
+	KeyMinRefresh = 10 * time.Second
+)
 
-// ResolveAPIKey returns the SecretString of the Secrets Manager secret arn
-// (the E2B API key, as infra/ and template.yaml store it: the bare key,
-// surrounding whitespace ignored), reading it once per process and serving
-// later calls from memory. Errors wrap the SDK's (e.g. a
-// *types.ResourceNotFoundException, AccessDenied) or ErrEmptySecret; they
-// never contain the value.
-func ResolveAPIKey(ctx context.Context, sm SecretsAPI, arn string) (string, error) {
-	secretCache.Lock()
-	defer secretCache.Unlock() // cold start only: holding it across the call is fine
-	if v, ok := secretCache.values[arn]; ok {
-		return v, nil
+// SecretKey is the E2B API key held in a Secrets Manager secret (its
+// SecretString, surrounding whitespace ignored), as infra/ and
+// template.yaml store it. It is an e2b.KeySource: Key serves the cached
+// value for KeyTTL, and reads the secret again when asked to refresh.
+// Errors wrap the SDK's (e.g. a *types.ResourceNotFoundException,
+// AccessDenied) or ErrEmptySecret; they never contain the value. Safe for
+// concurrent use.
+type SecretKey struct {
+	sm  SecretsAPI
+	arn string
+	now func() time.Time
+	log *slog.Logger
+
+	mu       sync.Mutex
+	value    string
+	readAt   time.Time
+	forcedAt time.Time
+}
+
+var _ e2b.KeySource = (*SecretKey)(nil)
+
+// NewSecretKey returns the key source of secret arn; nothing is read
+// until Key is called.
+func NewSecretKey(sm SecretsAPI, arn string, logger *slog.Logger) *SecretKey {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
 	}
+	return &SecretKey{sm: sm, arn: arn, now: time.Now, log: logger}
+}
+
+// Key returns the key: the cached one while it is younger than KeyTTL and
+// refresh is false, else the secret's current value. A failed read after
+// KeyTTL keeps serving the cached key (Secrets Manager being down must not
+// stop requests that E2B still accepts); a failed first read or refresh is
+// an error.
+func (k *SecretKey) Key(ctx context.Context, refresh bool) (string, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock() // one read at a time: concurrent refreshes share it
+	now := k.now()
+	if k.value != "" {
+		if !refresh && now.Sub(k.readAt) < KeyTTL {
+			return k.value, nil
+		}
+		if refresh && now.Sub(k.forcedAt) < KeyMinRefresh {
+			return k.value, nil
+		}
+	}
+	if refresh {
+		k.forcedAt = now
+	}
+	v, err := k.read(ctx)
+	if err != nil {
+		if k.value != "" && !refresh {
+			k.log.WarnContext(ctx, "e2b api key: re-read failed; keeping the cached key", "err", err.Error())
+			k.readAt = now
+			return k.value, nil
+		}
+		return "", err
+	}
+	if k.value != "" && v != k.value {
+		k.log.InfoContext(ctx, "e2b api key: the secret holds a new key")
+	}
+	k.value, k.readAt = v, now
+	return v, nil
+}
+
+func (k *SecretKey) read(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, SecretTimeout)
 	defer cancel()
-	out, err := sm.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: &arn})
+	out, err := k.sm.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: &k.arn})
 	if err != nil {
-		return "", fmt.Errorf("read secret %s: %w", arn, err)
+		return "", fmt.Errorf("read secret %s: %w", k.arn, err)
 	}
 	if out.SecretString == nil || strings.TrimSpace(*out.SecretString) == "" {
-		return "", fmt.Errorf("read secret %s: %w", arn, ErrEmptySecret)
+		return "", fmt.Errorf("read secret %s: %w", k.arn, ErrEmptySecret)
 	}
-	v := strings.TrimSpace(*out.SecretString)
-	secretCache.values[arn] = v
-	return v, nil
+	return strings.TrimSpace(*out.SecretString), nil
 }

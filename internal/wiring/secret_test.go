@@ -8,8 +8,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -21,10 +23,13 @@ import (
 
 // fakeSecrets serves Secrets Manager's GetSecretValue (JSON 1.1 protocol,
 // X-Amz-Target secretsmanager.GetSecretValue) from values, counting calls.
+// Hold valuesMu to change values while it runs.
 func fakeSecrets(t *testing.T, values map[string]*string) (*httptest.Server, *atomic.Int64) {
 	t.Helper()
 	var calls atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		valuesMu.Lock()
+		defer valuesMu.Unlock()
 		calls.Add(1)
 		if got := r.Header.Get("X-Amz-Target"); got != "secretsmanager.GetSecretValue" {
 			http.Error(w, "unexpected target "+got, http.StatusBadRequest)
@@ -58,6 +63,8 @@ func fakeSecrets(t *testing.T, values map[string]*string) (*httptest.Server, *at
 	return srv, &calls
 }
 
+var valuesMu sync.Mutex
+
 func secretsClient(url string) *secretsmanager.Client {
 	return secretsmanager.New(secretsmanager.Options{
 		Region:           "us-east-1",
@@ -67,28 +74,65 @@ func secretsClient(url string) *secretsmanager.Client {
 	})
 }
 
-func TestResolveAPIKey(t *testing.T) {
+func TestSecretKey(t *testing.T) {
 	const (
 		arnKey   = "arn:aws:secretsmanager:us-east-1:123456789012:secret:resolve-key-AAAAAA"
 		arnBlank = "arn:aws:secretsmanager:us-east-1:123456789012:secret:resolve-blank-AAAAAA"
 		arnBin   = "arn:aws:secretsmanager:us-east-1:123456789012:secret:resolve-binary-AAAAAA"
 		arnNone  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:resolve-missing-AAAAAA"
 	)
-	srv, calls := fakeSecrets(t, map[string]*string{
-		arnKey: aws.String(" e2b_live_key\n"), arnBlank: aws.String("  "), arnBin: nil,
-	})
+	values := map[string]*string{arnKey: aws.String(" e2b_live_key\n"), arnBlank: aws.String("  "), arnBin: nil}
+	srv, calls := fakeSecrets(t, values)
 	sm := secretsClient(srv.URL)
 	ctx := context.Background()
-
-	for i := range 3 {
-		got, err := ResolveAPIKey(ctx, sm, arnKey)
-		if err != nil || got != "e2b_live_key" {
-			t.Fatalf("call %d: ResolveAPIKey = %q, %v; want the trimmed key", i, got, err)
+	now := time.Date(2026, 12, 1, 2, 0, 0, 0, time.UTC)
+	newKey := func(arn string) *SecretKey {
+		k := NewSecretKey(sm, arn, nil)
+		k.now = func() time.Time { return now }
+		return k
+	}
+	key := func(k *SecretKey, refresh bool, want string) {
+		t.Helper()
+		if got, err := k.Key(ctx, refresh); err != nil || got != want {
+			t.Fatalf("Key(refresh=%t) = %q, %v; want %q", refresh, got, err, want)
 		}
 	}
-	if n := calls.Load(); n != 1 {
-		t.Errorf("GetSecretValue called %d times for 3 resolutions, want 1 (cached)", n)
+	rotate := func(v string) {
+		valuesMu.Lock()
+		values[arnKey] = aws.String(v)
+		valuesMu.Unlock()
 	}
+
+	k := newKey(arnKey)
+	for range 3 {
+		key(k, false, "e2b_live_key")
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("GetSecretValue called %d times for 3 reads within the TTL, want 1 (cached)", n)
+	}
+	// put-secret-value: a refused key is re-read at once.
+	rotate("e2b_rotated")
+	key(k, false, "e2b_live_key") // still cached
+	key(k, true, "e2b_rotated")
+	// Refreshes are bounded: another refusal within KeyMinRefresh does not
+	// read the secret again.
+	before := calls.Load()
+	key(k, true, "e2b_rotated")
+	if calls.Load() != before {
+		t.Error("a second refresh within KeyMinRefresh read the secret")
+	}
+	// The TTL: a key put without any refusal is picked up after KeyTTL.
+	rotate("e2b_third")
+	now = now.Add(KeyTTL - time.Second)
+	key(k, false, "e2b_rotated")
+	now = now.Add(2 * time.Second)
+	key(k, false, "e2b_third")
+	// Secrets Manager failing after the TTL keeps the cached key.
+	valuesMu.Lock()
+	delete(values, arnKey)
+	valuesMu.Unlock()
+	now = now.Add(KeyTTL)
+	key(k, false, "e2b_third")
 
 	tests := []struct {
 		arn   string
@@ -103,14 +147,16 @@ func TestResolveAPIKey(t *testing.T) {
 		}, "*types.ResourceNotFoundException"},
 	}
 	for _, tt := range tests {
-		_, err := ResolveAPIKey(ctx, sm, tt.arn)
+		_, err := newKey(tt.arn).Key(ctx, false)
 		if !tt.check(err) || !strings.Contains(err.Error(), tt.arn) {
-			t.Errorf("ResolveAPIKey(%s) error = %v, want %s naming the ARN", tt.arn, err, tt.want)
+			t.Errorf("Key(%s) error = %v, want %s naming the ARN", tt.arn, err, tt.want)
 		}
 	}
-	// A failure is not cached: the next cold start (or call) retries.
-	before := calls.Load()
-	ResolveAPIKey(ctx, sm, arnNone)
+	// A failure is not cached: the next call retries.
+	none := newKey(arnNone)
+	none.Key(ctx, false)
+	before = calls.Load()
+	none.Key(ctx, false)
 	if calls.Load() != before+1 {
 		t.Error("a failed read was cached")
 	}

@@ -74,20 +74,22 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 	if err != nil {
 		return nil, fmt.Errorf("aws config: %w", err)
 	}
+	registry := providers.Builtin()
 	if cfg.E2B.APIKeySecretARN != "" {
-		// Deployed stacks keep the key in Secrets Manager: read
-		// once at cold start, cached for the process.
-		key, err := ResolveAPIKey(ctx, secretsmanager.NewFromConfig(awsCfg), cfg.E2B.APIKeySecretARN)
-		if err != nil {
+		// Deployed stacks keep the key in Secrets Manager: read at cold
+		// start (a missing or empty secret fails the init), then again
+		// after KeyTTL or when E2B refuses it.
+		keys := NewSecretKey(secretsmanager.NewFromConfig(awsCfg), cfg.E2B.APIKeySecretARN, logger)
+		if _, err := keys.Key(ctx, false); err != nil {
 			return nil, fmt.Errorf("e2b api key: %w", err)
 		}
-		cfg.E2B.APIKey = key
+		registry[config.ProviderE2B] = providers.E2BWithKeys(keys)
 	}
 	ddb := dynamodb.NewFromConfig(awsCfg)
 	s3c := s3.NewFromConfig(awsCfg, func(o *s3.Options) {
 		o.UsePathStyle = cfg.S3PathStyle
 	})
-	prov, err := providers.New(cfg, logger)
+	prov, err := registry.New(cfg, logger)
 	if err != nil {
 		return nil, err
 	}

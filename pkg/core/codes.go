@@ -67,13 +67,16 @@ const (
 	ReasonNotAdmin            = "not_admin"
 	ReasonStoreUnavailable    = "store_unavailable"
 	ReasonProviderUnavailable = "provider_unavailable"
-	ReasonInternal            = "internal"
-	ReasonBody                = "body"
+	// ReasonProviderAuth: the provider refused the deployment's own
+	// credentials (401/403: a placeholder or rotated API key).
+	ReasonProviderAuth = "provider_auth"
+	ReasonInternal     = "internal"
+	ReasonBody         = "body"
 )
 
 // ErrorReasons lists every reason an HTTP API error answer other than a
 // capacity refusal or a field validation carries.
 func ErrorReasons() []string {
 	return []string{ReasonNotFound, ReasonLeaseHeld, ReasonConflict, ReasonNotAdmin, ReasonStoreUnavailable,
-		ReasonProviderUnavailable, ReasonInternal, ReasonBody}
+		ReasonProviderUnavailable, ReasonProviderAuth, ReasonInternal, ReasonBody}
 }
