@@ -55,7 +55,8 @@ type ReconcileStats struct {
 	LedgerRepaired int `json:"ledger_repaired"`
 	// Pages: provider inventory pages read.
 	Pages int `json:"pages"`
-	// BudgetExhausted: a page, item or time budget stopped the walk; the
+	// BudgetExhausted: a page, item or time budget stopped the walk, or the
+	// invocation's remaining time stopped the pass (ReconcileReserve); the
 	// next pass continues where this one stopped.
 	BudgetExhausted bool `json:"budget_exhausted"`
 	// InventoryComplete: this pass read the last page of a walk.

@@ -3,28 +3,50 @@ package core_test
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // fakeSyncer records sync passes; hook, when set, runs inside each pass.
+// incomplete makes passes report Complete false; untilDone makes them run
+// until their context ends (then report incomplete). deadlines records
+// each pass's context deadline (zero: none).
 type fakeSyncer struct {
-	mu     sync.Mutex
-	passes []string
-	err    error
-	hook   func()
+	mu         sync.Mutex
+	passes     []string
+	deadlines  []time.Time
+	err        error
+	hook       func()
+	incomplete bool
+	untilDone  bool
 }
 
-func (s *fakeSyncer) Sync(_ context.Context, t core.SyncTarget) (core.SyncResult, error) {
+func (s *fakeSyncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, error) {
 	s.mu.Lock()
 	s.passes = append(s.passes, t.Ref.ID)
-	hook, err := s.hook, s.err
+	dl, _ := ctx.Deadline()
+	s.deadlines = append(s.deadlines, dl)
+	hook, err, incomplete, untilDone := s.hook, s.err, s.incomplete, s.untilDone
 	s.mu.Unlock()
 	if hook != nil {
 		hook()
 	}
+	if untilDone {
+		<-ctx.Done()
+		incomplete = true
+	}
 	if err != nil {
 		return core.SyncResult{}, err
 	}
+	if incomplete {
+		return core.SyncResult{Uploaded: 1, Deferred: []core.DeferredFile{{Path: "outputs/big", Reason: "deadline"}}}, nil
+	}
 	return core.SyncResult{Uploaded: 1, Complete: true}, nil
+}
+
+func (s *fakeSyncer) set(f func(s *fakeSyncer)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(s)
 }

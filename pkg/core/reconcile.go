@@ -266,7 +266,10 @@ type pass struct {
 	owner    string
 	start    time.Time
 	deadline time.Time
-	st       ReconcileStats
+	// stopAt is when the invocation must wind down (wall clock): its
+	// context's deadline less ReconcileReserve; zero without a deadline.
+	stopAt time.Time
+	st     ReconcileStats
 	seen     []SeenSandbox
 	// cursor is the inventory cursor as this pass leaves it (saved once,
 	// at the end).
@@ -292,6 +295,9 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	}
 	start := e.now()
 	p := &pass{e: e, rs: cfg.settings, rst: e.inventoryStore(), owner: newOwner(), start: start, deadline: start.Add(cfg.settings.MaxDuration)}
+	if dl, ok := ctx.Deadline(); ok {
+		p.stopAt = dl.Add(-ReconcileReserve)
+	}
 	var errs []error
 	draining := false
 	if look, err := e.store.Lookup(ctx, ThreadKey{}); err == nil {
@@ -337,6 +343,10 @@ func (p *pass) tombstones(ctx context.Context) error {
 	}
 	e.emitTombstoneAge(ctx, tombs)
 	for _, rec := range tombs {
+		if p.outOfTime() {
+			p.st.BudgetExhausted = true
+			break
+		}
 		now := e.now()
 		wait := e.s.LeaseDuration << min(rec.KillAttempts, 20)
 		if wait > p.rs.MaxBackoff || wait <= 0 {
@@ -406,8 +416,22 @@ func (p *pass) releases(ctx context.Context) error {
 	return nil
 }
 
+// ReconcileReserve is the time a pass keeps, before its invocation's
+// deadline, for what it must still write (the sandbox it is on, the
+// cursor, its stats): the walk, the tombstone retries and the expiries
+// stop starting new work past it, and a sync before expiry ends by it.
+const ReconcileReserve = 10 * time.Second
+
+// outOfTime reports that the invocation's remaining time is spent (see
+// ReconcileReserve); the walk also stops at its own budget (timeUp).
+func (p *pass) outOfTime() bool { return !p.stopAt.IsZero() && !time.Now().Before(p.stopAt) }
+
 // expireWarm destroys warm sandboxes parked longer than the idle timeout
-// (every warm sandbox while draining), syncing their outputs first.
+// (every warm sandbox while draining), syncing their outputs first. It
+// holds a lease on the warm record while it syncs, and destroys the
+// sandbox only when every output is in S3 (or the provider already ended
+// it): an incomplete or failed sync leaves it warm, counted Deferred, for
+// the next pass. Syncs end by the invocation's stop time.
 func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 	e := p.e
 	before := p.start.Add(-e.s.IdleTimeout)
@@ -419,23 +443,32 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 		return fmt.Errorf("list idle warm sandboxes: %w", err)
 	}
 	for _, rec := range idle {
+		if p.outOfTime() {
+			p.st.BudgetExhausted = true
+			break
+		}
 		now := e.now()
 		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateWarm},
-			To: StateDestroying, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+			Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
 		if err != nil {
 			continue // a peer took it (reclaim or another pass)
 		}
-		if e.sync != nil {
-			// Envd reads only: they do not extend the sandbox's life. A
-			// sandbox the provider already ended answers ErrSandboxGone.
-			res, serr := e.sync.Sync(ctx, SyncTarget{Ref: claimed.Ref(), ThreadKey: claimed.ThreadKey})
-			if serr != nil && !errors.Is(serr, ErrSandboxGone) {
-				e.log.WarnContext(ctx, "sync before expiry failed", "sandbox_id", claimed.SandboxID, "err", serr)
-			} else if serr == nil && !res.Complete {
-				e.log.WarnContext(ctx, "sync before expiry incomplete", "sandbox_id", claimed.SandboxID, "deferred", len(res.Deferred))
+		if !p.syncBeforeExpiry(ctx, claimed) {
+			p.st.Deferred++
+			// Back to plain warm, still idle: the next pass retries.
+			if _, err := e.store.Apply(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateWarm,
+				ParkedAt: claimed.ParkedAt, Now: e.now()}); err != nil {
+				e.log.WarnContext(ctx, "reconcile: release of a deferred expiry failed (its lease will lapse)", "sandbox_id", claimed.SandboxID, "err", err)
 			}
+			continue
 		}
-		if e.destroyClaimed(ctx, claimed) {
+		tomb, err := e.store.Apply(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateDestroying,
+			KeepLease: true, Now: e.now()})
+		if err != nil {
+			p.st.Errors++
+			continue
+		}
+		if e.destroyClaimed(ctx, tomb) {
 			p.st.Expired++
 		} else {
 			p.st.Errors++
@@ -444,7 +477,37 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 	return nil
 }
 
-func (p *pass) timeUp() bool { return !p.e.now().Before(p.deadline) }
+// syncBeforeExpiry copies a warm sandbox's outputs to S3 and reports
+// whether it may be destroyed: the pass was complete, or the provider
+// already ended the sandbox (nothing left to copy). The sync ends by the
+// invocation's stop time.
+func (p *pass) syncBeforeExpiry(ctx context.Context, rec Record) bool {
+	e := p.e
+	if e.sync == nil {
+		return true
+	}
+	if !p.stopAt.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, p.stopAt)
+		defer cancel()
+	}
+	// Envd reads only: they do not extend the sandbox's life. A sandbox
+	// the provider already ended answers ErrSandboxGone.
+	res, err := e.sync.Sync(ctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
+	switch {
+	case errors.Is(err, ErrSandboxGone):
+		return true
+	case err != nil:
+		e.log.WarnContext(ctx, "reconcile: sync before expiry failed; kept warm for the next pass", "sandbox_id", rec.SandboxID, "err", err)
+		return false
+	case !res.Complete:
+		e.log.WarnContext(ctx, "reconcile: sync before expiry incomplete; kept warm for the next pass", "sandbox_id", rec.SandboxID, "deferred", len(res.Deferred))
+		return false
+	}
+	return true
+}
+
+func (p *pass) timeUp() bool { return !p.e.now().Before(p.deadline) || p.outOfTime() }
 
 // reconcileStore runs the inventory walk and the ledger repair, then saves
 // the cursor (one conditional write; a concurrent pass that saved first
