@@ -270,7 +270,7 @@ type pass struct {
 	// context's deadline less ReconcileReserve; zero without a deadline.
 	stopAt time.Time
 	st     ReconcileStats
-	seen     []SeenSandbox
+	seen   []SeenSandbox
 	// cursor is the inventory cursor as this pass leaves it (saved once,
 	// at the end).
 	cursor ReconcileCursor
