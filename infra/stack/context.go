@@ -2,7 +2,8 @@ package stack
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -64,7 +65,7 @@ func PropsFromContext(node constructs.Node) (Props, error) {
 	if v, ok := get(CtxAssetDir); ok {
 		p.AssetDir = v
 	}
-	for _, k := range sortedContextKeys(removedContext) {
+	for _, k := range slices.Sorted(maps.Keys(removedContext)) {
 		if v, ok := get(k); ok {
 			errs = append(errs, fmt.Sprintf("%s=%s: no longer read: %s", k, v, removedContext[k]))
 		}
@@ -91,13 +92,4 @@ func PropsFromContext(node constructs.Node) (Props, error) {
 		return Props{}, fmt.Errorf("cdk context: %s", strings.Join(errs, "; "))
 	}
 	return p, nil
-}
-
-func sortedContextKeys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -257,28 +257,36 @@ func TestTenantFlagSelectsToken(t *testing.T) {
 	}
 }
 
-func TestLsOutputsListsTheThreadPrefix(t *testing.T) {
+// fakeS3 serves an in-memory S3 holding objects (key -> body) in bucket;
+// it returns the endpoint (path-style, credentials ak/sk).
+func fakeS3(t *testing.T, bucket string, objects map[string]string) string {
+	t.Helper()
 	s3srv := httptest.NewServer(gofakes3.New(s3mem.New()).Server())
 	t.Cleanup(s3srv.Close)
 	cl := s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String(s3srv.URL), UsePathStyle: true,
 		Credentials: credentials.NewStaticCredentialsProvider("ak", "sk", "")})
 	ctx := context.Background()
-	if _, err := cl.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String("out")}); err != nil {
+	if _, err := cl.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
 		t.Fatal(err)
 	}
-	for key, body := range map[string]string{
+	for key, body := range objects {
+		if _, err := cl.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), Body: strings.NewReader(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s3srv.URL
+}
+
+func TestLsOutputsListsTheThreadPrefix(t *testing.T) {
+	endpoint := fakeS3(t, "out", map[string]string{
 		"pre/dev/u1/t1/outputs/report.md":   "# report\n",
 		"pre/dev/u1/t1/workspace/notes.txt": "n",
 		"pre/dev/u1/t2/outputs/other.md":    "other thread",
 		"pre/other/u1/t1/outputs/x.md":      "other tenant",
-	} {
-		if _, err := cl.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("out"), Key: aws.String(key), Body: strings.NewReader(body)}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	dir := t.TempDir()
 	writeStack(t, dir, `{"api_url":"http://127.0.0.1:1","tokens":{"dev":"dev-token","other":"o"},
-	 "s3":{"endpoint":"`+s3srv.URL+`","region":"us-east-1","access_key":"ak","secret_key":"sk","bucket":"out","prefix":"pre"}}`)
+	 "s3":{"endpoint":"`+endpoint+`","region":"us-east-1","access_key":"ak","secret_key":"sk","bucket":"out","prefix":"pre"}}`)
 	h := &harness{t: t, dir: dir}
 
 	code, out, errOut := h.run(nil, "ls-outputs", "-u", "u1", "-t", "t1")
@@ -309,6 +317,29 @@ func TestLsOutputsListsTheThreadPrefix(t *testing.T) {
 	}
 	if len(objs) != 1 || objs[0].Key != "pre/other/u1/t1/outputs/x.md" || objs[0].Path != "outputs/x.md" || objs[0].Size != int64(len("other tenant")) {
 		t.Errorf("objects = %+v, want only pre/other/u1/t1/outputs/x.md", objs)
+	}
+}
+
+// TestLsOutputsDeployedBucket: with --bucket (a deployed stack, no stack
+// file) the AWS SDK's configuration locates S3, and --prefix is the
+// stack's OutputPrefix.
+func TestLsOutputsDeployedBucket(t *testing.T) {
+	endpoint := fakeS3(t, "deployed", map[string]string{"outputs/acme/u1/t1/outputs/smoke.txt": "ok", "outputs/acme/u1/t2/outputs/no.txt": "ok"})
+	for k, v := range map[string]string{"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "ak", "AWS_SECRET_ACCESS_KEY": "sk",
+		"AWS_REGION": "us-east-1", "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"} {
+		t.Setenv(k, v)
+	}
+	h := &harness{t: t, dir: t.TempDir()}
+	code, out, errOut := h.run(nil, "--json", "--tenant", "acme", "ls-outputs", "-u", "u1", "-t", "t1", "--bucket", "deployed")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var objs []OutputObject
+	if err := json.Unmarshal([]byte(out), &objs); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if len(objs) != 1 || objs[0].Path != "outputs/smoke.txt" {
+		t.Errorf("objects = %+v, want only outputs/smoke.txt", objs)
 	}
 }
 

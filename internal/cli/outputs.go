@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/spf13/cobra"
@@ -60,14 +62,17 @@ func listOutputs(ctx context.Context, cl s3Lister, bucket, prefix string) ([]Out
 }
 
 func (a *App) lsOutputsCmd(g *globals) *cobra.Command {
-	var user, thread string
+	var user, thread, bucket, s3Prefix string
 	cmd := &cobra.Command{
-		Use:   "ls-outputs --user U --thread T",
-		Short: "List the thread's files in S3 (from the s3 section of .run/stack.json)",
+		Use:   "ls-outputs --user U --thread T [--bucket B [--prefix P]]",
+		Short: "List the thread's files in S3 (the local stack's, or a deployed bucket with --bucket)",
 		Long: `List the objects release and sync copied to S3 for a thread:
 s3://<bucket>/<prefix>/<tenant>/<user>/<thread>/{outputs,workspace}/...
-The endpoint, credentials, bucket and prefix come from the stack file's "s3" section
-(local stack only); the tenant from --tenant, SBX_TENANT or the token picked from the stack.`,
+Without --bucket the endpoint, credentials, bucket and prefix come from the stack file's "s3"
+section (local stack). With --bucket (a deployed stack's OutputBucketName) the AWS SDK's own
+configuration applies (AWS_PROFILE, AWS_REGION, credentials, AWS_ENDPOINT_URL_S3), and --prefix
+is the stack's OutputPrefix (default outputs). The tenant comes from --tenant, SBX_TENANT or the
+token picked from the stack.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			if user == "" || thread == "" {
@@ -77,26 +82,42 @@ The endpoint, credentials, bucket and prefix come from the stack file's "s3" sec
 			if err != nil {
 				return err
 			}
-			if cfg.Stack == nil || cfg.Stack.S3 == nil || cfg.Stack.S3.Bucket == "" {
-				return errors.New("ls-outputs needs the s3 section of " + StackFile + " (start the local stack with `make run`, or pass --stack)")
-			}
 			if cfg.Tenant == "" {
 				return usageError{errors.New("ls-outputs cannot tell the tenant: pass --tenant")}
 			}
-			s := cfg.Stack.S3
-			region := s.Region
-			if region == "" {
-				region = "us-east-1"
-			}
-			cl := s3.New(s3.Options{
-				Region:       region,
-				BaseEndpoint: nilIfEmpty(s.Endpoint),
-				UsePathStyle: true,
-				Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
-				HTTPClient:   a.HTTPClient,
-			})
 			ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 			defer cancel()
+			var cl *s3.Client
+			s := &S3Info{Bucket: bucket, Prefix: s3Prefix}
+			if bucket != "" {
+				awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+				if err != nil {
+					return fmt.Errorf("aws config: %w", err)
+				}
+				endpoint := os.Getenv("AWS_ENDPOINT_URL_S3") != "" || os.Getenv("AWS_ENDPOINT_URL") != ""
+				cl = s3.NewFromConfig(awsCfg, func(o *s3.Options) {
+					o.UsePathStyle = endpoint // local S3 stand-ins
+					if a.HTTPClient != nil {
+						o.HTTPClient = a.HTTPClient
+					}
+				})
+			} else {
+				if cfg.Stack == nil || cfg.Stack.S3 == nil || cfg.Stack.S3.Bucket == "" {
+					return errors.New("ls-outputs needs --bucket, or the s3 section of " + StackFile + " (start the local stack with `make run`, or pass --stack)")
+				}
+				s = cfg.Stack.S3
+				region := s.Region
+				if region == "" {
+					region = "us-east-1"
+				}
+				cl = s3.New(s3.Options{
+					Region:       region,
+					BaseEndpoint: nilIfEmpty(s.Endpoint),
+					UsePathStyle: true,
+					Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
+					HTTPClient:   a.HTTPClient,
+				})
+			}
 			prefix := threadPrefix(s.Prefix, cfg.Tenant, user, thread)
 			objs, err := listOutputs(ctx, cl, s.Bucket, prefix)
 			if err != nil {
@@ -125,6 +146,8 @@ The endpoint, credentials, bucket and prefix come from the stack file's "s3" sec
 	}
 	cmd.Flags().StringVarP(&user, "user", "u", "", "user id")
 	cmd.Flags().StringVarP(&thread, "thread", "t", "", "thread id")
+	cmd.Flags().StringVar(&bucket, "bucket", "", "a deployed stack's output bucket (AWS SDK configuration); default: the stack file's")
+	cmd.Flags().StringVar(&s3Prefix, "prefix", "outputs", "with --bucket: the stack's OutputPrefix")
 	return cmd
 }
 

@@ -18,17 +18,7 @@ import (
 func TestReconcileLogsOneEMFLine(t *testing.T) {
 	for _, level := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError} {
 		t.Run(level.String(), func(t *testing.T) {
-			h := newRecHarness(t, nil)
-			h.untracked(t, h.threadMeta("t1", 0))
-			var buf bytes.Buffer
-			eng, err := core.New(h.s, h.store, h.prov, nil, core.WithClock(h.clock.now), core.WithReconcileSettings(h.rs),
-				core.WithLogger(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: level}))))
-			if err != nil {
-				t.Fatalf("core.New: %v", err)
-			}
-			if _, err := eng.Reconcile(context.Background()); err != nil {
-				t.Fatalf("Reconcile: %v", err)
-			}
+			buf, _ := reconcileLogs(t, level)
 			line := passLine(t, buf.String())
 			for _, name := range []string{"Errors", "BudgetExhausted", "Killed", "Expired", "Discovered"} {
 				if _, ok := line[name].(float64); !ok {
@@ -43,6 +33,25 @@ func TestReconcileLogsOneEMFLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// reconcileLogs runs one pass over a deployment with one untracked sandbox,
+// logging at level, and returns what it logged (JSON lines) and the
+// harness.
+func reconcileLogs(t *testing.T, level slog.Level) (*bytes.Buffer, *recHarness) {
+	t.Helper()
+	h := newRecHarness(t, nil)
+	h.untracked(t, h.threadMeta("t1", 0))
+	var buf bytes.Buffer
+	eng, err := core.New(h.s, h.store, h.prov, nil, core.WithClock(h.clock.now), core.WithReconcileSettings(h.rs),
+		core.WithLogger(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: level}))))
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	if _, err := eng.Reconcile(context.Background()); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	return &buf, h
 }
 
 // passLine finds the one "reconcile pass" line in logs and checks its EMF
@@ -86,17 +95,7 @@ func passLine(t *testing.T, logs string) map[string]any {
 // CapacityLimit (the saturation alarm's inputs), whether or not any
 // acquire was refused.
 func TestReconcileWritesCapacityGauge(t *testing.T) {
-	h := newRecHarness(t, nil)
-	h.untracked(t, h.threadMeta("t1", 0))
-	var buf bytes.Buffer
-	eng, err := core.New(h.s, h.store, h.prov, nil, core.WithClock(h.clock.now), core.WithReconcileSettings(h.rs),
-		core.WithLogger(slog.New(slog.NewJSONHandler(&buf, nil))))
-	if err != nil {
-		t.Fatalf("core.New: %v", err)
-	}
-	if _, err := eng.Reconcile(context.Background()); err != nil {
-		t.Fatalf("Reconcile: %v", err)
-	}
+	buf, h := reconcileLogs(t, slog.LevelInfo)
 	found := 0
 	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		var line map[string]any
