@@ -256,8 +256,8 @@ func TestListBucketGrant(t *testing.T) {
 func TestReconcileIsNotRetried(t *testing.T) {
 	sam := samRaw(t)
 	eic := props(samResource(t, sam, "ReconcileFunction"))["EventInvokeConfig"].(map[string]any)
-	if fmt.Sprint(eic["MaximumRetryAttempts"]) != "0" {
-		t.Errorf("template.yaml reconcile EventInvokeConfig = %s, want MaximumRetryAttempts 0", str(eic))
+	if fmt.Sprint(eic["MaximumRetryAttempts"]) != "0" || fmt.Sprint(eic["MaximumEventAgeInSeconds"]) != "60" {
+		t.Errorf("template.yaml reconcile EventInvokeConfig = %s, want MaximumRetryAttempts 0, MaximumEventAgeInSeconds 60", str(eic))
 	}
 	for _, f := range Functions {
 		if f.Schedule == "" {
@@ -272,8 +272,8 @@ func TestReconcileIsNotRetried(t *testing.T) {
 	}
 	for _, c := range cfgs {
 		p := props(c)
-		if p["MaximumRetryAttempts"] != float64(0) || str(p["FunctionName"]) != `{"Ref":"ReconcileFunction"}` {
-			t.Errorf("CDK EventInvokeConfig = %s, want the reconcile function with MaximumRetryAttempts 0", str(p))
+		if p["MaximumRetryAttempts"] != float64(0) || p["MaximumEventAgeInSeconds"] != float64(60) || str(p["FunctionName"]) != `{"Ref":"ReconcileFunction"}` {
+			t.Errorf("CDK EventInvokeConfig = %s, want the reconcile function with MaximumRetryAttempts 0, MaximumEventAgeInSeconds 60", str(p))
 		}
 	}
 }

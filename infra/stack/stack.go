@@ -272,10 +272,11 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 			continue
 		}
 		// Asynchronous invocations (the schedule's) are not retried by
-		// Lambda either.
+		// Lambda either, and one older than a schedule period is dropped
+		// (the next pass is already due).
 		s.Functions[f.Name].ConfigureAsyncInvoke(&awslambda.EventInvokeConfigOptions{
 			RetryAttempts: jsii.Number(0),
-			MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(5)),
+			MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
 		})
 		rule := awsevents.NewRule(st, jsii.String(LogicalRule), &awsevents.RuleProps{
 			Description: jsii.String("sandbox-broker reconcile pass"),
