@@ -26,11 +26,12 @@ func accessDenied() error {
 // listings too; denyGet refuses every GetObject of the manifest.
 type deniedS3 struct {
 	*countingS3
+	manifest          string // the thread's manifest key (denyGet)
 	denyList, denyGet bool
 }
 
 func (d *deniedS3) GetObject(ctx context.Context, in *s3.GetObjectInput, o ...func(*s3.Options)) (*s3.GetObjectOutput, error) {
-	if d.denyGet && strings.Contains(aws.ToString(in.Key), "/_manifests/") {
+	if d.denyGet && aws.ToString(in.Key) == d.manifest {
 		return nil, accessDenied()
 	}
 	out, err := d.countingS3.GetObject(ctx, in, o...)
@@ -72,7 +73,7 @@ func TestManifestReadForbidden(t *testing.T) {
 				e.mustSync(e.syncer(Options{}), "sb1")
 				writeFile(t, e.sb.home, "outputs/more.md", []byte("more"), t0)
 			}
-			s, err := New(e.sb, &deniedS3{countingS3: e.s3, denyList: tt.denyList, denyGet: tt.denyGet},
+			s, err := New(e.sb, &deniedS3{countingS3: e.s3, manifest: manifestKey(testPrefix, e.key), denyList: tt.denyList, denyGet: tt.denyGet},
 				Options{Bucket: e.bucket, Prefix: testPrefix, Home: e.sb.home})
 			if err != nil {
 				t.Fatal(err)
