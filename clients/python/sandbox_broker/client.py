@@ -254,7 +254,10 @@ class Client:
 
     def sync(self, sandbox_id: str) -> dict[str, Any]:
         """Copy the sandbox's outputs to S3 now. Returns
-        ``{"uploaded", "skipped", "deferred", "bytes", "complete"}``."""
+        ``{"uploaded", "skipped", "deferred", "excluded", "bytes", "complete"}``:
+        ``deferred`` files a later pass may still copy, ``excluded`` files no
+        pass copies as they are (over the per-file cap, unsafe names); a pass
+        is ``complete`` when a later one would copy nothing more."""
         _check(_ID_PATTERN, "sandbox_id", sandbox_id)
         return self._call("POST", f"/v1/sandboxes/{sandbox_id}/sync", None)
 
