@@ -46,8 +46,8 @@ print-deploy-build:
 run: deps build ## start the local stack (devstack); SANDBOX_* and BROKER_* env vars pass through
 	exec $(BUILD)/bin/devstack
 
-test: deps build ## run all tests with the race detector
-	$(GO) test -race -count=1 -timeout 20m ./...
+test: deps build ## run all tests with the race detector, in shuffled order
+	$(GO) test -race -count=1 -shuffle=on -timeout 20m ./...
 
 bench: ## run the benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./...
