@@ -302,6 +302,9 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	draining := false
 	if look, err := e.store.Lookup(ctx, ThreadKey{}); err == nil {
 		draining = look.Ledger.Draining
+	} else {
+		// Expiry then runs as if not draining; the pass reports the error.
+		errs = append(errs, fmt.Errorf("read ledger: %w", err))
 	}
 	if err := p.tombstones(ctx); err != nil {
 		errs = append(errs, err)
@@ -358,13 +361,14 @@ func (p *pass) tombstones(ctx context.Context) error {
 		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
 			Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
 		if err != nil {
-			continue // a peer holds its lease
+			p.skip(ctx, "claim tombstone", rec.SandboxID, err) // usually a peer holds its lease
+			continue
 		}
 		p.st.TombstonesRetried++
 		tomb, err := e.store.Apply(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateDestroying,
 			KeepLease: true, Now: e.now(), KillAttempt: true})
 		if err != nil {
-			p.st.Errors++
+			p.fail(ctx, "count kill attempt", claimed.SandboxID, err)
 			continue
 		}
 		if e.destroyClaimed(ctx, tomb) {
@@ -451,7 +455,8 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateWarm},
 			Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
 		if err != nil {
-			continue // a peer took it (reclaim or another pass)
+			p.skip(ctx, "claim idle warm sandbox", rec.SandboxID, err) // usually a peer took it (reclaim or another pass)
+			continue
 		}
 		if !p.syncBeforeExpiry(ctx, claimed) {
 			p.st.Deferred++
@@ -508,6 +513,23 @@ func (p *pass) syncBeforeExpiry(ctx context.Context, rec Record) bool {
 }
 
 func (p *pass) timeUp() bool { return !p.e.now().Before(p.deadline) || p.outOfTime() }
+
+// skip accounts for an item the pass leaves alone because a write or read
+// about it failed. Contention (a peer holds or moved the record, or settled
+// it first) is expected and not an error; anything else is logged once
+// here and counted in Errors, never dropped.
+func (p *pass) skip(ctx context.Context, what, id string, err error) {
+	if errors.Is(err, ErrLeaseHeld) || errors.Is(err, ErrConflict) || errors.Is(err, ErrStaleFence) || errors.Is(err, ErrNotFound) {
+		return
+	}
+	p.fail(ctx, what, id, err)
+}
+
+// fail logs a failed step of the pass and counts it in Errors.
+func (p *pass) fail(ctx context.Context, what, id string, err error) {
+	p.st.Errors++
+	p.e.log.WarnContext(ctx, "reconcile: "+what+" failed", "sandbox_id", id, "err", err)
+}
 
 // reconcileStore runs the inventory walk and the ledger repair, then saves
 // the cursor (one conditional write; a concurrent pass that saved first
@@ -773,7 +795,7 @@ func (p *pass) group(ctx context.Context, key ThreadKey, g []SandboxInfo, look R
 			continue
 		}
 		p.st.Duplicates++
-		p.killDuplicate(ctx, in, key, rec, tracked, canonical, token, hasRes)
+		p.killDuplicate(ctx, listed{in: in, rec: rec, tracked: tracked, token: token, hasRes: hasRes}, key, canonical)
 	}
 }
 
@@ -814,11 +836,22 @@ func (p *pass) graceOver(ctx context.Context, id string, d time.Duration, since 
 	return !now.Before(first.Add(d)), nil
 }
 
+// listed is one sandbox of the provider's inventory with what the store
+// knows of it.
+type listed struct {
+	in      SandboxInfo
+	rec     Record // its record, when tracked
+	tracked bool
+	token   string // the reservation token in its metadata
+	hasRes  bool   // that reservation still exists
+}
+
 // killDuplicate destroys a duplicate once its grace period is over and no
 // peer holds it, under a destroy claim conditional on the binding still
 // naming canonical.
-func (p *pass) killDuplicate(ctx context.Context, in SandboxInfo, key ThreadKey, rec Record, tracked bool, canonical, token string, hasRes bool) {
+func (p *pass) killDuplicate(ctx context.Context, l listed, key ThreadKey, canonical string) {
 	e := p.e
+	in, rec, tracked, token, hasRes := l.in, l.rec, l.tracked, l.token, l.hasRes
 	now := e.now()
 	if tracked && rec.Leased(p.owner, now) {
 		p.st.Deferred++
@@ -826,7 +859,7 @@ func (p *pass) killDuplicate(ctx context.Context, in SandboxInfo, key ThreadKey,
 	}
 	over, err := p.graceOver(ctx, in.ID, p.rs.Grace, time.Time{})
 	if err != nil {
-		p.st.Errors++
+		p.fail(ctx, "record first sighting", in.ID, err)
 		return
 	}
 	if !over {
@@ -870,7 +903,7 @@ func (p *pass) orphan(ctx context.Context, in SandboxInfo, look ReconcileLookup)
 	}
 	over, err := p.graceOver(ctx, in.ID, p.rs.OrphanTTL, startedAt(in))
 	if err != nil {
-		p.st.Errors++
+		p.fail(ctx, "record first sighting", in.ID, err)
 		return
 	}
 	if !over {
@@ -887,6 +920,7 @@ func (p *pass) orphan(ctx context.Context, in SandboxInfo, look ReconcileLookup)
 	claimed, err := p.rst.Adopt(ctx, a)
 	if err != nil {
 		p.st.Deferred++
+		p.skip(ctx, "adopt orphan", in.ID, err)
 		return
 	}
 	e.log.InfoContext(ctx, "reconcile: killing orphan", "sandbox_id", in.ID)
@@ -928,7 +962,10 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 			break
 		}
 		if _, err := e.prov.Info(ctx, r.SandboxID); !errors.Is(err, ErrSandboxGone) {
-			continue // alive after all (listed late), or unknown: never free on doubt
+			if err != nil {
+				p.fail(ctx, "confirm dead sandbox", r.SandboxID, err) // unknown: never free on doubt
+			}
+			continue // alive after all (listed late)
 		}
 		now := e.now()
 		claimed, err := e.store.Claim(ctx, Claim{SandboxID: r.SandboxID, Tenant: r.Tenant, From: liveStates, To: StateDestroying,
@@ -938,6 +975,7 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 			continue
 		}
 		if err != nil {
+			p.skip(ctx, "claim dead record", r.SandboxID, err)
 			continue
 		}
 		if e.destroyClaimed(ctx, claimed) {
@@ -959,9 +997,7 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 	}
 	for _, r := range crashed {
 		if err := e.store.FreeReservation(ctx, r.ReservationToken, r.ThreadKey); err != nil {
-			if !errors.Is(err, ErrNotFound) {
-				p.st.Errors++
-			}
+			p.skip(ctx, "free crashed reservation "+r.ReservationToken, "", err) // ErrNotFound: a peer freed it
 			continue
 		}
 		e.log.InfoContext(ctx, "reconcile: freed crashed reservation", "reservation", r.ReservationToken, "thread", r.ThreadKey.String())
