@@ -170,9 +170,8 @@ func (s *Syncer) restore(ctx context.Context, t core.SyncTarget, resume bool) (c
 			}
 		}
 	}
-	deadline := s.passDeadline(ctx, start)
-	passCtx, cancelPass := context.WithDeadline(ctx, deadline)
-	defer cancelPass()
+	w, closeWindow := s.openWindow(ctx, start)
+	defer closeWindow()
 
 	p := &pass{}
 	prefix := threadPrefix(s.opts.Prefix, t.ThreadKey)
@@ -195,12 +194,9 @@ func (s *Syncer) restore(ctx context.Context, t core.SyncTarget, resume bool) (c
 
 	restored := map[string]restoredFile{}
 	var failed []string // sandbox paths whose write may have left a partial file
-	jobCtx, cancelJobs := context.WithCancel(passCtx)
-	defer cancelJobs()
 	g := new(errgroup.Group)
 	g.SetLimit(s.opts.Concurrency)
 	var mu sync.Mutex // guards restored and failed
-	planned, plannedBytes := 0, int64(0)
 	for _, o := range objs {
 		abs := s.opts.Home + "/" + o.Rel
 		rel, err := relPath(s.opts.Home, abs)
@@ -216,18 +212,17 @@ func (s *Syncer) restore(ctx context.Context, t core.SyncTarget, resume bool) (c
 			p.deferFile(rel, ReasonFileTooLarge)
 			continue
 		}
-		if reason := s.capReason(ctx, passCtx, p, deadline, planned, plannedBytes, o.Size); reason != "" {
+		if reason := s.capReason(w, p, o.Size); reason != "" {
 			p.deferFile(rel, reason)
 			continue
 		}
-		planned++
-		plannedBytes += o.Size
+		p.plan(o.Size)
 		key := prefix + o.Rel
 		if resume {
 			abs = s.opts.Home + "/" + stagingDir + "/" + rel
 		}
 		g.Go(func() error {
-			f, attempted, err := s.restoreOne(jobCtx, t.Ref, key, abs, o)
+			f, attempted, err := s.restoreOne(w.jobs, t.Ref, key, abs, o)
 			if err == nil {
 				mu.Lock()
 				restored[rel] = f
@@ -243,9 +238,9 @@ func (s *Syncer) restore(ctx context.Context, t core.SyncTarget, resume bool) (c
 				failed = append(failed, abs)
 				mu.Unlock()
 			}
-			reason := s.restoreReason(ctx, passCtx, err, p)
+			reason := s.restoreReason(ctx, w.pass, err, p)
 			if reason == ReasonSandboxGone {
-				cancelJobs()
+				w.cancelJobs()
 			}
 			log.WarnContext(ctx, "file not restored", "path", rel, "reason", reason, "err", err)
 			p.deferFile(rel, reason)

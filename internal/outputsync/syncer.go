@@ -236,6 +236,40 @@ type pass struct {
 	// checkpointing: one store at a time, at most every checkpointEvery.
 	storing   bool
 	lastStore time.Time
+	// planned and plannedBytes count the transfers started, against the
+	// caps; only the loop that starts them touches them.
+	planned      int
+	plannedBytes int64
+	// Sync's: the manifest's key and the pass's logger.
+	mkey string
+	log  *slog.Logger
+}
+
+// plan counts a transfer of size bytes as started.
+func (p *pass) plan(size int64) {
+	p.planned++
+	p.plannedBytes += size
+}
+
+// window holds the contexts of one pass's transfers: ctx is the caller's;
+// pass ends at the pass deadline, after which no transfer starts; jobs is
+// canceled as soon as the sandbox is found gone.
+type window struct {
+	ctx, pass, jobs context.Context
+	cancelJobs      context.CancelFunc
+	deadline        time.Time
+}
+
+// openWindow opens the window of a pass that started at start (see
+// passDeadline); close releases its contexts.
+func (s *Syncer) openWindow(ctx context.Context, start time.Time) (w *window, close func()) {
+	deadline := s.passDeadline(ctx, start)
+	passCtx, cancelPass := context.WithDeadline(ctx, deadline)
+	jobs, cancelJobs := context.WithCancel(passCtx)
+	return &window{ctx: ctx, pass: passCtx, jobs: jobs, cancelJobs: cancelJobs, deadline: deadline}, func() {
+		cancelJobs()
+		cancelPass()
+	}
 }
 
 // deferFile reports a file not copied: excluded for a policy reason,
@@ -298,7 +332,7 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 			return core.SyncResult{}, fmt.Errorf("load manifest %s: %w", mkey, err)
 		}
 	}
-	p := &pass{m: m, dirty: m != nil && m.legacy}
+	p := &pass{m: m, dirty: m != nil && m.legacy, mkey: mkey, log: log}
 	switch {
 	case corrupt:
 		log.WarnContext(ctx, "discarding unreadable manifest", "key", mkey)
@@ -309,20 +343,10 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 		log.InfoContext(ctx, "discarding manifest of another sandbox", "manifest_sandbox_id", m.SandboxID)
 		p.m, p.dirty = newManifest(t.Ref.ID), true
 	}
-	vctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
-	stored, err := listStored(vctx, s.s3, s.opts.Bucket, threadPrefix(s.opts.Prefix, t.ThreadKey))
-	cancel()
+	stored, err := s.verifyStored(ctx, t, p)
 	if err != nil {
-		return core.SyncResult{}, fmt.Errorf("verify manifest against s3: %w", err)
+		return core.SyncResult{}, err
 	}
-	dropped := dropMissing(stored, p.m, func(rel string) string {
-		return threadPrefix(s.opts.Prefix, t.ThreadKey) + rel
-	})
-	if dropped > 0 {
-		log.WarnContext(ctx, "objects missing or replaced in s3; uploading again", "count", dropped)
-		p.dirty = true
-	}
-	p.lastStore = s.now()
 
 	for _, rec := range bad {
 		p.deferred = append(p.deferred, core.DeferredFile{Path: displayPath(s.opts.Home, string(rec)), Reason: ReasonUnparsable})
@@ -331,30 +355,12 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonListingIncomplete})
 	}
 
-	s.transfer(ctx, t, start, files, p, log, mkey, stored)
+	s.transfer(ctx, t, start, files, p, stored)
 
 	// Prune entries of files that are gone, only when this pass saw the
 	// whole tree and spent no cap (a capped pass prunes nothing).
 	if !listIncomplete && len(bad) == 0 && !p.capped && p.goneErr == nil && ctx.Err() == nil {
-		seen := make(map[string]struct{}, len(files))
-		for _, f := range files {
-			if rel, err := relPath(s.opts.Home, f.Path); err == nil {
-				seen[rel] = struct{}{}
-			}
-		}
-		for rel := range p.m.Files {
-			if _, ok := seen[rel]; ok {
-				continue
-			}
-			if s.opts.MirrorDeletes {
-				if err := s.deleteObject(ctx, threadPrefix(s.opts.Prefix, t.ThreadKey)+rel); err != nil {
-					log.WarnContext(ctx, "mirror delete failed; entry kept for the next pass", "path", rel, "err", err)
-					continue
-				}
-			}
-			delete(p.m.Files, rel)
-			p.dirty = true
-		}
+		s.prune(ctx, t, files, p)
 	}
 
 	var storeErr error
@@ -380,6 +386,50 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 		return res, errors.Join(fmt.Errorf("sync canceled: %w", context.Cause(ctx)), storeErr)
 	}
 	return res, storeErr
+}
+
+// verifyStored lists what S3 holds under the thread's prefix and drops the
+// manifest entries whose object is missing or replaced (they are uploaded
+// again).
+func (s *Syncer) verifyStored(ctx context.Context, t core.SyncTarget, p *pass) (storedObjects, error) {
+	prefix := threadPrefix(s.opts.Prefix, t.ThreadKey)
+	vctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+	stored, err := listStored(vctx, s.s3, s.opts.Bucket, prefix)
+	cancel()
+	if err != nil {
+		return storedObjects{}, fmt.Errorf("verify manifest against s3: %w", err)
+	}
+	if dropped := dropMissing(stored, p.m, func(rel string) string { return prefix + rel }); dropped > 0 {
+		p.log.WarnContext(ctx, "objects missing or replaced in s3; uploading again", "count", dropped)
+		p.dirty = true
+	}
+	p.lastStore = s.now()
+	return stored, nil
+}
+
+// prune drops the manifest entries of files no longer listed (and, with
+// MirrorDeletes, their objects; an entry whose delete fails is kept for the
+// next pass).
+func (s *Syncer) prune(ctx context.Context, t core.SyncTarget, files []listedFile, p *pass) {
+	seen := make(map[string]struct{}, len(files))
+	for _, f := range files {
+		if rel, err := relPath(s.opts.Home, f.Path); err == nil {
+			seen[rel] = struct{}{}
+		}
+	}
+	for rel := range p.m.Files {
+		if _, ok := seen[rel]; ok {
+			continue
+		}
+		if s.opts.MirrorDeletes {
+			if err := s.deleteObject(ctx, threadPrefix(s.opts.Prefix, t.ThreadKey)+rel); err != nil {
+				p.log.WarnContext(ctx, "mirror delete failed; entry kept for the next pass", "path", rel, "err", err)
+				continue
+			}
+		}
+		delete(p.m.Files, rel)
+		p.dirty = true
+	}
 }
 
 func (s *Syncer) deleteObject(ctx context.Context, key string) error {
@@ -436,16 +486,14 @@ func head(b []byte, n int) []byte {
 // deleted since included, unless MirrorDeletes removed them): a file that
 // would take it past the quota, counting what replacing its object adds,
 // is deferred with ReasonThreadQuota.
-func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Time, files []listedFile, p *pass, log *slog.Logger, mkey string, stored storedObjects) {
-	deadline := s.passDeadline(ctx, start)
-	passCtx, cancelPass := context.WithDeadline(ctx, deadline)
-	defer cancelPass()
-	jobCtx, cancelJobs := context.WithCancel(passCtx)
-	defer cancelJobs()
+func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Time, files []listedFile, p *pass, stored storedObjects) {
+	w, closeWindow := s.openWindow(ctx, start)
+	defer closeWindow()
 	g := new(errgroup.Group)
 	g.SetLimit(s.opts.Concurrency)
+	log := p.log
 
-	planned, plannedBytes, unsafe := 0, int64(0), 0
+	unsafe := 0
 	threadBytes := stored.bytes
 	defer func() {
 		if unsafe > maxUnsafeLogged {
@@ -479,7 +527,7 @@ func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Tim
 			p.deferFile(rel, ReasonFileTooLarge)
 			continue
 		}
-		if reason := s.capReason(ctx, passCtx, p, deadline, planned, plannedBytes, f.Size); reason != "" {
+		if reason := s.capReason(w, p, f.Size); reason != "" {
 			if reason == ReasonDeadline || reason == ReasonMaxFiles || reason == ReasonMaxTotalBytes {
 				p.mu.Lock()
 				p.capped = true
@@ -494,11 +542,10 @@ func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Tim
 			continue
 		}
 		threadBytes += grow
-		planned++
-		plannedBytes += f.Size
+		p.plan(f.Size)
 		g.Go(func() error {
-			s.uploadOne(ctx, passCtx, jobCtx, cancelJobs, t.Ref, f, rel, key, p, log)
-			s.checkpoint(ctx, p, mkey, log)
+			s.uploadOne(w, t.Ref, fileJob{f: f, rel: rel, key: key}, p)
+			s.checkpoint(ctx, p)
 			return nil
 		})
 	}
@@ -508,7 +555,7 @@ func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Tim
 // checkpoint stores the manifest mid-pass when the last store is older
 // than checkpointEvery. Only one store runs at a time; the final store
 // after all uploads always runs, so a checkpoint never has the last word.
-func (s *Syncer) checkpoint(ctx context.Context, p *pass, mkey string, log *slog.Logger) {
+func (s *Syncer) checkpoint(ctx context.Context, p *pass) {
 	p.mu.Lock()
 	if p.storing || !p.dirty || s.now().Sub(p.lastStore) < s.checkpointEvery {
 		p.mu.Unlock()
@@ -522,10 +569,10 @@ func (s *Syncer) checkpoint(ctx context.Context, p *pass, mkey string, log *slog
 	}
 	p.mu.Unlock()
 	sctx, cancel := core.CleanupContext(ctx, s3CallTimeout)
-	err := storeManifest(sctx, s.s3, s.opts.Bucket, mkey, snap)
+	err := storeManifest(sctx, s.s3, s.opts.Bucket, p.mkey, snap)
 	cancel()
 	if err != nil {
-		log.WarnContext(ctx, "manifest checkpoint failed", "err", err)
+		p.log.WarnContext(ctx, "manifest checkpoint failed", "err", err)
 	}
 	p.mu.Lock()
 	p.storing = false
@@ -549,21 +596,21 @@ func (s *Syncer) passDeadline(ctx context.Context, start time.Time) time.Time {
 }
 
 // capReason says why a file of size bytes must not start in pass p, given
-// planned files and plannedBytes already started: the sandbox is gone, ctx
-// was canceled, the pass deadline passed (or passCtx ended), or a
+// the transfers p already started: the sandbox is gone, the caller's
+// context ended, the pass deadline passed (or its context ended), or a
 // MaxFiles/MaxTotalBytes cap would be exceeded. It returns "" when the file
 // may start. Sync and Restore share these caps.
-func (s *Syncer) capReason(ctx, passCtx context.Context, p *pass, deadline time.Time, planned int, plannedBytes, size int64) string {
+func (s *Syncer) capReason(w *window, p *pass, size int64) string {
 	switch {
 	case p.isGone():
 		return ReasonSandboxGone
-	case ctx.Err() != nil:
+	case w.ctx.Err() != nil:
 		return ReasonCanceled
-	case !s.now().Before(deadline) || passCtx.Err() != nil:
+	case !s.now().Before(w.deadline) || w.pass.Err() != nil:
 		return ReasonDeadline
-	case planned >= s.opts.MaxFiles:
+	case p.planned >= s.opts.MaxFiles:
 		return ReasonMaxFiles
-	case plannedBytes+size > s.opts.MaxTotalBytes:
+	case p.plannedBytes+size > s.opts.MaxTotalBytes:
 		return ReasonMaxTotalBytes
 	}
 	return ""
@@ -575,8 +622,16 @@ func (p *pass) isGone() bool {
 	return p.goneErr != nil
 }
 
+// fileJob is one file to upload: as listed, its path relative to the home
+// and its object key.
+type fileJob struct {
+	f        listedFile
+	rel, key string
+}
+
 // uploadOne streams one file and records the outcome in p.
-func (s *Syncer) uploadOne(ctx, passCtx, jobCtx context.Context, cancelJobs context.CancelFunc, ref core.SandboxRef, f listedFile, rel, key string, p *pass, log *slog.Logger) {
+func (s *Syncer) uploadOne(w *window, ref core.SandboxRef, job fileJob, p *pass) {
+	ctx, jobCtx, f, rel, key, log := w.ctx, w.jobs, job.f, job.rel, job.key, p.log
 	err := jobCtx.Err()
 	var entry ManifestEntry
 	if err == nil {
@@ -609,7 +664,7 @@ func (s *Syncer) uploadOne(ctx, passCtx, jobCtx context.Context, cancelJobs cont
 			p.goneErr = fmt.Errorf("sync %s: %w", rel, err)
 		}
 		p.mu.Unlock()
-		cancelJobs()
+		w.cancelJobs()
 		reason = ReasonSandboxGone
 	case p.isGone():
 		reason = ReasonSandboxGone
@@ -621,7 +676,7 @@ func (s *Syncer) uploadOne(ctx, passCtx, jobCtx context.Context, cancelJobs cont
 		reason = ReasonVanished
 	case ctx.Err() != nil:
 		reason = ReasonCanceled
-	case passCtx.Err() != nil:
+	case w.pass.Err() != nil:
 		reason = ReasonDeadline
 		p.mu.Lock()
 		p.capped = true

@@ -126,81 +126,32 @@ func (u *uploader) single(ctx context.Context, r io.Reader, key string, b []byte
 	return ManifestEntry{Size: int64(len(b)), CRC32: sum, ETag: aws.ToString(out.ETag)}, nil
 }
 
-// multipart uploads size bytes in parts. When a second buffer is free the
-// next part is read while the previous one is sent (two buffers); otherwise
-// parts go one at a time in buf. Every part carries its CRC32.
+// multipart uploads size bytes from r in parts of u.partSize (larger
+// when the file needs more than maxParts parts), each part's CRC32 checked
+// by S3 and the whole object's CRC32 given at completion. When the pool has
+// a spare buffer the next part is read while the previous one is sent;
+// otherwise parts go one at a time in buf. Any failure aborts the upload.
 func (u *uploader) multipart(ctx context.Context, r io.Reader, key string, size int64, buf []byte, meta map[string]string) (e ManifestEntry, err error) {
-	full := crc32.NewIEEE() // the whole object's checksum, part by part
-	partSize := u.partSize
-	bufs := [][]byte{buf}
-	if min := (size + maxParts - 1) / maxParts; min > partSize {
-		// Only for files over partSize*10000 bytes; such a part is
-		// allocated for this upload alone.
-		partSize = min
-		bufs[0] = make([]byte, partSize)
-	} else {
-		select {
-		case spare := <-u.bufs:
-			if spare == nil {
-				spare = make([]byte, u.partSize)
-			}
-			bufs = append(bufs, spare)
-			defer u.putBuf(spare)
-		default:
-		}
-	}
-	cctx, cancel := context.WithTimeout(ctx, u.callTO)
-	created, err := u.s3.CreateMultipartUpload(cctx, &s3.CreateMultipartUploadInput{
-		Bucket:            aws.String(u.bucket),
-		Key:               aws.String(key),
-		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32,
-		ChecksumType:      types.ChecksumTypeFullObject,
-		Metadata:          meta,
-	})
-	cancel()
+	partSize, bufs, release := u.partBuffers(size, buf)
+	defer release()
+	uploadID, err := u.createMultipart(ctx, key, meta)
 	if err != nil {
-		return ManifestEntry{}, fmt.Errorf("create multipart upload: %w", err)
+		return ManifestEntry{}, err
 	}
-	uploadID := created.UploadId
-
-	type sent struct {
-		part types.CompletedPart
-		err  error
-	}
-	var pending chan sent // the part in flight, if any
-	var parts []types.CompletedPart
-	wait := func() error {
-		if pending == nil {
-			return nil
-		}
-		r := <-pending
-		pending = nil
-		if r.err != nil {
-			return r.err
-		}
-		parts = append(parts, r.part)
-		return nil
-	}
+	q := partQueue{u: u, key: key, uploadID: uploadID}
 	defer func() {
 		// Never leave a part in flight on a buffer going back to the pool.
-		if werr := wait(); werr != nil && err == nil {
+		if werr := q.wait(); werr != nil && err == nil {
 			err = werr
 		}
-		if err == nil {
-			return
-		}
-		actx, cancel := core.CleanupContext(ctx, cleanupTimeout)
-		defer cancel()
-		if _, aerr := u.s3.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{
-			Bucket: aws.String(u.bucket), Key: aws.String(key), UploadId: uploadID,
-		}); aerr != nil {
-			err = errors.Join(err, fmt.Errorf("abort multipart upload: %w", aerr))
+		if err != nil {
+			err = u.abortMultipart(ctx, key, uploadID, err)
 		}
 	}()
-
+	full := crc32.NewIEEE() // the whole object's checksum, part by part
 	for off, n := int64(0), int32(1); off < size; n++ {
 		if len(bufs) == 1 {
-			if err := wait(); err != nil {
+			if err := q.wait(); err != nil { // its buffer is about to be reused
 				return ManifestEntry{}, err
 			}
 		}
@@ -217,20 +168,57 @@ func (u *uploader) multipart(ctx context.Context, r io.Reader, key string, size 
 			}
 		}
 		full.Write(b)
-		if err := wait(); err != nil {
+		if err := q.send(ctx, n, b); err != nil {
 			return ManifestEntry{}, err
 		}
-		pending = make(chan sent, 1)
-		go func(n int32, b []byte, done chan<- sent) {
-			p, err := u.sendPart(ctx, key, uploadID, n, b)
-			done <- sent{p, err}
-		}(n, b, pending)
 	}
-	if err := wait(); err != nil {
+	if err := q.wait(); err != nil {
 		return ManifestEntry{}, err
 	}
-	sum := crcString(full)
-	cctx, cancel = context.WithTimeout(ctx, u.callTO)
+	return u.completeMultipart(ctx, key, uploadID, q.done, size, crcString(full))
+}
+
+// partBuffers returns the part size of an upload of size bytes and the
+// buffers its parts are read into: buf, plus a spare from the pool when
+// one is free (release returns it). A file over partSize*maxParts bytes
+// gets one larger buffer of its own instead.
+func (u *uploader) partBuffers(size int64, buf []byte) (partSize int64, bufs [][]byte, release func()) {
+	partSize, bufs, release = u.partSize, [][]byte{buf}, func() {}
+	if min := (size + maxParts - 1) / maxParts; min > partSize {
+		return min, [][]byte{make([]byte, min)}, release
+	}
+	select {
+	case spare := <-u.bufs:
+		if spare == nil {
+			spare = make([]byte, u.partSize)
+		}
+		return partSize, append(bufs, spare), func() { u.putBuf(spare) }
+	default:
+		return partSize, bufs, release
+	}
+}
+
+// createMultipart starts a multipart upload with full-object CRC32.
+func (u *uploader) createMultipart(ctx context.Context, key string, meta map[string]string) (*string, error) {
+	cctx, cancel := context.WithTimeout(ctx, u.callTO)
+	defer cancel()
+	created, err := u.s3.CreateMultipartUpload(cctx, &s3.CreateMultipartUploadInput{
+		Bucket:            aws.String(u.bucket),
+		Key:               aws.String(key),
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32,
+		ChecksumType:      types.ChecksumTypeFullObject,
+		Metadata:          meta,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create multipart upload: %w", err)
+	}
+	return created.UploadId, nil
+}
+
+// completeMultipart completes an upload of size bytes whose whole-object
+// CRC32 is sum (S3 checks it against the parts).
+func (u *uploader) completeMultipart(ctx context.Context, key string, uploadID *string, parts []types.CompletedPart, size int64, sum string) (ManifestEntry, error) {
+	cctx, cancel := context.WithTimeout(ctx, u.callTO)
 	defer cancel()
 	done, err := u.s3.CompleteMultipartUpload(cctx, &s3.CompleteMultipartUploadInput{
 		Bucket:          aws.String(u.bucket),
@@ -244,6 +232,61 @@ func (u *uploader) multipart(ctx context.Context, r io.Reader, key string, size 
 		return ManifestEntry{}, fmt.Errorf("complete multipart upload: %w", err)
 	}
 	return ManifestEntry{Size: size, CRC32: sum, ETag: aws.ToString(done.ETag)}, nil
+}
+
+// abortMultipart aborts a failed upload (past ctx's end, briefly) and
+// returns err, joined with the abort's own failure if any.
+func (u *uploader) abortMultipart(ctx context.Context, key string, uploadID *string, err error) error {
+	actx, cancel := core.CleanupContext(ctx, cleanupTimeout)
+	defer cancel()
+	if _, aerr := u.s3.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{
+		Bucket: aws.String(u.bucket), Key: aws.String(key), UploadId: uploadID,
+	}); aerr != nil {
+		return errors.Join(err, fmt.Errorf("abort multipart upload: %w", aerr))
+	}
+	return err
+}
+
+// partQueue sends the parts of one upload, at most one in flight, and
+// collects the completed ones in order.
+type partQueue struct {
+	u        *uploader
+	key      string
+	uploadID *string
+	pending  chan sentPart // the part in flight, if any
+	done     []types.CompletedPart
+}
+
+type sentPart struct {
+	part types.CompletedPart
+	err  error
+}
+
+// wait waits for the part in flight, if any, and records it.
+func (q *partQueue) wait() error {
+	if q.pending == nil {
+		return nil
+	}
+	r := <-q.pending
+	q.pending = nil
+	if r.err != nil {
+		return r.err
+	}
+	q.done = append(q.done, r.part)
+	return nil
+}
+
+// send waits for the part in flight, then starts sending part n from b.
+func (q *partQueue) send(ctx context.Context, n int32, b []byte) error {
+	if err := q.wait(); err != nil {
+		return err
+	}
+	q.pending = make(chan sentPart, 1)
+	go func(done chan<- sentPart) {
+		p, err := q.u.sendPart(ctx, q.key, q.uploadID, n, b)
+		done <- sentPart{p, err}
+	}(q.pending)
+	return nil
 }
 
 // sendPart uploads part n with its CRC32, which S3 verifies.
