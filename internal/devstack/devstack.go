@@ -24,18 +24,17 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/google/uuid"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
+	"github.com/sandbox-broker/sandbox-broker/internal/standin"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
@@ -43,7 +42,7 @@ import (
 const (
 	DefaultAddr   = "127.0.0.1:8787"
 	DefaultTokens = "dev:dev-token"
-	DefaultRegion = "us-east-1"
+	DefaultRegion = standin.Region
 	DefaultTable  = "sandbox-broker"
 	DefaultBucket = "sandbox-broker-outputs"
 	DefaultPrefix = "outputs"
@@ -819,30 +818,21 @@ func (s *Stack) startDynamoDB(ctx context.Context, java, dir, addr, logDir strin
 		if err != nil {
 			return fmt.Errorf("dynamodb address: %w", err)
 		}
-		_, port, _ := net.SplitHostPort(a)
+		_, portStr, _ := net.SplitHostPort(a)
+		port, _ := strconv.Atoi(portStr)
 		endpoint := "http://" + a
-		c, err := startChild("DynamoDB Local", dir, java, []string{
-			"-Xmx512m", "-XX:TieredStopAtLevel=1",
-			"-Djava.library.path=" + filepath.Join(dir, "DynamoDBLocal_lib"),
-			"-jar", filepath.Join(dir, "DynamoDBLocal.jar"),
-			"-inMemory", "-sharedDb", "-disableTelemetry", "-port", port,
-		}, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, filepath.Join(logDir, "dynamodb.log"))
+		c, err := startChild("DynamoDB Local", dir, java, standin.DynamoDBArgs(dir, port),
+			[]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, filepath.Join(logDir, "dynamodb.log"))
 		if err != nil {
 			return err
 		}
 		s.addChild(c)
-		client := dynamodb.New(dynamodb.Options{
-			Region:       DefaultRegion,
-			BaseEndpoint: aws.String(endpoint),
-			Credentials:  credentials.NewStaticCredentialsProvider("devstack", "devstack", ""),
-			HTTPClient:   &http.Client{Timeout: 10 * time.Second},
-		})
+		client := standin.DynamoDBClient(endpoint, DefaultRegion, "devstack", 10*time.Second)
 		err = c.waitReady(ctx, 90*time.Second, func(ctx context.Context) error {
 			if err := dialable(ctx, a); err != nil {
 				return err
 			}
-			_, err := client.ListTables(ctx, &dynamodb.ListTablesInput{Limit: aws.Int32(1)})
-			return err
+			return standin.DynamoDBReady(ctx, client)
 		})
 		if err != nil {
 			c.stop(time.Second)
@@ -869,18 +859,10 @@ func (s *Stack) startS3(ctx context.Context, bin, addr, logDir string) error {
 		return fmt.Errorf("s3 temp dir: %w", err)
 	}
 	s.addTmpDir(base)
-	data, meta := filepath.Join(base, "data"), filepath.Join(base, "meta")
-	for _, d := range []string{data, meta} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return fmt.Errorf("s3 temp dir: %w", err)
-		}
+	posix, err := standin.VersityGWData(base)
+	if err != nil {
+		return err
 	}
-	posix := []string{"posix"}
-	// versitygw keeps metadata in user xattrs; tmpfs and some file systems lack them.
-	if err := syscall.Setxattr(data, "user.devstack", []byte("1"), 0); err != nil {
-		posix = append(posix, "--sidecar", meta)
-	}
-	posix = append(posix, data)
 	info := S3Info{Region: DefaultRegion, AccessKey: "devstack" + randomHex(4), SecretKey: randomHex(16), Bucket: DefaultBucket, Prefix: DefaultPrefix}
 	var last error
 	for attempt := 0; attempt < 3; attempt++ {
@@ -889,7 +871,7 @@ func (s *Stack) startS3(ctx context.Context, bin, addr, logDir string) error {
 			return fmt.Errorf("s3 address: %w", err)
 		}
 		info.Endpoint = "http://" + a
-		args := append([]string{"--access", info.AccessKey, "--secret", info.SecretKey, "--region", info.Region, "--port", a}, posix...)
+		args := standin.VersityGWArgs(a, standin.S3Keys{AccessKey: info.AccessKey, SecretKey: info.SecretKey}, posix)
 		c, err := startChild("versitygw", base, bin, args, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, filepath.Join(logDir, "versitygw.log"))
 		if err != nil {
 			return err
@@ -900,8 +882,7 @@ func (s *Stack) startS3(ctx context.Context, bin, addr, logDir string) error {
 			if err := dialable(ctx, a); err != nil {
 				return err
 			}
-			_, err := client.ListBuckets(ctx, &s3.ListBucketsInput{})
-			return err
+			return standin.S3Ready(ctx, client)
 		})
 		if err != nil {
 			c.stop(time.Second)
@@ -924,13 +905,7 @@ func (s *Stack) startS3(ctx context.Context, bin, addr, logDir string) error {
 
 // S3Client returns a path-style S3 client for the stack's S3.
 func S3Client(info S3Info) *s3.Client {
-	return s3.New(s3.Options{
-		Region:       info.Region,
-		BaseEndpoint: aws.String(info.Endpoint),
-		Credentials:  credentials.NewStaticCredentialsProvider(info.AccessKey, info.SecretKey, ""),
-		UsePathStyle: true,
-		HTTPClient:   &http.Client{Timeout: 60 * time.Second},
-	})
+	return standin.S3Client(info.Endpoint, info.Region, standin.S3Keys{AccessKey: info.AccessKey, SecretKey: info.SecretKey}, 60*time.Second)
 }
 
 func (s *Stack) startSandboxHost(ctx context.Context, o Options, logDir string) error {

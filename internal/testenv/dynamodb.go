@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/standin"
 )
 
 // DynamoEndpoint addresses a DynamoDB-compatible server.
@@ -43,13 +42,13 @@ func DynamoDB(t testing.TB) DynamoEndpoint {
 		return DynamoEndpoint{Endpoint: ep, Region: region}
 	}
 	dir := ToolPath(t, "dynamodb")
-	jar := ToolPath(t, filepath.Join("dynamodb", "DynamoDBLocal.jar"))
+	ToolPath(t, filepath.Join("dynamodb", "DynamoDBLocal.jar")) // fails with a make deps hint
 	java, err := lookJava()
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
 	dynamoOnce.Do(func() {
-		dynamoEP, dynamoErr = startDynamo(dir, jar, java)
+		dynamoEP, dynamoErr = startDynamo(dir, java)
 	})
 	if dynamoErr != nil {
 		t.Fatalf("testenv: DynamoDB Local: %v", dynamoErr)
@@ -71,7 +70,7 @@ func lookJava() (string, error) {
 	return p, nil
 }
 
-func startDynamo(dir, jar, java string) (DynamoEndpoint, error) {
+func startDynamo(dir, java string) (DynamoEndpoint, error) {
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ { // a port picked as free may be taken meanwhile
 		port, err := freePort()
@@ -80,21 +79,13 @@ func startDynamo(dir, jar, java string) (DynamoEndpoint, error) {
 		}
 		ep := DynamoEndpoint{Endpoint: "http://127.0.0.1:" + strconv.Itoa(port), Region: Region}
 		client := newDynamoClient(ep)
-		args := []string{
-			"-Xmx512m", "-XX:TieredStopAtLevel=1",
-			"-Djava.library.path=" + filepath.Join(dir, "DynamoDBLocal_lib"),
-			"-jar", jar,
-			"-inMemory", "-sharedDb", "-disableTelemetry",
-			"-port", strconv.Itoa(port),
-		}
-		_, err = start(dir, java, args, func() error {
+		_, err = start(dir, java, standin.DynamoDBArgs(dir, port), func() error {
 			if err := waitTCP("127.0.0.1:" + strconv.Itoa(port)); err != nil {
 				return err
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			_, err := client.ListTables(ctx, &dynamodb.ListTablesInput{Limit: aws.Int32(1)})
-			return err
+			return standin.DynamoDBReady(ctx, client)
 		})
 		if err == nil {
 			return ep, nil
@@ -111,10 +102,5 @@ func DynamoClient(t testing.TB) *dynamodb.Client {
 }
 
 func newDynamoClient(ep DynamoEndpoint) *dynamodb.Client {
-	return dynamodb.New(dynamodb.Options{
-		Region:       ep.Region,
-		BaseEndpoint: aws.String(ep.Endpoint),
-		Credentials:  credentials.NewStaticCredentialsProvider("testenv", "testenv", ""),
-		HTTPClient:   &http.Client{Timeout: 30 * time.Second},
-	})
+	return standin.DynamoDBClient(ep.Endpoint, ep.Region, "testenv", 30*time.Second)
 }

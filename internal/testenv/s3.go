@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,9 +15,10 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/standin"
 )
 
 var execLookPath = exec.LookPath
@@ -77,19 +77,11 @@ func startS3(bin string) (S3Endpoint, error) {
 	if err != nil {
 		return S3Endpoint{}, fmt.Errorf("temp dir: %w", err)
 	}
-	data := filepath.Join(base, "data")
-	meta := filepath.Join(base, "meta")
-	for _, d := range []string{data, meta} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return S3Endpoint{}, fmt.Errorf("temp dir: %w", err)
-		}
+	posixArgs, err := standin.VersityGWData(base)
+	if err != nil {
+		_ = os.RemoveAll(base)
+		return S3Endpoint{}, err
 	}
-	posixArgs := []string{"posix"}
-	// versitygw keeps metadata in user xattrs; tmpfs and some file systems lack them.
-	if err := syscall.Setxattr(data, "user.testenv", []byte("1"), 0); err != nil {
-		posixArgs = append(posixArgs, "--sidecar", meta)
-	}
-	posixArgs = append(posixArgs, data)
 
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
@@ -104,19 +96,14 @@ func startS3(bin string) (S3Endpoint, error) {
 			SecretKey: "testenvsecret",
 		}
 		client := newS3Client(ep)
-		args := append([]string{
-			"--access", ep.AccessKey, "--secret", ep.SecretKey,
-			"--region", ep.Region,
-			"--port", "127.0.0.1:" + strconv.Itoa(port),
-		}, posixArgs...)
-		srv, err := start(base, bin, args, func() error {
-			if err := waitTCP("127.0.0.1:" + strconv.Itoa(port)); err != nil {
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		srv, err := start(base, bin, standin.VersityGWArgs(addr, standin.S3Keys{AccessKey: ep.AccessKey, SecretKey: ep.SecretKey}, posixArgs), func() error {
+			if err := waitTCP(addr); err != nil {
 				return err
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			_, err := client.ListBuckets(ctx, &s3.ListBucketsInput{})
-			return err
+			return standin.S3Ready(ctx, client)
 		})
 		if err == nil {
 			srv.dirs = append(srv.dirs, base)
@@ -157,13 +144,7 @@ func S3Client(t testing.TB) *s3.Client {
 }
 
 func newS3Client(ep S3Endpoint) *s3.Client {
-	return s3.New(s3.Options{
-		Region:       ep.Region,
-		BaseEndpoint: aws.String(ep.Endpoint),
-		Credentials:  credentials.NewStaticCredentialsProvider(ep.AccessKey, ep.SecretKey, ""),
-		UsePathStyle: true,
-		HTTPClient:   &http.Client{Timeout: 60 * time.Second},
-	})
+	return standin.S3Client(ep.Endpoint, ep.Region, standin.S3Keys{AccessKey: ep.AccessKey, SecretKey: ep.SecretKey}, 60*time.Second)
 }
 
 // Bucket creates a fresh, empty bucket named by UniqueName and returns its name. At the end of the

@@ -25,10 +25,11 @@ import (
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/proc"
+	"github.com/sandbox-broker/sandbox-broker/internal/standin"
 )
 
 // Region is the AWS region the stand-ins are addressed with.
-const Region = "us-east-1"
+const Region = standin.Region
 
 // startTimeout bounds how long a stand-in may take to answer after it was started. It is generous
 // because `go test ./...` starts one JVM per test binary, several at a time, on small machines.
