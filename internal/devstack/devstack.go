@@ -377,45 +377,14 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	def := func(p *string, v string) {
-		if *p == "" {
-			*p = v
-		}
-	}
-	def(&o.Template, filepath.Join(root, "template.yaml"))
-	def(&o.BuildDir, filepath.Join(root, ".build"))
-	def(&o.ToolsDir, filepath.Join(root, ".tools"))
-	def(&o.RunDir, filepath.Join(root, ".run"))
-	def(&o.Addr, DefaultAddr)
-	if o.Tokens == nil {
-		o.Tokens, _ = ParseTokens(DefaultTokens)
-	}
-	if o.Instances <= 0 {
-		o.Instances = DefaultInstances
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	o.setDefaults(root)
 	app, err := LoadTemplate(o.Template)
 	if err != nil {
 		return nil, err
 	}
-	rie := filepath.Join(o.ToolsDir, "bin", "aws-lambda-rie")
-	versitygw := filepath.Join(o.ToolsDir, "bin", "versitygw")
-	ddbDir := filepath.Join(o.ToolsDir, "dynamodb")
-	for _, p := range []string{rie, versitygw, filepath.Join(ddbDir, "DynamoDBLocal.jar")} {
-		if _, err := os.Stat(p); err != nil {
-			return nil, fmt.Errorf("devstack: %s missing: run make deps", p)
-		}
-	}
-	for _, f := range app.Functions {
-		if _, err := os.Stat(filepath.Join(o.BuildDir, f.Name, "bootstrap")); err != nil {
-			return nil, fmt.Errorf("devstack: %s missing: run make build", filepath.Join(o.BuildDir, f.Name, "bootstrap"))
-		}
-	}
-	java, err := exec.LookPath("java")
+	t, err := findTools(o, app)
 	if err != nil {
-		return nil, fmt.Errorf("devstack: java missing (DynamoDB Local needs Java 17+): %w", err)
+		return nil, err
 	}
 	// Bind the API address first: a taken BROKER_ADDR fails before anything starts.
 	addr, _, err := loopbackAddr(o.Addr)
@@ -444,27 +413,103 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 			_ = s.Close()
 		}
 	}()
-	startedAt := time.Now().UTC()
 	s.Info = Info{
 		Tokens:       orderTokens(o.Tokens, o.TenantOrder),
 		AdminTenants: adminTenants(o.FunctionEnv),
 		Functions:    map[string]string{},
-		StartedAt:    startedAt,
+		StartedAt:    time.Now().UTC(),
 		PID:          os.Getpid(),
 		LogDir:       logDir,
 	}
 	if len(s.Info.Tokens) > 0 {
 		s.Info.DefaultTenant = s.Info.Tokens[0].Tenant
 	}
+	if err := s.startServices(ctx, o, t, logDir); err != nil {
+		return nil, fmt.Errorf("devstack: %w", err)
+	}
+	s.Info.Provider = providerOf(o)
+	if err := s.startFunctions(ctx, o, t.rie, logDir); err != nil {
+		return nil, fmt.Errorf("devstack: %w (logs in %s)", err, logDir)
+	}
+	for _, r := range app.Routes {
+		if s.fns[r.Function] == nil {
+			return nil, fmt.Errorf("devstack: route %s names unknown function %q", r.Key(), r.Function)
+		}
+	}
+	served = true
+	s.serveAPI(ln, o)
+	s.startSchedules(runCtx, o)
+	s.StackFile = filepath.Join(o.RunDir, "stack.json")
+	if err := writeJSON(s.StackFile, s.Info); err != nil {
+		return nil, fmt.Errorf("devstack: %w", err)
+	}
+	return s, nil
+}
 
-	// DynamoDB Local, versitygw and the sandbox host start side by side.
+// setDefaults fills the options left empty, paths under root.
+func (o *Options) setDefaults(root string) {
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(&o.Template, filepath.Join(root, "template.yaml"))
+	def(&o.BuildDir, filepath.Join(root, ".build"))
+	def(&o.ToolsDir, filepath.Join(root, ".tools"))
+	def(&o.RunDir, filepath.Join(root, ".run"))
+	def(&o.Addr, DefaultAddr)
+	if o.Tokens == nil {
+		o.Tokens, _ = ParseTokens(DefaultTokens)
+	}
+	if o.Instances <= 0 {
+		o.Instances = DefaultInstances
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// tools are the programs the stack runs.
+type tools struct {
+	rie, versitygw, dynamoDir, java string
+}
+
+// findTools checks that the tools (make deps) and the functions' bootstraps
+// (make build) are there.
+func findTools(o Options, app App) (tools, error) {
+	t := tools{
+		rie:       filepath.Join(o.ToolsDir, "bin", "aws-lambda-rie"),
+		versitygw: filepath.Join(o.ToolsDir, "bin", "versitygw"),
+		dynamoDir: filepath.Join(o.ToolsDir, "dynamodb"),
+	}
+	for _, p := range []string{t.rie, t.versitygw, filepath.Join(t.dynamoDir, "DynamoDBLocal.jar")} {
+		if _, err := os.Stat(p); err != nil {
+			return tools{}, fmt.Errorf("devstack: %s missing: run make deps", p)
+		}
+	}
+	for _, f := range app.Functions {
+		if _, err := os.Stat(filepath.Join(o.BuildDir, f.Name, "bootstrap")); err != nil {
+			return tools{}, fmt.Errorf("devstack: %s missing: run make build", filepath.Join(o.BuildDir, f.Name, "bootstrap"))
+		}
+	}
+	java, err := exec.LookPath("java")
+	if err != nil {
+		return tools{}, fmt.Errorf("devstack: java missing (DynamoDB Local needs Java 17+): %w", err)
+	}
+	t.java = java
+	return t, nil
+}
+
+// startServices starts DynamoDB Local, versitygw and the sandbox host (with
+// its provisioner face) side by side.
+func (s *Stack) startServices(ctx context.Context, o Options, t tools, logDir string) error {
 	var (
 		wg                   sync.WaitGroup
 		ddbErr, s3Err, shErr error
 	)
 	wg.Add(3)
-	go func() { defer wg.Done(); ddbErr = s.startDynamoDB(ctx, java, ddbDir, o.DynamoDBAddr, logDir) }()
-	go func() { defer wg.Done(); s3Err = s.startS3(ctx, versitygw, o.S3Addr, logDir) }()
+	go func() { defer wg.Done(); ddbErr = s.startDynamoDB(ctx, t.java, t.dynamoDir, o.DynamoDBAddr, logDir) }()
+	go func() { defer wg.Done(); s3Err = s.startS3(ctx, t.versitygw, o.S3Addr, logDir) }()
 	go func() {
 		defer wg.Done()
 		shErr = s.startSandboxHost(ctx, o, logDir)
@@ -473,26 +518,27 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 		}
 	}()
 	wg.Wait()
-	if err := errors.Join(ddbErr, s3Err, shErr); err != nil {
-		return nil, fmt.Errorf("devstack: %w", err)
-	}
+	return errors.Join(ddbErr, s3Err, shErr)
+}
 
-	// Functions: one emulator pool each, warmed up in parallel.
-	s.Info.Provider = providerOf(o)
+// startFunctions starts one emulator pool per function (one instance for
+// a function that only runs on a schedule) and warms them up in parallel.
+func (s *Stack) startFunctions(ctx context.Context, o Options, rie, logDir string) error {
 	env := s.functionEnv(o.FunctionEnv)
 	var (
+		wg   sync.WaitGroup
 		mu   sync.Mutex
 		errs []error
 	)
-	for _, f := range app.Functions {
+	for _, f := range s.app.Functions {
 		n := o.Instances
-		if len(f.Schedules) > 0 && !hasRoutes(app, f.Name) {
+		if len(f.Schedules) > 0 && !hasRoutes(s.app, f.Name) {
 			n = 1
 		}
 		wg.Add(1)
 		go func(f Function, n int) {
 			defer wg.Done()
-			lf, err := startFunction(ctx, f, n, rie, filepath.Join(o.BuildDir, f.Name, "bootstrap"), logDir, env)
+			lf, err := startFunction(ctx, f, n, fnLaunch{rie: rie, bootstrap: filepath.Join(o.BuildDir, f.Name, "bootstrap"), logDir: logDir, env: env})
 			if err == nil {
 				err = warmUp(ctx, lf)
 			}
@@ -508,20 +554,14 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 		}(f, n)
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("devstack: %w (logs in %s)", err, logDir)
-	}
-	for _, r := range app.Routes {
-		if s.fns[r.Function] == nil {
-			return nil, fmt.Errorf("devstack: route %s names unknown function %q", r.Key(), r.Function)
-		}
-	}
+	return errors.Join(errs...)
+}
 
-	// The HTTP API (listening since the start).
+// serveAPI serves the HTTP API on ln (listening since Start began).
+func (s *Stack) serveAPI(ln net.Listener, o Options) {
 	s.Info.APIURL = "http://" + ln.Addr().String()
-	gw := &gateway{app: app, fns: s.fns, tokens: o.Tokens, log: o.Logger, region: DefaultRegion, apiHost: ln.Addr().String()}
+	gw := &gateway{app: s.app, fns: s.fns, tokens: o.Tokens, log: o.Logger, region: DefaultRegion, apiHost: ln.Addr().String()}
 	s.srv = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
-	served = true
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -529,9 +569,12 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 			s.fail(fmt.Errorf("http api: %w", err))
 		}
 	}()
+}
 
-	// Schedules.
-	for _, f := range app.Functions {
+// startSchedules invokes the scheduled functions at their rates (or
+// o.ScheduleOverride) until runCtx ends, and watches the children.
+func (s *Stack) startSchedules(runCtx context.Context, o Options) {
+	for _, f := range s.app.Functions {
 		for _, rate := range f.Schedules {
 			if o.ScheduleOverride > 0 {
 				rate = o.ScheduleOverride
@@ -542,12 +585,6 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	}
 	s.wg.Add(1)
 	go s.watch(runCtx)
-
-	s.StackFile = filepath.Join(o.RunDir, "stack.json")
-	if err := writeJSON(s.StackFile, s.Info); err != nil {
-		return nil, fmt.Errorf("devstack: %w", err)
-	}
-	return s, nil
 }
 
 func (s *Stack) addChild(c *child) {

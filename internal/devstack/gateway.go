@@ -123,7 +123,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		tooLarge(w)
 		return
 	}
-	ev := g.event(r, reqID, route, params, tenant, rawPath, body, start)
+	ev := g.event(inbound{r: r, reqID: reqID, route: route, params: params, tenant: tenant, rawPath: rawPath, body: body, at: start})
 	payload, err := json.Marshal(ev)
 	if err != nil {
 		status = http.StatusInternalServerError
@@ -168,8 +168,22 @@ func (g *gateway) authorize(r *http.Request, header string) (string, bool) {
 	return tenant, ok
 }
 
+// inbound is a request the gateway routed and authorised: what its event
+// is made of.
+type inbound struct {
+	r       *http.Request
+	reqID   string
+	route   Route
+	params  map[string]string // path parameters
+	tenant  string
+	rawPath string
+	body    []byte
+	at      time.Time
+}
+
 // event builds the API Gateway HTTP API payload format 2.0 event.
-func (g *gateway) event(r *http.Request, reqID string, route Route, params map[string]string, tenant, rawPath string, body []byte, now time.Time) events.APIGatewayV2HTTPRequest {
+func (g *gateway) event(in inbound) events.APIGatewayV2HTTPRequest {
+	r, reqID, route, params, tenant, rawPath, body, now := in.r, in.reqID, in.route, in.params, in.tenant, in.rawPath, in.body, in.at
 	headers := map[string]string{}
 	for k, vs := range r.Header {
 		if strings.EqualFold(k, "Cookie") {

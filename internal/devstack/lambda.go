@@ -36,9 +36,18 @@ type rieInstance struct {
 	child *child
 }
 
+// fnLaunch is how the emulators of one function are started.
+type fnLaunch struct {
+	rie       string   // the emulator binary
+	bootstrap string   // the function's binary
+	logDir    string   // fn-<name>-<i>.log go here
+	env       []string // the stack's and the caller's environment
+}
+
 // startFunction starts n emulators for fn, each on its own free ports, and
 // waits until they accept connections. Nothing is invoked yet.
-func startFunction(ctx context.Context, fn Function, n int, rie, bootstrap, logDir string, env []string) (*lambdaFn, error) {
+func startFunction(ctx context.Context, fn Function, n int, l fnLaunch) (*lambdaFn, error) {
+	bootstrap, env := l.bootstrap, l.env
 	if _, err := os.Stat(bootstrap); err != nil {
 		return nil, fmt.Errorf("function %s: %w (run make build)", fn.Name, err)
 	}
@@ -52,7 +61,7 @@ func startFunction(ctx context.Context, fn Function, n int, rie, bootstrap, logD
 		"_HANDLER=bootstrap",
 	)
 	for i := 0; i < n; i++ {
-		inst, err := startInstance(ctx, fn, i, rie, bootstrap, logDir, fnEnv)
+		inst, err := startInstance(ctx, fn, i, fnLaunch{rie: l.rie, bootstrap: bootstrap, logDir: l.logDir, env: fnEnv})
 		if err != nil {
 			lf.stop()
 			return nil, err
@@ -63,7 +72,10 @@ func startFunction(ctx context.Context, fn Function, n int, rie, bootstrap, logD
 	return lf, nil
 }
 
-func startInstance(ctx context.Context, fn Function, i int, rie, bootstrap, logDir string, env []string) (*rieInstance, error) {
+// startInstance starts emulator i of fn (l.env is the function's whole
+// environment).
+func startInstance(ctx context.Context, fn Function, i int, l fnLaunch) (*rieInstance, error) {
+	rie, bootstrap, logDir, env := l.rie, l.bootstrap, l.logDir, l.env
 	name := fmt.Sprintf("%s-%d", fn.Name, i)
 	var last error
 	for attempt := 0; attempt < 3; attempt++ { // a port picked as free may be taken meanwhile
