@@ -407,7 +407,8 @@ func (p *pass) releases(ctx context.Context) error {
 		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateReleasing},
 			To: StateReleasing, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
 		if err != nil {
-			continue // a peer took it over (a retried release, an acquire)
+			p.skip(ctx, "claim interrupted release", rec.SandboxID, err) // usually a peer took it over (a retried release, an acquire)
+			continue
 		}
 		e.log.InfoContext(ctx, "reconcile: finishing an interrupted release", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
 		if _, err := e.finishRelease(ctx, claimed); err != nil {
