@@ -65,27 +65,11 @@ func LoadTemplate(file string) (App, error) {
 	}
 	var app App
 	seen := map[string]string{}
-	authHeaders, defaultAuth, err := authorizers(tpl)
-	if err != nil {
+	var auth apiAuth
+	if auth.headers, auth.def, err = authorizers(tpl); err != nil {
 		return App{}, err
 	}
-	// goformation does not merge Globals: take Timeout and MemorySize from
-	// Globals.Function as defaults here.
-	defTimeout, defMemory := 3*time.Second, 128 // SAM's own defaults
-	globalEnv := map[string]string{}
-	if g, err := tpl.GetServerlessGlobalFunction(); err == nil {
-		if g.Environment != nil {
-			for k, v := range g.Environment.Variables {
-				globalEnv[k] = v
-			}
-		}
-		if g.Timeout != nil && *g.Timeout > 0 {
-			defTimeout = time.Duration(*g.Timeout) * time.Second
-		}
-		if g.MemorySize != nil && *g.MemorySize > 0 {
-			defMemory = *g.MemorySize
-		}
-	}
+	defaults := globalFunction(tpl)
 	for id, fn := range tpl.GetAllServerlessFunctionResources() {
 		name, err := functionName(id, fn)
 		if err != nil {
@@ -95,79 +79,12 @@ func LoadTemplate(file string) (App, error) {
 			return App{}, fmt.Errorf("functions %s and %s share CodeUri directory %q", other, id, name)
 		}
 		seen[name] = id
-		f := Function{Name: name, LogicalID: id, Timeout: defTimeout, MemoryMB: defMemory}
-		if fn.Timeout != nil && *fn.Timeout > 0 {
-			f.Timeout = time.Duration(*fn.Timeout) * time.Second
+		f := defaults.function(id, name, fn)
+		routes, err := readEvents(id, &f, fn, auth)
+		if err != nil {
+			return App{}, err
 		}
-		if fn.MemorySize != nil && *fn.MemorySize > 0 {
-			f.MemoryMB = *fn.MemorySize
-		}
-		env := map[string]string{}
-		for k, v := range globalEnv {
-			env[k] = v
-		}
-		if fn.Environment != nil {
-			for k, v := range fn.Environment.Variables {
-				env[k] = v
-			}
-		}
-		for k, v := range env {
-			if v != "" {
-				f.Env = append(f.Env, k+"="+v)
-			}
-		}
-		sort.Strings(f.Env)
-		evNames := make([]string, 0, len(fn.Events))
-		for n := range fn.Events {
-			evNames = append(evNames, n)
-		}
-		sort.Strings(evNames)
-		for _, evName := range evNames {
-			ev := fn.Events[evName]
-			if ev.Properties == nil {
-				continue
-			}
-			switch ev.Type {
-			case "HttpApi", "Api":
-				// goformation fills ApiEvent and HttpApiEvent alike; read by Type.
-				var method, p *string
-				authz := defaultAuth
-				if e := ev.Properties.HttpApiEvent; e != nil && ev.Type == "HttpApi" {
-					method, p = e.Method, e.Path
-					if e.Auth != nil && e.Auth.Authorizer != nil {
-						authz = *e.Auth.Authorizer
-					}
-				} else if e := ev.Properties.ApiEvent; e != nil {
-					m, pp := e.Method, e.Path
-					method, p = &m, &pp
-				}
-				if method == nil || p == nil || *p == "" {
-					return App{}, fmt.Errorf("%s event %s: Method and Path are required here", id, evName)
-				}
-				header := "Authorization"
-				if authz != "" {
-					h, ok := authHeaders[authz]
-					if !ok {
-						return App{}, fmt.Errorf("%s event %s: authorizer %q is not declared on the HTTP API", id, evName, authz)
-					}
-					header = h
-				}
-				app.Routes = append(app.Routes, Route{Method: strings.ToUpper(*method), Path: *p, Function: name, TokenHeader: header})
-			case "Schedule":
-				e := ev.Properties.ScheduleEvent
-				if e == nil {
-					return App{}, fmt.Errorf("%s event %s: no Schedule", id, evName)
-				}
-				if e.Enabled != nil && !*e.Enabled {
-					continue
-				}
-				d, err := ParseRate(e.Schedule)
-				if err != nil {
-					return App{}, fmt.Errorf("%s event %s: %w", id, evName, err)
-				}
-				f.Schedules = append(f.Schedules, d)
-			}
-		}
+		app.Routes = append(app.Routes, routes...)
 		app.Functions = append(app.Functions, f)
 	}
 	sort.Slice(app.Functions, func(i, j int) bool { return app.Functions[i].Name < app.Functions[j].Name })
@@ -181,6 +98,140 @@ func LoadTemplate(file string) (App, error) {
 		return App{}, fmt.Errorf("%s declares no AWS::Serverless::Function", file)
 	}
 	return app, nil
+}
+
+// fnDefaults are the template's Globals.Function settings, over SAM's own
+// defaults (goformation does not merge Globals).
+type fnDefaults struct {
+	timeout time.Duration
+	memory  int
+	env     map[string]string
+}
+
+func globalFunction(tpl *cloudformation.Template) fnDefaults {
+	d := fnDefaults{timeout: 3 * time.Second, memory: 128, env: map[string]string{}} // SAM's own defaults
+	g, err := tpl.GetServerlessGlobalFunction()
+	if err != nil {
+		return d
+	}
+	if g.Environment != nil {
+		for k, v := range g.Environment.Variables {
+			d.env[k] = v
+		}
+	}
+	if g.Timeout != nil && *g.Timeout > 0 {
+		d.timeout = time.Duration(*g.Timeout) * time.Second
+	}
+	if g.MemorySize != nil && *g.MemorySize > 0 {
+		d.memory = *g.MemorySize
+	}
+	return d
+}
+
+// function is the Function of resource id named name: its timeout, memory
+// and environment (the function's variables over the global ones; empty
+// values are left out).
+func (d fnDefaults) function(id, name string, fn *serverless.Function) Function {
+	f := Function{Name: name, LogicalID: id, Timeout: d.timeout, MemoryMB: d.memory}
+	if fn.Timeout != nil && *fn.Timeout > 0 {
+		f.Timeout = time.Duration(*fn.Timeout) * time.Second
+	}
+	if fn.MemorySize != nil && *fn.MemorySize > 0 {
+		f.MemoryMB = *fn.MemorySize
+	}
+	env := map[string]string{}
+	for k, v := range d.env {
+		env[k] = v
+	}
+	if fn.Environment != nil {
+		for k, v := range fn.Environment.Variables {
+			env[k] = v
+		}
+	}
+	for k, v := range env {
+		if v != "" {
+			f.Env = append(f.Env, k+"="+v)
+		}
+	}
+	sort.Strings(f.Env)
+	return f
+}
+
+// apiAuth is what the HTTP APIs declare of their authorizers (authorizers).
+type apiAuth struct {
+	headers map[string]string // authorizer name -> its token header
+	def     string            // the default authorizer, "" when none
+}
+
+// readEvents returns the routes of fn's HttpApi and Api events (each with
+// the token header of its authorizer) and adds the rates of its enabled
+// Schedule events to f.
+func readEvents(id string, f *Function, fn *serverless.Function, auth apiAuth) ([]Route, error) {
+	evNames := make([]string, 0, len(fn.Events))
+	for n := range fn.Events {
+		evNames = append(evNames, n)
+	}
+	sort.Strings(evNames)
+	var routes []Route
+	for _, evName := range evNames {
+		ev := fn.Events[evName]
+		if ev.Properties == nil {
+			continue
+		}
+		switch ev.Type {
+		case "HttpApi", "Api":
+			r, err := readRoute(id, evName, ev, auth)
+			if err != nil {
+				return nil, err
+			}
+			r.Function = f.Name
+			routes = append(routes, r)
+		case "Schedule":
+			e := ev.Properties.ScheduleEvent
+			if e == nil {
+				return nil, fmt.Errorf("%s event %s: no Schedule", id, evName)
+			}
+			if e.Enabled != nil && !*e.Enabled {
+				continue
+			}
+			d, err := ParseRate(e.Schedule)
+			if err != nil {
+				return nil, fmt.Errorf("%s event %s: %w", id, evName, err)
+			}
+			f.Schedules = append(f.Schedules, d)
+		}
+	}
+	return routes, nil
+}
+
+// readRoute reads an HttpApi or Api event: method, path and the token
+// header of its authorizer (its own, else the API's default;
+// "Authorization" when none says).
+func readRoute(id, evName string, ev serverless.Function_EventSource, auth apiAuth) (Route, error) {
+	// goformation fills ApiEvent and HttpApiEvent alike; read by Type.
+	var method, p *string
+	authz := auth.def
+	if e := ev.Properties.HttpApiEvent; e != nil && ev.Type == "HttpApi" {
+		method, p = e.Method, e.Path
+		if e.Auth != nil && e.Auth.Authorizer != nil {
+			authz = *e.Auth.Authorizer
+		}
+	} else if e := ev.Properties.ApiEvent; e != nil {
+		m, pp := e.Method, e.Path
+		method, p = &m, &pp
+	}
+	if method == nil || p == nil || *p == "" {
+		return Route{}, fmt.Errorf("%s event %s: Method and Path are required here", id, evName)
+	}
+	header := "Authorization"
+	if authz != "" {
+		h, ok := auth.headers[authz]
+		if !ok {
+			return Route{}, fmt.Errorf("%s event %s: authorizer %q is not declared on the HTTP API", id, evName, authz)
+		}
+		header = h
+	}
+	return Route{Method: strings.ToUpper(*method), Path: *p, TokenHeader: header}, nil
 }
 
 // authorizers reads the HTTP APIs' authorizers: name -> the header of its
