@@ -195,28 +195,11 @@ var (
 // that only read the stack, such as ls-outputs).
 func Resolve(s Settings, getenv func(string) string, cwd string, needAPI bool) (Config, error) {
 	cfg := Config{Sources: map[string]string{}}
-
-	stackPath, explicit := s.Stack, s.Stack != ""
-	if !explicit {
-		if v := getenv(EnvStack); v != "" {
-			stackPath, explicit = v, true
-		}
+	st, err := resolveStack(s, getenv, cwd)
+	if err != nil {
+		return cfg, err
 	}
-	if explicit && !filepath.IsAbs(stackPath) {
-		stackPath = filepath.Join(cwd, stackPath)
-	}
-	if !explicit {
-		stackPath = FindStack(cwd)
-	}
-	if stackPath != "" {
-		st, err := LoadStack(stackPath)
-		switch {
-		case err == nil:
-			cfg.Stack = st
-		case explicit || !errors.Is(err, fs.ErrNotExist):
-			return cfg, err
-		}
-	}
+	cfg.Stack = st
 
 	pick := func(name, flag, env string, stack string) string {
 		switch {
@@ -240,25 +223,8 @@ func Resolve(s Settings, getenv func(string) string, cwd string, needAPI bool) (
 	cfg.Tenant = pick("tenant", s.Tenant, EnvTenant, "")
 	cfg.Token = pick("token", s.Token, EnvToken, "")
 
-	if cfg.Token == "" && cfg.Stack != nil && len(cfg.Stack.Tokens) > 0 {
-		if cfg.Tenant != "" {
-			tok, ok := cfg.Stack.TokenFor(cfg.Tenant)
-			if !ok {
-				return cfg, fmt.Errorf("tenant %q has no token in %s (tenants there: %s)", cfg.Tenant, cfg.Stack.Path, tenantList(cfg.Stack))
-			}
-			cfg.Token = tok
-		} else {
-			d := cfg.Stack.Default()
-			cfg.Token, cfg.Tenant = d.Token, d.Tenant
-			cfg.Sources["tenant"] = "stack"
-		}
-		cfg.Sources["token"] = "stack"
-	}
-	if cfg.Tenant == "" && cfg.Token != "" && cfg.Stack != nil {
-		if t, ok := cfg.Stack.TenantOf(cfg.Token); ok {
-			cfg.Tenant = t
-			cfg.Sources["tenant"] = "stack"
-		}
+	if err := cfg.credentialsFromStack(); err != nil {
+		return cfg, err
 	}
 
 	if cfg.Stack != nil {
@@ -276,6 +242,59 @@ func Resolve(s Settings, getenv func(string) string, cwd string, needAPI bool) (
 		}
 	}
 	return cfg, nil
+}
+
+// resolveStack loads the stack file: --stack, else SBX_STACK (relative to
+// cwd), else the one FindStack finds. A stack file named explicitly must
+// load; one found by searching may be absent (nil, no error).
+func resolveStack(s Settings, getenv func(string) string, cwd string) (*Stack, error) {
+	stackPath, explicit := s.Stack, s.Stack != ""
+	if !explicit {
+		if v := getenv(EnvStack); v != "" {
+			stackPath, explicit = v, true
+		}
+	}
+	if explicit && !filepath.IsAbs(stackPath) {
+		stackPath = filepath.Join(cwd, stackPath)
+	}
+	if !explicit {
+		stackPath = FindStack(cwd)
+	}
+	if stackPath == "" {
+		return nil, nil
+	}
+	st, err := LoadStack(stackPath)
+	if err != nil && (explicit || !errors.Is(err, fs.ErrNotExist)) {
+		return nil, err
+	}
+	return st, nil
+}
+
+// credentialsFromStack completes the token and tenant from the stack file:
+// without a token, the tenant's token (or the stack's default tenant and
+// its token); without a tenant, the tenant the token names.
+func (cfg *Config) credentialsFromStack() error {
+	if cfg.Token == "" && cfg.Stack != nil && len(cfg.Stack.Tokens) > 0 {
+		if cfg.Tenant != "" {
+			tok, ok := cfg.Stack.TokenFor(cfg.Tenant)
+			if !ok {
+				return fmt.Errorf("tenant %q has no token in %s (tenants there: %s)", cfg.Tenant, cfg.Stack.Path, tenantList(cfg.Stack))
+			}
+			cfg.Token = tok
+		} else {
+			d := cfg.Stack.Default()
+			cfg.Token, cfg.Tenant = d.Token, d.Tenant
+			cfg.Sources["tenant"] = "stack"
+		}
+		cfg.Sources["token"] = "stack"
+	}
+	if cfg.Tenant == "" && cfg.Token != "" && cfg.Stack != nil {
+		if t, ok := cfg.Stack.TenantOf(cfg.Token); ok {
+			cfg.Tenant = t
+			cfg.Sources["tenant"] = "stack"
+		}
+	}
+	return nil
 }
 
 func tenantList(s *Stack) string {
