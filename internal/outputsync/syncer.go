@@ -301,46 +301,21 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 	}
 	log := s.log.With("sandbox_id", t.Ref.ID, "thread", t.ThreadKey.String())
 
-	files, bad, listIncomplete, err := s.list(ctx, t.Ref, log)
+	mkey := manifestKey(s.opts.Prefix, t.ThreadKey)
+	in, err := s.begin(ctx, t, start, log)
 	if err != nil {
 		return core.SyncResult{}, err
 	}
-
-	mkey := manifestKey(s.opts.Prefix, t.ThreadKey)
-	mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
-	m, found, corrupt, err := loadThreadManifest(mctx, s.s3, s.opts.Bucket, s.opts.Prefix, t.ThreadKey)
-	cancel()
-	if err != nil {
-		return core.SyncResult{}, fmt.Errorf("load manifest %s: %w", mkey, err)
-	}
-	if found && !corrupt && m.SandboxID == t.Ref.ID && m.RestorePending {
-		// A restore into this sandbox stopped short: continue it first,
-		// with at most half of the pass's time, then look again.
-		rctx, cancel := context.WithDeadline(ctx, start.Add(s.opts.Deadline/2))
-		_, _, rerr := s.restore(rctx, t, true)
-		cancel()
-		if errors.Is(rerr, core.ErrSandboxGone) {
-			return core.SyncResult{}, rerr
-		}
-		if files, bad, listIncomplete, err = s.list(ctx, t.Ref, log); err != nil {
-			return core.SyncResult{}, err
-		}
-		mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
-		m, found, corrupt, err = loadThreadManifest(mctx, s.s3, s.opts.Bucket, s.opts.Prefix, t.ThreadKey)
-		cancel()
-		if err != nil {
-			return core.SyncResult{}, fmt.Errorf("load manifest %s: %w", mkey, err)
-		}
-	}
+	files, bad, listIncomplete, m, found, corrupt := in.files, in.bad, in.listIncomplete, in.m, in.found, in.corrupt
 	p := &pass{m: m, dirty: m != nil && m.legacy, mkey: mkey, log: log}
 	switch {
 	case corrupt:
 		log.WarnContext(ctx, "discarding unreadable manifest", "key", mkey)
 		p.m, p.dirty = newManifest(t.Ref.ID), true
-	case !found:
-		p.m, p.dirty = newManifest(t.Ref.ID), true
-	case m.SandboxID != t.Ref.ID:
-		log.InfoContext(ctx, "discarding manifest of another sandbox", "manifest_sandbox_id", m.SandboxID)
+	case !found || m.SandboxID != t.Ref.ID:
+		if found {
+			log.InfoContext(ctx, "discarding manifest of another sandbox", "manifest_sandbox_id", m.SandboxID)
+		}
 		p.m, p.dirty = newManifest(t.Ref.ID), true
 	}
 	stored, err := s.verifyStored(ctx, t, p)
@@ -363,17 +338,7 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 		s.prune(ctx, t, files, p)
 	}
 
-	var storeErr error
-	if p.dirty {
-		// The uploads happened; record them even if ctx ended.
-		sctx, cancel := core.CleanupContext(ctx, s3CallTimeout)
-		storeErr = storeManifest(sctx, s.s3, s.opts.Bucket, mkey, p.m)
-		cancel()
-		if storeErr != nil {
-			storeErr = fmt.Errorf("store manifest %s: %w", mkey, storeErr)
-		}
-	}
-
+	storeErr := s.storeFinal(ctx, p)
 	res := p.res
 	res.Deferred, res.Excluded = s.report(p.deferred), s.report(p.excluded)
 	res.Complete = len(p.deferred) == 0 && storeErr == nil && p.goneErr == nil && ctx.Err() == nil
@@ -386,6 +351,59 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 		return res, errors.Join(fmt.Errorf("sync canceled: %w", context.Cause(ctx)), storeErr)
 	}
 	return res, storeErr
+}
+
+// passInput is what a Sync pass starts from: the sandbox's listing and the
+// thread's manifest as loaded.
+type passInput struct {
+	files          []listedFile
+	bad            [][]byte
+	listIncomplete bool
+	m              *Manifest
+	found, corrupt bool
+}
+
+// begin lists the sandbox and loads the thread's manifest. When the
+// manifest says a restore into this sandbox stopped short, the restore is
+// continued first (with at most half of the pass's time), then both are
+// read again.
+func (s *Syncer) begin(ctx context.Context, t core.SyncTarget, start time.Time, log *slog.Logger) (passInput, error) {
+	for again := false; ; again = true {
+		var in passInput
+		var err error
+		if in.files, in.bad, in.listIncomplete, err = s.list(ctx, t.Ref, log); err != nil {
+			return passInput{}, err
+		}
+		mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+		in.m, in.found, in.corrupt, err = loadThreadManifest(mctx, s.s3, s.opts.Bucket, s.opts.Prefix, t.ThreadKey)
+		cancel()
+		if err != nil {
+			return passInput{}, fmt.Errorf("load manifest %s: %w", manifestKey(s.opts.Prefix, t.ThreadKey), err)
+		}
+		if again || !in.found || in.corrupt || in.m.SandboxID != t.Ref.ID || !in.m.RestorePending {
+			return in, nil
+		}
+		rctx, cancel := context.WithDeadline(ctx, start.Add(s.opts.Deadline/2))
+		_, _, rerr := s.restore(rctx, t, true)
+		cancel()
+		if errors.Is(rerr, core.ErrSandboxGone) {
+			return passInput{}, rerr
+		}
+	}
+}
+
+// storeFinal stores the pass's manifest if it changed. The uploads
+// happened: they are recorded even if ctx ended.
+func (s *Syncer) storeFinal(ctx context.Context, p *pass) error {
+	if !p.dirty {
+		return nil
+	}
+	sctx, cancel := core.CleanupContext(ctx, s3CallTimeout)
+	defer cancel()
+	if err := storeManifest(sctx, s.s3, s.opts.Bucket, p.mkey, p.m); err != nil {
+		return fmt.Errorf("store manifest %s: %w", p.mkey, err)
+	}
+	return nil
 }
 
 // verifyStored lists what S3 holds under the thread's prefix and drops the
