@@ -354,6 +354,7 @@ func TestIAMLeastPrivilege(t *testing.T) {
 			"OutputObjects":    {str(S3ObjectActions), prefixObjects},
 			"ListOutputBucket": {`"s3:ListBucket"`, str(getAtt(LogicalBucket, "Arn"))},
 			"ReadE2BApiKey":    {`"secretsmanager:GetSecretValue"`, str(ref(LogicalSecret))},
+			"SealAccessTokens": {str(KMSActions), str(getAtt(LogicalTokenKey, "Arn"))},
 		}
 		got := map[string][2]string{}
 		for _, st := range attached[0]["PolicyDocument"].(map[string]any)["Statement"].([]any) {
@@ -370,7 +371,12 @@ func TestIAMLeastPrivilege(t *testing.T) {
 			if r := str(st["Resource"]); strings.Contains(r, "*") && r != prefixObjects {
 				t.Errorf("%s: wildcard resource %s (only the output prefix's objects may use one)", f.Name, r)
 			}
-			if st["Condition"] != nil {
+			switch {
+			case st["Sid"] == "SealAccessTokens":
+				if str(st["Condition"]) != `{"StringEquals":{"kms:EncryptionContext:purpose":"sandbox-access-token"}}` {
+					t.Errorf("%s: kms condition = %s, want the token encryption context only", f.Name, str(st["Condition"]))
+				}
+			case st["Condition"] != nil:
 				t.Errorf("%s: statement %v has condition %s (TestListBucketGrant)", f.Name, st["Sid"], str(st["Condition"]))
 			}
 		}

@@ -195,6 +195,7 @@ var ResourceEnv = map[string]string{
 	config.EnvTableName:          LogicalTable,
 	config.EnvOutputBucket:       LogicalBucket,
 	config.EnvE2BAPIKeySecretARN: LogicalSecret,
+	config.EnvTokenKMSKeyARN:     LogicalTokenKey, // its ARN (Fn::GetAtt Arn)
 }
 
 // NotDeployed lists the internal/config variables the deployed functions do not
@@ -203,8 +204,9 @@ var NotDeployed = map[string]string{
 	config.EnvE2BAPIKey: "the key is read from Secrets Manager (E2B_API_KEY_SECRET_ARN), never an environment variable",
 	config.EnvProvisionerAPIKey: "a secret, and the stack has no Secrets Manager path for it yet (like E2B_API_KEY_SECRET_ARN): " +
 		"a provisioner deployment needs one before it can use a key",
-	config.EnvS3Endpoint: "local S3 stand-ins only (devstack)",
-	config.EnvEndpoint:   "local AWS stand-ins only (devstack)",
+	config.EnvTokenLocalKey: "local runs only (devstack); deployed stacks seal access tokens with the KMS key (TOKEN_KMS_KEY_ARN)",
+	config.EnvS3Endpoint:    "local S3 stand-ins only (devstack)",
+	config.EnvEndpoint:      "local AWS stand-ins only (devstack)",
 }
 
 // Logical IDs shared by template.yaml and the CDK stack.
@@ -213,7 +215,10 @@ const (
 	LogicalTable  = "Table"
 	LogicalBucket = "OutputBucket"
 	LogicalSecret = "E2BApiKeySecret"
-	LogicalRule   = "ReconcileSchedule"
+	// LogicalTokenKey is the KMS key sandbox access tokens are sealed
+	// under (envelope encryption, internal/tokenseal).
+	LogicalTokenKey = "TokenKey"
+	LogicalRule     = "ReconcileSchedule"
 )
 
 // Embedded metrics (CloudWatch embedded metric format) the alarms and the

@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awseventstargets"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awss3"
@@ -27,6 +28,7 @@ import (
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/tokenseal"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
@@ -92,6 +94,7 @@ type Stack struct {
 	Table     awsdynamodb.Table
 	Bucket    awss3.Bucket
 	Secret    awssecretsmanager.ISecret
+	TokenKey  awskms.Key
 	API       awsapigatewayv2.HttpApi
 	Alarms    map[string]awscloudwatch.Alarm // by short name
 	Params    map[string]awscdk.CfnParameter // by parameter name
@@ -136,6 +139,10 @@ var S3BucketActions = []string{"s3:ListBucket"}
 
 // SecretActions are granted on the E2B API key secret.
 var SecretActions = []string{"secretsmanager:GetSecretValue"}
+
+// KMSActions are granted on the token key, only with the encryption
+// context internal/tokenseal uses: the calls of tokenseal.KMSAPI.
+var KMSActions = []string{"kms:Decrypt", "kms:GenerateDataKey"}
 
 // LogActions are granted on the function's own log group.
 var LogActions = []string{"logs:CreateLogStream", "logs:PutLogEvents"}
@@ -251,6 +258,16 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 		s.Secret = sec
 	}
 
+	// Sandbox access tokens are stored sealed under data keys of this key
+	// (internal/tokenseal); only the functions may use it, and only with
+	// the token encryption context.
+	s.TokenKey = awskms.NewKey(st, jsii.String(LogicalTokenKey), &awskms.KeyProps{
+		Description:       jsii.String("sandbox-broker: seals sandbox access tokens stored in the table"),
+		EnableKeyRotation: jsii.Bool(true),
+		RemovalPolicy:     awscdk.RemovalPolicy_RETAIN,
+	})
+	overrideID(s.TokenKey, LogicalTokenKey)
+
 	env := map[string]*string{}
 	for _, p := range Parameters {
 		env[p.Env] = s.Params[p.Name].ValueAsString()
@@ -259,6 +276,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	env["TABLE_NAME"] = s.Table.TableName()
 	env["OUTPUT_BUCKET"] = s.Bucket.BucketName()
 	env["E2B_API_KEY_SECRET_ARN"] = s.Secret.SecretArn()
+	env[config.EnvTokenKMSKeyARN] = s.TokenKey.KeyArn()
 
 	for _, f := range Functions {
 		s.Functions[f.Name] = s.function(f, props, env, prefix, retention)
@@ -330,6 +348,10 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	// time, so the narrowest static scope is the prefix with a trailing
 	// wildcard (IAM has no other way to name "objects under a prefix").
 	objects := awscdk.Fn_Join(jsii.String(""), &[]*string{s.Bucket.BucketArn(), jsii.String("/"), prefix, jsii.String("/*")})
+	seal := stmt("SealAccessTokens", KMSActions, s.TokenKey.KeyArn())
+	seal.AddCondition(jsii.String("StringEquals"), map[string]any{
+		"kms:EncryptionContext:purpose": tokenseal.EncryptionContext["purpose"],
+	})
 	doc := awsiam.NewPolicyDocument(&awsiam.PolicyDocumentProps{Statements: &[]awsiam.PolicyStatement{
 		stmt("WriteOwnLogs", LogActions, logs.LogGroupArn()),
 		stmt("TableItems", DynamoDBActions, tableArn),
@@ -337,6 +359,7 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 		stmt("OutputObjects", S3ObjectActions, objects),
 		stmt("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn()),
 		stmt("ReadE2BApiKey", SecretActions, s.Secret.SecretArn()),
+		seal,
 	}})
 	policy := awsiam.NewPolicy(st, jsii.String(f.LogicalID+"Policy"), &awsiam.PolicyProps{Document: doc})
 	policy.AttachToRole(role)

@@ -5,6 +5,7 @@
 package config
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,10 +60,16 @@ const (
 	EnvLogLevel           = "LOG_LEVEL"
 	// Output sync caps; unset means the syncer's default
 	// (internal/outputsync Default*).
-	EnvSyncMaxFiles        = "SYNC_MAX_FILES"
-	EnvSyncMaxTotalBytes   = "SYNC_MAX_TOTAL_BYTES"
-	EnvSyncMaxFileBytes    = "SYNC_MAX_FILE_BYTES"
-	EnvSyncMaxThreadBytes  = "SYNC_MAX_THREAD_BYTES"
+	EnvSyncMaxFiles       = "SYNC_MAX_FILES"
+	EnvSyncMaxTotalBytes  = "SYNC_MAX_TOTAL_BYTES"
+	EnvSyncMaxFileBytes   = "SYNC_MAX_FILE_BYTES"
+	EnvSyncMaxThreadBytes = "SYNC_MAX_THREAD_BYTES"
+	// Sandbox access tokens are stored sealed (internal/tokenseal): under
+	// data keys of the KMS key EnvTokenKMSKeyARN (deployed stacks), or
+	// under the local key EnvTokenLocalKey (base64 of 32 bytes; `make
+	// run`). Exactly one is required.
+	EnvTokenKMSKeyARN      = "TOKEN_KMS_KEY_ARN"
+	EnvTokenLocalKey       = "TOKEN_LOCAL_KEY"
 	EnvSyncDeadlineSeconds = "SYNC_DEADLINE_SECONDS"
 	EnvSyncMirrorDeletes   = "SYNC_MIRROR_DELETES"
 	// EnvS3Endpoint and EnvEndpoint are the AWS SDK's own endpoint overrides
@@ -142,6 +149,14 @@ type Provisioner struct {
 	APIKey string
 }
 
+// TokenSeal is the key sandbox access tokens are sealed under: a KMS key
+// (KMSKeyARN) or a local key (LocalKey, 32 bytes; secret: String never
+// prints it). Exactly one is set.
+type TokenSeal struct {
+	KMSKeyARN string
+	LocalKey  []byte
+}
+
 // Config is the whole configuration of one broker function.
 type Config struct {
 	Settings core.Settings
@@ -162,6 +177,8 @@ type Config struct {
 	Sync Sync
 	// Reconcile bounds the reconcile passes (RECONCILE_*).
 	Reconcile core.ReconcileSettings
+	// TokenSeal says how sandbox access tokens are sealed at rest.
+	TokenSeal TokenSeal
 	// AdminTenants may call the /v1/admin routes (BROKER_ADMIN_TENANTS).
 	AdminTenants []string
 	// TenantClaim is the JWT claim naming the caller's tenant
@@ -190,7 +207,11 @@ func (c Config) providerString() string {
 	if c.Provisioner.APIKey != "" {
 		key = "[redacted]"
 	}
-	return fmt.Sprintf(" provider=%s provisioner_url=%s provisioner_api_key=%s", c.Provider, c.Provisioner.URL, key)
+	seal := "kms:" + c.TokenSeal.KMSKeyARN
+	if len(c.TokenSeal.LocalKey) > 0 {
+		seal = "local:[redacted]"
+	}
+	return fmt.Sprintf(" provider=%s provisioner_url=%s provisioner_api_key=%s token_seal=%s", c.Provider, c.Provisioner.URL, key, seal)
 }
 
 // LogValue implements slog.LogValuer so logging a Config never prints the key.
@@ -258,6 +279,7 @@ func Parse(environ []string) (Config, []string, error) {
 		OutputBucket: p.required(EnvOutputBucket),
 		OutputPrefix: strings.Trim(p.str(EnvOutputPrefix, ""), "/"),
 		S3PathStyle:  env[EnvS3Endpoint] != "" || env[EnvEndpoint] != "",
+		TokenSeal:    p.tokenSeal(),
 		Sync: Sync{
 			MaxFiles:       p.intVar(EnvSyncMaxFiles, 0, 1),
 			MaxTotalBytes:  p.byteCount(EnvSyncMaxTotalBytes),
@@ -317,6 +339,30 @@ func (p *parser) str(name, def string) string {
 		return strings.TrimSpace(v)
 	}
 	return def
+}
+
+// tokenSeal reads TOKEN_KMS_KEY_ARN or TOKEN_LOCAL_KEY: exactly one.
+func (p *parser) tokenSeal() TokenSeal {
+	arn, local := p.str(EnvTokenKMSKeyARN, ""), p.str(EnvTokenLocalKey, "")
+	switch {
+	case arn != "" && local != "":
+		p.fail(EnvTokenLocalKey, "must be empty when %s is set", EnvTokenKMSKeyARN)
+	case arn != "":
+		if !strings.HasPrefix(arn, "arn:") || !strings.Contains(arn, ":kms:") {
+			p.fail(EnvTokenKMSKeyARN, "must be a KMS key ARN, got %q", arn)
+		}
+		return TokenSeal{KMSKeyARN: arn}
+	case local != "":
+		key, err := base64.StdEncoding.DecodeString(local)
+		if err != nil || len(key) != 32 {
+			p.fail(EnvTokenLocalKey, "must be the base64 encoding of 32 bytes")
+			return TokenSeal{}
+		}
+		return TokenSeal{LocalKey: key}
+	default:
+		p.fail(EnvTokenKMSKeyARN, "required (or %s): sandbox access tokens are never stored in plaintext", EnvTokenLocalKey)
+	}
+	return TokenSeal{}
 }
 
 // apiKey reads E2B_API_KEY, required unless E2B_API_KEY_SECRET_ARN names

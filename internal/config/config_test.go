@@ -10,9 +10,12 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
+// testLocalKey is a TOKEN_LOCAL_KEY (32 zero bytes, base64).
+const testLocalKey = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+
 // base is the minimal valid environment: the three required variables.
 func base(extra ...string) []string {
-	return append([]string{"E2B_API_KEY=e2b_secret", "TABLE_NAME=tbl", "OUTPUT_BUCKET=bkt"}, extra...)
+	return append([]string{"E2B_API_KEY=e2b_secret", "TABLE_NAME=tbl", "OUTPUT_BUCKET=bkt", "TOKEN_LOCAL_KEY=" + testLocalKey}, extra...)
 }
 
 func TestParseDefaults(t *testing.T) {
@@ -172,6 +175,43 @@ func TestParseSyncCaps(t *testing.T) {
 			}
 			if c.Sync != tt.want {
 				t.Errorf("Sync = %+v, want %+v", c.Sync, tt.want)
+			}
+		})
+	}
+}
+
+// TestParseTokenSeal: sandbox access tokens are sealed under a KMS key or
+// a local key; exactly one is required, so none are stored in plaintext.
+func TestParseTokenSeal(t *testing.T) {
+	common := []string{"E2B_API_KEY=k", "TABLE_NAME=t", "OUTPUT_BUCKET=b"}
+	const arn = "arn:aws:kms:eu-west-1:123456789012:key/0a1b2c3d-0000-4000-8000-000000000000"
+	tests := []struct {
+		name    string
+		env     []string
+		want    TokenSeal
+		wantErr string
+	}{
+		{"local key", []string{"TOKEN_LOCAL_KEY=" + testLocalKey}, TokenSeal{LocalKey: make([]byte, 32)}, ""},
+		{"kms key", []string{"TOKEN_KMS_KEY_ARN=" + arn}, TokenSeal{KMSKeyARN: arn}, ""},
+		{"neither", nil, TokenSeal{}, "TOKEN_KMS_KEY_ARN: required"},
+		{"both", []string{"TOKEN_KMS_KEY_ARN=" + arn, "TOKEN_LOCAL_KEY=" + testLocalKey}, TokenSeal{}, "TOKEN_LOCAL_KEY: must be empty"},
+		{"short local key", []string{"TOKEN_LOCAL_KEY=AAAA"}, TokenSeal{}, "TOKEN_LOCAL_KEY: must be the base64 encoding of 32 bytes"},
+		{"not a kms arn", []string{"TOKEN_KMS_KEY_ARN=alias/x"}, TokenSeal{}, "TOKEN_KMS_KEY_ARN: must be a KMS key ARN"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _, err := Parse(append(append([]string{}, common...), tt.env...))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(c.TokenSeal, tt.want) {
+				t.Fatalf("TokenSeal = %+v, %v; want %+v", c.TokenSeal, err, tt.want)
+			}
+			if strings.Contains(c.String(), testLocalKey) {
+				t.Errorf("String() prints the local key: %s", c.String())
 			}
 		})
 	}

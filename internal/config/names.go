@@ -33,6 +33,8 @@ func VariableNames() []string {
 		EnvSyncMaxTotalBytes,
 		EnvSyncMaxFileBytes,
 		EnvSyncMaxThreadBytes,
+		EnvTokenKMSKeyARN,
+		EnvTokenLocalKey,
 		EnvSyncDeadlineSeconds,
 		EnvSyncMirrorDeletes,
 		EnvReconcileMaxPages,

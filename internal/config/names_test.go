@@ -74,7 +74,7 @@ func TestVariableNamesListsEveryEnvConstant(t *testing.T) {
 func TestParseAPIKeySecretARN(t *testing.T) {
 	const arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:e2b-AbCdEf"
 	env := func(extra ...string) []string {
-		return append([]string{"TABLE_NAME=t", "OUTPUT_BUCKET=b", "SANDBOX_DEPLOYMENT_ID=staging"}, extra...)
+		return append([]string{"TABLE_NAME=t", "OUTPUT_BUCKET=b", "SANDBOX_DEPLOYMENT_ID=staging", "TOKEN_LOCAL_KEY=" + testLocalKey}, extra...)
 	}
 	c, _, err := Parse(env("E2B_API_KEY_SECRET_ARN=" + arn))
 	if err != nil {

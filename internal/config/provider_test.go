@@ -6,7 +6,7 @@ import (
 )
 
 func TestParseProvider(t *testing.T) {
-	common := []string{"TABLE_NAME=tbl", "OUTPUT_BUCKET=bkt"}
+	common := []string{"TABLE_NAME=tbl", "OUTPUT_BUCKET=bkt", "TOKEN_LOCAL_KEY=" + testLocalKey}
 	tests := []struct {
 		name    string
 		env     []string

@@ -12,6 +12,7 @@ package devstack
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -198,6 +199,10 @@ type Stack struct {
 	failOnce sync.Once
 	closeMu  sync.Once
 	closeErr error
+	// tokenKey is the functions' TOKEN_LOCAL_KEY: made up at each start
+	// (the table lives in memory, so nothing sealed outlives it), never
+	// written to the stack file.
+	tokenKey string
 }
 
 var tokenTenant = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -359,6 +364,12 @@ func orderTokens(tokens map[string]string, order []string) TokenList {
 	return out
 }
 
+func randomBase64(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
 func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
@@ -407,7 +418,8 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
-	s := &Stack{log: o.Logger, fns: map[string]*lambdaFn{}, app: app, cancel: cancel, failed: make(chan error, 1)}
+	s := &Stack{log: o.Logger, fns: map[string]*lambdaFn{}, app: app, cancel: cancel, failed: make(chan error, 1),
+		tokenKey: randomBase64(32)}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
@@ -781,6 +793,7 @@ func (s *Stack) functionEnv(extra []string) []string {
 		"TABLE_NAME=" + s.Info.DynamoDB.Table,
 		"OUTPUT_BUCKET=" + s.Info.S3.Bucket,
 		"OUTPUT_PREFIX=" + s.Info.S3.Prefix,
+		"TOKEN_LOCAL_KEY=" + s.tokenKey,
 	}
 	for _, k := range []string{"HOME", "TMPDIR"} {
 		if v, ok := os.LookupEnv(k); ok {

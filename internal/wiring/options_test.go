@@ -26,7 +26,7 @@ func (b *capacityBroker) SetDraining(context.Context, bool) error               
 // TestHTTPOptions: the HTTP functions' handler lets BROKER_ADMIN_TENANTS
 // drain and writes EMF metrics under SANDBOX_DEPLOYMENT_ID.
 func TestHTTPOptions(t *testing.T) {
-	cfg, _, err := config.Parse([]string{"E2B_API_KEY=k", "TABLE_NAME=t", "OUTPUT_BUCKET=b",
+	cfg, _, err := config.Parse([]string{"E2B_API_KEY=k", "TABLE_NAME=t", "OUTPUT_BUCKET=b", "TOKEN_LOCAL_KEY=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
 		"SANDBOX_DEPLOYMENT_ID=blue", "BROKER_ADMIN_TENANTS=ops"})
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +71,7 @@ func TestHTTPOptions(t *testing.T) {
 // TestHTTPOptionsTenantClaim: BROKER_TENANT_CLAIM picks the JWT claim that
 // names the tenant (Cognito's custom:tenant).
 func TestHTTPOptionsTenantClaim(t *testing.T) {
-	cfg, _, err := config.Parse([]string{"E2B_API_KEY=k", "TABLE_NAME=t", "OUTPUT_BUCKET=b",
+	cfg, _, err := config.Parse([]string{"E2B_API_KEY=k", "TABLE_NAME=t", "OUTPUT_BUCKET=b", "TOKEN_LOCAL_KEY=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
 		"BROKER_TENANT_CLAIM=custom:tenant", "BROKER_ADMIN_TENANTS=ops"})
 	if err != nil {
 		t.Fatal(err)

@@ -174,7 +174,7 @@ func TestNewBrokerReadsKeyFromSecret(t *testing.T) {
 	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
 	t.Setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", srv.URL)
-	cfg, _, err := config.Parse([]string{"E2B_API_KEY_SECRET_ARN=" + arn, "SANDBOX_DEPLOYMENT_ID=staging", "TABLE_NAME=t", "OUTPUT_BUCKET=b", "E2B_API_URL=http://127.0.0.1:1"})
+	cfg, _, err := config.Parse([]string{"E2B_API_KEY_SECRET_ARN=" + arn, "SANDBOX_DEPLOYMENT_ID=staging", "TABLE_NAME=t", "OUTPUT_BUCKET=b", "TOKEN_LOCAL_KEY=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", "E2B_API_URL=http://127.0.0.1:1"})
 	if err != nil {
 		t.Fatal(err)
 	}

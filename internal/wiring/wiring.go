@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/kms"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/internal/httpapi"
 	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
 	"github.com/sandbox-broker/sandbox-broker/internal/providers"
+	"github.com/sandbox-broker/sandbox-broker/internal/tokenseal"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
@@ -57,6 +59,20 @@ func SyncDeadline(cfg config.Config, function string) (d time.Duration, clamped 
 		return MaxHTTPSyncDeadline, cfg.Sync.Deadline != 0
 	}
 	return d, false
+}
+
+// TokenSealer is the sealer of sandbox access tokens cfg asks for: KMS
+// envelope encryption under cfg.KMSKeyARN (newKMS makes the client), or
+// the local key.
+func TokenSealer(cfg config.TokenSeal, newKMS func() tokenseal.KMSAPI) (ddbstore.Sealer, error) {
+	if cfg.KMSKeyARN != "" {
+		return tokenseal.NewKMS(newKMS(), cfg.KMSKeyARN), nil
+	}
+	s, err := tokenseal.NewLocal(cfg.LocalKey)
+	if err != nil {
+		return nil, fmt.Errorf("token sealer: %w", err)
+	}
+	return s, nil
 }
 
 // NewBroker builds the engine for an HTTP API function (see NewBrokerFor).
@@ -113,7 +129,11 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 	if err != nil {
 		return nil, fmt.Errorf("output syncer: %w", err)
 	}
-	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment)
+	sealer, err := TokenSealer(cfg.TokenSeal, func() tokenseal.KMSAPI { return kms.NewFromConfig(awsCfg) })
+	if err != nil {
+		return nil, err
+	}
+	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment, ddbstore.WithSealer(sealer))
 	eng, err := core.New(cfg.Settings, store, prov, syncer, core.WithLogger(logger), core.WithReconcileSettings(cfg.Reconcile))
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)

@@ -63,7 +63,7 @@ func TestNewBrokerBuildsFromConfig(t *testing.T) {
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "y")
 	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-	cfg, _, err := config.Parse([]string{"E2B_API_KEY=k", "TABLE_NAME=t", "OUTPUT_BUCKET=b", "E2B_API_URL=http://127.0.0.1:1"})
+	cfg, _, err := config.Parse([]string{"E2B_API_KEY=k", "TABLE_NAME=t", "OUTPUT_BUCKET=b", "TOKEN_LOCAL_KEY=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", "E2B_API_URL=http://127.0.0.1:1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,9 +25,12 @@ type item struct {
 	LeaseExpires int64  `dynamodbav:"lease_expires,omitempty"`
 	// The endpoint's URL and token keep their first attribute names
 	// (envd_url, envd_token) so that items already stored still read.
-	Protocol     string `dynamodbav:"protocol,omitempty"`
-	EndpointURL  string `dynamodbav:"envd_url,omitempty"`
-	Token        string `dynamodbav:"envd_token,omitempty"`
+	Protocol    string `dynamodbav:"protocol,omitempty"`
+	EndpointURL string `dynamodbav:"envd_url,omitempty"`
+	Token       string `dynamodbav:"envd_token,omitempty"`
+	// TokenSealed is the access token sealed by the store's Sealer (then
+	// Token is empty).
+	TokenSealed  []byte `dynamodbav:"token_sealed,omitempty"`
 	Reservation  string `dynamodbav:"reservation,omitempty"`
 	Deployment   string `dynamodbav:"deployment"`
 	CreatedAt    int64  `dynamodbav:"created_at"`

@@ -82,7 +82,7 @@ func (s *Store) LookupMany(ctx context.Context, ids []string, keys []core.Thread
 		}
 		switch {
 		case strings.HasPrefix(pk.Value, "SBX#"):
-			rec, err := decodeRecord(av)
+			rec, err := s.decodeRecord(ctx, av)
 			if err != nil {
 				return out, err
 			}
@@ -209,7 +209,11 @@ func (s *Store) transact(ctx context.Context, op string, items []types.TransactW
 func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error) {
 	rec := a.Record
 	rec.Fence = 1
-	recAV, err := attributevalue.MarshalMap(recordItem(rec, s.deployment))
+	ri := recordItem(rec, s.deployment)
+	if err := s.seal(ctx, &ri); err != nil {
+		return core.Record{}, fmt.Errorf("adopt: %w", err)
+	}
+	recAV, err := attributevalue.MarshalMap(ri)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
@@ -302,7 +306,7 @@ func (s *Store) ClaimDuplicate(ctx context.Context, c core.Claim, key core.Threa
 		if len(r.Item) == 0 {
 			return core.Record{}, core.ErrNotFound
 		}
-		old, derr := decodeRecord(r.Item)
+		old, derr := s.decodeRecord(ctx, r.Item)
 		if derr != nil {
 			return core.Record{}, derr
 		}
@@ -490,7 +494,11 @@ func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Re
 			if err := attributevalue.UnmarshalMap(av, &it); err != nil {
 				return fmt.Errorf("decode %s item: %w", state, err)
 			}
-			if !fn(it.record()) {
+			rec, err := s.recordOf(ctx, it)
+			if err != nil {
+				return err
+			}
+			if !fn(rec) {
 				return nil
 			}
 		}

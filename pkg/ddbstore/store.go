@@ -37,14 +37,19 @@ type Store struct {
 	db         API
 	table      string
 	deployment string
+	sealer     Sealer // nil: access tokens are stored in plaintext
 }
 
 var _ core.Store = (*Store)(nil)
 
 // New returns a store over table, scoping the capacity ledger and state
 // index to deployment.
-func New(db API, table, deployment string) *Store {
-	return &Store{db: db, table: table, deployment: deployment}
+func New(db API, table, deployment string, opts ...Option) *Store {
+	s := &Store{db: db, table: table, deployment: deployment}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 func (s *Store) key(pk string) map[string]types.AttributeValue {
@@ -166,15 +171,15 @@ func (s *Store) Get(ctx context.Context, id string) (core.Record, error) {
 	if out.Item == nil {
 		return core.Record{}, core.ErrNotFound
 	}
-	return decodeRecord(out.Item)
+	return s.decodeRecord(ctx, out.Item)
 }
 
-func decodeRecord(av map[string]types.AttributeValue) (core.Record, error) {
+func (s *Store) decodeRecord(ctx context.Context, av map[string]types.AttributeValue) (core.Record, error) {
 	var it item
 	if err := attributevalue.UnmarshalMap(av, &it); err != nil {
 		return core.Record{}, fmt.Errorf("decode record: %w", err)
 	}
-	return it.record(), nil
+	return s.recordOf(ctx, it)
 }
 
 // stateIndex returns the SET clauses that file a record under state in gsi1.
@@ -277,7 +282,7 @@ func (s *Store) update(ctx context.Context, op, pk string, cond expression.Condi
 		if len(ccf.Item) == 0 {
 			return core.Record{}, nil, core.ErrNotFound
 		}
-		old, derr := decodeRecord(ccf.Item)
+		old, derr := s.decodeRecord(ctx, ccf.Item)
 		if derr != nil {
 			return core.Record{}, nil, derr
 		}
@@ -286,7 +291,7 @@ func (s *Store) update(ctx context.Context, op, pk string, cond expression.Condi
 	if err != nil {
 		return core.Record{}, nil, unavailable(op, err)
 	}
-	rec, err := decodeRecord(out.Attributes)
+	rec, err := s.decodeRecord(ctx, out.Attributes)
 	return rec, nil, err
 }
 
@@ -448,7 +453,11 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 // Finalize turns a reservation into an active record and rebinds the thread.
 func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (core.Record, error) {
 	rec.Fence = 1
-	recItem, err := attributevalue.MarshalMap(recordItem(rec, s.deployment))
+	ri := recordItem(rec, s.deployment)
+	if err := s.seal(ctx, &ri); err != nil {
+		return core.Record{}, fmt.Errorf("finalize: %w", err)
+	}
+	recItem, err := attributevalue.MarshalMap(ri)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("finalize: %w", err)
 	}
@@ -566,7 +575,7 @@ func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error 
 			Add(expression.Name("fence"), expression.Value(1)).
 			Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
 			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
-			Remove(expression.Name("envd_token"))).
+			Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed"))).
 		Build()
 	if err != nil {
 		return fmt.Errorf("free: %w", err)
@@ -688,7 +697,7 @@ func (s *Store) queryState(ctx context.Context, state core.State, sk any, limit 
 			return nil, unavailable("query "+string(state), err)
 		}
 		for _, av := range out.Items {
-			rec, err := decodeRecord(av)
+			rec, err := s.decodeRecord(ctx, av)
 			if err != nil {
 				return nil, err
 			}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
@@ -17,6 +19,13 @@ import (
 // newStore creates a fresh table on DynamoDB Local and a store over it.
 func newStore(t *testing.T) *ddbstore.Store {
 	t.Helper()
+	client, table := newTable(t)
+	return ddbstore.New(client, table, "test")
+}
+
+// newTable creates a fresh table on DynamoDB Local.
+func newTable(t *testing.T) (*dynamodb.Client, string) {
+	t.Helper()
 	client := testenv.DynamoClient(t)
 	table := testenv.UniqueName(t, "store")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -24,7 +33,7 @@ func newStore(t *testing.T) *ddbstore.Store {
 	if err := ddbstore.CreateTable(ctx, client, table); err != nil {
 		t.Fatalf("CreateTable: %v", err)
 	}
-	return ddbstore.New(client, table, "test")
+	return client, table
 }
 
 var t0 = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
