@@ -722,7 +722,9 @@ func (e *Engine) destroyClaimed(ctx context.Context, rec Record) bool {
 // reserve.
 //
 // Errors: *ValidationError, ErrNotFound (unknown or another tenant's),
-// ErrConflict (not active), ErrLeaseHeld (a peer is moving it).
+// ErrConflict (not active), ErrLeaseHeld (a peer is moving it),
+// ErrProviderUnavailable when the sync pass failed outright (the release
+// is left to a retry or to reconcile, the sandbox not parked).
 func (e *Engine) Release(ctx context.Context, tenant, sandboxID string) (ReleaseResult, error) {
 	if err := ValidateSandboxID(sandboxID); err != nil {
 		return ReleaseResult{}, err
@@ -748,7 +750,7 @@ func (e *Engine) Release(ctx context.Context, tenant, sandboxID string) (Release
 	if rec.PrevState == StateReleasing {
 		e.log.InfoContext(ctx, "taking over an interrupted release", "sandbox_id", sandboxID, "thread", rec.ThreadKey.String())
 	}
-	return e.finishRelease(ctx, rec)
+	return e.finishRelease(ctx, rec, true)
 }
 
 // releaseDestroyed is ReleaseResult.State for a sandbox destroyed, not parked.
@@ -759,8 +761,14 @@ const releaseDestroyed = "destroyed"
 const setTimeoutReserve = 2 * time.Second
 
 // finishRelease completes a release of rec (claimed releasing under this
-// invocation's lease): sync, idle timeout, park (or destroy).
-func (e *Engine) finishRelease(ctx context.Context, rec Record) (ReleaseResult, error) {
+// invocation's lease): sync, idle timeout, park (or destroy). When strict,
+// a sync pass that failed outright (the sandbox or S3 unreachable, not
+// gone) stops the release before the park: the record stays releasing, so
+// the outputs are not left in a parked sandbox whose idle timeout may end
+// it first; the caller retries, or reconcile takes the release over once
+// the lease lapses (not strict: it parks whatever the sync did, so no
+// record stays releasing).
+func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (ReleaseResult, error) {
 	sandboxID := rec.SandboxID
 	out := ReleaseResult{SandboxID: sandboxID}
 	dead := false
@@ -772,6 +780,9 @@ func (e *Engine) finishRelease(ctx context.Context, rec Record) (ReleaseResult, 
 		if serr != nil {
 			out.SyncError = serr.Error()
 			dead = errors.Is(serr, ErrSandboxGone)
+			if !dead && strict {
+				return out, unavailable(fmt.Errorf("sync before park (the release is retried or taken over): %v", serr))
+			}
 		}
 	}
 	if !dead && e.now().Add(leaseSafety).After(rec.LeaseExpiresAt) {

@@ -411,7 +411,7 @@ func (p *pass) releases(ctx context.Context) error {
 			continue
 		}
 		e.log.InfoContext(ctx, "reconcile: finishing an interrupted release", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
-		if _, err := e.finishRelease(ctx, claimed); err != nil {
+		if _, err := e.finishRelease(ctx, claimed, false); err != nil {
 			p.st.Errors++
 			e.log.WarnContext(ctx, "reconcile: finishing a release failed", "sandbox_id", rec.SandboxID, "err", err)
 			continue

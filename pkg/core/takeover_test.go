@@ -268,3 +268,32 @@ func TestDeadSlotsAreFreedBeforeRefusing(t *testing.T) {
 		t.Errorf("Acquire(t3) = %v, want a capacity refusal", err)
 	}
 }
+
+// A release whose sync pass fails outright (S3 or the sandbox unreachable)
+// does not park the sandbox with its outputs unsynced: it answers
+// ErrProviderUnavailable and leaves the record releasing, and reconcile
+// finishes it (outputs synced first) once the lease lapsed.
+func TestReleaseWithFailedSyncIsFinishedLater(t *testing.T) {
+	h, _ := newStallHarness(t, nil)
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	h.sync.mu.Lock()
+	h.sync.err = errors.New("s3: connection refused")
+	h.sync.mu.Unlock()
+	if _, err := h.eng.Release(context.Background(), "acme", rec.SandboxID); !errors.Is(err, core.ErrProviderUnavailable) {
+		t.Fatalf("Release = %v, want ErrProviderUnavailable", err)
+	}
+	if got, _ := h.store.Get(context.Background(), rec.SandboxID); got.State != core.StateReleasing {
+		t.Fatalf("record = %s, want releasing (not parked with unsynced outputs)", got.State)
+	}
+	h.sync.mu.Lock()
+	h.sync.err = nil
+	h.sync.mu.Unlock()
+	h.clock.advance(core.DefaultSettings().LeaseDuration + time.Second)
+	st, err := h.eng.Reconcile(context.Background())
+	if err != nil || st.ReleasesTakenOver != 1 {
+		t.Errorf("Reconcile = %+v, %v; want the release taken over", st, err)
+	}
+	if got, _ := h.store.Get(context.Background(), rec.SandboxID); got.State != core.StateWarm {
+		t.Errorf("record = %s, want warm", got.State)
+	}
+}

@@ -354,6 +354,9 @@ var steps = []step{
 		acquireStep(func(st *stack, thread string) { st.acquire(thread) })},
 	{"acquire/create-finalize", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), acquireStep(nil)},
 	{"release/kill-free", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"gone"`), releaseStep(true)},
+	// The provider entirely unreachable during a release (control plane
+	// and every sandbox's envd): the outputs cannot even be listed.
+	{"release/provider-outage", provLayer, func(faults.Request) bool { return true }, releaseStep(false)},
 	{"release/sync", s3Layer, faults.PathContains("PUT", "/outputs/"), releaseStep(false)},
 	{"release/park", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"warm"`), releaseStep(false)},
 	{"release/kill", provLayer, faults.PathContains("DELETE", "/sandboxes/"), releaseStep(true)},
