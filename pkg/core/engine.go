@@ -371,7 +371,27 @@ func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (Acquire
 		e.destroyClaimed(ctx, rec)
 		return AcquireResult{}, true, unavailable(err)
 	}
+	rec = e.recordExpiry(ctx, rec)
 	return AcquireResult{Record: rec, Source: SourceReclaimed, Restore: e.resumeRestore(ctx, rec)}, false, nil
+}
+
+// recordExpiry stores the provider timeout reclaim set, so that the record
+// (GET /v1/sandboxes/{id}, the dead-slot check) agrees with the acquire
+// reply instead of keeping the warm idle deadline. The write is fenced by
+// the take-back claim: a peer that moved the record since wins, and a
+// failed or lost write only leaves the older deadline, which every reader
+// confirms with the provider before acting on it.
+func (e *Engine) recordExpiry(ctx context.Context, rec Record) Record {
+	cctx, cancel := settle(ctx)
+	defer cancel()
+	updated, err := e.store.Apply(cctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateActive,
+		Now: e.now(), ExpiresAt: rec.ExpiresAt})
+	if err != nil {
+		e.log.InfoContext(ctx, "reclaimed sandbox's expiry not recorded", "sandbox_id", rec.SandboxID, "err", err)
+		return rec
+	}
+	updated.Endpoint = rec.Endpoint
+	return updated
 }
 
 // destroy claims rec for destruction (from state from) and destroys it.

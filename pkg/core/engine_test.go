@@ -136,6 +136,15 @@ func TestReleaseParksWarmAndAcquireReclaims(t *testing.T) {
 	if got := h.prov.Timeout(rec.SandboxID); got != core.DefaultSettings().ActiveTimeout {
 		t.Errorf("reclaimed sandbox timeout = %s, want the active timeout", got)
 	}
+	// The stored record carries the active deadline the reply announced,
+	// not the warm idle deadline the release wrote.
+	stored, err := h.eng.Get(ctx, "acme", rec.SandboxID)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if !stored.ExpiresAt.Equal(back.ExpiresAt) {
+		t.Errorf("stored expires_at = %s, want the reclaim reply's %s", stored.ExpiresAt, back.ExpiresAt)
+	}
 }
 
 func TestCapacityRejectPolicy(t *testing.T) {
