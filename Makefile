@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 
 GO          ?= go
-FUNCTIONS   := acquire release sync reconcile
+FUNCTIONS   := acquire status release sync reconcile
 COMMANDS    := sandbox-host sbx devstack
 BUILD       := .build
 # Local bootstraps (make run, the tests) are built for this machine into

@@ -1,5 +1,5 @@
 // Command devstack runs the whole broker locally (`make run`): DynamoDB
-// Local, versitygw, the sandbox host and the four Lambda functions under the
+// Local, versitygw, the sandbox host and the five Lambda functions under the
 // Runtime Interface Emulator, behind the routes of template.yaml on
 // BROKER_ADDR. See package devstack.
 //

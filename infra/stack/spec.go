@@ -1,5 +1,5 @@
 // Package stack defines the sandbox-broker's AWS deployment as a CDK (v2)
-// stack: the HTTP API with its authorizer, the four Lambda functions, the
+// stack: the HTTP API with its authorizer, the five Lambda functions, the
 // DynamoDB table, the S3 output bucket, the E2B API key secret, the
 // reconcile schedule, alarms and a dashboard. infra/main.go synthesizes it;
 // template.yaml describes the same functions, routes, environment and
@@ -47,14 +47,21 @@ type Function struct {
 	Schedule string
 }
 
-// Functions are the broker's four functions: three behind the HTTP API,
+// Functions are the broker's five functions: four behind the HTTP API,
 // one on the reconcile schedule.
 var Functions = []Function{
 	{
 		Name: "acquire", LogicalID: "AcquireFunction", MemoryMB: 256, TimeoutSeconds: 29,
-		Description: "POST /v1/sandboxes/acquire, GET /v1/sandboxes/{id}, GET /v1/capacity, POST /v1/admin/drain|undrain, GET /v1/openapi.json, /e2b (E2B connect)",
+		Description: "POST /v1/sandboxes/acquire (may wait for a slot; reads are served by StatusFunction)",
+		Routes:      []Route{{"POST", "/v1/sandboxes/acquire", ""}},
+	},
+	{
+		// Short reads and admin writes, on their own function so that
+		// acquires waiting for a slot (holding acquire's instances) never
+		// queue them.
+		Name: "status", LogicalID: "StatusFunction", MemoryMB: 256, TimeoutSeconds: 29,
+		Description: "GET /v1/capacity, GET /v1/sandboxes/{id}, POST /v1/admin/drain|undrain, GET /v1/openapi.json, /e2b (E2B connect) (never behind waiting acquires)",
 		Routes: []Route{
-			{"POST", "/v1/sandboxes/acquire", ""},
 			{"GET", "/v1/sandboxes/{id}", ""},
 			{"GET", "/v1/capacity", ""},
 			{"POST", "/v1/admin/drain", ""},

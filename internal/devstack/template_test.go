@@ -32,7 +32,7 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 	for _, f := range app.Functions {
 		names = append(names, f.Name)
 	}
-	if want := []string{"acquire", "reconcile", "release", "sync"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"acquire", "reconcile", "release", "status", "sync"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("functions = %v, want %v", names, want)
 	}
 	var routes []string
@@ -40,16 +40,16 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 		routes = append(routes, r.Key()+" -> "+r.Function)
 	}
 	want := []string{
-		"GET /v1/capacity -> acquire",
-		"GET /v1/openapi.json -> acquire",
-		"GET /v1/sandboxes/{id} -> acquire",
-		"POST /v1/admin/drain -> acquire",
-		"POST /v1/admin/undrain -> acquire",
+		"GET /v1/capacity -> status",
+		"GET /v1/openapi.json -> status",
+		"GET /v1/sandboxes/{id} -> status",
+		"POST /v1/admin/drain -> status",
+		"POST /v1/admin/undrain -> status",
 		"POST /v1/sandboxes/acquire -> acquire",
 		"POST /v1/sandboxes/{id}/release -> release",
 		"POST /v1/sandboxes/{id}/sync -> sync",
 	}
-	want = append(want, "ANY /e2b/{proxy+} -> acquire", "POST /e2b/sandboxes/{id}/connect -> acquire", "POST /e2b/v2/sandboxes/{id}/connect -> acquire")
+	want = append(want, "ANY /e2b/{proxy+} -> status", "POST /e2b/sandboxes/{id}/connect -> status", "POST /e2b/v2/sandboxes/{id}/connect -> status")
 	slices.Sort(want)
 	for _, r := range app.Routes {
 		wantHeader := "Authorization"

@@ -60,7 +60,7 @@ func repoRoot(t *testing.T) string {
 // buildFunctions builds every function's bootstrap from the current source
 // into out (never a possibly stale .build).
 func buildFunctions(root, out string) error {
-	fns := []string{"acquire", "release", "sync", "reconcile"}
+	fns := []string{"acquire", "status", "release", "sync", "reconcile"}
 	var wg sync.WaitGroup
 	errs := make([]error, len(fns))
 	for i, fn := range fns {
@@ -631,7 +631,7 @@ func TestStackFileAndShutdown(t *testing.T) {
 		"dynamodb":     {"endpoint", "region", "table"},
 		"sandbox_host": {"api_url", "envd_url", "api_key"},
 		"provisioner":  {"api_url", "api_key"},
-		"functions":    {"acquire", "release", "sync", "reconcile"},
+		"functions":    {"acquire", "status", "release", "sync", "reconcile"},
 	}
 	if str(info, "api_url") != s.Info.APIURL {
 		t.Errorf("api_url = %q, want %q", str(info, "api_url"), s.Info.APIURL)
