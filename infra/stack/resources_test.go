@@ -480,8 +480,8 @@ func TestAlarmsAndDashboard(t *testing.T) {
 		{"ReconcileFailingAlarm", []string{`"FILL(errors, 0) + FILL(exhausted, 1)"`, `"MetricName":"Errors"`, `"MetricName":"BudgetExhausted"`, `"ReconcileFunction"`}, 1, 3, "breaching"},
 		{"TombstoneAgeAlarm", []string{`"MetricName":"TombstoneOldestAgeSeconds"`, `"Statistic":"Maximum"`}, 1800, 2, "notBreaching"},
 		{"ServerErrorRateAlarm", []string{`"MetricName":"5xx"`, `"MetricName":"Count"`, `"Namespace":"AWS/ApiGateway"`}, 5, 3, "notBreaching"},
-		{"FunctionThrottlesAlarm", []string{`"MetricName":"Throttles"`, `"Namespace":"AWS/Lambda"`, `FILL(acquire, 0) + FILL(release, 0) + FILL(sync, 0) + FILL(reconcile, 0)`,
-			`"AcquireFunction"`, `"ReleaseFunction"`, `"SyncFunction"`, `"ReconcileFunction"`}, 1, 2, "notBreaching"},
+		{"FunctionThrottlesAlarm", []string{`"MetricName":"Throttles"`, `"Namespace":"AWS/Lambda"`, `FILL(acquire, 0) + FILL(status, 0) + FILL(release, 0) + FILL(sync, 0) + FILL(reconcile, 0)`,
+			`"AcquireFunction"`, `"StatusFunction"`, `"ReleaseFunction"`, `"SyncFunction"`, `"ReconcileFunction"`}, 1, 2, "notBreaching"},
 	}
 	for _, tt := range tests {
 		p := byID(tt.id)
