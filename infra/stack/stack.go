@@ -653,6 +653,12 @@ func (s *Stack) deploymentID() *string {
 			AssertDescription: jsii.String(`SandboxDeploymentId must not be "default"; leave it empty to use the stack name.`),
 		}},
 	})
+	// CloudFormation's validation sees the parameter's empty default in the
+	// alarms' Deployment dimension; the Fn::If never passes it there.
+	awscdk.Validations_Of(st).Acknowledge(&awscdk.Acknowledgment{
+		Id:     jsii.String("CloudFormation-Validate::W1030"),
+		Reason: jsii.String("SANDBOX_DEPLOYMENT_ID and the alarms' Deployment dimension are Fn::If(HasDeploymentId, SandboxDeploymentId, AWS::StackName): an empty SandboxDeploymentId is replaced by the stack name."),
+	})
 	return awscdk.Token_AsString(awscdk.Fn_ConditionIf(has.LogicalId(), param.ValueAsString(), awscdk.Aws_STACK_NAME()), nil)
 }
 

@@ -123,6 +123,24 @@ func synth(t *testing.T, name string, props Props) *synthesized {
 	for _, m := range *ann.FindWarning(jsii.String("*"), assertions.Match_AnyValue()) {
 		s.warnings = append(s.warnings, fmt.Sprintf("%s: %v", *m.Id, m.Entry.Data))
 	}
+	// CDK's own template validation (cfn-lint rules) writes its findings to
+	// the output directory; unacknowledged ones count as warnings.
+	if raw, err := os.ReadFile(filepath.Join(dir, "cdk.out", "validation-report.json")); err == nil {
+		var report struct {
+			PluginReports []struct {
+				PluginName string
+				Violations []struct{ RuleName, Description string }
+			}
+		}
+		if err := json.Unmarshal(raw, &report); err != nil {
+			t.Fatalf("validation report: %v", err)
+		}
+		for _, pr := range report.PluginReports {
+			for _, v := range pr.Violations {
+				s.warnings = append(s.warnings, fmt.Sprintf("%s %s: %s", pr.PluginName, v.RuleName, v.Description))
+			}
+		}
+	}
 	sort.Strings(s.errors)
 	sort.Strings(s.warnings)
 	t.Logf("synthesis %q took %s, %d resources", name, s.took.Round(time.Millisecond), len(s.tpl["Resources"].(map[string]any)))
