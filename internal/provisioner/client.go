@@ -183,10 +183,29 @@ func New(opts Options) (*Client, error) {
 func (c *Client) Name() string { return Name }
 
 // Capabilities implements core.Provider: AIO endpoints; the inventory is
-// one unpaged listing and an endpoint is only known from the provisioner's
-// reply.
+// one unpaged listing; an endpoint is only known from the provisioner's
+// reply; no pause; presence comes from the reconciliation discovery route
+// (see Presence).
 func (c *Client) Capabilities() core.Capabilities {
-	return core.Capabilities{Protocol: core.ProtocolAIO}
+	return core.Capabilities{Protocol: core.ProtocolAIO, Discover: c.Presence}
+}
+
+// Presence is DiscoverForReconciliation (any incarnation) as a
+// core.Presence: a provisioner that does not answer that route
+// authoritatively (an older one answers 404) never has a sandbox judged
+// absent.
+//
+// Errors: why the presence is unknown, when known.
+func (c *Client) Presence(ctx context.Context, id string) (core.Presence, error) {
+	d := c.DiscoverForReconciliation(ctx, id, "")
+	switch d.Status {
+	case DiscoveryFound:
+		return core.PresenceFound, nil
+	case DiscoveryAbsent:
+		return core.PresenceAbsent, nil
+	default:
+		return core.PresenceUnknown, d.Err
+	}
 }
 
 // headers returns the provisioner API headers: X-API-Key when a key is set

@@ -74,6 +74,9 @@ func TestHostLifecycle(t *testing.T) {
 		t.Errorf("Run(sleep 30, 1 s) = %v after %s, want ErrCommandTimeout within seconds", err, time.Since(start))
 	}
 
+	if p, err := c.Capabilities().Discover(ctx, ref.ID); p != core.PresenceFound {
+		t.Errorf("declared discovery = %s (%v), want found", p, err)
+	}
 	d := c.DiscoverForReconciliation(ctx, ref.ID, "")
 	if d.Status != provisioner.DiscoveryFound || d.BackendNamespace != "ns-1" || d.Info.UserID != "t1.alice" || d.Info.ThreadID != "thread-1" {
 		t.Errorf("discovery = %+v info %+v", d, d.Info)
@@ -90,6 +93,9 @@ func TestHostLifecycle(t *testing.T) {
 	}
 	if d := c.DiscoverForReconciliation(ctx, ref.ID, ""); d.Status != provisioner.DiscoveryAbsent {
 		t.Errorf("discovery after kill = %+v, want absent", d)
+	}
+	if p, err := c.Capabilities().Discover(ctx, ref.ID); p != core.PresenceAbsent {
+		t.Errorf("declared discovery after kill = %s (%v), want absent", p, err)
 	}
 	if _, err := c.Run(ctx, ref, core.Command{Script: "true"}); !errors.Is(err, core.ErrSandboxGone) {
 		t.Errorf("Run after kill = %v, want ErrSandboxGone", err)
@@ -126,6 +132,9 @@ func TestHostLegacyMode(t *testing.T) {
 	}
 	if d := c.DiscoverForReconciliation(ctx, ref.ID, ""); d.Status != provisioner.DiscoveryUnknown {
 		t.Errorf("legacy discovery = %s, want unknown", d.Status)
+	}
+	if p, err := c.Capabilities().Discover(ctx, ref.ID); p != core.PresenceUnknown || err == nil {
+		t.Errorf("declared legacy discovery = %s (%v), want unknown with its cause", p, err)
 	}
 }
 

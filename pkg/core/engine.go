@@ -326,9 +326,19 @@ func (e *Engine) drainingError() *CapacityError {
 // reuse returns the thread's active sandbox if the provider still runs it
 // and it answers. The checks are a read (Provider.Info) that never extends
 // its life and a trivial command under probeTimeout; a sandbox that does
-// not answer is discarded and the thread gets a fresh one.
+// not answer is discarded and the thread gets a fresh one. A sandbox the
+// provider reports paused is resumed first (Capabilities.Pause), or
+// discarded when it cannot be.
 func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireResult, bool, error) {
 	info, err := e.prov.Info(ctx, rec.SandboxID)
+	if err == nil && info.State == SandboxPaused {
+		if rerr := e.resume(ctx, rec.SandboxID); rerr != nil {
+			e.log.WarnContext(ctx, "active sandbox is paused and was not resumed; discarding", "sandbox_id", rec.SandboxID, "err", rerr)
+			e.destroy(ctx, rec, owner, StateActive)
+			return AcquireResult{}, true, unavailable(fmt.Errorf("sandbox %s is paused: %v", rec.SandboxID, rerr))
+		}
+		info.EndAt = e.now().Add(e.s.ActiveTimeout)
+	}
 	if err == nil {
 		if perr := e.probe(ctx, rec.Ref()); perr != nil {
 			e.log.WarnContext(ctx, "active sandbox does not answer; discarding", "sandbox_id", rec.SandboxID, "err", perr)
@@ -350,6 +360,22 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 		return AcquireResult{}, false, fmt.Errorf("probe sandbox: %w", err)
 	}
 }
+
+// resume starts a paused sandbox again for ActiveTimeout, through
+// Capabilities.Pause.
+//
+// Errors: errCannotResume when the provider declares no Pause; the
+// provider's error.
+func (e *Engine) resume(ctx context.Context, id string) error {
+	if e.caps.Pause == nil {
+		return errCannotResume
+	}
+	return e.caps.Pause.Resume(ctx, id, e.s.ActiveTimeout)
+}
+
+// errCannotResume: the provider reports a sandbox paused but declares no
+// Capabilities.Pause.
+var errCannotResume = errors.New("the provider cannot resume paused sandboxes")
 
 // reclaim finishes taking a warm sandbox back (rec is already active):
 // extend its timeout and re-run bootstrap. If either fails the sandbox is
@@ -891,6 +917,36 @@ const (
 	deadScanLimit = 500
 )
 
+// confirmedGone reports whether the provider says the sandbox no longer
+// exists: Capabilities.Discover's PresenceAbsent when declared, else
+// Provider.Info's ErrSandboxGone. Found is a plain false.
+//
+// Errors: why the answer is not known (an unknown presence, a failed
+// read); never proof either way.
+func (e *Engine) confirmedGone(ctx context.Context, id string) (bool, error) {
+	if e.caps.Discover == nil {
+		_, err := e.prov.Info(ctx, id)
+		if errors.Is(err, ErrSandboxGone) {
+			return true, nil
+		}
+		return false, err
+	}
+	switch p, err := e.caps.Discover(ctx, id); {
+	case p == PresenceAbsent:
+		return true, nil
+	case p == PresenceFound:
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("sandbox presence unknown: %w", err)
+	default:
+		return false, errPresenceUnknown
+	}
+}
+
+// errPresenceUnknown: the provider's discovery could not say whether a
+// sandbox exists.
+var errPresenceUnknown = errors.New("sandbox presence unknown")
+
 // freeDead frees the slots of records whose provider end time has passed,
 // once the provider confirms the sandbox is gone (a read, as the kill
 // path's confirmation): warm ones parked longer than the idle timeout and
@@ -916,7 +972,7 @@ func (e *Engine) freeDead(ctx context.Context, owner string) int {
 		if freed >= deadBatch || ctx.Err() != nil {
 			break
 		}
-		if _, err := e.prov.Info(ctx, r.SandboxID); !errors.Is(err, ErrSandboxGone) {
+		if gone, _ := e.confirmedGone(ctx, r.SandboxID); !gone {
 			continue // alive (its end was extended) or unknown: never free on doubt
 		}
 		claimed, err := e.store.Claim(ctx, Claim{SandboxID: r.SandboxID, Tenant: r.Tenant, From: []State{r.State},

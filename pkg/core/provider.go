@@ -56,6 +56,53 @@ type Capabilities struct {
 	// call that would extend its life; reconcile gives a sandbox it adopts
 	// this endpoint. nil: adopted records carry no endpoint.
 	Locate func(id string) Endpoint
+	// Pause pauses and resumes sandboxes (memory and files kept). An
+	// acquire that finds the thread's sandbox paused resumes it with
+	// Pause.Resume; nil: the provider cannot resume, so a sandbox it
+	// reports paused is discarded and replaced, never handed out.
+	Pause Pauser
+	// Discover answers authoritatively whether a sandbox exists (found,
+	// absent or unknown), as a plain read may not: a provider's "not
+	// found" can come from a redeployed or misrouted backend. The engine
+	// frees the slot of a sandbox it no longer sees only on
+	// PresenceAbsent. nil: Provider.Info's ErrSandboxGone is the answer.
+	//
+	// A provider whose inventory carries no metadata (no reservation
+	// token or creation time) needs no declaration: its List reports the
+	// keys it can derive (thread, user, tenant, and the deployment from a
+	// tag in the sandbox id) and reconcile judges sandboxes by those.
+	Discover func(ctx context.Context, id string) (Presence, error)
+}
+
+// Pauser pauses and resumes sandboxes (Capabilities.Pause).
+type Pauser interface {
+	// Pause freezes a running sandbox; it stops counting as running.
+	Pause(ctx context.Context, id string) error
+	// Resume starts a paused sandbox again, ending it timeout from now.
+	Resume(ctx context.Context, id string, timeout time.Duration) error
+}
+
+// Presence is Capabilities.Discover's answer.
+type Presence int
+
+// Presence values. Only PresenceFound and PresenceAbsent are
+// authoritative; PresenceUnknown never frees a slot.
+const (
+	PresenceUnknown Presence = iota
+	PresenceFound
+	PresenceAbsent
+)
+
+// String names the presence as providers report it.
+func (p Presence) String() string {
+	switch p {
+	case PresenceFound:
+		return "found"
+	case PresenceAbsent:
+		return "absent"
+	default:
+		return "unknown"
+	}
 }
 
 // CreateSpec is what Provider.Create needs.
@@ -71,10 +118,17 @@ type SandboxInfo struct {
 	ID         string
 	TemplateID string
 	Metadata   map[string]string
-	State      string // "running" or "paused"
+	State      string // SandboxRunning or SandboxPaused
 	StartedAt  time.Time
 	EndAt      time.Time // when the provider will end it
 }
+
+// SandboxInfo.State values core relies on (a provider may report others,
+// e.g. "pending").
+const (
+	SandboxRunning = "running"
+	SandboxPaused  = "paused"
+)
 
 // ListFilter selects sandboxes in Provider.List. Every Metadata pair must match.
 type ListFilter struct {

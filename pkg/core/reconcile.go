@@ -282,7 +282,7 @@ type pass struct {
 // where the last pass stopped (adopting, deferring or killing), settles
 // crashed creates and dead records once a walk completes, and repairs the
 // capacity ledger. It never calls anything that extends a sandbox's life
-// (List, Info and Kill only; warm sandboxes are synced through envd before
+// (List, Info, Capabilities.Discover and Kill only; warm sandboxes are synced through envd before
 // they are destroyed). Stats are logged as one JSON line that is also a
 // CloudWatch embedded-metric-format record.
 //
@@ -962,7 +962,7 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 		if p.timeUp() {
 			break
 		}
-		if _, err := e.prov.Info(ctx, r.SandboxID); !errors.Is(err, ErrSandboxGone) {
+		if gone, err := e.confirmedGone(ctx, r.SandboxID); !gone {
 			if err != nil {
 				p.fail(ctx, "confirm dead sandbox", r.SandboxID, err) // unknown: never free on doubt
 			}
