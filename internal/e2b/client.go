@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 var _ core.Provider = (*Client)(nil)
@@ -65,7 +65,7 @@ type Options struct {
 	APIURL string
 	// SandboxURL is the envd base URL of every sandbox (requests are routed by
 	// the E2b-Sandbox-Id header), like the SDK's E2B_SANDBOX_URL. Empty means
-	// https://49983-<sandboxID>.<domain>, domain from the create reply or
+	// e2bapi.EnvdURL(<sandboxID>, <domain>), domain from the create reply or
 	// DefaultDomain.
 	SandboxURL string
 	// APIKey is sent as X-API-Key on control-plane calls. Required unless
@@ -201,35 +201,8 @@ func (c *Client) Capabilities() core.Capabilities {
 	return core.Capabilities{Protocol: core.ProtocolEnvd, Pager: c, Locate: c.Locate}
 }
 
-// newSandbox is the body of POST /v2/sandboxes (OpenAPI schema NewSandbox).
-type newSandbox struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    *int64            `json:"timeout,omitempty"` // seconds
-	Metadata   map[string]string `json:"metadata,omitempty"`
-	EnvVars    map[string]string `json:"envVars,omitempty"`
-}
-
-// sandboxReply is the create reply (OpenAPI schema Sandbox).
-type sandboxReply struct {
-	SandboxID       string  `json:"sandboxID"`
-	TemplateID      string  `json:"templateID"`
-	EnvdVersion     string  `json:"envdVersion"`
-	EnvdAccessToken string  `json:"envdAccessToken"`
-	Domain          *string `json:"domain"`
-}
-
-// sandboxDetail is the reply of GET /sandboxes/{id} (SandboxDetail) and an
-// item of GET /v2/sandboxes (ListedSandbox).
-type sandboxDetail struct {
-	SandboxID  string            `json:"sandboxID"`
-	TemplateID string            `json:"templateID"`
-	Metadata   map[string]string `json:"metadata"`
-	State      string            `json:"state"`
-	StartedAt  time.Time         `json:"startedAt"`
-	EndAt      time.Time         `json:"endAt"`
-}
-
-func (d sandboxDetail) info() core.SandboxInfo {
+// sandboxInfo is a listed or read sandbox as core reports it.
+func sandboxInfo(d e2bapi.ListedSandbox) core.SandboxInfo {
 	return core.SandboxInfo{
 		ID:         d.SandboxID,
 		TemplateID: d.TemplateID,
@@ -238,12 +211,6 @@ func (d sandboxDetail) info() core.SandboxInfo {
 		StartedAt:  d.StartedAt.UTC(),
 		EndAt:      d.EndAt.UTC(),
 	}
-}
-
-// apiError is E2B's error body (OpenAPI schema Error).
-type apiError struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
 }
 
 // ceilSeconds rounds d up to whole seconds; negative is 0.
@@ -262,13 +229,13 @@ func ceilSeconds(d time.Duration) int64 {
 // transport errors, timeouts, an unreadable reply) is a *core.ProviderError
 // with Ambiguous true: the sandbox may exist, find it by its metadata.
 func (c *Client) Create(ctx context.Context, spec core.CreateSpec) (core.SandboxRef, error) {
-	body := newSandbox{
+	body := e2bapi.NewSandbox{
 		TemplateID: or(spec.Template, DefaultTemplate),
 		Metadata:   spec.Metadata,
 		EnvVars:    spec.EnvVars,
 	}
 	if spec.Timeout > 0 {
-		s := ceilSeconds(spec.Timeout)
+		s := float64(ceilSeconds(spec.Timeout))
 		body.Timeout = &s
 	}
 	for k := range spec.EnvVars {
@@ -284,7 +251,7 @@ func (c *Client) Create(ctx context.Context, spec core.CreateSpec) (core.Sandbox
 	if status < 200 || status > 299 {
 		return core.SandboxRef{}, statusError(op, status, reply, createAmbiguous(status))
 	}
-	var sb sandboxReply
+	var sb e2bapi.Sandbox
 	if err := json.Unmarshal(reply, &sb); err != nil || sb.SandboxID == "" {
 		// The create may well have happened: we cannot tell which sandbox.
 		return core.SandboxRef{}, &core.ProviderError{Op: op, StatusCode: status, Message: "unreadable create reply: " + snippet(reply), Ambiguous: true}
@@ -313,7 +280,7 @@ func (c *Client) envdURL(id, domain string) string {
 	if c.sandboxURL != "" {
 		return c.sandboxURL
 	}
-	return fmt.Sprintf("https://%d-%s.%s", envd.Port, id, domain)
+	return e2bapi.EnvdURL(id, domain)
 }
 
 // Info reads a sandbox with GET /sandboxes/{id}, which does not extend its
@@ -334,14 +301,14 @@ func (c *Client) Info(ctx context.Context, id string) (core.SandboxInfo, error) 
 	if status != http.StatusOK {
 		return core.SandboxInfo{}, statusError(op, status, reply, providerhttp.AmbiguousStatus(status))
 	}
-	var d sandboxDetail
+	var d e2bapi.SandboxDetail
 	if err := json.Unmarshal(reply, &d); err != nil {
 		return core.SandboxInfo{}, &core.ProviderError{Op: op, StatusCode: status, Message: "unreadable reply: " + err.Error(), Ambiguous: true}
 	}
 	if d.SandboxID == "" {
 		d.SandboxID = id
 	}
-	return d.info(), nil
+	return sandboxInfo(d.ListedSandbox), nil
 }
 
 // List returns every sandbox matching f with GET /v2/sandboxes, following
@@ -495,7 +462,7 @@ func statusError(op string, status int, body []byte, ambiguous bool) *core.Provi
 // replyError is statusError with the hint given for a 401.
 func replyError(op string, status int, body []byte, ambiguous bool, authHint string) *core.ProviderError {
 	msg := snippet(body)
-	var ae apiError
+	var ae e2bapi.Error
 	if json.Unmarshal(body, &ae) == nil && ae.Message != "" {
 		msg = ae.Message
 	}

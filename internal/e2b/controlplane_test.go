@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -220,7 +221,7 @@ func TestCreateRejectsBadEnvKey(t *testing.T) {
 // fakeInventory serves GET /v2/sandboxes with paging like E2B.
 type fakeInventory struct {
 	mu       sync.Mutex
-	items    []sandboxDetail
+	items    []e2bapi.ListedSandbox
 	queries  []url.Values
 	repeat   bool // always return the same token
 	pageSize int
@@ -248,7 +249,7 @@ func (f *fakeInventory) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	states := strings.Split(q.Get("state"), ",")
 	limit, _ := strconv.Atoi(q.Get("limit"))
 	start, _ := strconv.Atoi(q.Get("nextToken"))
-	var match []sandboxDetail
+	var match []e2bapi.ListedSandbox
 	for _, it := range f.items {
 		ok := contains(states, it.State)
 		for k := range filter {
@@ -285,7 +286,7 @@ func TestListFollowsNextTokenAndDoubleEncodesMetadata(t *testing.T) {
 		if i == 3 {
 			md["thread"] = "other"
 		}
-		inv.items = append(inv.items, sandboxDetail{SandboxID: fmt.Sprintf("sbx%d", i), TemplateID: "base", Metadata: md, State: []string{"running", "paused"}[i%2], StartedAt: t0, EndAt: t0.Add(time.Hour)})
+		inv.items = append(inv.items, e2bapi.ListedSandbox{SandboxID: fmt.Sprintf("sbx%d", i), TemplateID: "base", Metadata: md, State: []string{"running", "paused"}[i%2], StartedAt: t0, EndAt: t0.Add(time.Hour)})
 	}
 	srv := httptest.NewServer(inv)
 	defer srv.Close()
@@ -321,7 +322,7 @@ func TestListFollowsNextTokenAndDoubleEncodesMetadata(t *testing.T) {
 }
 
 func TestListGuardsAgainstEndlessPaging(t *testing.T) {
-	inv := &fakeInventory{items: []sandboxDetail{{SandboxID: "a", State: "running"}}, repeat: true}
+	inv := &fakeInventory{items: []e2bapi.ListedSandbox{{SandboxID: "a", State: "running"}}, repeat: true}
 	srv := httptest.NewServer(inv)
 	defer srv.Close()
 	if _, err := newTestClient(t, srv.URL, "", nil).List(context.Background(), core.ListFilter{}); err == nil || !strings.Contains(err.Error(), "repeated") {
@@ -330,7 +331,7 @@ func TestListGuardsAgainstEndlessPaging(t *testing.T) {
 
 	many := &fakeInventory{}
 	for i := range 10 {
-		many.items = append(many.items, sandboxDetail{SandboxID: strconv.Itoa(i), State: "running"})
+		many.items = append(many.items, e2bapi.ListedSandbox{SandboxID: strconv.Itoa(i), State: "running"})
 	}
 	srv2 := httptest.NewServer(many)
 	defer srv2.Close()

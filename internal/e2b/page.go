@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
@@ -73,13 +74,13 @@ func (c *Client) fetchPage(ctx context.Context, op string, q url.Values) ([]core
 	if status != http.StatusOK {
 		return nil, "", statusError(op, status, reply, providerhttp.AmbiguousStatus(status))
 	}
-	var items []sandboxDetail
+	var items []e2bapi.ListedSandbox
 	if err := json.Unmarshal(reply, &items); err != nil {
 		return nil, "", &core.ProviderError{Op: op, StatusCode: status, Message: "unreadable reply: " + err.Error(), Ambiguous: true}
 	}
 	out := make([]core.SandboxInfo, len(items))
 	for i, it := range items {
-		out[i] = it.info()
+		out[i] = sandboxInfo(it)
 	}
 	return out, header.Get("X-Next-Token"), nil
 }

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
-	"strings"
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -50,29 +49,13 @@ func e2bRoute(segs []string) (want, id string, ok bool) {
 	return RouteE2BOther, "", true
 }
 
-// e2bError is E2B's control-plane error body: the SDKs read "message", and
-// recognise a missing sandbox only from status 404 with "code": 404.
-type e2bError struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
-
 func (r *request) e2bError(status int, code core.ErrorCode, msg string, retryAfter int) events.APIGatewayV2HTTPResponse {
 	r.code = code
-	resp := r.json(status, e2bError{Code: status, Message: msg})
+	resp := r.json(status, e2bapi.Error{Code: status, Message: msg})
 	if retryAfter > 0 {
 		resp.Headers["Retry-After"] = strconv.Itoa(retryAfter)
 	}
 	return resp
-}
-
-// e2bConnectJSON is E2B's connect reply (the fields the SDKs read).
-type e2bConnectJSON struct {
-	SandboxID       string  `json:"sandboxID"`
-	TemplateID      string  `json:"templateID"`
-	EnvdVersion     string  `json:"envdVersion"`
-	EnvdAccessToken string  `json:"envdAccessToken"`
-	Domain          *string `json:"domain"`
 }
 
 // e2bRefusal is the answer to every /e2b route but connect.
@@ -106,30 +89,12 @@ func (h *handler) serveE2B(ctx context.Context, r *request, route, id string) ev
 			"sandbox %q runs on backend %q, reached by the %s protocol, not E2B's envd: the E2B SDK cannot work in it; "+
 				"use the connection of POST /v1/sandboxes/acquire", id, rec.Backend, rec.Endpoint.Protocol), 0)
 	}
-	return r.json(http.StatusOK, e2bConnectJSON{
+	return r.json(http.StatusOK, e2bapi.Sandbox{
 		SandboxID:       rec.SandboxID,
 		EnvdVersion:     E2BEnvdVersion,
 		EnvdAccessToken: rec.Endpoint.AccessToken,
-		Domain:          e2bDomain(rec.SandboxID, rec.Endpoint.URL),
+		Domain:          e2bapi.DomainOf(rec.SandboxID, rec.Endpoint.URL),
 	})
-}
-
-// e2bDomain is the sandbox domain the SDK derives envd's address from
-// (https://49983-<id>.<domain>), when the endpoint URL has that form; nil
-// otherwise (one envd URL for every sandbox, as in the local stack: the SDK
-// then needs E2B_SANDBOX_URL set to the acquire reply's envd_url).
-func e2bDomain(id, envdURL string) *string {
-	u, err := url.Parse(envdURL)
-	if err != nil {
-		return nil
-	}
-	prefix := "49983-" + id + "."
-	host := u.Hostname()
-	if !strings.HasPrefix(host, prefix) || len(host) == len(prefix) {
-		return nil
-	}
-	d := host[len(prefix):]
-	return &d
 }
 
 func atoi(s string) int {

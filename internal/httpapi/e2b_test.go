@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -67,7 +68,7 @@ func TestE2BConnect(t *testing.T) {
 				t.Errorf("broker calls %q, want %q", b.calls, tt.wantCalls)
 			}
 			if tt.wantStatus != http.StatusOK {
-				var e e2bError
+				var e e2bapi.Error
 				if err := json.Unmarshal([]byte(resp.Body), &e); err != nil || e.Code != tt.wantStatus || e.Message == "" {
 					t.Errorf("body %s: want E2B's {code: %d, message}", resp.Body, tt.wantStatus)
 				}

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 )
 
 // Control-plane constants (E2B OpenAPI spec).
@@ -30,21 +32,6 @@ const (
 	reportedDiskMB   = 1024
 )
 
-// apiError is the E2B error body: {"code": <HTTP status>, "message": ...}.
-// The SDK recognises "not found" only from code 404.
-type apiError struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
-
-// createRequest is the body of POST /sandboxes and /v2/sandboxes.
-type createRequest struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    *float64          `json:"timeout"` // seconds
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
-}
-
 // timeoutRequest is the body of POST /sandboxes/{id}/timeout and connect.
 type timeoutRequest struct {
 	Timeout *float64 `json:"timeout"` // seconds
@@ -53,42 +40,6 @@ type timeoutRequest struct {
 // refreshRequest is the body of POST /sandboxes/{id}/refreshes.
 type refreshRequest struct {
 	Duration *float64 `json:"duration"` // seconds
-}
-
-// createdSandbox is the reply to create and connect.
-type createdSandbox struct {
-	TemplateID         string  `json:"templateID"`
-	SandboxID          string  `json:"sandboxID"`
-	Alias              string  `json:"alias,omitempty"`
-	ClientID           string  `json:"clientID"`
-	EnvdVersion        string  `json:"envdVersion"`
-	EnvdAccessToken    string  `json:"envdAccessToken"`
-	TrafficAccessToken *string `json:"trafficAccessToken"`
-	Domain             *string `json:"domain"`
-}
-
-// listedSandbox is one element of the list replies.
-type listedSandbox struct {
-	TemplateID   string            `json:"templateID"`
-	Alias        string            `json:"alias,omitempty"`
-	SandboxID    string            `json:"sandboxID"`
-	ClientID     string            `json:"clientID"`
-	StartedAt    time.Time         `json:"startedAt"`
-	EndAt        time.Time         `json:"endAt"`
-	CPUCount     int               `json:"cpuCount"`
-	MemoryMB     int               `json:"memoryMB"`
-	DiskSizeMB   int               `json:"diskSizeMB"`
-	Metadata     map[string]string `json:"metadata"`
-	State        string            `json:"state"`
-	EnvdVersion  string            `json:"envdVersion"`
-	VolumeMounts []any             `json:"volumeMounts"`
-}
-
-// sandboxDetail is the reply to GET /sandboxes/{id}.
-type sandboxDetail struct {
-	listedSandbox
-	EnvdAccessToken string  `json:"envdAccessToken"`
-	Domain          *string `json:"domain"`
 }
 
 // APIHandler serves the E2B control plane: POST /sandboxes and
@@ -111,15 +62,15 @@ func (h *Host) APIHandler() http.Handler {
 	mux.HandleFunc("POST /sandboxes/{id}/connect", h.handleConnect)
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h.handleConnect)
 	mux.HandleFunc("POST /sandboxes/{id}/pause", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotImplemented, apiError{Code: http.StatusNotImplemented, Message: "pause is not supported by the local sandbox host"})
+		writeJSON(w, http.StatusNotImplemented, e2bapi.Error{Code: http.StatusNotImplemented, Message: "pause is not supported by the local sandbox host"})
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, apiError{Code: http.StatusNotFound, Message: "no route " + r.Method + " " + r.URL.Path})
+		writeJSON(w, http.StatusNotFound, e2bapi.Error{Code: http.StatusNotFound, Message: "no route " + r.Method + " " + r.URL.Path})
 	})
 	key := []byte(h.opts.APIKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get(headerAPIKey)), key) != 1 {
-			writeJSON(w, http.StatusUnauthorized, apiError{Code: http.StatusUnauthorized, Message: "invalid or missing API key"})
+			writeJSON(w, http.StatusUnauthorized, e2bapi.Error{Code: http.StatusUnauthorized, Message: "invalid or missing API key"})
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -139,11 +90,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func badRequest(w http.ResponseWriter, format string, args ...any) {
-	writeJSON(w, http.StatusBadRequest, apiError{Code: http.StatusBadRequest, Message: fmt.Sprintf(format, args...)})
+	writeJSON(w, http.StatusBadRequest, e2bapi.Error{Code: http.StatusBadRequest, Message: fmt.Sprintf(format, args...)})
 }
 
 func notFound(w http.ResponseWriter, id string) {
-	writeJSON(w, http.StatusNotFound, apiError{Code: http.StatusNotFound, Message: fmt.Sprintf("sandbox %q not found", id)})
+	writeJSON(w, http.StatusNotFound, e2bapi.Error{Code: http.StatusNotFound, Message: fmt.Sprintf("sandbox %q not found", id)})
 }
 
 // readBody decodes a JSON body into v; an empty body leaves v untouched.
@@ -176,8 +127,8 @@ func (h *Host) seconds(v float64, name string) (time.Duration, error) {
 	return d, nil
 }
 
-func (h *Host) createdBody(sb *sandbox) createdSandbox {
-	return createdSandbox{
+func (h *Host) createdBody(sb *sandbox) e2bapi.Sandbox {
+	return e2bapi.Sandbox{
 		TemplateID:      sb.templateID,
 		SandboxID:       sb.id,
 		Alias:           sb.alias,
@@ -187,12 +138,12 @@ func (h *Host) createdBody(sb *sandbox) createdSandbox {
 	}
 }
 
-func (h *Host) listed(sb *sandbox) listedSandbox {
+func (h *Host) listed(sb *sandbox) e2bapi.ListedSandbox {
 	md := make(map[string]string, len(sb.metadata))
 	for k, v := range sb.metadata {
 		md[k] = v
 	}
-	return listedSandbox{
+	return e2bapi.ListedSandbox{
 		TemplateID:   sb.templateID,
 		Alias:        sb.alias,
 		SandboxID:    sb.id,
@@ -212,7 +163,7 @@ func (h *Host) listed(sb *sandbox) listedSandbox {
 // handleCreate serves POST /sandboxes and /v2/sandboxes: 201 with the
 // sandbox's id, envd version and access token.
 func (h *Host) handleCreate(w http.ResponseWriter, r *http.Request) {
-	var req createRequest
+	var req e2bapi.NewSandbox
 	if err := readBody(r, &req); err != nil {
 		badRequest(w, "%v", err)
 		return
@@ -245,7 +196,7 @@ func (h *Host) handleCreate(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, ErrClosed) {
 			status = http.StatusServiceUnavailable
 		}
-		writeJSON(w, status, apiError{Code: status, Message: err.Error()})
+		writeJSON(w, status, e2bapi.Error{Code: status, Message: err.Error()})
 		return
 	}
 	writeJSON(w, http.StatusCreated, h.createdBody(sb))
@@ -309,7 +260,7 @@ func (h *Host) handleListV1(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "%v", err)
 		return
 	}
-	out := []listedSandbox{}
+	out := []e2bapi.ListedSandbox{}
 	for _, sb := range h.list() {
 		if lq.match(sb) {
 			out = append(out, h.listed(sb))
@@ -368,7 +319,7 @@ func (h *Host) handleListV2(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	out := []listedSandbox{}
+	out := []e2bapi.ListedSandbox{}
 	var last *sandbox
 	more := false
 	for _, sb := range h.list() {
@@ -401,7 +352,7 @@ func (h *Host) handleGet(w http.ResponseWriter, r *http.Request) {
 		notFound(w, id)
 		return
 	}
-	writeJSON(w, http.StatusOK, sandboxDetail{listedSandbox: h.listed(sb), EnvdAccessToken: sb.token})
+	writeJSON(w, http.StatusOK, e2bapi.SandboxDetail{ListedSandbox: h.listed(sb), EnvdAccessToken: sb.token})
 }
 
 // handleKill serves DELETE /sandboxes/{id}: 204 once every process is

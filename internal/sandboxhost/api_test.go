@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 )
 
 func TestAPIAuth(t *testing.T) {
@@ -20,7 +22,7 @@ func TestAPIAuth(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var body apiError
+			var body e2bapi.Error
 			status, hdr := apiCallKey(t, srv, tc.key, "GET", "/v2/sandboxes", nil, nil)
 			if status != tc.wantStatus {
 				t.Fatalf("status = %d, want %d", status, tc.wantStatus)
@@ -51,7 +53,7 @@ func TestCreateGetKill(t *testing.T) {
 	if sb.EnvdAccessToken == "" || sb.EnvdVersion != DefaultEnvdVersion || sb.TemplateID != "tpl" || sb.Domain != nil {
 		t.Errorf("create reply = %+v, want token, envdVersion %s, templateID tpl, domain null", sb, DefaultEnvdVersion)
 	}
-	var d sandboxDetail
+	var d e2bapi.SandboxDetail
 	if status, _ := apiCall(t, srv, "GET", "/sandboxes/"+sb.SandboxID, nil, &d); status != 200 {
 		t.Fatalf("get status = %d, want 200", status)
 	}
@@ -62,14 +64,14 @@ func TestCreateGetKill(t *testing.T) {
 		t.Errorf("endAt - now = %v, want ~120s", left)
 	}
 	// Reads never extend life.
-	var d2 sandboxDetail
+	var d2 e2bapi.SandboxDetail
 	apiCall(t, srv, "GET", "/sandboxes/"+sb.SandboxID, nil, &d2)
 	apiCall(t, srv, "GET", "/v2/sandboxes", nil, nil)
 	if !d2.EndAt.Equal(d.EndAt) {
 		t.Errorf("endAt moved from %v to %v after reads", d.EndAt, d2.EndAt)
 	}
 	// Connect never shortens, only extends.
-	var c createdSandbox
+	var c e2bapi.Sandbox
 	if status, _ := apiCall(t, srv, "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", map[string]any{"timeout": 10}, &c); status != 200 || c.EnvdAccessToken != sb.EnvdAccessToken {
 		t.Fatalf("connect: status %d reply %+v", status, c)
 	}
@@ -92,7 +94,7 @@ func TestCreateGetKill(t *testing.T) {
 		{"POST", "/sandboxes/" + sb.SandboxID + "/timeout"},
 		{"POST", "/v2/sandboxes/" + sb.SandboxID + "/connect"},
 	} {
-		var e apiError
+		var e e2bapi.Error
 		status, _ := apiCall(t, srv, tc.method, tc.path, map[string]any{"timeout": 5}, &e)
 		if status != 404 || e.Code != 404 {
 			t.Errorf("%s %s after kill: status %d body %+v, want 404 with code 404", tc.method, tc.path, status, e)
@@ -110,7 +112,7 @@ func TestCreateValidation(t *testing.T) {
 		map[string]any{"envVars": map[string]string{"A=B": "x"}},
 		"not an object",
 	} {
-		var e apiError
+		var e e2bapi.Error
 		if status, _ := apiCall(t, srv, "POST", "/v2/sandboxes", body, &e); status != 400 || e.Code != 400 {
 			t.Errorf("create %v: status %d body %+v, want 400", body, status, e)
 		}
@@ -120,7 +122,7 @@ func TestCreateValidation(t *testing.T) {
 	}
 	// No template and no timeout: "base" and the default 300 s.
 	sb := createSandbox(t, srv, nil)
-	var d sandboxDetail
+	var d e2bapi.SandboxDetail
 	apiCall(t, srv, "GET", "/sandboxes/"+sb.SandboxID, nil, &d)
 	if d.TemplateID != "base" {
 		t.Errorf("templateID = %q, want base", d.TemplateID)
@@ -153,7 +155,7 @@ func TestListMetadataFilterAndPaging(t *testing.T) {
 		if token != "" {
 			q.Set("nextToken", token)
 		}
-		var page []listedSandbox
+		var page []e2bapi.ListedSandbox
 		status, hdr := apiCall(t, srv, "GET", "/v2/sandboxes?"+q.Encode(), nil, &page)
 		if status != 200 {
 			t.Fatalf("list status = %d", status)
@@ -197,7 +199,7 @@ func TestListMetadataFilterAndPaging(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var page []listedSandbox
+			var page []e2bapi.ListedSandbox
 			if status, _ := apiCall(t, srv, "GET", "/v2/sandboxes?"+tc.query, nil, &page); status != 200 {
 				t.Fatalf("status = %d", status)
 			}
@@ -205,7 +207,7 @@ func TestListMetadataFilterAndPaging(t *testing.T) {
 				t.Errorf("v2 got %d sandboxes, want %d", len(page), tc.want)
 			}
 			if !slices.Contains([]string{"state=paused", "state=running"}, tc.query) {
-				var v1 []listedSandbox
+				var v1 []e2bapi.ListedSandbox
 				apiCall(t, srv, "GET", "/sandboxes?"+tc.query, nil, &v1)
 				if len(v1) != tc.want {
 					t.Errorf("v1 got %d sandboxes, want %d", len(v1), tc.want)

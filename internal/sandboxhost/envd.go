@@ -14,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
@@ -82,7 +83,7 @@ func envdError(w http.ResponseWriter, rpc bool, status int, msg string) {
 		_, _ = w.Write([]byte(msg))
 		return
 	}
-	writeJSON(w, status, apiError{Code: status, Message: msg})
+	writeJSON(w, status, e2bapi.Error{Code: status, Message: msg})
 }
 
 // rpcStart runs a process and streams its events: start{pid} first (sent

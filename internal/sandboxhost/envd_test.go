@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
@@ -265,7 +266,7 @@ func TestTimeoutExpiryKillsSandbox(t *testing.T) {
 			if status, _ := apiCall(t, srv, "POST", "/sandboxes/"+sb.SandboxID+"/timeout", map[string]any{"timeout": 1}, nil); status != http.StatusNoContent {
 				t.Fatalf("set timeout: status %d, want 204", status)
 			}
-			var d sandboxDetail
+			var d e2bapi.SandboxDetail
 			apiCall(t, srv, "GET", "/sandboxes/"+sb.SandboxID, nil, &d)
 			if left := time.Until(d.EndAt); left > 1500*time.Millisecond {
 				t.Errorf("endAt %v from now after timeout 1, want <= 1s", left)
@@ -327,7 +328,7 @@ func assertDead(t *testing.T, srv *Server, c envdClient, dir, marker string, don
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Errorf("health after death = %d, want 502", resp.StatusCode)
 	}
-	var list []listedSandbox
+	var list []e2bapi.ListedSandbox
 	apiCall(t, srv, "GET", "/v2/sandboxes", nil, &list)
 	if len(list) != 0 {
 		t.Errorf("list after death = %d sandboxes, want 0", len(list))

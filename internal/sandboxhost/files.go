@@ -21,6 +21,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
@@ -55,7 +56,7 @@ func httpFSError(w http.ResponseWriter, err error) {
 	case errors.Is(err, syscall.ENOSPC):
 		status = http.StatusInsufficientStorage
 	}
-	writeJSON(w, status, apiError{Code: status, Message: err.Error()})
+	writeJSON(w, status, e2bapi.Error{Code: status, Message: err.Error()})
 }
 
 var (

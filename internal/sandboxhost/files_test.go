@@ -16,6 +16,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
@@ -82,7 +83,7 @@ func TestFilesWriteRead(t *testing.T) {
 		t.Errorf("host file = %q, %v", b, err)
 	}
 
-	var e apiError
+	var e e2bapi.Error
 	status, body := c.files(t, "GET", "path=/home/user/missing", nil, nil)
 	if json.Unmarshal(body, &e); status != 404 || e.Message == "" {
 		t.Errorf("missing file: status %d body %s, want 404 JSON", status, body)

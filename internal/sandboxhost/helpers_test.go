@@ -17,6 +17,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
@@ -112,9 +113,9 @@ func apiCallKey(t *testing.T, srv *Server, key, method, path string, body any, o
 }
 
 // createSandbox creates a sandbox and returns the create reply.
-func createSandbox(t *testing.T, srv *Server, body map[string]any) createdSandbox {
+func createSandbox(t *testing.T, srv *Server, body map[string]any) e2bapi.Sandbox {
 	t.Helper()
-	var got createdSandbox
+	var got e2bapi.Sandbox
 	if status, _ := apiCall(t, srv, "POST", "/sandboxes", body, &got); status != http.StatusCreated {
 		t.Fatalf("create: status %d, want 201", status)
 	}
@@ -129,7 +130,7 @@ type envdClient struct {
 	token string
 }
 
-func newEnvd(srv *Server, sb createdSandbox) envdClient {
+func newEnvd(srv *Server, sb e2bapi.Sandbox) envdClient {
 	return envdClient{srv: srv, id: sb.SandboxID, token: sb.EnvdAccessToken}
 }
 
