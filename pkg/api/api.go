@@ -99,7 +99,7 @@ type Sandbox struct {
 	SandboxID string `json:"sandbox_id"`
 	// State is "active" for a handed-out sandbox.
 	State string `json:"state"`
-	// Source is how the broker obtained it: reused, reclaimed, discovered or created.
+	// Source is how the broker obtained it: reused, reclaimed or created.
 	Source     string     `json:"source"`
 	Backend    string     `json:"backend"`
 	Connection Connection `json:"connection"`

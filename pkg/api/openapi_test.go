@@ -67,8 +67,8 @@ func sorted[S ~string](vs ...S) []string {
 	return slices.Compact(out)
 }
 
-// TestEnumsMatchConstants: the error codes and reasons the document lists
-// are exactly the broker's constants (pkg/core/codes.go), plus the fields a
+// TestEnumsMatchConstants: the error codes, reasons and acquire sources
+// the document lists are exactly the broker's constants, plus the fields a
 // VALIDATION_ERROR names and the empty reason of errors that carry none.
 func TestEnumsMatchConstants(t *testing.T) {
 	doc := load(t, OpenAPIYAML)
@@ -79,6 +79,9 @@ func TestEnumsMatchConstants(t *testing.T) {
 	reasons := append(append(append([]string{""}, core.ErrorReasons()...), sorted(core.RefusalReasons()...)...), validationFields...)
 	if got, want := enum(t, doc, "ErrorReason"), sorted(reasons...); !slices.Equal(got, want) {
 		t.Errorf("ErrorReason enum %q\nconstants          %q", got, want)
+	}
+	if got, want := enum(t, doc, "AcquireSource"), sorted(core.Sources()...); !slices.Equal(got, want) {
+		t.Errorf("AcquireSource enum %q\nconstants            %q", got, want)
 	}
 }
 

@@ -80,11 +80,15 @@ type Source string
 
 // Acquire sources, as in the acquire response's "source" field.
 const (
-	SourceReused     Source = "reused"     // the thread's active sandbox, still alive
-	SourceReclaimed  Source = "reclaimed"  // the thread's warm sandbox
-	SourceDiscovered Source = "discovered" // found at the provider by metadata
-	SourceCreated    Source = "created"    // freshly created
+	SourceReused    Source = "reused"    // the thread's active sandbox, still alive
+	SourceReclaimed Source = "reclaimed" // the thread's warm sandbox
+	SourceCreated   Source = "created"   // freshly created
 )
+
+// Sources lists every acquire source the broker produces. (A sandbox the
+// store lost track of is found by reconcile, which adopts it warm: the
+// thread's next acquire reclaims it.)
+func Sources() []Source { return []Source{SourceReused, SourceReclaimed, SourceCreated} }
 
 // Record is the broker's durable view of one sandbox. Times are UTC.
 type Record struct {

@@ -228,7 +228,7 @@ class Client:
     # ── API ──────────────────────────────────────────────────────────────
 
     def acquire(self, user_id: str, thread_id: str) -> Lease:
-        """Get the thread's sandbox (reused, reclaimed from warm, discovered
+        """Get the thread's sandbox (reused, reclaimed from warm,
         or created). Idempotent for a thread: it answers the same sandbox
         while the thread holds it."""
         _check(_KEY_PATTERN, "user_id", user_id)
