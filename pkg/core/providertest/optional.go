@@ -39,95 +39,115 @@ func runOptional(t *testing.T, p core.Provider, caps Capabilities, tag string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	create := func(t *testing.T, timeout time.Duration) core.SandboxRef {
-		t.Helper()
-		ref, err := p.Create(ctx, core.CreateSpec{Timeout: timeout, Metadata: map[string]string{"contract": tag + "-opt"}})
-		if err != nil {
-			t.Fatalf("Create: %v", err)
-		}
-		t.Cleanup(func() { _ = p.Kill(context.Background(), ref.ID) })
-		return ref
-	}
-
+	o := optional{ctx: ctx, p: p, tag: tag + "-opt"}
 	if caps.Exec {
 		if caps.Home == "" {
 			t.Fatal("providertest: Capabilities.Exec needs Home")
 		}
-		ref := create(t, 5*time.Minute)
+		ref := o.create(t, 5*time.Minute)
 		t.Run("ExecWithEnv", func(t *testing.T) { execWithEnv(ctx, t, p, ref, caps.Home) })
 		t.Run("FilesRoundTrip", func(t *testing.T) { filesRoundTrip(ctx, t, p, ref, caps.Home, tag) })
-		t.Run("KilledSandboxFilesAreGone", func(t *testing.T) {
-			victim := create(t, 5*time.Minute)
-			path := caps.Home + "/gone.txt"
-			if err := p.WriteFile(ctx, victim, path, strings.NewReader("x")); err != nil {
-				t.Fatalf("WriteFile: %v", err)
-			}
-			if err := p.Kill(ctx, victim.ID); err != nil {
-				t.Fatalf("Kill: %v", err)
-			}
-			if rc, err := p.OpenFile(ctx, victim, path, 0); !errors.Is(err, core.ErrSandboxGone) {
-				if rc != nil {
-					rc.Close()
-				}
-				t.Errorf("OpenFile after kill = %v, want ErrSandboxGone", err)
-			}
-			if err := p.WriteFile(ctx, victim, path, strings.NewReader("y")); !errors.Is(err, core.ErrSandboxGone) {
-				t.Errorf("WriteFile after kill = %v, want ErrSandboxGone", err)
-			}
-		})
+		t.Run("KilledSandboxFilesAreGone", func(t *testing.T) { o.killedSandboxFilesAreGone(t, caps.Home) })
 	}
-
 	if caps.Unreachable != nil {
-		t.Run("TransportFailureIsNotGone", func(t *testing.T) {
-			live := create(t, 5*time.Minute)
-			bp, bref := caps.Unreachable(t, live)
-			checks := []struct {
-				name string
-				call func() error
-			}{
-				{"Info", func() error { _, err := bp.Info(ctx, bref.ID); return err }},
-				{"SetTimeout", func() error { return bp.SetTimeout(ctx, bref.ID, time.Minute) }},
-				{"Kill", func() error { return bp.Kill(ctx, bref.ID) }},
-				{"List", func() error { _, err := bp.List(ctx, core.ListFilter{}); return err }},
-				{"Run", func() error { _, err := bp.Run(ctx, bref, core.Command{Script: "true"}); return err }},
-				{"OpenFile", func() error {
-					rc, err := bp.OpenFile(ctx, bref, "/etc/hostname", 0)
-					if rc != nil {
-						rc.Close()
-					}
-					return err
-				}},
-			}
-			for _, c := range checks {
-				err := c.call()
-				if err == nil || errors.Is(err, core.ErrSandboxGone) || errors.Is(err, core.ErrFileNotFound) || !core.IsAmbiguous(err) {
-					t.Errorf("%s over a broken transport = %v, want an ambiguous error (not gone, not not-found)", c.name, err)
-				}
-			}
-			if _, err := p.Info(ctx, live.ID); err != nil {
-				t.Errorf("Info through the working provider = %v, want the sandbox alive", err)
-			}
-		})
+		t.Run("TransportFailureIsNotGone", func(t *testing.T) { o.transportFailureIsNotGone(t, caps.Unreachable) })
 	}
-
 	if caps.Expiry {
-		t.Run("SandboxExpires", func(t *testing.T) {
-			ref := create(t, 2*time.Second)
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				_, err := p.Info(ctx, ref.ID)
-				if errors.Is(err, core.ErrSandboxGone) {
-					return
-				}
-				if err != nil {
-					t.Fatalf("Info while waiting for expiry: %v", err)
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("sandbox %s with a 2 s timeout still alive after 30 s", ref.ID)
-				}
-				time.Sleep(250 * time.Millisecond)
+		t.Run("SandboxExpires", o.sandboxExpires)
+	}
+}
+
+// optional is a run of the optional cases: their budget, the provider and
+// the metadata tag of their sandboxes.
+type optional struct {
+	ctx context.Context
+	p   core.Provider
+	tag string
+}
+
+// create creates a sandbox with timeout, killed at the end of t.
+func (o optional) create(t *testing.T, timeout time.Duration) core.SandboxRef {
+	t.Helper()
+	ref, err := o.p.Create(o.ctx, core.CreateSpec{Timeout: timeout, Metadata: map[string]string{"contract": o.tag}})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { _ = o.p.Kill(context.Background(), ref.ID) })
+	return ref
+}
+
+// killedSandboxFilesAreGone: a killed sandbox's files answer ErrSandboxGone.
+func (o optional) killedSandboxFilesAreGone(t *testing.T, home string) {
+	ctx, p := o.ctx, o.p
+	victim := o.create(t, 5*time.Minute)
+	path := home + "/gone.txt"
+	if err := p.WriteFile(ctx, victim, path, strings.NewReader("x")); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	if err := p.Kill(ctx, victim.ID); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	if rc, err := p.OpenFile(ctx, victim, path, 0); !errors.Is(err, core.ErrSandboxGone) {
+		if rc != nil {
+			rc.Close()
+		}
+		t.Errorf("OpenFile after kill = %v, want ErrSandboxGone", err)
+	}
+	if err := p.WriteFile(ctx, victim, path, strings.NewReader("y")); !errors.Is(err, core.ErrSandboxGone) {
+		t.Errorf("WriteFile after kill = %v, want ErrSandboxGone", err)
+	}
+}
+
+// transportFailureIsNotGone: every call through a broken transport is
+// ambiguous, never gone or not-found.
+func (o optional) transportFailureIsNotGone(t *testing.T, unreachable func(*testing.T, core.SandboxRef) (core.Provider, core.SandboxRef)) {
+	ctx := o.ctx
+	live := o.create(t, 5*time.Minute)
+	bp, bref := unreachable(t, live)
+	checks := []struct {
+		name string
+		call func() error
+	}{
+		{"Info", func() error { _, err := bp.Info(ctx, bref.ID); return err }},
+		{"SetTimeout", func() error { return bp.SetTimeout(ctx, bref.ID, time.Minute) }},
+		{"Kill", func() error { return bp.Kill(ctx, bref.ID) }},
+		{"List", func() error { _, err := bp.List(ctx, core.ListFilter{}); return err }},
+		{"Run", func() error { _, err := bp.Run(ctx, bref, core.Command{Script: "true"}); return err }},
+		{"OpenFile", func() error {
+			rc, err := bp.OpenFile(ctx, bref, "/etc/hostname", 0)
+			if rc != nil {
+				rc.Close()
 			}
-		})
+			return err
+		}},
+	}
+	for _, c := range checks {
+		err := c.call()
+		if err == nil || errors.Is(err, core.ErrSandboxGone) || errors.Is(err, core.ErrFileNotFound) || !core.IsAmbiguous(err) {
+			t.Errorf("%s over a broken transport = %v, want an ambiguous error (not gone, not not-found)", c.name, err)
+		}
+	}
+	if _, err := o.p.Info(ctx, live.ID); err != nil {
+		t.Errorf("Info through the working provider = %v, want the sandbox alive", err)
+	}
+}
+
+// sandboxExpires: a sandbox ends at its timeout.
+func (o optional) sandboxExpires(t *testing.T) {
+	ref := o.create(t, 2*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := o.p.Info(o.ctx, ref.ID)
+		if errors.Is(err, core.ErrSandboxGone) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("Info while waiting for expiry: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s with a 2 s timeout still alive after 30 s", ref.ID)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
 
