@@ -470,35 +470,53 @@ const accessLogFormat = `{"requestId":"$context.requestId","ip":"$context.identi
 
 // observability defines the alarms and the dashboard.
 func (s *Stack) observability(props Props, deployment *string) {
-	st := s.Stack
-	five := awscdk.Duration_Minutes(jsii.Number(5))
-	emf := func(name, stat string) awscloudwatch.Metric {
-		return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
-			Namespace:     jsii.String(MetricNamespace),
-			MetricName:    jsii.String(name),
-			DimensionsMap: &map[string]*string{DimensionDeployment: deployment},
-			Statistic:     jsii.String(stat),
-			Period:        five,
-		})
-	}
-	topic := s.alarmTopic(props)
-	alarm := func(key, id string, p *awscloudwatch.AlarmProps) {
-		a := awscloudwatch.NewAlarm(st, jsii.String(id), p)
-		a.AddAlarmAction(awscloudwatchactions.NewSnsAction(topic))
-		a.AddOkAction(awscloudwatchactions.NewSnsAction(topic))
-		s.Alarms[key] = a
-	}
+	o := &observer{s: s, deployment: deployment, topic: s.alarmTopic(props), five: awscdk.Duration_Minutes(jsii.Number(5))}
+	o.capacityAlarm(props)
+	o.reconcileAlarm(props)
+	o.throttleAlarm()
+	o.tombstoneAlarm(props)
+	o.serverErrorAlarm(props)
+	o.dashboard()
+}
 
+// observer builds the alarms and the dashboard of a stack.
+type observer struct {
+	s          *Stack
+	deployment *string
+	topic      awssns.ITopic
+	five       awscdk.Duration
+}
+
+// emf is one of the broker's embedded metrics, for this deployment.
+func (o *observer) emf(name, stat string) awscloudwatch.Metric {
+	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+		Namespace:     jsii.String(MetricNamespace),
+		MetricName:    jsii.String(name),
+		DimensionsMap: &map[string]*string{DimensionDeployment: o.deployment},
+		Statistic:     jsii.String(stat),
+		Period:        o.five,
+	})
+}
+
+// alarm adds an alarm that notifies the topic when it fires and clears.
+func (o *observer) alarm(key, id string, p *awscloudwatch.AlarmProps) {
+	a := awscloudwatch.NewAlarm(o.s.Stack, jsii.String(id), p)
+	a.AddAlarmAction(awscloudwatchactions.NewSnsAction(o.topic))
+	a.AddOkAction(awscloudwatchactions.NewSnsAction(o.topic))
+	o.s.Alarms[key] = a
+}
+
+func (o *observer) capacityAlarm(props Props) {
 	capacity := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
 		Expression: jsii.String("100 * used / limit"),
 		UsingMetrics: &map[string]awscloudwatch.IMetric{
-			"used":  emf(MetricCapacityUsed, "Maximum"),
-			"limit": emf(MetricCapacityLimit, "Maximum"),
+			"used":  o.emf(MetricCapacityUsed, "Maximum"),
+			"limit": o.emf(MetricCapacityLimit, "Maximum"),
 		},
 		Label:  jsii.String("capacity used (%)"),
-		Period: five,
+		Period: o.five,
 	})
-	alarm("capacity", "CapacitySaturationAlarm", &awscloudwatch.AlarmProps{
+	o.alarm("capacity", "CapacitySaturationAlarm", &awscloudwatch.AlarmProps{
 		AlarmDescription:   jsii.String(fmt.Sprintf("Capacity slots in use at or above %d%% of the limit for 15 minutes: acquires wait or get 429.", props.CapacityAlarmPercent)),
 		Metric:             capacity,
 		Threshold:          jsii.Number(float64(props.CapacityAlarmPercent)),
@@ -506,7 +524,10 @@ func (s *Stack) observability(props Props, deployment *string) {
 		EvaluationPeriods:  jsii.Number(3),
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
+}
 
+func (o *observer) reconcileAlarm(props Props) {
+	s := o.s
 	// One period per scheduled pass (ReconcileSchedule). Every pass that
 	// ends writes BudgetExhausted (0 or 1); a pass that crashes or times
 	// out writes none, and neither does a schedule that stopped invoking:
@@ -519,12 +540,12 @@ func (s *Stack) observability(props Props, deployment *string) {
 		Expression: jsii.String(ReconcileFailedExpression),
 		UsingMetrics: &map[string]awscloudwatch.IMetric{
 			"errors":    reconcile.MetricErrors(&awscloudwatch.MetricOptions{Period: one, Statistic: jsii.String("Sum")}),
-			"exhausted": emf(MetricReconcileBudgetExhausted, "Sum"),
+			"exhausted": o.emf(MetricReconcileBudgetExhausted, "Sum"),
 		},
 		Label:  jsii.String("failed or budget-exhausted reconcile passes"),
 		Period: one,
 	})
-	alarm("reconcile", "ReconcileFailingAlarm", &awscloudwatch.AlarmProps{
+	o.alarm("reconcile", "ReconcileFailingAlarm", &awscloudwatch.AlarmProps{
 		AlarmDescription:   jsii.String(fmt.Sprintf("%d consecutive reconcile passes (1 minute apart) failed or ran out of budget.", props.ReconcileAlarmPasses)),
 		Metric:             failed,
 		Threshold:          jsii.Number(1),
@@ -533,21 +554,24 @@ func (s *Stack) observability(props Props, deployment *string) {
 		DatapointsToAlarm:  jsii.Number(n),
 		TreatMissingData:   awscloudwatch.TreatMissingData_BREACHING,
 	})
+}
 
+func (o *observer) throttleAlarm() {
+	s := o.s
 	throttleMetrics := map[string]awscloudwatch.IMetric{}
 	var sum []string
 	for _, f := range Functions {
-		throttleMetrics[f.Name] = s.Functions[f.Name].MetricThrottles(&awscloudwatch.MetricOptions{Period: five, Statistic: jsii.String("Sum")})
+		throttleMetrics[f.Name] = s.Functions[f.Name].MetricThrottles(&awscloudwatch.MetricOptions{Period: o.five, Statistic: jsii.String("Sum")})
 		sum = append(sum, "FILL("+f.Name+", 0)")
 	}
-	alarm("throttles", "FunctionThrottlesAlarm", &awscloudwatch.AlarmProps{
+	o.alarm("throttles", "FunctionThrottlesAlarm", &awscloudwatch.AlarmProps{
 		AlarmDescription: jsii.String("Lambda throttled invocations of the broker's functions in two consecutive 5-minute periods " +
 			"(callers see 429/500, reconcile passes are skipped): raise the reserved concurrency or the account quota."),
 		Metric: awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
 			Expression:   jsii.String(strings.Join(sum, " + ")),
 			UsingMetrics: &throttleMetrics,
 			Label:        jsii.String("throttled invocations"),
-			Period:       five,
+			Period:       o.five,
 		}),
 		Threshold:          jsii.Number(1),
 		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
@@ -555,26 +579,31 @@ func (s *Stack) observability(props Props, deployment *string) {
 		DatapointsToAlarm:  jsii.Number(2),
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
+}
 
-	alarm("tombstones", "TombstoneAgeAlarm", &awscloudwatch.AlarmProps{
+func (o *observer) tombstoneAlarm(props Props) {
+	o.alarm("tombstones", "TombstoneAgeAlarm", &awscloudwatch.AlarmProps{
 		AlarmDescription:   jsii.String(fmt.Sprintf("A sandbox kill has been unconfirmed for more than %d seconds (a tombstone holds a slot).", props.TombstoneAlarmSeconds)),
-		Metric:             emf(MetricTombstoneOldestAge, "Maximum"),
+		Metric:             o.emf(MetricTombstoneOldestAge, "Maximum"),
 		Threshold:          jsii.Number(float64(props.TombstoneAlarmSeconds)),
 		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
 		EvaluationPeriods:  jsii.Number(2),
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
+}
 
+func (o *observer) serverErrorAlarm(props Props) {
+	s := o.s
 	rate := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
 		Expression: jsii.String("IF(requests > 0, 100 * errors / requests, 0)"),
 		UsingMetrics: &map[string]awscloudwatch.IMetric{
-			"errors":   s.API.MetricServerError(&awscloudwatch.MetricOptions{Period: five, Statistic: jsii.String("Sum")}),
-			"requests": s.API.MetricCount(&awscloudwatch.MetricOptions{Period: five, Statistic: jsii.String("Sum")}),
+			"errors":   s.API.MetricServerError(&awscloudwatch.MetricOptions{Period: o.five, Statistic: jsii.String("Sum")}),
+			"requests": s.API.MetricCount(&awscloudwatch.MetricOptions{Period: o.five, Statistic: jsii.String("Sum")}),
 		},
 		Label:  jsii.String("5xx (%)"),
-		Period: five,
+		Period: o.five,
 	})
-	alarm("5xx", "ServerErrorRateAlarm", &awscloudwatch.AlarmProps{
+	o.alarm("5xx", "ServerErrorRateAlarm", &awscloudwatch.AlarmProps{
 		AlarmDescription:   jsii.String(fmt.Sprintf("More than %d%% of API requests answered 5xx for 15 minutes.", props.ServerErrorAlarmPercent)),
 		Metric:             rate,
 		Threshold:          jsii.Number(float64(props.ServerErrorAlarmPercent)),
@@ -582,7 +611,11 @@ func (s *Stack) observability(props Props, deployment *string) {
 		EvaluationPeriods:  jsii.Number(3),
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
+}
 
+// dashboard shows the alarms' states and the metrics they read.
+func (o *observer) dashboard() {
+	s, st := o.s, o.s.Stack
 	graph := func(title string, metrics ...awscloudwatch.IMetric) awscloudwatch.IWidget {
 		return awscloudwatch.NewGraphWidget(&awscloudwatch.GraphWidgetProps{
 			Title: jsii.String(title), Left: &metrics, Width: jsii.Number(12), Height: jsii.Number(6),
@@ -591,7 +624,7 @@ func (s *Stack) observability(props Props, deployment *string) {
 	var invocations, errs, throttles []awscloudwatch.IMetric
 	for _, f := range Functions {
 		fn := s.Functions[f.Name]
-		lbl := &awscloudwatch.MetricOptions{Label: jsii.String(f.Name), Period: five}
+		lbl := &awscloudwatch.MetricOptions{Label: jsii.String(f.Name), Period: o.five}
 		invocations = append(invocations, fn.MetricInvocations(lbl))
 		errs = append(errs, fn.MetricErrors(lbl))
 		throttles = append(throttles, fn.MetricThrottles(lbl))
@@ -611,19 +644,19 @@ func (s *Stack) observability(props Props, deployment *string) {
 				Title: jsii.String("Alarms"), Alarms: &alarms, Width: jsii.Number(24),
 			})},
 			{
-				graph("Capacity (slots)", emf(MetricCapacityUsed, "Maximum"), emf(MetricCapacityLimit, "Maximum")),
-				graph("Capacity refusals (429)", emf(MetricCapacityRejected, "Sum")),
+				graph("Capacity (slots)", o.emf(MetricCapacityUsed, "Maximum"), o.emf(MetricCapacityLimit, "Maximum")),
+				graph("Capacity refusals (429)", o.emf(MetricCapacityRejected, "Sum")),
 			},
 			{
-				graph("Reconcile passes", emf(MetricReconcileBudgetExhausted, "Sum"), emf(MetricReconcileErrors, "Sum"),
-					emf(MetricReconcileKilled, "Sum"), emf(MetricReconcileExpired, "Sum")),
-				graph("Oldest tombstone (s)", emf(MetricTombstoneOldestAge, "Maximum")),
+				graph("Reconcile passes", o.emf(MetricReconcileBudgetExhausted, "Sum"), o.emf(MetricReconcileErrors, "Sum"),
+					o.emf(MetricReconcileKilled, "Sum"), o.emf(MetricReconcileExpired, "Sum")),
+				graph("Oldest tombstone (s)", o.emf(MetricTombstoneOldestAge, "Maximum")),
 			},
 			{
-				graph("Output sync: deferred files", emf(MetricSyncDeferred, "Sum")),
+				graph("Output sync: deferred files", o.emf(MetricSyncDeferred, "Sum")),
 			},
 			{
-				graph("API requests and 5xx", s.API.MetricCount(&awscloudwatch.MetricOptions{Period: five}), s.API.MetricServerError(&awscloudwatch.MetricOptions{Period: five})),
+				graph("API requests and 5xx", s.API.MetricCount(&awscloudwatch.MetricOptions{Period: o.five}), s.API.MetricServerError(&awscloudwatch.MetricOptions{Period: o.five})),
 				graph("Function invocations", invocations...),
 			},
 			{
