@@ -278,48 +278,11 @@ func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
 			return nil, fmt.Errorf("%w: %q", errInvalidEnv, k)
 		}
 	}
-	cwd := spec.cwd
-	if cwd == "" {
-		cwd = sandboxHome
+	cmd, release, err := h.command(sb, spec)
+	if err != nil {
+		return nil, err
 	}
-	var cmd *exec.Cmd
-	var extra []*os.File
-	if h.Isolated() {
-		vcwd, err := sb.virtualPath(cwd)
-		if err != nil {
-			return nil, err
-		}
-		// A cwd inside the sandbox's own directories must exist (outside
-		// them, e.g. /usr, bwrap itself reports a bad one).
-		if vp, err := sb.resolve(vcwd); err == nil {
-			if err := vp.isDir(); err != nil {
-				return nil, fmt.Errorf("cwd %s: %w", vcwd, err)
-			}
-		}
-		conf := confinement{uid: sb.uid, gid: sb.gid, nproc: sb.nproc}
-		if sb.cgroup != nil {
-			conf.cgroupProcs = sb.cgroup.procsFiles()
-		}
-		if h.seccomp != nil {
-			f, err := seccompFile(h.seccomp)
-			if err != nil {
-				return nil, err
-			}
-			defer f.Close()    // the child holds its own copy once started
-			conf.seccompFD = 3 // the first of ExtraFiles
-			extra = append(extra, f)
-		}
-		argv := h.iso.command(sb.home, sb.tmp, sb.mnt, vcwd, append([]string{spec.cmd}, spec.args...), conf)
-		cmd = exec.Command(argv[0], argv[1:]...)
-		cmd.ExtraFiles = extra
-	} else {
-		dir, err := sb.hostPathForCwd(cwd)
-		if err != nil {
-			return nil, err
-		}
-		cmd = exec.Command(spec.cmd, spec.args...)
-		cmd.Dir = dir
-	}
+	defer release() // the child holds its own copies once started
 	cmd.Env = h.env(sb, spec.envs)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	outR, outW, err := os.Pipe()
@@ -352,6 +315,65 @@ func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
 
 	events := make(chan event, outputQueue)
 	r := &running{process: p, events: events}
+	r.stream(sb, events, outR, errR)
+	return r, nil
+}
+
+// command builds the command of spec in sb: under the isolation tool
+// (bwrap, with the sandbox's uid, limits and seccomp filter) when the host
+// isolates, else as a plain child in the sandbox's home. release closes
+// what the child inherits, once it started.
+func (h *Host) command(sb *sandbox, spec startSpec) (cmd *exec.Cmd, release func(), err error) {
+	release = func() {}
+	cwd := spec.cwd
+	if cwd == "" {
+		cwd = sandboxHome
+	}
+	if !h.Isolated() {
+		dir, err := sb.hostPathForCwd(cwd)
+		if err != nil {
+			return nil, release, err
+		}
+		cmd = exec.Command(spec.cmd, spec.args...)
+		cmd.Dir = dir
+		return cmd, release, nil
+	}
+	vcwd, err := sb.virtualPath(cwd)
+	if err != nil {
+		return nil, release, err
+	}
+	// A cwd inside the sandbox's own directories must exist (outside
+	// them, e.g. /usr, bwrap itself reports a bad one).
+	if vp, err := sb.resolve(vcwd); err == nil {
+		if err := vp.isDir(); err != nil {
+			return nil, release, fmt.Errorf("cwd %s: %w", vcwd, err)
+		}
+	}
+	conf := confinement{uid: sb.uid, gid: sb.gid, nproc: sb.nproc}
+	if sb.cgroup != nil {
+		conf.cgroupProcs = sb.cgroup.procsFiles()
+	}
+	var extra []*os.File
+	if h.seccomp != nil {
+		f, err := seccompFile(h.seccomp)
+		if err != nil {
+			return nil, release, err
+		}
+		release = func() { f.Close() }
+		conf.seccompFD = 3 // the first of ExtraFiles
+		extra = append(extra, f)
+	}
+	argv := h.iso.command(sb.home, sb.tmp, sb.mnt, vcwd, append([]string{spec.cmd}, spec.args...), conf)
+	cmd = exec.Command(argv[0], argv[1:]...)
+	cmd.ExtraFiles = extra
+	return cmd, release, nil
+}
+
+// stream reads the process's stdout and stderr (outR, errR) into events
+// (r's) and, once it exited, kills what is left of its process group,
+// records its exit, closes events and marks it done.
+func (r *running) stream(sb *sandbox, events chan<- event, outR, errR *os.File) {
+	p, cmd := r.process, r.process.cmd
 	var readers sync.WaitGroup
 	pump := func(rd io.Reader, isErr bool) {
 		defer readers.Done()
@@ -394,7 +416,6 @@ func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
 		sb.mu.Unlock()
 		close(p.done)
 	}()
-	return r, nil
 }
 
 // pipeGrace is how long output is still read after a process exited.
