@@ -104,20 +104,11 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	rec := &statusRecorder{doer: c.http}
 	client := connect.NewClient[envd.StartRequest, envd.StartResponse](rec, c.envdBase(ref)+envd.ProcedureStart,
 		connect.WithCodec(envd.Codec{}), connect.WithReadMaxBytes(maxReplyBytes))
-	req := connect.NewRequest(&envd.StartRequest{Process: envd.ProcessConfig{
-		Cmd:  "/bin/bash",
-		Args: []string{"-l", "-c", cmd.Script},
-		Envs: cmd.Env,
-		Cwd:  cmd.Cwd,
-	}})
-	setEnvdHeaders(req.Header(), ref)
-	req.Header().Set(envd.HeaderKeepalive, "50")
-	req.Header().Set("Connect-Timeout-Ms", strconv.FormatInt(max(serverTimeout.Milliseconds(), 1), 10))
-
 	started := time.Now()
-	stream, err := client.CallServerStream(runCtx, req)
+	call := runCall{ctx: ctx, runCtx: runCtx, ref: ref, timeout: timeout, serverDeadline: started.Add(serverTimeout), rec: rec}
+	stream, err := client.CallServerStream(runCtx, startRequest(ref, cmd, serverTimeout))
 	if err != nil {
-		return core.CommandResult{}, c.runError(ctx, runCtx, ref, op, timeout, started.Add(serverTimeout), rec, err, 0)
+		return core.CommandResult{}, c.runError(call, err, 0)
 	}
 	defer stream.Close()
 
@@ -139,7 +130,7 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	}
 	result := core.CommandResult{Stdout: stdout.Bytes(), Stderr: stderr.Bytes()}
 	if err := stream.Err(); err != nil {
-		return result, c.runError(ctx, runCtx, ref, op, timeout, started.Add(serverTimeout), rec, err, pid)
+		return result, c.runError(call, err, pid)
 	}
 	if end == nil {
 		return result, &core.ProviderError{Op: op, Message: "process stream ended without an end event: outcome unknown", Ambiguous: true}
@@ -149,21 +140,55 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 		// envd stopped the process at its deadline.
 		return result, fmt.Errorf("e2b %s: %w after %s (%s): %w", op, ErrCommandTimeout, timeout, end.Status, context.DeadlineExceeded)
 	}
+	return result, truncated(&stdout, &stderr)
+}
+
+// startRequest is the process.Process/Start request running cmd's script
+// in bash, its env only in the process's envs, with the process timeout
+// serverTimeout.
+func startRequest(ref core.SandboxRef, cmd core.Command, serverTimeout time.Duration) *connect.Request[envd.StartRequest] {
+	req := connect.NewRequest(&envd.StartRequest{Process: envd.ProcessConfig{
+		Cmd:  "/bin/bash",
+		Args: []string{"-l", "-c", cmd.Script},
+		Envs: cmd.Env,
+		Cwd:  cmd.Cwd,
+	}})
+	setEnvdHeaders(req.Header(), ref)
+	req.Header().Set(envd.HeaderKeepalive, "50")
+	req.Header().Set("Connect-Timeout-Ms", strconv.FormatInt(max(serverTimeout.Milliseconds(), 1), 10))
+	return req
+}
+
+// truncated is an *OutputTruncatedError for the first of stdout and stderr
+// that kept less than it received, else nil.
+func truncated(stdout, stderr *tailBuffer) error {
 	for _, t := range []struct {
 		name string
 		b    *tailBuffer
-	}{{"stdout", &stdout}, {"stderr", &stderr}} {
+	}{{"stdout", stdout}, {"stderr", stderr}} {
 		if kept := min(t.b.total, int64(t.b.max)); t.b.total > kept {
-			return result, &OutputTruncatedError{Stream: t.name, Total: t.b.total, Kept: kept}
+			return &OutputTruncatedError{Stream: t.name, Total: t.b.total, Kept: kept}
 		}
 	}
-	return result, nil
+	return nil
+}
+
+// runCall is one process.Process/Start call, as runError needs it.
+type runCall struct {
+	ctx            context.Context // the caller's
+	runCtx         context.Context // the call's own, canceled (errRunDeadline) at its deadline
+	ref            core.SandboxRef
+	timeout        time.Duration // the process timeout
+	serverDeadline time.Time     // when envd was told to stop the process
+	rec            *statusRecorder
 }
 
 // runError classifies a failed Start call. serverDeadline is when envd was
 // told to stop the process; a canceled or deadline_exceeded stream after it
 // is the process timeout.
-func (c *Client) runError(ctx, runCtx context.Context, ref core.SandboxRef, op string, timeout time.Duration, serverDeadline time.Time, rec *statusRecorder, err error, pid uint32) error {
+func (c *Client) runError(call runCall, err error, pid uint32) error {
+	const op = "run"
+	ctx, runCtx, ref, timeout, serverDeadline, rec := call.ctx, call.runCtx, call.ref, call.timeout, call.serverDeadline, call.rec
 	code := connect.CodeOf(err)
 	timedOut := errors.Is(context.Cause(runCtx), errRunDeadline) || code == connect.CodeDeadlineExceeded ||
 		(code == connect.CodeCanceled && !time.Now().Before(serverDeadline))
