@@ -183,16 +183,6 @@ func props(r map[string]any) map[string]any {
 	return p
 }
 
-func TestSynthTime(t *testing.T) {
-	s := defaultSynth(t)
-	if s.took > 60*time.Second {
-		t.Errorf("synthesis took %s, want well under a minute", s.took)
-	}
-	if strings.Contains(str(s.tpl), "DEPRECATED") {
-		t.Log("template mentions a deprecated API")
-	}
-}
-
 func TestNagClean(t *testing.T) {
 	for name, s := range map[string]*synthesized{"default": defaultSynth(t), "variant": variantSynth(t)} {
 		if len(s.errors) != 0 {
