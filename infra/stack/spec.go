@@ -150,6 +150,8 @@ var Parameters = []Parameter{
 		Description: "Slots one (tenant, user) may hold; 0 = no cap (empty = the default)."},
 	{Name: "SandboxMaxPerTenant", Env: config.EnvMaxPerTenant, Default: "", AllowedPattern: `^([0-9]+)?$`,
 		Description: "Slots one tenant may hold across its users; 0 = no cap (empty = the default)."},
+	{Name: "SandboxMaxWaitersPerTenant", Env: config.EnvMaxWaitersPerTenant, Default: "", AllowedPattern: `^([0-9]+)?$`,
+		Description: "Acquires of one tenant that may wait for a slot at once (wait policy); 0 = no bound (empty = the default, 10)."},
 	{Name: "SandboxProvider", Env: config.EnvSandboxProvider, Default: config.ProviderE2B, AllowedValues: config.ProviderNames,
 		Description: "Sandbox provider: E2B, or a Kubernetes sandbox provisioner (PROVISIONER_URL)."},
 	{Name: "ProvisionerUrl", Env: config.EnvProvisionerURL, Default: "",

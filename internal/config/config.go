@@ -32,6 +32,7 @@ const (
 	EnvDeploymentID          = "SANDBOX_DEPLOYMENT_ID"
 	EnvMaxPerUser            = "SANDBOX_MAX_PER_USER"
 	EnvMaxPerTenant          = "SANDBOX_MAX_PER_TENANT"
+	EnvMaxWaitersPerTenant   = "SANDBOX_MAX_WAITERS_PER_TENANT"
 	// EnvAdminTenants lists the tenants (comma-separated) allowed on the
 	// /v1/admin routes (drain, undrain).
 	EnvAdminTenants = "BROKER_ADMIN_TENANTS"
@@ -96,7 +97,7 @@ var deploymentPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 var knownSandboxVars = map[string]bool{
 	EnvReplicas: true, EnvOverflowPolicy: true, EnvAcquireTimeoutSeconds: true,
 	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true,
-	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvSandboxProvider: true,
+	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
 }
 
 // E2B configures the E2B provider client.
@@ -260,6 +261,7 @@ func Parse(environ []string) (Config, []string, error) {
 	s.Deployment = p.str(EnvDeploymentID, s.Deployment)
 	s.MaxPerUser = p.intVar(EnvMaxPerUser, s.MaxPerUser, 0)
 	s.MaxPerTenant = p.intVar(EnvMaxPerTenant, s.MaxPerTenant, 0)
+	s.MaxWaitersPerTenant = p.intVar(EnvMaxWaitersPerTenant, s.MaxWaitersPerTenant, 0)
 	if !deploymentPattern.MatchString(s.Deployment) {
 		p.fail(EnvDeploymentID, "must match %s, got %q", deploymentPattern, s.Deployment)
 	}

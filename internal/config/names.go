@@ -17,7 +17,7 @@ func VariableNames() []string {
 		EnvIdleTimeoutSeconds,
 		EnvActiveTimeoutSeconds,
 		EnvTemplate,
-		EnvDeploymentID, EnvMaxPerUser, EnvMaxPerTenant, EnvAdminTenants, EnvTenantClaim,
+		EnvDeploymentID, EnvMaxPerUser, EnvMaxPerTenant, EnvMaxWaitersPerTenant, EnvAdminTenants, EnvTenantClaim,
 		EnvE2BAPIURL,
 		EnvE2BSandboxURL,
 		EnvE2BAPIKey,

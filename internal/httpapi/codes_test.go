@@ -128,6 +128,9 @@ func TestErrorTableIsWhatTheAdapterAnswers(t *testing.T) {
 		{"capacity", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(core.RefusalCapacity)) }},
 		{"user quota", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(core.RefusalUserQuota)) }},
 		{"tenant quota", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(core.RefusalTenantQuota)) }},
+		{"too many waiters", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
+			return acquire(capErr(core.RefusalTooManyWaiters))
+		}},
 		{"ledger failed", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
 			return acquire(capErr(core.RefusalCapacityBackend))
 		}},

@@ -19,6 +19,10 @@ const (
 	// RefusalTenantQuota: the tenant holds SANDBOX_MAX_PER_TENANT slots
 	// already, across all its users (HTTP 429).
 	RefusalTenantQuota RefusalReason = "tenant_quota"
+	// RefusalTooManyWaiters: under the wait policy, the tenant already has
+	// SANDBOX_MAX_WAITERS_PER_TENANT acquires waiting for a slot; refused
+	// at once instead of waiting (HTTP 429).
+	RefusalTooManyWaiters RefusalReason = "too_many_waiters"
 	// RefusalCapacityBackend: the capacity ledger could not decide (the
 	// store failed), so nothing was created: fail closed (HTTP 429).
 	RefusalCapacityBackend RefusalReason = "capacity_backend"
@@ -28,7 +32,7 @@ const (
 
 // RefusalReasons lists every capacity refusal reason the broker produces.
 func RefusalReasons() []RefusalReason {
-	return []RefusalReason{RefusalCapacity, RefusalUserQuota, RefusalTenantQuota, RefusalCapacityBackend, RefusalDraining}
+	return []RefusalReason{RefusalCapacity, RefusalUserQuota, RefusalTenantQuota, RefusalTooManyWaiters, RefusalCapacityBackend, RefusalDraining}
 }
 
 // ErrorCode is the "code" of an HTTP API error answer.

@@ -197,6 +197,17 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 				return AcquireResult{}, e.refusal(ctx, err)
 			}
 			wait = max(wait, 250*time.Millisecond)
+			if !e.now().Add(wait).Before(deadline) {
+				return AcquireResult{}, e.refusal(ctx, err)
+			}
+			if st.waiter == nil {
+				leave, werr := e.enterWait(ctx, key, owner, deadline)
+				if werr != nil {
+					return AcquireResult{}, werr
+				}
+				defer leave()
+				st.waiter = leave
+			}
 		}
 		if !e.now().Add(wait).Before(deadline) {
 			return AcquireResult{}, e.refusal(ctx, err)
@@ -222,8 +233,45 @@ func (e *Engine) refusal(ctx context.Context, err error) error {
 	return err
 }
 
+// enterWait takes one of the tenant's waiter places
+// (MaxWaitersPerTenant) for an acquire about to wait for a slot until
+// deadline, and returns the function that gives it back. Past the bound
+// the acquire is refused at once (RefusalTooManyWaiters); when the store
+// cannot decide, it fails closed (RefusalCapacityBackend). The place
+// lapses at the deadline (plus the response margin) by itself, so an
+// invocation that dies while waiting holds it no longer than it would
+// have waited.
+func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, deadline time.Time) (func(), error) {
+	if e.s.MaxWaitersPerTenant <= 0 {
+		return func() {}, nil
+	}
+	now := e.now()
+	w := Waiter{Tenant: key.Tenant, Ticket: owner, Max: e.s.MaxWaitersPerTenant, Now: now, Until: deadline.Add(responseMargin)}
+	place, err := e.store.EnterWait(ctx, w)
+	var ce *CapacityError
+	switch {
+	case errors.As(err, &ce):
+		ce.Status = CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy)}
+		return nil, ce
+	case err != nil:
+		e.log.WarnContext(ctx, "enter wait failed; refusing", "tenant", key.Tenant, "err", err)
+		return nil, &CapacityError{Reason: RefusalCapacityBackend, RetryAfter: 2 * time.Second,
+			Status: CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy)}}
+	}
+	return func() {
+		// Given back even when the caller went away: a short call of its own.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if err := e.store.LeaveWait(lctx, w, place); err != nil {
+			e.log.WarnContext(ctx, "leave wait failed; the place lapses by itself", "tenant", key.Tenant, "place", place, "err", err)
+		}
+	}, nil
+}
+
 // acquireState is what one Acquire remembers across its attempts.
 type acquireState struct {
+	// waiter gives back the waiter place this acquire holds (nil: none yet).
+	waiter func()
 	// deadChecked: the slots of dead sandboxes were looked for (once per
 	// acquire: it costs a query per state).
 	deadChecked bool

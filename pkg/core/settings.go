@@ -32,6 +32,10 @@ type Settings struct {
 	// MaxPerTenant caps the slots one tenant holds across its users; 0 = no
 	// cap. It is also the tenant's fair share when set (see FairShare).
 	MaxPerTenant int
+	// MaxWaitersPerTenant bounds how many of a tenant's acquires may wait
+	// for a slot at once under PolicyWait; past it an acquire is refused at
+	// once (RefusalTooManyWaiters). 0 = no bound.
+	MaxWaitersPerTenant int
 	// AcquireTimeout bounds waiting for a slot under PolicyWait (> 0).
 	AcquireTimeout time.Duration
 	// IdleTimeout is how long a released sandbox stays warm; it is set as the
@@ -52,15 +56,16 @@ type Settings struct {
 // DefaultSettings returns the defaults the README documents.
 func DefaultSettings() Settings {
 	return Settings{
-		Deployment:     "default",
-		Replicas:       3,
-		Policy:         PolicyWait,
-		BurstLimit:     0,
-		AcquireTimeout: 30 * time.Second,
-		IdleTimeout:    1800 * time.Second,
-		ActiveTimeout:  3600 * time.Second,
-		LeaseDuration:  120 * time.Second,
-		Home:           "/home/user",
+		Deployment:          "default",
+		Replicas:            3,
+		Policy:              PolicyWait,
+		MaxWaitersPerTenant: 10,
+		BurstLimit:          0,
+		AcquireTimeout:      30 * time.Second,
+		IdleTimeout:         1800 * time.Second,
+		ActiveTimeout:       3600 * time.Second,
+		LeaseDuration:       120 * time.Second,
+		Home:                "/home/user",
 	}
 }
 
@@ -105,6 +110,9 @@ func (s Settings) Validate() error {
 	}
 	if s.MaxPerUser < 0 {
 		errs = append(errs, fmt.Errorf("MaxPerUser: must be >= 0, got %d", s.MaxPerUser))
+	}
+	if s.MaxWaitersPerTenant < 0 {
+		errs = append(errs, fmt.Errorf("MaxWaitersPerTenant: must be >= 0, got %d", s.MaxWaitersPerTenant))
 	}
 	if s.MaxPerTenant < 0 {
 		errs = append(errs, fmt.Errorf("MaxPerTenant: must be >= 0, got %d", s.MaxPerTenant))

@@ -78,6 +78,17 @@ type Reservation struct {
 	ReplaceReservation string
 }
 
+// Waiter is one acquire waiting for a slot: it holds one of its tenant's
+// Max waiter places until it leaves or Until passes (an invocation that
+// dies never holds a place past its own wait).
+type Waiter struct {
+	Tenant string
+	Ticket string
+	Max    int
+	Now    time.Time
+	Until  time.Time
+}
+
 // Ledger is the deployment's capacity ledger.
 type Ledger struct {
 	Used     int
@@ -134,6 +145,12 @@ type Store interface {
 	// Free marks rec gone (fenced by rec.Fence) and frees its slot (and its
 	// user's and tenant's): call only after the provider confirmed the sandbox is gone.
 	Free(ctx context.Context, rec Record, now time.Time) error
+	// EnterWait takes one of w.Tenant's w.Max waiter places (one that is
+	// free, or whose holder's Until has passed) and returns it; a
+	// *CapacityError with RefusalTooManyWaiters when every place is held.
+	EnterWait(ctx context.Context, w Waiter) (place int, err error)
+	// LeaveWait gives back the place if w.Ticket still holds it.
+	LeaveWait(ctx context.Context, w Waiter, place int) error
 	// SetDraining marks the deployment draining (or not).
 	SetDraining(ctx context.Context, draining bool) error
 	// Capacity counts slots by state for the deployment.

@@ -11,6 +11,7 @@
 //	                              "tenants" (string set: tenants holding or lately holding slots)
 //	USR#<deployment>#<tenant>#<user>  slots held by one user ("used"), for SANDBOX_MAX_PER_USER
 //	TEN#<deployment>#<tenant>     slots held by one tenant ("used"), for SANDBOX_MAX_PER_TENANT
+//	WTR#<deployment>#<tenant>#<n> waiter place n of a tenant ("ticket", "until"), for SANDBOX_MAX_WAITERS_PER_TENANT
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and
 // reservations by state: gsi1pk = "ST#<deployment>#<state>", gsi1sk =
