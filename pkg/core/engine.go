@@ -137,7 +137,9 @@ const createBudget = 10 * time.Second
 // evict-then-create 8. A full deployment adds 2 eviction queries per
 // attempt, and once per acquire 2 queries looking for the slots of
 // sandboxes past their end (freed if the provider confirms them gone) and
-// 4 COUNT queries for the refusal's details.
+// 4 COUNT queries for the refusal's details. An acquire that waits (the
+// wait policy) takes a waiter place once (one BatchGetItem, one
+// conditional write) and gives it back (one delete).
 //
 // Worst case: see begin. The answer is written before ctx's deadline;
 // waiting for a slot stops early enough for a create and bootstrap
