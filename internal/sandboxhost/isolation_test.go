@@ -252,3 +252,87 @@ func TestSeccompFilterRefusesSystemCalls(t *testing.T) {
 		})
 	}
 }
+
+// sandboxCPUMillis reads, from the host side, the CPU limit of the
+// sandbox cgroup directory among dirs that holds the cpu controller's
+// files (v2: cpu.max; v1: cpu.cfs_quota_us and cpu.cfs_period_us), in
+// thousandths of a core (-1: no limit), and that directory.
+func sandboxCPUMillis(t *testing.T, dirs []string) (millis int64, dir string) {
+	t.Helper()
+	read := func(p string) []string {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("read %s: %v", p, err)
+		}
+		return strings.Fields(string(b))
+	}
+	num := func(s string) int64 {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("cgroup value %q: %v", s, err)
+		}
+		return n
+	}
+	for _, d := range dirs {
+		var quota, period string
+		if _, err := os.Stat(filepath.Join(d, "cpu.max")); err == nil {
+			f := read(filepath.Join(d, "cpu.max"))
+			if len(f) != 2 {
+				t.Fatalf("%s/cpu.max = %q, want quota and period", d, f)
+			}
+			quota, period = f[0], f[1]
+		} else if _, err := os.Stat(filepath.Join(d, "cpu.cfs_quota_us")); err == nil {
+			quota, period = read(filepath.Join(d, "cpu.cfs_quota_us"))[0], read(filepath.Join(d, "cpu.cfs_period_us"))[0]
+		} else {
+			continue
+		}
+		if quota == "max" || quota == "-1" {
+			return -1, d
+		}
+		return num(quota) * 1000 / num(period), d
+	}
+	t.Fatalf("no cpu controller file in the sandbox's cgroup directories %v", dirs)
+	return 0, ""
+}
+
+// TestSandboxCPULimit: the CPU limit the host is configured with is the
+// quota of the cgroup the sandbox's commands run in.
+func TestSandboxCPULimit(t *testing.T) {
+	needBwrap(t)
+	tests := []struct {
+		configured int
+		want       int64
+	}{
+		{0, DefaultCPUMillis},
+		{250, 250},
+		{1500, 1500},
+		{-1, -1},
+	}
+	for _, tt := range tests {
+		t.Run(strconv.Itoa(tt.configured), func(t *testing.T) {
+			srv := startHostWith(t, Options{Isolation: IsolationBwrap, Limits: Limits{CPUMillis: tt.configured}})
+			if srv.Host.cg == nil {
+				t.Skip("the host cannot make cgroups here (no cgroup v2 hierarchy offering pids, memory and cpu it may delegate, nor writable v1 hierarchies of them): sandbox CPU is not limited on this machine")
+			}
+			c := newEnvd(srv, createSandbox(t, srv, nil))
+			sb := srv.Host.mustGet(t, c.id)
+			got, dir := sandboxCPUMillis(t, sb.cgroup.dirs)
+			if got != tt.want {
+				t.Errorf("configured CPUMillis %d: cgroup %s allows %d thousandths of a core, want %d", tt.configured, dir, got, tt.want)
+			}
+
+			done := make(chan result, 1)
+			go func() { done <- c.run(t, "touch /tmp/started; exec sleep 30", nil) }()
+			waitFor(t, 20*time.Second, "the sandbox's command to start", func() bool {
+				_, err := os.Stat(filepath.Join(sb.tmp, "started"))
+				return err == nil
+			})
+			procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			if err != nil || len(strings.Fields(string(procs))) == 0 {
+				t.Errorf("%s/cgroup.procs = %q, %v; want the running command's processes", dir, procs, err)
+			}
+			_ = srv.Host.kill(c.id)
+			<-done
+		})
+	}
+}
