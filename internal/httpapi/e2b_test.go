@@ -2,11 +2,15 @@ package httpapi
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
@@ -57,21 +61,8 @@ func TestE2BConnect(t *testing.T) {
 			b := &fakeBroker{record: tt.rec, err: tt.err}
 			ev := event(tt.routeKey, tt.path, `{"timeout":3600}`, tt.tenant, tt.params)
 			ev.RequestContext.HTTP.Method = tt.method
-			resp, err := NewHandler(b, nil)(context.Background(), ev)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if resp.StatusCode != tt.wantStatus {
-				t.Fatalf("status %d, want %d (body %s)", resp.StatusCode, tt.wantStatus, resp.Body)
-			}
-			if !slices.Equal(b.calls, tt.wantCalls) {
-				t.Errorf("broker calls %q, want %q", b.calls, tt.wantCalls)
-			}
+			resp := serveE2BEvent(t, b, ev, tt.wantStatus, tt.wantCalls)
 			if tt.wantStatus != http.StatusOK {
-				var e e2bapi.Error
-				if err := json.Unmarshal([]byte(resp.Body), &e); err != nil || e.Code != tt.wantStatus || e.Message == "" {
-					t.Errorf("body %s: want E2B's {code: %d, message}", resp.Body, tt.wantStatus)
-				}
 				if tt.wantStatus == http.StatusServiceUnavailable && resp.Headers["Retry-After"] == "" {
 					t.Errorf("503 without Retry-After")
 				}
@@ -92,4 +83,57 @@ func TestE2BConnect(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestE2BBodyLimit: every /e2b route checks the body's size before
+// anything else, as the broker's own routes do, and answers 413 in E2B's
+// error shape without touching the broker.
+func TestE2BBodyLimit(t *testing.T) {
+	big := strings.Repeat(" ", MaxBodyBytes+1)
+	tests := []struct {
+		name, routeKey, path string
+		params               map[string]string
+		body                 string
+		b64                  bool
+		wantStatus           int
+		wantCalls            []string
+	}{
+		{"connect at the limit", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", map[string]string{"id": "sb1"}, strings.Repeat(" ", MaxBodyBytes), false, 200, []string{"Get acme sb1"}},
+		{"connect too large", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", map[string]string{"id": "sb1"}, big, false, 413, nil},
+		{"connect too large (base64)", RouteE2BConnect, "/e2b/sandboxes/sb1/connect", map[string]string{"id": "sb1"}, base64.StdEncoding.EncodeToString([]byte(big)), true, 413, nil},
+		{"connect, bad base64", RouteE2BConnect, "/e2b/sandboxes/sb1/connect", map[string]string{"id": "sb1"}, "!!!", true, 400, nil},
+		{"bad id too large", RouteE2BConnectV2, "/e2b/v2/sandboxes/a.b/connect", map[string]string{"id": "a.b"}, big, false, 413, nil},
+		{"refused route too large", RouteE2BOther, "/e2b/v2/sandboxes", map[string]string{"proxy": "v2/sandboxes"}, big, false, 413, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := &fakeBroker{record: e2bRecord(core.StateActive, core.ProtocolEnvd, "http://127.0.0.1:4000")}
+			ev := event(tt.routeKey, tt.path, tt.body, "acme", tt.params)
+			ev.IsBase64Encoded = tt.b64
+			serveE2BEvent(t, b, ev, tt.wantStatus, tt.wantCalls)
+		})
+	}
+}
+
+// serveE2BEvent serves ev with b and checks the status, the broker calls
+// and, for an error, E2B's {code, message} shape.
+func serveE2BEvent(t *testing.T, b *fakeBroker, ev events.APIGatewayV2HTTPRequest, wantStatus int, wantCalls []string) events.APIGatewayV2HTTPResponse {
+	t.Helper()
+	resp, err := NewHandler(b, nil)(context.Background(), ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != wantStatus {
+		t.Fatalf("status %d, want %d (body %s)", resp.StatusCode, wantStatus, resp.Body)
+	}
+	if !slices.Equal(b.calls, wantCalls) {
+		t.Errorf("broker calls %q, want %q", b.calls, wantCalls)
+	}
+	if wantStatus != http.StatusOK {
+		var e e2bapi.Error
+		if err := json.Unmarshal([]byte(resp.Body), &e); err != nil || e.Code != wantStatus || e.Message == "" {
+			t.Errorf("body %s: want E2B's {code: %d, message}", resp.Body, wantStatus)
+		}
+	}
+	return resp
 }

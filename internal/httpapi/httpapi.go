@@ -233,16 +233,12 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		return r.errorResponse(http.StatusUnauthorized, apiError{Code: core.CodeUnauthorized, Message: "missing or invalid caller identity"}, 0)
 	}
 	r.tenant = tenant
-	if e2b {
-		return h.serveE2B(ctx, r, route, id)
-	}
 	body, err := bodyOf(r.ev)
 	if err != nil {
-		if errors.Is(err, errTooLarge) {
-			return r.errorResponse(http.StatusRequestEntityTooLarge, apiError{Code: core.CodeRequestTooLarge,
-				Message: fmt.Sprintf("request body exceeds %d bytes", MaxBodyBytes)}, 0)
-		}
-		return r.errorResponse(http.StatusBadRequest, apiError{Code: core.CodeValidation, Message: err.Error(), Reason: core.ReasonBody}, 0)
+		return r.bodyError(err, e2b)
+	}
+	if e2b {
+		return h.serveE2B(ctx, r, route, id)
 	}
 	if route != RouteAcquire {
 		if err := decodeEmpty(body); err != nil {
@@ -349,6 +345,23 @@ func tenantOf(ev events.APIGatewayV2HTTPRequest, claim string) (string, bool) {
 }
 
 var errTooLarge = errors.New("request body too large")
+
+// bodyError answers a body bodyOf refused (too large: 413; bad base64:
+// 400), in E2B's error shape on the /e2b routes.
+func (r *request) bodyError(err error, e2b bool) events.APIGatewayV2HTTPResponse {
+	status, code, msg := http.StatusBadRequest, core.CodeValidation, err.Error()
+	if errors.Is(err, errTooLarge) {
+		status, code, msg = http.StatusRequestEntityTooLarge, core.CodeRequestTooLarge, fmt.Sprintf("request body exceeds %d bytes", MaxBodyBytes)
+	}
+	if e2b {
+		return r.e2bError(status, code, msg, 0)
+	}
+	e := apiError{Code: code, Message: msg}
+	if status == http.StatusBadRequest {
+		e.Reason = core.ReasonBody
+	}
+	return r.errorResponse(status, e, 0)
+}
 
 func bodyOf(ev events.APIGatewayV2HTTPRequest) ([]byte, error) {
 	if ev.IsBase64Encoded {
