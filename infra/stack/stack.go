@@ -170,6 +170,27 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	}
 	retention := retentionDays(props.LogRetentionDays)
 
+	s.parameters()
+	prefix := s.Params["OutputPrefix"].ValueAsString()
+	deployment := s.deploymentID()
+	s.table(props)
+	s.buckets()
+	s.secret(props)
+	s.tokenKey()
+	env := s.environment(deployment)
+	for _, f := range Functions {
+		s.Functions[f.Name] = s.function(f, props, env, prefix, retention)
+	}
+	s.api(props, retention)
+	s.schedule()
+	s.observability(props, deployment)
+	s.outputs()
+	s.suppressions()
+	return s
+}
+
+// parameters defines the CloudFormation parameters of Parameters.
+func (s *Stack) parameters() {
 	for _, p := range Parameters {
 		cp := &awscdk.CfnParameterProps{
 			Type:        jsii.String("String"),
@@ -182,14 +203,15 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 		if len(p.AllowedValues) > 0 {
 			cp.AllowedValues = jsii.Strings(p.AllowedValues...)
 		}
-		s.Params[p.Name] = awscdk.NewCfnParameter(st, jsii.String(p.Name), cp)
+		s.Params[p.Name] = awscdk.NewCfnParameter(s.Stack, jsii.String(p.Name), cp)
 	}
-	prefix := s.Params["OutputPrefix"].ValueAsString()
-	deployment := s.deploymentID()
+}
 
-	// Table: one table, on-demand, PITR, KMS (AWS managed key), TTL for
-	// garbage only (gone records), the state index ddbstore queries.
-	s.Table = awsdynamodb.NewTable(st, jsii.String(LogicalTable), &awsdynamodb.TableProps{
+// table defines the table: one table, on-demand, PITR, KMS (AWS managed
+// key), TTL for garbage only (gone records), the state index ddbstore
+// queries.
+func (s *Stack) table(props Props) {
+	s.Table = awsdynamodb.NewTable(s.Stack, jsii.String(LogicalTable), &awsdynamodb.TableProps{
 		PartitionKey: &awsdynamodb.Attribute{Name: jsii.String(ddbstore.AttrPK), Type: awsdynamodb.AttributeType_STRING},
 		SortKey:      &awsdynamodb.Attribute{Name: jsii.String(ddbstore.AttrSK), Type: awsdynamodb.AttributeType_STRING},
 		BillingMode:  awsdynamodb.BillingMode_PAY_PER_REQUEST,
@@ -208,9 +230,12 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 		ProjectionType: awsdynamodb.ProjectionType_ALL,
 	})
 	overrideID(s.Table, LogicalTable)
+}
 
-	// Buckets: outputs, and its server access logs.
-	accessLogs := awss3.NewBucket(st, jsii.String("AccessLogBucket"), &awss3.BucketProps{
+// buckets defines the output bucket and the bucket of its server access
+// logs.
+func (s *Stack) buckets() {
+	accessLogs := awss3.NewBucket(s.Stack, jsii.String("AccessLogBucket"), &awss3.BucketProps{
 		BlockPublicAccess: awss3.BlockPublicAccess_BLOCK_ALL(),
 		Encryption:        awss3.BucketEncryption_S3_MANAGED,
 		EnforceSSL:        jsii.Bool(true),
@@ -222,7 +247,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 		}},
 		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
 	})
-	s.Bucket = awss3.NewBucket(st, jsii.String(LogicalBucket), &awss3.BucketProps{
+	s.Bucket = awss3.NewBucket(s.Stack, jsii.String(LogicalBucket), &awss3.BucketProps{
 		BlockPublicAccess:      awss3.BlockPublicAccess_BLOCK_ALL(),
 		Encryption:             awss3.BucketEncryption_S3_MANAGED,
 		EnforceSSL:             jsii.Bool(true),
@@ -238,36 +263,45 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
 	})
 	overrideID(s.Bucket, LogicalBucket)
+}
 
-	// The E2B API key: in Secrets Manager, read by the functions at cold
-	// start and again after a TTL or a refusal (internal/wiring.SecretKey). A new secret starts with a random
-	// placeholder: put the real key with
-	// `aws secretsmanager put-secret-value --secret-id <E2BApiKeySecretArn> --secret-string <key>`.
+// secret defines (or imports, props.ExistingSecretARN) the E2B API key:
+// in Secrets Manager, read by the functions at cold start and again after
+// a TTL or a refusal (internal/wiring.SecretKey). A new secret starts
+// with a random placeholder: put the real key with
+// `aws secretsmanager put-secret-value --secret-id <E2BApiKeySecretArn> --secret-string <key>`.
+func (s *Stack) secret(props Props) {
 	if props.ExistingSecretARN != "" {
-		s.Secret = awssecretsmanager.Secret_FromSecretCompleteArn(st, jsii.String(LogicalSecret), jsii.String(props.ExistingSecretARN))
-	} else {
-		sec := awssecretsmanager.NewSecret(st, jsii.String(LogicalSecret), &awssecretsmanager.SecretProps{
-			Description: jsii.String("sandbox-broker: E2B API key (SecretString = the bare key)"),
-			GenerateSecretString: &awssecretsmanager.SecretStringGenerator{
-				ExcludePunctuation: jsii.Bool(true),
-				PasswordLength:     jsii.Number(40),
-			},
-			RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
-		})
-		overrideID(sec, LogicalSecret)
-		s.Secret = sec
+		s.Secret = awssecretsmanager.Secret_FromSecretCompleteArn(s.Stack, jsii.String(LogicalSecret), jsii.String(props.ExistingSecretARN))
+		return
 	}
+	sec := awssecretsmanager.NewSecret(s.Stack, jsii.String(LogicalSecret), &awssecretsmanager.SecretProps{
+		Description: jsii.String("sandbox-broker: E2B API key (SecretString = the bare key)"),
+		GenerateSecretString: &awssecretsmanager.SecretStringGenerator{
+			ExcludePunctuation: jsii.Bool(true),
+			PasswordLength:     jsii.Number(40),
+		},
+		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
+	})
+	overrideID(sec, LogicalSecret)
+	s.Secret = sec
+}
 
-	// Sandbox access tokens are stored sealed under data keys of this key
-	// (internal/tokenseal); only the functions may use it, and only with
-	// the token encryption context.
-	s.TokenKey = awskms.NewKey(st, jsii.String(LogicalTokenKey), &awskms.KeyProps{
+// tokenKey defines the KMS key sandbox access tokens are sealed under
+// (data keys of it, internal/tokenseal); only the functions may use it,
+// and only with the token encryption context.
+func (s *Stack) tokenKey() {
+	s.TokenKey = awskms.NewKey(s.Stack, jsii.String(LogicalTokenKey), &awskms.KeyProps{
 		Description:       jsii.String("sandbox-broker: seals sandbox access tokens stored in the table"),
 		EnableKeyRotation: jsii.Bool(true),
 		RemovalPolicy:     awscdk.RemovalPolicy_RETAIN,
 	})
 	overrideID(s.TokenKey, LogicalTokenKey)
+}
 
+// environment is every function's environment: the parameters and the
+// names of the stack's resources.
+func (s *Stack) environment(deployment *string) map[string]*string {
 	env := map[string]*string{}
 	for _, p := range Parameters {
 		env[p.Env] = s.Params[p.Name].ValueAsString()
@@ -277,14 +311,12 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	env["OUTPUT_BUCKET"] = s.Bucket.BucketName()
 	env["E2B_API_KEY_SECRET_ARN"] = s.Secret.SecretArn()
 	env[config.EnvTokenKMSKeyARN] = s.TokenKey.KeyArn()
+	return env
+}
 
-	for _, f := range Functions {
-		s.Functions[f.Name] = s.function(f, props, env, prefix, retention)
-	}
-
-	s.api(props, retention)
-
-	// Reconcile schedule.
+// schedule defines the EventBridge rule of every scheduled function (the
+// reconcile pass).
+func (s *Stack) schedule() {
 	for _, f := range Functions {
 		if f.Schedule == "" {
 			continue
@@ -296,7 +328,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 			RetryAttempts: jsii.Number(0),
 			MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
 		})
-		rule := awsevents.NewRule(st, jsii.String(LogicalRule), &awsevents.RuleProps{
+		rule := awsevents.NewRule(s.Stack, jsii.String(LogicalRule), &awsevents.RuleProps{
 			Description: jsii.String("sandbox-broker reconcile pass"),
 			Schedule:    awsevents.Schedule_Expression(jsii.String(f.Schedule)),
 			Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(s.Functions[f.Name], &awseventstargets.LambdaFunctionProps{
@@ -308,19 +340,17 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 		})
 		overrideID(rule, LogicalRule)
 	}
+}
 
-	s.observability(props, deployment)
-
+// outputs defines the stack's outputs.
+func (s *Stack) outputs() {
 	out := func(id string, v *string, desc string) {
-		awscdk.NewCfnOutput(st, jsii.String(id), &awscdk.CfnOutputProps{Value: v, Description: jsii.String(desc)})
+		awscdk.NewCfnOutput(s.Stack, jsii.String(id), &awscdk.CfnOutputProps{Value: v, Description: jsii.String(desc)})
 	}
 	out("ApiUrl", s.API.ApiEndpoint(), "Base URL of the broker's HTTP API")
 	out("TableName", s.Table.TableName(), "DynamoDB table")
 	out("OutputBucketName", s.Bucket.BucketName(), "S3 bucket for thread outputs")
 	out("E2BApiKeySecretArn", s.Secret.SecretArn(), "Put the E2B API key here (SecretString)")
-
-	s.suppressions()
-	return s
 }
 
 // function defines one Lambda function with its own role, log group and
