@@ -123,7 +123,7 @@ type Sync struct {
 	MaxTotalBytes int64 // SYNC_MAX_TOTAL_BYTES: bytes per pass
 	MaxFileBytes  int64 // SYNC_MAX_FILE_BYTES: larger files are skipped unread
 	// MaxThreadBytes (SYNC_MAX_THREAD_BYTES): what one thread may store in
-	// S3 in all; files past it are deferred (reason thread_quota).
+	// S3 in all; files past it are excluded (reason thread_quota).
 	MaxThreadBytes int64
 	Deadline       time.Duration // SYNC_DEADLINE_SECONDS: wall-time budget of a pass
 	// MirrorDeletes (SYNC_MIRROR_DELETES, default false): objects of files

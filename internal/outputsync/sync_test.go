@@ -999,13 +999,15 @@ func TestSync_ThreadQuota(t *testing.T) {
 	s := e.syncer(Options{MaxThreadBytes: 25})
 
 	res := e.mustSync(s, "sb1")
-	if got, want := deferredReasons(res), map[string]string{"outputs/c.bin": ReasonThreadQuota}; !reflect.DeepEqual(got, want) || res.Uploaded != 2 || res.Complete {
-		t.Fatalf("first pass: uploaded %d deferred %v complete %v; want 2 uploaded, %v, incomplete", res.Uploaded, got, res.Complete, want)
+	// The quota is a policy: the file is excluded, and the pass is complete
+	// (another pass would upload nothing more).
+	if got, want := deferredReasons(res), map[string]string{"outputs/c.bin": ReasonThreadQuota}; !reflect.DeepEqual(got, want) || res.Uploaded != 2 || !res.Complete || len(res.Excluded) != 1 {
+		t.Fatalf("first pass: uploaded %d deferred %v excluded %v complete %v; want 2 uploaded, %v excluded, complete", res.Uploaded, got, res.Excluded, res.Complete, want)
 	}
 	// A separate pass does not get a fresh allowance.
 	res = e.mustSync(s, "sb1")
-	if got := deferredReasons(res); got["outputs/c.bin"] != ReasonThreadQuota || res.Uploaded != 0 {
-		t.Fatalf("second pass: uploaded %d deferred %v; want c.bin still deferred", res.Uploaded, got)
+	if got := deferredReasons(res); got["outputs/c.bin"] != ReasonThreadQuota || res.Uploaded != 0 || !res.Complete {
+		t.Fatalf("second pass: uploaded %d deferred %v complete %v; want c.bin still excluded, complete", res.Uploaded, got, res.Complete)
 	}
 	// Deleting a file in the sandbox does not free what S3 still stores.
 	if err := os.Remove(e.sb.home + "/outputs/a.bin"); err != nil {

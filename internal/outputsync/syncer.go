@@ -99,9 +99,12 @@ const (
 )
 
 // excludedReasons are the policy reasons: the file stays out of the sink
-// until it changes (shrinks, or is renamed), so it never makes a pass
-// incomplete.
-var excludedReasons = map[string]bool{ReasonFileTooLarge: true, ReasonUnsafePath: true, ReasonPathTooLong: true}
+// until it or the thread's stored bytes change (it shrinks, is renamed,
+// or the thread's stored objects are removed), so another pass would
+// upload nothing more and it never makes a pass incomplete. A listing
+// record that cannot be parsed is the same: the next listing is alike.
+var excludedReasons = map[string]bool{ReasonFileTooLarge: true, ReasonUnsafePath: true, ReasonPathTooLong: true,
+	ReasonThreadQuota: true, ReasonUnparsable: true}
 
 // Options configure a Syncer. Zero values take the defaults above.
 type Options struct {

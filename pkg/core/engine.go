@@ -343,6 +343,14 @@ const takeoverSyncShare = 3
 // whose next release syncs again.
 func (e *Engine) syncTakenOver(ctx context.Context, rec Record) {
 	e.log.InfoContext(ctx, "taking over an interrupted release", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
+	e.salvage(ctx, rec, "taken-over release")
+}
+
+// salvage copies what it can of rec's outputs, under a share of the work
+// time left, before the sandbox changes hands or is discarded. Best
+// effort: an incomplete copy is logged, and the thread's next sync or
+// release (or its restore into a fresh sandbox) goes on from the manifest.
+func (e *Engine) salvage(ctx context.Context, rec Record, why string) {
 	if e.sync == nil {
 		return
 	}
@@ -350,7 +358,7 @@ func (e *Engine) syncTakenOver(ctx context.Context, rec Record) {
 	defer cancel()
 	res, err := e.sync.Sync(sctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
 	if err != nil || !res.Complete {
-		e.log.WarnContext(ctx, "sync of a taken-over release incomplete", "sandbox_id", rec.SandboxID, "deferred", len(res.Deferred), "err", err)
+		e.log.WarnContext(ctx, "sync incomplete", "why", why, "sandbox_id", rec.SandboxID, "deferred", len(res.Deferred), "err", err)
 	}
 }
 
@@ -391,7 +399,10 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 	}
 	if err == nil {
 		if perr := e.probe(ctx, rec.Ref()); perr != nil {
-			e.log.WarnContext(ctx, "active sandbox does not answer; discarding", "sandbox_id", rec.SandboxID, "err", perr)
+			// The thread has not released it: its outputs may not be in
+			// S3 yet. A slow but living sandbox may still hand them over.
+			e.log.WarnContext(ctx, "active sandbox does not answer; copying its outputs, then discarding", "sandbox_id", rec.SandboxID, "err", perr)
+			e.salvage(ctx, rec, "unresponsive active sandbox")
 			e.destroy(ctx, rec, owner, StateActive)
 			return AcquireResult{}, true, unavailable(fmt.Errorf("sandbox %s does not answer: %v", rec.SandboxID, perr))
 		}

@@ -50,3 +50,16 @@ func (s *fakeSyncer) set(f func(s *fakeSyncer)) {
 	defer s.mu.Unlock()
 	f(s)
 }
+
+// count is how many passes ran for the sandbox id.
+func (s *fakeSyncer) count(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, p := range s.passes {
+		if p == id {
+			n++
+		}
+	}
+	return n
+}

@@ -111,6 +111,7 @@ func TestWedgedSandboxIsDiscardedNotHandedOut(t *testing.T) {
 					t.Fatalf("Release: %v", err)
 				}
 			}
+			synced := h.sync.count(old.SandboxID)
 			sp.stall("run "+old.SandboxID, true)
 			ctx := invocation(t, 29*time.Second)
 			res, err := h.eng.Acquire(ctx, key("t1"))
@@ -122,6 +123,16 @@ func TestWedgedSandboxIsDiscardedNotHandedOut(t *testing.T) {
 			}
 			if dl, _ := ctx.Deadline(); time.Now().After(dl) {
 				t.Errorf("acquire answered after its deadline")
+			}
+			// An active sandbox was never released: its outputs are copied
+			// (as far as it still answers) before it is discarded. A warm
+			// one was synced by its release, and is not synced again.
+			wantSalvage := 0
+			if !tc.release {
+				wantSalvage = 1
+			}
+			if got := h.sync.count(old.SandboxID) - synced; got != wantSalvage {
+				t.Errorf("sync passes of the wedged sandbox during acquire = %d, want %d", got, wantSalvage)
 			}
 			if got, err := h.store.Get(context.Background(), old.SandboxID); err != nil || got.State != core.StateGone {
 				t.Errorf("wedged record = %s, %v; want gone (discarded under its destroy claim)", got.State, err)
