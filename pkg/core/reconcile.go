@@ -432,14 +432,15 @@ const ReconcileReserve = 10 * time.Second
 func (p *pass) outOfTime() bool { return !p.stopAt.IsZero() && !time.Now().Before(p.stopAt) }
 
 // expireWarm destroys warm sandboxes parked longer than the idle timeout
-// (every warm sandbox while draining), syncing their outputs first. It
+// less Settings.ExpiryLead, while the provider still runs them (every warm
+// sandbox while draining), syncing their outputs first. It
 // holds a lease on the warm record while it syncs, and destroys the
 // sandbox only when every output is in S3 (or the provider already ended
 // it): an incomplete or failed sync leaves it warm, counted Deferred, for
 // the next pass. Syncs end by the invocation's stop time.
 func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 	e := p.e
-	before := p.start.Add(-e.s.IdleTimeout)
+	before := p.start.Add(-(e.s.IdleTimeout - e.s.ExpiryLead()))
 	if draining {
 		before = p.start.Add(time.Millisecond)
 	}

@@ -113,3 +113,33 @@ func TestReconcileBoundedByInvocationDeadline(t *testing.T) {
 		t.Errorf("the pass ran into the invocation's deadline: %v", ctx.Err())
 	}
 }
+
+// TestReconcileExpiresBeforeProviderTimer: reconcile expires a warm
+// sandbox inside the lead before its provider timeout, while the sandbox
+// still runs and its outputs can still be copied, not after the provider
+// ended it; before the lead it is left warm.
+func TestReconcileExpiresBeforeProviderTimer(t *testing.T) {
+	h := newHarness(t, func(s *core.Settings) { s.IdleTimeout = 10 * time.Minute })
+	ctx := context.Background()
+	lead := core.Settings{IdleTimeout: 10 * time.Minute}.ExpiryLead()
+	if lead <= 0 || lead >= 10*time.Minute {
+		t.Fatalf("ExpiryLead = %s, want inside the idle timeout", lead)
+	}
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	h.clock.advance(10*time.Minute - lead - time.Second)
+	if st, err := h.eng.Reconcile(ctx); err != nil || st.Expired != 0 {
+		t.Fatalf("Reconcile before the lead = %+v, %v; want nothing expired", st, err)
+	}
+	passes := h.sync.count(rec.SandboxID)
+	h.clock.advance(2 * time.Second) // inside the lead, before the provider's timer
+	st, err := h.eng.Reconcile(ctx)
+	if err != nil || st.Expired != 1 || h.prov.Alive(rec.SandboxID) {
+		t.Fatalf("Reconcile inside the lead = %+v, %v, alive %v; want it expired", st, err, h.prov.Alive(rec.SandboxID))
+	}
+	if got := h.sync.count(rec.SandboxID) - passes; got != 1 {
+		t.Errorf("sync passes before expiry = %d, want 1 (the sandbox was still running)", got)
+	}
+}

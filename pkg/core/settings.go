@@ -95,6 +95,15 @@ func (s Settings) FairShare(tenants int) int {
 }
 
 // Validate returns every problem, each naming its field.
+// ExpiryLead is how long before the provider's own timer (IdleTimeout after
+// parking) reconcile starts expiring a warm sandbox: a quarter of the idle
+// timeout, at most two minutes (two passes of the one-minute schedule).
+// Expiring copies the outputs a capped release sync deferred, which needs
+// the sandbox alive; starting at the provider's timer would find it ended.
+func (s Settings) ExpiryLead() time.Duration {
+	return min(2*time.Minute, s.IdleTimeout/4)
+}
+
 func (s Settings) Validate() error {
 	var errs []error
 	if s.Deployment == "" || !idPattern.MatchString(s.Deployment) {
