@@ -93,7 +93,15 @@ func startInstance(ctx context.Context, fn Function, i int, l fnLaunch) (*rieIns
 		if err != nil {
 			return nil, err
 		}
-		err = c.waitReady(ctx, 30*time.Second, func(ctx context.Context) error { return dialable(ctx, addr) })
+		err = c.waitReady(ctx, 30*time.Second, func(ctx context.Context) error {
+			if err := dialable(ctx, addr); err != nil {
+				return err
+			}
+			if !ownsListener(c.cmd.Process.Pid, addr) {
+				return fmt.Errorf("%s is served by another process", addr)
+			}
+			return nil
+		})
 		if err == nil {
 			return &rieInstance{url: "http://" + addr + InvokePath, child: c}, nil
 		}
