@@ -136,6 +136,30 @@ rm -rf -- "` + stagingDir + `"`
 var capReasons = map[string]bool{ReasonMaxFiles: true, ReasonMaxTotalBytes: true, ReasonDeadline: true,
 	ReasonCanceled: true, ReasonStoreListing: true}
 
+// restoreRun is one restore into a sandbox: its target, its accounting,
+// and what it restored.
+type restoreRun struct {
+	t      core.SyncTarget
+	resume bool
+	start  time.Time
+	log    *slog.Logger
+	p      *pass
+	// done: paths a resumed restore must leave alone (in the manifest, or
+	// present in the sandbox).
+	done map[string]bool
+
+	mu       sync.Mutex              // guards restored and failed
+	restored map[string]restoredFile // by sandbox-relative path
+	failed   []string                // sandbox paths whose write may have left a partial file
+}
+
+// restoreJob is one object admitted for restore.
+type restoreJob struct {
+	obj      restoreObject
+	key      string // the object's key
+	rel, abs string // its path relative to the home, and where it is written
+}
+
 func (s *Syncer) restore(ctx context.Context, t core.SyncTarget, resume bool) (core.SyncResult, bool, error) {
 	start := s.now()
 	if err := t.ThreadKey.Validate(); err != nil {
@@ -144,126 +168,156 @@ func (s *Syncer) restore(ctx context.Context, t core.SyncTarget, resume bool) (c
 	if err := core.ValidateSandboxID(t.Ref.ID); err != nil {
 		return core.SyncResult{}, false, err
 	}
-	log := s.log.With("sandbox_id", t.Ref.ID, "thread", t.ThreadKey.String(), "op", "restore", "resume", resume)
-
-	// done: paths a resumed restore must leave alone (in the manifest, or
-	// present in the sandbox).
-	var done map[string]bool
+	r := &restoreRun{t: t, resume: resume, start: start, p: &pass{},
+		log: s.log.With("sandbox_id", t.Ref.ID, "thread", t.ThreadKey.String(), "op", "restore", "resume", resume)}
 	if resume {
-		mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
-		m, found, corrupt, err := loadThreadManifest(mctx, s.s3, s.opts.Bucket, s.opts.Prefix, t.ThreadKey)
-		cancel()
-		if err != nil || !found || corrupt || m.SandboxID != t.Ref.ID || !m.RestorePending {
+		pending, err := s.resumeDone(ctx, r)
+		if !pending {
 			return core.SyncResult{Deferred: []core.DeferredFile{}, Complete: true}, false, nil
 		}
-		files, _, _, err := s.list(ctx, t.Ref, log)
 		if err != nil {
-			return core.SyncResult{}, true, fmt.Errorf("list sandbox: %w", err)
-		}
-		done = make(map[string]bool, len(m.Files)+len(files))
-		for rel := range m.Files {
-			done[rel] = true
-		}
-		for _, f := range files {
-			if rel, err := relPath(s.opts.Home, f.Path); err == nil {
-				done[rel] = true
-			}
+			return core.SyncResult{}, true, err
 		}
 	}
 	w, closeWindow := s.openWindow(ctx, start)
 	defer closeWindow()
 
-	p := &pass{}
 	prefix := threadPrefix(s.opts.Prefix, t.ThreadKey)
 	// The listing has its own timeouts (like Sync's); the deadline bounds
 	// the transfers.
 	objs, listComplete, err := s.listObjects(ctx, prefix)
 	if err != nil {
 		if ctx.Err() != nil {
-			return s.finishRestore(ctx, t, p, nil, log, start, resume)
+			return s.finishRestore(ctx, r)
 		}
 		// Restore what was listed before the failure.
-		log.WarnContext(ctx, "listing the thread's objects failed", "err", err, "listed", len(objs))
+		r.log.WarnContext(ctx, "listing the thread's objects failed", "err", err, "listed", len(objs))
 	}
 	if err != nil || !listComplete {
-		p.deferred = append(p.deferred, core.DeferredFile{Path: "", Reason: ReasonStoreListing})
+		r.p.deferred = append(r.p.deferred, core.DeferredFile{Path: "", Reason: ReasonStoreListing})
 	}
 	if len(objs) == 0 {
-		return s.finishRestore(ctx, t, p, nil, log, start, resume)
+		return s.finishRestore(ctx, r)
 	}
 
-	restored := map[string]restoredFile{}
-	var failed []string // sandbox paths whose write may have left a partial file
+	r.restored = map[string]restoredFile{}
 	g := new(errgroup.Group)
 	g.SetLimit(s.opts.Concurrency)
-	var mu sync.Mutex // guards restored and failed
 	for _, o := range objs {
-		abs := s.opts.Home + "/" + o.Rel
-		rel, err := relPath(s.opts.Home, abs)
-		if err != nil {
-			p.deferFile(displayPath(s.opts.Home, abs), ReasonUnsafePath)
-			continue
-		}
-		if done[rel] {
-			p.res.Skipped++
-			continue
-		}
-		if o.Size > s.opts.MaxFileBytes {
-			p.deferFile(rel, ReasonFileTooLarge)
-			continue
-		}
-		if reason := s.capReason(w, p, o.Size); reason != "" {
-			p.deferFile(rel, reason)
-			continue
-		}
-		p.plan(o.Size)
-		key := prefix + o.Rel
-		if resume {
-			abs = s.opts.Home + "/" + stagingDir + "/" + rel
-		}
-		g.Go(func() error {
-			f, attempted, err := s.restoreOne(w.jobs, t.Ref, key, abs, o)
-			if err == nil {
-				mu.Lock()
-				restored[rel] = f
-				mu.Unlock()
-				p.mu.Lock()
-				p.res.Uploaded++
-				p.res.Bytes += f.Size
-				p.mu.Unlock()
+		if j, ok := s.admit(r, w, prefix, o); ok {
+			g.Go(func() error {
+				s.restoreFile(ctx, r, w, j)
 				return nil
-			}
-			if attempted {
-				mu.Lock()
-				failed = append(failed, abs)
-				mu.Unlock()
-			}
-			reason := s.restoreReason(ctx, w.pass, err, p)
-			if reason == ReasonSandboxGone {
-				w.cancelJobs()
-			}
-			log.WarnContext(ctx, "file not restored", "path", rel, "reason", reason, "err", err)
-			p.deferFile(rel, reason)
-			return nil
-		})
+			})
+		}
 	}
 	_ = g.Wait()
 
-	if p.goneErr == nil && len(failed) > 0 {
-		// Cleanup runs past the pass deadline, and briefly past the end of
-		// ctx: it keeps a later pass from uploading a partial file over
-		// the good object.
-		cctx, cancel := core.CleanupContext(ctx, cleanupTimeout)
-		err := s.removePartial(cctx, t.Ref, failed, log)
-		cancel()
-		if err != nil {
-			s.markGone(p, err)
+	if r.p.goneErr == nil && len(r.failed) > 0 {
+		s.removeFailed(ctx, r)
+	}
+	if resume && r.p.goneErr == nil && len(r.restored) > 0 {
+		s.place(ctx, t.Ref, r.restored, r.p, r.log)
+	}
+	return s.finishRestore(ctx, r)
+}
+
+// removeFailed removes the partial files of r's failed writes. Cleanup
+// runs past the pass deadline, and briefly past the end of ctx: it keeps a
+// later pass from uploading a partial file over the good object.
+func (s *Syncer) removeFailed(ctx context.Context, r *restoreRun) {
+	cctx, cancel := core.CleanupContext(ctx, cleanupTimeout)
+	err := s.removePartial(cctx, r.t.Ref, r.failed, r.log)
+	cancel()
+	if err != nil {
+		s.markGone(r.p, err)
+	}
+}
+
+// resumeDone fills r.done for a resumed restore. pending is false when the
+// thread's manifest is not this sandbox's or says no restore is pending
+// (nothing to resume); err is set when the sandbox could not be listed.
+func (s *Syncer) resumeDone(ctx context.Context, r *restoreRun) (pending bool, err error) {
+	mctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+	m, found, corrupt, err := loadThreadManifest(mctx, s.s3, s.opts.Bucket, s.opts.Prefix, r.t.ThreadKey)
+	cancel()
+	if err != nil || !found || corrupt || m.SandboxID != r.t.Ref.ID || !m.RestorePending {
+		return false, nil
+	}
+	files, _, _, err := s.list(ctx, r.t.Ref, r.log)
+	if err != nil {
+		return true, fmt.Errorf("list sandbox: %w", err)
+	}
+	r.done = make(map[string]bool, len(m.Files)+len(files))
+	for rel := range m.Files {
+		r.done[rel] = true
+	}
+	for _, f := range files {
+		if rel, err := relPath(s.opts.Home, f.Path); err == nil {
+			r.done[rel] = true
 		}
 	}
-	if resume && p.goneErr == nil && len(restored) > 0 {
-		s.place(ctx, t.Ref, restored, p, log)
+	return true, nil
+}
+
+// admit decides whether o (listed under prefix) is restored: it defers an
+// unsafe path, a file over MaxFileBytes and one past a cap, skips what a
+// resumed restore must leave alone, and plans the rest (written to the
+// staging directory when resuming).
+func (s *Syncer) admit(r *restoreRun, w *window, prefix string, o restoreObject) (restoreJob, bool) {
+	p := r.p
+	abs := s.opts.Home + "/" + o.Rel
+	rel, err := relPath(s.opts.Home, abs)
+	if err != nil {
+		p.deferFile(displayPath(s.opts.Home, abs), ReasonUnsafePath)
+		return restoreJob{}, false
 	}
-	return s.finishRestore(ctx, t, p, restored, log, start, resume)
+	if r.done[rel] {
+		p.res.Skipped++
+		return restoreJob{}, false
+	}
+	if o.Size > s.opts.MaxFileBytes {
+		p.deferFile(rel, ReasonFileTooLarge)
+		return restoreJob{}, false
+	}
+	if reason := s.capReason(w, p, o.Size); reason != "" {
+		p.deferFile(rel, reason)
+		return restoreJob{}, false
+	}
+	p.plan(o.Size)
+	if r.resume {
+		abs = s.opts.Home + "/" + stagingDir + "/" + rel
+	}
+	return restoreJob{obj: o, key: prefix + o.Rel, rel: rel, abs: abs}, true
+}
+
+// restoreFile restores one admitted object and records the outcome: the
+// file restored, or deferred (and its path kept for cleanup when the write
+// may have left part of it).
+func (s *Syncer) restoreFile(ctx context.Context, r *restoreRun, w *window, j restoreJob) {
+	p := r.p
+	f, attempted, err := s.restoreOne(w.jobs, r.t.Ref, j.key, j.abs, j.obj)
+	if err == nil {
+		r.mu.Lock()
+		r.restored[j.rel] = f
+		r.mu.Unlock()
+		p.mu.Lock()
+		p.res.Uploaded++
+		p.res.Bytes += f.Size
+		p.mu.Unlock()
+		return
+	}
+	if attempted {
+		r.mu.Lock()
+		r.failed = append(r.failed, j.abs)
+		r.mu.Unlock()
+	}
+	reason := s.restoreReason(ctx, w.pass, err, p)
+	if reason == ReasonSandboxGone {
+		w.cancelJobs()
+	}
+	r.log.WarnContext(ctx, "file not restored", "path", j.rel, "reason", reason, "err", err)
+	p.deferFile(j.rel, reason)
 }
 
 // restoreOne streams the object key into the sandbox at abs. attempted
@@ -467,21 +521,22 @@ func (s *Syncer) seedManifest(ctx context.Context, t core.SyncTarget, restored m
 
 // finishRestore seeds the manifest with what was restored and whether a
 // restore remains pending, then builds the result and the error.
-func (s *Syncer) finishRestore(ctx context.Context, t core.SyncTarget, p *pass, restored map[string]restoredFile, log *slog.Logger, start time.Time, resume bool) (core.SyncResult, bool, error) {
+func (s *Syncer) finishRestore(ctx context.Context, r *restoreRun) (core.SyncResult, bool, error) {
+	p := r.p
 	for _, d := range p.deferred {
 		if capReasons[d.Reason] {
 			p.res.Remaining++
 		}
 	}
-	if p.goneErr == nil && ctx.Err() == nil && (len(restored) > 0 || resume || p.res.Remaining > 0) {
-		s.seedManifest(ctx, t, restored, p.res.Remaining > 0, p, log)
+	if p.goneErr == nil && ctx.Err() == nil && (len(r.restored) > 0 || r.resume || p.res.Remaining > 0) {
+		s.seedManifest(ctx, r.t, r.restored, p.res.Remaining > 0, p, r.log)
 	}
 	res := p.res
 	res.Deferred, res.Excluded = s.report(p.deferred), s.report(p.excluded)
 	res.Complete = len(p.deferred) == 0 && p.goneErr == nil && ctx.Err() == nil
-	log.InfoContext(ctx, "restore", "restored", res.Uploaded, "skipped", res.Skipped, "remaining", res.Remaining,
+	r.log.InfoContext(ctx, "restore", "restored", res.Uploaded, "skipped", res.Skipped, "remaining", res.Remaining,
 		"deferred", len(p.deferred), "excluded", len(p.excluded), "bytes", res.Bytes, "complete", res.Complete,
-		"duration_ms", s.now().Sub(start).Milliseconds())
+		"duration_ms", s.now().Sub(r.start).Milliseconds())
 	switch {
 	case p.goneErr != nil:
 		return res, true, p.goneErr
