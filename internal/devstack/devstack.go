@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/google/uuid"
 
@@ -861,46 +862,76 @@ func adminTenants(env []string) []string {
 	return out
 }
 
-func (s *Stack) startDynamoDB(ctx context.Context, java, dir, addr, logDir string) error {
+// loopbackService is one stand-in process served on a loopback port.
+type loopbackService struct {
+	name, dir, bin, logFile string
+	addr                    string // as configured: "" or port 0 picks a free port
+	args                    func(addr string) []string
+	ready                   func(ctx context.Context, addr string) error
+	timeout                 time.Duration
+}
+
+// startLoopback starts svc and waits until it holds its port itself and
+// answers ready. A picked port another process took meanwhile is retried on
+// a fresh one (three tries); a configured port is not. It returns the
+// address served.
+func (s *Stack) startLoopback(ctx context.Context, svc loopbackService) (string, error) {
 	var last error
 	for attempt := 0; attempt < 3; attempt++ {
-		a, picked, err := loopbackAddr(addr)
+		a, picked, err := loopbackAddr(svc.addr)
 		if err != nil {
-			return fmt.Errorf("dynamodb address: %w", err)
+			return "", fmt.Errorf("%s address: %w", svc.name, err)
 		}
-		_, portStr, _ := net.SplitHostPort(a)
-		port, _ := strconv.Atoi(portStr)
-		endpoint := "http://" + a
-		c, err := startChild("DynamoDB Local", dir, java, standin.DynamoDBArgs(dir, port),
-			[]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, filepath.Join(logDir, "dynamodb.log"))
+		c, err := startChild(svc.name, svc.dir, svc.bin, svc.args(a),
+			[]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, svc.logFile)
 		if err != nil {
-			return err
+			return "", err
 		}
 		s.addChild(c)
-		client := standin.DynamoDBClient(endpoint, DefaultRegion, "devstack", 10*time.Second)
-		err = c.waitReady(ctx, 90*time.Second, func(ctx context.Context) error {
+		err = c.waitReady(ctx, svc.timeout, func(ctx context.Context) error {
 			if err := dialable(ctx, a); err != nil {
 				return err
 			}
-			return standin.DynamoDBReady(ctx, client)
-		})
-		if err != nil {
-			c.stop(time.Second)
-			last = err
-			if picked {
-				continue
+			if !ownsListener(c.cmd.Process.Pid, a) {
+				return fmt.Errorf("%s is served by another process", a)
 			}
-			return err
+			return svc.ready(ctx, a)
+		})
+		if err == nil {
+			return a, nil
 		}
-		tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer cancel()
-		if err := ddbstore.CreateTable(tctx, client, DefaultTable); err != nil {
-			return fmt.Errorf("dynamodb: %w", err)
+		c.stop(time.Second)
+		last = err
+		if !picked {
+			return "", err
 		}
-		s.Info.DynamoDB = DynamoDBInfo{Endpoint: endpoint, Region: DefaultRegion, Table: DefaultTable}
-		return nil
 	}
-	return last
+	return "", last
+}
+
+func (s *Stack) startDynamoDB(ctx context.Context, java, dir, addr, logDir string) error {
+	client := func(a string) *dynamodb.Client {
+		return standin.DynamoDBClient("http://"+a, DefaultRegion, "devstack", 10*time.Second)
+	}
+	a, err := s.startLoopback(ctx, loopbackService{name: "DynamoDB Local", dir: dir, bin: java,
+		logFile: filepath.Join(logDir, "dynamodb.log"), addr: addr, timeout: 90 * time.Second,
+		args: func(a string) []string {
+			_, port, _ := net.SplitHostPort(a)
+			n, _ := strconv.Atoi(port)
+			return standin.DynamoDBArgs(dir, n)
+		},
+		ready: func(ctx context.Context, a string) error { return standin.DynamoDBReady(ctx, client(a)) },
+	})
+	if err != nil {
+		return err
+	}
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := ddbstore.CreateTable(tctx, client(a), DefaultTable); err != nil {
+		return fmt.Errorf("dynamodb: %w", err)
+	}
+	s.Info.DynamoDB = DynamoDBInfo{Endpoint: "http://" + a, Region: DefaultRegion, Table: DefaultTable}
+	return nil
 }
 
 func (s *Stack) startS3(ctx context.Context, bin, addr, logDir string) error {
@@ -914,43 +945,27 @@ func (s *Stack) startS3(ctx context.Context, bin, addr, logDir string) error {
 		return err
 	}
 	info := S3Info{Region: DefaultRegion, AccessKey: "devstack" + randomHex(4), SecretKey: randomHex(16), Bucket: DefaultBucket, Prefix: DefaultPrefix}
-	var last error
-	for attempt := 0; attempt < 3; attempt++ {
-		a, picked, err := loopbackAddr(addr)
-		if err != nil {
-			return fmt.Errorf("s3 address: %w", err)
-		}
-		info.Endpoint = "http://" + a
-		args := standin.VersityGWArgs(a, standin.S3Keys{AccessKey: info.AccessKey, SecretKey: info.SecretKey}, posix)
-		c, err := startChild("versitygw", base, bin, args, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, filepath.Join(logDir, "versitygw.log"))
-		if err != nil {
-			return err
-		}
-		s.addChild(c)
-		client := S3Client(info)
-		err = c.waitReady(ctx, 60*time.Second, func(ctx context.Context) error {
-			if err := dialable(ctx, a); err != nil {
-				return err
-			}
-			return standin.S3Ready(ctx, client)
-		})
-		if err != nil {
-			c.stop(time.Second)
-			last = err
-			if picked {
-				continue
-			}
-			return err
-		}
-		bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		if _, err := client.CreateBucket(bctx, &s3.CreateBucketInput{Bucket: aws.String(info.Bucket)}); err != nil {
-			return fmt.Errorf("s3: create bucket %s: %w", info.Bucket, err)
-		}
-		s.Info.S3 = info
-		return nil
+	keys := standin.S3Keys{AccessKey: info.AccessKey, SecretKey: info.SecretKey}
+	a, err := s.startLoopback(ctx, loopbackService{name: "versitygw", dir: base, bin: bin,
+		logFile: filepath.Join(logDir, "versitygw.log"), addr: addr, timeout: 60 * time.Second,
+		args: func(a string) []string { return standin.VersityGWArgs(a, keys, posix) },
+		ready: func(ctx context.Context, a string) error {
+			probe := info
+			probe.Endpoint = "http://" + a
+			return standin.S3Ready(ctx, S3Client(probe))
+		},
+	})
+	if err != nil {
+		return err
 	}
-	return last
+	info.Endpoint = "http://" + a
+	bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := S3Client(info).CreateBucket(bctx, &s3.CreateBucketInput{Bucket: aws.String(info.Bucket)}); err != nil {
+		return fmt.Errorf("s3: create bucket %s: %w", info.Bucket, err)
+	}
+	s.Info.S3 = info
+	return nil
 }
 
 // S3Client returns a path-style S3 client for the stack's S3.

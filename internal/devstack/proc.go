@@ -149,9 +149,10 @@ func dialable(ctx context.Context, addr string) error {
 var errStopped = errors.New("devstack stopped")
 
 // ownsListener reports whether process pid holds a socket listening on
-// addr (127.0.0.1:port), from /proc. A port picked as free may be taken by
-// another process before the child binds it; a dial alone would then reach
-// that process (another emulator) and the child, failing to bind, would be
+// addr's port (on any local address, IPv4 or IPv6: Java binds the wildcard),
+// from /proc. A port picked as free may be taken by another process before
+// the child binds it; a dial alone would then reach that process (another
+// test's emulator or DynamoDB) and the child, failing to bind, would be
 // taken for ready. Where /proc cannot tell, it answers true.
 func ownsListener(pid int, addr string) bool {
 	_, port, err := net.SplitHostPort(addr)
@@ -162,20 +163,24 @@ func ownsListener(pid int, addr string) bool {
 	if err != nil {
 		return true
 	}
-	table, err := os.ReadFile("/proc/net/tcp")
-	if err != nil {
-		return true
-	}
-	local := fmt.Sprintf("0100007F:%04X", n)
+	suffix := fmt.Sprintf(":%04X", n)
 	sockets := map[string]bool{}
-	for _, line := range strings.Split(string(table), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 9 && f[1] == local && f[3] == "0A" { // 0A: LISTEN
-			sockets["socket:["+f[9]+"]"] = true
+	readable := false
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		readable = true
+		for _, line := range strings.Split(string(data), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 9 && strings.HasSuffix(f[1], suffix) && f[3] == "0A" { // 0A: LISTEN
+				sockets["socket:["+f[9]+"]"] = true
+			}
 		}
 	}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
+	if !readable || err != nil {
 		return true
 	}
 	for _, fd := range fds {
