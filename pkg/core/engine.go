@@ -51,6 +51,8 @@ type Engine struct {
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) error
 	rc    *reconcileConfig
+	// events receives the lifecycle events (nil: none are published).
+	events EventSink
 }
 
 var _ Broker = (*Engine)(nil)
@@ -392,7 +394,7 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 	if err == nil && info.State == SandboxPaused {
 		if rerr := e.resume(ctx, rec.SandboxID); rerr != nil {
 			e.log.WarnContext(ctx, "active sandbox is paused and was not resumed; discarding", "sandbox_id", rec.SandboxID, "err", rerr)
-			e.destroy(ctx, rec, owner, StateActive)
+			e.destroy(ctx, rec, owner, StateActive, EventReasonNotResumable)
 			return AcquireResult{}, true, unavailable(fmt.Errorf("sandbox %s is paused: %v", rec.SandboxID, rerr))
 		}
 		info.EndAt = e.now().Add(e.s.ActiveTimeout)
@@ -403,7 +405,7 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 			// S3 yet. A slow but living sandbox may still hand them over.
 			e.log.WarnContext(ctx, "active sandbox does not answer; copying its outputs, then discarding", "sandbox_id", rec.SandboxID, "err", perr)
 			e.salvage(ctx, rec, "unresponsive active sandbox")
-			e.destroy(ctx, rec, owner, StateActive)
+			e.destroy(ctx, rec, owner, StateActive, EventReasonUnresponsive)
 			return AcquireResult{}, true, unavailable(fmt.Errorf("sandbox %s does not answer: %v", rec.SandboxID, perr))
 		}
 	}
@@ -412,10 +414,11 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 		if !info.EndAt.IsZero() {
 			rec.ExpiresAt = info.EndAt // the provider's word; reuse does not extend it
 		}
+		e.emit(ctx, rec, StateActive, StateActive, EventReused, "")
 		return AcquireResult{Record: rec, Source: SourceReused, Restore: e.resumeRestore(ctx, rec)}, false, nil
 	case errors.Is(err, ErrSandboxGone):
 		e.log.InfoContext(ctx, "active sandbox gone; replacing", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
-		e.destroy(ctx, rec, owner, StateActive)
+		e.destroy(ctx, rec, owner, StateActive, EventReasonGone)
 		return AcquireResult{}, true, unavailable(fmt.Errorf("sandbox %s was gone", rec.SandboxID))
 	default:
 		return AcquireResult{}, false, fmt.Errorf("probe sandbox: %w", err)
@@ -447,7 +450,7 @@ var errCannotResume = errors.New("the provider cannot resume paused sandboxes")
 func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (AcquireResult, bool, error) {
 	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox reconnect failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
-		e.destroyClaimed(ctx, rec)
+		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
 		return AcquireResult{}, true, unavailable(fmt.Errorf("reconnect warm sandbox: %v", err))
 	}
 	rec.ExpiresAt = e.now().Add(e.s.ActiveTimeout)
@@ -455,10 +458,11 @@ func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (Acquire
 	// the sandbox answers: a wedged one is discarded, not handed out.
 	if err := e.bootstrap(ctx, rec.Ref(), probeTimeout); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox bootstrap failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
-		e.destroyClaimed(ctx, rec)
+		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
 		return AcquireResult{}, true, unavailable(err)
 	}
 	rec = e.recordExpiry(ctx, rec)
+	e.emit(ctx, rec, rec.PrevState, StateActive, EventReclaimed, "")
 	return AcquireResult{Record: rec, Source: SourceReclaimed, Restore: e.resumeRestore(ctx, rec)}, false, nil
 }
 
@@ -481,9 +485,10 @@ func (e *Engine) recordExpiry(ctx context.Context, rec Record) Record {
 	return updated
 }
 
-// destroy claims rec for destruction (from state from) and destroys it.
-// A peer that moved the record first wins; nothing is killed then.
-func (e *Engine) destroy(ctx context.Context, rec Record, owner string, from State) bool {
+// destroy claims rec for destruction (from state from) and destroys it,
+// for reason (one of EventReasons). A peer that moved the record first
+// wins; nothing is killed then.
+func (e *Engine) destroy(ctx context.Context, rec Record, owner string, from State, reason string) bool {
 	now := e.now()
 	cctx, cancel := settle(ctx)
 	defer cancel()
@@ -493,7 +498,7 @@ func (e *Engine) destroy(ctx context.Context, rec Record, owner string, from Sta
 		e.log.InfoContext(ctx, "destroy claim lost", "sandbox_id", rec.SandboxID, "err", err)
 		return false
 	}
-	return e.destroyClaimed(ctx, claimed)
+	return e.destroyClaimed(ctx, claimed, reason)
 }
 
 // leaseSafety is the least lease time left for a lease holder to still
@@ -578,7 +583,7 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownT
 			if err != nil {
 				continue // a peer holds its retry lease
 			}
-			return e.destroyClaimed(ctx, claimed)
+			return e.destroyClaimed(ctx, claimed, EventReasonKillRetried)
 		}
 	}
 	limit := evictCandidates
@@ -600,7 +605,8 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownT
 			continue // reclaimed or evicted by a peer
 		}
 		e.log.InfoContext(ctx, "evicting warm sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
-		return e.destroyClaimed(ctx, claimed)
+		e.emit(ctx, claimed, StateWarm, StateDestroying, EventEvicted, EventReasonCapacity)
+		return e.destroyClaimed(ctx, claimed, EventReasonCapacity)
 	}
 	return false
 }
@@ -668,6 +674,7 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	if err != nil {
 		return AcquireResult{}, false, fmt.Errorf("finalize: %w", err)
 	}
+	e.emit(ctx, rec, StateCreating, StateActive, EventCreated, "")
 	return AcquireResult{Record: rec, Source: SourceCreated, Restore: restored}, false, nil
 }
 
@@ -788,10 +795,15 @@ func (e *Engine) bootstrap(ctx context.Context, ref SandboxRef, timeout time.Dur
 }
 
 // destroyClaimed turns a record this invocation holds the lease on into a
-// tombstone, kills the sandbox and frees its slot once the kill is confirmed.
+// tombstone, kills the sandbox and frees its slot once the kill is confirmed,
+// publishing EventDestroyed with reason (one of EventReasons).
 // An uncertain kill leaves the tombstone (and its slot) for a later retry.
 // It reports whether the sandbox is confirmed gone.
-func (e *Engine) destroyClaimed(ctx context.Context, rec Record) bool {
+func (e *Engine) destroyClaimed(ctx context.Context, rec Record, reason string) bool {
+	from := rec.State // the state the sandbox left to be destroyed
+	if from == StateDestroying {
+		from = rec.PrevState // "": recorded as a tombstone (an untracked sandbox)
+	}
 	if rec.State != StateDestroying {
 		tctx, cancel := settle(ctx)
 		tomb, err := e.store.Apply(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
@@ -813,6 +825,7 @@ func (e *Engine) destroyClaimed(ctx context.Context, rec Record) bool {
 		e.log.WarnContext(ctx, "free slot after kill failed", "sandbox_id", rec.SandboxID, "err", err)
 		return false
 	}
+	e.emit(ctx, rec, from, StateGone, EventDestroyed, reason)
 	return true
 }
 
@@ -905,7 +918,7 @@ func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (Re
 		}
 	}
 	if dead {
-		e.destroyClaimed(ctx, rec)
+		e.destroyClaimed(ctx, rec, EventReasonGone)
 		out.State = releaseDestroyed
 		return out, nil
 	}
@@ -916,13 +929,14 @@ func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (Re
 	cancel()
 	if errors.Is(err, ErrDraining) {
 		// A draining deployment keeps nothing warm.
-		e.destroyClaimed(ctx, rec)
+		e.destroyClaimed(ctx, rec, EventReasonDraining)
 		out.State = releaseDestroyed
 		return out, nil
 	}
 	if err != nil {
 		return out, fmt.Errorf("park warm: %w", err)
 	}
+	e.emit(ctx, rec, rec.PrevState, StateWarm, EventReleased, "")
 	out.State = string(StateWarm)
 	return out, nil
 }
@@ -956,7 +970,7 @@ func (e *Engine) Sync(ctx context.Context, tenant, sandboxID string) (SyncResult
 	}
 	res, serr := e.sync.Sync(ctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
 	if errors.Is(serr, ErrSandboxGone) {
-		e.destroyClaimed(ctx, rec)
+		e.destroyClaimed(ctx, rec, EventReasonGone)
 		return res, fmt.Errorf("sync: %w", serr)
 	}
 	dctx, dcancel := settle(ctx)
@@ -1042,7 +1056,7 @@ func (e *Engine) freeDead(ctx context.Context, owner string) int {
 			continue // a peer moved it
 		}
 		e.log.InfoContext(ctx, "freeing the slot of a sandbox the provider ended", "sandbox_id", r.SandboxID, "state", r.State)
-		if e.destroyClaimed(ctx, claimed) {
+		if e.destroyClaimed(ctx, claimed, EventReasonGone) {
 			freed++
 		}
 	}

@@ -27,6 +27,9 @@ const (
 	// MetricSyncDeferred counts (Count) the files a sync pass deferred
 	// (not uploaded: caps, deadline, errors), once per pass.
 	MetricSyncDeferred = "SyncDeferredFiles"
+	// MetricEventsFailed counts (Count) lifecycle events that could not be
+	// published (the transitions themselves happened).
+	MetricEventsFailed = "EventsPublishFailed"
 )
 
 // Metric is one value of an embedded-metric-format record. Unit is a
@@ -107,6 +110,11 @@ func SyncMetrics(res SyncResult) []Metric {
 	return []Metric{{Name: MetricSyncDeferred, Unit: "Count", Value: float64(len(res.Deferred))}}
 }
 
+// EventsFailedMetric counts one lifecycle event not published.
+func EventsFailedMetric() Metric {
+	return Metric{Name: MetricEventsFailed, Unit: "Count", Value: 1}
+}
+
 // TombstoneAgeMetric is TombstoneOldestAgeSeconds for the tombstones
 // tombs at now: now minus the earliest DestroyingSince among them (kill
 // retries keep it; UpdatedAt for records written before the field
@@ -153,7 +161,7 @@ func (e *Engine) emitCapacity(ctx context.Context) {
 func EmittedMetrics() []string {
 	var names []string
 	for _, m := range slices.Concat((ReconcileStats{}).Metrics(), CapacityMetrics(CapacityStatus{}),
-		[]Metric{RejectedMetric(), TombstoneAgeMetric(nil, time.Time{})}, SyncMetrics(SyncResult{})) {
+		[]Metric{RejectedMetric(), TombstoneAgeMetric(nil, time.Time{}), EventsFailedMetric()}, SyncMetrics(SyncResult{})) {
 		names = append(names, m.Name)
 	}
 	return names

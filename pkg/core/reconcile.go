@@ -371,7 +371,7 @@ func (p *pass) tombstones(ctx context.Context) error {
 			p.fail(ctx, "count kill attempt", claimed.SandboxID, err)
 			continue
 		}
-		if e.destroyClaimed(ctx, tomb) {
+		if e.destroyClaimed(ctx, tomb, EventReasonKillRetried) {
 			p.st.Killed++
 		} else {
 			p.st.Errors++
@@ -440,9 +440,9 @@ func (p *pass) outOfTime() bool { return !p.stopAt.IsZero() && !time.Now().Befor
 // the next pass. Syncs end by the invocation's stop time.
 func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 	e := p.e
-	before := p.start.Add(-(e.s.IdleTimeout - e.s.ExpiryLead()))
+	before, reason := p.start.Add(-(e.s.IdleTimeout - e.s.ExpiryLead())), EventReasonIdleExpired
 	if draining {
-		before = p.start.Add(time.Millisecond)
+		before, reason = p.start.Add(time.Millisecond), EventReasonDraining
 	}
 	idle, err := e.store.WarmParkedBefore(ctx, before, reconcileBatch)
 	if err != nil {
@@ -475,7 +475,8 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 			p.st.Errors++
 			continue
 		}
-		if e.destroyClaimed(ctx, tomb) {
+		tomb.PrevState = StateWarm // the state it left: the claim only took a lease
+		if e.destroyClaimed(ctx, tomb, reason) {
 			p.st.Expired++
 		} else {
 			p.st.Errors++
@@ -780,9 +781,10 @@ func (p *pass) group(ctx context.Context, key ThreadKey, g []SandboxInfo, look R
 				if hasRes {
 					a.Reservation = token
 				}
-				_, err = p.rst.Adopt(ctx, a)
-				if err == nil && hasRes {
-					p.st.ReservationsSettled++
+				var adopted Record
+				adopted, err = p.rst.Adopt(ctx, a)
+				if err == nil {
+					p.adopted(ctx, adopted, hasRes)
 				}
 			}
 			if err != nil {
@@ -821,6 +823,17 @@ func (p *pass) adoptedRecord(in SandboxInfo, key ThreadKey, state State) Record 
 		r.LeaseOwner, r.LeaseExpiresAt = p.owner, now.Add(p.e.s.LeaseDuration)
 	}
 	return r
+}
+
+// adopted accounts for a sandbox adopted for its thread and publishes
+// EventAdopted (from creating when it took over its create's reservation).
+func (p *pass) adopted(ctx context.Context, rec Record, hadReservation bool) {
+	from := State("")
+	if hadReservation {
+		p.st.ReservationsSettled++
+		from = StateCreating
+	}
+	p.e.emit(ctx, rec, from, rec.State, EventAdopted, EventReasonUntracked)
 }
 
 // graceOver reports whether reconcile first saw id at least d ago (and
@@ -888,7 +901,7 @@ func (p *pass) killDuplicate(ctx context.Context, l listed, key ThreadKey, canon
 		return
 	}
 	e.log.InfoContext(ctx, "reconcile: killing duplicate", "sandbox_id", in.ID, "thread", key.String(), "canonical", canonical)
-	if e.destroyClaimed(ctx, claimed) {
+	if e.destroyClaimed(ctx, claimed, EventReasonDuplicate) {
 		p.st.Killed++
 	} else {
 		p.st.Errors++
@@ -926,7 +939,7 @@ func (p *pass) orphan(ctx context.Context, in SandboxInfo, look ReconcileLookup)
 		return
 	}
 	e.log.InfoContext(ctx, "reconcile: killing orphan", "sandbox_id", in.ID)
-	if e.destroyClaimed(ctx, claimed) {
+	if e.destroyClaimed(ctx, claimed, EventReasonOrphan) {
 		p.st.Killed++
 	} else {
 		p.st.Errors++
@@ -980,7 +993,7 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 			p.skip(ctx, "claim dead record", r.SandboxID, err)
 			continue
 		}
-		if e.destroyClaimed(ctx, claimed) {
+		if e.destroyClaimed(ctx, claimed, EventReasonGone) {
 			p.st.Dead++
 		} else {
 			p.st.Errors++

@@ -96,6 +96,7 @@ type recHarness struct {
 	s     core.Settings
 	rs    core.ReconcileSettings
 	eng   *core.Engine
+	opts  []core.Option // more options for engine
 }
 
 // newRecHarness wires an engine over a fresh DynamoDB Local table and the
@@ -122,8 +123,8 @@ func newRecHarness(t *testing.T, mutate func(*core.Settings, *core.ReconcileSett
 // engine returns another engine (another "invocation") over the same state.
 func (h *recHarness) engine(t *testing.T) *core.Engine {
 	t.Helper()
-	eng, err := core.New(h.s, h.store, h.prov, nil, core.WithClock(h.clock.now), core.WithReconcileSettings(h.rs),
-		core.WithLogger(slog.New(slog.DiscardHandler)))
+	eng, err := core.New(h.s, h.store, h.prov, nil, append([]core.Option{core.WithClock(h.clock.now), core.WithReconcileSettings(h.rs),
+		core.WithLogger(slog.New(slog.DiscardHandler))}, h.opts...)...)
 	if err != nil {
 		t.Fatalf("core.New: %v", err)
 	}

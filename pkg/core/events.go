@@ -1,0 +1,177 @@
+package core
+
+import (
+	"context"
+	"time"
+)
+
+// EventKind names a lifecycle transition of a sandbox record: the
+// detail-type of its published event.
+type EventKind string
+
+// Lifecycle event kinds.
+const (
+	// EventCreated: a new sandbox was created and handed to its thread
+	// (creating -> active).
+	EventCreated EventKind = "created"
+	// EventPoolClaimed: a pool member was claimed by a thread's first
+	// acquire instead of a create.
+	EventPoolClaimed EventKind = "pool-claimed"
+	// EventReused: the thread's active sandbox was handed out again
+	// (active -> active).
+	EventReused EventKind = "reused"
+	// EventReclaimed: the thread's warm sandbox was handed back to it
+	// (warm -> active; releasing -> active when an interrupted release
+	// was taken over).
+	EventReclaimed EventKind = "reclaimed"
+	// EventResumed: the thread's paused sandbox was resumed and handed
+	// back to it (paused -> active).
+	EventResumed EventKind = "resumed"
+	// EventReleased: the thread released its sandbox, parked warm
+	// (active -> warm; releasing -> warm when a release is finished by
+	// another invocation).
+	EventReleased EventKind = "released"
+	// EventPaused: a warm sandbox was paused at the provider (warm -> paused).
+	EventPaused EventKind = "paused"
+	// EventEvicted: a warm or paused sandbox was taken from its thread to
+	// free a slot for another thread (-> destroying); its destruction
+	// follows as EventDestroyed.
+	EventEvicted EventKind = "evicted"
+	// EventAdopted: reconcile found a sandbox of this deployment that the
+	// store did not track (a create whose invocation died) and recorded
+	// it for its thread (-> warm).
+	EventAdopted EventKind = "adopted"
+	// EventDestroyed: the provider confirmed the sandbox gone and its slot
+	// was freed (-> gone). Reason says why it was destroyed.
+	EventDestroyed EventKind = "destroyed"
+)
+
+// EventKinds lists every lifecycle event kind.
+func EventKinds() []EventKind {
+	return []EventKind{EventCreated, EventPoolClaimed, EventReused, EventReclaimed, EventResumed, EventReleased,
+		EventPaused, EventEvicted, EventAdopted, EventDestroyed}
+}
+
+// Event reasons: why a sandbox was evicted or destroyed (Event.Reason).
+const (
+	// EventReasonGone: the provider no longer runs the sandbox (it ended
+	// it, or it died).
+	EventReasonGone = "gone"
+	// EventReasonUnresponsive: the sandbox did not answer (a failed probe,
+	// bootstrap or reconnect) and was discarded.
+	EventReasonUnresponsive = "unresponsive"
+	// EventReasonNotResumable: the provider reports the sandbox paused and
+	// it could not be resumed.
+	EventReasonNotResumable = "not_resumable"
+	// EventReasonDraining: the deployment drains and keeps nothing warm.
+	EventReasonDraining = "draining"
+	// EventReasonCapacity: evicted to free a slot for another thread.
+	EventReasonCapacity = "capacity"
+	// EventReasonIdleExpired: warm longer than the idle timeout.
+	EventReasonIdleExpired = "idle_expired"
+	// EventReasonDuplicate: a second live sandbox of a thread, killed by
+	// reconcile.
+	EventReasonDuplicate = "duplicate"
+	// EventReasonOrphan: a sandbox of this deployment with no valid or
+	// known thread, killed by reconcile.
+	EventReasonOrphan = "orphan"
+	// EventReasonKillRetried: a tombstone whose earlier kill was uncertain,
+	// confirmed gone by a retry.
+	EventReasonKillRetried = "kill_retried"
+	// EventReasonUntracked: an adopted sandbox (EventAdopted).
+	EventReasonUntracked = "untracked"
+)
+
+// EventReasons lists every Event.Reason the broker produces ("" aside:
+// the kind says it all).
+func EventReasons() []string {
+	return []string{EventReasonGone, EventReasonUnresponsive, EventReasonNotResumable, EventReasonDraining,
+		EventReasonCapacity, EventReasonIdleExpired, EventReasonDuplicate, EventReasonOrphan,
+		EventReasonKillRetried, EventReasonUntracked}
+}
+
+// Event is one lifecycle transition of a sandbox record, as published
+// (the JSON is the detail of the EventBridge event).
+type Event struct {
+	Kind       EventKind `json:"kind"`
+	Deployment string    `json:"deployment"`
+	Tenant     string    `json:"tenant"`
+	User       string    `json:"user_id"`
+	Thread     string    `json:"thread_id"`
+	SandboxID  string    `json:"sandbox_id"`
+	Backend    string    `json:"backend"`
+	// From is the record's state before the transition (for destroyed:
+	// before it became a tombstone); "" when the broker had no record of
+	// the sandbox (one reconcile adopted or killed). To is the state after.
+	From   State     `json:"from_state"`
+	To     State     `json:"to_state"`
+	Reason string    `json:"reason,omitempty"`
+	Time   time.Time `json:"time"`
+	// RunningSeconds and PausedSeconds are the sandbox's running and
+	// paused time from its creation to Time.
+	RunningSeconds float64 `json:"running_seconds"`
+	PausedSeconds  float64 `json:"paused_seconds"`
+}
+
+// EventSink publishes lifecycle events (EventBridge in production, a
+// JSON-lines file locally). The engine gives each call a short deadline
+// of its own; an error is logged and counted (MetricEventsFailed), never
+// returned to the caller of the transition.
+type EventSink interface {
+	Publish(ctx context.Context, ev Event) error
+}
+
+// WithEventSink sets where lifecycle events are published (default: not
+// published).
+func WithEventSink(s EventSink) Option { return func(e *Engine) { e.events = s } }
+
+// publishTimeout bounds one publish: a slow event bus never holds an
+// acquire or a release for longer.
+const publishTimeout = time.Second
+
+// publishContext is the context of one publish under ctx: not canceled
+// with ctx (the transition happened; its event is still due), it lasts at
+// most publishTimeout and never past the invocation's end (as recorded by
+// begin, else ctx's deadline).
+func publishContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline := time.Now().Add(publishTimeout)
+	end, ok := invocationEnd(ctx)
+	if !ok {
+		end, ok = ctx.Deadline()
+	}
+	if ok && end.Before(deadline) {
+		deadline = end
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
+}
+
+// usageSoFar is rec's running and paused time from its creation to now.
+func (r Record) usageSoFar(now time.Time) (running, paused time.Duration) {
+	if r.CreatedAt.IsZero() || now.Before(r.CreatedAt) {
+		return 0, 0
+	}
+	return now.Sub(r.CreatedAt), 0
+}
+
+// emit publishes the transition of rec (the record as written) from from
+// to to. It never fails the transition: a publish that fails or outlives
+// its deadline is logged and counted.
+func (e *Engine) emit(ctx context.Context, rec Record, from, to State, kind EventKind, reason string) {
+	if e.events == nil {
+		return
+	}
+	now := e.now()
+	running, paused := rec.usageSoFar(now)
+	ev := Event{Kind: kind, Deployment: e.s.Deployment, Tenant: rec.Tenant, User: rec.User, Thread: rec.Thread,
+		SandboxID: rec.SandboxID, Backend: rec.Backend, From: from, To: to, Reason: reason, Time: now.UTC(),
+		RunningSeconds: running.Seconds(), PausedSeconds: paused.Seconds()}
+	if ev.Backend == "" {
+		ev.Backend = e.prov.Name()
+	}
+	pctx, cancel := publishContext(ctx)
+	defer cancel()
+	if err := e.events.Publish(pctx, ev); err != nil {
+		e.log.WarnContext(ctx, "lifecycle event not published", "kind", kind, "sandbox_id", rec.SandboxID, "err", err)
+		LogEMF(ctx, e.log, e.s.Deployment, now, EventsFailedMetric())
+	}
+}
