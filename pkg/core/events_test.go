@@ -133,47 +133,43 @@ func TestEvictionEvents(t *testing.T) {
 
 // TestDestroyEventReasons: each way a sandbox is discarded names its reason.
 func TestDestroyEventReasons(t *testing.T) {
-	t.Run("found dead at release", func(t *testing.T) {
-		events := &eventLog{}
-		h := newHarness(t, nil, core.WithEventSink(events))
-		rec := h.acquire(t, key("t1"), core.SourceCreated)
-		h.sync.set(func(s *fakeSyncer) { s.err = fmt.Errorf("envd: %w", core.ErrSandboxGone) })
+	release := func(t *testing.T, h *harness, rec core.Record) {
 		if res, err := h.eng.Release(context.Background(), "acme", rec.SandboxID); err != nil || res.State != "destroyed" {
 			t.Fatalf("Release = %+v, %v; want destroyed", res, err)
 		}
-		want := []string{"created creating->active ", "destroyed releasing->gone gone"}
-		if got := events.seen(rec.SandboxID); !sameList(got, want) {
-			t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-		}
-	})
-	t.Run("released while draining", func(t *testing.T) {
-		events := &eventLog{}
-		h := newHarness(t, nil, core.WithEventSink(events))
-		rec := h.acquire(t, key("t1"), core.SourceCreated)
-		if err := h.eng.SetDraining(context.Background(), true); err != nil {
-			t.Fatalf("SetDraining: %v", err)
-		}
-		if res, err := h.eng.Release(context.Background(), "acme", rec.SandboxID); err != nil || res.State != "destroyed" {
-			t.Fatalf("Release = %+v, %v; want destroyed", res, err)
-		}
-		want := []string{"created creating->active ", "destroyed releasing->gone draining"}
-		if got := events.seen(rec.SandboxID); !sameList(got, want) {
-			t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-		}
-	})
-	t.Run("killed behind the broker's back", func(t *testing.T) {
-		events := &eventLog{}
-		h := newHarness(t, nil, core.WithEventSink(events))
-		rec := h.acquire(t, key("t1"), core.SourceCreated)
-		if err := h.prov.Kill(context.Background(), rec.SandboxID); err != nil {
-			t.Fatalf("Kill: %v", err)
-		}
-		h.acquire(t, key("t1"), core.SourceCreated)
-		want := []string{"created creating->active ", "destroyed active->gone gone"}
-		if got := events.seen(rec.SandboxID); !sameList(got, want) {
-			t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-		}
-	})
+	}
+	for _, tc := range []struct {
+		name  string
+		fault func(t *testing.T, h *harness, rec core.Record)
+		act   func(t *testing.T, h *harness, rec core.Record)
+		want  string
+	}{
+		{"found dead at release", func(t *testing.T, h *harness, _ core.Record) {
+			h.sync.set(func(s *fakeSyncer) { s.err = fmt.Errorf("envd: %w", core.ErrSandboxGone) })
+		}, release, "destroyed releasing->gone gone"},
+		{"released while draining", func(t *testing.T, h *harness, _ core.Record) {
+			if err := h.eng.SetDraining(context.Background(), true); err != nil {
+				t.Fatalf("SetDraining: %v", err)
+			}
+		}, release, "destroyed releasing->gone draining"},
+		{"killed behind the broker's back", func(t *testing.T, h *harness, rec core.Record) {
+			if err := h.prov.Kill(context.Background(), rec.SandboxID); err != nil {
+				t.Fatalf("Kill: %v", err)
+			}
+		}, func(t *testing.T, h *harness, _ core.Record) { h.acquire(t, key("t1"), core.SourceCreated) }, "destroyed active->gone gone"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			events := &eventLog{}
+			h := newHarness(t, nil, core.WithEventSink(events))
+			rec := h.acquire(t, key("t1"), core.SourceCreated)
+			tc.fault(t, h, rec)
+			tc.act(t, h, rec)
+			want := []string{"created creating->active ", tc.want}
+			if got := events.seen(rec.SandboxID); !sameList(got, want) {
+				t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+		})
+	}
 }
 
 // TestFailingEventSinkNeverFailsAcquireOrRelease: a sink that errors, or
@@ -189,7 +185,7 @@ func TestFailingEventSinkNeverFailsAcquireOrRelease(t *testing.T) {
 		{"stalls", &eventLog{block: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs syncBuffer
+			var logs bytes.Buffer
 			logger := slog.New(slog.NewJSONHandler(&logs, nil))
 			h := newHarness(t, nil, core.WithEventSink(tc.sink), core.WithLogger(logger))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -222,24 +218,6 @@ func TestFailingEventSinkNeverFailsAcquireOrRelease(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent log writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestReconcileEvents: what reconcile adopts and kills is published: an
