@@ -30,6 +30,7 @@ const (
 
 	defaultControlPlaneTimeout = 30 * time.Second
 	defaultCreateTimeout       = 60 * time.Second
+	defaultPauseTimeout        = 60 * time.Second
 	defaultCommandTimeout      = 60 * time.Second
 	defaultCommandMargin       = 10 * time.Second
 	defaultFileHeaderTimeout   = 30 * time.Second
@@ -45,6 +46,9 @@ const (
 type Timeouts struct {
 	// ControlPlane bounds Info, List (per page), Kill and SetTimeout. Default 30 s.
 	ControlPlane time.Duration
+	// Pause bounds Pause (E2B snapshots the sandbox's memory) and Resume.
+	// Default 60 s.
+	Pause time.Duration
 	// Create bounds Create. Default 60 s.
 	Create time.Duration
 	// Command is the process timeout used when Command.Timeout is 0 (the JS
@@ -167,6 +171,7 @@ func New(opts Options) (*Client, error) {
 	t := &c.timeouts
 	t.ControlPlane = or(t.ControlPlane, defaultControlPlaneTimeout)
 	t.Create = or(t.Create, defaultCreateTimeout)
+	t.Pause = or(t.Pause, defaultPauseTimeout)
 	t.Command = or(t.Command, defaultCommandTimeout)
 	t.CommandMargin = or(t.CommandMargin, defaultCommandMargin)
 	t.FileHeader = or(t.FileHeader, defaultFileHeaderTimeout)
@@ -196,9 +201,10 @@ func baseURL(field, raw string) (string, error) {
 func (c *Client) Name() string { return "e2b" }
 
 // Capabilities implements core.Provider: envd endpoints, a paged inventory
-// (ListPage) and endpoints located from the sandbox id (Locate).
+// (ListPage), endpoints located from the sandbox id (Locate) and pause and
+// resume (Pause, Resume).
 func (c *Client) Capabilities() core.Capabilities {
-	return core.Capabilities{Protocol: core.ProtocolEnvd, Pager: c, Locate: c.Locate}
+	return core.Capabilities{Protocol: core.ProtocolEnvd, Pager: c, Locate: c.Locate, Pause: c}
 }
 
 // sandboxInfo is a listed or read sandbox as core reports it.
@@ -363,7 +369,10 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 }
 
 // SetTimeout makes the sandbox end d from now (ceil seconds) with POST
-// /sandboxes/{id}/timeout. A 404 from the API is core.ErrSandboxGone.
+// /sandboxes/{id}/timeout. A 404 from the API is core.ErrSandboxGone,
+// unless the sandbox then reads as paused (E2B answers 404 for a paused
+// one): that is a certain *core.ProviderError, as a paused sandbox has no
+// running timeout to set (Resume sets it).
 func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) error {
 	if err := core.ValidateSandboxID(id); err != nil {
 		return err
@@ -377,7 +386,8 @@ func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) err
 		return err
 	}
 	if apiNotFound(status, reply) {
-		return fmt.Errorf("e2b %s %s: %w", op, id, core.ErrSandboxGone)
+		// E2B answers 404 for a paused sandbox too.
+		return c.pausedNotGone(ctx, op, id, status, reply)
 	}
 	if status < 200 || status > 299 {
 		return statusError(op, status, reply, providerhttp.AmbiguousStatus(status))

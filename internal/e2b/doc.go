@@ -1,5 +1,6 @@
 // Package e2b is a core.Provider for E2B sandboxes: a client of E2B's REST
-// control plane (create, list, get, kill, set timeout) and of envd, the
+// control plane (create, list, get, kill, set timeout, pause, and connect
+// to resume) and of envd, the
 // daemon inside each sandbox (process start over Connect RPC with the JSON
 // codec, file bytes over plain HTTP).
 //

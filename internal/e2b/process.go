@@ -69,6 +69,8 @@ var errRunDeadline = errors.New("run deadline")
 // Errors: *core.ValidationError for a bad env key or empty sandbox id
 // (nothing is sent); core.ErrSandboxGone when envd answers 502, or
 // not_found/unavailable and the control plane confirms the sandbox is gone;
+// a certain *core.ProviderError when envd answers 409 (E2B refuses envd
+// calls to a paused sandbox so; nothing ran);
 // ErrCommandTimeout (with context.DeadlineExceeded) when the process
 // outlives its timeout (the result then holds the output so far and the
 // process is sent SIGKILL); *OutputTruncatedError with a filled result;
@@ -229,6 +231,10 @@ func (c *Client) envdError(ctx context.Context, ref core.SandboxRef, op string, 
 		pe.Message = "envd refused the access token: " + pe.Message
 		pe.Ambiguous = false
 	case code == connect.CodeInvalidArgument || code == connect.CodePermissionDenied:
+		pe.Ambiguous = false
+	case status == http.StatusConflict:
+		// E2B's edge refuses every envd call to a paused sandbox with 409.
+		pe.Message = "sandbox is paused: " + pe.Message
 		pe.Ambiguous = false
 	}
 	return providerhttp.WithCause(pe, err)

@@ -64,6 +64,11 @@ func (p *Provisioner) serveAIO(w http.ResponseWriter, r *http.Request, id, sub s
 		writeJSON(w, http.StatusUnauthorized, provError{Detail: "invalid or missing bearer token"})
 		return
 	}
+	if sb.paused() {
+		// Paused through the E2B face: its processes are frozen.
+		writeJSON(w, http.StatusConflict, provError{Detail: fmt.Sprintf("sandbox %q is paused", id)})
+		return
+	}
 	r2 := r.Clone(context.WithValue(r.Context(), sandboxKey{}, sb))
 	r2.URL.Path = sub
 	r2.URL.RawPath = ""

@@ -35,6 +35,16 @@ const (
 // timeoutRequest is the body of POST /sandboxes/{id}/timeout and connect.
 type timeoutRequest struct {
 	Timeout *float64 `json:"timeout"` // seconds
+	// Memory (connect) false asks to resume from the files alone (E2B's
+	// "reboot"): the host keeps memory only, so it refuses it.
+	Memory *bool `json:"memory"`
+}
+
+// pauseRequest is the body of POST /sandboxes/{id}/pause.
+type pauseRequest struct {
+	// Memory false asks for a files-only snapshot: the host keeps memory
+	// only, so it refuses it.
+	Memory *bool `json:"memory"`
 }
 
 // refreshRequest is the body of POST /sandboxes/{id}/refreshes.
@@ -45,8 +55,8 @@ type refreshRequest struct {
 // APIHandler serves the E2B control plane: POST /sandboxes and
 // /v2/sandboxes (create), GET /sandboxes and /v2/sandboxes (list), GET and
 // DELETE /sandboxes/{id}, POST /sandboxes/{id}/timeout, POST
-// /sandboxes/{id}/refreshes, POST /sandboxes/{id}/connect and
-// /v2/sandboxes/{id}/connect. Every request needs X-API-Key (any header
+// /sandboxes/{id}/refreshes, POST /sandboxes/{id}/pause, POST
+// /sandboxes/{id}/connect and /v2/sandboxes/{id}/connect. Every request needs X-API-Key (any header
 // case) equal to Options.APIKey, else 401 JSON. Reads never extend a
 // sandbox's life.
 func (h *Host) APIHandler() http.Handler {
@@ -61,9 +71,7 @@ func (h *Host) APIHandler() http.Handler {
 	mux.HandleFunc("POST /sandboxes/{id}/refreshes", h.handleRefresh)
 	mux.HandleFunc("POST /sandboxes/{id}/connect", h.handleConnect)
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h.handleConnect)
-	mux.HandleFunc("POST /sandboxes/{id}/pause", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotImplemented, e2bapi.Error{Code: http.StatusNotImplemented, Message: "pause is not supported by the local sandbox host"})
-	})
+	mux.HandleFunc("POST /sandboxes/{id}/pause", h.handlePause)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, e2bapi.Error{Code: http.StatusNotFound, Message: "no route " + r.Method + " " + r.URL.Path})
 	})
@@ -143,6 +151,10 @@ func (h *Host) listed(sb *sandbox) e2bapi.ListedSandbox {
 	for k, v := range sb.metadata {
 		md[k] = v
 	}
+	state := "running"
+	if sb.listedPaused() {
+		state = "paused"
+	}
 	return e2bapi.ListedSandbox{
 		TemplateID:   sb.templateID,
 		Alias:        sb.alias,
@@ -154,7 +166,7 @@ func (h *Host) listed(sb *sandbox) e2bapi.ListedSandbox {
 		MemoryMB:     reportedMemoryMB,
 		DiskSizeMB:   reportedDiskMB,
 		Metadata:     md,
-		State:        "running",
+		State:        state,
 		EnvdVersion:  h.envdVer,
 		VolumeMounts: []any{},
 	}
@@ -206,13 +218,16 @@ func (h *Host) handleCreate(w http.ResponseWriter, r *http.Request) {
 type listQuery struct {
 	metadata map[string]string
 	running  bool // the "running" state is selected
+	paused   bool // the "paused" state is selected
 }
 
 // parseListQuery reads metadata (a query string inside the query value,
 // the SDK encodes it twice) and state (comma-separated and/or
-// repeated).
-func parseListQuery(q url.Values) (listQuery, error) {
-	lq := listQuery{metadata: map[string]string{}, running: true}
+// repeated). Without a state, running sandboxes are selected, and paused
+// ones too when withPaused (GET /v2/sandboxes lists every state; GET
+// /sandboxes, running ones).
+func parseListQuery(q url.Values, withPaused bool) (listQuery, error) {
+	lq := listQuery{metadata: map[string]string{}, running: true, paused: withPaused}
 	if raw := q.Get("metadata"); raw != "" {
 		mq, err := url.ParseQuery(raw)
 		if err != nil {
@@ -223,13 +238,15 @@ func parseListQuery(q url.Values) (listQuery, error) {
 		}
 	}
 	if states, ok := q["state"]; ok {
-		lq.running = false
+		lq.running, lq.paused = false, false
 		for _, s := range states {
 			for _, st := range strings.Split(s, ",") {
 				switch strings.TrimSpace(st) {
 				case "running":
 					lq.running = true
-				case "paused", "":
+				case "paused":
+					lq.paused = true
+				case "":
 				default:
 					return lq, fmt.Errorf("invalid state %q (want running or paused)", st)
 				}
@@ -241,7 +258,7 @@ func parseListQuery(q url.Values) (listQuery, error) {
 
 // match reports whether sb passes the filter.
 func (lq listQuery) match(sb *sandbox) bool {
-	if !lq.running {
+	if paused := sb.listedPaused(); (paused && !lq.paused) || (!paused && !lq.running) {
 		return false
 	}
 	for k, v := range lq.metadata {
@@ -252,10 +269,10 @@ func (lq listQuery) match(sb *sandbox) bool {
 	return true
 }
 
-// handleListV1 serves GET /sandboxes: every running sandbox matching the
-// metadata filter, unpaged.
+// handleListV1 serves GET /sandboxes: every sandbox matching the metadata
+// and state filters (default: running), unpaged.
 func (h *Host) handleListV1(w http.ResponseWriter, r *http.Request) {
-	lq, err := parseListQuery(r.URL.Query())
+	lq, err := parseListQuery(r.URL.Query(), false)
 	if err != nil {
 		badRequest(w, "%v", err)
 		return
@@ -292,11 +309,12 @@ func parseToken(tok string) (time.Time, string, error) {
 }
 
 // handleListV2 serves GET /v2/sandboxes: a page of at most limit (1..100,
-// default 100) sandboxes in start order; X-Next-Token is set when more
-// may follow.
+// default 100) sandboxes matching the metadata and state filters (default:
+// running and paused) in start order; X-Next-Token is set when more may
+// follow.
 func (h *Host) handleListV2(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	lq, err := parseListQuery(q)
+	lq, err := parseListQuery(q, true)
 	if err != nil {
 		badRequest(w, "%v", err)
 		return
@@ -368,7 +386,7 @@ func (h *Host) handleKill(w http.ResponseWriter, r *http.Request) {
 
 // handleTimeout serves POST /sandboxes/{id}/timeout {timeout: seconds}:
 // the sandbox now dies timeout seconds from now (earlier or later than
-// before). 204.
+// before). 204; 404 when unknown or paused.
 func (h *Host) handleTimeout(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	var req timeoutRequest
@@ -386,16 +404,16 @@ func (h *Host) handleTimeout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sb, err := h.get(id)
-	if err != nil {
-		notFound(w, id)
+	if err != nil || !h.setDeadline(sb, d, false) {
+		notFound(w, id) // E2B answers 404 for a paused sandbox too
 		return
 	}
-	h.setDeadline(sb, d, false)
 	w.WriteHeader(http.StatusNoContent)
 }
 
 // handleRefresh serves POST /sandboxes/{id}/refreshes {duration: seconds}:
-// extends the life to at least duration from now (default 60 s). 204.
+// extends the life to at least duration from now (default 60 s). 204;
+// 404 when unknown or paused.
 func (h *Host) handleRefresh(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	var req refreshRequest
@@ -412,22 +430,29 @@ func (h *Host) handleRefresh(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sb, err := h.get(id)
-	if err != nil {
-		notFound(w, id)
+	if err != nil || !h.setDeadline(sb, d, true) {
+		notFound(w, id) // E2B answers 404 for a paused sandbox too
 		return
 	}
-	h.setDeadline(sb, d, true)
 	w.WriteHeader(http.StatusNoContent)
 }
 
 // handleConnect serves POST /sandboxes/{id}/connect and
-// /v2/sandboxes/{id}/connect {timeout?}: 200 with the create-like body.
-// As E2B does, a timeout only ever extends the life, never shortens it.
+// /v2/sandboxes/{id}/connect {timeout?}: a paused sandbox is resumed and
+// ends timeout from now (no timeout: the time it had left when paused),
+// 201; a running one keeps running and, as E2B does it, a timeout only
+// ever extends its life, never shortens it, 200. Either reply is the
+// create-like body. 404 when unknown; 400 for {memory: false} (a resume
+// from the files alone, which the host cannot do).
 func (h *Host) handleConnect(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	var req timeoutRequest
 	if err := readBody(r, &req); err != nil {
 		badRequest(w, "%v", err)
+		return
+	}
+	if req.Memory != nil && !*req.Memory {
+		badRequest(w, "resuming from the files alone (memory false) is not supported by the local sandbox host")
 		return
 	}
 	var d time.Duration
@@ -443,8 +468,50 @@ func (h *Host) handleConnect(w http.ResponseWriter, r *http.Request) {
 		notFound(w, id)
 		return
 	}
-	if d > 0 {
-		h.setDeadline(sb, d, true)
+	resumed, err := h.connect(sb, d)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		notFound(w, id)
+		return
+	case err != nil:
+		writeJSON(w, http.StatusInternalServerError, e2bapi.Error{Code: http.StatusInternalServerError, Message: err.Error()})
+		return
 	}
-	writeJSON(w, http.StatusOK, h.createdBody(sb))
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, h.createdBody(sb))
+}
+
+// handlePause serves POST /sandboxes/{id}/pause {memory?}: 204 once every
+// process of the sandbox is frozen; 409 when it is already paused (E2B's
+// answer, which the SDK reads as "already paused"); 404 when unknown; 400
+// for {memory: false} (a files-only snapshot, which the host cannot make).
+func (h *Host) handlePause(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var req pauseRequest
+	if err := readBody(r, &req); err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	if req.Memory != nil && !*req.Memory {
+		badRequest(w, "a files-only pause (memory false) is not supported by the local sandbox host")
+		return
+	}
+	sb, err := h.get(id)
+	if err != nil {
+		notFound(w, id)
+		return
+	}
+	switch err := h.pause(sb); {
+	case err == nil:
+		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, ErrNotFound):
+		notFound(w, id)
+	case errors.Is(err, errAlreadyPaused):
+		writeJSON(w, http.StatusConflict, e2bapi.Error{Code: http.StatusConflict, Message: fmt.Sprintf("sandbox %q is already paused", id)})
+	default:
+		writeJSON(w, http.StatusInternalServerError, e2bapi.Error{Code: http.StatusInternalServerError, Message: err.Error()})
+	}
 }

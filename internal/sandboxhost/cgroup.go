@@ -88,6 +88,11 @@ type cgroups struct {
 	// parents maps a controller to the directory sandbox cgroups are made
 	// in (v2: the same directory for every controller).
 	parents map[string]string
+	// freezer is, with v1 controllers, the directory in the cgroup v2
+	// hierarchy (mounted alongside, without controllers) where each
+	// sandbox also gets a cgroup, for its cgroup.freeze; "" when there is
+	// none the host may write. With v2 the sandbox's one cgroup has it.
+	freezer string
 }
 
 // errNoCgroups: no writable hierarchy holds the pids, memory and cpu
@@ -127,7 +132,23 @@ func probeCgroups() (*cgroups, error) {
 		}
 		c.parents[ctrl] = dir
 	}
+	if m, ok := mounts[""]; ok {
+		c.freezer = probeFreezer(filepath.Join(m, own[""], name))
+	}
 	return c, nil
+}
+
+// probeFreezer makes dir in a cgroup v2 hierarchy and returns it when its
+// cgroups can be frozen (cgroup.freeze, Linux 5.2 on); "" otherwise.
+func probeFreezer(dir string) string {
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return ""
+	}
+	if _, err := os.Stat(filepath.Join(dir, freezeFile)); err != nil {
+		_ = os.Remove(dir)
+		return ""
+	}
+	return dir
 }
 
 // probeV2 makes dir/name with the three controllers enabled for its
@@ -226,6 +247,9 @@ func ownCgroups() (map[string]string, error) {
 // sandboxCgroup is one sandbox's cgroup (one directory per hierarchy).
 type sandboxCgroup struct {
 	dirs []string
+	// freezeDir is the directory among dirs with cgroup.freeze (cgroup
+	// v2); "" when the sandbox cannot be frozen through its cgroup.
+	freezeDir string
 }
 
 // create makes the cgroup of sandbox id with limits lim.
@@ -263,6 +287,18 @@ func (c *cgroups) create(id string, lim Limits) (*sandboxCgroup, error) {
 			return nil, fmt.Errorf("cgroup %s: %w", dir, err)
 		}
 		g.dirs = append(g.dirs, dir)
+	}
+	if c.freezer != "" {
+		// Best effort: without it the sandbox is paused with signals.
+		if dir := filepath.Join(c.freezer, id); os.Mkdir(dir, 0o755) == nil {
+			g.dirs = append(g.dirs, dir)
+		}
+	}
+	for _, dir := range g.dirs {
+		if _, err := os.Stat(filepath.Join(dir, freezeFile)); err == nil {
+			g.freezeDir = dir
+			break
+		}
 	}
 	// Write each file where it exists (v1: in its controller's hierarchy;
 	// memsw and swap files exist only with swap accounting).
@@ -329,5 +365,8 @@ func (c *cgroups) close() {
 			seen[d] = true
 			_ = os.Remove(d)
 		}
+	}
+	if c.freezer != "" {
+		_ = os.Remove(c.freezer)
 	}
 }

@@ -35,8 +35,9 @@ func sandboxFrom(ctx context.Context) *sandbox {
 // filesystem.Filesystem/{Stat,MakeDir,ListDir,Move,Remove}.
 //
 // An unknown or dead sandbox id gets 502 (the SDK's isRunning relies on
-// it); every route but /health needs X-Access-Token equal to the sandbox's
-// token (401 otherwise).
+// it); a paused one gets 409 with E2B's "sandbox paused" body on every
+// route (pausedReply); every route but /health needs X-Access-Token equal
+// to the sandbox's token (401 otherwise).
 func (h *Host) EnvdHandler() http.Handler {
 	opts := []connect.HandlerOption{connect.WithCodec(envd.Codec{}), connect.WithReadMaxBytes(maxRPCBytes)}
 	mux := http.NewServeMux()
@@ -62,6 +63,10 @@ func (h *Host) EnvdHandler() http.Handler {
 			envdError(w, isRPC, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running", id))
 			return
 		}
+		if sb.paused() {
+			writeJSON(w, http.StatusConflict, pausedReply{SandboxID: id, Message: "The sandbox is paused", Code: http.StatusConflict})
+			return
+		}
 		if r.URL.Path != "/health" {
 			tok := r.Header.Get(envd.HeaderAccessToken)
 			if subtle.ConstantTimeCompare([]byte(tok), []byte(sb.token)) != 1 {
@@ -71,6 +76,17 @@ func (h *Host) EnvdHandler() http.Handler {
 		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb)))
 	})
+}
+
+// pausedReply is what E2B's edge (its client proxy) answers, with status
+// 409, to any envd request for a paused sandbox it will not resume by
+// itself (auto-resume off, as for every sandbox of this host); browsers get
+// an HTML page instead. Connect clients map the status (409: unknown).
+type pausedReply struct {
+	SandboxID     string `json:"sandboxId"`
+	Message       string `json:"message"`
+	Code          int    `json:"code"`
+	CanAutoResume bool   `json:"canAutoResume"`
 }
 
 // envdError writes an error outside the Connect handlers: plain text for
@@ -149,6 +165,8 @@ func startError(err error) error {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return connect.NewError(connect.CodeUnavailable, err)
+	case errors.Is(err, errPaused):
+		return connect.NewError(connect.CodeFailedPrecondition, err)
 	case errors.Is(err, ErrOutsideSandbox), errors.Is(err, errInvalidEnv), errors.As(err, &execErr),
 		errors.Is(err, fs.ErrNotExist), errors.Is(err, errEmptyCommand), errors.Is(err, errNotDir):
 		return connect.NewError(connect.CodeInvalidArgument, err)

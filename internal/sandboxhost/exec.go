@@ -303,6 +303,11 @@ func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
 		closeAll(outR, outW, errR, errW)
 		return nil, ErrNotFound
 	}
+	if sb.state != stateRunning {
+		sb.mu.Unlock()
+		closeAll(outR, outW, errR, errW)
+		return nil, errPaused
+	}
 	if err := cmd.Start(); err != nil {
 		sb.mu.Unlock()
 		closeAll(outR, outW, errR, errW)

@@ -42,7 +42,8 @@
 // streamed in chunks of at most 32 KiB with at most 1 MiB queued per
 // process (a slow client slows the process). A sandbox dies (processes
 // SIGKILLed, directory removed, state gone) when its timeout passes or on
-// DELETE; pause is not supported. PTY and stdin are not supported.
+// DELETE. A sandbox can be paused and resumed as on E2B (pause.go). PTY and
+// stdin are not supported.
 package sandboxhost
 
 import (
@@ -139,12 +140,15 @@ type Host struct {
 	envdVer  string
 	clientID string
 
-	mu        sync.Mutex
-	closed    bool
-	sandboxes map[string]*sandbox
-	uids      map[int]bool // sandbox uids in use (root host)
-	nextUID   int
-	wg        sync.WaitGroup // sandbox teardowns in flight
+	mu     sync.Mutex
+	closed bool
+	// signalPause pauses with signals even where the cgroup freezer
+	// works (tests of the fallback).
+	signalPause bool
+	sandboxes   map[string]*sandbox
+	uids        map[int]bool // sandbox uids in use (root host)
+	nextUID     int
+	wg          sync.WaitGroup // sandbox teardowns in flight
 }
 
 // sandbox is one live sandbox. Fields above mu are immutable.
@@ -168,12 +172,19 @@ type sandbox struct {
 	ctx    context.Context // cancelled when the sandbox dies
 	cancel context.CancelFunc
 
+	// transition is held through a pause, a resume and the teardown, which
+	// freeze or thaw processes outside mu.
+	transition sync.Mutex
+
 	mu    sync.Mutex
-	endAt time.Time
+	endAt time.Time // while paused: when it was paused
 	timer *time.Timer
 	dead  bool
 	procs map[int]*process // by host pid
 	gen   uint64           // bumped on every deadline change
+	state runState
+	// remaining is the time to its deadline the sandbox had when paused.
+	remaining time.Duration
 }
 
 // New validates opts, prepares RootDir and probes bubblewrap.
@@ -457,28 +468,27 @@ func (h *Host) list() []*sandbox {
 }
 
 // setDeadline makes sb die d from now. With extendOnly, an earlier
-// deadline than the current one is ignored (E2B connect semantics).
-func (h *Host) setDeadline(sb *sandbox, d time.Duration, extendOnly bool) {
-	h.setDeadlineFrom(sb, h.now().UTC(), d, extendOnly)
+// deadline than the current one is ignored (E2B connect semantics). It
+// reports false, changing nothing, when sb is dead or paused (a paused
+// sandbox's clock is stopped: E2B answers 404 to set its timeout).
+func (h *Host) setDeadline(sb *sandbox, d time.Duration, extendOnly bool) bool {
+	return h.setDeadlineFrom(sb, h.now().UTC(), d, extendOnly)
 }
 
 // setDeadlineFrom is setDeadline with an explicit "now".
-func (h *Host) setDeadlineFrom(sb *sandbox, now time.Time, d time.Duration, extendOnly bool) {
+func (h *Host) setDeadlineFrom(sb *sandbox, now time.Time, d time.Duration, extendOnly bool) bool {
 	end := now.Add(d)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.dead {
-		return
+	if sb.dead || sb.state != stateRunning {
+		return false
 	}
 	if extendOnly && !sb.endAt.IsZero() && !end.After(sb.endAt) {
-		return
+		return true
 	}
 	sb.endAt = end
-	sb.gen++
+	sb.disarm()
 	gen := sb.gen
-	if sb.timer != nil {
-		sb.timer.Stop()
-	}
 	sb.timer = time.AfterFunc(d, func() {
 		sb.mu.Lock()
 		stale := sb.gen != gen
@@ -489,6 +499,7 @@ func (h *Host) setDeadlineFrom(sb *sandbox, now time.Time, d time.Duration, exte
 		h.log.Info("sandbox timeout reached", "sandbox_id", sb.id)
 		_ = h.kill(sb.id)
 	})
+	return true
 }
 
 // deadline returns the current end time.
@@ -519,14 +530,16 @@ func (h *Host) kill(id string) error {
 	return nil
 }
 
-// teardown kills all of sb's processes and removes its directory.
+// teardown kills all of sb's processes and removes its directory. A
+// paused sandbox's processes are thawed once killed, so that they die
+// (a frozen process acts on SIGKILL only when thawed) and none runs again.
 func (h *Host) teardown(sb *sandbox) {
+	sb.transition.Lock()
+	defer sb.transition.Unlock()
 	sb.mu.Lock()
 	sb.dead = true
-	sb.gen++
-	if sb.timer != nil {
-		sb.timer.Stop()
-	}
+	sb.disarm()
+	frozen := sb.state != stateRunning
 	procs := make([]*process, 0, len(sb.procs))
 	for _, p := range sb.procs {
 		procs = append(procs, p)
@@ -535,6 +548,11 @@ func (h *Host) teardown(sb *sandbox) {
 	sb.cancel()
 	for _, p := range procs {
 		p.signal(syscall.SIGKILL)
+	}
+	if frozen {
+		if err := h.thaw(sb); err != nil {
+			h.log.Error("thaw of a killed paused sandbox", "sandbox_id", sb.id, "error", err.Error())
+		}
 	}
 	for _, p := range procs {
 		select {

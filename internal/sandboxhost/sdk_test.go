@@ -13,7 +13,8 @@ import (
 // official E2B JS SDK (npm e2b, pinned in test/e2b-sdk/package.json)
 // drives this host through test/e2b-sdk/sdk-check.mjs: create with
 // metadata, run commands (stdout, exit codes), write/read/list files, list
-// by metadata, set a timeout, kill, and a real timeout expiry.
+// by metadata, pause (a background command and files survive, and connect
+// resumes it), set a timeout, kill, and a real timeout expiry.
 func TestOfficialE2BSDK(t *testing.T) {
 	dir, err := filepath.Abs(filepath.Join("..", "..", "test", "e2b-sdk"))
 	if err != nil {

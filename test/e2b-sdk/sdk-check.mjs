@@ -23,6 +23,14 @@ function check(cond, why) {
 function eq(got, want, what) {
   check(got === want, `${what}: got ${JSON.stringify(got)}, want ${JSON.stringify(want)}`)
 }
+// waitFor polls cond every 50 ms for up to 15 s.
+async function waitFor(cond, what) {
+  const deadline = Date.now() + 15_000
+  while (!(await cond())) {
+    check(Date.now() < deadline, `timed out waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 50))
+  }
+}
 
 let sandbox
 try {
@@ -117,6 +125,35 @@ try {
   eq(listed[0].metadata.purpose, 'sdk-check', 'listed metadata')
   const other = Sandbox.list({ query: { metadata: { run: 'no-such-run' } } })
   eq((await other.nextItems()).length, 0, 'sandboxes listed for another run')
+
+  step = 'pause'
+  const counter = async (sbx) => Number((await sbx.files.read('counter')).trim())
+  const bg = await sandbox.commands.run(
+    'i=0; while :; do i=$((i+1)); echo $i > counter.tmp && mv counter.tmp counter; sleep 0.05; done',
+    { background: true, timeoutMs: 0 },
+  )
+  await waitFor(async () => (await sandbox.files.exists('counter')) && (await counter(sandbox)) > 0, 'the background counter to count')
+  eq(await sandbox.pause(), true, 'pause result')
+  eq(await sandbox.pause(), false, 'second pause result (already paused)')
+  eq((await Sandbox.getInfo(sandbox.sandboxId)).state, 'paused', 'state after pause')
+  const pausedList = Sandbox.list({ query: { metadata: { run: runId }, state: ['paused'] } })
+  eq((await pausedList.nextItems()).length, 1, 'paused sandboxes listed for this run')
+  let refused
+  try {
+    await sandbox.files.read('notes/hello.txt')
+  } catch (err) {
+    refused = err
+  }
+  check(refused !== undefined, 'reading a file of a paused sandbox must fail')
+
+  step = 'connect resumes'
+  const resumed = await Sandbox.connect(sandbox.sandboxId, { timeoutMs: 120_000 })
+  eq((await Sandbox.getInfo(sandbox.sandboxId)).state, 'running', 'state after connect')
+  eq(await resumed.files.read('notes/hello.txt'), content, 'file content after the resume')
+  const counted = await counter(resumed)
+  await waitFor(async () => (await counter(resumed)) > counted, 'the background counter to count on after the resume')
+  check((await resumed.commands.list()).some((p) => p.pid === bg.pid), `background process ${bg.pid} listed after the resume`)
+  eq(await bg.kill(), true, 'kill of the background process')
 
   step = 'set timeout'
   const before = Date.now()
