@@ -98,6 +98,7 @@ var knownSandboxVars = map[string]bool{
 	EnvReplicas: true, EnvOverflowPolicy: true, EnvAcquireTimeoutSeconds: true,
 	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true,
 	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
+	EnvPoolSize: true, EnvPoolMaxAgeSeconds: true,
 }
 
 // E2B configures the E2B provider client.
@@ -178,6 +179,8 @@ type Config struct {
 	Sync Sync
 	// Reconcile bounds the reconcile passes (RECONCILE_*).
 	Reconcile core.ReconcileSettings
+	// Pool is the pre-warmed pool (SANDBOX_POOL_*).
+	Pool Pool
 	// TokenSeal says how sandbox access tokens are sealed at rest.
 	TokenSeal TokenSeal
 	// AdminTenants may call the /v1/admin routes (BROKER_ADMIN_TENANTS).
@@ -306,6 +309,7 @@ func Parse(environ []string) (Config, []string, error) {
 		p.fail(EnvSandboxProvider, "must be one of %s, got %q", strings.Join(ProviderNames, ", "), c.Provider)
 	}
 	c.Reconcile = p.reconcile()
+	c.Pool = p.pool()
 	c.AdminTenants = p.tenantList(EnvAdminTenants)
 	c.TenantClaim = p.str(EnvTenantClaim, DefaultTenantClaim)
 	if !claimPattern.MatchString(c.TenantClaim) {

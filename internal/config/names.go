@@ -17,6 +17,8 @@ func VariableNames() []string {
 		EnvIdleTimeoutSeconds,
 		EnvActiveTimeoutSeconds,
 		EnvTemplate,
+		EnvPoolSize,
+		EnvPoolMaxAgeSeconds,
 		EnvDeploymentID, EnvMaxPerUser, EnvMaxPerTenant, EnvMaxWaitersPerTenant, EnvAdminTenants, EnvTenantClaim,
 		EnvE2BAPIURL,
 		EnvE2BSandboxURL,

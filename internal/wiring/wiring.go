@@ -134,7 +134,8 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 		return nil, err
 	}
 	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment, ddbstore.WithSealer(sealer))
-	eng, err := core.New(cfg.Settings, store, prov, syncer, core.WithLogger(logger), core.WithReconcileSettings(cfg.Reconcile))
+	eng, err := core.New(cfg.Settings, store, prov, syncer, core.WithLogger(logger), core.WithReconcileSettings(cfg.Reconcile),
+		core.WithPool(cfg.Pool.PoolSettings))
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}

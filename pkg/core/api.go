@@ -51,6 +51,11 @@ type ReconcileStats struct {
 	TombstonesRetried int `json:"tombstones_retried"`
 	// ReservationsSettled: crashed creates adopted, killed or freed.
 	ReservationsSettled int `json:"reservations_settled"`
+	// PoolCreated: pool members created by the pass's refill.
+	PoolCreated int `json:"pool_created"`
+	// PoolRecycled: pool members destroyed for their age, an excess of the
+	// pool's size, or draining.
+	PoolRecycled int `json:"pool_recycled"`
 	// LedgerRepaired is the correction applied to the ledger's used count.
 	LedgerRepaired int `json:"ledger_repaired"`
 	// Pages: provider inventory pages read.

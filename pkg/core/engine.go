@@ -53,6 +53,7 @@ type Engine struct {
 	rc    *reconcileConfig
 	// events receives the lifecycle events (nil: none are published).
 	events EventSink
+	pc     *poolConfig
 }
 
 var _ Broker = (*Engine)(nil)
@@ -89,6 +90,9 @@ func New(s Settings, store Store, prov Provider, syncer OutputSyncer, opts ...Op
 		o(e)
 	}
 	e.reconcileConfig()
+	if err := e.poolConfig().settings.Validate(); err != nil {
+		return nil, fmt.Errorf("pool settings: %w", err)
+	}
 	return e, nil
 }
 
@@ -282,6 +286,8 @@ type acquireState struct {
 	// ownTenant: the tenant holds its fair share or more (atFairShare), so
 	// eviction takes only its own tenant's warm sandboxes.
 	ownTenant bool
+	// poolTries counts the pool members this acquire claimed.
+	poolTries int
 }
 
 // acquireOnce makes one attempt. retry reports whether waiting and trying
@@ -319,6 +325,8 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 			return e.reclaim(ctx, rec, owner)
 		case errors.Is(err, ErrLeaseHeld):
 			return res, true, fmt.Errorf("thread %s: %w", key, err)
+		case errors.Is(err, ErrConflict) && rec.State == StateClaiming:
+			return e.takeOverClaim(ctx, rec, owner)
 		case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
 			// The binding names a record that is gone or being destroyed:
 			// the thread needs a new sandbox.
@@ -331,6 +339,9 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 			return res, true, fmt.Errorf("thread %s: create in flight: %w", key, ErrLeaseHeld)
 		}
 		replaceRes = b.Reservation
+	}
+	if res, handled, retry, err := e.fromPool(ctx, key, owner, replaceID, replaceRes, st); handled {
+		return res, retry, err
 	}
 	st.ownTenant = e.atFairShare(key, look)
 	return e.create(ctx, key, owner, replaceID, replaceRes, st)
@@ -585,6 +596,9 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownT
 			}
 			return e.destroyClaimed(ctx, claimed, EventReasonKillRetried)
 		}
+	}
+	if e.evictPoolMember(ctx, owner) {
+		return true
 	}
 	limit := evictCandidates
 	if ownTenant {

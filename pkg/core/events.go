@@ -12,7 +12,8 @@ type EventKind string
 // Lifecycle event kinds.
 const (
 	// EventCreated: a new sandbox was created and handed to its thread
-	// (creating -> active).
+	// (creating -> active), or created for the pool (creating -> pooled,
+	// no thread).
 	EventCreated EventKind = "created"
 	// EventPoolClaimed: a pool member was claimed by a thread's first
 	// acquire instead of a create.
@@ -87,7 +88,7 @@ const (
 func EventReasons() []string {
 	return []string{EventReasonGone, EventReasonUnresponsive, EventReasonNotResumable, EventReasonDraining,
 		EventReasonCapacity, EventReasonIdleExpired, EventReasonDuplicate, EventReasonOrphan,
-		EventReasonKillRetried, EventReasonUntracked}
+		EventReasonKillRetried, EventReasonUntracked, EventReasonPoolRecycled}
 }
 
 // Event is one lifecycle transition of a sandbox record, as published

@@ -247,7 +247,7 @@ func WithReconcileStore(rs ReconcileStore) Option {
 }
 
 // liveStates are the record states of a sandbox that may be in use.
-var liveStates = []State{StateActive, StateReleasing, StateWarm, StateReclaiming}
+var liveStates = []State{StateActive, StateReleasing, StateWarm, StateReclaiming, StatePooled, StateClaiming}
 
 func isLive(s State) bool {
 	for _, l := range liveStates {
@@ -313,6 +313,9 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 		errs = append(errs, err)
 	}
 	if err := p.expireWarm(ctx, draining); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.pool(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
 	if p.rst != nil {
@@ -706,6 +709,10 @@ func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) (bool, erro
 		}
 		p.st.Discovered++
 		p.seen = append(p.seen, SeenSandbox{ID: in.ID, Reservation: in.Metadata[MetaReservation]})
+		if in.Metadata[MetaPool] == MetaPoolMember {
+			p.poolSandbox(ctx, in, look)
+			continue
+		}
 		k, ok := validKey(in.Metadata)
 		if !ok || !p.tenantKnown(k.Tenant) {
 			p.orphan(ctx, in, look)
@@ -851,6 +858,32 @@ func (p *pass) graceOver(ctx context.Context, id string, d time.Duration, since 
 	return !now.Before(first.Add(d)), nil
 }
 
+// graceWaited is graceOver for a decision to kill: false, counted
+// Deferred (or as a failure when the sighting could not be recorded),
+// until d has passed.
+func (p *pass) graceWaited(ctx context.Context, id string, d time.Duration, since time.Time) bool {
+	over, err := p.graceOver(ctx, id, d, since)
+	if err != nil {
+		p.fail(ctx, "record first sighting", id, err)
+		return false
+	}
+	if !over {
+		p.st.Deferred++
+	}
+	return over
+}
+
+// killClaimed destroys a sandbox the pass holds the destroy claim on, for
+// reason (one of EventReasons), counting it Killed, or in Errors when the
+// kill is not confirmed.
+func (p *pass) killClaimed(ctx context.Context, claimed Record, reason string) {
+	if p.e.destroyClaimed(ctx, claimed, reason) {
+		p.st.Killed++
+	} else {
+		p.st.Errors++
+	}
+}
+
 // listed is one sandbox of the provider's inventory with what the store
 // knows of it.
 type listed struct {
@@ -872,16 +905,11 @@ func (p *pass) killDuplicate(ctx context.Context, l listed, key ThreadKey, canon
 		p.st.Deferred++
 		return
 	}
-	over, err := p.graceOver(ctx, in.ID, p.rs.Grace, time.Time{})
-	if err != nil {
-		p.fail(ctx, "record first sighting", in.ID, err)
-		return
-	}
-	if !over {
-		p.st.Deferred++
+	if !p.graceWaited(ctx, in.ID, p.rs.Grace, time.Time{}) {
 		return
 	}
 	var claimed Record
+	var err error
 	if tracked {
 		claimed, err = p.rst.ClaimDuplicate(ctx, Claim{SandboxID: in.ID, Tenant: rec.Tenant, From: liveStates, To: StateDestroying,
 			Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)}, key, canonical)
@@ -901,11 +929,7 @@ func (p *pass) killDuplicate(ctx context.Context, l listed, key ThreadKey, canon
 		return
 	}
 	e.log.InfoContext(ctx, "reconcile: killing duplicate", "sandbox_id", in.ID, "thread", key.String(), "canonical", canonical)
-	if e.destroyClaimed(ctx, claimed, EventReasonDuplicate) {
-		p.st.Killed++
-	} else {
-		p.st.Errors++
-	}
+	p.killClaimed(ctx, claimed, EventReasonDuplicate)
 }
 
 // orphan handles a sandbox tagged for this deployment without a valid
@@ -916,13 +940,7 @@ func (p *pass) orphan(ctx context.Context, in SandboxInfo, look ReconcileLookup)
 	if rec, ok := look.Records[in.ID]; ok && rec.State != StateGone {
 		return // tracked (a tombstone being retried)
 	}
-	over, err := p.graceOver(ctx, in.ID, p.rs.OrphanTTL, startedAt(in))
-	if err != nil {
-		p.fail(ctx, "record first sighting", in.ID, err)
-		return
-	}
-	if !over {
-		p.st.Deferred++
+	if !p.graceWaited(ctx, in.ID, p.rs.OrphanTTL, startedAt(in)) {
 		return
 	}
 	key := ThreadKey{Tenant: in.Metadata[MetaTenant], User: in.Metadata[MetaUser], Thread: in.Metadata[MetaThread]}
@@ -939,11 +957,7 @@ func (p *pass) orphan(ctx context.Context, in SandboxInfo, look ReconcileLookup)
 		return
 	}
 	e.log.InfoContext(ctx, "reconcile: killing orphan", "sandbox_id", in.ID)
-	if e.destroyClaimed(ctx, claimed, EventReasonOrphan) {
-		p.st.Killed++
-	} else {
-		p.st.Errors++
-	}
+	p.killClaimed(ctx, claimed, EventReasonOrphan)
 }
 
 // completeChecks runs once a cycle's inventory is complete: records whose

@@ -88,7 +88,7 @@ const (
 // Sources lists every acquire source the broker produces. (A sandbox the
 // store lost track of is found by reconcile, which adopts it warm: the
 // thread's next acquire reclaims it.)
-func Sources() []Source { return []Source{SourceReused, SourceReclaimed, SourceCreated} }
+func Sources() []Source { return []Source{SourceReused, SourceReclaimed, SourcePool, SourceCreated} }
 
 // Record is the broker's durable view of one sandbox. Times are UTC.
 type Record struct {

@@ -39,9 +39,12 @@ type item struct {
 	ExpiresAt    int64  `dynamodbav:"expires_at,omitempty"`
 	KillAttempts int    `dynamodbav:"kill_attempts,omitempty"`
 	DestroyingAt int64  `dynamodbav:"destroying_since,omitempty"`
-	GSI1PK       string `dynamodbav:"gsi1pk,omitempty"`
-	GSI1SK       string `dynamodbav:"gsi1sk,omitempty"`
-	TTL          int64  `dynamodbav:"ttl,omitempty"`
+	// PoolPlace: a thread-less record holding one of the pool's places
+	// (see pool.go).
+	PoolPlace bool   `dynamodbav:"pool_place,omitempty"`
+	GSI1PK    string `dynamodbav:"gsi1pk,omitempty"`
+	GSI1SK    string `dynamodbav:"gsi1sk,omitempty"`
+	TTL       int64  `dynamodbav:"ttl,omitempty"`
 }
 
 // bindingItem is the stored thread binding.

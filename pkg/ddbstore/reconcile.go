@@ -510,7 +510,7 @@ func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Re
 // StateReclaiming is no longer written by this version (reclaim is one
 // write to active), but a record left in it still holds its slot.
 var slotStates = []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
-	core.StateReclaiming, core.StateDestroying}
+	core.StateReclaiming, core.StateDestroying, core.StatePooled, core.StateClaiming}
 
 // CountSlots reads the ledger (strongly consistent) and then counts the
 // items of every slot-holding state in gsi1 (COUNT queries; the index is

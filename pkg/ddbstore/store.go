@@ -154,6 +154,28 @@ func (s *Store) SetDraining(ctx context.Context, draining bool) error {
 	return nil
 }
 
+// slotFree is the ledger's condition for taking a slot: fewer than limit
+// used, and not draining.
+func slotFree(limit int) expression.ConditionBuilder {
+	return expression.Or(
+		expression.AttributeNotExists(expression.Name("used")),
+		expression.Name("used").LessThan(expression.Value(limit))).And(notDraining())
+}
+
+// replaceCondition is the condition on a thread's binding for a
+// reservation or a pool claim: it still names replaceID, or
+// replaceReservation, or (both empty) there is none.
+func replaceCondition(replaceID, replaceReservation string) expression.ConditionBuilder {
+	switch {
+	case replaceID != "":
+		return expression.Name("sandbox_id").Equal(expression.Value(replaceID))
+	case replaceReservation != "":
+		return expression.Name("reservation").Equal(expression.Value(replaceReservation))
+	default:
+		return expression.AttributeNotExists(expression.Name(AttrPK))
+	}
+}
+
 // notDraining is the condition that the ledger does not say draining.
 func notDraining() expression.ConditionBuilder {
 	return expression.Or(expression.AttributeNotExists(expression.Name("draining")),
@@ -364,9 +386,7 @@ func (s *Store) applyUnlessDraining(ctx context.Context, u core.Update, cond exp
 // Reserve takes a slot and binds the thread to the reservation, atomically.
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	capExpr, err := expression.NewBuilder().
-		WithCondition(expression.Or(
-			expression.AttributeNotExists(expression.Name("used")),
-			expression.Name("used").LessThan(expression.Value(r.Limit))).And(notDraining())).
+		WithCondition(slotFree(r.Limit)).
 		WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)).
 			Add(expression.Name("revision"), expression.Value(1)).
 			Add(expression.Name("tenants"), expression.Value(tenantSet(r.Tenant)))).
@@ -388,16 +408,7 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
-	var bindCond expression.ConditionBuilder
-	switch {
-	case r.ReplaceSandboxID != "":
-		bindCond = expression.Name("sandbox_id").Equal(expression.Value(r.ReplaceSandboxID))
-	case r.ReplaceReservation != "":
-		bindCond = expression.Name("reservation").Equal(expression.Value(r.ReplaceReservation))
-	default:
-		bindCond = expression.AttributeNotExists(expression.Name(AttrPK))
-	}
-	bindExpr, err := expression.NewBuilder().WithCondition(bindCond).Build()
+	bindExpr, err := expression.NewBuilder().WithCondition(replaceCondition(r.ReplaceSandboxID, r.ReplaceReservation)).Build()
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
@@ -490,6 +501,9 @@ func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (co
 // FreeReservation drops a reservation and its slot, then (best effort)
 // the binding if it still names the reservation.
 func (s *Store) FreeReservation(ctx context.Context, token string, key core.ThreadKey) error {
+	if key == (core.ThreadKey{}) {
+		return s.freePoolReservation(ctx, token)
+	}
 	exists := "attribute_exists(pk)"
 	failed, err := s.writeTxn(ctx, "free reservation", []types.TransactWriteItem{
 		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
@@ -566,24 +580,18 @@ func tenantSet(tenant string) *types.AttributeValueMemberSS {
 // and fenced by rec.Fence.
 func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error {
 	id, fence := rec.SandboxID, rec.Fence
-	recExpr, err := expression.NewBuilder().
-		WithCondition(expression.Name("fence").Equal(expression.Value(fence)).
-			And(expression.Name("state").NotEqual(expression.Value(string(core.StateGone))))).
-		WithUpdate(expression.Set(expression.Name("state"), expression.Value(string(core.StateGone))).
-			Set(expression.Name("updated_at"), expression.Value(ms(now))).
-			Set(expression.Name(AttrTTL), expression.Value(now.Add(goneTTL).Unix())).
-			Add(expression.Name("fence"), expression.Value(1)).
-			Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
-			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
-			Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed"))).
-		Build()
+	if rec.Tenant == "" {
+		// A pool member's record (or an adopted orphan naming no tenant).
+		if err := s.freePoolRecord(ctx, rec, now); !errors.Is(err, errNotPoolRecord) {
+			return err
+		}
+	}
+	recUpdate, err := s.goneUpdate(rec, now, false)
 	if err != nil {
 		return fmt.Errorf("free: %w", err)
 	}
 	failed, err := s.writeTxn(ctx, "free", []types.TransactWriteItem{
-		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(id)),
-			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
-			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}},
+		recUpdate,
 		s.capRelease(),
 		s.counterRelease(userPK(s.deployment, rec.ThreadKey)),
 		s.counterRelease(tenantPK(s.deployment, rec.Tenant)),
@@ -592,6 +600,37 @@ func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error 
 		return fmt.Errorf("free sandbox %s fence %d: %w", id, fence, core.ErrStaleFence)
 	}
 	return err
+}
+
+// goneUpdate is the transaction item marking rec gone, fenced by rec.Fence
+// (and, when pool, only if the record holds a pool place; the old item is
+// then returned on a failed condition).
+func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.TransactWriteItem, error) {
+	cond := expression.Name("fence").Equal(expression.Value(rec.Fence)).
+		And(expression.Name("state").NotEqual(expression.Value(string(core.StateGone))))
+	if pool {
+		cond = cond.And(expression.AttributeExists(expression.Name(attrPoolPlace)))
+	}
+	recExpr, err := expression.NewBuilder().WithCondition(cond).
+		WithUpdate(expression.Set(expression.Name("state"), expression.Value(string(core.StateGone))).
+			Set(expression.Name("updated_at"), expression.Value(ms(now))).
+			Set(expression.Name(AttrTTL), expression.Value(now.Add(goneTTL).Unix())).
+			Add(expression.Name("fence"), expression.Value(1)).
+			Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
+			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
+			Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
+			Remove(expression.Name(attrPoolPlace))).
+		Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	u := &types.Update{TableName: &s.table, Key: s.key(sandboxPK(rec.SandboxID)),
+		ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
+		ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}
+	if pool {
+		u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+	}
+	return types.TransactWriteItem{Update: u}, nil
 }
 
 // readLedger reads the capacity ledger (strongly consistent; zero if absent).

@@ -1,0 +1,36 @@
+package config
+
+import (
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// The pre-warmed pool (core.PoolSettings).
+const (
+	// EnvPoolSize is how many pool members are kept (default 0: no pool).
+	EnvPoolSize = "SANDBOX_POOL_SIZE"
+	// EnvPoolMaxAgeSeconds is the age at which a member is recycled
+	// (default 3600).
+	EnvPoolMaxAgeSeconds = "SANDBOX_POOL_MAX_AGE_SECONDS"
+)
+
+// maxPoolAge bounds EnvPoolMaxAgeSeconds.
+const maxPoolAge = 24 * time.Hour
+
+// Pool configures the pre-warmed pool.
+type Pool struct {
+	core.PoolSettings
+}
+
+// pool reads the pool variables: a size of 0 or more, a positive age.
+func (p *parser) pool() Pool {
+	ps := core.DefaultPoolSettings()
+	ps.Size = p.intVar(EnvPoolSize, ps.Size, 0)
+	ps.MaxAge = p.seconds(EnvPoolMaxAgeSeconds, ps.MaxAge)
+	if ps.MaxAge > maxPoolAge {
+		p.fail(EnvPoolMaxAgeSeconds, "must be at most %d: it is the members' provider timeout, and E2B runs a sandbox 24 hours at most", int(maxPoolAge/time.Second))
+		ps.MaxAge = maxPoolAge
+	}
+	return Pool{PoolSettings: ps}
+}

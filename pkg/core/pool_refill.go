@@ -1,0 +1,225 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// PoolStats summarise a refill, or the pool step of a reconcile pass.
+type PoolStats struct {
+	// Created: members created, bootstrapped and pooled.
+	Created int `json:"created"`
+	// Failed: creates or bootstraps that failed (their slots freed, or
+	// kept for reconcile when the outcome is unknown).
+	Failed int `json:"failed"`
+	// Recycled: members destroyed for their age, an excess or draining.
+	Recycled int `json:"recycled"`
+}
+
+// refillParallel bounds the creates one refill runs at once.
+const refillParallel = 4
+
+// poolLead is how long before MaxAge (the members' provider timeout) a
+// member stops being handed out and reconcile recycles it: a quarter of
+// MaxAge, at most two minutes (two passes of the one-minute schedule).
+func (p PoolSettings) poolLead() time.Duration { return min(2*time.Minute, p.MaxAge/4) }
+
+// RefillPool creates pool members until the pool's places are all taken
+// (members, refills in flight, members being destroyed), the deployment
+// has no free slot, or ctx ends. It never evicts anything. Concurrent
+// refills never overshoot the pool: each create first takes a pool place
+// and a slot in one conditional write. A refill that dies midway leaves a
+// reservation (freed by reconcile) or a sandbox marked as a pool member in
+// its metadata (killed by reconcile): nothing leaks.
+//
+// Errors: a store or provider failure (the stats say what was done).
+func (e *Engine) RefillPool(ctx context.Context) (PoolStats, error) {
+	ctx, cancel := e.begin(ctx)
+	defer cancel()
+	return e.refill(ctx)
+}
+
+func (e *Engine) refill(ctx context.Context) (PoolStats, error) {
+	ps := e.poolStore()
+	if ps == nil {
+		return PoolStats{}, nil
+	}
+	var (
+		mu   sync.Mutex
+		st   PoolStats
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for range min(refillParallel, e.poolConfig().settings.Size) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				created, err := e.refillOne(ctx, ps)
+				mu.Lock()
+				if created {
+					st.Created++
+				}
+				if err != nil {
+					st.Failed++
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+				if !created {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if st.Created > 0 || st.Failed > 0 {
+		e.log.InfoContext(ctx, "pool refill", "created", st.Created, "failed", st.Failed)
+	}
+	return st, errors.Join(errs...)
+}
+
+// refillOne reserves a pool place and a slot, creates and bootstraps a
+// member and pools it. created false with a nil error: the pool or the
+// deployment is full.
+func (e *Engine) refillOne(ctx context.Context, ps PoolStore) (bool, error) {
+	ps2 := e.poolConfig().settings
+	now := e.now()
+	token := "res-" + newOwner()[4:]
+	err := ps.ReservePool(ctx, PoolReservation{Token: token, Limit: e.s.Limit(), Size: ps2.Size, Now: now,
+		ExpiresAt: e.leaseUntil(ctx)})
+	var ce *CapacityError
+	switch {
+	case errors.Is(err, ErrPoolFull), errors.As(err, &ce):
+		return false, nil
+	case err != nil:
+		// Maybe applied: reconcile frees a reservation no sandbox carries.
+		return false, fmt.Errorf("reserve pool place: %w", err)
+	}
+	ref, err := e.prov.Create(ctx, CreateSpec{
+		Template: e.s.Template,
+		Timeout:  ps2.MaxAge,
+		Metadata: map[string]string{
+			MetaDeployment: e.s.Deployment, MetaCreatedAt: now.UTC().Format(time.RFC3339),
+			MetaReservation: token, MetaPool: MetaPoolMember,
+		},
+	})
+	if err != nil {
+		if IsAmbiguous(err) {
+			return false, fmt.Errorf("create pool member (reservation kept): %w", err)
+		}
+		return false, errors.Join(fmt.Errorf("create pool member: %w", err), e.freeReservation(ctx, token, ThreadKey{}))
+	}
+	if err := e.bootstrap(ctx, ref, bootstrapTimeout); err != nil {
+		if kerr := e.kill(ctx, ref.ID); kerr != nil {
+			return false, fmt.Errorf("pool member %s: %w (cleanup kill uncertain, slot kept: %v)", ref.ID, err, kerr)
+		}
+		return false, errors.Join(fmt.Errorf("pool member %s: %w", ref.ID, err), e.freeReservation(ctx, token, ThreadKey{}))
+	}
+	now = e.now()
+	fctx, cancel := settle(ctx)
+	defer cancel()
+	rec, err := ps.FinalizePool(fctx, token, Record{SandboxID: ref.ID, State: StatePooled, Backend: e.prov.Name(),
+		Endpoint: ref.Endpoint, ReservationToken: token, CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ps2.MaxAge)})
+	if err != nil {
+		// The reservation was settled meanwhile (or the write was lost):
+		// reconcile recognises the member by its metadata and the table.
+		return false, fmt.Errorf("pool member %s: finalize: %w", ref.ID, err)
+	}
+	e.emit(ctx, rec, StateCreating, StatePooled, EventCreated, "")
+	return true, nil
+}
+
+// pool is reconcile's pool step: members past their age (less the lead),
+// beyond the pool's size, or all of them while draining or with no pool
+// configured, are destroyed; then the pool is refilled (not while
+// draining), within the pass's time.
+func (p *pass) pool(ctx context.Context, draining bool) error {
+	e := p.e
+	ps, ok := e.store.(PoolStore)
+	if !ok {
+		return nil
+	}
+	set := e.poolConfig().settings
+	members, err := ps.PoolMembers(ctx, reconcileBatch)
+	if err != nil {
+		return fmt.Errorf("list pool members: %w", err)
+	}
+	cutoff := p.start.Add(-(set.MaxAge - set.poolLead()))
+	excess := len(members) - set.Size
+	for i, m := range members {
+		if p.outOfTime() {
+			p.st.BudgetExhausted = true
+			return nil
+		}
+		if !draining && i >= excess && !m.CreatedAt.Before(cutoff) {
+			continue
+		}
+		reason := EventReasonPoolRecycled
+		if draining {
+			reason = EventReasonDraining
+		}
+		if e.destroyPoolMember(ctx, m, p.owner, reason) {
+			p.st.PoolRecycled++
+		}
+	}
+	if draining || set.Size <= 0 || p.outOfTime() {
+		return nil
+	}
+	rctx := ctx
+	if !p.stopAt.IsZero() {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithDeadline(ctx, p.stopAt)
+		defer cancel()
+	}
+	st, err := e.refill(rctx)
+	p.st.PoolCreated += st.Created
+	if err != nil {
+		return fmt.Errorf("refill pool: %w", err)
+	}
+	return nil
+}
+
+// poolSandbox handles a sandbox of the inventory created for the pool
+// (MetaPool). A tracked one, pooled or claimed (the table, not its
+// metadata, says which thread it serves), is neither an orphan nor a
+// duplicate. An untracked one is a refill that died between its create
+// and its finalize: once its reservation is settled or presumed crashed
+// and the grace period is over, it is recorded as a tombstone (consuming
+// the reservation's slot and pool place) and killed.
+func (p *pass) poolSandbox(ctx context.Context, in SandboxInfo, look ReconcileLookup) {
+	e := p.e
+	if _, tracked := look.Records[in.ID]; tracked {
+		return
+	}
+	ps, ok := e.store.(PoolStore)
+	if !ok {
+		return
+	}
+	token := in.Metadata[MetaReservation]
+	res, hasRes := look.Reservations[token]
+	if hasRes && !p.crashed(res, e.now()) {
+		p.st.Deferred++ // its refill is still in flight
+		return
+	}
+	if !p.graceWaited(ctx, in.ID, p.rs.Grace, time.Time{}) {
+		return
+	}
+	consumed := ""
+	if hasRes {
+		consumed = token
+	}
+	claimed, err := ps.AdoptPoolSandbox(ctx, p.adoptedRecord(in, ThreadKey{}, StateDestroying), consumed)
+	if err != nil {
+		p.st.Deferred++
+		p.skip(ctx, "adopt pool leftover", in.ID, err)
+		return
+	}
+	if hasRes {
+		p.st.ReservationsSettled++
+	}
+	e.log.InfoContext(ctx, "reconcile: killing an unfinished pool member", "sandbox_id", in.ID)
+	p.killClaimed(ctx, claimed, EventReasonOrphan)
+}

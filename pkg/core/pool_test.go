@@ -1,0 +1,372 @@
+package core_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
+)
+
+// newPoolHarness is newHarness with a pool of size members.
+func newPoolHarness(t *testing.T, size int, mutate func(*core.Settings), opts ...core.Option) *harness {
+	t.Helper()
+	return newHarness(t, mutate, append([]core.Option{core.WithPool(core.PoolSettings{Size: size, MaxAge: 10 * time.Minute})}, opts...)...)
+}
+
+// refill runs RefillPool and checks it created want members.
+func (h *harness) refill(t *testing.T, want int) {
+	t.Helper()
+	st, err := h.eng.RefillPool(context.Background())
+	if err != nil {
+		t.Fatalf("RefillPool: %v", err)
+	}
+	if st.Created != want {
+		t.Fatalf("RefillPool created %d members, want %d", st.Created, want)
+	}
+}
+
+// poolCount reads the pool's taken places.
+func (h *harness) poolCount(t *testing.T) int {
+	t.Helper()
+	n, err := h.store.PoolCount(context.Background())
+	if err != nil {
+		t.Fatalf("PoolCount: %v", err)
+	}
+	return n
+}
+
+// members lists the pooled records.
+func (h *harness) members(t *testing.T) []core.Record {
+	t.Helper()
+	m, err := h.store.PoolMembers(context.Background(), 100)
+	if err != nil {
+		t.Fatalf("PoolMembers: %v", err)
+	}
+	return m
+}
+
+func TestPoolSizeZeroKeepsNoPool(t *testing.T) {
+	h := newPoolHarness(t, 0, nil)
+	h.refill(t, 0)
+	h.acquire(t, key("t1"), core.SourceCreated)
+	if got := h.prov.Count("create"); got != 1 {
+		t.Errorf("creates = %d, want 1 (the thread's own)", got)
+	}
+	st, err := h.eng.Reconcile(context.Background())
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if st.PoolCreated != 0 || h.poolCount(t) != 0 || len(h.members(t)) != 0 {
+		t.Errorf("pool created %d, count %d, members %d; want no pool", st.PoolCreated, h.poolCount(t), len(h.members(t)))
+	}
+}
+
+func TestPoolRefillStopsAtSizeAndClaimMakesNoCreate(t *testing.T) {
+	h := newPoolHarness(t, 2, nil)
+	h.refill(t, 2)
+	h.refill(t, 0) // full: a second refill creates nothing
+	if st := h.capacity(t); st.Used != 2 {
+		t.Errorf("capacity used = %d, want 2 (pool members hold slots)", st.Used)
+	}
+	for _, m := range h.members(t) {
+		md := h.prov.Metadata(m.SandboxID)
+		if md[core.MetaPool] != core.MetaPoolMember || md[core.MetaDeployment] != "test" || md[core.MetaThread] != "" {
+			t.Errorf("member %s metadata = %v, want a thread-less pool member of the deployment", m.SandboxID, md)
+		}
+	}
+	creates := h.prov.Count("create")
+	rec := h.acquire(t, key("t1"), core.SourcePool)
+	if got := h.prov.Count("create"); got != creates {
+		t.Errorf("claim made %d provider creates, want 0", got-creates)
+	}
+	if rec.ThreadKey != key("t1") || rec.State != core.StateActive {
+		t.Errorf("claimed record = %+v, want active for t1", rec)
+	}
+	if got := h.prov.Timeout(rec.SandboxID); got != core.DefaultSettings().ActiveTimeout {
+		t.Errorf("claimed member's timeout = %s, want the active timeout", got)
+	}
+	if st := h.capacity(t); st.Used != 2 || st.Active != 1 {
+		t.Errorf("capacity = %+v, want used 2 active 1", st)
+	}
+	if n := h.poolCount(t); n != 1 {
+		t.Errorf("pool count = %d, want 1 after a claim", n)
+	}
+	again := h.acquire(t, key("t1"), core.SourceReused)
+	if again.SandboxID != rec.SandboxID {
+		t.Errorf("second acquire = %s, want the claimed %s", again.SandboxID, rec.SandboxID)
+	}
+	h.refill(t, 1)
+}
+
+func TestPoolClaimRestoresTheThreadsOutputs(t *testing.T) {
+	h, rs := newRestoreHarness(t, nil)
+	s := core.DefaultSettings()
+	s.Deployment = "test"
+	eng, err := core.New(s, h.store, h.prov, rs, core.WithClock(h.clock.now),
+		core.WithPool(core.PoolSettings{Size: 1, MaxAge: time.Hour}))
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	h.eng = eng
+	h.refill(t, 1)
+	if len(rs.restored) != 0 {
+		t.Fatalf("refill restored %v; a member belongs to no thread", rs.restored)
+	}
+	res, err := h.eng.Acquire(context.Background(), key("t1"))
+	if err != nil || res.Source != core.SourcePool {
+		t.Fatalf("Acquire = %s, %v; want pool", res.Source, err)
+	}
+	if want := []string{res.Record.SandboxID + " t1"}; !slices.Equal(rs.restored, want) {
+		t.Errorf("restored = %v, want %v", rs.restored, want)
+	}
+	if res.Restore == nil || res.Restore.Uploaded != 2 {
+		t.Errorf("restore result = %+v, want the restorer's", res.Restore)
+	}
+}
+
+// TestPoolMemberNeverHandedToTwoThreads starts many first acquires at once
+// on DynamoDB Local: each member is handed to one thread only, every
+// thread gets a sandbox of its own (the rest are created), and the counts
+// add up.
+func TestPoolMemberNeverHandedToTwoThreads(t *testing.T) {
+	const (
+		pool    = 6
+		threads = 24
+	)
+	h := newPoolHarness(t, pool, func(s *core.Settings) { s.Replicas = threads + pool })
+	h.refill(t, pool)
+	members := map[string]bool{}
+	for _, m := range h.members(t) {
+		members[m.SandboxID] = true
+	}
+	type got struct {
+		rec core.Record
+		src core.Source
+		err error
+	}
+	results := make([]got, threads)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range threads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			res, err := h.eng.Acquire(context.Background(), key(fmt.Sprintf("race-%d", i)))
+			results[i] = got{res.Record, res.Source, err}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	owner := map[string]int{}
+	fromPool := 0
+	for i, r := range results {
+		if r.err != nil {
+			t.Fatalf("thread %d: Acquire: %v", i, r.err)
+		}
+		if prev, dup := owner[r.rec.SandboxID]; dup {
+			t.Fatalf("sandbox %s handed to threads %d and %d", r.rec.SandboxID, prev, i)
+		}
+		owner[r.rec.SandboxID] = i
+		switch r.src {
+		case core.SourcePool:
+			fromPool++
+			if !members[r.rec.SandboxID] {
+				t.Errorf("thread %d: source pool but %s was no member", i, r.rec.SandboxID)
+			}
+		case core.SourceCreated:
+			if members[r.rec.SandboxID] {
+				t.Errorf("thread %d: source created but %s is a member", i, r.rec.SandboxID)
+			}
+		default:
+			t.Errorf("thread %d: source %s, want pool or created", i, r.src)
+		}
+	}
+	if fromPool != pool {
+		t.Errorf("claims = %d, want %d (every member once)", fromPool, pool)
+	}
+	if n := h.poolCount(t); n != 0 {
+		t.Errorf("pool count = %d, want 0", n)
+	}
+	if st := h.capacity(t); st.Used != threads || st.Active != threads {
+		t.Errorf("capacity = %+v, want used and active %d", st, threads)
+	}
+}
+
+func TestPoolDeadMemberIsDiscardedAndNextTried(t *testing.T) {
+	tests := []struct {
+		name string
+		dead int
+		want []core.Source // sources of two first acquires, in any order
+	}{
+		{"one dead: the live member, then a create", 1, []core.Source{core.SourceCreated, core.SourcePool}},
+		{"all dead: creates", 2, []core.Source{core.SourceCreated, core.SourceCreated}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newPoolHarness(t, 2, nil)
+			h.refill(t, 2)
+			members := h.members(t)
+			for _, m := range members[:tc.dead] {
+				h.prov.Drop(m.SandboxID)
+			}
+			var got []core.Source
+			for _, th := range []string{"t1", "t2"} {
+				res, err := h.eng.Acquire(context.Background(), key(th))
+				if err != nil {
+					t.Fatalf("Acquire(%s): %v", th, err)
+				}
+				got = append(got, res.Source)
+				for _, m := range members[:tc.dead] {
+					if res.Record.SandboxID == m.SandboxID {
+						t.Errorf("handed out the dead member %s", m.SandboxID)
+					}
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("sources = %v, want %v", got, tc.want)
+			}
+			for _, m := range members[:tc.dead] {
+				rec, err := h.store.Get(context.Background(), m.SandboxID)
+				if err != nil || rec.State != core.StateGone {
+					t.Errorf("dead member %s record = %s, %v; want gone", m.SandboxID, rec.State, err)
+				}
+			}
+			if st := h.capacity(t); st.Used != 2 || st.Active != 2 {
+				t.Errorf("capacity = %+v, want used and active 2", st)
+			}
+			if n := h.poolCount(t); n != 0 {
+				t.Errorf("pool count = %d, want 0", n)
+			}
+		})
+	}
+}
+
+func TestPoolEmptyFallsBackToCreate(t *testing.T) {
+	h := newPoolHarness(t, 1, nil)
+	h.refill(t, 1)
+	h.acquire(t, key("t1"), core.SourcePool)
+	h.acquire(t, key("t2"), core.SourceCreated)
+}
+
+func TestPoolMembersPastMaxAgeAreNotHandedOutAndAreRecycled(t *testing.T) {
+	h := newPoolHarness(t, 1, nil)
+	h.refill(t, 1)
+	old := h.members(t)[0]
+	h.clock.advance(9 * time.Minute) // past MaxAge less the lead (10 min - 2 min)
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	if rec.SandboxID == old.SandboxID {
+		t.Fatalf("handed out the member past its age")
+	}
+	st, err := h.eng.Reconcile(context.Background())
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if st.PoolRecycled != 1 || st.PoolCreated != 1 {
+		t.Errorf("reconcile pool recycled %d created %d, want 1 and 1", st.PoolRecycled, st.PoolCreated)
+	}
+	if h.prov.Alive(old.SandboxID) {
+		t.Errorf("old member %s still runs", old.SandboxID)
+	}
+	if m := h.members(t); len(m) != 1 || m[0].SandboxID == old.SandboxID {
+		t.Errorf("members = %v, want one new member", m)
+	}
+	if n := h.poolCount(t); n != 1 {
+		t.Errorf("pool count = %d, want 1", n)
+	}
+}
+
+func TestPoolMemberIsGivenUpBeforeAThreadsWarmSandbox(t *testing.T) {
+	h := newPoolHarness(t, 1, func(s *core.Settings) { s.Replicas = 2; s.Policy = core.PolicyReject })
+	ctx := context.Background()
+	warm := h.acquire(t, key("warm"), core.SourceCreated)
+	if _, err := h.eng.Release(ctx, "acme", warm.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	h.refill(t, 1)
+	member := h.members(t)[0]
+	// The member ages past hand-out, so the next thread must create, and
+	// the deployment is full: the member goes, the warm sandbox stays.
+	h.clock.advance(9 * time.Minute)
+	h.acquire(t, key("new"), core.SourceCreated)
+	if h.prov.Alive(member.SandboxID) {
+		t.Errorf("pool member %s still runs; it must be given up first", member.SandboxID)
+	}
+	if !h.prov.Alive(warm.SandboxID) {
+		t.Errorf("warm sandbox %s was evicted while a pool member held a slot", warm.SandboxID)
+	}
+	h.acquire(t, key("warm"), core.SourceReclaimed)
+	if n := h.poolCount(t); n != 0 {
+		t.Errorf("pool count = %d, want 0", n)
+	}
+}
+
+func TestPoolDrainingEmptiesThePool(t *testing.T) {
+	h := newPoolHarness(t, 2, nil)
+	ctx := context.Background()
+	h.refill(t, 2)
+	if err := h.eng.SetDraining(ctx, true); err != nil {
+		t.Fatalf("SetDraining: %v", err)
+	}
+	st, err := h.eng.Reconcile(ctx)
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if st.PoolRecycled != 2 || st.PoolCreated != 0 {
+		t.Errorf("draining pass recycled %d created %d, want 2 and 0", st.PoolRecycled, st.PoolCreated)
+	}
+	if h.prov.Live() != 0 || h.poolCount(t) != 0 || h.capacity(t).Used != 0 {
+		t.Errorf("live %d, pool count %d, used %d; want all 0", h.prov.Live(), h.poolCount(t), h.capacity(t).Used)
+	}
+	h.refill(t, 0)
+	if _, err := h.eng.Acquire(ctx, key("t1")); err == nil {
+		t.Errorf("acquire while draining succeeded")
+	}
+}
+
+func TestPoolRefillFailureFreesItsPlaceAndSlot(t *testing.T) {
+	h := newPoolHarness(t, 2, nil)
+	h.prov.Set(func(f *coretest.FakeProvider) {
+		f.CreateErr = &core.ProviderError{Op: "create", StatusCode: 400, Message: "bad template"}
+	})
+	st, err := h.eng.RefillPool(context.Background())
+	if err == nil || st.Created != 0 || st.Failed == 0 {
+		t.Fatalf("refill = %+v, %v; want failures and an error", st, err)
+	}
+	if n, used := h.poolCount(t), h.capacity(t).Used; n != 0 || used != 0 {
+		t.Errorf("pool count %d, used %d after certain create failures; want 0 and 0", n, used)
+	}
+}
+
+func TestPoolReconcileKnowsMembers(t *testing.T) {
+	h := newPoolHarness(t, 2, nil, core.WithReconcileSettings(core.ReconcileSettings{MaxPages: 10, MaxItems: 100,
+		MaxDuration: time.Minute, Grace: time.Second, OrphanTTL: time.Second}))
+	ctx := context.Background()
+	h.refill(t, 2)
+	claimed := h.acquire(t, key("t1"), core.SourcePool)
+	h.clock.advance(time.Minute) // past the grace and the orphan TTL
+	for range 2 {
+		st, err := h.eng.Reconcile(ctx)
+		if err != nil {
+			t.Fatalf("Reconcile: %v", err)
+		}
+		if st.Orphans != 0 || st.Duplicates != 0 || st.Killed != 0 || st.Dead != 0 || st.LedgerRepaired != 0 {
+			t.Errorf("reconcile = %+v; pool members are neither orphans, duplicates nor dead", st)
+		}
+	}
+	if !h.prov.Alive(claimed.SandboxID) {
+		t.Errorf("claimed member %s was killed", claimed.SandboxID)
+	}
+	if m := h.members(t); len(m) != 2 {
+		t.Errorf("members = %d, want 2 (refilled)", len(m))
+	}
+	if st := h.capacity(t); st.Used != 3 {
+		t.Errorf("used = %d, want 3", st.Used)
+	}
+}

@@ -1,0 +1,305 @@
+package ddbstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// The pre-warmed pool. Pool records and reservations name no thread
+// (empty tenant, user and thread). The pool's places are counted in
+//
+//	POOL#<deployment>  "members": pool reservations (refills in flight),
+//	                   pooled records, and thread-less records being destroyed
+//
+// Every write that adds or removes one of those moves the count in the
+// same transaction: ReservePool takes a place, ClaimPoolMember gives it
+// back (the member becomes the thread's), and freeing a thread-less
+// record or reservation (Free, FreeReservation) gives it back with the
+// slot.
+
+var _ core.PoolStore = (*Store)(nil)
+
+func poolPK(deployment string) string { return "POOL#" + deployment }
+
+// poolCount is the transaction item that moves the pool's count by delta.
+func (s *Store) poolCount(delta int) types.TransactWriteItem {
+	u := "ADD #members :delta"
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
+		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#members": "members"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: fmt.Sprint(delta)}}}}
+}
+
+// ReservePool takes a slot and a pool place and writes the pool
+// reservation, in one transaction.
+func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
+	capExpr, err := expression.NewBuilder().
+		WithCondition(slotFree(r.Limit)).
+		WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)).
+			Add(expression.Name("revision"), expression.Value(1))).
+		Build()
+	if err != nil {
+		return fmt.Errorf("reserve pool: %w", err)
+	}
+	poolExpr, err := expression.NewBuilder().
+		WithCondition(expression.Or(
+			expression.AttributeNotExists(expression.Name("members")),
+			expression.Name("members").LessThan(expression.Value(r.Size)))).
+		WithUpdate(expression.Add(expression.Name("members"), expression.Value(1))).
+		Build()
+	if err != nil {
+		return fmt.Errorf("reserve pool: %w", err)
+	}
+	resItem, err := attributevalue.MarshalMap(item{
+		PK: reservationPK(r.Token), SK: sortKey, State: string(core.StateCreating), Reservation: r.Token,
+		Deployment: s.deployment, CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
+		GSI1PK: statePK(s.deployment, core.StateCreating), GSI1SK: stateSK(r.Now, r.Token),
+	})
+	if err != nil {
+		return fmt.Errorf("reserve pool: %w", err)
+	}
+	notExists := "attribute_not_exists(pk)"
+	failed, err := s.writeTxn(ctx, "reserve pool", []types.TransactWriteItem{
+		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+			ConditionExpression: capExpr.Condition(), UpdateExpression: capExpr.Update(),
+			ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values(),
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
+		{Update: &types.Update{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
+			ConditionExpression: poolExpr.Condition(), UpdateExpression: poolExpr.Update(),
+			ExpressionAttributeNames: poolExpr.Names(), ExpressionAttributeValues: poolExpr.Values()}},
+		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
+	})
+	switch {
+	case len(failed) == 0:
+		return err
+	case has(failed, poolPK(s.deployment)):
+		return core.ErrPoolFull
+	case has(failed, reservationPK(r.Token)):
+		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
+	}
+	l := decodeLedger(failed[capacityPK(s.deployment)].Item)
+	if l.Draining {
+		return &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used, Draining: true}}
+	}
+	return &core.CapacityError{Reason: core.RefusalCapacity, Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used}}
+}
+
+// FinalizePool turns a pool reservation into a pooled record (its slot and
+// place carry over), in one transaction.
+func (s *Store) FinalizePool(ctx context.Context, token string, rec core.Record) (core.Record, error) {
+	rec.Fence = 1
+	rec.ThreadKey = core.ThreadKey{}
+	rec.State = core.StatePooled
+	ri := recordItem(rec, s.deployment)
+	ri.PoolPlace = true
+	if err := s.seal(ctx, &ri); err != nil {
+		return core.Record{}, fmt.Errorf("finalize pool: %w", err)
+	}
+	recItem, err := attributevalue.MarshalMap(ri)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("finalize pool: %w", err)
+	}
+	exists, notExists := "attribute_exists(pk)", "attribute_not_exists(pk)"
+	failed, err := s.writeTxn(ctx, "finalize pool", []types.TransactWriteItem{
+		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
+		{Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}},
+	})
+	if len(failed) > 0 {
+		return core.Record{}, fmt.Errorf("finalize pool reservation %s: %w", token, core.ErrConflict)
+	}
+	if err != nil {
+		return core.Record{}, err
+	}
+	return rec, nil
+}
+
+// PoolMembers lists pooled records, oldest first.
+func (s *Store) PoolMembers(ctx context.Context, limit int) ([]core.Record, error) {
+	return s.queryState(ctx, core.StatePooled, nil, limit)
+}
+
+// ClaimPoolMember binds a pooled member to a thread in one transaction:
+// the record (pooled, thread-less -> claiming for the thread, under the
+// claimer's lease), the binding, the ledger (not draining; the tenant
+// joins its tenant set), the user's and tenant's counts (within their
+// caps) and the pool's count (one place given back).
+func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Record, error) {
+	m := c.Member
+	recExpr, err := expression.NewBuilder().
+		WithCondition(expression.Name("state").Equal(expression.Value(string(core.StatePooled))).
+			And(expression.AttributeExists(expression.Name(attrPoolPlace)))).
+		WithUpdate(s.stateIndex(expression.Set(expression.Name("state"), expression.Value(string(core.StateClaiming))).
+			Set(expression.Name("prev_state"), expression.Value(string(core.StatePooled))).
+			Set(expression.Name("tenant"), expression.Value(c.Tenant)).
+			Set(expression.Name("user_id"), expression.Value(c.User)).
+			Set(expression.Name("thread_id"), expression.Value(c.Thread)).
+			Set(expression.Name("seed"), expression.Value(c.Seed())).
+			Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
+			Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil))).
+			Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
+			Remove(expression.Name(attrPoolPlace)).
+			Add(expression.Name("fence"), expression.Value(1)), core.StateClaiming, c.Now, m.SandboxID)).
+		Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	bind, err := s.bindingPut(c.ThreadKey, m.SandboxID, c.Now, replaceCondition(c.ReplaceSandboxID, c.ReplaceReservation))
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	capExpr, err := expression.NewBuilder().WithCondition(notDraining()).
+		WithUpdate(expression.Add(expression.Name("revision"), expression.Value(1)).
+			Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant)))).Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	user, err := s.counterTake(userPK(s.deployment, c.ThreadKey), c.MaxPerUser)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), c.MaxPerTenant)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "claim pool member", []types.TransactWriteItem{
+		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(m.SandboxID)),
+			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
+			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}},
+		bind,
+		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+			ConditionExpression: capExpr.Condition(), UpdateExpression: capExpr.Update(),
+			ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values()}},
+		user,
+		tenant,
+		s.poolCount(-1),
+	})
+	// A lost race for the member first (the caller tries the next one),
+	// then the thread's binding, then the quotas, draining last.
+	switch {
+	case has(failed, sandboxPK(m.SandboxID)):
+		return core.Record{}, fmt.Errorf("pool member %s: %w", m.SandboxID, core.ErrConflict)
+	case has(failed, bindingPK(c.ThreadKey)):
+		return core.Record{}, fmt.Errorf("thread %s: %w", c.ThreadKey, core.ErrThreadBound)
+	case has(failed, userPK(s.deployment, c.ThreadKey)):
+		return core.Record{}, &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second}
+	case has(failed, tenantPK(s.deployment, c.Tenant)):
+		return core.Record{}, &core.CapacityError{Reason: core.RefusalTenantQuota, RetryAfter: 5 * time.Second}
+	case has(failed, capacityPK(s.deployment)):
+		return core.Record{}, &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Draining: true}}
+	case len(failed) > 0:
+		return core.Record{}, fmt.Errorf("claim pool member: condition failed on an unexpected item: %w", core.ErrConflict)
+	case err != nil:
+		return core.Record{}, err
+	}
+	rec := m
+	rec.ThreadKey, rec.Seed = c.ThreadKey, c.Seed()
+	rec.State, rec.PrevState = core.StateClaiming, core.StatePooled
+	rec.Fence++
+	rec.LeaseOwner, rec.LeaseExpiresAt = c.Owner, c.LeaseUntil
+	rec.UpdatedAt = c.Now
+	return rec, nil
+}
+
+// AdoptPoolSandbox records an untracked pool sandbox (a refill that died
+// after its create) as rec, thread-less: consuming the reservation when
+// given (its slot and place carry over), else taking a slot and a place
+// without a limit check (the sandbox exists whatever the counts say).
+func (s *Store) AdoptPoolSandbox(ctx context.Context, rec core.Record, reservation string) (core.Record, error) {
+	rec.Fence = 1
+	rec.ThreadKey = core.ThreadKey{}
+	ri := recordItem(rec, s.deployment)
+	ri.PoolPlace = true
+	if err := s.seal(ctx, &ri); err != nil {
+		return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
+	}
+	recAV, err := attributevalue.MarshalMap(ri)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
+	}
+	notExists, exists := "attribute_not_exists(pk)", "attribute_exists(pk)"
+	items := []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: recAV, ConditionExpression: &notExists}}}
+	if reservation != "" {
+		items = append(items, types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table,
+			Key: s.key(reservationPK(reservation)), ConditionExpression: &exists}})
+	} else {
+		inc := "ADD #used :one, #rev :one"
+		items = append(items,
+			types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+				UpdateExpression: &inc, ExpressionAttributeNames: map[string]string{"#used": "used", "#rev": "revision"},
+				ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}}}},
+			s.poolCount(1))
+	}
+	if err := s.transact(ctx, "adopt pool sandbox "+rec.SandboxID, items); err != nil {
+		return core.Record{}, err
+	}
+	return rec, nil
+}
+
+// PoolCount reads the pool's taken places (strongly consistent; 0 if none).
+func (s *Store) PoolCount(ctx context.Context) (int, error) {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(poolPK(s.deployment)), ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return 0, unavailable("get pool count", err)
+	}
+	var c struct {
+		Members int `dynamodbav:"members"`
+	}
+	if err := attributevalue.UnmarshalMap(out.Item, &c); err != nil {
+		return 0, fmt.Errorf("decode pool count: %w", err)
+	}
+	return c.Members, nil
+}
+
+// attrPoolPlace marks a thread-less record holding a pool place (a
+// pooled member, or a leftover adopted for its kill); a claim removes it.
+const attrPoolPlace = "pool_place"
+
+// errNotPoolRecord: the record holds no pool place (Free goes on as for
+// any record).
+var errNotPoolRecord = errors.New("not a pool record")
+
+// freePoolRecord marks a record holding a pool place gone and gives back
+// its slot and place (Free of a pool member), in one transaction;
+// errNotPoolRecord when the record holds no place.
+func (s *Store) freePoolRecord(ctx context.Context, rec core.Record, now time.Time) error {
+	recUpdate, err := s.goneUpdate(rec, now, true)
+	if err != nil {
+		return fmt.Errorf("free pool member: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "free pool member", []types.TransactWriteItem{recUpdate, s.capRelease(), s.poolCount(-1)})
+	if r, ok := failed[sandboxPK(rec.SandboxID)]; ok {
+		if old := r.Item; old != nil && old[attrPoolPlace] == nil {
+			if f, _ := old["fence"].(*types.AttributeValueMemberN); f != nil && f.Value == fmt.Sprint(rec.Fence) {
+				return errNotPoolRecord
+			}
+		}
+		return fmt.Errorf("free sandbox %s fence %d: %w", rec.SandboxID, rec.Fence, core.ErrStaleFence)
+	}
+	return err
+}
+
+// freePoolReservation drops a pool reservation and gives back its slot and
+// place (FreeReservation of a refill whose create failed or crashed).
+func (s *Store) freePoolReservation(ctx context.Context, token string) error {
+	exists := "attribute_exists(pk)"
+	failed, err := s.writeTxn(ctx, "free pool reservation", []types.TransactWriteItem{
+		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
+		s.capRelease(),
+		s.poolCount(-1),
+	})
+	if has(failed, reservationPK(token)) {
+		return fmt.Errorf("free pool reservation %s: %w", token, core.ErrNotFound)
+	}
+	return err
+}
