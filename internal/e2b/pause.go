@@ -35,7 +35,9 @@ func (c *Client) Pause(ctx context.Context, id string) error {
 		return err
 	}
 	const op = "pause sandbox"
-	status, _, reply, err := c.call(ctx, c.timeouts.Pause, op, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", nil, nil)
+	// {} as the SDK sends it: a full (memory) snapshot, E2B's default.
+	body := struct{}{}
+	status, _, reply, err := c.call(ctx, c.timeouts.Pause, op, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", nil, body)
 	if err != nil {
 		return err
 	}

@@ -92,13 +92,13 @@ func TestPauseClassifiesReplies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv, path, _ := pauseFake(t, tt.call, tt.read)
+			srv, path, body := pauseFake(t, tt.call, tt.read)
 			err := newTestClient(t, srv.URL, "", nil).Pause(context.Background(), "sbx1")
 			if got := classify(err); got != tt.want {
 				t.Errorf("Pause = %v: %s, want %s", err, got, tt.want)
 			}
-			if *path != "/sandboxes/sbx1/pause" {
-				t.Errorf("Pause sent POST %s, want /sandboxes/sbx1/pause", *path)
+			if *path != "/sandboxes/sbx1/pause" || *body != `{}` {
+				t.Errorf("Pause sent POST %s %s, want /sandboxes/sbx1/pause {}", *path, *body)
 			}
 		})
 	}
