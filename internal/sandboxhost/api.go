@@ -56,9 +56,9 @@ type refreshRequest struct {
 // /v2/sandboxes (create), GET /sandboxes and /v2/sandboxes (list), GET and
 // DELETE /sandboxes/{id}, POST /sandboxes/{id}/timeout, POST
 // /sandboxes/{id}/refreshes, POST /sandboxes/{id}/pause, POST
-// /sandboxes/{id}/connect and /v2/sandboxes/{id}/connect. Every request needs X-API-Key (any header
-// case) equal to Options.APIKey, else 401 JSON. Reads never extend a
-// sandbox's life.
+// /sandboxes/{id}/connect and /v2/sandboxes/{id}/connect. Every request
+// needs X-API-Key (any header case) equal to Options.APIKey, else 401
+// JSON. Reads never extend a sandbox's life.
 func (h *Host) APIHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /sandboxes", h.handleCreate)
