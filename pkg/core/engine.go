@@ -43,7 +43,7 @@ echo ` + bootstrapMarker
 // Engine implements Broker over a Store, a Provider and an OutputSyncer.
 type Engine struct {
 	s     Settings
-	store Store
+	store meteredStore // the Store, metering every transition (usage.go)
 	prov  Provider
 	caps  Capabilities // prov.Capabilities(), read once
 	sync  OutputSyncer
@@ -85,7 +85,8 @@ func New(s Settings, store Store, prov Provider, syncer OutputSyncer, opts ...Op
 	if caps.Protocol == "" {
 		return nil, fmt.Errorf("core: provider %s declares no endpoint protocol", prov.Name())
 	}
-	e := &Engine{s: s, store: store, prov: prov, caps: caps, sync: syncer, log: slog.Default(), now: time.Now, sleep: sleepCtx}
+	e := &Engine{s: s, prov: prov, caps: caps, sync: syncer, log: slog.Default(), now: time.Now, sleep: sleepCtx}
+	e.store = meteredStore{Store: store, e: e}
 	for _, o := range opts {
 		o(e)
 	}
@@ -628,6 +629,7 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownT
 // createReserved creates and bootstraps a sandbox under reservation token.
 func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string) (AcquireResult, bool, error) {
 	now := e.now()
+	asked := now // the sandbox runs, and is metered, from its create
 	ref, err := e.prov.Create(ctx, CreateSpec{
 		Template: e.s.Template,
 		Timeout:  e.s.ActiveTimeout,
@@ -670,6 +672,7 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 		SandboxID: ref.ID, ThreadKey: key, Seed: key.Seed(), State: StateActive, Backend: e.prov.Name(),
 		Endpoint: ref.Endpoint, ReservationToken: token,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(e.s.ActiveTimeout),
+		PrevMeteredAt: asked, MeteredAt: now, MeteredState: StateCreating,
 	})
 	if errors.Is(err, ErrConflict) {
 		// Our reservation was taken over (we were presumed crashed). If

@@ -40,29 +40,54 @@ type Metric struct {
 	Value float64
 }
 
+// Dimension is one dimension of an EMF record: its name and value.
+type Dimension struct {
+	Name  string
+	Value string
+}
+
+// Dimension names.
+const (
+	DimensionDeployment = "Deployment"
+	DimensionTenant     = "Tenant"
+)
+
 // EMFAttrs returns log attributes that make one JSON log line a CloudWatch
-// embedded metric format record holding metrics: the "_aws" metadata
-// object (timestamp in Unix milliseconds, one directive with namespace
-// MetricsNamespace, dimension set [Deployment] and the metric
-// definitions in order) plus one top-level member per metric and the
-// Deployment dimension (format per the CloudWatch EMF specification).
-// It is the one builder of EMF records: every metrics line goes through it.
+// embedded metric format record holding metrics under the dimension set
+// [Deployment] (EMFAttrsWith).
 func EMFAttrs(deployment string, at time.Time, metrics ...Metric) []slog.Attr {
+	return EMFAttrsWith([]Dimension{{DimensionDeployment, deployment}}, at, metrics...)
+}
+
+// EMFAttrsWith returns log attributes that make one JSON log line a
+// CloudWatch embedded metric format record holding metrics: the "_aws"
+// metadata object (timestamp in Unix milliseconds, one directive with
+// namespace MetricsNamespace, one dimension set of dims' names in order
+// and the metric definitions in order) plus one top-level member per
+// dimension and per metric (format per the CloudWatch EMF specification).
+// It is the one builder of EMF records: every metrics line goes through it.
+func EMFAttrsWith(dims []Dimension, at time.Time, metrics ...Metric) []slog.Attr {
 	defs := make([]map[string]string, len(metrics))
 	for i, m := range metrics {
 		defs[i] = map[string]string{"Name": m.Name, "Unit": m.Unit}
 	}
-	attrs := make([]slog.Attr, 0, len(metrics)+2)
+	names := make([]string, len(dims))
+	for i, d := range dims {
+		names[i] = d.Name
+	}
+	attrs := make([]slog.Attr, 0, len(metrics)+len(dims)+1)
 	attrs = append(attrs,
 		slog.Any("_aws", map[string]any{
 			"Timestamp": at.UnixMilli(),
 			"CloudWatchMetrics": []map[string]any{{
 				"Namespace":  MetricsNamespace,
-				"Dimensions": [][]string{{"Deployment"}},
+				"Dimensions": [][]string{names},
 				"Metrics":    defs,
 			}},
-		}),
-		slog.String("Deployment", deployment))
+		}))
+	for _, d := range dims {
+		attrs = append(attrs, slog.String(d.Name, d.Value))
+	}
 	for _, m := range metrics {
 		attrs = append(attrs, slog.Float64(m.Name, m.Value))
 	}
@@ -161,7 +186,8 @@ func (e *Engine) emitCapacity(ctx context.Context) {
 func EmittedMetrics() []string {
 	var names []string
 	for _, m := range slices.Concat((ReconcileStats{}).Metrics(), CapacityMetrics(CapacityStatus{}),
-		[]Metric{RejectedMetric(), TombstoneAgeMetric(nil, time.Time{}), EventsFailedMetric()}, SyncMetrics(SyncResult{})) {
+		[]Metric{RejectedMetric(), TombstoneAgeMetric(nil, time.Time{}), EventsFailedMetric()}, SyncMetrics(SyncResult{}),
+		UsageMetrics()) {
 		names = append(names, m.Name)
 	}
 	return names

@@ -160,7 +160,7 @@ func (e *Engine) poolStore() PoolStore {
 	if e.poolConfig().settings.Size <= 0 {
 		return nil
 	}
-	ps, _ := e.store.(PoolStore)
+	ps, _ := e.store.poolStore()
 	return ps
 }
 

@@ -98,6 +98,7 @@ func (e *Engine) refillOne(ctx context.Context, ps PoolStore) (bool, error) {
 		// Maybe applied: reconcile frees a reservation no sandbox carries.
 		return false, fmt.Errorf("reserve pool place: %w", err)
 	}
+	asked := now // the member runs, and is metered, from its create
 	ref, err := e.prov.Create(ctx, CreateSpec{
 		Template: e.s.Template,
 		Timeout:  ps2.MaxAge,
@@ -122,7 +123,8 @@ func (e *Engine) refillOne(ctx context.Context, ps PoolStore) (bool, error) {
 	fctx, cancel := settle(ctx)
 	defer cancel()
 	rec, err := ps.FinalizePool(fctx, token, Record{SandboxID: ref.ID, State: StatePooled, Backend: e.prov.Name(),
-		Endpoint: ref.Endpoint, ReservationToken: token, CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ps2.MaxAge)})
+		Endpoint: ref.Endpoint, ReservationToken: token, CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(ps2.MaxAge),
+		PrevMeteredAt: asked, MeteredAt: now, MeteredState: StateCreating})
 	if err != nil {
 		// The reservation was settled meanwhile (or the write was lost):
 		// reconcile recognises the member by its metadata and the table.
@@ -138,7 +140,7 @@ func (e *Engine) refillOne(ctx context.Context, ps PoolStore) (bool, error) {
 // draining), within the pass's time.
 func (p *pass) pool(ctx context.Context, draining bool) error {
 	e := p.e
-	ps, ok := e.store.(PoolStore)
+	ps, ok := e.store.poolStore()
 	if !ok {
 		return nil
 	}
@@ -194,7 +196,7 @@ func (p *pass) poolSandbox(ctx context.Context, in SandboxInfo, look ReconcileLo
 	if _, tracked := look.Records[in.ID]; tracked {
 		return
 	}
-	ps, ok := e.store.(PoolStore)
+	ps, ok := e.store.poolStore()
 	if !ok {
 		return
 	}

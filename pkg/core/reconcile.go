@@ -233,11 +233,14 @@ func WithReconcileSettings(rs ReconcileSettings) Option {
 // inventoryStore is the ReconcileStore: the one set with
 // WithReconcileStore, else the Store if it implements it, else nil.
 func (e *Engine) inventoryStore() ReconcileStore {
-	if rst := e.reconcileConfig().store; rst != nil {
-		return rst
+	rst := e.reconcileConfig().store
+	if rst == nil {
+		rst, _ = e.store.Store.(ReconcileStore)
 	}
-	rst, _ := e.store.(ReconcileStore)
-	return rst
+	if rst == nil {
+		return nil
+	}
+	return meteredReconcileStore{ReconcileStore: rst, e: e}
 }
 
 // WithReconcileStore sets the store reconcile uses for inventory work
@@ -819,7 +822,8 @@ func (p *pass) adoptedRecord(in SandboxInfo, key ThreadKey, state State) Record 
 		created = now
 	}
 	r := Record{SandboxID: in.ID, ThreadKey: key, Seed: key.Seed(), State: state, Backend: p.e.prov.Name(),
-		ReservationToken: in.Metadata[MetaReservation], CreatedAt: created, UpdatedAt: now, ExpiresAt: in.EndAt}
+		ReservationToken: in.Metadata[MetaReservation], CreatedAt: created, UpdatedAt: now, ExpiresAt: in.EndAt,
+		PrevMeteredAt: created, MeteredAt: now} // it ran untracked since its start
 	if p.e.caps.Locate != nil {
 		r.Endpoint = p.e.caps.Locate(in.ID)
 	}

@@ -125,6 +125,16 @@ type Record struct {
 	// unless destroying); kill retries keep it, so tombstone age is honest.
 	DestroyingSince time.Time
 	KillAttempts    int
+
+	// Usage metering. Every write that moves the record (a claim to
+	// another state, a fenced update, the free) sets MeteredAt to its time
+	// and PrevMeteredAt to the MeteredAt it replaced: it accounts for the
+	// usage of [PrevMeteredAt, MeteredAt), spent in MeteredState. The
+	// engine meters exactly that interval after the write succeeds, so the
+	// intervals of one sandbox never overlap and leave no gap.
+	MeteredAt     time.Time
+	PrevMeteredAt time.Time
+	MeteredState  State
 }
 
 // LogValue keeps the endpoint's access token out of logs (it is a credential).

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -41,10 +43,14 @@ type item struct {
 	DestroyingAt int64  `dynamodbav:"destroying_since,omitempty"`
 	// PoolPlace: a thread-less record holding one of the pool's places
 	// (see pool.go).
-	PoolPlace bool   `dynamodbav:"pool_place,omitempty"`
-	GSI1PK    string `dynamodbav:"gsi1pk,omitempty"`
-	GSI1SK    string `dynamodbav:"gsi1sk,omitempty"`
-	TTL       int64  `dynamodbav:"ttl,omitempty"`
+	PoolPlace bool `dynamodbav:"pool_place,omitempty"`
+	// Usage metering (core.Record.MeteredAt, PrevMeteredAt, MeteredState).
+	MeteredAt     int64  `dynamodbav:"metered_at,omitempty"`
+	PrevMeteredAt int64  `dynamodbav:"prev_metered_at,omitempty"`
+	MeteredState  string `dynamodbav:"metered_state,omitempty"`
+	GSI1PK        string `dynamodbav:"gsi1pk,omitempty"`
+	GSI1SK        string `dynamodbav:"gsi1sk,omitempty"`
+	TTL           int64  `dynamodbav:"ttl,omitempty"`
 }
 
 // bindingItem is the stored thread binding.
@@ -89,6 +95,16 @@ func ms(t time.Time) int64 {
 	return t.UnixMilli()
 }
 
+// meter adds to u the metering of a write at now (core.Record.MeteredAt):
+// the write accounts for the time since the last one, spent in the state
+// the record was in. SET evaluates right-hand sides against the item
+// before the update; a record written before metering starts at now.
+func meter(u expression.UpdateBuilder, now time.Time) expression.UpdateBuilder {
+	return u.Set(expression.Name("prev_metered_at"), expression.IfNotExists(expression.Name("metered_at"), expression.Value(ms(now)))).
+		Set(expression.Name("metered_at"), expression.Value(ms(now))).
+		Set(expression.Name("metered_state"), expression.Name("state"))
+}
+
 func fromMS(v int64) time.Time {
 	if v == 0 {
 		return time.Time{}
@@ -115,6 +131,9 @@ func (it item) record() core.Record {
 		ExpiresAt:        fromMS(it.ExpiresAt),
 		KillAttempts:     it.KillAttempts,
 		DestroyingSince:  fromMS(it.DestroyingAt),
+		MeteredAt:        fromMS(it.MeteredAt),
+		PrevMeteredAt:    fromMS(it.PrevMeteredAt),
+		MeteredState:     core.State(it.MeteredState),
 	}
 }
 
@@ -126,6 +145,7 @@ func recordItem(r core.Record, deployment string) item {
 		Protocol: r.Endpoint.Protocol, EndpointURL: r.Endpoint.URL, Token: r.Endpoint.AccessToken, Reservation: r.ReservationToken, Deployment: deployment,
 		CreatedAt: ms(r.CreatedAt), UpdatedAt: ms(r.UpdatedAt), ParkedAt: ms(r.ParkedAt), ExpiresAt: ms(r.ExpiresAt),
 		KillAttempts: r.KillAttempts, DestroyingAt: ms(r.DestroyingSince),
+		MeteredAt: ms(r.MeteredAt), PrevMeteredAt: ms(r.PrevMeteredAt), MeteredState: string(r.MeteredState),
 	}
 	if r.State != core.StateGone {
 		it.GSI1PK = statePK(deployment, r.State)

@@ -146,6 +146,9 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 			Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
 			Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil))).
 			Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
+			Set(expression.Name("prev_metered_at"), expression.Value(ms(poolMetered(m, c.Now)))).
+			Set(expression.Name("metered_at"), expression.Value(ms(c.Now))).
+			Set(expression.Name("metered_state"), expression.Value(string(core.StatePooled))).
 			Remove(expression.Name(attrPoolPlace)).
 			Add(expression.Name("fence"), expression.Value(1)), core.StateClaiming, c.Now, m.SandboxID)).
 		Build()
@@ -206,7 +209,17 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 	rec.Fence++
 	rec.LeaseOwner, rec.LeaseExpiresAt = c.Owner, c.LeaseUntil
 	rec.UpdatedAt = c.Now
+	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = poolMetered(m, c.Now), c.Now, core.StatePooled
 	return rec, nil
+}
+
+// poolMetered is when member m's usage was last metered (its time in the
+// pool starts there), now for a member written before metering.
+func poolMetered(m core.Record, now time.Time) time.Time {
+	if m.MeteredAt.IsZero() {
+		return now
+	}
+	return m.MeteredAt
 }
 
 // AdoptPoolSandbox records an untracked pool sandbox (a refill that died

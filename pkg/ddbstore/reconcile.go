@@ -287,6 +287,7 @@ func (s *Store) ClaimDuplicate(ctx context.Context, c core.Claim, key core.Threa
 		Remove(expression.Name("parked_at"))
 	upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID)
 	upd = markDestroying(upd, c.To, c.Now)
+	upd = meter(upd, c.Now)
 	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim duplicate: %w", err)

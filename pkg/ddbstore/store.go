@@ -260,6 +260,7 @@ func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
 			Set(expression.Name("state"), expression.Value(string(c.To)))
 		upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID)
 		upd = markDestroying(upd, c.To, c.Now)
+		upd = meter(upd, c.Now)
 		if c.To != core.StateWarm {
 			upd = upd.Remove(expression.Name("parked_at"))
 		}
@@ -345,9 +346,10 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 		upd = upd.Add(expression.Name("kill_attempts"), expression.Value(1))
 	}
 	if u.UnlessDraining {
+		// Not metered: a transaction returns no record to meter from.
 		return s.applyUnlessDraining(ctx, u, cond, upd)
 	}
-	rec, old, err := s.update(ctx, "apply", sandboxPK(u.SandboxID), cond, upd)
+	rec, old, err := s.update(ctx, "apply", sandboxPK(u.SandboxID), cond, meter(upd, u.Now))
 	if err != nil && old != nil {
 		return *old, fmt.Errorf("sandbox %s fence %d, now %d: %w", u.SandboxID, u.Fence, old.Fence, core.ErrStaleFence)
 	}

@@ -1,0 +1,197 @@
+package core
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Usage metrics: the sandbox-seconds a deployment's tenants use, so that a
+// platform can bill its own tenants (and see what pausing saves). Each is
+// written (Seconds) on every metering write of a record (Record.MeteredAt)
+// with the dimensions Deployment and Tenant: summed over any period they
+// are the tenant's running and paused sandbox-seconds in it.
+const (
+	// MetricRunningSeconds: time sandboxes ran (every state but paused:
+	// active, warm, and the transitions and tombstones around them).
+	MetricRunningSeconds = "SandboxRunningSeconds"
+	// MetricPausedSeconds: time sandboxes were paused at the provider.
+	MetricPausedSeconds = "SandboxPausedSeconds"
+)
+
+// UsagePoolTenant is the Tenant dimension of the usage of pool members
+// while no thread owns them (the deployment's own overhead). It cannot be
+// a tenant id (those match ^[A-Za-z0-9_-]{1,64}$).
+const UsagePoolTenant = "(pool)"
+
+// UsageMetrics are the usage metrics, at zero (their names and units).
+func UsageMetrics() []Metric {
+	return []Metric{{Name: MetricRunningSeconds, Unit: "Seconds"}, {Name: MetricPausedSeconds, Unit: "Seconds"}}
+}
+
+// statePausedUsage is the state whose time is paused usage.
+const statePausedUsage State = "paused"
+
+// usageMetric is the metric of d spent in state s.
+func usageMetric(s State, d time.Duration) Metric {
+	name := MetricRunningSeconds
+	if s == statePausedUsage {
+		name = MetricPausedSeconds
+	}
+	return Metric{Name: name, Unit: "Seconds", Value: d.Seconds()}
+}
+
+// meter writes the usage rec's last write accounted for: one EMF line
+// (dimensions Deployment and Tenant) with the seconds of
+// [PrevMeteredAt, MeteredAt) as running or paused time, and the sandbox,
+// thread and interval as plain members (for per-sandbox audits; final
+// marks the sandbox's last interval, metered when its slot is freed).
+// Every metering write leaves one line, empty intervals included; records
+// written before metering (no interval) write nothing.
+//
+// Each write takes its time before it reaches the store, so a write that
+// lands just after a peer's may carry an earlier time: its interval is
+// then a small negative correction, which keeps the sum of a sandbox's
+// intervals exactly its metered life (they telescope: each starts where
+// the write before it, in store order, ended).
+func (e *Engine) meter(ctx context.Context, rec Record) {
+	e.meterFinal(ctx, rec, false)
+}
+
+func (e *Engine) meterFinal(ctx context.Context, rec Record, final bool) {
+	// Milliseconds, as stored: an interval ends where the next one starts.
+	rec.PrevMeteredAt, rec.MeteredAt = rec.PrevMeteredAt.Truncate(time.Millisecond), rec.MeteredAt.Truncate(time.Millisecond)
+	if rec.PrevMeteredAt.IsZero() {
+		return
+	}
+	d := rec.MeteredAt.Sub(rec.PrevMeteredAt)
+	tenant := rec.Tenant
+	if tenant == "" || rec.MeteredState == StatePooled {
+		tenant = UsagePoolTenant
+	}
+	attrs := EMFAttrsWith([]Dimension{{DimensionDeployment, e.s.Deployment}, {DimensionTenant, tenant}},
+		rec.MeteredAt, usageMetric(rec.MeteredState, d))
+	attrs = append(attrs, slog.String("sandbox_id", rec.SandboxID), slog.String("user_id", rec.User),
+		slog.String("thread_id", rec.Thread), slog.String("state", string(rec.MeteredState)),
+		slog.Time("from", rec.PrevMeteredAt.UTC()), slog.Time("to", rec.MeteredAt.UTC()), slog.Bool("final", final))
+	logUnfiltered(ctx, e.log, slog.LevelInfo, "usage", rec.MeteredAt, attrs)
+}
+
+// meteredStore is the engine's Store: every write that moves a record's
+// metering interval (Record.MeteredAt) is followed by its usage line, so
+// no transition, whoever writes it, goes unmetered. A write the store
+// makes without returning the record (Apply with UnlessDraining, a
+// transaction) does not meter; its interval is metered by the record's
+// next write (it must not change whether the sandbox runs).
+type meteredStore struct {
+	Store
+	e *Engine
+}
+
+// Claim meters a claim that moved the record to another state.
+func (m meteredStore) Claim(ctx context.Context, c Claim) (Record, error) {
+	rec, err := m.Store.Claim(ctx, c)
+	if err == nil && c.To != "" {
+		m.e.meter(ctx, rec)
+	}
+	return rec, err
+}
+
+// Apply meters the fenced update.
+func (m meteredStore) Apply(ctx context.Context, u Update) (Record, error) {
+	rec, err := m.Store.Apply(ctx, u)
+	if err == nil {
+		m.e.meter(ctx, rec)
+	}
+	return rec, err
+}
+
+// Finalize meters the create: from the time it was asked of the provider
+// (rec.PrevMeteredAt) to the record's write.
+func (m meteredStore) Finalize(ctx context.Context, token string, rec Record) (Record, error) {
+	out, err := m.Store.Finalize(ctx, token, rec)
+	if err == nil {
+		m.e.meter(ctx, rec)
+	}
+	return out, err
+}
+
+// Free meters the last interval: from rec's last metering write (rec is
+// current: the free is fenced by its fence) to now.
+func (m meteredStore) Free(ctx context.Context, rec Record, now time.Time) error {
+	err := m.Store.Free(ctx, rec, now)
+	if err == nil && !rec.MeteredAt.IsZero() {
+		rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = rec.MeteredAt, now, rec.State
+		m.e.meterFinal(ctx, rec, true)
+	}
+	return err
+}
+
+// meteredReconcileStore is reconcile's store, metered as meteredStore:
+// adoptions (from the sandbox's start) and duplicate claims.
+type meteredReconcileStore struct {
+	ReconcileStore
+	e *Engine
+}
+
+// Adopt meters the adopted sandbox's time before the adoption.
+func (m meteredReconcileStore) Adopt(ctx context.Context, a Adoption) (Record, error) {
+	rec, err := m.ReconcileStore.Adopt(ctx, a)
+	if err == nil {
+		m.e.meter(ctx, rec)
+	}
+	return rec, err
+}
+
+// ClaimDuplicate meters as Claim does.
+func (m meteredReconcileStore) ClaimDuplicate(ctx context.Context, c Claim, key ThreadKey, canonical string) (Record, error) {
+	rec, err := m.ReconcileStore.ClaimDuplicate(ctx, c, key, canonical)
+	if err == nil {
+		m.e.meter(ctx, rec)
+	}
+	return rec, err
+}
+
+// poolStore is the metered PoolStore, when the store is one.
+func (m meteredStore) poolStore() (PoolStore, bool) {
+	ps, ok := m.Store.(PoolStore)
+	if !ok {
+		return nil, false
+	}
+	return meteredPoolStore{PoolStore: ps, e: m.e}, true
+}
+
+// meteredPoolStore is the pool's store, metered as meteredStore: a
+// member's create, its claim by a thread (its time in the pool is the
+// pool's) and an adoption.
+type meteredPoolStore struct {
+	PoolStore
+	e *Engine
+}
+
+// FinalizePool meters the member's create.
+func (m meteredPoolStore) FinalizePool(ctx context.Context, token string, rec Record) (Record, error) {
+	out, err := m.PoolStore.FinalizePool(ctx, token, rec)
+	if err == nil {
+		m.e.meter(ctx, rec)
+	}
+	return out, err
+}
+
+// ClaimPoolMember meters the member's time in the pool.
+func (m meteredPoolStore) ClaimPoolMember(ctx context.Context, c PoolClaim) (Record, error) {
+	rec, err := m.PoolStore.ClaimPoolMember(ctx, c)
+	if err == nil {
+		m.e.meter(ctx, rec)
+	}
+	return rec, err
+}
+
+// AdoptPoolSandbox meters the adopted member's time before the adoption.
+func (m meteredPoolStore) AdoptPoolSandbox(ctx context.Context, rec Record, reservation string) (Record, error) {
+	out, err := m.PoolStore.AdoptPoolSandbox(ctx, rec, reservation)
+	if err == nil {
+		m.e.meter(ctx, out)
+	}
+	return out, err
+}

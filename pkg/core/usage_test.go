@@ -1,0 +1,203 @@
+package core_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// usageLine is one metered interval as logged (an EMF record with the
+// dimensions Deployment and Tenant).
+type usageLine struct {
+	AWS struct {
+		CloudWatchMetrics []struct {
+			Namespace  string
+			Dimensions [][]string
+			Metrics    []struct{ Name, Unit string }
+		}
+	} `json:"_aws"`
+	Deployment string
+	Tenant     string
+	Running    *float64  `json:"SandboxRunningSeconds"`
+	Paused     *float64  `json:"SandboxPausedSeconds"`
+	SandboxID  string    `json:"sandbox_id"`
+	State      string    `json:"state"`
+	From       time.Time `json:"from"`
+	To         time.Time `json:"to"`
+	Final      bool      `json:"final"`
+}
+
+// usageLines parses the usage lines of a JSON log, checking each is a
+// well-formed EMF record of one usage metric.
+func usageLines(t *testing.T, logs []byte) []usageLine {
+	t.Helper()
+	var out []usageLine
+	sc := bufio.NewScanner(bytes.NewReader(logs))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if !bytes.Contains(sc.Bytes(), []byte(`"msg":"usage"`)) {
+			continue
+		}
+		var l usageLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatalf("usage line %s: %v", sc.Bytes(), err)
+		}
+		d := l.AWS.CloudWatchMetrics
+		if len(d) != 1 || d[0].Namespace != core.MetricsNamespace || fmt.Sprint(d[0].Dimensions) != "[[Deployment Tenant]]" ||
+			len(d[0].Metrics) != 1 || d[0].Metrics[0].Unit != "Seconds" || (l.Running == nil) == (l.Paused == nil) {
+			t.Fatalf("usage line %s: want one Seconds metric under [Deployment Tenant]", sc.Bytes())
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// meteredLife checks that each sandbox's metered intervals add up to its
+// metered life, from its create (the one interval in state creating) to
+// its free (the one final interval), so none was lost or counted twice,
+// and returns each sandbox's running seconds.
+func meteredLife(t *testing.T, lines []usageLine) map[string]float64 {
+	t.Helper()
+	type acc struct {
+		sum, running   float64
+		start, end     time.Time
+		starts, finals int
+		tenants        map[string]bool
+	}
+	by := map[string]*acc{}
+	for _, l := range lines {
+		a := by[l.SandboxID]
+		if a == nil {
+			a = &acc{tenants: map[string]bool{}}
+			by[l.SandboxID] = a
+		}
+		a.tenants[l.Tenant] = true
+		if l.Running != nil {
+			a.sum += *l.Running
+			a.running += *l.Running
+		} else {
+			a.sum += *l.Paused
+		}
+		if l.State == string(core.StateCreating) {
+			a.starts++
+			a.start = l.From
+		}
+		if l.Final {
+			a.finals++
+			a.end = l.To
+		}
+	}
+	out := map[string]float64{}
+	for id, a := range by {
+		if a.starts != 1 || a.finals != 1 || len(a.tenants) != 1 {
+			t.Errorf("sandbox %s: %d create intervals, %d final ones, tenants %v; want one of each", id, a.starts, a.finals, a.tenants)
+			continue
+		}
+		if life := a.end.Sub(a.start).Seconds(); math.Abs(a.sum-life) > 1e-6 {
+			t.Errorf("sandbox %s: intervals add up to %.3f s, its metered life is %.3f s", id, a.sum, life)
+		}
+		out[id] = a.running
+	}
+	return out
+}
+
+// TestUsageMeteringCoversLifetime: a sandbox's metered running seconds,
+// across create, reuse, release, reclaim and idle expiry, add up to its
+// life from its create to its destruction, in intervals that never
+// overlap, each under the tenant's dimension.
+func TestUsageMeteringCoversLifetime(t *testing.T) {
+	var logs bytes.Buffer
+	events := &eventLog{}
+	h := newHarness(t, func(s *core.Settings) { s.IdleTimeout = time.Minute },
+		core.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))), core.WithEventSink(events))
+	ctx := context.Background()
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	for _, step := range []func(){
+		func() { h.acquire(t, key("t1"), core.SourceReused) },
+		func() {
+			if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+		},
+		func() { h.acquire(t, key("t1"), core.SourceReclaimed) },
+		func() {
+			if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+		},
+	} {
+		h.clock.advance(17 * time.Second)
+		step()
+	}
+	h.clock.advance(2 * time.Minute)
+	if st, err := h.eng.Reconcile(ctx); err != nil || st.Expired != 1 {
+		t.Fatalf("Reconcile = %+v, %v; want 1 expired", st, err)
+	}
+	lines := usageLines(t, logs.Bytes())
+	for _, l := range lines {
+		if l.Tenant != "acme" || l.Deployment != "test" || l.Paused != nil {
+			t.Errorf("usage line %+v: want running time of tenant acme in deployment test", l)
+		}
+	}
+	running := meteredLife(t, lines)[rec.SandboxID]
+	all := events.all()
+	created, destroyed := all[0], all[len(all)-1]
+	if created.Kind != core.EventCreated || destroyed.Kind != core.EventDestroyed {
+		t.Fatalf("events %v: want created first, destroyed last", events.seen(rec.SandboxID))
+	}
+	life := destroyed.Time.Sub(created.Time).Seconds()
+	if got := running; math.Abs(got-life) > 0.1 { // the events' times are taken a moment after the writes'
+		t.Errorf("metered running seconds = %.3f, want the %.3f s from created to destroyed", got, life)
+	}
+	if lines[0].State != string(core.StateCreating) {
+		t.Errorf("first interval's state = %q, want creating (metered from the create)", lines[0].State)
+	}
+}
+
+// TestUsageMeteringUnderConcurrency: tenants' acquires and releases race
+// (and capacity evicts); every sandbox's intervals still tile its life,
+// from its create to its destruction, so a tenant's metered seconds are
+// exactly its sandboxes' lives.
+func TestUsageMeteringUnderConcurrency(t *testing.T) {
+	var logs bytes.Buffer
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = 3; s.Policy = core.PolicyReject },
+		core.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k := core.ThreadKey{Tenant: fmt.Sprintf("tenant%d", w%2), User: "u", Thread: fmt.Sprintf("t%d", w%4)}
+			for range 8 {
+				res, err := h.eng.Acquire(ctx, k)
+				if err != nil {
+					continue // capacity or a peer's lease: part of the race
+				}
+				_, _ = h.eng.Release(ctx, k.Tenant, res.Record.SandboxID)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := h.eng.SetDraining(ctx, true); err != nil {
+		t.Fatalf("SetDraining: %v", err)
+	}
+	if _, err := h.eng.Reconcile(ctx); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if c := h.capacity(t); c.Used != 0 {
+		t.Fatalf("used = %d after draining, want 0 (every sandbox destroyed)", c.Used)
+	}
+	if n := len(meteredLife(t, usageLines(t, logs.Bytes()))); n < 2 {
+		t.Errorf("%d sandboxes metered, want several", n)
+	}
+}
