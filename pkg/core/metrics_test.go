@@ -48,14 +48,7 @@ func TestLogEMFIgnoresLevel(t *testing.T) {
 		t.Fatalf("got %d lines, want 1: %s", len(lines), buf.String())
 	}
 	var line struct {
-		AWS struct {
-			Timestamp         int64
-			CloudWatchMetrics []struct {
-				Namespace  string
-				Dimensions [][]string
-				Metrics    []struct{ Name, Unit string }
-			}
-		} `json:"_aws"`
+		AWS           emfMeta `json:"_aws"`
 		Deployment    string
 		Function      string  `json:"function"`
 		Msg           string  `json:"msg"`

@@ -15,16 +15,20 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
+// emfMeta is the "_aws" member of an EMF record.
+type emfMeta struct {
+	Timestamp         int64
+	CloudWatchMetrics []struct {
+		Namespace  string
+		Dimensions [][]string
+		Metrics    []struct{ Name, Unit string }
+	}
+}
+
 // usageLine is one metered interval as logged (an EMF record with the
 // dimensions Deployment and Tenant).
 type usageLine struct {
-	AWS struct {
-		CloudWatchMetrics []struct {
-			Namespace  string
-			Dimensions [][]string
-			Metrics    []struct{ Name, Unit string }
-		}
-	} `json:"_aws"`
+	AWS        emfMeta `json:"_aws"`
 	Deployment string
 	Tenant     string
 	Running    *float64  `json:"SandboxRunningSeconds"`
