@@ -81,10 +81,9 @@ func meteredLife(t *testing.T, lines []usageLine) map[string]float64 {
 	for _, l := range lines {
 		a := by[l.SandboxID]
 		if a == nil {
-			a = &acc{tenants: map[string]bool{}}
+			a = &acc{}
 			by[l.SandboxID] = a
 		}
-		a.tenants[l.Tenant] = true
 		if l.Running != nil {
 			a.sum += *l.Running
 			a.running += *l.Running
@@ -102,8 +101,8 @@ func meteredLife(t *testing.T, lines []usageLine) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for id, a := range by {
-		if a.starts != 1 || a.finals != 1 || len(a.tenants) != 1 {
-			t.Errorf("sandbox %s: %d create intervals, %d final ones, tenants %v; want one of each", id, a.starts, a.finals, a.tenants)
+		if a.starts != 1 || a.finals != 1 {
+			t.Errorf("sandbox %s: %d create intervals, %d final ones; want one of each", id, a.starts, a.finals)
 			continue
 		}
 		if life := a.end.Sub(a.start).Seconds(); math.Abs(a.sum-life) > 1e-6 {
@@ -203,5 +202,54 @@ func TestUsageMeteringUnderConcurrency(t *testing.T) {
 	}
 	if n := len(meteredLife(t, usageLines(t, logs.Bytes()))); n < 2 {
 		t.Errorf("%d sandboxes metered, want several", n)
+	}
+}
+
+// TestUsageMeteringOfPoolMembers: a pool member's time before a thread
+// claims it is the pool's (Tenant "(pool)"), its time after is the
+// claiming tenant's, and the intervals still cover its life; an unclaimed
+// member's whole life is the pool's.
+func TestUsageMeteringOfPoolMembers(t *testing.T) {
+	var logs bytes.Buffer
+	h := newPoolHarness(t, 2, nil, core.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
+	ctx := context.Background()
+	h.refill(t, 2)
+	h.clock.advance(30 * time.Second)
+	rec := h.acquire(t, key("t1"), core.SourcePool)
+	h.clock.advance(20 * time.Second)
+	if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := h.eng.SetDraining(ctx, true); err != nil {
+		t.Fatalf("SetDraining: %v", err)
+	}
+	if _, err := h.eng.Reconcile(ctx); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if c := h.capacity(t); c.Used != 0 {
+		t.Fatalf("used = %d after draining, want 0", c.Used)
+	}
+	lines := usageLines(t, logs.Bytes())
+	running := meteredLife(t, lines)
+	if len(running) < 2 {
+		t.Fatalf("%d sandboxes metered, want the claimed member and at least one other", len(running))
+	}
+	perTenant := map[string]map[string]float64{}
+	for _, l := range lines {
+		if perTenant[l.SandboxID] == nil {
+			perTenant[l.SandboxID] = map[string]float64{}
+		}
+		perTenant[l.SandboxID][l.Tenant] += *l.Running
+	}
+	for id, by := range perTenant {
+		if id == rec.SandboxID {
+			if by[core.UsagePoolTenant] < 30 || by["acme"] < 20 || len(by) != 2 {
+				t.Errorf("claimed member %s metered %v, want >= 30 s for the pool, >= 20 s for acme", id, by)
+			}
+			continue
+		}
+		if len(by) != 1 || by[core.UsagePoolTenant] < 50 {
+			t.Errorf("unclaimed member %s metered %v, want >= 50 s, all the pool's", id, by)
+		}
 	}
 }
