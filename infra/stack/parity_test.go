@@ -193,6 +193,17 @@ func deployedEnv() []string {
 	return sortedKeys(set)
 }
 
+// functionEnv is f's environment by name: deployedEnv, and
+// POOL_REFILL_FUNCTION for a function that refills the pool.
+func functionEnv(f Function) []string {
+	env := deployedEnv()
+	if f.RefillsPool {
+		env = append(env, config.EnvPoolRefillFunction)
+		sort.Strings(env)
+	}
+	return env
+}
+
 func sortedKeys(m map[string]bool) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
@@ -220,7 +231,7 @@ func TestParity(t *testing.T) {
 	want := deployment{Functions: map[string]string{}, Routes: map[string]string{}, Tokens: map[string]string{}, Schedules: map[string]string{}, Env: map[string][]string{}}
 	for _, f := range Functions {
 		want.Functions[f.Name] = f.LogicalID
-		want.Env[f.Name] = deployedEnv()
+		want.Env[f.Name] = functionEnv(f)
 		for _, r := range f.Routes {
 			want.Routes[r.Key()] = f.Name
 			want.Tokens[r.Key()] = cmp.Or(r.TokenHeader, "Authorization")
@@ -249,8 +260,12 @@ func TestParity(t *testing.T) {
 		declared[v] = true
 	}
 	deployed := map[string]bool{}
-	for _, v := range deployedEnv() {
-		deployed[v] = true
+	for _, f := range Functions {
+		for _, v := range functionEnv(f) {
+			deployed[v] = true
+		}
+	}
+	for v := range deployed {
 		if !declared[v] {
 			t.Errorf("%s is deployed but internal/config does not read it (renamed?)", v)
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
 	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
+	"github.com/sandbox-broker/sandbox-broker/internal/wiring"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
@@ -61,8 +62,8 @@ func TestResourceCounts(t *testing.T) {
 func TestFunctions(t *testing.T) {
 	s := defaultSynth(t)
 	fns := s.Resources("AWS::Lambda::Function")
-	wantEnv := deployedEnv()
 	for _, f := range Functions {
+		wantEnv := functionEnv(f)
 		r, ok := fns[f.LogicalID]
 		if !ok {
 			t.Errorf("no function %s", f.LogicalID)
@@ -82,6 +83,9 @@ func TestFunctions(t *testing.T) {
 		sort.Strings(names)
 		if !reflect.DeepEqual(names, wantEnv) {
 			t.Errorf("%s: environment = %v\nwant %v", f.Name, names, wantEnv)
+		}
+		if want := str(ref("ReconcileFunction")); f.RefillsPool && str(env[config.EnvPoolRefillFunction]) != want {
+			t.Errorf("%s: %s = %s, want %s", f.Name, config.EnvPoolRefillFunction, str(env[config.EnvPoolRefillFunction]), want)
 		}
 		if str(env[config.EnvE2BAPIKeySecretARN]) != str(ref(LogicalSecret)) {
 			t.Errorf("%s: %s = %s, want a Ref to the secret", f.Name, config.EnvE2BAPIKeySecretARN, str(env[config.EnvE2BAPIKeySecretARN]))
@@ -359,6 +363,9 @@ func TestIAMLeastPrivilege(t *testing.T) {
 			"ReadE2BApiKey":    {`"secretsmanager:GetSecretValue"`, str(ref(LogicalSecret))},
 			"SealAccessTokens": {str(KMSActions), str(getAtt(LogicalTokenKey, "Arn"))},
 		}
+		if f.RefillsPool {
+			want["InvokePoolRefill"] = [2]string{str(LambdaInvokeActions), str(getAtt("ReconcileFunction", "Arn"))}
+		}
 		got := map[string][2]string{}
 		for _, st := range attached[0]["PolicyDocument"].(map[string]any)["Statement"].([]any) {
 			st := st.(map[string]any)
@@ -417,6 +424,8 @@ func TestActionsCoverTheClients(t *testing.T) {
 		"CreateMultipartUpload": {"s3:PutObject"}, "UploadPart": {"s3:PutObject"}, "CompleteMultipartUpload": {"s3:PutObject"},
 		"AbortMultipartUpload": {"s3:AbortMultipartUpload"}, "ListObjectsV2": {"s3:ListBucket"},
 		"DeleteObject": {"s3:DeleteObject"}, "DeleteObjects": {"s3:DeleteObject"},
+		// Lambda
+		"Invoke": {"lambda:InvokeFunction"},
 	}
 	derive := func(iface reflect.Type) []string {
 		set := map[string]bool{}
@@ -447,6 +456,9 @@ func TestActionsCoverTheClients(t *testing.T) {
 	}
 	if got, want := sorted(S3ObjectActions, S3BucketActions), derive(reflect.TypeFor[outputsync.S3API]()); !reflect.DeepEqual(got, want) {
 		t.Errorf("S3 actions granted = %v, outputsync.S3API needs %v", got, want)
+	}
+	if got, want := sorted(LambdaInvokeActions), derive(reflect.TypeFor[wiring.LambdaAPI]()); !reflect.DeepEqual(got, want) {
+		t.Errorf("Lambda actions granted = %v, wiring.LambdaAPI needs %v", got, want)
 	}
 }
 

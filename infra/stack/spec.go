@@ -45,6 +45,10 @@ type Function struct {
 	Routes         []Route
 	// Schedule is an EventBridge rate expression ("" = not scheduled).
 	Schedule string
+	// RefillsPool: the function's pool claims start a refill by invoking
+	// the scheduled function asynchronously (POOL_REFILL_FUNCTION, and
+	// lambda:InvokeFunction on that function alone).
+	RefillsPool bool
 }
 
 // Functions are the broker's five functions: four behind the HTTP API,
@@ -54,6 +58,7 @@ var Functions = []Function{
 		Name: "acquire", LogicalID: "AcquireFunction", MemoryMB: 256, TimeoutSeconds: 29,
 		Description: "POST /v1/sandboxes/acquire (may wait for a slot; reads are served by StatusFunction)",
 		Routes:      []Route{{"POST", "/v1/sandboxes/acquire", ""}},
+		RefillsPool: true,
 	},
 	{
 		// Short reads and admin writes, on their own function so that

@@ -100,6 +100,8 @@ type Stack struct {
 	Params    map[string]awscdk.CfnParameter // by parameter name
 	// AlarmTopic receives every alarm's state changes.
 	AlarmTopic awssns.ITopic
+	// policies are the functions' least-privilege policies, by name.
+	policies map[string]awsiam.Policy
 }
 
 // DynamoDBActions are the IAM actions every function gets on the table:
@@ -147,6 +149,10 @@ var KMSActions = []string{"kms:Decrypt", "kms:GenerateDataKey"}
 // LogActions are granted on the function's own log group.
 var LogActions = []string{"logs:CreateLogStream", "logs:PutLogEvents"}
 
+// LambdaInvokeActions is what a function that refills the pool may do to
+// the scheduled function (internal/wiring.LambdaAPI).
+var LambdaInvokeActions = []string{"lambda:InvokeFunction"}
+
 // New defines the broker stack in scope. It panics (as CDK constructs do)
 // on invalid props.
 func New(scope constructs.Construct, id string, props Props) *Stack {
@@ -165,6 +171,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	s := &Stack{
 		Stack:     st,
 		Functions: map[string]awslambda.Function{},
+		policies:  map[string]awsiam.Policy{},
 		Alarms:    map[string]awscloudwatch.Alarm{},
 		Params:    map[string]awscdk.CfnParameter{},
 	}
@@ -181,6 +188,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	for _, f := range Functions {
 		s.Functions[f.Name] = s.function(f, props, env, prefix, retention)
 	}
+	s.poolRefill()
 	s.api(props, retention)
 	s.schedule()
 	s.observability(props, deployment)
@@ -314,6 +322,29 @@ func (s *Stack) environment(deployment *string) map[string]*string {
 	return env
 }
 
+// poolRefill lets the functions that refill the pool (RefillsPool) invoke
+// the scheduled function: its name in POOL_REFILL_FUNCTION, and
+// lambda:InvokeFunction on it alone.
+func (s *Stack) poolRefill() {
+	var target awslambda.Function
+	for _, f := range Functions {
+		if f.Schedule != "" {
+			target = s.Functions[f.Name]
+		}
+	}
+	for _, f := range Functions {
+		if !f.RefillsPool {
+			continue
+		}
+		s.Functions[f.Name].AddEnvironment(jsii.String(config.EnvPoolRefillFunction), target.FunctionName(), nil)
+		s.policies[f.Name].AddStatements(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:       jsii.String("InvokePoolRefill"),
+			Actions:   jsii.Strings(LambdaInvokeActions...),
+			Resources: jsii.Strings(*target.FunctionArn()),
+		}))
+	}
+}
+
 // schedule defines the EventBridge rule of every scheduled function (the
 // reconcile pass).
 func (s *Stack) schedule() {
@@ -393,6 +424,7 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	}})
 	policy := awsiam.NewPolicy(st, jsii.String(f.LogicalID+"Policy"), &awsiam.PolicyProps{Document: doc})
 	policy.AttachToRole(role)
+	s.policies[f.Name] = policy
 
 	fp := &awslambda.FunctionProps{
 		Description:  jsii.String(f.Description),

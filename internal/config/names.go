@@ -19,6 +19,7 @@ func VariableNames() []string {
 		EnvTemplate,
 		EnvPoolSize,
 		EnvPoolMaxAgeSeconds,
+		EnvPoolRefillFunction,
 		EnvDeploymentID, EnvMaxPerUser, EnvMaxPerTenant, EnvMaxWaitersPerTenant, EnvAdminTenants, EnvTenantClaim,
 		EnvE2BAPIURL,
 		EnvE2BSandboxURL,

@@ -13,6 +13,11 @@ const (
 	// EnvPoolMaxAgeSeconds is the age at which a member is recycled
 	// (default 3600).
 	EnvPoolMaxAgeSeconds = "SANDBOX_POOL_MAX_AGE_SECONDS"
+	// EnvPoolRefillFunction names the function a pool claim invokes
+	// asynchronously to refill the pool (the templates: the reconcile
+	// function, on the acquire function only); empty: the reconcile
+	// schedule alone refills.
+	EnvPoolRefillFunction = "POOL_REFILL_FUNCTION"
 )
 
 // maxPoolAge bounds EnvPoolMaxAgeSeconds.
@@ -21,6 +26,8 @@ const maxPoolAge = 24 * time.Hour
 // Pool configures the pre-warmed pool.
 type Pool struct {
 	core.PoolSettings
+	// RefillFunction is EnvPoolRefillFunction ("" = none).
+	RefillFunction string
 }
 
 // pool reads the pool variables: a size of 0 or more, a positive age.
@@ -32,5 +39,5 @@ func (p *parser) pool() Pool {
 		p.fail(EnvPoolMaxAgeSeconds, "must be at most %d: it is the members' provider timeout, and E2B runs a sandbox 24 hours at most", int(maxPoolAge/time.Second))
 		ps.MaxAge = maxPoolAge
 	}
-	return Pool{PoolSettings: ps}
+	return Pool{PoolSettings: ps, RefillFunction: p.str(EnvPoolRefillFunction, "")}
 }

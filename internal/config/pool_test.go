@@ -15,8 +15,8 @@ func TestParsePoolSettings(t *testing.T) {
 		want Pool
 	}{
 		{"defaults: no pool", nil, Pool{PoolSettings: core.PoolSettings{Size: 0, MaxAge: time.Hour}}},
-		{"overrides", []string{"SANDBOX_POOL_SIZE=4", "SANDBOX_POOL_MAX_AGE_SECONDS=900"},
-			Pool{PoolSettings: core.PoolSettings{Size: 4, MaxAge: 15 * time.Minute}}},
+		{"overrides", []string{"SANDBOX_POOL_SIZE=4", "SANDBOX_POOL_MAX_AGE_SECONDS=900", "POOL_REFILL_FUNCTION=broker-reconcile"},
+			Pool{PoolSettings: core.PoolSettings{Size: 4, MaxAge: 15 * time.Minute}, RefillFunction: "broker-reconcile"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

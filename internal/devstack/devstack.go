@@ -200,6 +200,8 @@ type Stack struct {
 	failOnce sync.Once
 	closeMu  sync.Once
 	closeErr error
+	// invokeLn is the local Lambda Invoke API's listener (invoke.go).
+	invokeLn net.Listener
 	// tokenKey is the functions' TOKEN_LOCAL_KEY: made up at each start
 	// (the table lives in memory, so nothing sealed outlives it), never
 	// written to the stack file.
@@ -441,6 +443,9 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 		return nil, fmt.Errorf("devstack: %w", err)
 	}
 	s.Info.Provider = providerOf(o)
+	if err := s.listenInvoke(); err != nil {
+		return nil, fmt.Errorf("devstack: %w", err)
+	}
 	if err := s.startFunctions(ctx, o, t.rie, logDir); err != nil {
 		return nil, fmt.Errorf("devstack: %w (logs in %s)", err, logDir)
 	}
@@ -451,6 +456,7 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	}
 	served = true
 	s.serveAPI(ln, o)
+	s.serveInvoke(runCtx)
 	s.startSchedules(runCtx, o)
 	s.StackFile = filepath.Join(o.RunDir, "stack.json")
 	if err := writeJSON(s.StackFile, s.Info); err != nil {
@@ -740,6 +746,9 @@ func (s *Stack) Close() error {
 			cancel()
 		}
 		s.cancel()
+		if s.invokeLn != nil {
+			_ = s.invokeLn.Close() // served or not: no invocation starts past here
+		}
 		var wg sync.WaitGroup
 		for _, lf := range s.fns {
 			wg.Add(1)
@@ -795,6 +804,10 @@ func (s *Stack) functionEnv(extra []string) []string {
 		"OUTPUT_BUCKET=" + s.Info.S3.Bucket,
 		"OUTPUT_PREFIX=" + s.Info.S3.Prefix,
 		"TOKEN_LOCAL_KEY=" + s.tokenKey,
+		// A pool claim's refill: an asynchronous invocation of the
+		// scheduled function, through the local Invoke API.
+		"AWS_ENDPOINT_URL_LAMBDA=" + s.invokeURL(),
+		"POOL_REFILL_FUNCTION=" + s.refillFunction(),
 	}
 	for _, k := range []string{"HOME", "TMPDIR"} {
 		if v, ok := os.LookupEnv(k); ok {

@@ -15,6 +15,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/kms"
+	awslambda "github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
@@ -134,8 +135,11 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 		return nil, err
 	}
 	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment, ddbstore.WithSealer(sealer))
-	eng, err := core.New(cfg.Settings, store, prov, syncer, core.WithLogger(logger), core.WithReconcileSettings(cfg.Reconcile),
-		core.WithPool(cfg.Pool.PoolSettings))
+	opts := []core.Option{core.WithLogger(logger), core.WithReconcileSettings(cfg.Reconcile), core.WithPool(cfg.Pool.PoolSettings)}
+	if cfg.Pool.Size > 0 && cfg.Pool.RefillFunction != "" {
+		opts = append(opts, core.WithPoolRefill(PoolRefill(awslambda.NewFromConfig(awsCfg), cfg.Pool.RefillFunction)))
+	}
+	eng, err := core.New(cfg.Settings, store, prov, syncer, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -187,12 +191,17 @@ func StartReconcile() {
 	lambda.Start(ReconcileHandler(eng, logger))
 }
 
-// ReconcileHandler runs one reconcile pass per event and logs its stats.
+// ReconcileHandler runs one reconcile pass per event and logs its stats;
+// a pool-refill event (PoolRefillDetailType, sent by a pool claim) runs a
+// refill only.
 // A failed pass is returned as the Lambda error; neither EventBridge nor
 // Lambda retries it (the templates set no retries): the next scheduled
 // pass starts over.
 func ReconcileHandler(b core.Broker, logger *slog.Logger) func(ctx context.Context, ev events.EventBridgeEvent) (core.ReconcileStats, error) {
 	return func(ctx context.Context, ev events.EventBridgeEvent) (core.ReconcileStats, error) {
+		if stats, handled, err := refillHandler(ctx, b, logger, ev); handled {
+			return stats, err
+		}
 		stats, err := b.Reconcile(ctx)
 		attrs := []any{"event_id", ev.ID, "expired", stats.Expired, "killed", stats.Killed, "dead", stats.Dead,
 			"errors", stats.Errors, "duration_ms", stats.Duration.Milliseconds()}

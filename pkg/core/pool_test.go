@@ -2,9 +2,11 @@ package core_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -368,5 +370,22 @@ func TestPoolReconcileKnowsMembers(t *testing.T) {
 	}
 	if st := h.capacity(t); st.Used != 3 {
 		t.Errorf("used = %d, want 3", st.Used)
+	}
+}
+
+func TestPoolClaimKicksARefillAndACreateDoesNot(t *testing.T) {
+	var kicks atomic.Int32
+	h := newPoolHarness(t, 1, nil, core.WithPoolRefill(func(context.Context) error {
+		kicks.Add(1)
+		return errors.New("refill function unreachable") // logged, never the caller's
+	}))
+	h.refill(t, 1)
+	h.acquire(t, key("t1"), core.SourcePool)
+	if got := kicks.Load(); got != 1 {
+		t.Errorf("kicks after a claim = %d, want 1", got)
+	}
+	h.acquire(t, key("t2"), core.SourceCreated)
+	if got := kicks.Load(); got != 1 {
+		t.Errorf("kicks after a create = %d, want still 1", got)
 	}
 }
