@@ -42,7 +42,7 @@ func (c *callCounter) middleware(stack *middleware.Stack) error {
 // benchEngine builds an engine over a fresh DynamoDB Local table whose
 // client counts calls, with the zero-latency fake provider, so figures are
 // the broker's own cost.
-func benchEngine(b *testing.B, mutate func(*core.Settings)) (*core.Engine, *callCounter, *dynamodb.Client, string) {
+func benchEngine(b *testing.B, mutate func(*core.Settings), opts ...core.Option) (*core.Engine, *callCounter, *dynamodb.Client, string) {
 	b.Helper()
 	base := testenv.DynamoClient(b)
 	counter := &callCounter{}
@@ -55,7 +55,8 @@ func benchEngine(b *testing.B, mutate func(*core.Settings)) (*core.Engine, *call
 	if mutate != nil {
 		mutate(&s)
 	}
-	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment), coretest.NewFakeProvider(), &fakeSyncer{}, core.WithLogger(slog.New(slog.DiscardHandler)))
+	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment), coretest.NewFakeProvider(), &fakeSyncer{},
+		append([]core.Option{core.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		b.Fatalf("core.New: %v", err)
 	}
@@ -125,6 +126,20 @@ func BenchmarkAcquireDynamoDBCalls(b *testing.B) {
 			mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourceCreated)
 		}
 		b.ReportMetric(float64(c.n.Load())/float64(b.N), "ddb-calls/op")
+	})
+	b.Run("pool-claim", func(b *testing.B) {
+		eng, c, _, _ := benchEngine(b, nil, core.WithPool(core.PoolSettings{Size: 1, MaxAge: time.Hour}))
+		var calls int64
+		b.ResetTimer()
+		for i := range b.N {
+			if st, err := eng.RefillPool(ctx); err != nil || st.Created != 1 {
+				b.Fatalf("RefillPool = %+v, %v", st, err)
+			}
+			c.n.Store(0)
+			mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourcePool)
+			calls += c.n.Load()
+		}
+		b.ReportMetric(float64(calls)/float64(b.N), "ddb-calls/op")
 	})
 	b.Run("evict-then-create", func(b *testing.B) {
 		eng, c, _, _ := benchEngine(b, func(s *core.Settings) { s.Replicas = 1 })

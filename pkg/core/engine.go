@@ -134,13 +134,16 @@ const maxUnusable = 3
 const createBudget = 10 * time.Second
 
 // Acquire hands the thread a live sandbox: its active one if alive (reused),
-// else its warm one (reclaimed), else a new one (created). A peer's live
+// else its warm one (reclaimed), else a pool member when a pool is kept
+// (pool, see fromPool), else a new one (created). A peer's live
 // lease on the thread's record (a release syncing, a create in flight) is
 // waited out up to the acquire timeout, capped by ctx's deadline.
 //
 // DynamoDB calls (measured by BenchmarkAcquireDynamoDBCalls): reuse and
-// reclaim 2 (lookup, conditional update); create 3 (lookup, reserve,
-// finalize; 4 when replacing a dead sandbox: the failed claim);
+// reclaim 2 (lookup, conditional update); a pool claim 4 (lookup, the
+// members' query, the claim transaction, the activation); create 3
+// (lookup, reserve, finalize; 4 when replacing a dead sandbox: the failed
+// claim; one more, the members' query, when a pool is kept but empty);
 // evict-then-create 8. A full deployment adds 2 eviction queries per
 // attempt, and once per acquire 2 queries looking for the slots of
 // sandboxes past their end (freed if the provider confirms them gone) and

@@ -165,16 +165,14 @@ func (e *Engine) poolStore() PoolStore {
 }
 
 // maxPoolTries bounds the pool members one acquire takes (a member found
-// dead is discarded and the next tried); past it the acquire creates.
-const maxPoolTries = 3
+// dead is discarded and the next tried); past it the acquire creates. A
+// discarded member counts among the acquire's unusable sandboxes
+// (maxUnusable), so the create always gets its turn.
+const maxPoolTries = maxUnusable - 1
 
 // poolCandidates is how many members one claim lists; it tries them in a
 // random order so concurrent claims spread over the pool.
 const poolCandidates = 8
-
-// errPoolMemberUnusable: a claimed member failed its check and was
-// discarded; the acquire tries the next one.
-var errPoolMemberUnusable = errors.New("pool member unusable")
 
 // fromPool hands the thread a pool member when a pool is kept and has one
 // (the thread has no usable sandbox: replaceID / replaceRes name what its
@@ -256,22 +254,28 @@ func (e *Engine) claimOutcome(ctx context.Context, id string, key ThreadKey, own
 
 // finishClaim hands out a member claimed for its thread (rec is claiming
 // under this invocation's lease, or under a lapsed lease of a claimer
-// that died): the active timeout is set, the bootstrap runs under the
-// probe's timeout as the check that it answers, the thread's outputs are
-// restored as for a create, and the record becomes active. A member that
+// that died): the active timeout is set and, side by side, the probe
+// checks that it answers (the member ran the bootstrap when the refill
+// created it), the thread's outputs are restored as for a create, and the
+// record becomes active. A member that
 // fails is discarded (its slots freed once the kill is confirmed) and the
 // acquire tries again (the next member, then a create).
 func (e *Engine) finishClaim(ctx context.Context, rec Record) (AcquireResult, bool, error) {
 	discard := func(why string, cause error) (AcquireResult, bool, error) {
 		e.log.WarnContext(ctx, "pool member "+why+"; discarding", "sandbox_id", rec.SandboxID, "err", cause)
 		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
-		return AcquireResult{}, true, fmt.Errorf("%w: %s %s: %v", errPoolMemberUnusable, rec.SandboxID, why, cause)
+		return AcquireResult{}, true, unavailable(fmt.Errorf("pool member %s %s: %v", rec.SandboxID, why, cause))
 	}
-	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout); err != nil {
+	// The timeout and the probe are independent: they run side by side,
+	// so a claim waits for one provider round trip, not two.
+	timeoutErr := make(chan error, 1)
+	go func() { timeoutErr <- e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout) }()
+	checkErr := e.probe(ctx, rec.Ref())
+	if err := <-timeoutErr; err != nil {
 		return discard("does not take its timeout", err)
 	}
-	if err := e.bootstrap(ctx, rec.Ref(), probeTimeout); err != nil {
-		return discard("failed its check", err)
+	if checkErr != nil {
+		return discard("failed its check", checkErr)
 	}
 	restored, err := e.restore(ctx, rec.ThreadKey, rec.Ref())
 	if err != nil {

@@ -389,3 +389,21 @@ func TestPoolClaimKicksARefillAndACreateDoesNot(t *testing.T) {
 		t.Errorf("kicks after a create = %d, want still 1", got)
 	}
 }
+
+// TestPoolWedgedMemberIsNotHandedOut: a member the provider still lists
+// but that does not answer a command fails the claim's probe and is
+// discarded, never handed out.
+func TestPoolWedgedMemberIsNotHandedOut(t *testing.T) {
+	h := newPoolHarness(t, 1, func(s *core.Settings) { s.AcquireTimeout = time.Second })
+	h.refill(t, 1)
+	member := h.members(t)[0]
+	h.prov.Set(func(f *coretest.FakeProvider) { f.RunErr = errors.New("envd does not answer") })
+	res, err := h.eng.Acquire(context.Background(), key("t1"))
+	if err == nil && res.Record.SandboxID == member.SandboxID {
+		t.Fatalf("handed out the wedged member %s", member.SandboxID)
+	}
+	rec, gerr := h.store.Get(context.Background(), member.SandboxID)
+	if gerr != nil || rec.State != core.StateGone || h.prov.Alive(member.SandboxID) {
+		t.Errorf("wedged member record = %s, %v, alive %t; want gone and killed", rec.State, gerr, h.prov.Alive(member.SandboxID))
+	}
+}

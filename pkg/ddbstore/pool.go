@@ -176,7 +176,8 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 	failed, err := s.writeTxn(ctx, "claim pool member", []types.TransactWriteItem{
 		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(m.SandboxID)),
 			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
-			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}},
+			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values(),
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
 		bind,
 		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
 			ConditionExpression: capExpr.Condition(), UpdateExpression: capExpr.Update(),
@@ -187,6 +188,15 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 	})
 	// A lost race for the member first (the caller tries the next one),
 	// then the thread's binding, then the quotas, draining last.
+	if r, ok := failed[sandboxPK(m.SandboxID)]; ok && len(r.Item) > 0 {
+		// The SDK sends a transaction again when a reply is lost: the
+		// member already claimed for this thread under this claimer's
+		// lease is this claim, applied.
+		if old, derr := s.decodeRecord(ctx, r.Item); derr == nil && old.State == core.StateClaiming &&
+			old.ThreadKey == c.ThreadKey && old.LeaseOwner == c.Owner {
+			return old, nil
+		}
+	}
 	switch {
 	case has(failed, sandboxPK(m.SandboxID)):
 		return core.Record{}, fmt.Errorf("pool member %s: %w", m.SandboxID, core.ErrConflict)

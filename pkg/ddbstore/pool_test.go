@@ -107,6 +107,15 @@ func TestClaimPoolMemberOnceAndItsConditions(t *testing.T) {
 	if n := poolCount(t, s); n != 0 {
 		t.Errorf("pool count = %d, want 0", n)
 	}
+	// The same claim sent again (the SDK's retry of a transaction whose
+	// reply was lost) is the claim, applied once.
+	again, err := s.ClaimPoolMember(ctx, claim)
+	if err != nil || again.Fence != rec.Fence || again.State != core.StateClaiming {
+		t.Errorf("repeated claim = %+v, %v; want the applied claim (fence %d)", again, err, rec.Fence)
+	}
+	if look, _ := s.Lookup(ctx, thread(1)); look.TenantUsed != 1 {
+		t.Errorf("tenant slots after a repeated claim = %d, want 1", look.TenantUsed)
+	}
 	claim2 := claim
 	claim2.ThreadKey, claim2.Owner = thread(2), "inv-b"
 	if _, err := s.ClaimPoolMember(ctx, claim2); !errors.Is(err, core.ErrConflict) {

@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -60,11 +61,13 @@ type stack struct {
 	store      *ddbstore.Store // clean
 	s3c        *s3.Client      // clean
 	bucket     string
+	pool       bool // the engine keeps a pool of one member
 }
 
 // newStack builds a case's stack over the shared sandbox host, DynamoDB
-// Local and versitygw, with its own table, bucket and deployment.
-func newStack(t *testing.T, host *sandboxhost.Server) *stack {
+// Local and versitygw, with its own table, bucket and deployment; with a
+// pool of one member when pool is set.
+func newStack(t *testing.T, host *sandboxhost.Server, pool bool) *stack {
 	t.Helper()
 	st := &stack{t: t, deployment: testenv.UniqueName(t, "f"), clock: &offsetClock{},
 		prov: &faults.Transport{}, ddb: &faults.Transport{}, s3: &faults.Transport{}}
@@ -101,8 +104,12 @@ func newStack(t *testing.T, host *sandboxhost.Server) *stack {
 	s.AcquireTimeout = 3 * time.Second
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = 0
-	st.eng, err = core.New(s, ddbstore.New(faultyDB, table, st.deployment), prov, syncer,
-		core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs))
+	opts := []core.Option{core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs)}
+	if pool {
+		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour}))
+	}
+	st.pool = pool
+	st.eng, err = core.New(s, ddbstore.New(faultyDB, table, st.deployment), prov, syncer, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +218,7 @@ func (st *stack) checkInvariants() {
 	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n, err := st.store.CountStates(ctx, core.StateCreating, core.StateReleasing, core.StateReclaiming, core.StateDestroying)
+	n, err := st.store.CountStates(ctx, core.StateCreating, core.StateReleasing, core.StateReclaiming, core.StateDestroying, core.StateClaiming)
 	if err != nil {
 		st.t.Fatalf("count states: %v", err)
 	}
@@ -227,6 +234,46 @@ func (st *stack) checkInvariants() {
 	if live := st.live(ctx); capa.Used != len(live) {
 		st.t.Errorf("used slots = %d, live sandboxes = %d (%v)", capa.Used, len(live), live)
 	}
+	if !st.pool {
+		return
+	}
+	// The pool's places are its members: no reservation or tombstone
+	// of a refill is left.
+	members, err := st.store.PoolMembers(ctx, 100)
+	if err != nil {
+		st.t.Fatalf("pool members: %v", err)
+	}
+	if places, err := st.store.PoolCount(ctx); err != nil || places != len(members) {
+		st.t.Errorf("pool places = %d (%v), members = %d", places, err, len(members))
+	}
+}
+
+// refill fills the pool (faults off).
+func (st *stack) refill() {
+	st.t.Helper()
+	ctx, cancel := invocation()
+	defer cancel()
+	if ps, err := st.eng.RefillPool(ctx); err != nil || ps.Created != 1 {
+		st.t.Fatalf("setup refill = %+v, %v; want one member", ps, err)
+	}
+}
+
+// claimStep fills the pool, then acquires for a new thread (a claim)
+// under the fault.
+func claimStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	st.refill()
+	return acquireStep(nil)(st, thread, arm, disarm)
+}
+
+// refillStep refills the pool under the fault.
+func refillStep(st *stack, _ string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	ctx, cancel := invocation()
+	defer cancel()
+	arm()
+	ps, err := st.eng.RefillPool(ctx)
+	disarm()
+	st.t.Logf("refill under the fault: %+v, %v", ps, err)
+	return nil, core.ReleaseResult{}, false
 }
 
 // checkOutputs: every file written before the release is in S3 with its
@@ -362,6 +409,17 @@ var steps = []step{
 	{"release/kill", provLayer, faults.PathContains("DELETE", "/sandboxes/"), releaseStep(true)},
 }
 
+// poolSteps are the steps of the pre-warmed pool (a stack with a pool of
+// one): the claim's write (applied then lost among its faults), the
+// check of the claimed member (a member that does not answer: discarded,
+// then a create), and a refill's create (failed, stalled, or applied
+// with its reply lost: a pool sandbox no record names).
+var poolSteps = []step{
+	{"pool/claim-write", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"claiming"`), claimStep},
+	{"pool/member-check", provLayer, faults.BodyContains(faults.PathSuffix("POST", "/process.Process/Start"), `"-c","true"`), claimStep},
+	{"pool/refill-create", provLayer, faults.PathSuffix("POST", "/v2/sandboxes"), refillStep},
+}
+
 func TestOneFaultAtEachStep(t *testing.T) {
 	// Subtests run after this function returns: the host lives until
 	// they are done.
@@ -373,12 +431,13 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = host.Close() })
 	pairs := 0
-	for _, sp := range steps {
+	for _, sp := range slices.Concat(steps, poolSteps) {
+		pool := slices.ContainsFunc(poolSteps, func(p step) bool { return p.name == sp.name })
 		for _, kind := range faults.Kinds() {
 			pairs++
 			t.Run(sp.name+"/"+string(kind), func(t *testing.T) {
 				t.Parallel()
-				st := newStack(t, host)
+				st := newStack(t, host, pool)
 				layer := sp.layer(st)
 				hits := 0
 				thread := "t-" + strings.NewReplacer("/", "-").Replace(sp.name)
