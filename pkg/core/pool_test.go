@@ -407,3 +407,64 @@ func TestPoolWedgedMemberIsNotHandedOut(t *testing.T) {
 		t.Errorf("wedged member record = %s, %v, alive %t; want gone and killed", rec.State, gerr, h.prov.Alive(member.SandboxID))
 	}
 }
+
+// TestPoolConcurrentRefillsNeverOvershoot starts many refills at once (the
+// asynchronous refill of several claims and a reconcile pass, say): the
+// pool ends exactly full, no refill creates past its size, and nothing is
+// left half-made.
+func TestPoolConcurrentRefillsNeverOvershoot(t *testing.T) {
+	const (
+		size     = 3
+		refills  = 8
+		replicas = 10
+	)
+	h := newPoolHarness(t, size, func(s *core.Settings) { s.Replicas = replicas })
+	var wg sync.WaitGroup
+	var created atomic.Int32
+	for range refills {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := h.eng.RefillPool(context.Background())
+			if err != nil {
+				t.Errorf("RefillPool: %v", err)
+			}
+			created.Add(int32(st.Created))
+		}()
+	}
+	wg.Wait()
+	if got := created.Load(); got != size {
+		t.Errorf("members created by %d concurrent refills = %d, want %d", refills, got, size)
+	}
+	if m, n, live := len(h.members(t)), h.poolCount(t), h.prov.Live(); m != size || n != size || live != size {
+		t.Errorf("members %d, pool places %d, live sandboxes %d; want %d each", m, n, live, size)
+	}
+	if st := h.capacity(t); st.Used != size || st.Reserved != 0 {
+		t.Errorf("capacity = %+v, want used %d and no reservation left", st, size)
+	}
+}
+
+// TestPoolLifecycleEvents: a member's create, its claim and its recycling
+// are published, the claim as pool-claimed with the claiming thread.
+func TestPoolLifecycleEvents(t *testing.T) {
+	events := &eventLog{}
+	h := newPoolHarness(t, 2, nil, core.WithEventSink(events))
+	h.refill(t, 2)
+	claimed := h.acquire(t, key("t1"), core.SourcePool)
+	if got, want := events.seen(claimed.SandboxID), []string{"created creating->pooled ", "pool-claimed pooled->active "}; !sameList(got, want) {
+		t.Errorf("claimed member's events = %q, want %q", got, want)
+	}
+	for _, ev := range events.all() {
+		if ev.Kind == core.EventPoolClaimed && (ev.Tenant != "acme" || ev.Thread != "t1") {
+			t.Errorf("pool-claimed event = %+v, want the claiming thread", ev)
+		}
+	}
+	other := h.members(t)[0]
+	h.clock.advance(9 * time.Minute) // past MaxAge less the lead
+	if _, err := h.eng.Reconcile(context.Background()); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if got, want := events.seen(other.SandboxID), []string{"created creating->pooled ", "destroyed pooled->gone " + core.EventReasonPoolRecycled}; !sameList(got, want) {
+		t.Errorf("recycled member's events = %q, want %q", got, want)
+	}
+}

@@ -18,37 +18,21 @@ var initMessages = map[string]bool{"configured": true, "configuration": true, "i
 // among them (the scenario makes each log at least once).
 func checkRequestIDs(t *testing.T, logDir string) {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(logDir, "fn-*.log"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no function logs in %s (%v)", logDir, err)
-	}
 	seen := map[string]int{} // message -> lines with a request id
-	for _, name := range files {
-		f, err := os.Open(name)
-		if err != nil {
-			t.Fatal(err)
+	files := eachLogLine(t, filepath.Join(logDir, "fn-*.log"), func(name, raw string, line map[string]any) bool {
+		msg, _ := line["msg"].(string)
+		if msg == "" || initMessages[msg] {
+			return true
 		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) != nil {
-				continue // the emulator's own START/END/REPORT lines are text
-			}
-			msg, _ := line["msg"].(string)
-			if msg == "" || initMessages[msg] {
-				continue
-			}
-			if id, _ := line["requestId"].(string); id == "" {
-				t.Errorf("%s: line without requestId: %s", filepath.Base(name), sc.Text())
-				continue
-			}
-			seen[msg]++
+		if id, _ := line["requestId"].(string); id == "" {
+			t.Errorf("%s: line without requestId: %s", filepath.Base(name), raw)
+			return true
 		}
-		f.Close()
-		if err := sc.Err(); err != nil {
-			t.Fatalf("read %s: %v", name, err)
-		}
+		seen[msg]++
+		return true
+	})
+	if files == 0 {
+		t.Fatalf("no function logs in %s", logDir)
 	}
 	// "request": the HTTP adapter; "sync pass": the syncer; "reconcile
 	// pass": the engine.
@@ -57,4 +41,39 @@ func checkRequestIDs(t *testing.T, logDir string) {
 			t.Errorf("no %q line with a requestId in the function logs (seen %v)", msg, seen)
 		}
 	}
+}
+
+// eachLogLine calls fn with every JSON line of the log files matching
+// pattern (the emulator's own text lines are skipped) until fn returns
+// false, and returns how many files it read.
+func eachLogLine(t *testing.T, pattern string, fn func(name, raw string, line map[string]any) bool) int {
+	t.Helper()
+	files, err := filepath.Glob(pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		more := true
+		for more && sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				continue
+			}
+			more = fn(name, sc.Text(), line)
+		}
+		f.Close()
+		if err := sc.Err(); err != nil {
+			t.Fatalf("read %s: %v", name, err)
+		}
+		if !more {
+			break
+		}
+	}
+	return len(files)
 }

@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"bufio"
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -46,29 +43,15 @@ func TestPoolClaimStartsARefill(t *testing.T) {
 	}
 }
 
-// refilled reports whether a function log holds a refill that created a
-// member.
+// refilled reports whether a function log holds a refill invocation that
+// created a member.
 func refilled(t *testing.T, logDir string) bool {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(logDir, "fn-reconcile-*.log"))
-	for _, name := range files {
-		f, err := os.Open(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var line struct {
-				Msg     string  `json:"msg"`
-				Created float64 `json:"created"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "pool refill invocation" && line.Created >= 1 {
-				f.Close()
-				return true
-			}
-		}
-		f.Close()
-	}
-	return false
+	found := false
+	eachLogLine(t, filepath.Join(logDir, "fn-reconcile-*.log"), func(_, _ string, line map[string]any) bool {
+		created, _ := line["created"].(float64)
+		found = line["msg"] == "pool refill invocation" && created >= 1
+		return !found
+	})
+	return found
 }
