@@ -206,7 +206,9 @@ func (p *pass) poolSandbox(ctx context.Context, in SandboxInfo, look ReconcileLo
 		p.st.Deferred++ // its refill is still in flight
 		return
 	}
-	if !p.graceWaited(ctx, in.ID, p.rs.Grace, time.Time{}) {
+	// The grace runs from its create (its metadata says when), not from
+	// the pass that first found its refill over.
+	if !p.graceWaited(ctx, in.ID, p.rs.Grace, startedAt(in)) {
 		return
 	}
 	consumed := ""

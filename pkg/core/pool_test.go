@@ -468,3 +468,43 @@ func TestPoolLifecycleEvents(t *testing.T) {
 		t.Errorf("recycled member's events = %q, want %q", got, want)
 	}
 }
+
+// TestPoolReconcileKillsAnUnfinishedMember: a sandbox created for the
+// pool that no record names (its refill died after the create) is left
+// alone while its reservation may still be finalized, then killed, its
+// slot and pool place given back.
+func TestPoolReconcileKillsAnUnfinishedMember(t *testing.T) {
+	h := newPoolHarness(t, 2, func(s *core.Settings) { s.Replicas = 5 }, core.WithReconcileSettings(core.ReconcileSettings{
+		MaxPages: 10, MaxItems: 100, MaxDuration: time.Minute, Grace: time.Second, OrphanTTL: time.Hour}))
+	ctx := context.Background()
+	if err := h.store.ReservePool(ctx, core.PoolReservation{Token: "res-left", Limit: 5, Size: 2, Now: h.clock.now(),
+		ExpiresAt: h.clock.now().Add(time.Minute)}); err != nil {
+		t.Fatalf("ReservePool: %v", err)
+	}
+	left, err := h.prov.Create(ctx, core.CreateSpec{Metadata: map[string]string{core.MetaDeployment: "test",
+		core.MetaPool: core.MetaPoolMember, core.MetaReservation: "res-left", core.MetaCreatedAt: h.clock.now().UTC().Format(time.RFC3339)}})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	st, err := h.eng.Reconcile(ctx) // the refill may still finalize it
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if !h.prov.Alive(left.ID) || st.Orphans != 0 {
+		t.Fatalf("in-flight member killed or counted an orphan (%+v)", st)
+	}
+	h.clock.advance(10 * time.Minute) // the reservation's create is presumed crashed
+	if st, err = h.eng.Reconcile(ctx); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if st.Killed != 1 || st.ReservationsSettled != 1 {
+		t.Errorf("second pass = %+v, want the unfinished member killed and its reservation settled", st)
+	}
+	if h.prov.Alive(left.ID) {
+		t.Errorf("unfinished member %s still runs", left.ID)
+	}
+	members := len(h.members(t))
+	if n, used := h.poolCount(t), h.capacity(t).Used; n != members || used != h.prov.Live() {
+		t.Errorf("pool places %d for %d members, used %d for %d live sandboxes", n, members, used, h.prov.Live())
+	}
+}
