@@ -16,6 +16,7 @@ import (
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/eventpub"
 	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
 	"github.com/sandbox-broker/sandbox-broker/internal/wiring"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
@@ -362,6 +363,8 @@ func TestIAMLeastPrivilege(t *testing.T) {
 			"ListOutputBucket": {`"s3:ListBucket"`, str(getAtt(LogicalBucket, "Arn"))},
 			"ReadE2BApiKey":    {`"secretsmanager:GetSecretValue"`, str(ref(LogicalSecret))},
 			"SealAccessTokens": {str(KMSActions), str(getAtt(LogicalTokenKey, "Arn"))},
+			"PublishEvents": {`"events:PutEvents"`, `{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":events:",{"Ref":"AWS::Region"},":",` +
+				`{"Ref":"AWS::AccountId"},":event-bus/",{"Ref":"EventBusName"}]]}`},
 		}
 		if f.RefillsPool {
 			want["InvokePoolRefill"] = [2]string{str(LambdaInvokeActions), str(getAtt("ReconcileFunction", "Arn"))}
@@ -426,6 +429,8 @@ func TestActionsCoverTheClients(t *testing.T) {
 		"DeleteObject": {"s3:DeleteObject"}, "DeleteObjects": {"s3:DeleteObject"},
 		// Lambda
 		"Invoke": {"lambda:InvokeFunction"},
+		// EventBridge
+		"PutEvents": {"events:PutEvents"},
 	}
 	derive := func(iface reflect.Type) []string {
 		set := map[string]bool{}
@@ -459,6 +464,9 @@ func TestActionsCoverTheClients(t *testing.T) {
 	}
 	if got, want := sorted(LambdaInvokeActions), derive(reflect.TypeFor[wiring.LambdaAPI]()); !reflect.DeepEqual(got, want) {
 		t.Errorf("Lambda actions granted = %v, wiring.LambdaAPI needs %v", got, want)
+	}
+	if got, want := sorted(EventActions), derive(reflect.TypeFor[eventpub.API]()); !reflect.DeepEqual(got, want) {
+		t.Errorf("EventBridge actions granted = %v, eventpub.API needs %v", got, want)
 	}
 }
 

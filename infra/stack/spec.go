@@ -180,6 +180,8 @@ var Parameters = []Parameter{
 		Description: "Key prefix of synced outputs in the bucket (the functions' S3 access is limited to it)."},
 	{Name: "LogLevel", Env: config.EnvLogLevel, Default: "INFO", AllowedValues: []string{"DEBUG", "INFO", "WARN", "ERROR"},
 		Description: "Function log level."},
+	{Name: ParamEventBusName, Env: config.EnvEventBusName, Default: config.DefaultEventBusName, AllowedPattern: `^[A-Za-z0-9/._-]{1,256}$`,
+		Description: "EventBridge event bus the lifecycle events are published to (default = the account's default bus)."},
 	{Name: "SyncMaxFiles", Env: config.EnvSyncMaxFiles, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
 		Description: "Uploads per sync pass (empty = the syncer's default)."},
 	{Name: "SyncMaxTotalBytes", Env: config.EnvSyncMaxTotalBytes, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
@@ -226,6 +228,10 @@ var NotDeployed = map[string]string{
 	config.EnvS3Endpoint:    "local S3 stand-ins only (devstack)",
 	config.EnvEndpoint:      "local AWS stand-ins only (devstack)",
 }
+
+// ParamEventBusName is the parameter naming the event bus (EVENT_BUS_NAME);
+// the functions may publish to that bus only.
+const ParamEventBusName = "EventBusName"
 
 // Logical IDs shared by template.yaml and the CDK stack.
 const (

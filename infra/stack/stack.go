@@ -146,6 +146,10 @@ var SecretActions = []string{"secretsmanager:GetSecretValue"}
 // context internal/tokenseal uses: the calls of tokenseal.KMSAPI.
 var KMSActions = []string{"kms:Decrypt", "kms:GenerateDataKey"}
 
+// EventActions are granted on the event bus the lifecycle events go to
+// (EVENT_BUS_NAME): the call of eventpub.API.
+var EventActions = []string{"events:PutEvents"}
+
 // LogActions are granted on the function's own log group.
 var LogActions = []string{"logs:CreateLogStream", "logs:PutLogEvents"}
 
@@ -413,6 +417,8 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	seal.AddCondition(jsii.String("StringEquals"), map[string]any{
 		"kms:EncryptionContext:purpose": tokenseal.EncryptionContext["purpose"],
 	})
+	bus := awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":events:"),
+		awscdk.Aws_REGION(), jsii.String(":"), awscdk.Aws_ACCOUNT_ID(), jsii.String(":event-bus/"), s.Params[ParamEventBusName].ValueAsString()})
 	doc := awsiam.NewPolicyDocument(&awsiam.PolicyDocumentProps{Statements: &[]awsiam.PolicyStatement{
 		stmt("WriteOwnLogs", LogActions, logs.LogGroupArn()),
 		stmt("TableItems", DynamoDBActions, tableArn),
@@ -421,6 +427,7 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 		stmt("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn()),
 		stmt("ReadE2BApiKey", SecretActions, s.Secret.SecretArn()),
 		seal,
+		stmt("PublishEvents", EventActions, bus),
 	}})
 	policy := awsiam.NewPolicy(st, jsii.String(f.LogicalID+"Policy"), &awsiam.PolicyProps{Document: doc})
 	policy.AttachToRole(role)

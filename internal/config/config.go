@@ -56,9 +56,13 @@ const (
 	// once at cold start. Set either it or EnvE2BAPIKey.
 	EnvE2BAPIKeySecretARN = "E2B_API_KEY_SECRET_ARN"
 	EnvTableName          = "TABLE_NAME"
-	EnvOutputBucket       = "OUTPUT_BUCKET"
-	EnvOutputPrefix       = "OUTPUT_PREFIX"
-	EnvLogLevel           = "LOG_LEVEL"
+	// EnvEventBusName names the EventBridge event bus the lifecycle events
+	// are published to (a name or an event-bus ARN; default
+	// DefaultEventBusName, the account's default bus).
+	EnvEventBusName = "EVENT_BUS_NAME"
+	EnvOutputBucket = "OUTPUT_BUCKET"
+	EnvOutputPrefix = "OUTPUT_PREFIX"
+	EnvLogLevel     = "LOG_LEVEL"
 	// Output sync caps; unset means the syncer's default
 	// (internal/outputsync Default*).
 	EnvSyncMaxFiles       = "SYNC_MAX_FILES"
@@ -82,6 +86,17 @@ const (
 
 // DefaultE2BAPIURL is E2B's public control-plane URL (E2B API spec).
 const DefaultE2BAPIURL = "https://api.e2b.app"
+
+// DefaultEventBusName is the event bus of EVENT_BUS_NAME unset: the
+// account's default bus.
+const DefaultEventBusName = "default"
+
+// eventBusPattern and eventBusARNPattern are the shapes EventBridge
+// accepts for an event bus name or ARN.
+var (
+	eventBusPattern    = regexp.MustCompile(`^[A-Za-z0-9/._-]{1,256}$`)
+	eventBusARNPattern = regexp.MustCompile(`^arn:aws[a-z-]*:events:[a-z0-9-]+:[0-9]{12}:event-bus/[A-Za-z0-9/._-]{1,256}$`)
+)
 
 // DefaultTenantClaim is the JWT claim read when BROKER_TENANT_CLAIM is unset.
 const DefaultTenantClaim = "tenant"
@@ -168,6 +183,9 @@ type Config struct {
 	Provisioner Provisioner
 	// TableName is the DynamoDB table holding every record.
 	TableName string
+	// EventBusName is the EventBridge bus of the lifecycle events
+	// (EVENT_BUS_NAME, default DefaultEventBusName).
+	EventBusName string
 	// OutputBucket and OutputPrefix locate synced outputs:
 	// s3://OutputBucket/OutputPrefix/<tenant>/<user>/<thread>/...
 	OutputBucket string
@@ -215,7 +233,7 @@ func (c Config) providerString() string {
 	if len(c.TokenSeal.LocalKey) > 0 {
 		seal = "local:[redacted]"
 	}
-	return fmt.Sprintf(" provider=%s provisioner_url=%s provisioner_api_key=%s token_seal=%s", c.Provider, c.Provisioner.URL, key, seal)
+	return fmt.Sprintf(" provider=%s provisioner_url=%s provisioner_api_key=%s token_seal=%s event_bus=%s", c.Provider, c.Provisioner.URL, key, seal, c.EventBusName)
 }
 
 // LogValue implements slog.LogValuer so logging a Config never prints the key.
@@ -281,6 +299,7 @@ func Parse(environ []string) (Config, []string, error) {
 		Settings:     s,
 		Provider:     p.str(EnvSandboxProvider, ProviderE2B),
 		TableName:    p.required(EnvTableName),
+		EventBusName: p.eventBus(),
 		OutputBucket: p.required(EnvOutputBucket),
 		OutputPrefix: strings.Trim(p.str(EnvOutputPrefix, ""), "/"),
 		S3PathStyle:  env[EnvS3Endpoint] != "" || env[EnvEndpoint] != "",
@@ -369,6 +388,15 @@ func (p *parser) tokenSeal() TokenSeal {
 		p.fail(EnvTokenKMSKeyARN, "required (or %s): sandbox access tokens are never stored in plaintext", EnvTokenLocalKey)
 	}
 	return TokenSeal{}
+}
+
+// eventBus reads EVENT_BUS_NAME: an event bus name or ARN.
+func (p *parser) eventBus() string {
+	v := p.str(EnvEventBusName, DefaultEventBusName)
+	if !eventBusPattern.MatchString(v) && !eventBusARNPattern.MatchString(v) {
+		p.fail(EnvEventBusName, "must be an event bus name (%s) or an event bus ARN, got %q", eventBusPattern, v)
+	}
+	return v
 }
 
 // apiKey reads E2B_API_KEY, required unless E2B_API_KEY_SECRET_ARN names

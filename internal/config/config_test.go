@@ -217,3 +217,35 @@ func TestParseTokenSeal(t *testing.T) {
 		})
 	}
 }
+
+func TestParseEventBusName(t *testing.T) {
+	const arn = "arn:aws:events:eu-west-1:123456789012:event-bus/broker-events"
+	tests := []struct {
+		name    string
+		env     []string
+		want    string
+		wantErr string
+	}{
+		{"unset: the default bus", nil, DefaultEventBusName, ""},
+		{"name", []string{"EVENT_BUS_NAME=broker-events"}, "broker-events", ""},
+		{"partner bus name", []string{"EVENT_BUS_NAME=aws.partner/example.com/123/stream"}, "aws.partner/example.com/123/stream", ""},
+		{"arn", []string{"EVENT_BUS_NAME=" + arn}, arn, ""},
+		{"spaces", []string{"EVENT_BUS_NAME=my bus"}, "", "EVENT_BUS_NAME: must be an event bus name"},
+		{"another service's arn", []string{"EVENT_BUS_NAME=arn:aws:sqs:eu-west-1:123456789012:q"}, "", "EVENT_BUS_NAME: must be an event bus name"},
+		{"too long", []string{"EVENT_BUS_NAME=" + strings.Repeat("b", 257)}, "", "EVENT_BUS_NAME: must be an event bus name"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _, err := Parse(base(tt.env...))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || c.EventBusName != tt.want {
+				t.Fatalf("EventBusName = %q, %v; want %q", c.EventBusName, err, tt.want)
+			}
+		})
+	}
+}

@@ -29,6 +29,7 @@ func VariableNames() []string {
 		EnvProvisionerURL,
 		EnvProvisionerAPIKey,
 		EnvTableName,
+		EnvEventBusName,
 		EnvOutputBucket,
 		EnvOutputPrefix,
 		EnvLogLevel,

@@ -124,11 +124,14 @@ type Info struct {
 	// Provider is the functions' SANDBOX_PROVIDER (e2b or provisioner).
 	Provider string `json:"provider"`
 	// Provisioner addresses the sandbox host's provisioner face.
-	Provisioner ProvisionerInfo   `json:"provisioner"`
-	Functions   map[string]string `json:"functions"` // name -> emulator invoke URL
-	StartedAt   time.Time         `json:"started_at"`
-	PID         int               `json:"pid"`
-	LogDir      string            `json:"log_dir"`
+	Provisioner ProvisionerInfo `json:"provisioner"`
+	// Events addresses the EventBridge stand-in and the file of the
+	// events it received (.run/events.jsonl).
+	Events    EventsInfo        `json:"events"`
+	Functions map[string]string `json:"functions"` // name -> emulator invoke URL
+	StartedAt time.Time         `json:"started_at"`
+	PID       int               `json:"pid"`
+	LogDir    string            `json:"log_dir"`
 }
 
 // S3Info addresses the local S3 (versitygw; path-style addressing).
@@ -202,6 +205,9 @@ type Stack struct {
 	closeErr error
 	// invokeLn is the local Lambda Invoke API's listener (invoke.go).
 	invokeLn net.Listener
+	// events is the EventBridge stand-in, recording into eventsFile (events.go).
+	events     *http.Server
+	eventsFile *os.File
 	// tokenKey is the functions' TOKEN_LOCAL_KEY: made up at each start
 	// (the table lives in memory, so nothing sealed outlives it), never
 	// written to the stack file.
@@ -443,6 +449,9 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 		return nil, fmt.Errorf("devstack: %w", err)
 	}
 	s.Info.Provider = providerOf(o)
+	if err := s.startEvents(o.RunDir); err != nil {
+		return nil, fmt.Errorf("devstack: %w", err)
+	}
 	if err := s.listenInvoke(); err != nil {
 		return nil, fmt.Errorf("devstack: %w", err)
 	}
@@ -755,6 +764,9 @@ func (s *Stack) Close() error {
 			go func(lf *lambdaFn) { defer wg.Done(); lf.stop() }(lf)
 		}
 		wg.Wait()
+		if err := s.closeEvents(); err != nil {
+			errs = append(errs, fmt.Errorf("events file: %w", err))
+		}
 		if s.host != nil {
 			if err := s.host.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("sandbox host: %w", err))
@@ -795,6 +807,8 @@ func (s *Stack) functionEnv(extra []string) []string {
 		"AWS_EC2_METADATA_DISABLED=true",
 		"AWS_ENDPOINT_URL_DYNAMODB=" + s.Info.DynamoDB.Endpoint,
 		"AWS_ENDPOINT_URL_S3=" + s.Info.S3.Endpoint,
+		// Lifecycle events go to the stand-in, which records them.
+		"AWS_ENDPOINT_URL_EVENTBRIDGE=" + s.Info.Events.Endpoint,
 		"E2B_API_URL=" + s.Info.SandboxHost.APIURL,
 		"E2B_SANDBOX_URL=" + s.Info.SandboxHost.EnvdURL,
 		"E2B_API_KEY=" + s.Info.SandboxHost.APIKey,
@@ -1083,6 +1097,7 @@ func (s *Stack) Banner(startupTime time.Duration) string {
 	fmt.Fprintf(&b, "  provisioner  %s (functions use SANDBOX_PROVIDER=%s)\n", s.Info.Provisioner.APIURL, s.Info.Provider)
 	fmt.Fprintf(&b, "  stack file   %s\n", s.StackFile)
 	fmt.Fprintf(&b, "  logs         %s\n", s.Info.LogDir)
+	fmt.Fprintf(&b, "  events       %s (lifecycle events, one JSON object a line)\n", s.Info.Events.File)
 	b.WriteString("Ctrl-C stops everything.\n")
 	return b.String()
 }

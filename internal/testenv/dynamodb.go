@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/standin"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
 // DynamoEndpoint addresses a DynamoDB-compatible server.
@@ -99,6 +100,20 @@ func startDynamo(dir, java string) (DynamoEndpoint, error) {
 func DynamoClient(t testing.TB) *dynamodb.Client {
 	t.Helper()
 	return newDynamoClient(DynamoDB(t))
+}
+
+// DynamoTable creates a uniquely named broker table (ddbstore.CreateTable)
+// on DynamoDB(t) and returns a client and the table's name.
+func DynamoTable(t testing.TB, prefix string) (*dynamodb.Client, string) {
+	t.Helper()
+	client := DynamoClient(t)
+	table := UniqueName(t, prefix)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := ddbstore.CreateTable(ctx, client, table); err != nil {
+		t.Fatalf("CreateTable: %v", err)
+	}
+	return client, table
 }
 
 func newDynamoClient(ep DynamoEndpoint) *dynamodb.Client {

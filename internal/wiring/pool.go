@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	lambdatypes "github.com/aws/aws-sdk-go-v2/service/lambda/types"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/eventpub"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
@@ -18,8 +19,8 @@ import (
 // handler refills the pool instead of running a whole pass.
 const PoolRefillDetailType = "Pool Refill"
 
-// PoolRefillSource is the event's source.
-const PoolRefillSource = "sandbox-broker"
+// PoolRefillSource is the event's source (the lifecycle events').
+const PoolRefillSource = eventpub.Source
 
 // LambdaAPI lists the Lambda call a pool claim makes (*lambda.Client fits).
 type LambdaAPI interface {

@@ -14,12 +14,14 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	"github.com/aws/aws-sdk-go-v2/service/kms"
 	awslambda "github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/eventpub"
 	"github.com/sandbox-broker/sandbox-broker/internal/httpapi"
 	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
 	"github.com/sandbox-broker/sandbox-broker/internal/providers"
@@ -83,9 +85,11 @@ func NewBroker(ctx context.Context, cfg config.Config, logger *slog.Logger) (*co
 
 // NewBrokerFor builds the engine of function: DynamoDB store, the provider
 // SANDBOX_PROVIDER selects (internal/providers: E2B or the provisioner) and S3
-// output syncer (caps from cfg.Sync, deadline from SyncDeadline),
-// with AWS configuration from the SDK's default chain (which honours
-// AWS_ENDPOINT_URL_DYNAMODB and AWS_ENDPOINT_URL_S3 for local runs).
+// output syncer (caps from cfg.Sync, deadline from SyncDeadline) and the
+// EventBridge publisher of lifecycle events (EVENT_BUS_NAME), with AWS
+// configuration from the SDK's default chain (which honours
+// AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL_S3 and
+// AWS_ENDPOINT_URL_EVENTBRIDGE for local runs).
 func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, function string) (*core.Engine, error) {
 	awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
 	if err != nil {
@@ -135,7 +139,8 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 		return nil, err
 	}
 	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment, ddbstore.WithSealer(sealer))
-	opts := []core.Option{core.WithLogger(logger), core.WithReconcileSettings(cfg.Reconcile), core.WithPool(cfg.Pool.PoolSettings)}
+	opts := []core.Option{core.WithLogger(logger), core.WithReconcileSettings(cfg.Reconcile), core.WithPool(cfg.Pool.PoolSettings),
+		core.WithEventSink(eventpub.New(eventbridge.NewFromConfig(awsCfg), cfg.EventBusName))}
 	if cfg.Pool.Size > 0 && cfg.Pool.RefillFunction != "" {
 		opts = append(opts, core.WithPoolRefill(PoolRefill(awslambda.NewFromConfig(awsCfg), cfg.Pool.RefillFunction)))
 	}

@@ -631,6 +631,7 @@ func TestStackFileAndShutdown(t *testing.T) {
 		"dynamodb":     {"endpoint", "region", "table"},
 		"sandbox_host": {"api_url", "envd_url", "api_key"},
 		"provisioner":  {"api_url", "api_key"},
+		"events":       {"endpoint", "file"},
 		"functions":    {"acquire", "status", "release", "sync", "reconcile"},
 	}
 	if str(info, "api_url") != s.Info.APIURL {

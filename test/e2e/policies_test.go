@@ -73,9 +73,28 @@ func hostAlive(t *testing.T, s *devstack.Stack, id string) bool {
 // SandboxBroker, dimension Deployment "default"), in log order per file.
 func emf(t *testing.T, s *devstack.Stack, fn, metric string) []float64 {
 	t.Helper()
+	return emfValues(t, s, fn, metric, nil)
+}
+
+// emfTenant is emf for a metric with the dimensions Deployment and Tenant,
+// of tenant's lines.
+func emfTenant(t *testing.T, s *devstack.Stack, fn, metric, tenant string) []float64 {
+	t.Helper()
+	return emfValues(t, s, fn, metric, map[string]string{"Tenant": tenant})
+}
+
+// emfValues collects metric's values from fn's EMF lines whose dimension
+// set is Deployment then the keys of extra, with Deployment "default" and
+// extra's values (lines of other values are skipped).
+func emfValues(t *testing.T, s *devstack.Stack, fn, metric string, extra map[string]string) []float64 {
+	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(s.Info.LogDir, "fn-"+fn+"-*.log"))
 	if len(files) == 0 {
 		t.Fatalf("no logs of function %s in %s", fn, s.Info.LogDir)
+	}
+	dims := []string{"Deployment"}
+	for k := range extra {
+		dims = append(dims, k)
 	}
 	var vals []float64
 	for _, f := range files {
@@ -98,7 +117,6 @@ func emf(t *testing.T, s *devstack.Stack, fn, metric string) []float64 {
 						Metrics    []struct{ Name string }
 					}
 				} `json:"_aws"`
-				Deployment string
 			}
 			var members map[string]any
 			if err := json.Unmarshal(l, &line); err != nil {
@@ -112,8 +130,15 @@ func emf(t *testing.T, s *devstack.Stack, fn, metric string) []float64 {
 					if m.Name != metric {
 						continue
 					}
-					if d.Namespace != "SandboxBroker" || len(d.Dimensions) != 1 || strings.Join(d.Dimensions[0], ",") != "Deployment" || line.Deployment != "default" {
-						t.Errorf("%s: EMF line %s: want namespace SandboxBroker, dimension Deployment=default", f, l)
+					if d.Namespace != "SandboxBroker" || len(d.Dimensions) != 1 || strings.Join(d.Dimensions[0], ",") != strings.Join(dims, ",") || members["Deployment"] != "default" {
+						t.Errorf("%s: EMF line %s: want namespace SandboxBroker, dimensions %v, Deployment=default", f, l, dims)
+					}
+					skip := false
+					for k, v := range extra {
+						skip = skip || members[k] != v
+					}
+					if skip {
+						continue
 					}
 					v, ok := members[metric].(float64)
 					if !ok {
