@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,24 +26,15 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
-// lockedBuffer is the bus's output, read while the server may write.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) events(t *testing.T) []standin.Delivered {
+// delivered reads the events the bus wrote to file.
+func delivered(t *testing.T, file string) []standin.Delivered {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out []standin.Delivered
-	sc := bufio.NewScanner(bytes.NewReader(l.b.Bytes()))
+	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		var d standin.Delivered
 		if err := json.Unmarshal(sc.Bytes(), &d); err != nil {
@@ -56,15 +49,20 @@ func (l *lockedBuffer) events(t *testing.T) []standin.Delivered {
 // it and a count of PutEvents calls.
 type bus struct {
 	*standin.EventBus
-	out   *lockedBuffer
+	file  string // what it delivered, one event a line
 	calls atomic.Int32
 	url   string
 }
 
 func newBus(t *testing.T) *bus {
 	t.Helper()
-	b := &bus{out: &lockedBuffer{}}
-	b.EventBus = standin.NewEventBus(b.out)
+	b := &bus{file: filepath.Join(t.TempDir(), "events.jsonl")}
+	f, err := os.Create(b.file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	b.EventBus = standin.NewEventBus(f)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b.calls.Add(1)
 		b.EventBus.ServeHTTP(w, r)
@@ -92,7 +90,7 @@ func TestPublishDeliversTheEvent(t *testing.T) {
 	if err := b.publisher("").Publish(context.Background(), ev); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
-	got := b.out.events(t)
+	got := delivered(t, b.file)
 	if len(got) != 1 {
 		t.Fatalf("delivered %d events, want 1", len(got))
 	}
@@ -147,7 +145,7 @@ func TestPublishRetriesFailedEntriesOnce(t *testing.T) {
 				t.Errorf("PublishAll error = %v, want error %v naming 2 of 4 and the code", err, tc.wantErr)
 			}
 			var ids []string
-			for _, d := range b.out.events(t) {
+			for _, d := range delivered(t, b.file) {
 				var ev core.Event
 				_ = json.Unmarshal(d.Detail, &ev)
 				ids = append(ids, ev.SandboxID)
@@ -176,7 +174,7 @@ func TestPublishAllBatchesByTen(t *testing.T) {
 	if err := b.publisher("").PublishAll(context.Background(), evs); err != nil {
 		t.Fatalf("PublishAll: %v", err)
 	}
-	if n, got := b.calls.Load(), len(b.out.events(t)); n != 3 || got != 23 {
+	if n, got := b.calls.Load(), len(delivered(t, b.file)); n != 3 || got != 23 {
 		t.Errorf("calls %d, delivered %d; want 3 calls delivering 23", n, got)
 	}
 }
@@ -228,7 +226,7 @@ func TestFailingPublisherNeverFailsAcquireOrRelease(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBus(t)
 			pub := eventpub.New(standin.EventBridgeClient(tc.fault(t, b), standin.Region, time.Minute), "")
-			var logs lockedBuffer
+			var logs bytes.Buffer
 			db, table := testenv.DynamoTable(t, "eventpub")
 			s := core.DefaultSettings()
 			s.Deployment = "events"
@@ -250,13 +248,10 @@ func TestFailingPublisherNeverFailsAcquireOrRelease(t *testing.T) {
 					t.Fatalf("release %d = %+v, %v; want warm", i, rel, err)
 				}
 			}
-			if got := len(b.out.events(t)); got != 0 {
+			if got := len(delivered(t, b.file)); got != 0 {
 				t.Errorf("%d events delivered, want none", got)
 			}
-			logs.mu.Lock()
-			n := strings.Count(logs.b.String(), `"EventsPublishFailed":1`)
-			logs.mu.Unlock()
-			if n != 4 {
+			if n := strings.Count(logs.String(), `"EventsPublishFailed":1`); n != 4 {
 				t.Errorf("EventsPublishFailed records = %d, want 4 (created, released, reclaimed, released)", n)
 			}
 		})
