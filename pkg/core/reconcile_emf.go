@@ -22,7 +22,8 @@ func (s ReconcileStats) Metrics() []Metric {
 		count("Orphans", s.Orphans), count("Deferred", s.Deferred), count("Killed", s.Killed),
 		count("Dead", s.Dead), count("Expired", s.Expired), count("ReleasesTakenOver", s.ReleasesTakenOver),
 		count("TombstonesRetried", s.TombstonesRetried),
-		count("ReservationsSettled", s.ReservationsSettled), count("LedgerRepaired", s.LedgerRepaired),
+		count("ReservationsSettled", s.ReservationsSettled), count("PoolCreated", s.PoolCreated),
+		count("PoolRecycled", s.PoolRecycled), count("LedgerRepaired", s.LedgerRepaired),
 		count("Pages", s.Pages), count("BudgetExhausted", exhausted), count("Errors", s.Errors),
 		{Name: "DurationMs", Unit: "Milliseconds", Value: float64(s.Duration.Milliseconds())},
 	}
