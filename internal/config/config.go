@@ -33,6 +33,12 @@ const (
 	EnvMaxPerUser            = "SANDBOX_MAX_PER_USER"
 	EnvMaxPerTenant          = "SANDBOX_MAX_PER_TENANT"
 	EnvMaxWaitersPerTenant   = "SANDBOX_MAX_WAITERS_PER_TENANT"
+	// Pause-parking (providers that can pause): idle seconds before a warm
+	// sandbox is paused (0: at release, -1: never), the paused slots
+	// (default 10 × SANDBOX_REPLICAS) and how long one stays paused.
+	EnvPauseAfterSeconds = "SANDBOX_PAUSE_AFTER_SECONDS"
+	EnvMaxPaused         = "SANDBOX_MAX_PAUSED"
+	EnvPausedTTLSeconds  = "SANDBOX_PAUSED_TTL_SECONDS"
 	// EnvAdminTenants lists the tenants (comma-separated) allowed on the
 	// /v1/admin routes (drain, undrain).
 	EnvAdminTenants = "BROKER_ADMIN_TENANTS"
@@ -114,6 +120,7 @@ var knownSandboxVars = map[string]bool{
 	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true,
 	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
 	EnvPoolSize: true, EnvPoolMaxAgeSeconds: true,
+	EnvPauseAfterSeconds: true, EnvMaxPaused: true, EnvPausedTTLSeconds: true,
 }
 
 // E2B configures the E2B provider client.
@@ -283,6 +290,9 @@ func Parse(environ []string) (Config, []string, error) {
 	s.MaxPerUser = p.intVar(EnvMaxPerUser, s.MaxPerUser, 0)
 	s.MaxPerTenant = p.intVar(EnvMaxPerTenant, s.MaxPerTenant, 0)
 	s.MaxWaitersPerTenant = p.intVar(EnvMaxWaitersPerTenant, s.MaxWaitersPerTenant, 0)
+	s.PauseAfter = p.pauseAfter(s.PauseAfter)
+	s.MaxPaused = p.intVar(EnvMaxPaused, 0, 1) // unset: 10 × replicas (core.Settings.PausedLimit)
+	s.PausedTTL = p.seconds(EnvPausedTTLSeconds, s.PausedTTL)
 	if !deploymentPattern.MatchString(s.Deployment) {
 		p.fail(EnvDeploymentID, "must match %s, got %q", deploymentPattern, s.Deployment)
 	}
@@ -482,6 +492,18 @@ func (p *parser) boolVar(name string, def bool) bool {
 		return def
 	}
 	return b
+}
+
+// pauseAfter parses SANDBOX_PAUSE_AFTER_SECONDS: -1 (never pauses), 0
+// (pauses at release) or a positive whole number of seconds.
+func (p *parser) pauseAfter(def time.Duration) time.Duration {
+	switch p.str(EnvPauseAfterSeconds, "") {
+	case "-1":
+		return core.PauseNever
+	case "0":
+		return 0
+	}
+	return p.seconds(EnvPauseAfterSeconds, def)
 }
 
 // seconds parses a positive whole number of seconds.

@@ -100,6 +100,10 @@ func TestParseInvalidNamesVariable(t *testing.T) {
 		{"sync file bytes negative", base("SYNC_MAX_FILE_BYTES=-1"), "SYNC_MAX_FILE_BYTES"},
 		{"sync deadline zero", base("SYNC_DEADLINE_SECONDS=0"), "SYNC_DEADLINE_SECONDS"},
 		{"sync mirror deletes", base("SYNC_MIRROR_DELETES=maybe"), "SYNC_MIRROR_DELETES"},
+		{"pause after -2", base("SANDBOX_PAUSE_AFTER_SECONDS=-2"), "SANDBOX_PAUSE_AFTER_SECONDS"},
+		{"pause after word", base("SANDBOX_PAUSE_AFTER_SECONDS=never"), "SANDBOX_PAUSE_AFTER_SECONDS"},
+		{"max paused zero", base("SANDBOX_MAX_PAUSED=0"), "SANDBOX_MAX_PAUSED"},
+		{"paused ttl zero", base("SANDBOX_PAUSED_TTL_SECONDS=0"), "SANDBOX_PAUSED_TTL_SECONDS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -112,6 +116,35 @@ func TestParseInvalidNamesVariable(t *testing.T) {
 			}
 			if strings.Contains(err.Error(), "e2b_secret") {
 				t.Errorf("error %q leaks the API key", err)
+			}
+		})
+	}
+}
+
+func TestParsePauseParking(t *testing.T) {
+	tests := []struct {
+		name       string
+		env        []string
+		pauseAfter time.Duration
+		maxPaused  int
+		ttl        time.Duration
+	}{
+		{"defaults", base(), 300 * time.Second, 30, 7 * 24 * time.Hour},
+		{"max paused follows replicas", base("SANDBOX_REPLICAS=5"), 300 * time.Second, 50, 7 * 24 * time.Hour},
+		{"at release", base("SANDBOX_PAUSE_AFTER_SECONDS=0"), 0, 30, 7 * 24 * time.Hour},
+		{"never", base("SANDBOX_PAUSE_AFTER_SECONDS=-1"), core.PauseNever, 30, 7 * 24 * time.Hour},
+		{"set", base("SANDBOX_PAUSE_AFTER_SECONDS=60", "SANDBOX_MAX_PAUSED=4", "SANDBOX_PAUSED_TTL_SECONDS=3600"), time.Minute, 4, time.Hour},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, warnings, err := Parse(tt.env)
+			if err != nil || len(warnings) > 0 {
+				t.Fatalf("Parse = %v (warnings %v)", err, warnings)
+			}
+			s := c.Settings
+			if s.PauseAfter != tt.pauseAfter || s.PausedLimit() != tt.maxPaused || s.PausedTTL != tt.ttl {
+				t.Errorf("pause after %s, paused limit %d, ttl %s; want %s, %d, %s", s.PauseAfter, s.PausedLimit(), s.PausedTTL,
+					tt.pauseAfter, tt.maxPaused, tt.ttl)
 			}
 		})
 	}

@@ -21,6 +21,7 @@ func VariableNames() []string {
 		EnvPoolMaxAgeSeconds,
 		EnvPoolRefillFunction,
 		EnvDeploymentID, EnvMaxPerUser, EnvMaxPerTenant, EnvMaxWaitersPerTenant, EnvAdminTenants, EnvTenantClaim,
+		EnvPauseAfterSeconds, EnvMaxPaused, EnvPausedTTLSeconds,
 		EnvE2BAPIURL,
 		EnvE2BSandboxURL,
 		EnvE2BAPIKey,

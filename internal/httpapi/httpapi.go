@@ -523,7 +523,8 @@ func files(fs []core.DeferredFile) []api.DeferredFile {
 
 func capacityBody(st core.CapacityStatus) api.Capacity {
 	return api.Capacity{Limit: st.Limit, Used: st.Used, Active: st.Active, Warm: st.Warm, Reserved: st.Reserved,
-		Transitioning: st.Transitioning, Tombstones: st.Tombstones, Policy: st.Policy, Draining: st.Draining}
+		Transitioning: st.Transitioning, Tombstones: st.Tombstones, Paused: st.Paused, PausedLimit: st.PausedLimit,
+		Policy: st.Policy, Draining: st.Draining}
 }
 
 // Errors.
@@ -571,6 +572,7 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 		if reason == core.RefusalCapacity { // other refusals carry no counts: zeros would mislead
 			details["used"], details["active"], details["warm"] = ce.Status.Used, ce.Status.Active, ce.Status.Warm
 			details["reserved"], details["tombstones"] = ce.Status.Reserved, ce.Status.Tombstones
+			details["paused"] = ce.Status.Paused
 		}
 		if ce.Status.Draining {
 			details["draining"] = true

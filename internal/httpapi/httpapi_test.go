@@ -342,7 +342,7 @@ func TestRoutingByPathWithoutRouteKey(t *testing.T) {
 		{"POST", "/v1/sandboxes/abc/sync", "Sync acme abc",
 			`{"uploaded":0,"skipped":2,"deferred":[],"excluded":[],"bytes":0,"complete":true}`},
 		{"GET", "/v1/capacity", "Capacity",
-			`{"limit":3,"used":1,"active":1,"warm":0,"reserved":0,"transitioning":0,"tombstones":0,"policy":"wait","draining":false}`},
+			`{"limit":3,"used":1,"active":1,"warm":0,"reserved":0,"transitioning":0,"tombstones":0,"paused":0,"paused_limit":0,"policy":"wait","draining":false}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
@@ -478,7 +478,7 @@ func TestErrorMapping(t *testing.T) {
 				t.Errorf("reason %v, want provider_auth", e["reason"])
 			}
 			if tt.code == "SANDBOX_CAPACITY_EXCEEDED" {
-				want := map[string]any{"limit": 1.0, "used": 1.0, "active": 1.0, "warm": 0.0, "reserved": 0.0, "tombstones": 0.0}
+				want := map[string]any{"limit": 1.0, "used": 1.0, "active": 1.0, "warm": 0.0, "reserved": 0.0, "tombstones": 0.0, "paused": 0.0}
 				if !reflect.DeepEqual(e["details"], want) || e["reason"] != "capacity" {
 					t.Errorf("details %v reason %v", e["details"], e["reason"])
 				}

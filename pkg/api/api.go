@@ -99,7 +99,7 @@ type Sandbox struct {
 	SandboxID string `json:"sandbox_id"`
 	// State is "active" for a handed-out sandbox.
 	State string `json:"state"`
-	// Source is how the broker obtained it: reused, reclaimed or created.
+	// Source is how the broker obtained it: reused, reclaimed, resumed or created.
 	Source     string     `json:"source"`
 	Backend    string     `json:"backend"`
 	Connection Connection `json:"connection"`
@@ -206,7 +206,8 @@ type SyncResult struct {
 // ReleaseResult is the reply of POST /v1/sandboxes/{id}/release.
 type ReleaseResult struct {
 	SandboxID string `json:"sandbox_id"`
-	// State is "warm" (parked for the thread) or "destroyed".
+	// State is "warm" (parked for the thread), "paused" (parked paused, with
+	// SANDBOX_PAUSE_AFTER_SECONDS=0) or "destroyed".
 	State string `json:"state"`
 	// Sync is the output sync that ran before parking (null if none ran).
 	Sync *SyncResult `json:"sync"`
@@ -216,14 +217,18 @@ type ReleaseResult struct {
 
 // Capacity is the reply of GET /v1/capacity: deployment-wide slot usage.
 type Capacity struct {
-	Limit         int    `json:"limit"`
-	Used          int    `json:"used"`
-	Active        int    `json:"active"`
-	Warm          int    `json:"warm"`
-	Reserved      int    `json:"reserved"`
-	Transitioning int    `json:"transitioning"`
-	Tombstones    int    `json:"tombstones"` // destroying: kill not yet confirmed
-	Policy        string `json:"policy"`
+	Limit         int `json:"limit"`
+	Used          int `json:"used"`
+	Active        int `json:"active"`
+	Warm          int `json:"warm"`
+	Reserved      int `json:"reserved"`
+	Transitioning int `json:"transitioning"`
+	Tombstones    int `json:"tombstones"` // destroying: kill not yet confirmed
+	// Paused is the paused slots held (paused sandboxes hold no running
+	// slot); PausedLimit bounds them.
+	Paused      int    `json:"paused"`
+	PausedLimit int    `json:"paused_limit"`
+	Policy      string `json:"policy"`
 	// Draining is true while the deployment drains.
 	Draining bool `json:"draining"`
 }

@@ -17,8 +17,9 @@ type AcquireResult struct {
 // ReleaseResult is the outcome of a release.
 type ReleaseResult struct {
 	SandboxID string
-	// State is "warm" (parked for the thread) or "destroyed" (it was dead,
-	// or the deployment is draining).
+	// State is "warm" (parked for the thread), "paused" (parked paused:
+	// SANDBOX_PAUSE_AFTER_SECONDS=0) or "destroyed" (it was dead, or the
+	// deployment is draining).
 	State string
 	Sync  *SyncResult // nil when no sync ran
 	// SyncError describes why sync failed, if it did (the release still parks
@@ -47,6 +48,14 @@ type ReconcileStats struct {
 	// ReleasesTakenOver: releases whose invocation died midway (lease
 	// lapsed), finished by the pass: outputs synced, then parked or destroyed.
 	ReleasesTakenOver int `json:"releases_taken_over"`
+	// Paused: idle warm sandboxes paused (pause-parking).
+	Paused int `json:"paused"`
+	// PausedExpired: paused sandboxes destroyed past SANDBOX_PAUSED_TTL_SECONDS
+	// (or while draining).
+	PausedExpired int `json:"paused_expired"`
+	// PausesFinished: records left pausing or resuming by an invocation
+	// that died (lease lapsed), paused by the pass.
+	PausesFinished int `json:"pauses_finished"`
 	// TombstonesRetried: tombstones whose kill was attempted again.
 	TombstonesRetried int `json:"tombstones_retried"`
 	// ReservationsSettled: crashed creates adopted, killed or freed.

@@ -331,6 +331,10 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 			return res, true, fmt.Errorf("thread %s: %w", key, err)
 		case errors.Is(err, ErrConflict) && rec.State == StateClaiming:
 			return e.takeOverClaim(ctx, rec, owner)
+		case errors.Is(err, ErrConflict) && holdsPausedSlot(rec.State) && e.pauseStore() != nil:
+			// Parked paused (or on the way in or out): resume it.
+			st.ownTenant = e.atFairShare(key, look)
+			return e.resumeParked(ctx, key, rec, owner, st)
 		case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
 			// The binding names a record that is gone or being destroyed:
 			// the thread needs a new sandbox.
@@ -528,17 +532,32 @@ const maxEvictions = 3
 // when st.ownTenant), creates and bootstraps a sandbox and records it.
 func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (AcquireResult, bool, error) {
 	var token string
-	for evictions := 0; ; evictions++ {
-		now := e.now()
+	retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
 		token = "res-" + newOwner()[4:]
-		err := e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
+		return e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
 			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes})
+	})
+	if err != nil {
+		return AcquireResult{}, retry, err
+	}
+	return e.createReserved(ctx, key, token)
+}
+
+// takeSlot runs take, a write that takes a running slot for key's thread
+// (a reservation, a resume claim), until it applies: when the deployment
+// is full it first frees the slots of sandboxes the provider has ended,
+// then evicts (see evictOne), and otherwise returns the refusal (retry:
+// the wait policy may poll). Store outages fail closed.
+func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *acquireState, take func(now time.Time) error) (retry bool, _ error) {
+	for evictions := 0; ; evictions++ {
+		err := take(e.now())
 		var ce *CapacityError
 		switch {
 		case err == nil:
+			return false, nil
 		case errors.As(err, &ce) && ce.Reason == RefusalDraining:
-			return AcquireResult{}, false, e.drainingError()
+			return false, e.drainingError()
 		case errors.As(err, &ce):
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
@@ -558,21 +577,21 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 			if ce.RetryAfter == 0 {
 				ce.RetryAfter = 5 * time.Second
 			}
-			return AcquireResult{}, true, ce
-		case errors.Is(err, ErrThreadBound):
-			return AcquireResult{}, true, fmt.Errorf("reserve: %w", err)
+			return true, ce
+		case errors.Is(err, ErrThreadBound), errors.Is(err, ErrLeaseHeld), errors.Is(err, ErrConflict), errors.Is(err, ErrNotFound):
+			// The binding or the record moved under us: look again.
+			return true, fmt.Errorf("take slot: %w", err)
 		case errors.Is(err, ErrStoreUnavailable):
 			// Fail closed: the ledger could not decide, so nothing is
 			// created. The write may have applied; reconcile frees a
-			// reservation whose token is in no sandbox.
-			return AcquireResult{}, false, &CapacityError{Reason: RefusalCapacityBackend, RetryAfter: 2 * time.Second,
+			// reservation whose token is in no sandbox (and a resume claim
+			// left resuming is finished by the thread's next acquire).
+			return false, &CapacityError{Reason: RefusalCapacityBackend, RetryAfter: 2 * time.Second,
 				Status: CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy)}}
 		default:
-			return AcquireResult{}, false, fmt.Errorf("reserve: %w", err)
+			return false, fmt.Errorf("take slot: %w", err)
 		}
-		break
 	}
-	return e.createReserved(ctx, key, token)
 }
 
 // evictCandidates is how many of the least recently parked warm sandboxes
@@ -958,6 +977,13 @@ func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (Re
 	}
 	e.emit(ctx, rec, rec.PrevState, StateWarm, EventReleased, "")
 	out.State = string(StateWarm)
+	if e.s.PauseAfter == 0 && e.pauseParking() && (out.Sync == nil || out.Sync.Complete) && out.SyncError == "" {
+		// Pause at release, the outputs just copied (an incomplete copy
+		// leaves it warm: reconcile copies the rest before pausing it).
+		if e.pauseWarm(ctx, rec, newOwner(), nil) == pauseDone {
+			out.State = string(StatePaused)
+		}
+	}
 	return out, nil
 }
 
@@ -1105,6 +1131,7 @@ func (e *Engine) Capacity(ctx context.Context) (CapacityStatus, error) {
 		return st, fmt.Errorf("capacity: %w", err)
 	}
 	st.Limit = e.s.Limit()
+	st.PausedLimit = e.s.PausedLimit()
 	st.Policy = string(e.s.Policy)
 	return st, nil
 }

@@ -35,6 +35,12 @@ type harness struct {
 // newHarness wires an engine over a fresh DynamoDB Local table.
 func newHarness(t *testing.T, mutate func(*core.Settings), opts ...core.Option) *harness {
 	t.Helper()
+	return newHarnessWith(t, coretest.NewFakeProvider(), mutate, opts...)
+}
+
+// newHarnessWith is newHarness over the fake provider prov.
+func newHarnessWith(t *testing.T, prov *coretest.FakeProvider, mutate func(*core.Settings), opts ...core.Option) *harness {
+	t.Helper()
 	client := testenv.DynamoClient(t)
 	table := freshTable(t, client, "engine")
 	s := core.DefaultSettings()
@@ -43,7 +49,7 @@ func newHarness(t *testing.T, mutate func(*core.Settings), opts ...core.Option) 
 	if mutate != nil {
 		mutate(&s)
 	}
-	h := &harness{store: ddbstore.New(client, table, s.Deployment), prov: coretest.NewFakeProvider(), sync: &fakeSyncer{}, clock: &clock{}}
+	h := &harness{store: ddbstore.New(client, table, s.Deployment), prov: prov, sync: &fakeSyncer{}, clock: &clock{}}
 	eng, err := core.New(s, h.store, h.prov, h.sync, append([]core.Option{core.WithClock(h.clock.now)}, opts...)...)
 	if err != nil {
 		t.Fatalf("core.New: %v", err)

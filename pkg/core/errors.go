@@ -25,6 +25,9 @@ var (
 	// ErrDraining: the deployment is draining; nothing new is handed out
 	// or parked.
 	ErrDraining = errors.New("deployment draining")
+	// ErrPausedFull: every paused slot is held (Settings.PausedLimit);
+	// nothing more is paused until one frees.
+	ErrPausedFull = errors.New("paused slots full")
 	// ErrStoreUnavailable wraps store failures whose outcome is unknown
 	// ("maybe applied"): throttling, timeouts, 5xx.
 	ErrStoreUnavailable = errors.New("store unavailable")

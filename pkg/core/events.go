@@ -146,12 +146,20 @@ func publishContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
 }
 
-// usageSoFar is rec's running and paused time from its creation to now.
+// usageSoFar is rec's running and paused time from its creation to now:
+// its paused time is PausedFor plus, while it is paused, the time since it
+// was paused; the rest of its life it ran.
 func (r Record) usageSoFar(now time.Time) (running, paused time.Duration) {
 	if r.CreatedAt.IsZero() || now.Before(r.CreatedAt) {
 		return 0, 0
 	}
-	return now.Sub(r.CreatedAt), 0
+	paused = r.PausedFor
+	if r.State == StatePaused && !r.ParkedAt.IsZero() && r.ParkedAt.Before(now) {
+		paused += now.Sub(r.ParkedAt)
+	}
+	life := now.Sub(r.CreatedAt)
+	paused = min(paused, life)
+	return life - paused, paused
 }
 
 // emit publishes the transition of rec (the record as written) from from

@@ -249,8 +249,10 @@ func WithReconcileStore(rs ReconcileStore) Option {
 	return func(e *Engine) { e.reconcileConfig().store = rs }
 }
 
-// liveStates are the record states of a sandbox that may be in use.
-var liveStates = []State{StateActive, StateReleasing, StateWarm, StateReclaiming, StatePooled, StateClaiming}
+// liveStates are the record states of a sandbox that may be in use
+// (paused ones included: the thread's next acquire resumes them).
+var liveStates = []State{StateActive, StateReleasing, StateWarm, StateReclaiming, StatePausing, StatePaused, StateResuming,
+	StatePooled, StateClaiming}
 
 func isLive(s State) bool {
 	for _, l := range liveStates {
@@ -316,6 +318,9 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 		errs = append(errs, err)
 	}
 	if err := p.expireWarm(ctx, draining); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.parkPaused(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
 	if err := p.pool(ctx, draining); err != nil {
@@ -466,7 +471,7 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 			p.skip(ctx, "claim idle warm sandbox", rec.SandboxID, err) // usually a peer took it (reclaim or another pass)
 			continue
 		}
-		if !p.syncBeforeExpiry(ctx, claimed) {
+		if complete, gone := p.syncParked(ctx, claimed, "expiry"); !complete && !gone {
 			p.st.Deferred++
 			// Back to plain warm, still idle: the next pass retries.
 			if _, err := e.store.Apply(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateWarm,
@@ -491,14 +496,14 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 	return nil
 }
 
-// syncBeforeExpiry copies a warm sandbox's outputs to S3 and reports
-// whether it may be destroyed: the pass was complete, or the provider
-// already ended the sandbox (nothing left to copy). The sync ends by the
-// invocation's stop time.
-func (p *pass) syncBeforeExpiry(ctx context.Context, rec Record) bool {
+// syncParked copies a parked sandbox's outputs to S3 before it is
+// destroyed or paused (what names the step, for logs): complete when every
+// output is in S3, gone when the provider already ended the sandbox
+// (nothing left to copy). The sync ends by the invocation's stop time.
+func (p *pass) syncParked(ctx context.Context, rec Record, what string) (complete, gone bool) {
 	e := p.e
 	if e.sync == nil {
-		return true
+		return true, false
 	}
 	if !p.stopAt.IsZero() {
 		var cancel context.CancelFunc
@@ -510,15 +515,15 @@ func (p *pass) syncBeforeExpiry(ctx context.Context, rec Record) bool {
 	res, err := e.sync.Sync(ctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
 	switch {
 	case errors.Is(err, ErrSandboxGone):
-		return true
+		return false, true
 	case err != nil:
-		e.log.WarnContext(ctx, "reconcile: sync before expiry failed; kept warm for the next pass", "sandbox_id", rec.SandboxID, "err", err)
-		return false
+		e.log.WarnContext(ctx, "reconcile: sync before "+what+" failed; kept warm for the next pass", "sandbox_id", rec.SandboxID, "err", err)
+		return false, false
 	case !res.Complete:
-		e.log.WarnContext(ctx, "reconcile: sync before expiry incomplete; kept warm for the next pass", "sandbox_id", rec.SandboxID, "deferred", len(res.Deferred))
-		return false
+		e.log.WarnContext(ctx, "reconcile: sync before "+what+" incomplete; kept warm for the next pass", "sandbox_id", rec.SandboxID, "deferred", len(res.Deferred))
+		return false, false
 	}
-	return true
+	return true, false
 }
 
 func (p *pass) timeUp() bool { return !p.e.now().Before(p.deadline) || p.outOfTime() }
@@ -572,7 +577,8 @@ func (p *pass) inventory(ctx context.Context) error {
 	if lister == nil {
 		lister = &memLister{prov: e.prov}
 	}
-	filter := ListFilter{Metadata: map[string]string{MetaDeployment: e.s.Deployment}}
+	// Paused sandboxes too: they are the threads' and hold paused slots.
+	filter := ListFilter{Metadata: map[string]string{MetaDeployment: e.s.Deployment}, States: []string{SandboxRunning, SandboxPaused}}
 	complete := false
 	var walkErr error
 	for {
@@ -787,7 +793,7 @@ func (p *pass) group(ctx context.Context, key ThreadKey, g []SandboxInfo, look R
 			if tracked {
 				err = p.rst.Rebind(ctx, key, in.ID, b, bound)
 			} else {
-				a := Adoption{Record: p.adoptedRecord(in, key, StateWarm), Bind: true, From: b, FromBound: bound}
+				a := Adoption{Record: p.adoptedRecord(in, key, p.adoptedState(in)), Bind: true, From: b, FromBound: bound}
 				if hasRes {
 					a.Reservation = token
 				}
@@ -830,6 +836,8 @@ func (p *pass) adoptedRecord(in SandboxInfo, key ThreadKey, state State) Record 
 	switch state {
 	case StateWarm:
 		r.ParkedAt = now
+	case StatePaused:
+		r.ParkedAt, r.Slots = now, Slots{NoRunning: true, Paused: true}
 	case StateDestroying:
 		r.LeaseOwner, r.LeaseExpiresAt = p.owner, now.Add(p.e.s.LeaseDuration)
 	}
@@ -845,6 +853,17 @@ func (p *pass) adopted(ctx context.Context, rec Record, hadReservation bool) {
 		from = StateCreating
 	}
 	p.e.emit(ctx, rec, from, rec.State, EventAdopted, EventReasonUntracked)
+}
+
+// adoptedState is the state a canonical sandbox reconcile adopts gets:
+// paused when the provider lists it paused and the broker can resume it
+// (it takes a paused slot), else warm (the thread's next acquire
+// reclaims it, and idle expiry ends it if unused).
+func (p *pass) adoptedState(in SandboxInfo) State {
+	if in.State == SandboxPaused && p.e.pauseStore() != nil {
+		return StatePaused
+	}
+	return StateWarm
 }
 
 // graceOver reports whether reconcile first saw id at least d ago (and

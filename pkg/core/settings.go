@@ -51,6 +51,28 @@ type Settings struct {
 	Template string
 	// Home is the sandbox user's home directory.
 	Home string
+	// PauseAfter is how long a warm sandbox stays idle before it is paused
+	// (pause-parking), for providers whose Capabilities declare Pause: 0
+	// pauses at release, a negative value never pauses.
+	PauseAfter time.Duration
+	// MaxPaused bounds the paused slots (>= 0); 0 means 10 × Replicas
+	// (see PausedLimit).
+	MaxPaused int
+	// PausedTTL is how long a sandbox may stay paused before reconcile
+	// destroys it (> 0).
+	PausedTTL time.Duration
+}
+
+// PauseNever is the PauseAfter that never pauses.
+const PauseNever = -time.Second
+
+// PausedLimit is the number of paused slots: MaxPaused, or 10 × Replicas
+// when it is 0.
+func (s Settings) PausedLimit() int {
+	if s.MaxPaused > 0 {
+		return s.MaxPaused
+	}
+	return 10 * s.Replicas
 }
 
 // DefaultSettings returns the defaults the README documents.
@@ -66,6 +88,8 @@ func DefaultSettings() Settings {
 		ActiveTimeout:       3600 * time.Second,
 		LeaseDuration:       120 * time.Second,
 		Home:                "/home/user",
+		PauseAfter:          300 * time.Second,
+		PausedTTL:           7 * 24 * time.Hour,
 	}
 }
 
@@ -126,12 +150,15 @@ func (s Settings) Validate() error {
 	if s.MaxPerTenant < 0 {
 		errs = append(errs, fmt.Errorf("MaxPerTenant: must be >= 0, got %d", s.MaxPerTenant))
 	}
+	if s.MaxPaused < 0 {
+		errs = append(errs, fmt.Errorf("MaxPaused: must be >= 0, got %d", s.MaxPaused))
+	}
 	if s.BurstLimit < 0 {
 		errs = append(errs, fmt.Errorf("BurstLimit: must be >= 0, got %d", s.BurstLimit))
 	}
 	for name, d := range map[string]time.Duration{
 		"AcquireTimeout": s.AcquireTimeout, "IdleTimeout": s.IdleTimeout,
-		"ActiveTimeout": s.ActiveTimeout, "LeaseDuration": s.LeaseDuration,
+		"ActiveTimeout": s.ActiveTimeout, "LeaseDuration": s.LeaseDuration, "PausedTTL": s.PausedTTL,
 	} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be > 0, got %s", name, d))

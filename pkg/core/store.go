@@ -124,7 +124,8 @@ type Store interface {
 	Get(ctx context.Context, sandboxID string) (Record, error)
 	// Claim applies c if the record belongs to c.Tenant (else ErrNotFound),
 	// is in one of c.From (else ErrConflict) and carries no live lease of
-	// another owner at c.Now (else ErrLeaseHeld). It returns the new record.
+	// another owner at c.Now (else ErrLeaseHeld). It returns the new record,
+	// and with ErrConflict or ErrLeaseHeld the record as it was found.
 	Claim(ctx context.Context, c Claim) (Record, error)
 	// Apply makes a fenced update and returns the new record.
 	Apply(ctx context.Context, u Update) (Record, error)

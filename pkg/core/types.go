@@ -61,7 +61,8 @@ func ValidateSandboxID(id string) error {
 // State is the lifecycle state of a sandbox record.
 type State string
 
-// Record states. Every state but StateGone holds one capacity slot.
+// Record states. Every state but StateGone holds capacity: a running slot,
+// a paused slot or both (Record.Slots says which).
 const (
 	StateCreating  State = "creating"  // reservation taken, provider create in flight
 	StateActive    State = "active"    // handed out to the thread's agent
@@ -71,6 +72,16 @@ const (
 	// version reclaims in one write (warm -> active) and never writes it;
 	// claims still accept it so records written by another version move on.
 	StateReclaiming State = "reclaiming"
+	// StatePausing is a warm sandbox being paused: it holds its running
+	// slot and, taken before the provider is asked, a paused slot.
+	StatePausing State = "pausing"
+	// StatePaused is a sandbox frozen at the provider (memory and files
+	// kept) for its thread: it holds a paused slot and no running slot.
+	StatePaused State = "paused"
+	// StateResuming is a paused sandbox being started again for its
+	// thread: it holds a paused slot and, taken before the provider is
+	// asked, a running slot.
+	StateResuming   State = "resuming"
 	StateDestroying State = "destroying" // tombstone: kill requested, not yet confirmed
 	StateGone       State = "gone"       // provider confirmed the sandbox is gone; slot freed
 )
@@ -82,13 +93,16 @@ type Source string
 const (
 	SourceReused    Source = "reused"    // the thread's active sandbox, still alive
 	SourceReclaimed Source = "reclaimed" // the thread's warm sandbox
+	SourceResumed   Source = "resumed"   // the thread's paused sandbox, started again
 	SourceCreated   Source = "created"   // freshly created
 )
 
 // Sources lists every acquire source the broker produces. (A sandbox the
 // store lost track of is found by reconcile, which adopts it warm: the
 // thread's next acquire reclaims it.)
-func Sources() []Source { return []Source{SourceReused, SourceReclaimed, SourcePool, SourceCreated} }
+func Sources() []Source {
+	return []Source{SourceReused, SourceReclaimed, SourceResumed, SourcePool, SourceCreated}
+}
 
 // Record is the broker's durable view of one sandbox. Times are UTC.
 type Record struct {
@@ -116,8 +130,14 @@ type Record struct {
 	ReservationToken string
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
-	// ParkedAt is when the record last became warm (zero unless warm).
+	// ParkedAt is when the record last became warm (zero unless warm), or,
+	// for a paused record, when it was paused.
 	ParkedAt time.Time
+	// Slots says which capacity slots the record holds.
+	Slots Slots
+	// PausedFor is the time the sandbox spent paused before its current
+	// pause (usage accounting; a paused record adds now - ParkedAt).
+	PausedFor time.Duration
 	// ExpiresAt is when the provider will end the sandbox on its own (its
 	// timeout), as last set by the broker.
 	ExpiresAt time.Time
@@ -136,6 +156,20 @@ type Record struct {
 	PrevMeteredAt time.Time
 	MeteredState  State
 }
+
+// Slots says which capacity slots a record holds. The zero value is the
+// usual one: a running slot only.
+type Slots struct {
+	// NoRunning: the record holds no running slot (a paused sandbox, or
+	// the tombstone of one).
+	NoRunning bool
+	// Paused: the record holds a paused slot (pausing, paused, resuming,
+	// or the tombstone of one of those).
+	Paused bool
+}
+
+// Running reports whether the record holds a running slot.
+func (s Slots) Running() bool { return !s.NoRunning }
 
 // LogValue keeps the endpoint's access token out of logs (it is a credential).
 func (r Record) LogValue() slog.Value {
@@ -157,17 +191,21 @@ func (r Record) Ref() SandboxRef {
 
 // CapacityStatus is the deployment-wide slot usage (GET /v1/capacity).
 type CapacityStatus struct {
-	Limit         int    `json:"limit"`
-	Used          int    `json:"used"`
-	Active        int    `json:"active"`
-	Warm          int    `json:"warm"`
-	Reserved      int    `json:"reserved"`
-	Transitioning int    `json:"transitioning"` // releasing + reclaiming
-	Tombstones    int    `json:"tombstones"`    // destroying: kill not yet confirmed
-	Policy        string `json:"policy"`
-	Draining      bool   `json:"draining"`
+	Limit         int `json:"limit"`
+	Used          int `json:"used"`
+	Active        int `json:"active"`
+	Warm          int `json:"warm"`
+	Reserved      int `json:"reserved"`
+	Transitioning int `json:"transitioning"` // releasing, reclaiming, pausing, resuming
+	Tombstones    int `json:"tombstones"`    // destroying: kill not yet confirmed
+	// Paused counts paused sandboxes (holding paused slots, not running
+	// ones); PausedLimit bounds them.
+	Paused      int    `json:"paused"`
+	PausedLimit int    `json:"paused_limit"`
+	Policy      string `json:"policy"`
+	Draining    bool   `json:"draining"`
 }
 
 func (s CapacityStatus) String() string {
-	return fmt.Sprintf("limit=%d used=%d active=%d warm=%d reserved=%d", s.Limit, s.Used, s.Active, s.Warm, s.Reserved)
+	return fmt.Sprintf("limit=%d used=%d active=%d warm=%d reserved=%d paused=%d", s.Limit, s.Used, s.Active, s.Warm, s.Reserved, s.Paused)
 }

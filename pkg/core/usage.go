@@ -29,13 +29,10 @@ func UsageMetrics() []Metric {
 	return []Metric{{Name: MetricRunningSeconds, Unit: "Seconds"}, {Name: MetricPausedSeconds, Unit: "Seconds"}}
 }
 
-// statePausedUsage is the state whose time is paused usage.
-const statePausedUsage State = "paused"
-
 // usageMetric is the metric of d spent in state s.
 func usageMetric(s State, d time.Duration) Metric {
 	name := MetricRunningSeconds
-	if s == statePausedUsage {
+	if s == StatePaused {
 		name = MetricPausedSeconds
 	}
 	return Metric{Name: name, Unit: "Seconds", Value: d.Seconds()}

@@ -48,6 +48,11 @@ type item struct {
 	MeteredAt     int64  `dynamodbav:"metered_at,omitempty"`
 	PrevMeteredAt int64  `dynamodbav:"prev_metered_at,omitempty"`
 	MeteredState  string `dynamodbav:"metered_state,omitempty"`
+	// NoRunningSlot and PausedSlot are core.Slots (absent: a running slot
+	// only); PausedMS is core.Record.PausedFor in milliseconds.
+	NoRunningSlot bool   `dynamodbav:"no_running_slot,omitempty"`
+	PausedSlot    bool   `dynamodbav:"paused_slot,omitempty"`
+	PausedMS      int64  `dynamodbav:"paused_ms,omitempty"`
 	GSI1PK        string `dynamodbav:"gsi1pk,omitempty"`
 	GSI1SK        string `dynamodbav:"gsi1sk,omitempty"`
 	TTL           int64  `dynamodbav:"ttl,omitempty"`
@@ -80,6 +85,11 @@ func userPK(deployment string, k core.ThreadKey) string {
 func tenantPK(deployment, tenant string) string {
 	return "TEN#" + deployment + "#" + tenant
 }
+
+// parkedState reports whether records in st are filed in gsi1 by park
+// time (the LRU order of eviction and idle expiry) rather than by the time
+// of their last write.
+func parkedState(st core.State) bool { return st == core.StateWarm || st == core.StatePaused }
 
 func statePK(deployment string, s core.State) string {
 	return "ST#" + deployment + "#" + string(s)
@@ -134,6 +144,8 @@ func (it item) record() core.Record {
 		MeteredAt:        fromMS(it.MeteredAt),
 		PrevMeteredAt:    fromMS(it.PrevMeteredAt),
 		MeteredState:     core.State(it.MeteredState),
+		Slots:            core.Slots{NoRunning: it.NoRunningSlot, Paused: it.PausedSlot},
+		PausedFor:        time.Duration(it.PausedMS) * time.Millisecond,
 	}
 }
 
@@ -146,11 +158,12 @@ func recordItem(r core.Record, deployment string) item {
 		CreatedAt: ms(r.CreatedAt), UpdatedAt: ms(r.UpdatedAt), ParkedAt: ms(r.ParkedAt), ExpiresAt: ms(r.ExpiresAt),
 		KillAttempts: r.KillAttempts, DestroyingAt: ms(r.DestroyingSince),
 		MeteredAt: ms(r.MeteredAt), PrevMeteredAt: ms(r.PrevMeteredAt), MeteredState: string(r.MeteredState),
+		NoRunningSlot: r.Slots.NoRunning, PausedSlot: r.Slots.Paused, PausedMS: r.PausedFor.Milliseconds(),
 	}
 	if r.State != core.StateGone {
 		it.GSI1PK = statePK(deployment, r.State)
 		it.GSI1SK = stateSK(r.UpdatedAt, r.SandboxID)
-		if r.State == core.StateWarm {
+		if parkedState(r.State) {
 			it.GSI1SK = stateSK(r.ParkedAt, r.SandboxID)
 		}
 	}

@@ -165,7 +165,8 @@ func bindingCondition(from core.Binding, bound bool) expression.ConditionBuilder
 func liveCondition() expression.ConditionBuilder {
 	return expression.Name("state").In(expression.Value(string(core.StateActive)),
 		expression.Value(string(core.StateReleasing)), expression.Value(string(core.StateWarm)),
-		expression.Value(string(core.StateReclaiming)))
+		expression.Value(string(core.StateReclaiming)), expression.Value(string(core.StatePausing)),
+		expression.Value(string(core.StatePaused)), expression.Value(string(core.StateResuming)))
 }
 
 // bindingPut is a transaction item writing key's binding to sandboxID under cond.
@@ -203,7 +204,8 @@ func (s *Store) transact(ctx context.Context, op string, items []types.TransactW
 
 // Adopt records an untracked sandbox in one transaction: the record, its
 // slot (a consumed reservation, or a new deployment, user and tenant slot
-// taken without a limit check), and optionally the binding or a check that the
+// taken without a limit check; a paused record takes a paused slot
+// instead, and a consumed reservation's running slot is freed), and optionally the binding or a check that the
 // binding still names a canonical sandbox. ErrConflict when any condition
 // fails (nothing written).
 func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error) {
@@ -222,7 +224,11 @@ func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error)
 	if a.Reservation != "" {
 		items = append(items, types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table,
 			Key: s.key(reservationPK(a.Reservation)), ConditionExpression: &exists}})
-	} else {
+		if !rec.Slots.Running() {
+			// A paused record holds no running slot: the reservation's is freed.
+			items = append(items, s.slotsRelease(core.Record{ThreadKey: rec.ThreadKey})...)
+		}
+	} else if rec.Slots.Running() {
 		inc := "ADD #used :one, #rev :one, #tenants :tenant"
 		user, err := s.counterTake(userPK(s.deployment, rec.ThreadKey), 0)
 		if err != nil {
@@ -238,6 +244,13 @@ func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error)
 				ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"},
 					":tenant": tenantSet(rec.Tenant)}}},
 			user, tenant)
+	}
+	if rec.Slots.Paused {
+		take, err := s.pausedTake(0) // as the running slot: the sandbox exists whatever the count says
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt: %w", err)
+		}
+		items = append(items, take)
 	}
 	if a.Bind {
 		it, err := s.bindingPut(rec.ThreadKey, rec.SandboxID, rec.UpdatedAt, bindingCondition(a.From, a.FromBound))
@@ -507,11 +520,12 @@ func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Re
 	return nil
 }
 
-// slotStates are the states whose records (and reservations) hold a slot.
+// slotStates are the states whose records (and reservations) hold a
+// running slot (a tombstone of a paused sandbox does not: see CountSlots).
 // StateReclaiming is no longer written by this version (reclaim is one
 // write to active), but a record left in it still holds its slot.
 var slotStates = []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
-	core.StateReclaiming, core.StateDestroying, core.StatePooled, core.StateClaiming}
+	core.StateReclaiming, core.StatePausing, core.StateResuming, core.StateDestroying, core.StatePooled, core.StateClaiming}
 
 // CountSlots reads the ledger (strongly consistent) and then counts the
 // items of every slot-holding state in gsi1 (COUNT queries; the index is
@@ -529,7 +543,11 @@ func (s *Store) CountSlots(ctx context.Context) (core.Ledger, int, error) {
 	for _, c := range n {
 		total += c
 	}
-	return l, total, nil
+	pausedTombs, err := s.countPausedTombstones(ctx)
+	if err != nil {
+		return core.Ledger{}, 0, err
+	}
+	return l, total - pausedTombs, nil
 }
 
 // RepairLedger sets the ledger's used count to used if its revision is

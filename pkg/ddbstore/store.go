@@ -261,7 +261,7 @@ func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
 		upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID)
 		upd = markDestroying(upd, c.To, c.Now)
 		upd = meter(upd, c.Now)
-		if c.To != core.StateWarm {
+		if !keepsParkTime(c.To) {
 			upd = upd.Remove(expression.Name("parked_at"))
 		}
 	}
@@ -323,7 +323,7 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	cond := expression.AttributeExists(expression.Name(AttrPK)).
 		And(expression.Name("fence").Equal(expression.Value(u.Fence)))
 	at := u.Now
-	if u.State == core.StateWarm {
+	if parkedState(u.State) {
 		at = u.ParkedAt
 	}
 	upd := expression.Set(expression.Name("state"), expression.Value(string(u.State))).
@@ -331,7 +331,7 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 		Add(expression.Name("fence"), expression.Value(1))
 	upd = s.stateIndex(upd, u.State, at, u.SandboxID)
 	upd = markDestroying(upd, u.State, u.Now)
-	if u.State == core.StateWarm {
+	if parkedState(u.State) {
 		upd = upd.Set(expression.Name("parked_at"), expression.Value(ms(u.ParkedAt)))
 	} else {
 		upd = upd.Remove(expression.Name("parked_at"))
@@ -387,12 +387,7 @@ func (s *Store) applyUnlessDraining(ctx context.Context, u core.Update, cond exp
 
 // Reserve takes a slot and binds the thread to the reservation, atomically.
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
-	capExpr, err := expression.NewBuilder().
-		WithCondition(slotFree(r.Limit)).
-		WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)).
-			Add(expression.Name("revision"), expression.Value(1)).
-			Add(expression.Name("tenants"), expression.Value(tenantSet(r.Tenant)))).
-		Build()
+	capItem, err := s.capTake(r.Limit, r.Tenant)
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
@@ -424,10 +419,7 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	}
 	notExists := "attribute_not_exists(pk)"
 	failed, err := s.writeTxn(ctx, "reserve", []types.TransactWriteItem{
-		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-			ConditionExpression: capExpr.Condition(), UpdateExpression: capExpr.Update(),
-			ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values(),
-			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
+		capItem,
 		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
 		{Put: &types.Put{TableName: &s.table, Item: bindItem, ConditionExpression: bindExpr.Condition(),
 			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
@@ -441,26 +433,59 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	// on first (a binding race, then the user's and the tenant's quota),
 	// capacity last, so neither a lost race nor a tenant at its quota ever
 	// triggers an eviction.
-	ledger, ledgerFailed := failed[capacityPK(s.deployment)]
 	switch {
 	case has(failed, bindingPK(r.ThreadKey)):
 		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
 	case has(failed, reservationPK(r.Token)):
 		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
-	case has(failed, userPK(s.deployment, r.ThreadKey)):
+	}
+	if err := s.slotRefusal(failed, r.ThreadKey, r.Limit); err != nil {
+		return err
+	}
+	return fmt.Errorf("reserve: condition failed on an unexpected item: %w", core.ErrConflict)
+}
+
+// capTake is the transaction item that takes one deployment slot (the
+// ledger's "used" stays within limit, the deployment is not draining) and
+// adds tenant to the ledger's tenant set. On a failed condition the ledger
+// as it was comes back (slotRefusal reads it).
+func (s *Store) capTake(limit int, tenant string) (types.TransactWriteItem, error) {
+	expr, err := expression.NewBuilder().
+		WithCondition(slotFree(limit)).
+		WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)).
+			Add(expression.Name("revision"), expression.Value(1)).
+			Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))).
+		Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+}
+
+// slotRefusal is the *core.CapacityError for a transaction that took a
+// slot (capTake) and the user's and tenant's counters (counterTake) when
+// one of those conditions failed: the user's quota, then the tenant's,
+// then the ledger (draining or full). nil when none of them failed.
+func (s *Store) slotRefusal(failed map[string]types.CancellationReason, key core.ThreadKey, limit int) error {
+	ledger, ledgerFailed := failed[capacityPK(s.deployment)]
+	switch {
+	case has(failed, userPK(s.deployment, key)):
 		return &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second,
-			Status: core.CapacityStatus{Limit: r.Limit}}
-	case has(failed, tenantPK(s.deployment, r.Tenant)):
+			Status: core.CapacityStatus{Limit: limit}}
+	case has(failed, tenantPK(s.deployment, key.Tenant)):
 		return &core.CapacityError{Reason: core.RefusalTenantQuota, RetryAfter: 5 * time.Second,
-			Status: core.CapacityStatus{Limit: r.Limit}}
+			Status: core.CapacityStatus{Limit: limit}}
 	case ledgerFailed:
 		l := decodeLedger(ledger.Item)
 		if l.Draining {
-			return &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used, Draining: true}}
+			return &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Limit: limit, Used: l.Used, Draining: true}}
 		}
-		return &core.CapacityError{Reason: core.RefusalCapacity, Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used}}
+		return &core.CapacityError{Reason: core.RefusalCapacity, Status: core.CapacityStatus{Limit: limit, Used: l.Used}}
 	}
-	return fmt.Errorf("reserve: condition failed on an unexpected item: %w", core.ErrConflict)
+	return nil
 }
 
 // Finalize turns a reservation into an active record and rebinds the thread.
@@ -578,8 +603,8 @@ func tenantSet(tenant string) *types.AttributeValueMemberSS {
 	return &types.AttributeValueMemberSS{Value: []string{tenant}}
 }
 
-// Free marks a record gone and frees its slot (and its user's), atomically
-// and fenced by rec.Fence.
+// Free marks a record gone and frees its slots (its running slot with its
+// user's and tenant's, its paused slot), atomically and fenced by rec.Fence.
 func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error {
 	id, fence := rec.SandboxID, rec.Fence
 	if rec.Tenant == "" {
@@ -592,12 +617,10 @@ func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error 
 	if err != nil {
 		return fmt.Errorf("free: %w", err)
 	}
-	failed, err := s.writeTxn(ctx, "free", []types.TransactWriteItem{
-		recUpdate,
-		s.capRelease(),
-		s.counterRelease(userPK(s.deployment, rec.ThreadKey)),
-		s.counterRelease(tenantPK(s.deployment, rec.Tenant)),
-	})
+	items := []types.TransactWriteItem{recUpdate}
+	// The fence makes rec's slots the record's own: free exactly those.
+	items = append(items, s.slotsRelease(rec)...)
+	failed, err := s.writeTxn(ctx, "free", items)
 	if has(failed, sandboxPK(id)) {
 		return fmt.Errorf("free sandbox %s fence %d: %w", id, fence, core.ErrStaleFence)
 	}
@@ -646,8 +669,9 @@ func (s *Store) readLedger(ctx context.Context) (core.Ledger, error) {
 	return decodeLedger(out.Item), nil
 }
 
-// Capacity reads the ledger and counts records per slot-holding state (one
-// GetItem and one COUNT query per state; for status, not the hot path).
+// Capacity reads the ledger and the paused slot count and counts records
+// per slot-holding state (two GetItems and one COUNT query per state; for
+// status, not the hot path).
 func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 	l, err := s.readLedger(ctx)
 	if err != nil {
@@ -657,10 +681,15 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 	if err != nil {
 		return core.CapacityStatus{}, err
 	}
+	paused, err := s.PausedUsed(ctx)
+	if err != nil {
+		return core.CapacityStatus{}, err
+	}
 	return core.CapacityStatus{
 		Used: l.Used, Draining: l.Draining,
 		Reserved: n[core.StateCreating], Active: n[core.StateActive], Warm: n[core.StateWarm],
-		Transitioning: n[core.StateReleasing] + n[core.StateReclaiming], Tombstones: n[core.StateDestroying],
+		Transitioning: n[core.StateReleasing] + n[core.StateReclaiming] + n[core.StatePausing] + n[core.StateResuming],
+		Tombstones:    n[core.StateDestroying], Paused: paused,
 	}, nil
 }
 
@@ -668,7 +697,7 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core.State]int, error) {
 	out := make(map[core.State]int, len(states))
 	for _, st := range states {
-		n, err := s.countState(ctx, st)
+		n, err := s.countState(ctx, st, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -682,14 +711,20 @@ func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core
 // short, since a short count could let the ledger repair admit too many.
 const maxCountPages = 1000
 
-func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
-	expr, err := expression.NewBuilder().WithKeyCondition(
-		expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, state)))).Build()
+// countState counts the deployment's records in state, only those
+// matching filter when it is not nil.
+func (s *Store) countState(ctx context.Context, state core.State, filter *expression.ConditionBuilder) (int, error) {
+	b := expression.NewBuilder().WithKeyCondition(
+		expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, state))))
+	if filter != nil {
+		b = b.WithFilter(*filter)
+	}
+	expr, err := b.Build()
 	if err != nil {
 		return 0, err
 	}
 	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
-		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+		KeyConditionExpression: expr.KeyCondition(), FilterExpression: expr.Filter(), ExpressionAttributeNames: expr.Names(),
 		ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
 	n := 0
 	for pages := 0; p.HasMorePages(); pages++ {

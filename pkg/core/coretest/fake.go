@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -32,12 +33,28 @@ type FakeProvider struct {
 	SetTimeoutErr error
 	RunErr        error
 	RunExit       int
+
+	// Pausable declares Capabilities.Pause (the fake's Pause and Resume);
+	// set it before the engine is built. PauseErr and ResumeErr make those
+	// calls fail; with PauseApplies (ResumeApplies) the call takes effect
+	// first, its answer lost (an applied-then-lost reply).
+	Pausable      bool
+	PauseErr      error
+	PauseApplies  bool
+	ResumeErr     error
+	ResumeApplies bool
+	// misuse lists the calls made on a paused sandbox that would use or
+	// extend it (SetTimeout, Run, file access): none may happen.
+	misuse []string
 }
 
 type fakeSandbox struct {
 	meta    map[string]string
 	timeout time.Duration
+	paused  bool
 }
+
+var _ core.Pauser = (*FakeProvider)(nil)
 
 var _ core.Provider = (*FakeProvider)(nil)
 
@@ -55,9 +72,105 @@ func (f *FakeProvider) Set(fn func(f *FakeProvider)) {
 func (f *FakeProvider) Name() string { return "fake" }
 
 // Capabilities implements core.Provider: envd endpoints, paged listing
-// (ListPage) and no locator.
+// (ListPage), no locator, and pause and resume when Pausable.
 func (f *FakeProvider) Capabilities() core.Capabilities {
-	return core.Capabilities{Protocol: core.ProtocolEnvd, Pager: f}
+	c := core.Capabilities{Protocol: core.ProtocolEnvd, Pager: f}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.Pausable {
+		c.Pause = f
+	}
+	return c
+}
+
+// state is the SandboxInfo.State of sb.
+func (sb *fakeSandbox) state() string {
+	if sb.paused {
+		return core.SandboxPaused
+	}
+	return core.SandboxRunning
+}
+
+// usePaused records a call that uses or extends id while it is paused
+// (caller holds f.mu) and reports whether id is paused.
+func (f *FakeProvider) usePaused(call, id string) bool {
+	if sb, ok := f.sandboxes[id]; ok && sb.paused {
+		f.misuse = append(f.misuse, call+" "+id)
+		return true
+	}
+	return false
+}
+
+// errPaused is what the fake's envd answers for a paused sandbox.
+var errPaused = &core.ProviderError{Op: "envd", StatusCode: 502, Ambiguous: true, Message: "sandbox is paused"}
+
+// Pause implements core.Pauser: idempotent; a paused sandbox keeps its
+// files and stops counting as running.
+func (f *FakeProvider) Pause(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "pause "+id)
+	sb, ok := f.sandboxes[id]
+	if f.PauseErr != nil {
+		if ok && f.PauseApplies {
+			sb.paused = true
+		}
+		return f.PauseErr
+	}
+	if !ok {
+		return core.ErrSandboxGone
+	}
+	sb.paused = true
+	return nil
+}
+
+// Resume implements core.Pauser: idempotent (a running sandbox only gets
+// its timeout).
+func (f *FakeProvider) Resume(_ context.Context, id string, timeout time.Duration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf("resume %s %s", id, timeout))
+	sb, ok := f.sandboxes[id]
+	if f.ResumeErr != nil {
+		if ok && f.ResumeApplies {
+			sb.paused, sb.timeout = false, timeout
+		}
+		return f.ResumeErr
+	}
+	if !ok {
+		return core.ErrSandboxGone
+	}
+	sb.paused, sb.timeout = false, timeout
+	return nil
+}
+
+// Paused reports whether the fake holds id paused.
+func (f *FakeProvider) Paused(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sandboxes[id]
+	return ok && sb.paused
+}
+
+// Running is the number of sandboxes the fake runs (not paused).
+func (f *FakeProvider) Running() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, sb := range f.sandboxes {
+		if !sb.paused {
+			n++
+		}
+	}
+	return n
+}
+
+// Misuse lists the calls made on paused sandboxes that would use or extend
+// them (SetTimeout, Run, OpenFile, WriteFile), "<call> <id>", in order.
+func (f *FakeProvider) Misuse() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.misuse...)
 }
 
 // Create implements core.Provider.
@@ -86,7 +199,7 @@ func (f *FakeProvider) Info(_ context.Context, id string) (core.SandboxInfo, err
 	if !ok {
 		return core.SandboxInfo{}, core.ErrSandboxGone
 	}
-	return core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: "running"}, nil
+	return core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: sb.state()}, nil
 }
 
 // List implements core.Provider.
@@ -99,8 +212,8 @@ func (f *FakeProvider) List(_ context.Context, filter core.ListFilter) ([]core.S
 		for k, v := range filter.Metadata {
 			match = match && sb.meta[k] == v
 		}
-		if match {
-			out = append(out, core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: "running"})
+		if match && (len(filter.States) == 0 || slices.Contains(filter.States, sb.state())) {
+			out = append(out, core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: sb.state()})
 		}
 	}
 	return out, nil
@@ -133,6 +246,9 @@ func (f *FakeProvider) SetTimeout(_ context.Context, id string, d time.Duration)
 	if !ok {
 		return core.ErrSandboxGone
 	}
+	if f.usePaused("timeout", id) {
+		return errPaused
+	}
 	sb.timeout = d
 	return nil
 }
@@ -148,6 +264,9 @@ func (f *FakeProvider) Run(_ context.Context, ref core.SandboxRef, cmd core.Comm
 	if _, ok := f.sandboxes[ref.ID]; !ok {
 		return core.CommandResult{}, core.ErrSandboxGone
 	}
+	if f.usePaused("run", ref.ID) {
+		return core.CommandResult{}, errPaused
+	}
 	if f.RunExit != 0 {
 		return core.CommandResult{ExitCode: f.RunExit, Stderr: []byte("injected failure")}, nil
 	}
@@ -159,16 +278,29 @@ func (f *FakeProvider) Run(_ context.Context, ref core.SandboxRef, cmd core.Comm
 
 // OpenFile implements core.Provider; the fake holds no files.
 func (f *FakeProvider) OpenFile(_ context.Context, ref core.SandboxRef, _ string, _ int64) (io.ReadCloser, error) {
-	if !f.Alive(ref.ID) {
-		return nil, core.ErrSandboxGone
+	if err := f.fileAccess("open", ref.ID); err != nil {
+		return nil, err
 	}
 	return nil, core.ErrFileNotFound
 }
 
+// fileAccess checks a file call on id: gone, or paused (misuse).
+func (f *FakeProvider) fileAccess(call, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.sandboxes[id]; !ok {
+		return core.ErrSandboxGone
+	}
+	if f.usePaused(call, id) {
+		return errPaused
+	}
+	return nil
+}
+
 // WriteFile implements core.Provider; the bytes are discarded.
 func (f *FakeProvider) WriteFile(_ context.Context, ref core.SandboxRef, _ string, r io.Reader) error {
-	if !f.Alive(ref.ID) {
-		return core.ErrSandboxGone
+	if err := f.fileAccess("write", ref.ID); err != nil {
+		return err
 	}
 	_, err := io.Copy(io.Discard, r)
 	return err

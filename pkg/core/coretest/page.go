@@ -3,6 +3,7 @@ package coretest
 import (
 	"context"
 	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -12,7 +13,7 @@ import (
 var _ core.PagedLister = (*FakeProvider)(nil)
 
 // ListPage implements core.PagedLister: up to limit sandboxes matching
-// filter, in id order, after the id cursor ("" = from the start); next is
+// filter (its metadata and states), in id order, after the id cursor ("" = from the start); next is
 // the last id returned when more follow. StartedAt is read from the
 // core.MetaCreatedAt metadata (zero without it). Each call is recorded as
 // "list".
@@ -29,7 +30,7 @@ func (f *FakeProvider) ListPage(_ context.Context, filter core.ListFilter, curso
 		for k, v := range filter.Metadata {
 			match = match && sb.meta[k] == v
 		}
-		if match {
+		if match && (len(filter.States) == 0 || slices.Contains(filter.States, sb.state())) {
 			ids = append(ids, id)
 		}
 	}
@@ -46,7 +47,7 @@ func (f *FakeProvider) ListPage(_ context.Context, filter core.ListFilter, curso
 	for i, id := range ids {
 		sb := f.sandboxes[id]
 		started, _ := time.Parse(time.RFC3339, sb.meta[core.MetaCreatedAt])
-		out[i] = core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: "running", StartedAt: started}
+		out[i] = core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: sb.state(), StartedAt: started}
 	}
 	return out, next, nil
 }

@@ -1,0 +1,263 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Pause-parking. A warm sandbox idle for Settings.PauseAfter is paused at
+// the provider (Capabilities.Pause) and its record moves warm -> pausing
+// -> paused; the thread's next acquire moves it paused -> resuming ->
+// active. Every step is a leased, fenced write, and the provider call
+// between two writes is classified:
+//
+//   - pausing holds the sandbox's running slot and a paused slot (taken
+//     first, within Settings.PausedLimit); a confirmed pause frees the
+//     running slot (paused), a pause that certainly failed frees the
+//     paused slot (back to warm), a gone sandbox is destroyed, and an
+//     ambiguous pause leaves the record pausing for whoever comes next.
+//   - resuming holds the paused slot and a running slot (taken first, as
+//     a create's reservation is, with its waiting and eviction); a
+//     confirmed resume and bootstrap frees the paused slot (active);
+//     anything else discards the sandbox and the thread gets a new one.
+//
+// An invocation may die at any line: a record left pausing or resuming
+// (both hold both slots) is finished by the thread's next acquire, which
+// resumes it, or by reconcile, which pauses it: the provider's pause and
+// resume are idempotent. An active sandbox is never paused (only a warm
+// record can be claimed for a pause) and a paused one is never handed out
+// before its resume and bootstrap succeeded.
+
+// pauseStore returns the store's pause-parking access when the provider
+// can pause and resume (nil otherwise: paused records are then replaced,
+// never resumed).
+func (e *Engine) pauseStore() PauseStore {
+	if e.caps.Pause == nil {
+		return nil
+	}
+	ps, _ := e.store.pauseStore()
+	return ps
+}
+
+// pauseParking reports whether idle warm sandboxes are paused.
+func (e *Engine) pauseParking() bool {
+	return e.s.PauseAfter >= 0 && e.pauseStore() != nil
+}
+
+// holdsPausedSlot reports whether records in st hold a paused slot by
+// their state (the paused-slot states).
+func holdsPausedSlot(st State) bool {
+	return st == StatePausing || st == StatePaused || st == StateResuming
+}
+
+// leaseCall bounds a provider call made under rec's lease so that it ends
+// a margin before the lease does (a peer taking the record over after the
+// lease must not be contradicted by a late call). ok is false when too
+// little lease is left to call at all.
+func (e *Engine) leaseCall(ctx context.Context, rec Record) (context.Context, context.CancelFunc, bool) {
+	left := rec.LeaseExpiresAt.Sub(e.now()) - min(leaseSafety, e.s.LeaseDuration/4)
+	if left <= 0 {
+		return ctx, func() {}, false
+	}
+	cctx, cancel := context.WithTimeout(ctx, left)
+	return cctx, cancel, true
+}
+
+// pauseResult is what pauseWarm did.
+type pauseResult int
+
+const (
+	pauseSkipped   pauseResult = iota // not claimed (a peer moved it), or no paused slot
+	pauseDone                         // paused
+	pauseDeferred                     // left pausing (ambiguous) or back to warm (refused, outputs not all copied)
+	pauseDestroyed                    // the provider had ended it: destroyed
+)
+
+// pauseWarm pauses the warm sandbox rec (only its id and tenant are read)
+// for owner. When the paused slots are full, the least recently paused
+// sandbox of another thread is destroyed to make room (at most
+// maxEvictions). check, when set, runs under the pausing lease before the
+// provider is asked (reconcile copies the outputs first); false gives the
+// pause up, back to warm.
+func (e *Engine) pauseWarm(ctx context.Context, rec Record, owner string, check func(Record) (ok, gone bool)) pauseResult {
+	ps := e.pauseStore()
+	var claimed Record
+	for evictions := 0; ; evictions++ {
+		now := e.now()
+		var err error
+		claimed, err = ps.ClaimPause(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, Owner: owner, Now: now,
+			LeaseUntil: e.leaseUntil(ctx)}, e.s.PausedLimit())
+		if errors.Is(err, ErrPausedFull) && evictions < maxEvictions && e.evictPaused(ctx, rec.ThreadKey, owner) {
+			continue
+		}
+		if err != nil {
+			e.log.InfoContext(ctx, "pause not claimed", "sandbox_id", rec.SandboxID, "err", err)
+			return pauseSkipped
+		}
+		break
+	}
+	if check != nil {
+		switch ok, gone := check(claimed); {
+		case gone:
+			e.destroyClaimed(ctx, claimed, EventReasonGone)
+			return pauseDestroyed
+		case !ok:
+			e.abortPause(ctx, claimed)
+			return pauseDeferred
+		}
+	}
+	return e.finishPause(ctx, claimed)
+}
+
+// finishPause asks the provider to pause rec (pausing or resuming, leased
+// by this invocation) and settles the record by the answer.
+func (e *Engine) finishPause(ctx context.Context, rec Record) pauseResult {
+	cctx, cancel, ok := e.leaseCall(ctx, rec)
+	if !ok {
+		e.log.WarnContext(ctx, "too little lease left to pause; left for the next pass", "sandbox_id", rec.SandboxID)
+		return pauseDeferred
+	}
+	err := e.caps.Pause.Pause(cctx, rec.SandboxID)
+	cancel()
+	switch {
+	case err == nil:
+		sctx, scancel := settle(ctx)
+		defer scancel()
+		paused, err := e.pauseStore().SettlePause(sctx, rec, e.now())
+		if err != nil {
+			// Stale fence: a peer took the record over (its call decides);
+			// maybe applied: the record stays pausing, finished later.
+			e.log.WarnContext(ctx, "paused, but the record was not settled", "sandbox_id", rec.SandboxID, "err", err)
+			return pauseDeferred
+		}
+		e.log.InfoContext(ctx, "sandbox paused", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
+		e.emit(ctx, paused, StateWarm, StatePaused, EventPaused, "")
+		return pauseDone
+	case errors.Is(err, ErrSandboxGone):
+		e.log.InfoContext(ctx, "sandbox to pause was gone", "sandbox_id", rec.SandboxID)
+		e.destroyClaimed(ctx, rec, EventReasonGone)
+		return pauseDestroyed
+	case IsAmbiguous(err):
+		// Maybe paused: the record stays pausing, holding both slots,
+		// until the thread's acquire resumes it or reconcile pauses it.
+		e.log.WarnContext(ctx, "pause uncertain; left pausing", "sandbox_id", rec.SandboxID, "err", err)
+		return pauseDeferred
+	default:
+		e.log.WarnContext(ctx, "pause refused; kept warm", "sandbox_id", rec.SandboxID, "err", err)
+		if rec.State == StatePausing {
+			e.abortPause(ctx, rec)
+		}
+		return pauseDeferred
+	}
+}
+
+// abortPause returns rec (pausing, leased by this invocation) to warm.
+func (e *Engine) abortPause(ctx context.Context, rec Record) {
+	sctx, cancel := settle(ctx)
+	defer cancel()
+	if _, err := e.pauseStore().AbortPause(sctx, rec, e.now()); err != nil {
+		e.log.WarnContext(ctx, "giving up a pause failed; left pausing", "sandbox_id", rec.SandboxID, "err", err)
+	}
+}
+
+// evictPaused frees a paused slot for key's thread: it destroys the least
+// recently paused sandbox of another thread (its outputs were copied
+// before it was paused). It reports whether a slot was freed.
+func (e *Engine) evictPaused(ctx context.Context, key ThreadKey, owner string) bool {
+	now := e.now()
+	paused, err := e.pauseStore().PausedParkedBefore(ctx, now.Add(time.Millisecond), evictCandidates)
+	if err != nil {
+		e.log.WarnContext(ctx, "list paused sandboxes for eviction failed", "err", err)
+		return false
+	}
+	for _, rec := range paused {
+		if rec.ThreadKey == key {
+			continue
+		}
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StatePaused},
+			To: StateDestroying, Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
+		if err != nil {
+			continue // resumed or evicted by a peer
+		}
+		e.log.InfoContext(ctx, "evicting paused sandbox", "sandbox_id", rec.SandboxID, "paused_at", rec.ParkedAt, "for_thread", key.String())
+		e.emit(ctx, claimed, StatePaused, StateDestroying, EventEvicted, EventReasonCapacity)
+		return e.destroyClaimed(ctx, claimed, EventReasonCapacity)
+	}
+	return false
+}
+
+// resumeParked hands the thread its parked sandbox back: a paused one
+// takes a running slot (waiting and evicting as a create does) and is
+// resumed; one left pausing or resuming by an invocation that died (its
+// lease lapsed) is taken over and resumed. A resume or bootstrap that
+// fails discards the sandbox: the attempt reports retry, and the next one
+// finds the binding's record destroyed and creates a fresh sandbox with
+// the thread's outputs restored.
+func (e *Engine) resumeParked(ctx context.Context, key ThreadKey, rec Record, owner string, st *acquireState) (AcquireResult, bool, error) {
+	ps := e.pauseStore()
+	var claimed Record
+	if rec.State == StatePaused {
+		retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
+			var err error
+			claimed, err = ps.ClaimResume(ctx, ResumeClaim{Claim: Claim{SandboxID: rec.SandboxID, Tenant: key.Tenant, Owner: owner,
+				Now: now, LeaseUntil: e.leaseUntil(ctx)}, Key: key, Limit: e.s.Limit(), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant})
+			return err
+		})
+		if err != nil {
+			return AcquireResult{}, retry, fmt.Errorf("resume: %w", err)
+		}
+	} else {
+		var err error
+		claimed, err = e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: key.Tenant, From: []State{StatePausing, StateResuming},
+			To: StateResuming, Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
+		if err != nil {
+			// A peer holds it (a pause or resume in flight) or moved it.
+			return AcquireResult{}, true, fmt.Errorf("thread %s: take over %s sandbox: %w", key, rec.State, err)
+		}
+	}
+	return e.finishResume(ctx, claimed)
+}
+
+// finishResume resumes rec (resuming, leased by this invocation), re-runs
+// the bootstrap and settles the record active; on any failure the sandbox
+// is discarded (destroyed, or left a tombstone holding its slots).
+func (e *Engine) finishResume(ctx context.Context, rec Record) (AcquireResult, bool, error) {
+	cctx, cancel, ok := e.leaseCall(ctx, rec)
+	if !ok {
+		return AcquireResult{}, true, fmt.Errorf("resume %s: lease too short: %w", rec.SandboxID, ErrLeaseHeld)
+	}
+	err := e.caps.Pause.Resume(cctx, rec.SandboxID, e.s.ActiveTimeout)
+	cancel()
+	if err != nil {
+		e.log.WarnContext(ctx, "resume failed; discarding the paused sandbox", "sandbox_id", rec.SandboxID, "err", err)
+		reason := EventReasonNotResumable
+		if errors.Is(err, ErrSandboxGone) {
+			reason = EventReasonGone
+		}
+		e.destroyClaimed(ctx, rec, reason)
+		return AcquireResult{}, true, unavailable(fmt.Errorf("resume sandbox %s: %v", rec.SandboxID, err))
+	}
+	if err := e.bootstrap(ctx, rec.Ref(), probeTimeout); err != nil {
+		e.log.WarnContext(ctx, "resumed sandbox bootstrap failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
+		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
+		return AcquireResult{}, true, unavailable(err)
+	}
+	now := e.now()
+	if !rec.ParkedAt.IsZero() && rec.ParkedAt.Before(now) && rec.PrevState == StatePaused {
+		rec.PausedFor += now.Sub(rec.ParkedAt)
+	}
+	sctx, scancel := settle(ctx)
+	defer scancel()
+	active, err := e.pauseStore().SettleResume(sctx, rec, now, now.Add(e.s.ActiveTimeout))
+	if err != nil {
+		// Not handed out: a record left resuming could be paused again
+		// by reconcile under the agent. This acquire (its lease) or the
+		// thread's next one finishes it.
+		return AcquireResult{}, true, fmt.Errorf("settle resume of %s: %w", rec.SandboxID, err)
+	}
+	e.log.InfoContext(ctx, "sandbox resumed", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
+	e.emit(ctx, active, StatePaused, StateActive, EventResumed, "")
+	return AcquireResult{Record: active, Source: SourceResumed, Restore: e.resumeRestore(ctx, active)}, false, nil
+}

@@ -1,0 +1,107 @@
+package core
+
+import (
+	"context"
+	"time"
+)
+
+// ResumeClaim asks the store to move a paused record to StateResuming
+// under a lease, taking a running slot as a reservation does.
+type ResumeClaim struct {
+	// Claim names the record, its tenant, the lease owner, now and the
+	// lease's end (From and To are implied: paused to resuming).
+	Claim
+	// Key is the record's thread: its user's and tenant's counters take
+	// the slot (the record must belong to it, else ErrNotFound).
+	Key ThreadKey
+	// Limit, MaxPerUser and MaxPerTenant are Reservation's.
+	Limit        int
+	MaxPerUser   int
+	MaxPerTenant int
+}
+
+// PauseStore is the store access pause-parking needs beyond Store
+// (*ddbstore.Store implements it). A record pausing, paused or resuming
+// holds a paused slot (Record.Slots.Paused), bounded by a limit of its
+// own; a paused one holds no running slot. Every method moves a record
+// and its slots together, in one write; errors are classified as Store's.
+type PauseStore interface {
+	// ClaimPause moves a warm record (c.From and c.To are implied) to
+	// StatePausing under c's lease, keeping its park time, and takes a
+	// paused slot: ErrPausedFull when limit paused slots are held;
+	// ErrNotFound, ErrConflict or ErrLeaseHeld as Claim.
+	ClaimPause(ctx context.Context, c Claim, limit int) (Record, error)
+	// SettlePause moves rec (pausing or resuming, fenced by rec.Fence:
+	// else ErrStaleFence) to StatePaused, parked at now, and frees its
+	// running slot (its user's and tenant's too). The lease is cleared.
+	SettlePause(ctx context.Context, rec Record, now time.Time) (Record, error)
+	// AbortPause moves rec (pausing, fenced) back to StateWarm, parked when
+	// it was, and frees its paused slot. The lease is cleared.
+	AbortPause(ctx context.Context, rec Record, now time.Time) (Record, error)
+	// ClaimResume moves a paused record to StateResuming under the lease
+	// and takes a running slot: *CapacityError as Reserve's; ErrNotFound,
+	// ErrConflict or ErrLeaseHeld as Claim.
+	ClaimResume(ctx context.Context, r ResumeClaim) (Record, error)
+	// SettleResume moves rec (resuming, fenced) to StateActive ending at
+	// expiresAt, stores rec.PausedFor (the caller added the pause that
+	// ends) and frees its paused slot. The lease is cleared.
+	SettleResume(ctx context.Context, rec Record, now, expiresAt time.Time) (Record, error)
+	// PausedParkedBefore lists up to limit paused records paused before t,
+	// oldest first.
+	PausedParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)
+}
+
+// pauseStore is the metered PauseStore, when the store is one: each of
+// its writes moves the record's metering interval and is metered, as
+// meteredStore's are.
+func (m meteredStore) pauseStore() (PauseStore, bool) {
+	ps, ok := m.Store.(PauseStore)
+	if !ok {
+		return nil, false
+	}
+	return meteredPauseStore{PauseStore: ps, e: m.e}, true
+}
+
+// meteredPauseStore meters every pause-parking write (the time before
+// it, spent in the state the record left).
+type meteredPauseStore struct {
+	PauseStore
+	e *Engine
+}
+
+func (m meteredPauseStore) metered(ctx context.Context, rec Record, err error) (Record, error) {
+	if err == nil {
+		m.e.meter(ctx, rec)
+	}
+	return rec, err
+}
+
+// ClaimPause meters the warm time before the pause.
+func (m meteredPauseStore) ClaimPause(ctx context.Context, c Claim, limit int) (Record, error) {
+	rec, err := m.PauseStore.ClaimPause(ctx, c, limit)
+	return m.metered(ctx, rec, err)
+}
+
+// SettlePause meters the pausing time.
+func (m meteredPauseStore) SettlePause(ctx context.Context, rec Record, now time.Time) (Record, error) {
+	out, err := m.PauseStore.SettlePause(ctx, rec, now)
+	return m.metered(ctx, out, err)
+}
+
+// AbortPause meters the pausing time.
+func (m meteredPauseStore) AbortPause(ctx context.Context, rec Record, now time.Time) (Record, error) {
+	out, err := m.PauseStore.AbortPause(ctx, rec, now)
+	return m.metered(ctx, out, err)
+}
+
+// ClaimResume meters the paused time.
+func (m meteredPauseStore) ClaimResume(ctx context.Context, r ResumeClaim) (Record, error) {
+	rec, err := m.PauseStore.ClaimResume(ctx, r)
+	return m.metered(ctx, rec, err)
+}
+
+// SettleResume meters the resuming time.
+func (m meteredPauseStore) SettleResume(ctx context.Context, rec Record, now, expiresAt time.Time) (Record, error) {
+	out, err := m.PauseStore.SettleResume(ctx, rec, now, expiresAt)
+	return m.metered(ctx, out, err)
+}

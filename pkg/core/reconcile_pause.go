@@ -1,0 +1,144 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// parkPaused is the pass's pause-parking work, for providers that can
+// pause: it pauses the records an invocation left pausing or resuming
+// (their lease lapsed), pauses warm sandboxes idle for
+// Settings.PauseAfter (none while draining), and destroys paused
+// sandboxes past Settings.PausedTTL (all of them while draining). Nothing
+// here resumes a paused sandbox or extends its life: a paused sandbox is
+// only ever killed.
+func (p *pass) parkPaused(ctx context.Context, draining bool) error {
+	if p.e.pauseStore() == nil {
+		return nil
+	}
+	var errs []error
+	if p.rst != nil {
+		errs = append(errs, p.finishPauses(ctx))
+	}
+	if !draining && p.e.pauseParking() {
+		errs = append(errs, p.pauseIdle(ctx))
+	}
+	errs = append(errs, p.expirePaused(ctx, draining))
+	return errors.Join(errs...)
+}
+
+// finishPauses pauses the records left pausing or resuming after their
+// lease lapsed: the provider's pause is idempotent, and both states hold
+// a running and a paused slot, so the pause settles either.
+func (p *pass) finishPauses(ctx context.Context) error {
+	e := p.e
+	now := e.now()
+	var stale []Record
+	for _, st := range []State{StatePausing, StateResuming} {
+		err := p.rst.ScanState(ctx, st, func(r Record) bool {
+			if !r.LeaseExpiresAt.After(now) {
+				stale = append(stale, r)
+			}
+			return len(stale) < reconcileBatch
+		})
+		if err != nil {
+			return fmt.Errorf("scan %s records: %w", st, err)
+		}
+	}
+	for _, rec := range stale {
+		if p.timeUp() {
+			p.st.BudgetExhausted = true
+			break
+		}
+		now := e.now()
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StatePausing, StateResuming},
+			To: StatePausing, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		if err != nil {
+			p.skip(ctx, "claim interrupted pause", rec.SandboxID, err) // usually the thread's acquire took it
+			continue
+		}
+		e.log.InfoContext(ctx, "reconcile: finishing an interrupted pause or resume", "sandbox_id", rec.SandboxID, "was", rec.State)
+		if p.count(e.finishPause(ctx, claimed)) {
+			p.st.PausesFinished++
+		}
+	}
+	return nil
+}
+
+// pauseIdle pauses warm sandboxes parked longer than Settings.PauseAfter,
+// oldest first, copying their outputs first: a paused sandbox cannot be
+// read, and it may be destroyed (evicted, or past its TTL) without being
+// resumed. A copy that is incomplete (or failed) leaves it warm, counted
+// Deferred; idle expiry copies and ends it as for any warm sandbox.
+func (p *pass) pauseIdle(ctx context.Context) error {
+	e := p.e
+	idle, err := e.store.WarmParkedBefore(ctx, p.start.Add(-e.s.PauseAfter+time.Millisecond), reconcileBatch)
+	if err != nil {
+		return fmt.Errorf("list idle warm sandboxes to pause: %w", err)
+	}
+	for _, rec := range idle {
+		if p.outOfTime() {
+			p.st.BudgetExhausted = true
+			break
+		}
+		check := func(r Record) (ok, gone bool) { return p.syncParked(ctx, r, "pause") }
+		if p.count(e.pauseWarm(ctx, rec, p.owner, check)) {
+			p.st.Paused++
+		}
+	}
+	return nil
+}
+
+// count accounts for one pause attempt: true when the sandbox was paused;
+// a deferral counts Deferred, a gone sandbox Dead.
+func (p *pass) count(r pauseResult) bool {
+	switch r {
+	case pauseDeferred:
+		p.st.Deferred++
+	case pauseDestroyed:
+		p.st.Dead++
+	}
+	return r == pauseDone
+}
+
+// expirePaused destroys paused sandboxes paused longer than
+// Settings.PausedTTL (every paused sandbox while draining). Their outputs
+// were copied before they were paused; a kill that fails leaves a
+// tombstone holding the paused slot.
+func (p *pass) expirePaused(ctx context.Context, draining bool) error {
+	e := p.e
+	before := p.start.Add(-e.s.PausedTTL)
+	if draining {
+		before = p.start.Add(time.Millisecond)
+	}
+	old, err := e.pauseStore().PausedParkedBefore(ctx, before, reconcileBatch)
+	if err != nil {
+		return fmt.Errorf("list expired paused sandboxes: %w", err)
+	}
+	for _, rec := range old {
+		if p.outOfTime() {
+			p.st.BudgetExhausted = true
+			break
+		}
+		now := e.now()
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StatePaused},
+			To: StateDestroying, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		if err != nil {
+			p.skip(ctx, "claim expired paused sandbox", rec.SandboxID, err) // usually resumed meanwhile
+			continue
+		}
+		e.log.InfoContext(ctx, "reconcile: destroying a paused sandbox past its TTL", "sandbox_id", rec.SandboxID, "paused_at", rec.ParkedAt, "draining", draining)
+		reason := EventReasonIdleExpired
+		if draining {
+			reason = EventReasonDraining
+		}
+		if e.destroyClaimed(ctx, claimed, reason) {
+			p.st.PausedExpired++
+		} else {
+			p.st.Errors++
+		}
+	}
+	return nil
+}

@@ -1,0 +1,300 @@
+package ddbstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// Paused slots (pause-parking). A record pausing, paused or resuming
+// holds a paused slot, counted by the item
+//
+//	PAU#<deployment>  "used": paused slots held (SANDBOX_MAX_PAUSED)
+//
+// which every transition taking or freeing one moves in the same
+// transaction as the record. The record says which slots it holds
+// (no_running_slot, paused_slot), so Free returns exactly those.
+
+var _ core.PauseStore = (*Store)(nil)
+
+func pausedPK(deployment string) string { return "PAU#" + deployment }
+
+// keepsParkTime reports whether a claim into st keeps the record's park
+// time: the paused-slot states keep the warm park time (a pause given up
+// returns to warm parked when it was) until the pause settles.
+func keepsParkTime(st core.State) bool {
+	switch st {
+	case core.StateWarm, core.StatePausing, core.StatePaused, core.StateResuming:
+		return true
+	}
+	return false
+}
+
+// pausedTake is the transaction item that takes one paused slot, within
+// limit when limit > 0.
+func (s *Store) pausedTake(limit int) (types.TransactWriteItem, error) {
+	return s.counterTake(pausedPK(s.deployment), limit)
+}
+
+// slotsRelease are the transaction items that free the slots rec holds.
+func (s *Store) slotsRelease(rec core.Record) []types.TransactWriteItem {
+	var items []types.TransactWriteItem
+	if rec.Slots.Running() {
+		items = append(items, s.capRelease(),
+			s.counterRelease(userPK(s.deployment, rec.ThreadKey)),
+			s.counterRelease(tenantPK(s.deployment, rec.Tenant)))
+	}
+	if rec.Slots.Paused {
+		items = append(items, s.counterRelease(pausedPK(s.deployment)))
+	}
+	return items
+}
+
+// claimUpdate is the record update of a claim into to under c's lease
+// (keeping the park time).
+func (s *Store) claimUpdate(c core.Claim, to core.State, at time.Time) expression.UpdateBuilder {
+	u := expression.Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
+		Add(expression.Name("fence"), expression.Value(1)).
+		Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
+		Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil))).
+		Set(expression.Name("prev_state"), expression.Name("state")).
+		Set(expression.Name("state"), expression.Value(string(to)))
+	return meter(s.stateIndex(u, to, at, c.SandboxID), c.Now)
+}
+
+// recordTxnItem is a conditional update of the record in a transaction,
+// returning the old item when its condition fails.
+func (s *Store) recordTxnItem(id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (types.TransactWriteItem, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(id)),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+}
+
+// claimRefusal says why a claim's record condition failed, from the item
+// as it was (ErrNotFound, ErrConflict or ErrLeaseHeld, as Claim); user,
+// when set, must own the record too.
+func (s *Store) claimRefusal(ctx context.Context, c core.Claim, user string, r types.CancellationReason) error {
+	if len(r.Item) == 0 {
+		return core.ErrNotFound
+	}
+	old, err := s.decodeRecord(ctx, r.Item)
+	if err != nil {
+		return err
+	}
+	switch {
+	case old.Tenant != c.Tenant, user != "" && old.User != user:
+		return core.ErrNotFound
+	case old.State != c.From[0]:
+		return fmt.Errorf("sandbox %s is %s: %w", c.SandboxID, old.State, core.ErrConflict)
+	}
+	return fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
+}
+
+// ClaimPause implements core.PauseStore: one transaction of the record
+// (warm to pausing, leased, holding a paused slot) and the paused count,
+// then a read of the record.
+func (s *Store) ClaimPause(ctx context.Context, c core.Claim, limit int) (core.Record, error) {
+	c.From = []core.State{core.StateWarm}
+	if c.LeaseUntil.IsZero() {
+		return core.Record{}, fmt.Errorf("claim pause: a lease is required")
+	}
+	upd := s.claimUpdate(c, core.StatePausing, c.Now).Set(expression.Name("paused_slot"), expression.Value(true))
+	rec, err := s.recordTxnItem(c.SandboxID, claimCondition(c), upd)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pause: %w", err)
+	}
+	take, err := s.pausedTake(limit)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pause: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "claim pause", []types.TransactWriteItem{rec, take})
+	if r, ok := failed[sandboxPK(c.SandboxID)]; ok {
+		return core.Record{}, s.claimRefusal(ctx, c, "", r)
+	}
+	if has(failed, pausedPK(s.deployment)) {
+		return core.Record{}, fmt.Errorf("claim pause %s: %w", c.SandboxID, core.ErrPausedFull)
+	}
+	if err != nil {
+		return core.Record{}, err
+	}
+	return s.Get(ctx, c.SandboxID)
+}
+
+// fenced is the condition that the record's fence is still fence and its
+// state one of states.
+func fenced(fence int64, states ...core.State) expression.ConditionBuilder {
+	cond := expression.AttributeExists(expression.Name(AttrPK)).
+		And(expression.Name("fence").Equal(expression.Value(fence)))
+	if len(states) > 0 {
+		rest := make([]expression.OperandBuilder, 0, len(states)-1)
+		for _, st := range states[1:] {
+			rest = append(rest, expression.Value(string(st)))
+		}
+		cond = cond.And(expression.Name("state").In(expression.Value(string(states[0])), rest...))
+	}
+	return cond
+}
+
+// settle runs a fenced transition of rec (in one of from) with the slot
+// items that go with it; a failed record condition is ErrStaleFence.
+func (s *Store) settle(ctx context.Context, op string, rec core.Record, now time.Time, from []core.State, upd expression.UpdateBuilder, slots ...types.TransactWriteItem) error {
+	upd = meter(upd, now).Add(expression.Name("fence"), expression.Value(1)).
+		Set(expression.Name("prev_state"), expression.Name("state")).
+		Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires"))
+	it, err := s.recordTxnItem(rec.SandboxID, fenced(rec.Fence, from...), upd)
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	failed, err := s.writeTxn(ctx, op, append([]types.TransactWriteItem{it}, slots...))
+	if has(failed, sandboxPK(rec.SandboxID)) {
+		return fmt.Errorf("%s %s fence %d: %w", op, rec.SandboxID, rec.Fence, core.ErrStaleFence)
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%s: condition failed on an unexpected item: %w", op, core.ErrConflict)
+	}
+	return err
+}
+
+// settled is rec as a settle leaves it (metered as meter does).
+func settled(rec core.Record, st core.State, now time.Time) core.Record {
+	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = rec.MeteredAt, now, rec.State
+	if rec.PrevMeteredAt.IsZero() {
+		rec.PrevMeteredAt = now
+	}
+	rec.PrevState, rec.State = rec.State, st
+	rec.Fence++
+	rec.LeaseOwner, rec.LeaseExpiresAt = "", time.Time{}
+	rec.UpdatedAt = now
+	return rec
+}
+
+// SettlePause implements core.PauseStore.
+func (s *Store) SettlePause(ctx context.Context, rec core.Record, now time.Time) (core.Record, error) {
+	upd := expression.Set(expression.Name("state"), expression.Value(string(core.StatePaused))).
+		Set(expression.Name("updated_at"), expression.Value(ms(now))).
+		Set(expression.Name("parked_at"), expression.Value(ms(now))).
+		Set(expression.Name("no_running_slot"), expression.Value(true)).
+		Set(expression.Name("paused_slot"), expression.Value(true))
+	upd = s.stateIndex(upd, core.StatePaused, now, rec.SandboxID)
+	running := rec
+	running.Slots = core.Slots{} // the running slot and its counters only
+	if err := s.settle(ctx, "settle pause", rec, now, []core.State{core.StatePausing, core.StateResuming}, upd, s.slotsRelease(running)...); err != nil {
+		return core.Record{}, err
+	}
+	rec = settled(rec, core.StatePaused, now)
+	rec.ParkedAt, rec.Slots = now, core.Slots{NoRunning: true, Paused: true}
+	return rec, nil
+}
+
+// AbortPause implements core.PauseStore.
+func (s *Store) AbortPause(ctx context.Context, rec core.Record, now time.Time) (core.Record, error) {
+	upd := expression.Set(expression.Name("state"), expression.Value(string(core.StateWarm))).
+		Set(expression.Name("updated_at"), expression.Value(ms(now))).
+		Set(expression.Name("parked_at"), expression.Value(ms(rec.ParkedAt))).
+		Remove(expression.Name("paused_slot"))
+	upd = s.stateIndex(upd, core.StateWarm, rec.ParkedAt, rec.SandboxID)
+	if err := s.settle(ctx, "abort pause", rec, now, []core.State{core.StatePausing}, upd,
+		s.counterRelease(pausedPK(s.deployment))); err != nil {
+		return core.Record{}, err
+	}
+	rec = settled(rec, core.StateWarm, now)
+	rec.Slots = core.Slots{}
+	return rec, nil
+}
+
+// ClaimResume implements core.PauseStore: one transaction of the record
+// (paused to resuming, leased, holding a running slot again), the ledger
+// and the user's and tenant's counters, then a read of the record.
+func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Record, error) {
+	c := r.Claim
+	c.From = []core.State{core.StatePaused}
+	if c.LeaseUntil.IsZero() {
+		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
+	}
+	upd := s.claimUpdate(c, core.StateResuming, c.Now).Remove(expression.Name("no_running_slot"))
+	c.Tenant = r.Key.Tenant
+	cond := claimCondition(c).And(expression.Name("user_id").Equal(expression.Value(r.Key.User)))
+	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim resume: %w", err)
+	}
+	capItem, err := s.capTake(r.Limit, c.Tenant)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim resume: %w", err)
+	}
+	key := r.Key
+	user, err := s.counterTake(userPK(s.deployment, key), r.MaxPerUser)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim resume: %w", err)
+	}
+	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), r.MaxPerTenant)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim resume: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "claim resume", []types.TransactWriteItem{rec, capItem, user, tenant})
+	if f, ok := failed[sandboxPK(c.SandboxID)]; ok {
+		return core.Record{}, s.claimRefusal(ctx, c, key.User, f)
+	}
+	if rerr := s.slotRefusal(failed, key, r.Limit); rerr != nil {
+		return core.Record{}, rerr
+	}
+	if len(failed) > 0 {
+		return core.Record{}, fmt.Errorf("claim resume: condition failed on an unexpected item: %w", core.ErrConflict)
+	}
+	if err != nil {
+		return core.Record{}, err
+	}
+	return s.Get(ctx, c.SandboxID)
+}
+
+// SettleResume implements core.PauseStore.
+func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresAt time.Time) (core.Record, error) {
+	upd := expression.Set(expression.Name("state"), expression.Value(string(core.StateActive))).
+		Set(expression.Name("updated_at"), expression.Value(ms(now))).
+		Set(expression.Name("expires_at"), expression.Value(ms(expiresAt))).
+		Set(expression.Name("paused_ms"), expression.Value(rec.PausedFor.Milliseconds())).
+		Remove(expression.Name("parked_at")).Remove(expression.Name("paused_slot")).Remove(expression.Name("no_running_slot"))
+	upd = s.stateIndex(upd, core.StateActive, now, rec.SandboxID)
+	if err := s.settle(ctx, "settle resume", rec, now, []core.State{core.StateResuming}, upd,
+		s.counterRelease(pausedPK(s.deployment))); err != nil {
+		return core.Record{}, err
+	}
+	rec = settled(rec, core.StateActive, now)
+	rec.ParkedAt, rec.ExpiresAt, rec.Slots = time.Time{}, expiresAt, core.Slots{}
+	return rec, nil
+}
+
+// PausedParkedBefore implements core.PauseStore.
+func (s *Store) PausedParkedBefore(ctx context.Context, t time.Time, limit int) ([]core.Record, error) {
+	return s.queryState(ctx, core.StatePaused, expression.Key(AttrGSI1SK).LessThan(expression.Value(stateSK(t, ""))), limit)
+}
+
+// PausedUsed reads the number of paused slots held (strongly consistent).
+func (s *Store) PausedUsed(ctx context.Context) (int, error) {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(pausedPK(s.deployment)), ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return 0, unavailable("get paused count", err)
+	}
+	return decodeCounter(out.Item), nil
+}
+
+// countPausedTombstones counts tombstones of paused sandboxes: they hold
+// no running slot, so the ledger repair must not count them.
+func (s *Store) countPausedTombstones(ctx context.Context) (int, error) {
+	f := expression.Name("no_running_slot").Equal(expression.Value(true))
+	return s.countState(ctx, core.StateDestroying, &f)
+}
