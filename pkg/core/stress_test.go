@@ -35,6 +35,9 @@ type faultyProvider struct {
 	created map[string]core.ThreadKey // every sandbox the broker created
 	kills   atomic.Int32
 	lost    atomic.Int32 // ambiguous creates injected
+	pauser  core.Pauser  // the wrapped provider's
+	pauses  atomic.Int32 // pauses and resumes passed through unharmed
+	resumes atomic.Int32
 }
 
 func (f *faultyProvider) roll(pct int) bool {
@@ -78,33 +81,93 @@ func (f *faultyProvider) SetTimeout(ctx context.Context, id string, d time.Durat
 	return f.Provider.SetTimeout(ctx, id, d)
 }
 
-// live lists the deployment's sandboxes at the provider.
-func (f *faultyProvider) live(t *testing.T, deployment string) []core.SandboxInfo {
-	infos, err := f.Provider.List(context.Background(), core.ListFilter{Metadata: map[string]string{core.MetaDeployment: deployment}})
+// Capabilities routes pause and resume through the fault layer.
+func (f *faultyProvider) Capabilities() core.Capabilities {
+	c := f.Provider.Capabilities()
+	if c.Pause != nil {
+		f.pauser = c.Pause
+		c.Pause = f
+	}
+	return c
+}
+
+// Pause fails now and then: unsent, or applied with its reply lost.
+func (f *faultyProvider) Pause(ctx context.Context, id string) error {
+	lost := &core.ProviderError{Op: "pause", Message: "injected timeout", Ambiguous: true}
+	switch {
+	case f.roll(4):
+		return lost
+	case f.roll(4):
+		if err := f.pauser.Pause(ctx, id); err != nil {
+			return err
+		}
+		return lost
+	}
+	f.pauses.Add(1)
+	return f.pauser.Pause(ctx, id)
+}
+
+// Resume fails now and then: unsent, refused, or applied with its reply lost.
+func (f *faultyProvider) Resume(ctx context.Context, id string, d time.Duration) error {
+	lost := &core.ProviderError{Op: "resume", Message: "injected timeout", Ambiguous: true}
+	switch {
+	case f.roll(3):
+		return lost
+	case f.roll(2):
+		return &core.ProviderError{Op: "resume", StatusCode: 409, Message: "injected refusal"}
+	case f.roll(3):
+		if err := f.pauser.Resume(ctx, id, d); err != nil {
+			return err
+		}
+		return lost
+	}
+	f.resumes.Add(1)
+	return f.pauser.Resume(ctx, id, d)
+}
+
+// live lists the deployment's sandboxes at the provider, running and
+// paused.
+func (f *faultyProvider) live(t *testing.T, deployment string) (running, paused []core.SandboxInfo) {
+	infos, err := f.Provider.List(context.Background(), core.ListFilter{Metadata: map[string]string{core.MetaDeployment: deployment},
+		States: []string{core.SandboxRunning, core.SandboxPaused}})
 	if err != nil {
 		t.Fatalf("List: %v", err)
 	}
-	return infos
+	for _, in := range infos {
+		if in.State == core.SandboxPaused {
+			paused = append(paused, in)
+		} else {
+			running = append(running, in)
+		}
+	}
+	return running, paused
 }
 
 // TestStressInvariantsUnderFaults runs 64 workers doing mixed acquire and
-// release over 200 threads against DynamoDB Local and the local sandbox
+// release over 40 threads against DynamoDB Local and the local sandbox
 // host, with injected faults (ambiguous creates, failed kills and
-// reconnects, sandboxes killed out of band, invocations abandoned
-// mid-step, DynamoDB calls failed or applied with their reply lost). After every step: never more live sandboxes than the limit
-// (invariant 1) and never two active records for one thread (invariant 2);
-// every kill is checked for a destroy claim (invariant 3). After faults
-// stop, reconcile passes make slots used equal the live sandboxes
+// reconnects, pauses and resumes failed or applied with their reply lost,
+// sandboxes killed out of band, invocations abandoned mid-step, DynamoDB
+// calls failed or applied with their reply lost). Every release pauses
+// (SANDBOX_PAUSE_AFTER_SECONDS=0) into a few paused slots, so pauses,
+// resumes and paused evictions interleave with everything else. After
+// every step: never more running sandboxes than the limit nor more paused
+// ones than the paused limit (invariant 1, both kinds of slot) and never
+// two active records for one thread (invariant 2); every kill is checked
+// for a destroy claim (invariant 3), every sandbox acquire hands out for
+// running (invariant 11). After faults stop, reconcile passes make the
+// running and paused slots held equal the running and paused sandboxes
 // (invariant 4: uncertain kills kept their slots until confirmed).
 func TestStressInvariantsUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stress test: skipped in -short mode")
 	}
 	const (
-		limit   = 8
-		workers = 64
-		threads = 200
-		opsEach = 12
+		limit       = 8
+		pausedLimit = 12
+		workers     = 64
+		threads     = 40
+		opsEach     = 12
 	)
 	ctx := context.Background()
 	srv, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: "stress-key", RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
@@ -147,6 +210,8 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 	s.Policy = core.PolicyWait
 	s.AcquireTimeout = 1500 * time.Millisecond
 	s.LeaseDuration = 3 * time.Second // leases lapse during the run, so takeovers happen
+	s.PauseAfter = 0
+	s.MaxPaused = pausedLimit
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = time.Second
 	eng, err := core.New(s, ddbstore.New(faultyDB, table, "stress"), prov, &fakeSyncer{}, core.WithClock(clk.now), core.WithReconcileSettings(rs))
@@ -155,9 +220,12 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 	}
 
 	checkInvariants := func(step string) {
-		live := prov.live(t, "stress")
-		if len(live) > limit {
-			t.Errorf("%s: invariant 1: %d live sandboxes, limit %d", step, len(live), limit)
+		running, paused := prov.live(t, "stress")
+		if len(running) > limit {
+			t.Errorf("%s: invariant 1: %d running sandboxes, limit %d", step, len(running), limit)
+		}
+		if len(paused) > pausedLimit {
+			t.Errorf("%s: invariant 1: %d paused sandboxes, paused limit %d", step, len(paused), pausedLimit)
 		}
 		prov.mu.Lock()
 		byThread := map[core.ThreadKey][]string{}
@@ -175,6 +243,19 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 			if active > 1 {
 				t.Errorf("%s: invariant 2: thread %s has %d active records", step, k, active)
 			}
+		}
+	}
+
+	// Invariant 11: what acquire hands out runs. The provider is read
+	// first; a paused answer is a violation if the record did not move
+	// since the acquire (no release or pause could explain it).
+	checkHandedOutRunning := func(rec core.Record) {
+		info, err := client.Info(ctx, rec.SandboxID)
+		if err != nil || info.State != core.SandboxPaused {
+			return
+		}
+		if now, err := store.Get(ctx, rec.SandboxID); err == nil && now.Fence == rec.Fence && now.State == core.StateActive {
+			t.Errorf("invariant 11: %s handed out active while the provider holds it paused", rec.SandboxID)
 		}
 	}
 
@@ -210,7 +291,8 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 					}
 					held = ""
 				}
-				k := core.ThreadKey{Tenant: "acme", User: fmt.Sprintf("u%d", rng.IntN(20)), Thread: fmt.Sprintf("t%d", rng.IntN(threads))}
+				n := rng.IntN(threads) // each thread has its user: threads come back, to their paused sandbox
+				k := core.ThreadKey{Tenant: "acme", User: fmt.Sprintf("u%d", n%20), Thread: fmt.Sprintf("t%d", n)}
 				actx, cancel := context.WithTimeout(ctx, 20*time.Second)
 				if rng.IntN(100) < 4 { // an invocation abandoned mid-step
 					actx, cancel = context.WithTimeout(ctx, time.Duration(1+rng.IntN(30))*time.Millisecond)
@@ -222,6 +304,7 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 				case err == nil:
 					acquired.Add(1)
 					held = res.Record.SandboxID
+					checkHandedOutRunning(res.Record)
 				case errors.As(err, &ce):
 					refused.Add(1)
 				}
@@ -238,9 +321,10 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 	close(stopReconcile)
 	<-reconciled
 	checkInvariants("after workers")
-	t.Logf("acquired %d, refused %d, injected ambiguous creates %d, kills %d", acquired.Load(), refused.Load(), prov.lost.Load(), prov.kills.Load())
-	if acquired.Load() == 0 {
-		t.Fatal("no acquire succeeded: the stress test exercised nothing")
+	t.Logf("acquired %d, refused %d, injected ambiguous creates %d, kills %d, pauses %d, resumes %d", acquired.Load(), refused.Load(),
+		prov.lost.Load(), prov.kills.Load(), prov.pauses.Load(), prov.resumes.Load())
+	if acquired.Load() == 0 || prov.pauses.Load() == 0 || prov.resumes.Load() == 0 {
+		t.Fatal("no acquire, pause or resume succeeded: the stress test exercised nothing")
 	}
 
 	t.Logf("DynamoDB calls hit by faults: %d", ddbFaults.Hits())
@@ -249,7 +333,7 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 	// reservation expiry) must converge: slots used == live sandboxes.
 	prov.faults.Store(false)
 	ddbFaults.Disarm()
-	var used, live int
+	var used, running, pausedUsed, paused int
 	for pass := range 8 {
 		clk.advance(5 * time.Minute)
 		if _, err := eng.Reconcile(ctx); err != nil {
@@ -259,13 +343,15 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Capacity: %v", err)
 		}
-		used, live = st.Used, len(prov.live(t, "stress"))
-		if used == live && st.Tombstones == 0 && st.Reserved == 0 {
+		r, p := prov.live(t, "stress")
+		used, running, pausedUsed, paused = st.Used, len(r), st.Paused, len(p)
+		if used == running && pausedUsed == paused && st.Tombstones == 0 && st.Reserved == 0 && st.Transitioning == 0 {
 			break
 		}
 	}
-	if used != live {
-		t.Errorf("after faults stopped and reconcile ran: slots used %d, live sandboxes %d", used, live)
+	if used != running || pausedUsed != paused {
+		t.Errorf("after faults stopped and reconcile ran: running slots %d for %d running sandboxes, paused slots %d for %d paused ones",
+			used, running, pausedUsed, paused)
 	}
 	checkInvariants("after reconcile")
 }
