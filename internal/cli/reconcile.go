@@ -66,9 +66,9 @@ instead: aws lambda invoke --function-name <ReconcileFunction> out.json.`,
 			if st.BudgetExhausted {
 				more += " (budget exhausted)"
 			}
-			fmt.Fprintf(a.Stdout, "reconciled in %s: %d discovered in %d pages, %d adopted, %d duplicates, %d orphans, %d deferred, %d killed, %d dead, %d expired, %d releases taken over, %d tombstones retried, %d reservations settled, ledger %+d, %d errors; %s\n",
+			fmt.Fprintf(a.Stdout, "reconciled in %s: %d discovered in %d pages, %d adopted, %d duplicates, %d orphans, %d deferred, %d killed, %d dead, %d expired, %d paused, %d paused expired, %d pauses finished, %d releases taken over, %d tombstones retried, %d reservations settled, ledger %+d, %d errors; %s\n",
 				st.Duration.Round(time.Millisecond), st.Discovered, st.Pages, st.Adopted, st.Duplicates, st.Orphans,
-				st.Deferred, st.Killed, st.Dead, st.Expired, st.ReleasesTakenOver, st.TombstonesRetried, st.ReservationsSettled, st.LedgerRepaired, st.Errors, more)
+				st.Deferred, st.Killed, st.Dead, st.Expired, st.Paused, st.PausedExpired, st.PausesFinished, st.ReleasesTakenOver, st.TombstonesRetried, st.ReservationsSettled, st.LedgerRepaired, st.Errors, more)
 			return nil
 		}),
 	}

@@ -77,7 +77,7 @@ func TestReconcileCommand(t *testing.T) {
 func TestReconcileCommandReadsCoreStats(t *testing.T) {
 	reply, err := json.Marshal(core.ReconcileStats{
 		Discovered: 9, Adopted: 1, Duplicates: 2, Orphans: 3, Deferred: 4, Killed: 5, Dead: 6, Expired: 7,
-		ReleasesTakenOver: 12, TombstonesRetried: 8, ReservationsSettled: 10, LedgerRepaired: -2, Pages: 3, BudgetExhausted: true,
+		Paused: 13, PausedExpired: 14, PausesFinished: 15, ReleasesTakenOver: 12, TombstonesRetried: 8, ReservationsSettled: 10, LedgerRepaired: -2, Pages: 3, BudgetExhausted: true,
 		Errors: 11, Duration: 1250 * time.Millisecond,
 	})
 	if err != nil {
@@ -88,7 +88,7 @@ func TestReconcileCommandReadsCoreStats(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	want := "reconciled in 1.25s: 9 discovered in 3 pages, 1 adopted, 2 duplicates, 3 orphans, 4 deferred, 5 killed, 6 dead, 7 expired, 12 releases taken over, 8 tombstones retried, 10 reservations settled, ledger -2, 11 errors; inventory walk continues next pass (budget exhausted)\n"
+	want := "reconciled in 1.25s: 9 discovered in 3 pages, 1 adopted, 2 duplicates, 3 orphans, 4 deferred, 5 killed, 6 dead, 7 expired, 13 paused, 14 paused expired, 15 pauses finished, 12 releases taken over, 8 tombstones retried, 10 reservations settled, ledger -2, 11 errors; inventory walk continues next pass (budget exhausted)\n"
 	if out != want {
 		t.Errorf("output = %q, want %q", out, want)
 	}

@@ -87,7 +87,7 @@ func TestProviderConformance(t *testing.T) {
 
 	t.Run("e2b", func(t *testing.T) {
 		providertest.RunWith(t, newE2B(t, srv.APIURL, srv.EnvdURL), providertest.Capabilities{
-			Exec: true, Home: "/home/user", Expiry: true,
+			Exec: true, Home: "/home/user", Expiry: true, Pause: true,
 			Unreachable: func(t *testing.T, ref core.SandboxRef) (core.Provider, core.SandboxRef) {
 				u := closedURL(t)
 				ref.Endpoint.URL = u

@@ -144,10 +144,12 @@ const createBudget = 10 * time.Second
 // members' query, the claim transaction, the activation); create 3
 // (lookup, reserve, finalize; 4 when replacing a dead sandbox: the failed
 // claim; one more, the members' query, when a pool is kept but empty);
-// evict-then-create 8. A full deployment adds 2 eviction queries per
+// resume of a paused sandbox 5 (lookup, the claim that finds it paused,
+// the resume claim and its read, the settle); evict-then-create 8. A
+// full deployment adds 2 eviction queries per
 // attempt, and once per acquire 2 queries looking for the slots of
 // sandboxes past their end (freed if the provider confirms them gone) and
-// 4 COUNT queries for the refusal's details. An acquire that waits (the
+// 5 COUNT queries for the refusal's details. An acquire that waits (the
 // wait policy) takes a waiter place once (one BatchGetItem, one
 // conditional write) and gives it back (one delete).
 //
@@ -231,15 +233,16 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 }
 
 // refusal fills a final capacity refusal's details (active, warm,
-// reserved, tombstones; "used" came with the refused reservation): four
-// COUNT queries, once per acquire, never per polling attempt, so an
+// reserved, tombstones, paused; "used" came with the refused reservation):
+// five COUNT queries, once per acquire, never per polling attempt, so an
 // overloaded deployment is not loaded further by its own refusals.
 func (e *Engine) refusal(ctx context.Context, err error) error {
 	var ce *CapacityError
 	if errors.As(err, &ce) && ce.Reason == RefusalCapacity {
-		if n, serr := e.store.CountStates(ctx, StateActive, StateWarm, StateCreating, StateDestroying); serr == nil {
+		if n, serr := e.store.CountStates(ctx, StateActive, StateWarm, StateCreating, StateDestroying, StatePaused); serr == nil {
 			ce.Status.Active, ce.Status.Warm = n[StateActive], n[StateWarm]
 			ce.Status.Reserved, ce.Status.Tombstones = n[StateCreating], n[StateDestroying]
+			ce.Status.Paused = n[StatePaused]
 		}
 	}
 	return err
@@ -632,17 +635,26 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownT
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
 		return false
 	}
-	for _, rec := range warm {
-		if rec.ThreadKey == key || (ownTenant && rec.Tenant != key.Tenant) {
+	return e.evictParked(ctx, key, owner, warm, func(rec Record) bool { return !ownTenant || rec.Tenant == key.Tenant })
+}
+
+// evictParked destroys the first of parked (warm or paused records, least
+// recently parked first) that belongs to another thread than key's and
+// that may passes, for key's thread. It reports whether one was destroyed
+// (a peer that moved a record first wins it; a kill that fails leaves a
+// tombstone holding its slot and stops the eviction).
+func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool) bool {
+	for _, rec := range parked {
+		if rec.ThreadKey == key || !may(rec) {
 			continue
 		}
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateWarm},
-			To: StateDestroying, Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{rec.State},
+			To: StateDestroying, Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
 		if err != nil {
-			continue // reclaimed or evicted by a peer
+			continue // taken back or evicted by a peer
 		}
-		e.log.InfoContext(ctx, "evicting warm sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
-		e.emit(ctx, claimed, StateWarm, StateDestroying, EventEvicted, EventReasonCapacity)
+		e.log.InfoContext(ctx, "evicting "+string(rec.State)+" sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
+		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, EventReasonCapacity)
 		return e.destroyClaimed(ctx, claimed, EventReasonCapacity)
 	}
 	return false

@@ -166,26 +166,12 @@ func (e *Engine) abortPause(ctx context.Context, rec Record) {
 // recently paused sandbox of another thread (its outputs were copied
 // before it was paused). It reports whether a slot was freed.
 func (e *Engine) evictPaused(ctx context.Context, key ThreadKey, owner string) bool {
-	now := e.now()
-	paused, err := e.pauseStore().PausedParkedBefore(ctx, now.Add(time.Millisecond), evictCandidates)
+	paused, err := e.pauseStore().PausedParkedBefore(ctx, e.now().Add(time.Millisecond), evictCandidates)
 	if err != nil {
 		e.log.WarnContext(ctx, "list paused sandboxes for eviction failed", "err", err)
 		return false
 	}
-	for _, rec := range paused {
-		if rec.ThreadKey == key {
-			continue
-		}
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StatePaused},
-			To: StateDestroying, Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
-		if err != nil {
-			continue // resumed or evicted by a peer
-		}
-		e.log.InfoContext(ctx, "evicting paused sandbox", "sandbox_id", rec.SandboxID, "paused_at", rec.ParkedAt, "for_thread", key.String())
-		e.emit(ctx, claimed, StatePaused, StateDestroying, EventEvicted, EventReasonCapacity)
-		return e.destroyClaimed(ctx, claimed, EventReasonCapacity)
-	}
-	return false
+	return e.evictParked(ctx, key, owner, paused, func(Record) bool { return true })
 }
 
 // resumeParked hands the thread its parked sandbox back: a paused one

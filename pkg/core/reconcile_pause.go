@@ -47,6 +47,8 @@ func (p *pass) finishPauses(ctx context.Context) error {
 			return fmt.Errorf("scan %s records: %w", st, err)
 		}
 	}
+	ctx, cancel := p.workContext(ctx)
+	defer cancel()
 	for _, rec := range stale {
 		if p.timeUp() {
 			p.st.BudgetExhausted = true
@@ -78,6 +80,8 @@ func (p *pass) pauseIdle(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list idle warm sandboxes to pause: %w", err)
 	}
+	ctx, cancel := p.workContext(ctx)
+	defer cancel()
 	for _, rec := range idle {
 		if p.outOfTime() {
 			p.st.BudgetExhausted = true
@@ -89,6 +93,16 @@ func (p *pass) pauseIdle(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// workContext is ctx ending at the invocation's stop time (see
+// ReconcileReserve), so a provider call never eats the time the pass
+// keeps for its writes (the settling writes have their own, see settle).
+func (p *pass) workContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if p.stopAt.IsZero() {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, p.stopAt)
 }
 
 // count accounts for one pause attempt: true when the sandbox was paused;

@@ -12,11 +12,12 @@
 //	USR#<deployment>#<tenant>#<user>  slots held by one user ("used"), for SANDBOX_MAX_PER_USER
 //	TEN#<deployment>#<tenant>     slots held by one tenant ("used"), for SANDBOX_MAX_PER_TENANT
 //	WTR#<deployment>#<tenant>#<n> waiter place n of a tenant ("ticket", "until"), for SANDBOX_MAX_WAITERS_PER_TENANT
+//	PAU#<deployment>              paused slots held ("used"), for SANDBOX_MAX_PAUSED (paused.go)
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and
 // reservations by state: gsi1pk = "ST#<deployment>#<state>", gsi1sk =
-// "<unix ms, 15 digits>#<id>" (park time for warm records, so the index is
-// also the warm pool's LRU order). Gone records leave the index and get a
+// "<unix ms, 15 digits>#<id>" (park time for warm and paused records, so
+// the index is also their LRU order). Gone records leave the index and get a
 // "ttl" (DynamoDB TTL, garbage collection only, never correctness).
 package ddbstore
 

@@ -1,10 +1,12 @@
 // Package faults_test runs the engine over the real local components (the
 // repository's sandbox host driven through the E2B client, DynamoDB Local,
 // versitygw) with a fault layer in front of each of them, and injects one
-// fault at each step of acquire and release. After at most two reconcile
-// passes the broker's invariants must hold: no record in a transitional
-// state, slots used equal to live sandboxes, no sandbox handed out that
-// does not answer, and every file written before a release in S3 with the
+// fault at each step of acquire, release and pause-parking (the pause of
+// an idle warm sandbox, the resume of a paused one). After at most two
+// reconcile passes the broker's invariants must hold: no record in a
+// transitional state, running and paused slots used equal to the running
+// and paused sandboxes, no sandbox handed out that does not answer (a
+// paused one does not), and every file written before a release in S3 with the
 // right bytes or named in the release's result as deferred.
 package faults_test
 
@@ -128,18 +130,29 @@ func invocation() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), invocationTime)
 }
 
-// live lists the deployment's sandboxes at the provider (clean client).
+// live lists the deployment's sandboxes at the provider (clean client),
+// running and paused.
 func (st *stack) live(ctx context.Context) []string {
+	running, paused := st.liveByState(ctx)
+	return append(running, paused...)
+}
+
+// liveByState lists the deployment's running and paused sandboxes.
+func (st *stack) liveByState(ctx context.Context) (running, paused []string) {
 	st.t.Helper()
-	infos, err := st.clean.List(ctx, core.ListFilter{Metadata: map[string]string{core.MetaDeployment: st.deployment}})
+	infos, err := st.clean.List(ctx, core.ListFilter{Metadata: map[string]string{core.MetaDeployment: st.deployment},
+		States: []string{core.SandboxRunning, core.SandboxPaused}})
 	if err != nil {
 		st.t.Fatalf("list sandboxes: %v", err)
 	}
-	ids := make([]string, 0, len(infos))
 	for _, in := range infos {
-		ids = append(ids, in.ID)
+		if in.State == core.SandboxPaused {
+			paused = append(paused, in.ID)
+		} else {
+			running = append(running, in.ID)
+		}
 	}
-	return ids
+	return running, paused
 }
 
 // acquire acquires for thread and checks that a sandbox handed out
@@ -213,12 +226,14 @@ func (st *stack) settle() {
 	}
 }
 
-// checkInvariants: no transitional record, used slots == live sandboxes.
+// checkInvariants: no transitional record, running slots used == running
+// sandboxes, paused slots used == paused sandboxes.
 func (st *stack) checkInvariants() {
 	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n, err := st.store.CountStates(ctx, core.StateCreating, core.StateReleasing, core.StateReclaiming, core.StateDestroying, core.StateClaiming)
+	n, err := st.store.CountStates(ctx, core.StateCreating, core.StateReleasing, core.StateReclaiming, core.StateClaiming,
+		core.StatePausing, core.StateResuming, core.StateDestroying)
 	if err != nil {
 		st.t.Fatalf("count states: %v", err)
 	}
@@ -231,8 +246,49 @@ func (st *stack) checkInvariants() {
 	if err != nil {
 		st.t.Fatalf("capacity: %v", err)
 	}
-	if live := st.live(ctx); capa.Used != len(live) {
-		st.t.Errorf("used slots = %d, live sandboxes = %d (%v)", capa.Used, len(live), live)
+	running, paused := st.liveByState(ctx)
+	if capa.Used != len(running) {
+		st.t.Errorf("used slots = %d, running sandboxes = %d (%v)", capa.Used, len(running), running)
+	}
+	if capa.Paused != len(paused) {
+		st.t.Errorf("paused slots = %d, paused sandboxes = %d (%v)", capa.Paused, len(paused), paused)
+	}
+}
+
+// reconcile runs one reconcile pass (with a deadline that leaves it time
+// to work past ReconcileReserve).
+func (st *stack) reconcile() {
+	st.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), core.ReconcileReserve+15*time.Second)
+	defer cancel()
+	if _, err := st.eng.Reconcile(ctx); err != nil {
+		st.t.Logf("reconcile: %v", err)
+	}
+}
+
+// idle advances the clock past the pause delay of a warm sandbox.
+func (st *stack) idle() { st.clock.advance(core.DefaultSettings().PauseAfter + time.Second) }
+
+// pauseStep leaves the thread with a warm sandbox idle past the pause
+// delay, then runs the reconcile pass that pauses it under the fault.
+func pauseStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	warm(st, thread)
+	st.idle()
+	arm()
+	st.reconcile()
+	disarm()
+	return nil, core.ReleaseResult{}, false
+}
+
+// paused leaves the thread with a paused sandbox.
+func paused(st *stack, thread string) {
+	warm(st, thread)
+	st.idle()
+	st.reconcile()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, p := st.liveByState(ctx); len(p) != 1 {
+		st.t.Fatalf("setup: paused sandboxes %v, want the thread's", p)
 	}
 	if !st.pool {
 		return
@@ -369,9 +425,9 @@ func warm(st *stack, thread string) {
 }
 
 // steps are the steps of acquire (reuse, reclaim, create, bootstrap,
-// restore) and release (sync, park, kill), each at the dependency call
-// that makes it, and the DynamoDB writes that settle reuse, create and
-// kill. A step whose requests the rule never hits fails the case.
+// restore, resume), release (sync, park, kill) and reconcile's pause, each
+// at the dependency call that makes it, and the DynamoDB writes that
+// settle reuse, create, kill, pause and resume. A step whose requests the rule never hits fails the case.
 var steps = []step{
 	{"acquire/reuse", provLayer, faults.BodyContains(faults.PathSuffix("POST", "/process.Process/Start"), `"-c","true"`),
 		acquireStep(func(st *stack, thread string) { st.acquire(thread) })},
@@ -407,6 +463,15 @@ var steps = []step{
 	{"release/sync", s3Layer, faults.PathContains("PUT", "/outputs/"), releaseStep(false)},
 	{"release/park", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"warm"`), releaseStep(false)},
 	{"release/kill", provLayer, faults.PathContains("DELETE", "/sandboxes/"), releaseStep(true)},
+	// Pause-parking: the pause of an idle warm sandbox (reconcile) and
+	// the resume of a paused one (acquire), at the provider and in the
+	// DynamoDB transactions that take and settle their slots.
+	{"reconcile/pause", provLayer, faults.PathSuffix("POST", "/pause"), pauseStep},
+	{"reconcile/pause-claim", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"pausing"`), pauseStep},
+	{"reconcile/pause-settle", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"paused"`), pauseStep},
+	{"acquire/resume", provLayer, faults.PathSuffix("POST", "/connect"), acquireStep(paused)},
+	{"acquire/resume-claim", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"resuming"`), acquireStep(paused)},
+	{"acquire/resume-settle", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), acquireStep(paused)},
 }
 
 // poolSteps are the steps of the pre-warmed pool (a stack with a pool of

@@ -11,4 +11,7 @@ import (
 // the contract the real providers pass (internal/e2b runs the same suite).
 func TestFakeProviderMeetsContract(t *testing.T) {
 	providertest.Run(t, coretest.NewFakeProvider())
+	pausable := coretest.NewFakeProvider()
+	pausable.Pausable = true
+	providertest.RunWith(t, pausable, providertest.Capabilities{Pause: true})
 }

@@ -29,12 +29,15 @@ type Capabilities struct {
 	// of a closed port). Enables TransportFailureIsNotGone: such failures
 	// must be ambiguous, never ErrSandboxGone or ErrFileNotFound.
 	Unreachable func(t *testing.T, ref core.SandboxRef) (core.Provider, core.SandboxRef)
+	// Pause: the provider declares Capabilities.Pause. Enables
+	// PauseAndResume.
+	Pause bool
 }
 
 // runOptional runs the cases caps enables, on sandboxes of their own.
 func runOptional(t *testing.T, p core.Provider, caps Capabilities, tag string) {
 	t.Helper()
-	if !caps.Exec && !caps.Expiry && caps.Unreachable == nil {
+	if !caps.Exec && !caps.Expiry && caps.Unreachable == nil && !caps.Pause {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -51,6 +54,9 @@ func runOptional(t *testing.T, p core.Provider, caps Capabilities, tag string) {
 	}
 	if caps.Unreachable != nil {
 		t.Run("TransportFailureIsNotGone", func(t *testing.T) { o.transportFailureIsNotGone(t, caps.Unreachable) })
+	}
+	if caps.Pause {
+		t.Run("PauseAndResume", o.pauseContract)
 	}
 	if caps.Expiry {
 		t.Run("SandboxExpires", o.sandboxExpires)
