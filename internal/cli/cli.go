@@ -220,7 +220,7 @@ func (a *App) acquireCmd(g *globals) *cobra.Command {
 	var user, thread string
 	cmd := &cobra.Command{
 		Use:   "acquire --user U --thread T",
-		Short: "Acquire the thread's sandbox (reused, reclaimed, claimed from the pool or created); prints its id",
+		Short: "Acquire the thread's sandbox (reused, reclaimed, resumed, claimed from the pool or created); prints its id",
 		Long: `Acquire the thread's sandbox and print its id on stdout (details on stderr, or all of
 it as JSON with --json). The connection (envd URL and access token) is stored in
 .run/sbx/<id>.json (mode 0600) so exec, put and get can reach the sandbox.`,

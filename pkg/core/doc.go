@@ -10,7 +10,8 @@
 // Invariants the engine keeps under any interleaving of invocations (the
 // tests name them by number):
 //
-//  1. No more sandboxes hold slots than the limit.
+//  1. No more sandboxes hold running slots than the limit, nor paused
+//     slots than the paused limit (pause.go).
 //  2. A thread is handed at most one live sandbox; a duplicate is found by
 //     reconcile and killed after a grace period.
 //  3. A sandbox is killed only by the invocation holding its destroy claim.
@@ -19,4 +20,7 @@
 //  5. A create whose outcome is uncertain keeps its reservation (reconcile
 //     settles it from the token in the sandbox's metadata); a certain
 //     failure frees it.
+//
+// and (pause.go) a paused sandbox is never handed out before it was
+// resumed, and an acquired one is never paused.
 package core

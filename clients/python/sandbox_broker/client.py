@@ -228,8 +228,8 @@ class Client:
     # ── API ──────────────────────────────────────────────────────────────
 
     def acquire(self, user_id: str, thread_id: str) -> Lease:
-        """Get the thread's sandbox (reused, reclaimed from warm,
-        claimed from the pre-warmed pool, or created). Idempotent for a thread: it answers the same sandbox
+        """Get the thread's sandbox (reused, reclaimed from warm, resumed
+        from paused, claimed from the pre-warmed pool, or created). Idempotent for a thread: it answers the same sandbox
         while the thread holds it."""
         _check(_KEY_PATTERN, "user_id", user_id)
         _check(_KEY_PATTERN, "thread_id", thread_id)
