@@ -44,6 +44,12 @@ func (c *callCounter) middleware(stack *middleware.Stack) error {
 // the broker's own cost.
 func benchEngine(b *testing.B, mutate func(*core.Settings), opts ...core.Option) (*core.Engine, *callCounter, *dynamodb.Client, string) {
 	b.Helper()
+	return benchEngineWith(b, coretest.NewFakeProvider(), mutate, opts...)
+}
+
+// benchEngineWith is benchEngine over the fake provider prov.
+func benchEngineWith(b *testing.B, prov *coretest.FakeProvider, mutate func(*core.Settings), opts ...core.Option) (*core.Engine, *callCounter, *dynamodb.Client, string) {
+	b.Helper()
 	base := testenv.DynamoClient(b)
 	counter := &callCounter{}
 	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, counter.middleware) })
@@ -55,7 +61,7 @@ func benchEngine(b *testing.B, mutate func(*core.Settings), opts ...core.Option)
 	if mutate != nil {
 		mutate(&s)
 	}
-	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment), coretest.NewFakeProvider(), &fakeSyncer{},
+	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment), prov, &fakeSyncer{},
 		append([]core.Option{core.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		b.Fatalf("core.New: %v", err)
@@ -99,6 +105,23 @@ func BenchmarkAcquireDynamoDBCalls(b *testing.B) {
 			}
 			c.n.Store(0)
 			mustAcquire(b, eng, key("t"), core.SourceReclaimed)
+			calls += c.n.Load()
+		}
+		b.ReportMetric(float64(calls)/float64(b.N), "ddb-calls/op")
+	})
+	b.Run("resume", func(b *testing.B) {
+		prov := coretest.NewFakeProvider()
+		prov.Pausable = true
+		eng, c, _, _ := benchEngineWith(b, prov, func(s *core.Settings) { s.PauseAfter = 0 })
+		rec := mustAcquire(b, eng, key("t"), core.SourceCreated)
+		var calls int64
+		b.ResetTimer()
+		for range b.N {
+			if res, err := eng.Release(ctx, "acme", rec.SandboxID); err != nil || res.State != "paused" {
+				b.Fatalf("Release = %+v, %v; want paused", res, err)
+			}
+			c.n.Store(0)
+			mustAcquire(b, eng, key("t"), core.SourceResumed)
 			calls += c.n.Load()
 		}
 		b.ReportMetric(float64(calls)/float64(b.N), "ddb-calls/op")

@@ -1,8 +1,11 @@
 package core_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -373,5 +376,107 @@ func TestReconcileAdoptsAnUntrackedPausedSandboxPaused(t *testing.T) {
 	got := h.acquire(t, k, core.SourceResumed)
 	if got.SandboxID != ref.ID {
 		t.Errorf("resumed %s, want the adopted %s", got.SandboxID, ref.ID)
+	}
+}
+
+// TestPauseAndResumeAreMeteredAndPublished: the pause and the resume are
+// lifecycle events, the time in between is metered as paused
+// (SandboxPausedSeconds) and reported in the events' paused seconds, and
+// the sandbox's intervals still tile its life.
+func TestPauseAndResumeAreMeteredAndPublished(t *testing.T) {
+	var logs bytes.Buffer
+	events := &eventLog{}
+	h := newPauseHarness(t, nil, core.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))), core.WithEventSink(events))
+	rec := h.acquire(t, key("t1"), core.SourceCreated)
+	h.clock.advance(17 * time.Second)
+	if _, err := h.eng.Release(context.Background(), "acme", rec.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.advance(301 * time.Second)
+	h.reconcile(t)
+	h.clock.advance(time.Hour)
+	h.acquire(t, key("t1"), core.SourceResumed)
+	h.clock.advance(10 * time.Second)
+	if _, err := h.eng.Release(context.Background(), "acme", rec.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.advance(31 * time.Minute) // idle expiry comes before a second pause
+	if st := h.reconcile(t); st.Expired != 1 {
+		t.Fatalf("expired %d, want 1", st.Expired)
+	}
+	want := []string{
+		"created creating->active ",
+		"released active->warm ",
+		"paused warm->paused ",
+		"resumed paused->active ",
+		"released active->warm ",
+		"destroyed warm->gone idle_expired",
+	}
+	if got := events.seen(rec.SandboxID); !sameList(got, want) {
+		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	resumed := false
+	for _, ev := range events.all() {
+		resumed = resumed || ev.Kind == core.EventResumed
+		want := 0.0 // until the resume; from it on, the hour it was paused
+		if resumed {
+			want = time.Hour.Seconds()
+		}
+		if ev.PausedSeconds < want || ev.PausedSeconds > want+5 {
+			t.Errorf("%s event: paused %.1f s, want %.0f s", ev.Kind, ev.PausedSeconds, want)
+		}
+	}
+	lines := usageLines(t, logs.Bytes())
+	meteredLife(t, lines)
+	paused := 0.0
+	for _, l := range lines {
+		if l.Paused != nil {
+			if l.State != string(core.StatePaused) {
+				t.Errorf("paused seconds metered in state %s, want paused only", l.State)
+			}
+			paused += *l.Paused
+		}
+	}
+	if paused < time.Hour.Seconds() || paused > time.Hour.Seconds()+5 {
+		t.Errorf("metered paused seconds = %.1f, want the hour it was paused", paused)
+	}
+}
+
+// TestReconcileKillsPausedDuplicatesAndOrphans: among paused sandboxes a
+// thread's second one is a duplicate and one naming no valid thread an
+// orphan, as among running ones; the thread's own stays paused, untouched.
+func TestReconcileKillsPausedDuplicatesAndOrphans(t *testing.T) {
+	h := newPauseHarness(t, nil)
+	ctx := context.Background()
+	canonical := h.pauseThread(t, "t1")
+	k := key("t1")
+	pausedAtProvider := func(md map[string]string) string {
+		md[core.MetaDeployment] = "test"
+		md[core.MetaCreatedAt] = h.clock.now().UTC().Format(time.RFC3339)
+		ref, err := h.prov.Create(ctx, core.CreateSpec{Metadata: md})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.prov.Pause(ctx, ref.ID); err != nil {
+			t.Fatal(err)
+		}
+		return ref.ID
+	}
+	dup := pausedAtProvider(map[string]string{core.MetaTenant: k.Tenant, core.MetaUser: k.User, core.MetaThread: k.Thread})
+	orphan := pausedAtProvider(map[string]string{core.MetaTenant: "acme", core.MetaUser: "no such user!"})
+	h.reconcile(t) // first sightings
+	h.clock.advance(2 * time.Hour)
+	h.reconcile(t)
+	if h.prov.Alive(dup) || h.prov.Alive(orphan) {
+		t.Errorf("after the grace and the orphan TTL: duplicate alive %v, orphan alive %v; want both killed", h.prov.Alive(dup), h.prov.Alive(orphan))
+	}
+	if !h.prov.Paused(canonical.SandboxID) || h.state(t, canonical.SandboxID).State != core.StatePaused {
+		t.Errorf("the thread's own paused sandbox was not left paused")
+	}
+	if c := h.capacity(t); c.Used != 0 || c.Paused != 1 || c.Tombstones != 0 {
+		t.Errorf("capacity = %+v, want the one paused slot of the thread's sandbox", c)
+	}
+	if h.prov.Count("resume") > 0 {
+		t.Errorf("reconcile resumed a paused sandbox")
 	}
 }
