@@ -480,3 +480,44 @@ func TestReconcileKillsPausedDuplicatesAndOrphans(t *testing.T) {
 		t.Errorf("reconcile resumed a paused sandbox")
 	}
 }
+
+// TestResumeLeftByADeadInvocationIsFinished: an acquire that died right
+// after its resume claim leaves the record resuming, holding both slots;
+// once the lease lapses the thread's next acquire resumes it, or
+// reconcile pauses it again.
+func TestResumeLeftByADeadInvocationIsFinished(t *testing.T) {
+	for _, byAcquire := range []bool{true, false} {
+		t.Run(map[bool]string{true: "acquire resumes", false: "reconcile pauses"}[byAcquire], func(t *testing.T) {
+			h := newPauseHarness(t, nil)
+			rec := h.pauseThread(t, "t1")
+			now := h.clock.now()
+			if _, err := h.store.ClaimResume(context.Background(), core.ResumeClaim{Claim: core.Claim{SandboxID: rec.SandboxID,
+				Tenant: "acme", Owner: "dead-invocation", Now: now, LeaseUntil: now.Add(time.Minute)}, Key: key("t1"), Limit: 3}); err != nil {
+				t.Fatalf("ClaimResume: %v", err)
+			}
+			if c := h.capacity(t); c.Used != 1 || c.Paused != 1 {
+				t.Fatalf("capacity while resuming = %+v, want a running and a paused slot", c)
+			}
+			h.clock.advance(2 * time.Minute)
+			if byAcquire {
+				got := h.acquire(t, key("t1"), core.SourceResumed)
+				if got.SandboxID != rec.SandboxID || h.prov.Paused(rec.SandboxID) {
+					t.Errorf("acquire got %s (paused %v), want %s resumed", got.SandboxID, h.prov.Paused(rec.SandboxID), rec.SandboxID)
+				}
+				if c := h.capacity(t); c.Used != 1 || c.Paused != 0 {
+					t.Errorf("capacity = %+v, want the running slot only", c)
+				}
+				return
+			}
+			if st := h.reconcile(t); st.PausesFinished != 1 {
+				t.Fatalf("pauses finished = %d, want 1", st.PausesFinished)
+			}
+			if got := h.state(t, rec.SandboxID); got.State != core.StatePaused || !h.prov.Paused(rec.SandboxID) {
+				t.Errorf("record %s (provider paused %v), want paused", got.State, h.prov.Paused(rec.SandboxID))
+			}
+			if c := h.capacity(t); c.Used != 0 || c.Paused != 1 {
+				t.Errorf("capacity = %+v, want the paused slot only", c)
+			}
+		})
+	}
+}

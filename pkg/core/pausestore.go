@@ -32,8 +32,10 @@ type PauseStore interface {
 	// ErrNotFound, ErrConflict or ErrLeaseHeld as Claim.
 	ClaimPause(ctx context.Context, c Claim, limit int) (Record, error)
 	// SettlePause moves rec (pausing or resuming, fenced by rec.Fence:
-	// else ErrStaleFence) to StatePaused, parked at now, and frees its
-	// running slot (its user's and tenant's too). The lease is cleared.
+	// else ErrStaleFence) to StatePaused, parked at now, with no provider
+	// end time (ExpiresAt: the provider does not end a paused sandbox),
+	// and frees its running slot (its user's and tenant's too). The lease
+	// is cleared.
 	SettlePause(ctx context.Context, rec Record, now time.Time) (Record, error)
 	// AbortPause moves rec (pausing, fenced) back to StateWarm, parked when
 	// it was, and frees its paused slot. The lease is cleared.

@@ -186,7 +186,8 @@ func (s *Store) SettlePause(ctx context.Context, rec core.Record, now time.Time)
 		Set(expression.Name("updated_at"), expression.Value(ms(now))).
 		Set(expression.Name("parked_at"), expression.Value(ms(now))).
 		Set(expression.Name("no_running_slot"), expression.Value(true)).
-		Set(expression.Name("paused_slot"), expression.Value(true))
+		Set(expression.Name("paused_slot"), expression.Value(true)).
+		Remove(expression.Name("expires_at")) // the provider does not end a paused sandbox: reconcile does (its TTL)
 	upd = s.stateIndex(upd, core.StatePaused, now, rec.SandboxID)
 	running := rec
 	running.Slots = core.Slots{} // the running slot and its counters only
@@ -194,7 +195,7 @@ func (s *Store) SettlePause(ctx context.Context, rec core.Record, now time.Time)
 		return core.Record{}, err
 	}
 	rec = settled(rec, core.StatePaused, now)
-	rec.ParkedAt, rec.Slots = now, core.Slots{NoRunning: true, Paused: true}
+	rec.ParkedAt, rec.ExpiresAt, rec.Slots = now, time.Time{}, core.Slots{NoRunning: true, Paused: true}
 	return rec, nil
 }
 

@@ -16,7 +16,8 @@ import (
 func warmAt(t *testing.T, s *ddbstore.Store, key core.ThreadKey, id string) core.Record {
 	t.Helper()
 	rec := activeRecord(t, s, key, id)
-	warm, err := s.Apply(context.Background(), core.Update{SandboxID: id, Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0})
+	warm, err := s.Apply(context.Background(), core.Update{SandboxID: id, Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0,
+		ExpiresAt: t0.Add(30 * time.Minute)})
 	if err != nil {
 		t.Fatalf("park %s: %v", id, err)
 	}
@@ -89,6 +90,9 @@ func TestPauseAndResumeMoveTheSlots(t *testing.T) {
 		if stored.State != st.state || stored.Slots != st.slots || stored.Fence != got.Fence {
 			t.Errorf("%s: stored %s slots %+v fence %d, want %s slots %+v fence %d (as returned)",
 				st.name, stored.State, stored.Slots, stored.Fence, st.state, st.slots, got.Fence)
+		}
+		if st.state == core.StatePaused && (!stored.ExpiresAt.IsZero() || !got.ExpiresAt.IsZero()) {
+			t.Errorf("%s: expires at %s (returned %s), want none: the provider does not end a paused sandbox", st.name, stored.ExpiresAt, got.ExpiresAt)
 		}
 		if c := countSlots(t, s, key); c != st.want {
 			t.Errorf("%s: slots %+v, want %+v", st.name, c, st.want)
