@@ -333,21 +333,18 @@ func readFileAIO(t *testing.T, c conn, path string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// run starts `bash -c script` in the sandbox through envd's Connect RPC
-// (process.Process/Start, JSON codec, server stream) and returns its stdout
-// and exit code, as an agent holding only the acquire response would.
-func run(t *testing.T, c conn, script string) (string, int) {
+// startProcess sends envd's process.Process/Start for /bin/bash with args
+// (JSON codec) and returns the reply, its stream unread.
+func startProcess(ctx context.Context, t *testing.T, c conn, args ...string) *http.Response {
 	t.Helper()
 	msg, _ := json.Marshal(map[string]any{
-		"process": map[string]any{"cmd": "/bin/bash", "args": []string{"-l", "-c", script}, "cwd": "/home/user"},
+		"process": map[string]any{"cmd": "/bin/bash", "args": args, "cwd": "/home/user"},
 		"stdin":   false,
 	})
 	var env bytes.Buffer
 	env.WriteByte(0)
 	_ = binary.Write(&env, binary.BigEndian, uint32(len(msg)))
 	env.Write(msg)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", c.envdURL+"/process.Process/Start", &env)
 	req.Header.Set("Content-Type", "application/connect+json")
 	req.Header.Set("Connect-Protocol-Version", "1")
@@ -357,6 +354,17 @@ func run(t *testing.T, c conn, script string) (string, int) {
 	if err != nil {
 		t.Fatalf("envd Start: %v", err)
 	}
+	return resp
+}
+
+// run starts `bash -c script` in the sandbox through envd's Connect RPC
+// (process.Process/Start, JSON codec, server stream) and returns its stdout
+// and exit code, as an agent holding only the acquire response would.
+func run(t *testing.T, c conn, script string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	resp := startProcess(ctx, t, c, "-l", "-c", script)
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(resp.Body)
