@@ -521,3 +521,26 @@ func TestResumeLeftByADeadInvocationIsFinished(t *testing.T) {
 		})
 	}
 }
+
+// TestReconcileRepairsThePausedSlotCount: a paused slot count that
+// drifted from the records holding paused slots is set back by reconcile
+// once two passes saw the same count and the same records.
+func TestReconcileRepairsThePausedSlotCount(t *testing.T) {
+	h := newPauseHarness(t, nil)
+	ctx := context.Background()
+	h.pauseThread(t, "t1")
+	if err := h.store.RepairPausedSlots(ctx, 1, 5); err != nil { // drift, as a bug would leave it
+		t.Fatalf("RepairPausedSlots: %v", err)
+	}
+	if err := h.store.RepairPausedSlots(ctx, 1, 7); !errors.Is(err, core.ErrConflict) {
+		t.Errorf("RepairPausedSlots from a count that moved = %v, want ErrConflict", err)
+	}
+	h.reconcile(t)
+	if n := h.pausedSlots(t); n != 5 {
+		t.Fatalf("after one pass the paused count is %d, want 5 kept (one sighting is not enough)", n)
+	}
+	h.reconcile(t)
+	if n := h.pausedSlots(t); n != 1 {
+		t.Errorf("after two passes the paused count is %d, want 1 (the one paused sandbox)", n)
+	}
+}

@@ -51,6 +51,13 @@ type PauseStore interface {
 	// PausedParkedBefore lists up to limit paused records paused before t,
 	// oldest first.
 	PausedParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)
+	// CountPausedSlots reads the paused slot count (strongly consistent),
+	// then counts the records holding paused slots (eventually
+	// consistent, as CountSlots).
+	CountPausedSlots(ctx context.Context) (used, counted int, err error)
+	// RepairPausedSlots sets the paused slot count to counted if it is
+	// still used (else ErrConflict).
+	RepairPausedSlots(ctx context.Context, used, counted int) error
 }
 
 // pauseStore is the metered PauseStore, when the store is one: each of

@@ -148,6 +148,12 @@ type ReconcileCursor struct {
 	LedgerRevision int64
 	LedgerCount    int
 	LedgerNoted    bool
+	// PausedUsed and PausedCount are the paused slot count and the
+	// paused-slot holders counted by the last pass (PausedNoted: they
+	// were); a repair of the paused count needs both unchanged since.
+	PausedUsed  int
+	PausedCount int
+	PausedNoted bool
 }
 
 // SeenSandbox is one sandbox of a cycle's inventory.
@@ -1082,6 +1088,9 @@ func (p *pass) ledger(ctx context.Context) error {
 		}
 	}
 	p.cursor.LedgerRevision, p.cursor.LedgerCount, p.cursor.LedgerNoted = l.Revision, counted, true
+	if err := p.pausedLedger(ctx); err != nil {
+		return err
+	}
 	// Tenants that hold no slot any more leave the ledger's tenant set, so
 	// fair shares are divided among the tenants holding slots.
 	dropped, err := p.rst.DropIdleTenants(ctx, l.Tenants)

@@ -2,6 +2,7 @@ package ddbstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -291,6 +292,52 @@ func (s *Store) PausedUsed(ctx context.Context) (int, error) {
 		return 0, unavailable("get paused count", err)
 	}
 	return decodeCounter(out.Item), nil
+}
+
+// CountPausedSlots implements core.PauseStore: the paused count, then
+// the records holding paused slots (pausing, paused, resuming, and the
+// tombstones of those).
+func (s *Store) CountPausedSlots(ctx context.Context) (used, counted int, err error) {
+	if used, err = s.PausedUsed(ctx); err != nil {
+		return 0, 0, err
+	}
+	n, err := s.CountStates(ctx, core.StatePausing, core.StatePaused, core.StateResuming)
+	if err != nil {
+		return 0, 0, err
+	}
+	f := expression.Name("paused_slot").Equal(expression.Value(true))
+	tombs, err := s.countState(ctx, core.StateDestroying, &f)
+	if err != nil {
+		return 0, 0, err
+	}
+	return used, n[core.StatePausing] + n[core.StatePaused] + n[core.StateResuming] + tombs, nil
+}
+
+// RepairPausedSlots implements core.PauseStore (a conditional write on
+// the count).
+func (s *Store) RepairPausedSlots(ctx context.Context, used, counted int) error {
+	cond := expression.Name("used").Equal(expression.Value(used))
+	if used == 0 {
+		cond = expression.Or(expression.AttributeNotExists(expression.Name("used")), cond)
+	}
+	expr, err := expression.NewBuilder().WithCondition(cond).
+		WithUpdate(expression.Set(expression.Name("used"), expression.Value(counted))).Build()
+	if err != nil {
+		return fmt.Errorf("repair paused slots: %w", err)
+	}
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err = s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(pausedPK(s.deployment)),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return fmt.Errorf("paused count moved from %d: %w", used, core.ErrConflict)
+	}
+	if err != nil {
+		return unavailable("repair paused slots", err)
+	}
+	return nil
 }
 
 // countPausedTombstones counts tombstones of paused sandboxes: they hold

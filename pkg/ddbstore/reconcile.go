@@ -381,6 +381,9 @@ type reconcileCursorItem struct {
 	LedgerRevision int64  `dynamodbav:"ledger_revision"`
 	LedgerCount    int    `dynamodbav:"ledger_count"`
 	LedgerNoted    bool   `dynamodbav:"ledger_noted"`
+	PausedUsed     int    `dynamodbav:"paused_used,omitempty"`
+	PausedCount    int    `dynamodbav:"paused_count,omitempty"`
+	PausedNoted    bool   `dynamodbav:"paused_noted,omitempty"`
 }
 
 // Cursor reads the inventory cursor (zero if none).
@@ -398,7 +401,8 @@ func (s *Store) Cursor(ctx context.Context) (core.ReconcileCursor, error) {
 		}
 	}
 	return core.ReconcileCursor{Cycle: it.Cycle, CycleStart: fromMS(it.CycleStart), Token: it.Token, Pass: it.Pass,
-		Version: it.Version, LedgerRevision: it.LedgerRevision, LedgerCount: it.LedgerCount, LedgerNoted: it.LedgerNoted}, nil
+		Version: it.Version, LedgerRevision: it.LedgerRevision, LedgerCount: it.LedgerCount, LedgerNoted: it.LedgerNoted,
+		PausedUsed: it.PausedUsed, PausedCount: it.PausedCount, PausedNoted: it.PausedNoted}, nil
 }
 
 // SaveCursor writes c if the stored version is c.Version (ErrConflict
@@ -407,7 +411,8 @@ func (s *Store) SaveCursor(ctx context.Context, c core.ReconcileCursor) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	av, err := attributevalue.MarshalMap(reconcileCursorItem{Cycle: c.Cycle, CycleStart: ms(c.CycleStart), Token: c.Token,
-		Pass: c.Pass, Version: c.Version + 1, LedgerRevision: c.LedgerRevision, LedgerCount: c.LedgerCount, LedgerNoted: c.LedgerNoted})
+		Pass: c.Pass, Version: c.Version + 1, LedgerRevision: c.LedgerRevision, LedgerCount: c.LedgerCount, LedgerNoted: c.LedgerNoted,
+		PausedUsed: c.PausedUsed, PausedCount: c.PausedCount, PausedNoted: c.PausedNoted})
 	if err != nil {
 		return fmt.Errorf("save reconcile cursor: %w", err)
 	}
