@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"time"
 )
@@ -254,7 +255,7 @@ func (e *Engine) claimOutcome(ctx context.Context, id string, key ThreadKey, own
 
 // finishClaim hands out a member claimed for its thread (rec is claiming
 // under this invocation's lease, or under a lapsed lease of a claimer
-// that died): the active timeout is set and, side by side, the probe
+// that died): the active timeout is set and, side by side, checkMember
 // checks that it answers (the member ran the bootstrap when the refill
 // created it), the thread's outputs are restored as for a create, and the
 // record becomes active. A member that
@@ -266,11 +267,11 @@ func (e *Engine) finishClaim(ctx context.Context, rec Record) (AcquireResult, bo
 		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
 		return AcquireResult{}, true, unavailable(fmt.Errorf("pool member %s %s: %v", rec.SandboxID, why, cause))
 	}
-	// The timeout and the probe are independent: they run side by side,
+	// The timeout and the check are independent: they run side by side,
 	// so a claim waits for one provider round trip, not two.
 	timeoutErr := make(chan error, 1)
 	go func() { timeoutErr <- e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout) }()
-	checkErr := e.probe(ctx, rec.Ref())
+	checkErr := e.checkMember(ctx, rec.Ref())
 	if err := <-timeoutErr; err != nil {
 		return discard("does not take its timeout", err)
 	}
@@ -368,4 +369,30 @@ func (e *Engine) takeOverClaim(ctx context.Context, rec Record, owner string) (A
 	}
 	e.log.InfoContext(ctx, "taking over an interrupted pool claim", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
 	return e.finishClaim(ctx, claimed)
+}
+
+// poolMarker is the file a refill writes into every member after its
+// bootstrap, holding the member's id; checkMember reads it back.
+const poolMarker = "/tmp/.sbx-pool-member"
+
+// checkMember checks, under the probe's timeout, that a claimed member
+// answers: its marker (poolMarker) reads back with its id through the
+// sandbox's daemon. A file read starts no process, so the check costs
+// one round trip to the sandbox.
+func (e *Engine) checkMember(ctx context.Context, ref SandboxRef) error {
+	cctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	rc, err := e.prov.OpenFile(cctx, ref, poolMarker, int64(len(ref.ID)))
+	if err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	if string(b) != ref.ID {
+		return fmt.Errorf("check: the marker names %q", b)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -113,7 +114,7 @@ func (e *Engine) refillOne(ctx context.Context, ps PoolStore) (bool, error) {
 		}
 		return false, errors.Join(fmt.Errorf("create pool member: %w", err), e.freeReservation(ctx, token, ThreadKey{}))
 	}
-	if err := e.bootstrap(ctx, ref, bootstrapTimeout); err != nil {
+	if err := e.prepareMember(ctx, ref); err != nil {
 		if kerr := e.kill(ctx, ref.ID); kerr != nil {
 			return false, fmt.Errorf("pool member %s: %w (cleanup kill uncertain, slot kept: %v)", ref.ID, err, kerr)
 		}
@@ -132,6 +133,20 @@ func (e *Engine) refillOne(ctx context.Context, ps PoolStore) (bool, error) {
 	}
 	e.emit(ctx, rec, StateCreating, StatePooled, EventCreated, "")
 	return true, nil
+}
+
+// prepareMember bootstraps a new member and writes its marker
+// (poolMarker), which the claim's check reads back.
+func (e *Engine) prepareMember(ctx context.Context, ref SandboxRef) error {
+	if err := e.bootstrap(ctx, ref, bootstrapTimeout); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	if err := e.prov.WriteFile(wctx, ref, poolMarker, strings.NewReader(ref.ID)); err != nil {
+		return fmt.Errorf("write pool marker: %w", err)
+	}
+	return nil
 }
 
 // pool is reconcile's pool step: members past their age (less the lead),

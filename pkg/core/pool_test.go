@@ -391,13 +391,13 @@ func TestPoolClaimKicksARefillAndACreateDoesNot(t *testing.T) {
 }
 
 // TestPoolWedgedMemberIsNotHandedOut: a member the provider still lists
-// but that does not answer a command fails the claim's probe and is
+// but whose daemon does not answer fails the claim's check and is
 // discarded, never handed out.
 func TestPoolWedgedMemberIsNotHandedOut(t *testing.T) {
 	h := newPoolHarness(t, 1, func(s *core.Settings) { s.AcquireTimeout = time.Second })
 	h.refill(t, 1)
 	member := h.members(t)[0]
-	h.prov.Set(func(f *coretest.FakeProvider) { f.RunErr = errors.New("envd does not answer") })
+	h.prov.Set(func(f *coretest.FakeProvider) { f.OpenFileErr = errors.New("envd does not answer") })
 	res, err := h.eng.Acquire(context.Background(), key("t1"))
 	if err == nil && res.Record.SandboxID == member.SandboxID {
 		t.Fatalf("handed out the wedged member %s", member.SandboxID)

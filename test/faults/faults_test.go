@@ -481,7 +481,7 @@ var steps = []step{
 // with its reply lost: a pool sandbox no record names).
 var poolSteps = []step{
 	{"pool/claim-write", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"claiming"`), claimStep},
-	{"pool/member-check", provLayer, faults.BodyContains(faults.PathSuffix("POST", "/process.Process/Start"), `"-c","true"`), claimStep},
+	{"pool/member-check", provLayer, faults.PathSuffix("GET", "/files"), claimStep},
 	{"pool/refill-create", provLayer, faults.PathSuffix("POST", "/v2/sandboxes"), refillStep},
 }
 

@@ -4,6 +4,7 @@
 package coretest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -19,7 +20,8 @@ import (
 // FakeProvider is an in-memory core.Provider. Each *Err field, when set,
 // makes the matching call fail with it. Commands are not executed: Run
 // answers the engine's bootstrap script with its success marker (or
-// RunExit when set) and exit code 0 for anything else.
+// RunExit when set) and exit code 0 for anything else. Files written are
+// kept per sandbox (by path as given) and read back by OpenFile.
 type FakeProvider struct {
 	mu        sync.Mutex
 	next      int
@@ -46,12 +48,15 @@ type FakeProvider struct {
 	// misuse lists the calls made on a paused sandbox that would use or
 	// extend it (SetTimeout, Run, file access): none may happen.
 	misuse []string
+	// OpenFileErr, when set, fails OpenFile of a live sandbox.
+	OpenFileErr error
 }
 
 type fakeSandbox struct {
 	meta    map[string]string
 	timeout time.Duration
 	paused  bool
+	files   map[string][]byte // by path, as written
 }
 
 var _ core.Pauser = (*FakeProvider)(nil)
@@ -276,12 +281,24 @@ func (f *FakeProvider) Run(_ context.Context, ref core.SandboxRef, cmd core.Comm
 	return core.CommandResult{}, nil
 }
 
-// OpenFile implements core.Provider; the fake holds no files.
-func (f *FakeProvider) OpenFile(_ context.Context, ref core.SandboxRef, _ string, _ int64) (io.ReadCloser, error) {
+// OpenFile implements core.Provider: the bytes WriteFile stored at path.
+func (f *FakeProvider) OpenFile(_ context.Context, ref core.SandboxRef, path string, maxBytes int64) (io.ReadCloser, error) {
 	if err := f.fileAccess("open", ref.ID); err != nil {
 		return nil, err
 	}
-	return nil, core.ErrFileNotFound
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.OpenFileErr != nil {
+		return nil, f.OpenFileErr
+	}
+	b, ok := f.sandboxes[ref.ID].files[path]
+	if !ok {
+		return nil, core.ErrFileNotFound
+	}
+	if maxBytes > 0 && int64(len(b)) > maxBytes {
+		return nil, &core.FileTooLargeError{Path: path, MaxBytes: maxBytes}
+	}
+	return io.NopCloser(bytes.NewReader(b)), nil
 }
 
 // fileAccess checks a file call on id: gone, or paused (misuse).
@@ -297,13 +314,26 @@ func (f *FakeProvider) fileAccess(call, id string) error {
 	return nil
 }
 
-// WriteFile implements core.Provider; the bytes are discarded.
-func (f *FakeProvider) WriteFile(_ context.Context, ref core.SandboxRef, _ string, r io.Reader) error {
+// WriteFile implements core.Provider: the bytes are kept for OpenFile.
+func (f *FakeProvider) WriteFile(_ context.Context, ref core.SandboxRef, path string, r io.Reader) error {
 	if err := f.fileAccess("write", ref.ID); err != nil {
 		return err
 	}
-	_, err := io.Copy(io.Discard, r)
-	return err
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sandboxes[ref.ID]
+	if !ok {
+		return core.ErrSandboxGone
+	}
+	if sb.files == nil {
+		sb.files = map[string][]byte{}
+	}
+	sb.files[path] = b
+	return nil
 }
 
 // Alive reports whether the fake still runs id.
