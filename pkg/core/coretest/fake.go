@@ -291,7 +291,11 @@ func (f *FakeProvider) OpenFile(_ context.Context, ref core.SandboxRef, path str
 	if f.OpenFileErr != nil {
 		return nil, f.OpenFileErr
 	}
-	b, ok := f.sandboxes[ref.ID].files[path]
+	sb, ok := f.sandboxes[ref.ID]
+	if !ok {
+		return nil, core.ErrSandboxGone // killed meanwhile
+	}
+	b, ok := sb.files[path]
 	if !ok {
 		return nil, core.ErrFileNotFound
 	}
