@@ -801,6 +801,9 @@ func (a *App) capacityCmd(g *globals) *cobra.Command {
 			if capa.Tombstones > 0 {
 				more += fmt.Sprintf(", %d tombstones", capa.Tombstones)
 			}
+			if capa.Pool > 0 {
+				more += fmt.Sprintf(", %d pre-warmed in the pool", capa.Pool)
+			}
 			if capa.Paused > 0 {
 				more += fmt.Sprintf(", %d of %d paused", capa.Paused, capa.PausedLimit)
 			}

@@ -342,7 +342,7 @@ func TestRoutingByPathWithoutRouteKey(t *testing.T) {
 		{"POST", "/v1/sandboxes/abc/sync", "Sync acme abc",
 			`{"uploaded":0,"skipped":2,"deferred":[],"excluded":[],"bytes":0,"complete":true}`},
 		{"GET", "/v1/capacity", "Capacity",
-			`{"limit":3,"used":1,"active":1,"warm":0,"reserved":0,"transitioning":0,"tombstones":0,"paused":0,"paused_limit":0,"policy":"wait","draining":false}`},
+			`{"limit":3,"used":1,"active":1,"warm":0,"reserved":0,"transitioning":0,"tombstones":0,"pool":0,"paused":0,"paused_limit":0,"policy":"wait","draining":false}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.method+" "+tt.path, func(t *testing.T) {

@@ -224,6 +224,9 @@ type Capacity struct {
 	Reserved      int `json:"reserved"`
 	Transitioning int `json:"transitioning"`
 	Tombstones    int `json:"tombstones"` // destroying: kill not yet confirmed
+	// Pool is the pre-warmed pool's members waiting to be claimed (their
+	// slots are in Used).
+	Pool int `json:"pool"`
 	// Paused is the paused slots held (paused sandboxes hold no running
 	// slot); PausedLimit bounds them.
 	Paused      int    `json:"paused"`

@@ -72,8 +72,8 @@ func TestPoolRefillStopsAtSizeAndClaimMakesNoCreate(t *testing.T) {
 	h := newPoolHarness(t, 2, nil)
 	h.refill(t, 2)
 	h.refill(t, 0) // full: a second refill creates nothing
-	if st := h.capacity(t); st.Used != 2 {
-		t.Errorf("capacity used = %d, want 2 (pool members hold slots)", st.Used)
+	if st := h.capacity(t); st.Used != 2 || st.Pool != 2 {
+		t.Errorf("capacity used %d, pool %d; want 2 and 2 (pool members hold slots)", st.Used, st.Pool)
 	}
 	for _, m := range h.members(t) {
 		md := h.prov.Metadata(m.SandboxID)
@@ -92,8 +92,8 @@ func TestPoolRefillStopsAtSizeAndClaimMakesNoCreate(t *testing.T) {
 	if got := h.prov.Timeout(rec.SandboxID); got != core.DefaultSettings().ActiveTimeout {
 		t.Errorf("claimed member's timeout = %s, want the active timeout", got)
 	}
-	if st := h.capacity(t); st.Used != 2 || st.Active != 1 {
-		t.Errorf("capacity = %+v, want used 2 active 1", st)
+	if st := h.capacity(t); st.Used != 2 || st.Active != 1 || st.Pool != 1 {
+		t.Errorf("capacity = %+v, want used 2, active 1, pool 1", st)
 	}
 	if n := h.poolCount(t); n != 1 {
 		t.Errorf("pool count = %d, want 1 after a claim", n)

@@ -196,8 +196,11 @@ type CapacityStatus struct {
 	Active        int `json:"active"`
 	Warm          int `json:"warm"`
 	Reserved      int `json:"reserved"`
-	Transitioning int `json:"transitioning"` // releasing, reclaiming, pausing, resuming
+	Transitioning int `json:"transitioning"` // releasing, reclaiming, pausing, resuming, claiming
 	Tombstones    int `json:"tombstones"`    // destroying: kill not yet confirmed
+	// Pool counts the pre-warmed pool's members waiting to be claimed
+	// (their running slots are in Used).
+	Pool int `json:"pool"`
 	// Paused counts paused sandboxes (holding paused slots, not running
 	// ones); PausedLimit bounds them.
 	Paused      int    `json:"paused"`

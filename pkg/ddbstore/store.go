@@ -688,8 +688,8 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 	return core.CapacityStatus{
 		Used: l.Used, Draining: l.Draining,
 		Reserved: n[core.StateCreating], Active: n[core.StateActive], Warm: n[core.StateWarm],
-		Transitioning: n[core.StateReleasing] + n[core.StateReclaiming] + n[core.StatePausing] + n[core.StateResuming],
-		Tombstones:    n[core.StateDestroying], Paused: paused,
+		Transitioning: n[core.StateReleasing] + n[core.StateReclaiming] + n[core.StatePausing] + n[core.StateResuming] + n[core.StateClaiming],
+		Tombstones:    n[core.StateDestroying], Paused: paused, Pool: n[core.StatePooled],
 	}, nil
 }
 
