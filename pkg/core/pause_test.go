@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -542,5 +543,38 @@ func TestReconcileRepairsThePausedSlotCount(t *testing.T) {
 	h.reconcile(t)
 	if n := h.pausedSlots(t); n != 1 {
 		t.Errorf("after two passes the paused count is %d, want 1 (the one paused sandbox)", n)
+	}
+}
+
+// TestResumeWaitsForARunningSlot: under the wait policy a resume that
+// finds every running slot held waits as a create would, and resumes once
+// a slot frees (here: the holder's release, which it then evicts).
+func TestResumeWaitsForARunningSlot(t *testing.T) {
+	var h *harness
+	var holder core.Record
+	var once sync.Once
+	released := make(chan error, 1)
+	sleep := func(ctx context.Context, d time.Duration) error {
+		// The resume is waiting: the holder releases its sandbox now.
+		once.Do(func() {
+			_, err := h.eng.Release(context.Background(), "acme", holder.SandboxID)
+			released <- err
+		})
+		return ctx.Err()
+	}
+	h = newPauseHarness(t, func(s *core.Settings) { s.Replicas, s.Policy = 1, core.PolicyWait }, core.WithSleep(sleep))
+	paused := h.pauseThread(t, "t1")
+	holder = h.acquire(t, key("t2"), core.SourceCreated)
+	got := h.acquire(t, key("t1"), core.SourceResumed)
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatalf("release during the wait: %v", err)
+		}
+	default:
+		t.Fatal("the resume did not wait: the slot was never held")
+	}
+	if got.SandboxID != paused.SandboxID || h.prov.Alive(holder.SandboxID) {
+		t.Errorf("resumed %s (holder alive %v), want %s resumed and the released holder evicted", got.SandboxID, h.prov.Alive(holder.SandboxID), paused.SandboxID)
 	}
 }
