@@ -78,10 +78,20 @@ const (
 // pauseWarm pauses the warm sandbox rec (only its id and tenant are read)
 // for owner. When the paused slots are full, the least recently paused
 // sandbox of another thread is destroyed to make room (at most
-// maxEvictions). check, when set, runs under the pausing lease before the
-// provider is asked (reconcile copies the outputs first); false gives the
-// pause up, back to warm.
+// maxEvictions). check, when set, runs first (reconcile copies the
+// outputs) under a lease that keeps the record warm: a record is pausing
+// only once its outputs are copied, so an invocation that dies during the
+// copy leaves a warm record whose lease lapses, never a pausing one that a
+// later pass would pause uncopied. false gives the pause up.
 func (e *Engine) pauseWarm(ctx context.Context, rec Record, owner string, check func(Record) (ok, gone bool)) pauseResult {
+	var leased *Record
+	if check != nil {
+		held, res, ok := e.checkWarm(ctx, rec, owner, check)
+		if !ok {
+			return res
+		}
+		leased = &held
+	}
 	ps := e.pauseStore()
 	var claimed Record
 	for evictions := 0; ; evictions++ {
@@ -94,21 +104,50 @@ func (e *Engine) pauseWarm(ctx context.Context, rec Record, owner string, check 
 		}
 		if err != nil {
 			e.log.InfoContext(ctx, "pause not claimed", "sandbox_id", rec.SandboxID, "err", err)
+			if leased != nil {
+				e.unleaseWarm(ctx, *leased)
+			}
 			return pauseSkipped
 		}
 		break
 	}
-	if check != nil {
-		switch ok, gone := check(claimed); {
-		case gone:
-			e.destroyClaimed(ctx, claimed, EventReasonGone)
-			return pauseDestroyed
-		case !ok:
-			e.abortPause(ctx, claimed)
-			return pauseDeferred
-		}
-	}
 	return e.finishPause(ctx, claimed)
+}
+
+// checkWarm leases the warm record rec for owner, its state unchanged, and
+// runs check under the lease. ok reports that check passed and the lease
+// (held, the leased record) is still owner's, so the pause claim that
+// follows is too; otherwise res says what was done: not leased (a peer
+// moved it), destroyed (the provider had ended it), or given up with the
+// lease cleared (outputs not all copied).
+func (e *Engine) checkWarm(ctx context.Context, rec Record, owner string, check func(Record) (ok, gone bool)) (held Record, res pauseResult, ok bool) {
+	held, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateWarm},
+		Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
+	if err != nil {
+		e.log.InfoContext(ctx, "pause not claimed", "sandbox_id", rec.SandboxID, "err", err)
+		return held, pauseSkipped, false
+	}
+	switch passed, gone := check(held); {
+	case gone:
+		e.destroyClaimed(ctx, held, EventReasonGone)
+		return held, pauseDestroyed, false
+	case !passed:
+		e.unleaseWarm(ctx, held)
+		return held, pauseDeferred, false
+	}
+	return held, pauseDone, true
+}
+
+// unleaseWarm clears the lease of rec (warm, leased by this invocation)
+// so that its thread need not wait for the lease to lapse. A failed write
+// leaves the lease to lapse.
+func (e *Engine) unleaseWarm(ctx context.Context, rec Record) {
+	sctx, cancel := settle(ctx)
+	defer cancel()
+	if _, err := e.store.Apply(sctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateWarm,
+		ParkedAt: rec.ParkedAt, Now: e.now()}); err != nil {
+		e.log.WarnContext(ctx, "clearing the lease of a warm sandbox failed; it lapses", "sandbox_id", rec.SandboxID, "err", err)
+	}
 }
 
 // finishPause asks the provider to pause rec (pausing or resuming, leased

@@ -578,3 +578,41 @@ func TestResumeWaitsForARunningSlot(t *testing.T) {
 		t.Errorf("resumed %s (holder alive %v), want %s resumed and the released holder evicted", got.SandboxID, h.prov.Alive(holder.SandboxID), paused.SandboxID)
 	}
 }
+
+// A pause copies the outputs while the record is still warm: were the
+// invocation to die during the copy, nothing would be left pausing (a
+// later pass finishes a pausing record by pausing it, its copy unknown),
+// and no paused slot is held.
+func TestPauseCopiesTheOutputsBeforeItClaimsThePause(t *testing.T) {
+	h := newPauseHarness(t, nil)
+	rec := h.park(t, "t1")
+	var during core.Record
+	var duringErr error
+	var pausedDuring int
+	h.sync.set(func(s *fakeSyncer) {
+		s.hook = func() {
+			during, duringErr = h.store.Get(context.Background(), rec.SandboxID)
+			pausedDuring, _ = h.store.PausedUsed(context.Background())
+		}
+	})
+	h.clock.advance(301 * time.Second)
+	if st := h.reconcile(t); st.Paused != 1 {
+		t.Fatalf("paused %d, want 1", st.Paused)
+	}
+	if duringErr != nil || during.State != core.StateWarm || pausedDuring != 0 {
+		t.Errorf("during the copy: record %s (err %v) with %d paused slots held; want warm with none", during.State, duringErr, pausedDuring)
+	}
+}
+
+// A copy that fails clears the lease it was made under: the thread's
+// acquire reclaims the sandbox at once instead of waiting for the lease.
+func TestFailedCopyBeforePauseLeavesTheSandboxReclaimable(t *testing.T) {
+	h := newPauseHarness(t, nil)
+	rec := h.park(t, "t1")
+	h.sync.set(func(s *fakeSyncer) { s.err = errors.New("copy failed") })
+	h.clock.advance(301 * time.Second)
+	h.reconcile(t)
+	if got := h.state(t, rec.SandboxID); got.State != core.StateWarm || got.LeaseOwner != "" {
+		t.Fatalf("record = %s leased by %q, want warm without a lease", got.State, got.LeaseOwner)
+	}
+}

@@ -479,11 +479,7 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 		}
 		if complete, gone := p.syncParked(ctx, claimed, "expiry"); !complete && !gone {
 			p.st.Deferred++
-			// Back to plain warm, still idle: the next pass retries.
-			if _, err := e.store.Apply(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateWarm,
-				ParkedAt: claimed.ParkedAt, Now: e.now()}); err != nil {
-				e.log.WarnContext(ctx, "reconcile: release of a deferred expiry failed (its lease will lapse)", "sandbox_id", claimed.SandboxID, "err", err)
-			}
+			e.unleaseWarm(ctx, claimed) // back to plain warm, still idle: the next pass retries
 			continue
 		}
 		tomb, err := e.store.Apply(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateDestroying,
