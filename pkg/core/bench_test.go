@@ -47,8 +47,8 @@ func benchEngine(b *testing.B, mutate func(*core.Settings), opts ...core.Option)
 	return benchEngineWith(b, coretest.NewFakeProvider(), mutate, opts...)
 }
 
-// benchEngineWith is benchEngine over the fake provider prov.
-func benchEngineWith(b *testing.B, prov *coretest.FakeProvider, mutate func(*core.Settings), opts ...core.Option) (*core.Engine, *callCounter, *dynamodb.Client, string) {
+// benchEngineWith is benchEngine over prov.
+func benchEngineWith(b *testing.B, prov core.Provider, mutate func(*core.Settings), opts ...core.Option) (*core.Engine, *callCounter, *dynamodb.Client, string) {
 	b.Helper()
 	base := testenv.DynamoClient(b)
 	counter := &callCounter{}
