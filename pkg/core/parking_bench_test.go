@@ -26,13 +26,13 @@ import (
 // deployment pays its provider, from the usage metering) and the latency
 // of a returning thread's acquire.
 
-// parkingModel is the provider's latency per call: E2B's published start
-// ("~150 ms") and resume ("about 1 second") times; its pause takes "about
-// 4 seconds per 1 GB of RAM" (2 s for the default 512 MB sandbox); every
-// other control-plane or envd call one assumed 20 ms round trip.
+// parkingModel is the provider's latency per call: e2bModel's start and
+// round trip, and E2B's published pause ("about 4 seconds per 1 GB of
+// RAM": 2 s for the default 512 MB sandbox) and resume ("about 1 second")
+// times.
 var parkingModel = struct {
 	Create, Resume, Pause, RoundTrip time.Duration
-}{Create: 150 * time.Millisecond, Resume: time.Second, Pause: 2 * time.Second, RoundTrip: 20 * time.Millisecond}
+}{Create: e2bModel.Create, Resume: time.Second, Pause: 2 * time.Second, RoundTrip: e2bModel.RoundTrip}
 
 // ddbCallLatency is an assumed in-region DynamoDB call latency, added per
 // call an acquire makes (DynamoDB Local's own time is not the cloud's).
