@@ -123,6 +123,7 @@ func TestUsageMeteringCoversLifetime(t *testing.T) {
 	h := newHarness(t, func(s *core.Settings) { s.IdleTimeout = time.Minute },
 		core.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))), core.WithEventSink(events))
 	ctx := context.Background()
+	began := h.clock.now()
 	rec := h.acquire(t, key("t1"), core.SourceCreated)
 	for _, step := range []func(){
 		func() { h.acquire(t, key("t1"), core.SourceReused) },
@@ -154,12 +155,17 @@ func TestUsageMeteringCoversLifetime(t *testing.T) {
 	running := meteredLife(t, lines)[rec.SandboxID]
 	all := events.all()
 	created, destroyed := all[0], all[len(all)-1]
+	if created.Time.Before(began) {
+		t.Errorf("created at %s, before the acquire began (%s)", created.Time, began)
+	}
 	if created.Kind != core.EventCreated || destroyed.Kind != core.EventDestroyed {
 		t.Fatalf("events %v: want created first, destroyed last", events.seen(rec.SandboxID))
 	}
-	life := destroyed.Time.Sub(created.Time).Seconds()
-	if got := running; math.Abs(got-life) > 0.1 { // the events' times are taken a moment after the writes'
-		t.Errorf("metered running seconds = %.3f, want the %.3f s from created to destroyed", got, life)
+	// Metered from the create's start (after began) to the free (before
+	// the destroyed event), across every advance of the clock.
+	advanced, most := (4*17*time.Second + 2*time.Minute).Seconds(), destroyed.Time.Sub(began).Seconds()
+	if running < advanced || running > most {
+		t.Errorf("metered running seconds = %.3f, want between the %.0f s the clock was advanced and the %.3f s from the first acquire to the destroyed event", running, advanced, most)
 	}
 	if lines[0].State != string(core.StateCreating) {
 		t.Errorf("first interval's state = %q, want creating (metered from the create)", lines[0].State)
