@@ -44,17 +44,22 @@ type budgetKey struct{}
 type budget struct{ end time.Time }
 
 // begin bounds one invocation: the returned ctx ends where the work must
-// stop and remembers the invocation's end for settle.
+// stop, remembers the invocation's end for settle and carries the
+// operation's event publisher; cancel waits for its publishes (see
+// publisher.flush), then cancels.
 func (e *Engine) begin(ctx context.Context) (context.Context, context.CancelFunc) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return context.WithCancel(ctx)
+	var cancel context.CancelFunc
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		end := dl.Add(-min(responseMargin, left/10))
+		work := end.Add(-min(settleReserve, left/4))
+		ctx = context.WithValue(ctx, budgetKey{}, budget{end: end})
+		ctx, cancel = context.WithDeadline(ctx, work)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
 	}
-	left := time.Until(dl)
-	end := dl.Add(-min(responseMargin, left/10))
-	work := end.Add(-min(settleReserve, left/4))
-	ctx = context.WithValue(ctx, budgetKey{}, budget{end: end})
-	return context.WithDeadline(ctx, work)
+	ctx, flush := e.withPublisher(ctx)
+	return ctx, func() { flush(); cancel() }
 }
 
 // invocationEnd returns the end begin recorded in ctx, if any.

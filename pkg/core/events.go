@@ -2,6 +2,8 @@ package core
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"time"
 )
 
@@ -126,24 +128,129 @@ type EventSink interface {
 // published).
 func WithEventSink(s EventSink) Option { return func(e *Engine) { e.events = s } }
 
-// publishTimeout bounds one publish: a slow event bus never holds an
-// acquire or a release for longer.
+// publishTimeout bounds one publish, and the wait of an operation for
+// the publishes it started: a slow event bus never holds an acquire, a
+// release or a reconcile pass for longer than that once.
 const publishTimeout = time.Second
 
-// publishContext is the context of one publish under ctx: not canceled
-// with ctx (the transition happened; its event is still due), it lasts at
-// most publishTimeout and never past the invocation's end (as recorded by
-// begin, else ctx's deadline).
-func publishContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	deadline := time.Now().Add(publishTimeout)
+// maxPublishing bounds the publishes one operation has in flight; an
+// event beyond it is dropped and counted.
+const maxPublishing = 16
+
+// errPublishStalled is why an event is dropped without being published:
+// an earlier publish of the same operation timed out (or too many are in
+// flight), so the event bus is taken as stalled until the next operation.
+var errPublishStalled = errors.New("event bus stalled: event dropped")
+
+type publisherKey struct{}
+
+// publisher publishes the events of one operation (an Acquire, a Release,
+// a Sync, a pool refill, a reconcile pass) in the background, so a
+// transition never waits for the event bus. The operation waits for them
+// once, at its end (flush), because the runtime may freeze the process as
+// soon as the invocation answers.
+type publisher struct {
+	e *Engine
+	// ctx is the publishes' context: not canceled with the operation's
+	// (the transitions happened; their events are still due), it ends at
+	// the invocation's end, or when flush stops waiting.
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	inflight map[int]Event // by start order
+	started  int
+	stalled  bool // a publish timed out: drop the rest
+	closed   bool // flush counted what is still in flight
+}
+
+// withPublisher returns ctx carrying a publisher for the operation it
+// starts, and the flush to defer. Inside an operation that already has
+// one, the flush is a no-op: the outer operation waits.
+func (e *Engine) withPublisher(ctx context.Context) (context.Context, func()) {
+	if e.events == nil {
+		return ctx, func() {}
+	}
+	if _, ok := ctx.Value(publisherKey{}).(*publisher); ok {
+		return ctx, func() {}
+	}
 	end, ok := invocationEnd(ctx)
 	if !ok {
 		end, ok = ctx.Deadline()
 	}
-	if ok && end.Before(deadline) {
-		deadline = end
+	p := &publisher{e: e}
+	if ok {
+		p.ctx, p.stop = context.WithDeadline(context.WithoutCancel(ctx), end)
+	} else {
+		p.ctx, p.stop = context.WithCancel(context.WithoutCancel(ctx))
 	}
-	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	return context.WithValue(ctx, publisherKey{}, p), p.flush
+}
+
+// start publishes ev in the background, or drops and counts it when the
+// event bus stalled earlier in the operation or too many are in flight.
+func (p *publisher) start(ev Event) {
+	p.mu.Lock()
+	if p.stalled || p.closed || len(p.inflight) >= maxPublishing {
+		p.failed(ev, errPublishStalled)
+		p.mu.Unlock()
+		return
+	}
+	if p.inflight == nil {
+		p.inflight = make(map[int]Event)
+	}
+	p.started++
+	id := p.started
+	p.inflight[id] = ev
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		pctx, cancel := context.WithTimeout(p.ctx, publishTimeout)
+		err := p.e.events.Publish(pctx, ev)
+		timedOut := err != nil && pctx.Err() != nil
+		cancel()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		delete(p.inflight, id)
+		if timedOut {
+			p.stalled = true
+		}
+		if err != nil && !p.closed {
+			p.failed(ev, err)
+		}
+	}()
+}
+
+// failed logs and counts a lost event; p.mu is held, so nothing is
+// logged after flush returns.
+func (p *publisher) failed(ev Event, err error) {
+	e := p.e
+	e.log.WarnContext(p.ctx, "lifecycle event not published", "kind", ev.Kind, "sandbox_id", ev.SandboxID, "err", err)
+	LogEMF(p.ctx, e.log, e.s.Deployment, e.now(), EventsFailedMetric())
+}
+
+// flush waits for the operation's publishes under one bound: at most
+// publishTimeout and never past the invocation's end. What is still in
+// flight then is canceled and counted as lost.
+func (p *publisher) flush() {
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	bound := time.NewTimer(publishTimeout)
+	defer bound.Stop()
+	select {
+	case <-done:
+	case <-bound.C:
+	case <-p.ctx.Done():
+	}
+	p.mu.Lock()
+	p.closed = true
+	for _, ev := range p.inflight {
+		p.failed(ev, context.DeadlineExceeded)
+	}
+	p.mu.Unlock()
+	p.stop()
 }
 
 // usageSoFar is rec's running and paused time from its creation to now:
@@ -163,8 +270,9 @@ func (r Record) usageSoFar(now time.Time) (running, paused time.Duration) {
 }
 
 // emit publishes the transition of rec (the record as written) from from
-// to to. It never fails the transition: a publish that fails or outlives
-// its deadline is logged and counted.
+// to to, in the background of the operation of ctx (see publisher). It
+// never fails or holds the transition: a publish that fails, outlives its
+// deadline or is dropped is logged and counted.
 func (e *Engine) emit(ctx context.Context, rec Record, from, to State, kind EventKind, reason string) {
 	if e.events == nil {
 		return
@@ -177,10 +285,12 @@ func (e *Engine) emit(ctx context.Context, rec Record, from, to State, kind Even
 	if ev.Backend == "" {
 		ev.Backend = e.prov.Name()
 	}
-	pctx, cancel := publishContext(ctx)
-	defer cancel()
-	if err := e.events.Publish(pctx, ev); err != nil {
-		e.log.WarnContext(ctx, "lifecycle event not published", "kind", kind, "sandbox_id", rec.SandboxID, "err", err)
-		LogEMF(ctx, e.log, e.s.Deployment, now, EventsFailedMetric())
+	if p, ok := ctx.Value(publisherKey{}).(*publisher); ok {
+		p.start(ev)
+		return
 	}
+	// Outside an operation: publish now, under the same bound.
+	ctx, flush := e.withPublisher(ctx)
+	ctx.Value(publisherKey{}).(*publisher).start(ev)
+	flush()
 }

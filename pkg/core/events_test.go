@@ -23,6 +23,10 @@ type eventLog struct {
 	deadlines []time.Time
 	err       error
 	block     bool
+	// timedOut counts blocked publishes that ended; afterTimeout counts
+	// publishes started after one had (a wait for the event bus that
+	// followed another).
+	timedOut, afterTimeout int
 }
 
 func (l *eventLog) Publish(ctx context.Context, ev core.Event) error {
@@ -30,13 +34,34 @@ func (l *eventLog) Publish(ctx context.Context, ev core.Event) error {
 	dl, _ := ctx.Deadline()
 	l.events = append(l.events, ev)
 	l.deadlines = append(l.deadlines, dl)
+	if l.timedOut > 0 {
+		l.afterTimeout++
+	}
 	err, block := l.err, l.block
 	l.mu.Unlock()
 	if block {
 		<-ctx.Done()
+		l.mu.Lock()
+		l.timedOut++
+		l.mu.Unlock()
 		return ctx.Err()
 	}
 	return err
+}
+
+// stall makes the sink stall from now on, forgetting what it was given.
+func (l *eventLog) stall() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events, l.deadlines, l.block, l.timedOut, l.afterTimeout = nil, nil, true, 0, 0
+}
+
+// waits returns how many publishes were started and how many of them
+// began after another had timed out.
+func (l *eventLog) waits() (started, afterTimeout int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.events), l.afterTimeout
 }
 
 // seen returns "kind from->to reason" of every event for sandbox id, in order.
@@ -251,4 +276,55 @@ func TestReconcileEvents(t *testing.T) {
 			t.Errorf("events of %s:\n%s\nwant:\n%s", tc.id, strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
 		}
 	}
+}
+
+// TestStalledEventBusCostsOneBound: against a stalled event bus, an
+// acquire that evicts a warm sandbox and creates one (three events) and a
+// reconcile pass that expires many sandboxes each wait for the bus once:
+// no publish starts after another timed out (a synchronous publish waits
+// once per event), every expiry is still done, and every lost event is
+// counted.
+func TestStalledEventBusCostsOneBound(t *testing.T) {
+	t.Run("acquire", func(t *testing.T) {
+		events := &eventLog{}
+		var logs bytes.Buffer // the handler serialises writes; the engine logs nothing after an operation returns
+		h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject },
+			core.WithEventSink(events), core.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
+		old := h.acquire(t, key("old"), core.SourceCreated)
+		if _, err := h.eng.Release(context.Background(), "acme", old.SandboxID); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		events.stall()
+		logs.Reset()
+		h.acquire(t, key("new"), core.SourceCreated)
+		started, after := events.waits()
+		if started == 0 || after != 0 {
+			t.Errorf("publishes started = %d, %d of them after a timeout; want at least 1, none after a timeout", started, after)
+		}
+		if got := strings.Count(logs.String(), `"EventsPublishFailed":1`); got != 3 {
+			t.Errorf("EventsPublishFailed records = %d, want 3 (evicted, destroyed, created)", got)
+		}
+	})
+	t.Run("reconcile", func(t *testing.T) {
+		const n = 6
+		events := &eventLog{}
+		h := newHarness(t, func(s *core.Settings) { s.IdleTimeout, s.Replicas = time.Minute, n }, core.WithEventSink(events))
+		for i := range n {
+			rec := h.acquire(t, key(fmt.Sprintf("t%d", i)), core.SourceCreated)
+			if _, err := h.eng.Release(context.Background(), "acme", rec.SandboxID); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+		}
+		h.clock.advance(2 * time.Minute)
+		events.stall()
+		ctx, cancel := context.WithTimeout(context.Background(), core.ReconcileReserve+time.Minute)
+		defer cancel()
+		st, err := h.eng.Reconcile(ctx)
+		if err != nil || st.Expired != n || st.BudgetExhausted {
+			t.Fatalf("Reconcile = %+v, %v; want %d expired", st, err, n)
+		}
+		if started, after := events.waits(); started == 0 || after != 0 {
+			t.Errorf("publishes started = %d, %d of them after a timeout; want at least 1, none after a timeout", started, after)
+		}
+	})
 }

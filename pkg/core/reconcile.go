@@ -304,6 +304,8 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	if err := cfg.settings.Validate(); err != nil {
 		return ReconcileStats{}, fmt.Errorf("reconcile settings: %w", err)
 	}
+	ctx, flush := e.withPublisher(ctx) // a stalled event bus costs the pass one bound, at its end
+	defer flush()
 	start := e.now()
 	p := &pass{e: e, rs: cfg.settings, rst: e.inventoryStore(), owner: newOwner(), start: start, deadline: start.Add(cfg.settings.MaxDuration)}
 	if dl, ok := ctx.Deadline(); ok {
