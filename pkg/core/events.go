@@ -94,7 +94,7 @@ func EventReasons() []string {
 }
 
 // Event is one lifecycle transition of a sandbox record, as published
-// (the JSON is the detail of the EventBridge event).
+// (the JSON is the event's body on the event bus).
 type Event struct {
 	Kind       EventKind `json:"kind"`
 	Deployment string    `json:"deployment"`
@@ -116,9 +116,10 @@ type Event struct {
 	PausedSeconds  float64 `json:"paused_seconds"`
 }
 
-// EventSink publishes lifecycle events (EventBridge in production, a
-// JSON-lines file locally). The engine gives each call a short deadline
-// of its own; an error is logged and counted (MetricEventsFailed), never
+// EventSink publishes lifecycle events to an event bus (or a JSON-lines
+// file). The engine calls it concurrently, in the background of the
+// operation that made the transitions, each call with a short deadline of
+// its own; an error is logged and counted (MetricEventsFailed), never
 // returned to the caller of the transition.
 type EventSink interface {
 	Publish(ctx context.Context, ev Event) error

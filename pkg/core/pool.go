@@ -28,9 +28,9 @@ const (
 )
 
 // MetaPool marks a sandbox created for the pool (value MetaPoolMember).
-// Provider metadata is written once, at create (E2B cannot change it
-// later), so a claimed member keeps it: which thread a claimed member
-// serves is the store's word, never its metadata.
+// Provider metadata is written once, at create (a provider need not let
+// it change later), so a claimed member keeps it: which thread a claimed
+// member serves is the store's word, never its metadata.
 const (
 	MetaPool       = "sbx_pool"
 	MetaPoolMember = "member"
@@ -67,8 +67,8 @@ func (p PoolSettings) Validate() error {
 func WithPool(p PoolSettings) Option { return func(e *Engine) { e.poolConfig().settings = p } }
 
 // WithPoolRefill sets what a claim calls, after its hand-out, to start a
-// refill without delaying the reply (AWS: an asynchronous invocation of
-// the reconcile function). It must return quickly; its failure is logged
+// refill without delaying the reply (for instance an asynchronous
+// invocation of whatever runs reconcile). It must return quickly; its failure is logged
 // and left to the reconcile schedule. Default: none.
 func WithPoolRefill(kick func(ctx context.Context) error) Option {
 	return func(e *Engine) { e.poolConfig().kick = kick }
