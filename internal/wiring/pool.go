@@ -51,16 +51,22 @@ type poolRefiller interface {
 
 // refillHandler runs a refill for a pool-refill event; handled is false
 // for any other event (or a broker that keeps no pool).
-func refillHandler(ctx context.Context, b core.Broker, logger *slog.Logger, ev events.EventBridgeEvent) (core.ReconcileStats, bool, error) {
+//
+// A failed refill is logged here, once, and not returned: every scheduled
+// reconcile pass refills the pool, so the schedule backs it up, whereas an
+// error would make Lambda retry the asynchronous invocation (more refills
+// racing the next pass) and log the failure a second time.
+func refillHandler(ctx context.Context, b core.Broker, logger *slog.Logger, ev events.EventBridgeEvent) (core.ReconcileStats, bool) {
 	r, ok := b.(poolRefiller)
 	if ev.DetailType != PoolRefillDetailType || ev.Source != PoolRefillSource || !ok {
-		return core.ReconcileStats{}, false, nil
+		return core.ReconcileStats{}, false
 	}
 	st, err := r.RefillPool(ctx)
 	if err != nil {
-		logger.ErrorContext(ctx, "pool refill invocation failed", "created", st.Created, "failed", st.Failed, "error", err.Error())
-		return core.ReconcileStats{PoolCreated: st.Created}, true, fmt.Errorf("pool refill: %w", err)
+		logger.ErrorContext(ctx, "pool refill invocation failed; the next reconcile pass refills", "created", st.Created,
+			"failed", st.Failed, "error", err.Error())
+		return core.ReconcileStats{PoolCreated: st.Created}, true
 	}
 	logger.InfoContext(ctx, "pool refill invocation", "created", st.Created)
-	return core.ReconcileStats{PoolCreated: st.Created}, true, nil
+	return core.ReconcileStats{PoolCreated: st.Created}, true
 }

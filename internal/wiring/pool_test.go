@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -19,11 +20,12 @@ import (
 type refillBroker struct {
 	reconcileBroker
 	refills int
+	err     error
 }
 
 func (b *refillBroker) RefillPool(context.Context) (core.PoolStats, error) {
 	b.refills++
-	return core.PoolStats{Created: 2}, nil
+	return core.PoolStats{Created: 2}, b.err
 }
 
 // recordingLambda records the invocations a refill kick makes.
@@ -73,5 +75,24 @@ func TestPoolRefillEventRunsARefill(t *testing.T) {
 				t.Errorf("stats = %+v, log %q; want the refill's", stats, logs.String())
 			}
 		})
+	}
+}
+
+// TestPoolRefillFailureIsLoggedOnceAndNotRetried: a failed refill is one
+// error line and a nil Lambda error (an error would have Lambda retry the
+// asynchronous invocation; the reconcile schedule refills instead).
+func TestPoolRefillFailureIsLoggedOnceAndNotRetried(t *testing.T) {
+	var logs bytes.Buffer
+	b := &refillBroker{err: errors.New("store unavailable")}
+	ev := events.EventBridgeEvent{Source: PoolRefillSource, DetailType: PoolRefillDetailType}
+	stats, err := ReconcileHandler(b, slog.New(slog.NewJSONHandler(&logs, nil)))(context.Background(), ev)
+	if err != nil {
+		t.Errorf("handler error = %v, want nil (no retry of the invocation)", err)
+	}
+	if b.refills != 1 || b.calls != 0 || stats.PoolCreated != 2 {
+		t.Errorf("refills %d passes %d stats %+v, want one refill, no pass, its stats", b.refills, b.calls, stats)
+	}
+	if got := strings.Count(logs.String(), "store unavailable"); got != 1 {
+		t.Errorf("log lines naming the failure = %d, want 1; log:\n%s", got, logs.String())
 	}
 }

@@ -198,14 +198,14 @@ func StartReconcile() {
 
 // ReconcileHandler runs one reconcile pass per event and logs its stats;
 // a pool-refill event (PoolRefillDetailType, sent by a pool claim) runs a
-// refill only.
+// refill only, and never fails (see refillHandler).
 // A failed pass is returned as the Lambda error; neither EventBridge nor
 // Lambda retries it (the templates set no retries): the next scheduled
 // pass starts over.
 func ReconcileHandler(b core.Broker, logger *slog.Logger) func(ctx context.Context, ev events.EventBridgeEvent) (core.ReconcileStats, error) {
 	return func(ctx context.Context, ev events.EventBridgeEvent) (core.ReconcileStats, error) {
-		if stats, handled, err := refillHandler(ctx, b, logger, ev); handled {
-			return stats, err
+		if stats, handled := refillHandler(ctx, b, logger, ev); handled {
+			return stats, nil
 		}
 		stats, err := b.Reconcile(ctx)
 		attrs := []any{"event_id", ev.ID, "expired", stats.Expired, "killed", stats.Killed, "dead", stats.Dead,
