@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,11 +37,41 @@ func pauseModes() []pauseMode {
 	return modes
 }
 
+// testClock is a host clock the test moves (Options.Now).
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newTestClock() *testClock { return &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *testClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *testClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
 // startInMode starts a host pausing in mode and creates a sandbox with a
 // 600 s timeout in it.
 func startInMode(t *testing.T, mode pauseMode) (*Server, e2bapi.Sandbox, envdClient, *sandbox) {
 	t.Helper()
-	srv := startHost(t, mode.isolation)
+	return startInModeAt(t, mode, nil)
+}
+
+// startInModeAt is startInMode with the host on clock (time.Now when nil).
+func startInModeAt(t *testing.T, mode pauseMode, clock *testClock) (*Server, e2bapi.Sandbox, envdClient, *sandbox) {
+	t.Helper()
+	opts := Options{Isolation: mode.isolation}
+	if clock != nil {
+		opts.Now = clock.now
+	}
+	srv := startHostWith(t, opts)
 	srv.Host.mu.Lock()
 	srv.Host.signalPause = mode.signals
 	srv.Host.mu.Unlock()
@@ -133,7 +164,8 @@ func envdStatus(t *testing.T, c envdClient, method, path string) (int, []byte) {
 func TestPauseFreezesAndConnectResumes(t *testing.T) {
 	for _, mode := range pauseModes() {
 		t.Run(mode.name, func(t *testing.T) {
-			srv, created, c, sb := startInMode(t, mode)
+			clock := newTestClock()
+			srv, created, c, sb := startInModeAt(t, mode, clock)
 			id := created.SandboxID
 			if err := os.WriteFile(filepath.Join(sb.home, "kept.txt"), []byte("kept"), 0o644); err != nil {
 				t.Fatal(err)
@@ -145,8 +177,8 @@ func TestPauseFreezesAndConnectResumes(t *testing.T) {
 			}
 			before := readCounter(t, sb.home)
 			d := getSandbox(t, srv, id)
-			if d.State != "paused" || time.Until(d.EndAt) > 0 {
-				t.Errorf("paused sandbox reads state %q ending in %v, want paused, ended at its pause", d.State, time.Until(d.EndAt))
+			if d.State != "paused" || !d.EndAt.Equal(clock.now()) {
+				t.Errorf("paused sandbox reads state %q ending at %v, want paused, ended at its pause %v", d.State, d.EndAt, clock.now())
 			}
 			for query, want := range map[string]bool{"state=paused": true, "state=running": false, "": true, "state=running,paused": true} {
 				if got := strings.Contains(strings.Join(listIDs(t, srv, query), ","), id); got != want {
@@ -194,8 +226,9 @@ func TestPauseFreezesAndConnectResumes(t *testing.T) {
 				t.Errorf("connect reply %+v, want the same id and access token", resumed)
 			}
 			d = getSandbox(t, srv, id)
-			if left := time.Until(d.EndAt); d.State != "running" || left <= 20*time.Second || left > 30*time.Second {
-				t.Errorf("resumed sandbox reads %q ending in %v, want running, ending in the 30 s asked", d.State, left)
+			resumedEnd := clock.now().Add(30 * time.Second)
+			if d.State != "running" || !d.EndAt.Equal(resumedEnd) {
+				t.Errorf("resumed sandbox reads %q ending at %v, want running, ending at %v (the 30 s asked)", d.State, d.EndAt, resumedEnd)
 			}
 			waitFor(t, 20*time.Second, "the counter to count again after the resume", func() bool { return readCounter(t, sb.home) > before })
 			if res := c.run(t, "cat kept.txt", nil); res.stdout != "kept" {
@@ -208,11 +241,12 @@ func TestPauseFreezesAndConnectResumes(t *testing.T) {
 			}
 
 			// Connect of a running sandbox only ever extends its life.
+			clock.advance(10 * time.Second)
 			if status, _ := apiCall(t, srv, "POST", "/v2/sandboxes/"+id+"/connect", map[string]any{"timeout": 5}, nil); status != http.StatusOK {
 				t.Errorf("connect of a running sandbox: status %d, want 200", status)
 			}
-			if left := time.Until(getSandbox(t, srv, id).EndAt); left <= 20*time.Second {
-				t.Errorf("connect with a shorter timeout left %v, want the 30 s end kept", left)
+			if end := getSandbox(t, srv, id).EndAt; !end.Equal(resumedEnd) {
+				t.Errorf("connect with a shorter timeout set the end to %v, want the 30 s end %v kept", end, resumedEnd)
 			}
 		})
 	}
@@ -243,41 +277,36 @@ func TestKillOfPausedSandbox(t *testing.T) {
 }
 
 // TestPausedSandboxOutlivesItsTimeout: the timeout clock stops while
-// paused. A sandbox paused with a second left is still there after a
-// sandbox given the same second later has expired; the injected clock
-// shows the time it had left is kept for a connect without a timeout.
+// paused. On the host's injected clock, a sandbox paused with 400 s left
+// and kept paused an hour is still there, its kill timer stopped, and a
+// connect without a timeout gives it back the 400 s it had left.
 func TestPausedSandboxOutlivesItsTimeout(t *testing.T) {
-	srv := startHost(t, IsolationNone)
-	paused := createSandbox(t, srv, map[string]any{"timeout": 1}).SandboxID
-	if status, _ := apiCall(t, srv, "POST", "/sandboxes/"+paused+"/pause", nil, nil); status != http.StatusNoContent {
-		t.Fatalf("pause: status %d, want 204", status)
-	}
-	later := createSandbox(t, srv, map[string]any{"timeout": 1}).SandboxID
-	waitFor(t, 20*time.Second, "the unpaused sandbox to expire", func() bool {
-		status, _ := apiCall(t, srv, "GET", "/sandboxes/"+later, nil, nil)
-		return status == http.StatusNotFound
-	})
-	if d := getSandbox(t, srv, paused); d.State != "paused" {
-		t.Errorf("paused sandbox after its timeout reads %q, want paused", d.State)
-	}
-
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	clock := func() time.Time { return now }
-	srv = startHostWith(t, Options{Isolation: IsolationNone, Now: clock})
+	clock := newTestClock()
+	srv := startHostWith(t, Options{Isolation: IsolationNone, Now: clock.now})
 	id := createSandbox(t, srv, map[string]any{"timeout": 600}).SandboxID
-	now = now.Add(200 * time.Second)
+	clock.advance(200 * time.Second)
 	if status, _ := apiCall(t, srv, "POST", "/sandboxes/"+id+"/pause", nil, nil); status != http.StatusNoContent {
 		t.Fatalf("pause: status %d, want 204", status)
 	}
-	if d := getSandbox(t, srv, id); !d.EndAt.Equal(now) {
-		t.Errorf("paused sandbox ends at %v, want its pause time %v", d.EndAt, now)
+	if d := getSandbox(t, srv, id); !d.EndAt.Equal(clock.now()) {
+		t.Errorf("paused sandbox ends at %v, want its pause time %v", d.EndAt, clock.now())
 	}
-	now = now.Add(time.Hour)
+	sb := srv.Host.mustGet(t, id)
+	sb.mu.Lock()
+	armed := sb.timer != nil && sb.timer.Stop()
+	sb.mu.Unlock()
+	if armed {
+		t.Error("the paused sandbox's kill timer was still armed")
+	}
+	clock.advance(time.Hour)
+	if d := getSandbox(t, srv, id); d.State != "paused" {
+		t.Errorf("paused sandbox an hour past its end reads %q, want paused", d.State)
+	}
 	if status, _ := apiCall(t, srv, "POST", "/sandboxes/"+id+"/connect", map[string]any{}, nil); status != http.StatusCreated {
 		t.Fatalf("connect: status %d, want 201", status)
 	}
-	if d := getSandbox(t, srv, id); !d.EndAt.Equal(now.Add(400 * time.Second)) {
-		t.Errorf("resumed without a timeout, the sandbox ends at %v, want %v (the 400 s it had left)", d.EndAt, now.Add(400*time.Second))
+	if d := getSandbox(t, srv, id); !d.EndAt.Equal(clock.now().Add(400 * time.Second)) {
+		t.Errorf("resumed without a timeout, the sandbox ends at %v, want %v (the 400 s it had left)", d.EndAt, clock.now().Add(400*time.Second))
 	}
 }
 
