@@ -200,16 +200,17 @@ func (p *pass) pool(ctx context.Context, draining bool) error {
 }
 
 // poolSandbox handles a sandbox of the inventory created for the pool
-// (MetaPool). A tracked one, pooled or claimed (the table, not its
-// metadata, says which thread it serves), is neither an orphan nor a
-// duplicate. An untracked one is a refill that died between its create
-// and its finalize: once its reservation is settled or presumed crashed
+// (MetaPool). A tracked one (a record that is not gone), pooled or
+// claimed (the table, not its metadata, says which thread it serves), is
+// neither an orphan nor a duplicate. An untracked one is a refill that
+// died between its create and its finalize, or one whose kill did not
+// take (its record gone): once its reservation is settled or presumed crashed
 // and the grace period is over, it is recorded as a tombstone (consuming
 // the reservation's slot and pool place) and killed.
 func (p *pass) poolSandbox(ctx context.Context, in SandboxInfo, look ReconcileLookup) {
 	e := p.e
-	if _, tracked := look.Records[in.ID]; tracked {
-		return
+	if rec, ok := look.Records[in.ID]; ok && rec.State != StateGone {
+		return // tracked; a gone record is not: its sandbox leaked
 	}
 	ps, ok := e.store.poolStore()
 	if !ok {

@@ -508,3 +508,35 @@ func TestPoolReconcileKillsAnUnfinishedMember(t *testing.T) {
 		t.Errorf("pool places %d for %d members, used %d for %d live sandboxes", n, members, used, h.prov.Live())
 	}
 }
+
+// TestPoolReconcileKillsALeakedFormerMember: a pool member whose record is
+// gone while the provider still runs it (a kill that did not take) is not
+// tracked: reconcile kills it once its grace is over, and its slot count
+// matches the sandboxes that run.
+func TestPoolReconcileKillsALeakedFormerMember(t *testing.T) {
+	h := newPoolHarness(t, 1, func(s *core.Settings) { s.Replicas = 5 }, core.WithReconcileSettings(core.ReconcileSettings{
+		MaxPages: 10, MaxItems: 100, MaxDuration: time.Minute, Grace: time.Second, OrphanTTL: time.Hour}))
+	ctx := context.Background()
+	h.refill(t, 1)
+	m := h.members(t)[0]
+	now := h.clock.now()
+	claimed, err := h.store.Claim(ctx, core.Claim{SandboxID: m.SandboxID, Tenant: m.Tenant, From: []core.State{core.StatePooled},
+		To: core.StateDestroying, Owner: "test", Now: now, LeaseUntil: now.Add(time.Minute)})
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	if err := h.store.Free(ctx, claimed, now); err != nil {
+		t.Fatalf("Free: %v", err)
+	}
+	h.clock.advance(10 * time.Minute)
+	st, err := h.eng.Reconcile(ctx)
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if h.prov.Alive(m.SandboxID) || st.Killed != 1 {
+		t.Errorf("pass = %+v, former member alive %v; want it killed", st, h.prov.Alive(m.SandboxID))
+	}
+	if used := h.capacity(t).Used; used != h.prov.Live() {
+		t.Errorf("used %d for %d live sandboxes", used, h.prov.Live())
+	}
+}

@@ -233,7 +233,7 @@ func poolMetered(m core.Record, now time.Time) time.Time {
 }
 
 // AdoptPoolSandbox records an untracked pool sandbox (a refill that died
-// after its create) as rec, thread-less: consuming the reservation when
+// after its create, or a sandbox whose record is gone) as rec, thread-less: consuming the reservation when
 // given (its slot and place carry over), else taking a slot and a place
 // without a limit check (the sandbox exists whatever the counts say).
 func (s *Store) AdoptPoolSandbox(ctx context.Context, rec core.Record, reservation string) (core.Record, error) {
@@ -248,8 +248,12 @@ func (s *Store) AdoptPoolSandbox(ctx context.Context, rec core.Record, reservati
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
 	}
-	notExists, exists := "attribute_not_exists(pk)", "attribute_exists(pk)"
-	items := []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: recAV, ConditionExpression: &notExists}}}
+	// No record, or a gone one (a sandbox whose kill did not take): it
+	// holds no slot and no place, and is replaced.
+	notLive, exists := "attribute_not_exists(pk) OR #state = :gone", "attribute_exists(pk)"
+	items := []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: recAV, ConditionExpression: &notLive,
+		ExpressionAttributeNames:  map[string]string{"#state": "state"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":gone": &types.AttributeValueMemberS{Value: string(core.StateGone)}}}}}
 	if reservation != "" {
 		items = append(items, types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table,
 			Key: s.key(reservationPK(reservation)), ConditionExpression: &exists}})
