@@ -653,6 +653,7 @@ func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, p
 		if err != nil {
 			continue // taken back or evicted by a peer
 		}
+		claimed = keepPause(claimed, rec)
 		e.log.InfoContext(ctx, "evicting "+string(rec.State)+" sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
 		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, EventReasonCapacity)
 		return e.destroyClaimed(ctx, claimed, EventReasonCapacity)

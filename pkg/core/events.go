@@ -255,19 +255,32 @@ func (p *publisher) flush() {
 }
 
 // usageSoFar is rec's running and paused time from its creation to now:
-// its paused time is PausedFor plus, while it is paused, the time since it
-// was paused; the rest of its life it ran.
+// its paused time is PausedFor plus, while it is paused (or destroyed from
+// paused: it is not resumed to be killed), the time since it was paused;
+// the rest of its life it ran.
 func (r Record) usageSoFar(now time.Time) (running, paused time.Duration) {
 	if r.CreatedAt.IsZero() || now.Before(r.CreatedAt) {
 		return 0, 0
 	}
 	paused = r.PausedFor
-	if r.State == StatePaused && !r.ParkedAt.IsZero() && r.ParkedAt.Before(now) {
+	inPause := r.State == StatePaused || r.State == StateDestroying && r.PrevState == StatePaused
+	if inPause && !r.ParkedAt.IsZero() && r.ParkedAt.Before(now) {
 		paused += now.Sub(r.ParkedAt)
 	}
 	life := now.Sub(r.CreatedAt)
 	paused = min(paused, life)
 	return life - paused, paused
+}
+
+// keepPause returns claimed, a record just claimed to destroying from
+// rec, with rec's pause start when rec was paused: the store clears it
+// with the claim, but the sandbox stays paused until it is gone, and its
+// evicted and destroyed events count that time as paused.
+func keepPause(claimed, rec Record) Record {
+	if rec.State == StatePaused && claimed.ParkedAt.IsZero() {
+		claimed.ParkedAt = rec.ParkedAt
+	}
+	return claimed
 }
 
 // emit publishes the transition of rec (the record as written) from from

@@ -616,3 +616,48 @@ func TestFailedCopyBeforePauseLeavesTheSandboxReclaimable(t *testing.T) {
 		t.Fatalf("record = %s leased by %q, want warm without a lease", got.State, got.LeaseOwner)
 	}
 }
+
+// TestDestroyedFromPausedCountsThePauseAsPaused: a paused sandbox that is
+// evicted (another pause needs its paused slot) or expires (PausedTTL)
+// is destroyed without being resumed: its evicted and destroyed events
+// count the pause it was in as paused time, not running time.
+func TestDestroyedFromPausedCountsThePauseAsPaused(t *testing.T) {
+	const pausedFor = time.Hour
+	for _, tc := range []struct {
+		name   string
+		mutate func(*core.Settings)
+		act    func(t *testing.T, h *harness)
+		want   []string
+	}{
+		{"evicted", func(s *core.Settings) { s.Replicas, s.MaxPaused = 2, 1 }, func(t *testing.T, h *harness) {
+			h.pauseThread(t, "t2") // needs t1's paused slot
+		}, []string{"evicted paused->destroying capacity", "destroyed paused->gone capacity"}},
+		{"expired", func(s *core.Settings) { s.PausedTTL = pausedFor }, func(t *testing.T, h *harness) {
+			h.clock.advance(time.Second)
+			if st := h.reconcile(t); st.PausedExpired != 1 {
+				t.Fatalf("paused expired %d, want 1", st.PausedExpired)
+			}
+		}, []string{"destroyed paused->gone idle_expired"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			events := &eventLog{}
+			h := newPauseHarness(t, tc.mutate, core.WithEventSink(events))
+			rec := h.pauseThread(t, "t1")
+			h.clock.advance(pausedFor)
+			tc.act(t, h)
+			var got []string
+			for _, ev := range events.all() {
+				if ev.SandboxID != rec.SandboxID || (ev.Kind != core.EventEvicted && ev.Kind != core.EventDestroyed) {
+					continue
+				}
+				got = append(got, string(ev.Kind)+" "+string(ev.From)+"->"+string(ev.To)+" "+ev.Reason)
+				if ev.PausedSeconds < pausedFor.Seconds() {
+					t.Errorf("%s event: paused %.1f s (running %.1f s), want at least the %v it was paused", ev.Kind, ev.PausedSeconds, ev.RunningSeconds, pausedFor)
+				}
+			}
+			if !sameList(got, tc.want) {
+				t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+}

@@ -143,6 +143,7 @@ func (p *pass) expirePaused(ctx context.Context, draining bool) error {
 			p.skip(ctx, "claim expired paused sandbox", rec.SandboxID, err) // usually resumed meanwhile
 			continue
 		}
+		claimed = keepPause(claimed, rec)
 		e.log.InfoContext(ctx, "reconcile: destroying a paused sandbox past its TTL", "sandbox_id", rec.SandboxID, "paused_at", rec.ParkedAt, "draining", draining)
 		reason := EventReasonIdleExpired
 		if draining {
