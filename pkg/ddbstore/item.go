@@ -91,10 +91,6 @@ func tenantPK(deployment, tenant string) string {
 // of their last write.
 func parkedState(st core.State) bool { return st == core.StateWarm || st == core.StatePaused }
 
-func statePK(deployment string, s core.State) string {
-	return "ST#" + deployment + "#" + string(s)
-}
-
 // stateSK orders index entries by time, then id.
 func stateSK(t time.Time, id string) string { return fmt.Sprintf("%015d#%s", ms(t), id) }
 
@@ -161,7 +157,7 @@ func recordItem(r core.Record, deployment string) item {
 		NoRunningSlot: r.Slots.NoRunning, PausedSlot: r.Slots.Paused, PausedMS: r.PausedFor.Milliseconds(),
 	}
 	if r.State != core.StateGone {
-		it.GSI1PK = statePK(deployment, r.State)
+		it.GSI1PK = statePK(deployment, r.State, r.SandboxID)
 		it.GSI1SK = stateSK(r.UpdatedAt, r.SandboxID)
 		if parkedState(r.State) {
 			it.GSI1SK = stateSK(r.ParkedAt, r.SandboxID)

@@ -280,7 +280,8 @@ func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresA
 
 // PausedParkedBefore implements core.PauseStore.
 func (s *Store) PausedParkedBefore(ctx context.Context, t time.Time, limit int) ([]core.Record, error) {
-	return s.queryState(ctx, core.StatePaused, expression.Key(AttrGSI1SK).LessThan(expression.Value(stateSK(t, ""))), limit)
+	sk := expression.Key(AttrGSI1SK).LessThan(expression.Value(stateSK(t, "")))
+	return s.recordsInState(ctx, core.StatePaused, &sk, limit)
 }
 
 // PausedUsed reads the number of paused slots held (strongly consistent).

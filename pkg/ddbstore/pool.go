@@ -62,7 +62,7 @@ func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
 	resItem, err := attributevalue.MarshalMap(item{
 		PK: reservationPK(r.Token), SK: sortKey, State: string(core.StateCreating), Reservation: r.Token,
 		Deployment: s.deployment, CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
-		GSI1PK: statePK(s.deployment, core.StateCreating), GSI1SK: stateSK(r.Now, r.Token),
+		GSI1PK: statePK(s.deployment, core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
 	})
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
@@ -124,7 +124,7 @@ func (s *Store) FinalizePool(ctx context.Context, token string, rec core.Record)
 
 // PoolMembers lists pooled records, oldest first.
 func (s *Store) PoolMembers(ctx context.Context, limit int) ([]core.Record, error) {
-	return s.queryState(ctx, core.StatePooled, nil, limit)
+	return s.recordsInState(ctx, core.StatePooled, nil, limit)
 }
 
 // ClaimPoolMember binds a pooled member to a thread in one transaction:

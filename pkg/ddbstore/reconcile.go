@@ -491,40 +491,6 @@ func (s *Store) Seen(ctx context.Context, cycle string) ([]core.SeenSandbox, err
 	return out, nil
 }
 
-// ScanState calls fn for each record (or reservation) in state, oldest
-// first, until fn returns false.
-func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Record) bool) error {
-	expr, err := expression.NewBuilder().WithKeyCondition(
-		expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, state)))).Build()
-	if err != nil {
-		return err
-	}
-	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
-		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
-	for p.HasMorePages() {
-		cctx, cancel := s.ctx(ctx)
-		page, err := p.NextPage(cctx)
-		cancel()
-		if err != nil {
-			return unavailable("scan "+string(state), err)
-		}
-		for _, av := range page.Items {
-			var it item
-			if err := attributevalue.UnmarshalMap(av, &it); err != nil {
-				return fmt.Errorf("decode %s item: %w", state, err)
-			}
-			rec, err := s.recordOf(ctx, it)
-			if err != nil {
-				return err
-			}
-			if !fn(rec) {
-				return nil
-			}
-		}
-	}
-	return nil
-}
-
 // slotStates are the states whose records (and reservations) hold a
 // running slot (a tombstone of a paused sandbox does not: see CountSlots).
 // StateReclaiming is no longer written by this version (reclaim is one

@@ -15,10 +15,14 @@
 //	PAU#<deployment>              paused slots held ("used"), for SANDBOX_MAX_PAUSED (paused.go)
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and
-// reservations by state: gsi1pk = "ST#<deployment>#<state>", gsi1sk =
-// "<unix ms, 15 digits>#<id>" (park time for warm and paused records, so
-// the index is also their LRU order). Gone records leave the index and get a
-// "ttl" (DynamoDB TTL, garbage collection only, never correctness).
+// reservations by state, spread over IndexShards partition keys per state:
+// gsi1pk = "ST#<deployment>#<state>#<n>" with n = FNV-1a(sandbox id or
+// reservation token) mod IndexShards, gsi1sk = "<unix ms, 15 digits>#<id>"
+// (park time for warm and paused records). A query over a state reads
+// every shard (and the unsharded key "ST#<deployment>#<state>" older
+// versions wrote) and merges them by gsi1sk, so the index is still the
+// LRU order of warm and paused records. Gone records leave the index and
+// get a "ttl" (DynamoDB TTL, garbage collection only, never correctness).
 package ddbstore
 
 import (

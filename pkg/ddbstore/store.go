@@ -209,7 +209,7 @@ func (s *Store) stateIndex(u expression.UpdateBuilder, st core.State, at time.Ti
 	if st == core.StateGone {
 		return u.Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK))
 	}
-	return u.Set(expression.Name(AttrGSI1PK), expression.Value(statePK(s.deployment, st))).
+	return u.Set(expression.Name(AttrGSI1PK), expression.Value(statePK(s.deployment, st, id))).
 		Set(expression.Name(AttrGSI1SK), expression.Value(stateSK(at, id)))
 }
 
@@ -395,7 +395,7 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 		PK: reservationPK(r.Token), SK: sortKey, Tenant: r.Tenant, User: r.User, Thread: r.Thread, Seed: r.Seed,
 		State: string(core.StateCreating), Reservation: r.Token, Deployment: s.deployment,
 		CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
-		GSI1PK: statePK(s.deployment, core.StateCreating), GSI1SK: stateSK(r.Now, r.Token),
+		GSI1PK: statePK(s.deployment, core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
 	})
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
@@ -706,79 +706,13 @@ func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core
 	return out, nil
 }
 
-// maxCountPages bounds one COUNT query's pages (each covers up to 1 MB of
-// index data); a count that would need more fails rather than come back
-// short, since a short count could let the ledger repair admit too many.
-const maxCountPages = 1000
-
-// countState counts the deployment's records in state, only those
-// matching filter when it is not nil.
-func (s *Store) countState(ctx context.Context, state core.State, filter *expression.ConditionBuilder) (int, error) {
-	b := expression.NewBuilder().WithKeyCondition(
-		expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, state))))
-	if filter != nil {
-		b = b.WithFilter(*filter)
-	}
-	expr, err := b.Build()
-	if err != nil {
-		return 0, err
-	}
-	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
-		KeyConditionExpression: expr.KeyCondition(), FilterExpression: expr.Filter(), ExpressionAttributeNames: expr.Names(),
-		ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
-	n := 0
-	for pages := 0; p.HasMorePages(); pages++ {
-		if pages == maxCountPages {
-			return 0, fmt.Errorf("count %s: more than %d pages", state, maxCountPages)
-		}
-		cctx, cancel := s.ctx(ctx)
-		out, err := p.NextPage(cctx)
-		cancel()
-		if err != nil {
-			return 0, unavailable("count "+string(state), err)
-		}
-		n += int(out.Count)
-	}
-	return n, nil
-}
-
 // WarmParkedBefore lists warm records parked before t, oldest first.
 func (s *Store) WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([]core.Record, error) {
-	return s.queryState(ctx, core.StateWarm, expression.Key(AttrGSI1SK).LessThan(expression.Value(stateSK(t, ""))), limit)
+	sk := expression.Key(AttrGSI1SK).LessThan(expression.Value(stateSK(t, "")))
+	return s.recordsInState(ctx, core.StateWarm, &sk, limit)
 }
 
 // Tombstones lists records in StateDestroying, oldest first.
 func (s *Store) Tombstones(ctx context.Context, limit int) ([]core.Record, error) {
-	return s.queryState(ctx, core.StateDestroying, nil, limit)
-}
-
-func (s *Store) queryState(ctx context.Context, state core.State, sk any, limit int) ([]core.Record, error) {
-	kc := expression.Key(AttrGSI1PK).Equal(expression.Value(statePK(s.deployment, state)))
-	if c, ok := sk.(expression.KeyConditionBuilder); ok {
-		kc = kc.And(c)
-	}
-	expr, err := expression.NewBuilder().WithKeyCondition(kc).Build()
-	if err != nil {
-		return nil, err
-	}
-	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
-		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
-		ExpressionAttributeValues: expr.Values(), Limit: aws.Int32(int32(limit))})
-	var recs []core.Record
-	for p.HasMorePages() && len(recs) < limit {
-		cctx, cancel := s.ctx(ctx)
-		out, err := p.NextPage(cctx)
-		cancel()
-		if err != nil {
-			return nil, unavailable("query "+string(state), err)
-		}
-		for _, av := range out.Items {
-			rec, err := s.decodeRecord(ctx, av)
-			if err != nil {
-				return nil, err
-			}
-			recs = append(recs, rec)
-		}
-	}
-	return recs[:min(len(recs), limit)], nil
+	return s.recordsInState(ctx, core.StateDestroying, nil, limit)
 }

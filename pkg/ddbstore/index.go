@@ -1,0 +1,244 @@
+package ddbstore
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// IndexShards is how many partition keys the state index spreads one
+// state over: an entry's gsi1pk is "ST#<deployment>#<state>#<n>" with n =
+// shardOf(sandbox id or reservation token). A DynamoDB partition takes
+// about 1,000 write units a second; with one key per state every park,
+// reclaim and release of the whole deployment wrote the same index
+// partition. Sixteen keys take sixteen times that, and a query over a
+// state costs sixteen small queries (run in parallel), which only
+// eviction, the dead-slot check and reconcile make. Changing the constant
+// re-files nothing: entries are found under the key they were written
+// with only while it is unchanged, so it is fixed.
+const IndexShards = 16
+
+// queryParallel bounds the shard queries one fan-out runs at once.
+const queryParallel = 8
+
+// shardOf is the index shard of a sandbox id or reservation token: FNV-1a
+// of the id, modulo IndexShards (stable across versions and processes).
+func shardOf(id string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum32() % IndexShards)
+}
+
+// statePK is the index partition key of id's entry in state.
+func statePK(deployment string, s core.State, id string) string {
+	return legacyStatePK(deployment, s) + "#" + strconv.Itoa(shardOf(id))
+}
+
+// legacyStatePK is the unsharded key entries had before the index was
+// spread; queries still read it, so entries written by an older version
+// (until their record's next transition re-files them) are found.
+func legacyStatePK(deployment string, s core.State) string {
+	return "ST#" + deployment + "#" + string(s)
+}
+
+// statePKs lists every partition key a query over state reads: the shards
+// and the legacy key.
+func statePKs(deployment string, s core.State) []string {
+	pks := make([]string, 0, IndexShards+1)
+	for n := range IndexShards {
+		pks = append(pks, legacyStatePK(deployment, s)+"#"+strconv.Itoa(n))
+	}
+	return append(pks, legacyStatePK(deployment, s))
+}
+
+// shardQuery pages one index partition key's entries in sort-key order.
+type shardQuery struct {
+	p   *dynamodb.QueryPaginator
+	buf []map[string]types.AttributeValue
+}
+
+func (q *shardQuery) fill(ctx context.Context, s *Store, state core.State) error {
+	for len(q.buf) == 0 && q.p.HasMorePages() {
+		cctx, cancel := s.ctx(ctx)
+		out, err := q.p.NextPage(cctx)
+		cancel()
+		if err != nil {
+			return unavailable("query "+string(state), err)
+		}
+		q.buf = out.Items
+	}
+	return nil
+}
+
+func (q *shardQuery) head() string {
+	if sk, ok := q.buf[0][AttrGSI1SK].(*types.AttributeValueMemberS); ok {
+		return sk.Value
+	}
+	return ""
+}
+
+// eachInState calls fn with every index entry in state (sk, when not nil,
+// narrows the sort key) in sort-key order across the shards (oldest first:
+// the warm pool's LRU order), until fn returns false. Every shard's first
+// page is read in parallel; later pages as the merge reaches them. page,
+// when > 0, bounds the entries a page reads (a caller wanting few).
+func (s *Store) eachInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, page int32, fn func(map[string]types.AttributeValue) bool) error {
+	pks := statePKs(s.deployment, state)
+	qs := make([]*shardQuery, len(pks))
+	for i, pk := range pks {
+		kc := expression.Key(AttrGSI1PK).Equal(expression.Value(pk))
+		if sk != nil {
+			kc = kc.And(*sk)
+		}
+		expr, err := expression.NewBuilder().WithKeyCondition(kc).Build()
+		if err != nil {
+			return err
+		}
+		in := &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+			KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+			ExpressionAttributeValues: expr.Values()}
+		if page > 0 {
+			in.Limit = aws.Int32(page)
+		}
+		qs[i] = &shardQuery{p: dynamodb.NewQueryPaginator(s.db, in)}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(queryParallel)
+	for _, q := range qs {
+		g.Go(func() error { return q.fill(gctx, s, state) })
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for {
+		var next *shardQuery
+		for _, q := range qs {
+			if len(q.buf) > 0 && (next == nil || cmp.Less(q.head(), next.head())) {
+				next = q
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		av := next.buf[0]
+		next.buf = next.buf[1:]
+		if !fn(av) {
+			return nil
+		}
+		if err := next.fill(ctx, s, state); err != nil {
+			return err
+		}
+	}
+}
+
+// recordsInState lists up to limit records in state (sk narrowing the
+// sort key), oldest first.
+func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, limit int) ([]core.Record, error) {
+	var recs []core.Record
+	var derr error
+	err := s.eachInState(ctx, state, sk, int32(limit), func(av map[string]types.AttributeValue) bool {
+		rec, err := s.decodeRecord(ctx, av)
+		if err != nil {
+			derr = err
+			return false
+		}
+		recs = append(recs, rec)
+		return len(recs) < limit
+	})
+	if err != nil {
+		return nil, err
+	}
+	return recs, derr
+}
+
+// ScanState calls fn for each record (or reservation) in state, oldest
+// first, until fn returns false.
+func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Record) bool) error {
+	var derr error
+	err := s.eachInState(ctx, state, nil, 0, func(av map[string]types.AttributeValue) bool {
+		var it item
+		if derr = attributevalue.UnmarshalMap(av, &it); derr != nil {
+			derr = fmt.Errorf("decode %s item: %w", state, derr)
+			return false
+		}
+		rec, err := s.recordOf(ctx, it)
+		if err != nil {
+			derr = err
+			return false
+		}
+		return fn(rec)
+	})
+	if err != nil {
+		return err
+	}
+	return derr
+}
+
+// maxCountPages bounds one COUNT query's pages (each covers up to 1 MB of
+// index data); a count that would need more fails rather than come back
+// short, since a short count could let the ledger repair admit too many.
+const maxCountPages = 1000
+
+// countState counts state's index entries (only those matching filter when
+// it is not nil): one COUNT query per shard (and the legacy key), in
+// parallel.
+func (s *Store) countState(ctx context.Context, state core.State, filter *expression.ConditionBuilder) (int, error) {
+	pks := statePKs(s.deployment, state)
+	counts := make([]int, len(pks))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(queryParallel)
+	for i, pk := range pks {
+		g.Go(func() error {
+			n, err := s.countKey(gctx, state, pk, filter)
+			counts[i] = n
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, c := range counts {
+		n += c
+	}
+	return n, nil
+}
+
+func (s *Store) countKey(ctx context.Context, state core.State, pk string, filter *expression.ConditionBuilder) (int, error) {
+	b := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk)))
+	if filter != nil {
+		b = b.WithFilter(*filter)
+	}
+	expr, err := b.Build()
+	if err != nil {
+		return 0, err
+	}
+	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+		KeyConditionExpression: expr.KeyCondition(), FilterExpression: expr.Filter(), ExpressionAttributeNames: expr.Names(),
+		ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
+	n := 0
+	for pages := 0; p.HasMorePages(); pages++ {
+		if pages == maxCountPages {
+			return 0, fmt.Errorf("count %s: more than %d pages", state, maxCountPages)
+		}
+		cctx, cancel := s.ctx(ctx)
+		out, err := p.NextPage(cctx)
+		cancel()
+		if err != nil {
+			return 0, unavailable("count "+string(state), err)
+		}
+		n += int(out.Count)
+	}
+	return n, nil
+}
