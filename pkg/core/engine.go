@@ -139,18 +139,22 @@ const createBudget = 10 * time.Second
 // lease on the thread's record (a release syncing, a create in flight) is
 // waited out up to the acquire timeout, capped by ctx's deadline.
 //
-// DynamoDB calls (measured by BenchmarkAcquireDynamoDBCalls): reuse and
-// reclaim 2 (lookup, conditional update); a pool claim 4 (lookup, the
-// members' query, the claim transaction, the activation); create 3
-// (lookup, reserve, finalize; 4 when replacing a dead sandbox: the failed
-// claim; one more, the members' query, when a pool is kept but empty);
-// resume of a paused sandbox 5 (lookup, the claim that finds it paused,
-// the resume claim and its read, the settle); evict-then-create 8. A
-// full deployment adds 2 eviction queries per
-// attempt, and once per acquire 2 queries looking for the slots of
-// sandboxes past their end (freed if the provider confirms them gone) and
-// 5 COUNT queries for the refusal's details. An acquire that waits (the
-// wait policy) takes a waiter place once (one BatchGetItem, one
+// DynamoDB calls (measured by BenchmarkAcquireDynamoDBCalls): reuse 2
+// (lookup, conditional update); reclaim 3 (the same, and the write of its
+// new expiry, which also moves its count from warm to active); a pool
+// claim 5 (lookup, a query of a shard of the members' index, the claim
+// transaction, the activation, which moves the member's count, and the
+// read of the activated record); create 3 (lookup, reserve, finalize; 4
+// when replacing a dead sandbox: the failed claim; one more, the members'
+// query, when a pool is kept but empty, a query per index shard); resume
+// of a paused sandbox 5 (lookup, the claim that finds it paused, the
+// resume claim and its read, the settle). A full deployment adds one read
+// of every capacity bucket (the refusal's details), and per eviction
+// attempt one index query per shard for the warm pool (and for tombstones
+// when the counts name some); once per acquire the same again looking for
+// the slots of sandboxes past their end (freed if the provider confirms
+// them gone). An acquire that waits (the wait policy) takes a waiter place
+// once (one BatchGetItem, one
 // conditional write) and gives it back (one delete).
 //
 // Worst case: see begin. The answer is written before ctx's deadline;
@@ -208,11 +212,11 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		var ce *CapacityError
 		if errors.As(err, &ce) {
 			if e.s.Policy != PolicyWait || ce.Reason != RefusalCapacity {
-				return AcquireResult{}, e.refusal(ctx, err)
+				return AcquireResult{}, err
 			}
 			wait = max(wait, 250*time.Millisecond)
 			if !e.now().Add(wait).Before(deadline) {
-				return AcquireResult{}, e.refusal(ctx, err)
+				return AcquireResult{}, err
 			}
 			if st.waiter == nil {
 				leave, werr := e.enterWait(ctx, key, owner, deadline)
@@ -224,28 +228,12 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 			}
 		}
 		if !e.now().Add(wait).Before(deadline) {
-			return AcquireResult{}, e.refusal(ctx, err)
+			return AcquireResult{}, err
 		}
 		if serr := e.sleep(ctx, wait); serr != nil {
 			return AcquireResult{}, fmt.Errorf("acquire: %w", serr)
 		}
 	}
-}
-
-// refusal fills a final capacity refusal's details (active, warm,
-// reserved, tombstones, paused; "used" came with the refused reservation):
-// five COUNT queries, once per acquire, never per polling attempt, so an
-// overloaded deployment is not loaded further by its own refusals.
-func (e *Engine) refusal(ctx context.Context, err error) error {
-	var ce *CapacityError
-	if errors.As(err, &ce) && ce.Reason == RefusalCapacity {
-		if n, serr := e.store.CountStates(ctx, StateActive, StateWarm, StateCreating, StateDestroying, StatePaused); serr == nil {
-			ce.Status.Active, ce.Status.Warm = n[StateActive], n[StateWarm]
-			ce.Status.Reserved, ce.Status.Tombstones = n[StateCreating], n[StateDestroying]
-			ce.Status.Paused = n[StatePaused]
-		}
-	}
-	return err
 }
 
 // enterWait takes one of the tenant's waiter places
@@ -290,9 +278,8 @@ type acquireState struct {
 	// deadChecked: the slots of dead sandboxes were looked for (once per
 	// acquire: it costs a query per state).
 	deadChecked bool
-	// ownTenant: the tenant holds its fair share or more (atFairShare), so
-	// eviction takes only its own tenant's warm sandboxes.
-	ownTenant bool
+	// tenantUsed is the slots the thread's tenant held at the lookup.
+	tenantUsed int
 	// poolTries counts the pool members this acquire claimed.
 	poolTries int
 }
@@ -304,7 +291,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 	if err != nil {
 		return res, false, fmt.Errorf("lookup thread: %w", err)
 	}
-	if look.Ledger.Draining {
+	if look.Draining {
 		return res, false, e.drainingError()
 	}
 	var replaceID, replaceRes string
@@ -336,7 +323,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 			return e.takeOverClaim(ctx, rec, owner)
 		case errors.Is(err, ErrConflict) && holdsPausedSlot(rec.State) && e.pauseStore() != nil:
 			// Parked paused (or on the way in or out): resume it.
-			st.ownTenant = e.atFairShare(key, look)
+			st.tenantUsed = look.TenantUsed
 			return e.resumeParked(ctx, key, rec, owner, st)
 		case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
 			// The binding names a record that is gone or being destroyed:
@@ -354,7 +341,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 	if res, handled, retry, err := e.fromPool(ctx, key, owner, replaceID, replaceRes, st); handled {
 		return res, retry, err
 	}
-	st.ownTenant = e.atFairShare(key, look)
+	st.tenantUsed = look.TenantUsed
 	return e.create(ctx, key, owner, replaceID, replaceRes, st)
 }
 
@@ -386,18 +373,18 @@ func (e *Engine) salvage(ctx context.Context, rec Record, why string) {
 	}
 }
 
-// atFairShare reports whether key's tenant holds its fair share of slots
-// or more (Settings.FairShare), as look saw: its acquires then evict only
-// the tenant's own warm sandboxes. The tenants holding slots are the
-// ledger's tenant set (which may still name tenants that just freed their
-// last slot, until reconcile drops them: the share is then smaller, never
-// larger) plus key's tenant.
-func (e *Engine) atFairShare(key ThreadKey, look Lookup) bool {
-	tenants := len(look.Ledger.Tenants)
-	if !slices.Contains(look.Ledger.Tenants, key.Tenant) {
-		tenants++
+// atFairShare reports whether key's tenant, holding used slots, holds its
+// fair share of slots or more (Settings.FairShare): its acquires then
+// evict only the tenant's own warm sandboxes. The tenants holding slots
+// are those a capacity refusal names (CapacityError.Tenants: they may
+// still name tenants that just freed their last slot, until reconcile
+// drops them: the share is then smaller, never larger) plus key's tenant.
+func (e *Engine) atFairShare(key ThreadKey, used int, tenants []string) bool {
+	n := len(tenants)
+	if !slices.Contains(tenants, key.Tenant) {
+		n++
 	}
-	return look.TenantUsed >= e.s.FairShare(tenants)
+	return used >= e.s.FairShare(n)
 }
 
 func (e *Engine) drainingError() *CapacityError {
@@ -498,13 +485,30 @@ func (e *Engine) recordExpiry(ctx context.Context, rec Record) Record {
 	cctx, cancel := settle(ctx)
 	defer cancel()
 	updated, err := e.store.Apply(cctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateActive,
-		Now: e.now(), ExpiresAt: rec.ExpiresAt})
+		Now: e.now(), ExpiresAt: rec.ExpiresAt, Slot: rec.Slot})
 	if err != nil {
 		e.log.InfoContext(ctx, "reclaimed sandbox's expiry not recorded", "sandbox_id", rec.SandboxID, "err", err)
 		return rec
 	}
+	if updated.SandboxID == "" {
+		// The write also moved the record's count (warm to active) and
+		// returned no record; the reply needs nothing else it changed,
+		// and the store keeps times to the millisecond.
+		rec.ExpiresAt = rec.ExpiresAt.Truncate(time.Millisecond).UTC()
+		return rec
+	}
 	updated.Endpoint = rec.Endpoint
 	return updated
+}
+
+// applyRecord makes the fenced update u and returns the record as stored:
+// read back when the write moved the record's count and returned none.
+func (e *Engine) applyRecord(ctx context.Context, u Update) (Record, error) {
+	rec, err := e.store.Apply(ctx, u)
+	if err != nil || rec.SandboxID != "" {
+		return rec, err
+	}
+	return e.store.Get(ctx, u.SandboxID)
 }
 
 // destroy claims rec for destruction (from state from) and destroys it,
@@ -532,7 +536,7 @@ const maxEvictions = 3
 
 // create reserves a slot (evicting another thread's least recently parked
 // warm sandbox when the deployment is full; only one of key's own tenant
-// when st.ownTenant), creates and bootstraps a sandbox and records it.
+// when the tenant holds its fair share, see atFairShare), creates and bootstraps a sandbox and records it.
 func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (AcquireResult, bool, error) {
 	var token string
 	retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
@@ -572,7 +576,8 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 					continue
 				}
 			}
-			if ce.Reason == RefusalCapacity && evicting && evictions < maxEvictions && e.evictOne(ctx, key, owner, st.ownTenant) {
+			if ce.Reason == RefusalCapacity && evicting && evictions < maxEvictions &&
+				e.evictOne(ctx, key, owner, e.atFairShare(key, st.tenantUsed, ce.Tenants), ce.Status) {
 				continue
 			}
 			ce.Status.Policy = string(e.s.Policy)
@@ -611,20 +616,28 @@ const (
 // at or over its fair share never takes another tenant's warm sandbox).
 // It reports whether a slot was freed. A kill that fails leaves a
 // tombstone holding the slot and stops the eviction.
-func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownTenant bool) bool {
+//
+// counts (the refusal's) spares the index queries of a kind the counters
+// say there is none of (each query reads every index shard).
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownTenant bool, counts CapacityStatus) bool {
 	now := e.now()
-	if tombs, err := e.store.Tombstones(ctx, 5); err == nil {
-		for _, rec := range tombs {
-			claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
-				Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
-			if err != nil {
-				continue // a peer holds its retry lease
+	if counts.Tombstones > 0 {
+		if tombs, err := e.store.Tombstones(ctx, 5); err == nil {
+			for _, rec := range tombs {
+				claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
+					Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
+				if err != nil {
+					continue // a peer holds its retry lease
+				}
+				return e.destroyClaimed(ctx, claimed, EventReasonKillRetried)
 			}
-			return e.destroyClaimed(ctx, claimed, EventReasonKillRetried)
 		}
 	}
 	if e.evictPoolMember(ctx, owner) {
 		return true
+	}
+	if counts.Warm == 0 {
+		return false
 	}
 	limit := evictCandidates
 	if ownTenant {
@@ -858,8 +871,8 @@ func (e *Engine) destroyClaimed(ctx context.Context, rec Record, reason string) 
 	}
 	if rec.State != StateDestroying {
 		tctx, cancel := settle(ctx)
-		tomb, err := e.store.Apply(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
-			KeepLease: true, Now: e.now(), KillAttempt: true})
+		tomb, err := e.applyRecord(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
+			KeepLease: true, Now: e.now(), KillAttempt: true, Slot: rec.Slot})
 		cancel()
 		if err != nil {
 			e.log.WarnContext(ctx, "tombstone write failed", "sandbox_id", rec.SandboxID, "err", err)
@@ -869,6 +882,14 @@ func (e *Engine) destroyClaimed(ctx context.Context, rec Record, reason string) 
 	}
 	if err := e.kill(ctx, rec.SandboxID); err != nil {
 		e.log.WarnContext(ctx, "kill uncertain; tombstone keeps its slot", "sandbox_id", rec.SandboxID, "err", err)
+		if rec.Slot.Counted != "" && rec.Slot.Counted != StateDestroying {
+			// Claimed straight into a tombstone (an eviction): count it as one
+			// while it keeps its slot. Best effort: reconcile recounts.
+			tctx, cancel := settle(ctx)
+			_, _ = e.store.Apply(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
+				KeepLease: true, Now: e.now(), Slot: rec.Slot})
+			cancel()
+		}
 		return false
 	}
 	fctx, cancel := settle(ctx)
@@ -977,7 +998,7 @@ func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (Re
 	now := e.now()
 	pctx, cancel := settle(ctx)
 	_, err := e.store.Apply(pctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: StateWarm, Now: now,
-		ParkedAt: now, ExpiresAt: now.Add(e.s.IdleTimeout), UnlessDraining: true})
+		ParkedAt: now, ExpiresAt: now.Add(e.s.IdleTimeout), UnlessDraining: true, Slot: rec.Slot})
 	cancel()
 	if errors.Is(err, ErrDraining) {
 		// A draining deployment keeps nothing warm.
@@ -1035,7 +1056,7 @@ func (e *Engine) Sync(ctx context.Context, tenant, sandboxID string) (SyncResult
 	dctx, dcancel := settle(ctx)
 	defer dcancel()
 	if _, err := e.store.Apply(dctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: rec.State, Now: e.now(),
-		ParkedAt: rec.ParkedAt, ExpiresAt: rec.ExpiresAt}); err != nil {
+		ParkedAt: rec.ParkedAt, ExpiresAt: rec.ExpiresAt, Slot: rec.Slot}); err != nil {
 		return res, errors.Join(serr, fmt.Errorf("drop sync lease: %w", err))
 	}
 	if serr != nil {

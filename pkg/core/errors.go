@@ -51,6 +51,9 @@ type CapacityError struct {
 
 	RetryAfter time.Duration
 	Status     CapacityStatus
+	// Tenants names the tenants holding slots, as the store read them with
+	// a RefusalCapacity (fair share); not part of the reply.
+	Tenants []string
 }
 
 func (e *CapacityError) Error() string {

@@ -128,7 +128,8 @@ func TestTenantQuotaAcrossUsers(t *testing.T) {
 }
 
 // A reconcile pass drops the tenants that hold no slot any more from the
-// ledger's tenant set, so fair shares are divided among those holding slots.
+// fair-share tenant sets, so fair shares are divided among those holding
+// slots.
 func TestReconcileDropsIdleTenantsFromFairShare(t *testing.T) {
 	h := newRecHarness(t, nil)
 	ctx := context.Background()
@@ -141,13 +142,15 @@ func TestReconcileDropsIdleTenantsFromFairShare(t *testing.T) {
 	if err := h.store.FreeReservation(ctx, "res-g", g); err != nil {
 		t.Fatal(err)
 	}
-	tenants := func() []string {
+	tenants := func() []string { // as a capacity refusal names them (one slot held)
 		t.Helper()
-		look, err := h.store.Lookup(ctx, key("t1"))
-		if err != nil {
-			t.Fatal(err)
+		err := h.store.Reserve(ctx, core.Reservation{Token: "res-probe", ThreadKey: tenantKey("probe", "p"), Limit: 1,
+			Now: now, ExpiresAt: now.Add(time.Minute)})
+		var ce *core.CapacityError
+		if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
+			t.Fatalf("Reserve at the limit = %v, want a capacity refusal", err)
 		}
-		return look.Ledger.Tenants
+		return ce.Tenants
 	}
 	if got := len(tenants()); got != 2 {
 		t.Fatalf("before the pass the ledger names %d tenants, want 2", got)

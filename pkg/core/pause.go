@@ -145,7 +145,7 @@ func (e *Engine) unleaseWarm(ctx context.Context, rec Record) {
 	sctx, cancel := settle(ctx)
 	defer cancel()
 	if _, err := e.store.Apply(sctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateWarm,
-		ParkedAt: rec.ParkedAt, Now: e.now()}); err != nil {
+		ParkedAt: rec.ParkedAt, Now: e.now(), Slot: rec.Slot}); err != nil {
 		e.log.WarnContext(ctx, "clearing the lease of a warm sandbox failed; it lapses", "sandbox_id", rec.SandboxID, "err", err)
 	}
 }

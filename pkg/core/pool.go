@@ -138,6 +138,9 @@ type PoolStore interface {
 	FinalizePool(ctx context.Context, token string, rec Record) (Record, error)
 	// PoolMembers lists up to limit pooled records, oldest first.
 	PoolMembers(ctx context.Context, limit int) ([]Record, error)
+	// SomePoolMembers lists up to limit pooled records in no particular
+	// order, as cheaply as the store can (an acquire's candidates).
+	SomePoolMembers(ctx context.Context, limit int) ([]Record, error)
 	// ClaimPoolMember moves c.Member from pooled to claiming for c's
 	// thread under c.Owner's lease, binds the thread to it and takes the
 	// user's and tenant's slots (the member's deployment slot becomes the
@@ -185,7 +188,7 @@ func (e *Engine) fromPool(ctx context.Context, key ThreadKey, owner, replaceID, 
 	if ps == nil || st.poolTries >= maxPoolTries {
 		return res, false, false, nil
 	}
-	members, err := ps.PoolMembers(ctx, poolCandidates)
+	members, err := ps.SomePoolMembers(ctx, poolCandidates)
 	if err != nil {
 		e.log.WarnContext(ctx, "listing pool members failed; creating", "err", err)
 		return res, false, false, nil
@@ -285,8 +288,8 @@ func (e *Engine) finishClaim(ctx context.Context, rec Record) (AcquireResult, bo
 	now := e.now()
 	fctx, cancel := settle(ctx)
 	defer cancel()
-	active, err := e.store.Apply(fctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateActive,
-		Now: now, ExpiresAt: now.Add(e.s.ActiveTimeout)})
+	active, err := e.applyRecord(fctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateActive,
+		Now: now, ExpiresAt: now.Add(e.s.ActiveTimeout), Slot: rec.Slot})
 	if err != nil {
 		// A peer took the hand-out over (our lease lapsed) or the write
 		// was lost: the record stays the thread's; the next attempt
@@ -328,7 +331,7 @@ func (e *Engine) evictPoolMember(ctx context.Context, owner string) bool {
 	if ps == nil {
 		return false
 	}
-	members, err := ps.PoolMembers(ctx, poolCandidates)
+	members, err := ps.SomePoolMembers(ctx, poolCandidates)
 	if err != nil {
 		return false
 	}

@@ -143,11 +143,6 @@ type ReconcileCursor struct {
 	Pass int
 	// Version fences cursor writes (compare and swap).
 	Version int64
-	// LedgerRevision and LedgerCount are the ledger revision and the slot
-	// count seen by the last pass; a repair needs both unchanged since.
-	LedgerRevision int64
-	LedgerCount    int
-	LedgerNoted    bool
 	// PausedUsed and PausedCount are the paused slot count and the
 	// paused-slot holders counted by the last pass (PausedNoted: they
 	// were); a repair of the paused count needs both unchanged since.
@@ -191,15 +186,31 @@ type ReconcileStore interface {
 	// every reservation, as a Record with ReservationToken, ThreadKey,
 	// CreatedAt and ExpiresAt), until fn returns false.
 	ScanState(ctx context.Context, state State, fn func(Record) bool) error
-	// CountSlots reads the ledger (strongly consistent), then counts the
-	// records and reservations holding slots.
-	CountSlots(ctx context.Context) (Ledger, int, error)
-	// RepairLedger sets the ledger's used count if its revision is still
-	// revision (else ErrConflict), bumping the revision.
-	RepairLedger(ctx context.Context, revision int64, used int) error
-	// DropIdleTenants removes from the ledger's tenant set (Ledger.Tenants)
-	// those of tenants that hold no slot, and returns them.
-	DropIdleTenants(ctx context.Context, tenants []string) ([]string, error)
+	// RepairCounters compares the counters kept with the slots (used slots
+	// and per-state counts of each capacity bucket, each user's and
+	// tenant's slot count) with the records and reservations holding
+	// slots, and corrects each difference that the previous call saw
+	// unchanged (so a write in flight is never mistaken for drift),
+	// without overwriting a concurrent change. It also counts up to
+	// maxItems records stored by older versions, rebalances the buckets'
+	// limits (for the deployment limit) when one holds more than its
+	// limit, and drops tenants holding no slot from the fair-share sets.
+	RepairCounters(ctx context.Context, limit, maxItems int) (CounterRepair, error)
+}
+
+// CounterRepair is what one ReconcileStore.RepairCounters call corrected.
+type CounterRepair struct {
+	// Slots is the correction applied to the deployment's used slots.
+	Slots int
+	// Counters is how many other counters were corrected (per-state
+	// counts, users' and tenants' slot counts).
+	Counters int
+	// Counted is how many records of older versions were first counted.
+	Counted int
+	// Rebalanced reports that the buckets' limits were rewritten.
+	Rebalanced bool
+	// TenantsDropped lists the tenants that left the fair-share sets.
+	TenantsDropped []string
 }
 
 // reconcileConfig is what the reconcile Options set (Engine.rc).
@@ -314,7 +325,7 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	var errs []error
 	draining := false
 	if look, err := e.store.Lookup(ctx, ThreadKey{}); err == nil {
-		draining = look.Ledger.Draining
+		draining = look.Draining
 	} else {
 		// Expiry then runs as if not draining; the pass reports the error.
 		errs = append(errs, fmt.Errorf("read ledger: %w", err))
@@ -384,8 +395,8 @@ func (p *pass) tombstones(ctx context.Context) error {
 			continue
 		}
 		p.st.TombstonesRetried++
-		tomb, err := e.store.Apply(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateDestroying,
-			KeepLease: true, Now: e.now(), KillAttempt: true})
+		tomb, err := e.applyRecord(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateDestroying,
+			KeepLease: true, Now: e.now(), KillAttempt: true, Slot: claimed.Slot})
 		if err != nil {
 			p.fail(ctx, "count kill attempt", claimed.SandboxID, err)
 			continue
@@ -484,8 +495,8 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 			e.unleaseWarm(ctx, claimed) // back to plain warm, still idle: the next pass retries
 			continue
 		}
-		tomb, err := e.store.Apply(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateDestroying,
-			KeepLease: true, Now: e.now()})
+		tomb, err := e.applyRecord(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateDestroying,
+			KeepLease: true, Now: e.now(), Slot: claimed.Slot})
 		if err != nil {
 			p.st.Errors++
 			continue
@@ -1062,41 +1073,24 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 	return nil
 }
 
-// ledger repairs the capacity ledger: the used count is set to the number
-// of slot-holding records and reservations, but only when this pass sees
-// the same ledger revision and the same count as the previous pass (no
-// acquire or free happened in between, and the state index has caught
-// up), with a compare-and-swap on that revision so a concurrent acquire is
-// never overwritten.
+// ledger repairs the counters kept with the slots (RepairCounters): the
+// capacity buckets' used and per-state counts, the users' and tenants'
+// slot counts, the buckets' limits and the fair-share tenant sets.
 func (p *pass) ledger(ctx context.Context) error {
-	l, counted, err := p.rst.CountSlots(ctx)
-	if err != nil {
-		return fmt.Errorf("count slots: %w", err)
+	rep, err := p.rst.RepairCounters(ctx, p.e.s.Limit(), p.rs.MaxItems)
+	p.st.LedgerRepaired = rep.Slots
+	if rep.Slots != 0 || rep.Counters != 0 || rep.Counted != 0 || rep.Rebalanced {
+		p.e.log.WarnContext(ctx, "reconcile: slot counters repaired", "slots", rep.Slots, "counters", rep.Counters,
+			"counted", rep.Counted, "rebalanced", rep.Rebalanced)
 	}
-	cur := p.cursor
-	if cur.LedgerNoted && cur.LedgerRevision == l.Revision && cur.LedgerCount == counted && l.Used != counted {
-		if err := p.rst.RepairLedger(ctx, l.Revision, counted); err != nil {
-			if !errors.Is(err, ErrConflict) {
-				return fmt.Errorf("repair ledger: %w", err)
-			}
-		} else {
-			p.e.log.WarnContext(ctx, "reconcile: ledger repaired", "used_was", l.Used, "used", counted)
-			p.st.LedgerRepaired = counted - l.Used
-			l.Revision++
-		}
+	if perr := p.pausedLedger(ctx); perr != nil {
+		err = errors.Join(err, perr)
 	}
-	p.cursor.LedgerRevision, p.cursor.LedgerCount, p.cursor.LedgerNoted = l.Revision, counted, true
-	if err := p.pausedLedger(ctx); err != nil {
-		return err
-	}
-	// Tenants that hold no slot any more leave the ledger's tenant set, so
-	// fair shares are divided among the tenants holding slots.
-	dropped, err := p.rst.DropIdleTenants(ctx, l.Tenants)
-	if len(dropped) > 0 {
-		p.e.log.InfoContext(ctx, "reconcile: idle tenants dropped from the fair-share set", "tenants", dropped)
+	if len(rep.TenantsDropped) > 0 {
+		p.e.log.InfoContext(ctx, "reconcile: idle tenants dropped from the fair-share set", "tenants", rep.TenantsDropped)
 	}
 	if err != nil {
-		return fmt.Errorf("drop idle tenants: %w", err)
+		return fmt.Errorf("repair counters: %w", err)
 	}
 	return nil
 }

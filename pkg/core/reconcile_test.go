@@ -174,16 +174,17 @@ func (h *recHarness) deleteItem(t *testing.T, pk string) {
 	}
 }
 
-// setUsed overwrites the ledger's used count (a drifted ledger).
-func (h *recHarness) setUsed(t *testing.T, used int) {
+// driftBucket adds add to capacity bucket 0's used count (a drifted
+// counter) and bumps its revision (as any write moving "used" does).
+func (h *recHarness) driftBucket(t *testing.T, add int) {
 	t.Helper()
 	_, err := h.db.UpdateItem(context.Background(), &dynamodb.UpdateItemInput{TableName: &h.table,
 		Key: map[string]types.AttributeValue{
 			ddbstore.AttrPK: &types.AttributeValueMemberS{Value: "CAP#" + h.s.Deployment}, ddbstore.AttrSK: &types.AttributeValueMemberS{Value: "R"}},
-		UpdateExpression:          aws.String("SET used = :u ADD revision :one"),
-		ExpressionAttributeValues: map[string]types.AttributeValue{":u": &types.AttributeValueMemberN{Value: fmt.Sprint(used)}, ":one": &types.AttributeValueMemberN{Value: "1"}}})
+		UpdateExpression:          aws.String("ADD used :u, revision :one"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":u": &types.AttributeValueMemberN{Value: fmt.Sprint(add)}, ":one": &types.AttributeValueMemberN{Value: "1"}}})
 	if err != nil {
-		t.Fatalf("set used: %v", err)
+		t.Fatalf("drift bucket: %v", err)
 	}
 }
 
@@ -497,13 +498,14 @@ func TestReconcileDeadDetectionWaitsForCompleteInventory(t *testing.T) {
 func TestReconcileRepairsLedgerWithoutOverwritingConcurrentAcquire(t *testing.T) {
 	h := newRecHarness(t, nil)
 	h.acquire(t, "t1")
-	h.setUsed(t, 5)
+	h.driftBucket(t, 4)
 	if st := h.pass(t); st.LedgerRepaired != 0 {
 		t.Errorf("first pass repaired on a single observation: %+v", st)
 	}
-	h.acquire(t, "t2") // a concurrent acquire moves the revision
+	h.acquire(t, "t2")
+	h.driftBucket(t, 0) // a concurrent write to the drifted bucket moves its revision
 	if st := h.pass(t); st.LedgerRepaired != 0 {
-		t.Errorf("pass after an acquire repaired: %+v", st)
+		t.Errorf("pass after a write to the bucket repaired: %+v", st)
 	}
 	if st := h.pass(t); st.LedgerRepaired != -4 {
 		t.Errorf("quiet pass repaired %d, want -4 (6 -> 2)", st.LedgerRepaired)

@@ -52,6 +52,11 @@ type Update struct {
 	// UnlessDraining makes the write conditional on the deployment not
 	// draining (else ErrDraining, nothing written).
 	UnlessDraining bool
+	// Slot is the record's Slot as the caller read it (the fence makes it
+	// current): when its Counted differs from State the write moves the
+	// record's count in its bucket too (then, as with UnlessDraining, it
+	// returns the zero Record). The zero Slot moves no count.
+	Slot Slot
 }
 
 // Reservation takes a capacity slot and binds the thread to an in-flight
@@ -89,22 +94,13 @@ type Waiter struct {
 	Until  time.Time
 }
 
-// Ledger is the deployment's capacity ledger.
-type Ledger struct {
-	Used     int
-	Revision int64
-	Draining bool
-	// Tenants names the tenants that hold or held slots: every reservation
-	// adds its tenant, reconcile drops a tenant whose count reached zero.
-	Tenants []string
-}
-
 // Lookup is what acquire reads first: the thread's binding (Bound false if
-// none) and the ledger, in one round trip.
+// none), whether the deployment drains and the tenant's slot count, in one
+// round trip.
 type Lookup struct {
-	Binding Binding
-	Bound   bool
-	Ledger  Ledger
+	Binding  Binding
+	Bound    bool
+	Draining bool
 	// TenantUsed is the number of slots the thread's tenant holds.
 	TenantUsed int
 }
@@ -117,8 +113,8 @@ type Lookup struct {
 // means it may have; any other error (a bug or a misconfiguration, such as
 // a missing table) certainly did not apply.
 type Store interface {
-	// Lookup reads the thread's binding, the ledger and the tenant's slot
-	// count (strongly consistent).
+	// Lookup reads the thread's binding, the draining flag and the tenant's
+	// slot count (strongly consistent).
 	Lookup(ctx context.Context, key ThreadKey) (Lookup, error)
 	// Get reads a record (strongly consistent); ErrNotFound if none.
 	Get(ctx context.Context, sandboxID string) (Record, error)
@@ -133,8 +129,9 @@ type Store interface {
 	// binds the thread to the reservation (ErrThreadBound when the binding is
 	// not what r expects).
 	// The *CapacityError's reason is RefusalCapacity when Limit slots are
-	// held, RefusalDraining when the deployment drains, RefusalUserQuota
-	// when the user's cap is reached, RefusalTenantQuota when the tenant's.
+	// held (with the deployment's counts and Tenants filled in),
+	// RefusalDraining when the deployment drains, RefusalUserQuota when the
+	// user's cap is reached, RefusalTenantQuota when the tenant's.
 	Reserve(ctx context.Context, r Reservation) error
 	// Finalize turns reservation token into the record rec (state active),
 	// moving the binding to rec.SandboxID. ErrConflict if the reservation is
@@ -154,11 +151,9 @@ type Store interface {
 	LeaveWait(ctx context.Context, w Waiter, place int) error
 	// SetDraining marks the deployment draining (or not).
 	SetDraining(ctx context.Context, draining bool) error
-	// Capacity counts slots by state for the deployment.
+	// Capacity reports the deployment's slots by state from counters kept
+	// with the slots (a constant number of reads whatever the fleet size).
 	Capacity(ctx context.Context) (CapacityStatus, error)
-	// CountStates counts the deployment's records in each of states (one
-	// COUNT query per state; eventually consistent).
-	CountStates(ctx context.Context, states ...State) (map[State]int, error)
 	// WarmParkedBefore lists up to limit warm records parked before t,
 	// oldest first.
 	WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)

@@ -155,6 +155,23 @@ type Record struct {
 	MeteredAt     time.Time
 	PrevMeteredAt time.Time
 	MeteredState  State
+
+	// Slot is where the store keeps the record's capacity slot: the store
+	// fills it on every read, and the fenced writes that move the slot or
+	// its count (Update.Slot, Free) hand it back as read.
+	Slot Slot
+}
+
+// Slot locates a record's (or reservation's) capacity slot in the store.
+type Slot struct {
+	// Bucket is the capacity bucket that holds the slot.
+	Bucket int
+	// Counted is the state the bucket counts the record in ("" when not
+	// counted per state: a record stored by an older version).
+	Counted State
+	// Quota reports that the slot is counted in its user's and tenant's
+	// slot counts (false for records stored before those counts existed).
+	Quota bool
 }
 
 // Slots says which capacity slots a record holds. The zero value is the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -160,6 +161,41 @@ func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expres
 		return nil, err
 	}
 	return recs, derr
+}
+
+// someInState lists up to limit records in state in no particular order,
+// reading one index key at a time (the shards in random order, the legacy
+// key last) until it has limit.
+func (s *Store) someInState(ctx context.Context, state core.State, limit int) ([]core.Record, error) {
+	pks := statePKs(s.deployment, state)
+	shards := pks[:IndexShards]
+	rand.Shuffle(len(shards), func(i, j int) { shards[i], shards[j] = shards[j], shards[i] })
+	var recs []core.Record
+	for _, pk := range pks {
+		expr, err := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk))).Build()
+		if err != nil {
+			return nil, err
+		}
+		cctx, cancel := s.ctx(ctx)
+		out, err := s.db.Query(cctx, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+			KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+			ExpressionAttributeValues: expr.Values(), Limit: aws.Int32(int32(limit - len(recs)))})
+		cancel()
+		if err != nil {
+			return nil, unavailable("query "+string(state), err)
+		}
+		for _, av := range out.Items {
+			rec, err := s.decodeRecord(ctx, av)
+			if err != nil {
+				return nil, err
+			}
+			recs = append(recs, rec)
+		}
+		if len(recs) >= limit {
+			break
+		}
+	}
+	return recs, nil
 }
 
 // ScanState calls fn for each record (or reservation) in state, oldest

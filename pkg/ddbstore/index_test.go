@@ -42,8 +42,8 @@ func TestStateIndexIsShardedAndMergedInParkOrder(t *testing.T) {
 		t.Fatalf("Apply warm legacy: %v", err)
 	}
 	if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
-		Key:              map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "SBX#legacy"}, "sk": &types.AttributeValueMemberS{Value: "R"}},
-		UpdateExpression: aws.String("SET gsi1pk = :pk"),
+		Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "SBX#legacy"}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+		UpdateExpression:          aws.String("SET gsi1pk = :pk"),
 		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: "ST#test#warm"}}}); err != nil {
 		t.Fatalf("file legacy entry: %v", err)
 	}

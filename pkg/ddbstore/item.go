@@ -50,12 +50,18 @@ type item struct {
 	MeteredState  string `dynamodbav:"metered_state,omitempty"`
 	// NoRunningSlot and PausedSlot are core.Slots (absent: a running slot
 	// only); PausedMS is core.Record.PausedFor in milliseconds.
-	NoRunningSlot bool   `dynamodbav:"no_running_slot,omitempty"`
-	PausedSlot    bool   `dynamodbav:"paused_slot,omitempty"`
-	PausedMS      int64  `dynamodbav:"paused_ms,omitempty"`
-	GSI1PK        string `dynamodbav:"gsi1pk,omitempty"`
-	GSI1SK        string `dynamodbav:"gsi1sk,omitempty"`
-	TTL           int64  `dynamodbav:"ttl,omitempty"`
+	NoRunningSlot bool  `dynamodbav:"no_running_slot,omitempty"`
+	PausedSlot    bool  `dynamodbav:"paused_slot,omitempty"`
+	PausedMS      int64 `dynamodbav:"paused_ms,omitempty"`
+	// Bucket, Counted and Quota are the record's core.Slot (absent on
+	// items of older versions: bucket 0, not counted per state, not in the
+	// user's and tenant's counts).
+	Bucket  int    `dynamodbav:"bucket,omitempty"`
+	Counted string `dynamodbav:"counted,omitempty"`
+	Quota   bool   `dynamodbav:"quota,omitempty"`
+	GSI1PK  string `dynamodbav:"gsi1pk,omitempty"`
+	GSI1SK  string `dynamodbav:"gsi1sk,omitempty"`
+	TTL     int64  `dynamodbav:"ttl,omitempty"`
 }
 
 // bindingItem is the stored thread binding.
@@ -142,6 +148,7 @@ func (it item) record() core.Record {
 		MeteredState:     core.State(it.MeteredState),
 		Slots:            core.Slots{NoRunning: it.NoRunningSlot, Paused: it.PausedSlot},
 		PausedFor:        time.Duration(it.PausedMS) * time.Millisecond,
+		Slot:             core.Slot{Bucket: it.Bucket, Counted: core.State(it.Counted), Quota: it.Quota},
 	}
 }
 
@@ -155,6 +162,7 @@ func recordItem(r core.Record, deployment string) item {
 		KillAttempts: r.KillAttempts, DestroyingAt: ms(r.DestroyingSince),
 		MeteredAt: ms(r.MeteredAt), PrevMeteredAt: ms(r.PrevMeteredAt), MeteredState: string(r.MeteredState),
 		NoRunningSlot: r.Slots.NoRunning, PausedSlot: r.Slots.Paused, PausedMS: r.PausedFor.Milliseconds(),
+		Bucket: r.Slot.Bucket, Counted: string(r.Slot.Counted), Quota: r.Slot.Quota,
 	}
 	if r.State != core.StateGone {
 		it.GSI1PK = statePK(deployment, r.State, r.SandboxID)

@@ -44,18 +44,21 @@ func (s *Store) pausedTake(limit int) (types.TransactWriteItem, error) {
 	return s.counterTake(pausedPK(s.deployment), limit)
 }
 
-// slotsRelease are the transaction items that free the slots rec holds.
-func (s *Store) slotsRelease(rec core.Record) []types.TransactWriteItem {
+// slotsRelease are the transaction items that free the slots rec holds:
+// its running slot (in its bucket, rec.Slot, with its user's and tenant's
+// counts when it is in them) and its paused slot.
+func (s *Store) slotsRelease(rec core.Record) ([]types.TransactWriteItem, error) {
 	var items []types.TransactWriteItem
 	if rec.Slots.Running() {
-		items = append(items, s.capRelease(),
-			s.counterRelease(userPK(s.deployment, rec.ThreadKey)),
-			s.counterRelease(tenantPK(s.deployment, rec.Tenant)))
+		var err error
+		if items, err = s.slotRelease(nil, rec.ThreadKey, rec.Slot); err != nil {
+			return nil, err
+		}
 	}
 	if rec.Slots.Paused {
 		items = append(items, s.counterRelease(pausedPK(s.deployment)))
 	}
-	return items
+	return items, nil
 }
 
 // claimUpdate is the record update of a claim into to under c's lease
@@ -189,14 +192,19 @@ func (s *Store) SettlePause(ctx context.Context, rec core.Record, now time.Time)
 		Set(expression.Name("no_running_slot"), expression.Value(true)).
 		Set(expression.Name("paused_slot"), expression.Value(true)).
 		Remove(expression.Name("expires_at")) // the provider does not end a paused sandbox: reconcile does (its TTL)
-	upd = s.stateIndex(upd, core.StatePaused, now, rec.SandboxID)
+	upd = s.stateIndex(upd, core.StatePaused, now, rec.SandboxID).
+		Remove(expression.Name("bucket")).Remove(expression.Name("counted")).Remove(expression.Name("quota"))
 	running := rec
 	running.Slots = core.Slots{} // the running slot and its counters only
-	if err := s.settle(ctx, "settle pause", rec, now, []core.State{core.StatePausing, core.StateResuming}, upd, s.slotsRelease(running)...); err != nil {
+	release, err := s.slotsRelease(running)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("settle pause: %w", err)
+	}
+	if err := s.settle(ctx, "settle pause", rec, now, []core.State{core.StatePausing, core.StateResuming}, upd, release...); err != nil {
 		return core.Record{}, err
 	}
 	rec = settled(rec, core.StatePaused, now)
-	rec.ParkedAt, rec.ExpiresAt, rec.Slots = now, time.Time{}, core.Slots{NoRunning: true, Paused: true}
+	rec.ParkedAt, rec.ExpiresAt, rec.Slots, rec.Slot = now, time.Time{}, core.Slots{NoRunning: true, Paused: true}, core.Slot{}
 	return rec, nil
 }
 
@@ -217,48 +225,62 @@ func (s *Store) AbortPause(ctx context.Context, rec core.Record, now time.Time) 
 }
 
 // ClaimResume implements core.PauseStore: one transaction of the record
-// (paused to resuming, leased, holding a running slot again), the ledger
-// and the user's and tenant's counters, then a read of the record.
+// (paused to resuming, leased, holding a running slot again in a capacity
+// bucket, as a reservation takes one: see takeSlot), the bucket and the
+// user's and tenant's counters, then a read of the record.
 func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Record, error) {
 	c := r.Claim
 	c.From = []core.State{core.StatePaused}
 	if c.LeaseUntil.IsZero() {
 		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
 	}
-	upd := s.claimUpdate(c, core.StateResuming, c.Now).Remove(expression.Name("no_running_slot"))
 	c.Tenant = r.Key.Tenant
-	cond := claimCondition(c).And(expression.Name("user_id").Equal(expression.Value(r.Key.User)))
-	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
-	if err != nil {
-		return core.Record{}, fmt.Errorf("claim resume: %w", err)
-	}
-	capItem, err := s.capTake(r.Limit, c.Tenant)
-	if err != nil {
-		return core.Record{}, fmt.Errorf("claim resume: %w", err)
-	}
-	key := r.Key
-	user, err := s.counterTake(userPK(s.deployment, key), r.MaxPerUser)
-	if err != nil {
-		return core.Record{}, fmt.Errorf("claim resume: %w", err)
-	}
-	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), r.MaxPerTenant)
-	if err != nil {
-		return core.Record{}, fmt.Errorf("claim resume: %w", err)
-	}
-	failed, err := s.writeTxn(ctx, "claim resume", []types.TransactWriteItem{rec, capItem, user, tenant})
-	if f, ok := failed[sandboxPK(c.SandboxID)]; ok {
-		return core.Record{}, s.claimRefusal(ctx, c, key.User, f)
-	}
-	if rerr := s.slotRefusal(failed, key, r.Limit); rerr != nil {
-		return core.Record{}, rerr
-	}
-	if len(failed) > 0 {
-		return core.Record{}, fmt.Errorf("claim resume: condition failed on an unexpected item: %w", core.ErrConflict)
-	}
+	_, err := s.takeSlot(ctx, r.Limit, homeBucket(c.SandboxID, r.Limit), func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
 	if err != nil {
 		return core.Record{}, err
 	}
 	return s.Get(ctx, c.SandboxID)
+}
+
+// claimResumeIn is ClaimResume's transaction, its running slot in bucket b.
+func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Claim, b int) error {
+	upd := s.claimUpdate(c, core.StateResuming, c.Now).Remove(expression.Name("no_running_slot")).
+		Set(expression.Name("bucket"), expression.Value(b)).
+		Set(expression.Name("counted"), expression.Value(string(core.StateResuming))).
+		Set(expression.Name("quota"), expression.Value(true))
+	cond := claimCondition(c).And(expression.Name("user_id").Equal(expression.Value(r.Key.User)))
+	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
+	if err != nil {
+		return fmt.Errorf("claim resume: %w", err)
+	}
+	bucket, err := s.takeUpdate(b, r.Limit, core.StateResuming, c.Tenant)
+	if err != nil {
+		return fmt.Errorf("claim resume: %w", err)
+	}
+	key := r.Key
+	user, err := s.counterTake(userPK(s.deployment, key), r.MaxPerUser)
+	if err != nil {
+		return fmt.Errorf("claim resume: %w", err)
+	}
+	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), r.MaxPerTenant)
+	if err != nil {
+		return fmt.Errorf("claim resume: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "claim resume", []types.TransactWriteItem{rec, bucket, user, tenant})
+	if f, ok := failed[sandboxPK(c.SandboxID)]; ok {
+		return s.claimRefusal(ctx, c, key.User, f)
+	}
+	switch {
+	case has(failed, userPK(s.deployment, key)):
+		return &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second, Status: core.CapacityStatus{Limit: r.Limit}}
+	case has(failed, tenantPK(s.deployment, key.Tenant)):
+		return &core.CapacityError{Reason: core.RefusalTenantQuota, RetryAfter: 5 * time.Second, Status: core.CapacityStatus{Limit: r.Limit}}
+	case has(failed, bucketPK(s.deployment, b)):
+		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, r.Limit)
+	case len(failed) > 0:
+		return fmt.Errorf("claim resume: condition failed on an unexpected item: %w", core.ErrConflict)
+	}
+	return err
 }
 
 // SettleResume implements core.PauseStore.
@@ -269,8 +291,17 @@ func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresA
 		Set(expression.Name("paused_ms"), expression.Value(rec.PausedFor.Milliseconds())).
 		Remove(expression.Name("parked_at")).Remove(expression.Name("paused_slot")).Remove(expression.Name("no_running_slot"))
 	upd = s.stateIndex(upd, core.StateActive, now, rec.SandboxID)
-	if err := s.settle(ctx, "settle resume", rec, now, []core.State{core.StateResuming}, upd,
-		s.counterRelease(pausedPK(s.deployment))); err != nil {
+	slots := []types.TransactWriteItem{s.counterRelease(pausedPK(s.deployment))}
+	if rec.Slot.Counted != "" && rec.Slot.Counted != core.StateActive {
+		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateActive)))
+		bucket, err := s.bucketUpdate(rec.Slot.Bucket, nil, countMove(expression.UpdateBuilder{}, rec.Slot.Counted, core.StateActive))
+		if err != nil {
+			return core.Record{}, fmt.Errorf("settle resume: %w", err)
+		}
+		slots = append(slots, bucket)
+		rec.Slot.Counted = core.StateActive
+	}
+	if err := s.settle(ctx, "settle resume", rec, now, []core.State{core.StateResuming}, upd, slots...); err != nil {
 		return core.Record{}, err
 	}
 	rec = settled(rec, core.StateActive, now)
@@ -339,11 +370,4 @@ func (s *Store) RepairPausedSlots(ctx context.Context, used, counted int) error 
 		return unavailable("repair paused slots", err)
 	}
 	return nil
-}
-
-// countPausedTombstones counts tombstones of paused sandboxes: they hold
-// no running slot, so the ledger repair must not count them.
-func (s *Store) countPausedTombstones(ctx context.Context) (int, error) {
-	f := expression.Name("no_running_slot").Equal(expression.Value(true))
-	return s.countState(ctx, core.StateDestroying, &f)
 }

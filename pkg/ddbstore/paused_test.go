@@ -24,17 +24,29 @@ func warmAt(t *testing.T, s *ddbstore.Store, key core.ThreadKey, id string) core
 	return warm
 }
 
-// slots reads the running slots (ledger), the running slots the records
-// hold (CountSlots), the paused slots, and the user's and tenant's counts
-// as Lookup sees them.
+// slots reads the running slots (the capacity buckets), the running slots
+// the records hold (the state index), the paused slots, and the tenant's
+// count as Lookup sees it.
 type slotCounts struct{ ledger, counted, paused, tenant int }
 
 func countSlots(t *testing.T, s *ddbstore.Store, key core.ThreadKey) slotCounts {
 	t.Helper()
 	ctx := context.Background()
-	l, counted, err := s.CountSlots(ctx)
+	st, err := s.Capacity(ctx)
 	if err != nil {
-		t.Fatalf("CountSlots: %v", err)
+		t.Fatalf("Capacity: %v", err)
+	}
+	counted := 0
+	for _, state := range []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm, core.StateReclaiming,
+		core.StatePausing, core.StatePaused, core.StateResuming, core.StateDestroying} {
+		if err := s.ScanState(ctx, state, func(r core.Record) bool {
+			if r.Slots.Running() {
+				counted++
+			}
+			return true
+		}); err != nil {
+			t.Fatalf("ScanState: %v", err)
+		}
 	}
 	paused, err := s.PausedUsed(ctx)
 	if err != nil {
@@ -44,7 +56,7 @@ func countSlots(t *testing.T, s *ddbstore.Store, key core.ThreadKey) slotCounts 
 	if err != nil {
 		t.Fatalf("Lookup: %v", err)
 	}
-	return slotCounts{ledger: l.Used, counted: counted, paused: paused, tenant: look.TenantUsed}
+	return slotCounts{ledger: st.Used, counted: counted, paused: paused, tenant: look.TenantUsed}
 }
 
 func pauseClaim(id, owner string, now time.Time) core.Claim {

@@ -39,14 +39,19 @@ func (s *Store) poolCount(delta int) types.TransactWriteItem {
 		ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: fmt.Sprint(delta)}}}}
 }
 
-// ReservePool takes a slot and a pool place and writes the pool
-// reservation, in one transaction.
+// ReservePool takes a slot (in a capacity bucket, as Reserve) and a pool
+// place and writes the pool reservation, in one transaction.
 func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
-	capExpr, err := expression.NewBuilder().
-		WithCondition(slotFree(r.Limit)).
-		WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)).
-			Add(expression.Name("revision"), expression.Value(1))).
-		Build()
+	b, err := s.takeSlot(ctx, r.Limit, homeBucket(r.Token, r.Limit), func(b int) error { return s.reservePoolIn(ctx, r, b) })
+	if err == nil {
+		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating})
+	}
+	return err
+}
+
+// reservePoolIn is ReservePool in bucket b.
+func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, b int) error {
+	bucket, err := s.takeUpdate(b, r.Limit, core.StateCreating, "")
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
 	}
@@ -62,6 +67,7 @@ func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
 	resItem, err := attributevalue.MarshalMap(item{
 		PK: reservationPK(r.Token), SK: sortKey, State: string(core.StateCreating), Reservation: r.Token,
 		Deployment: s.deployment, CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
+		Bucket: b, Counted: string(core.StateCreating),
 		GSI1PK: statePK(s.deployment, core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
 	})
 	if err != nil {
@@ -69,10 +75,7 @@ func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
 	}
 	notExists := "attribute_not_exists(pk)"
 	failed, err := s.writeTxn(ctx, "reserve pool", []types.TransactWriteItem{
-		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-			ConditionExpression: capExpr.Condition(), UpdateExpression: capExpr.Update(),
-			ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values(),
-			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
+		bucket,
 		{Update: &types.Update{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
 			ConditionExpression: poolExpr.Condition(), UpdateExpression: poolExpr.Update(),
 			ExpressionAttributeNames: poolExpr.Names(), ExpressionAttributeValues: poolExpr.Values()}},
@@ -86,40 +89,60 @@ func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
 	case has(failed, reservationPK(r.Token)):
 		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
 	}
-	l := decodeLedger(failed[capacityPK(s.deployment)].Item)
-	if l.Draining {
-		return &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used, Draining: true}}
-	}
-	return &core.CapacityError{Reason: core.RefusalCapacity, Status: core.CapacityStatus{Limit: r.Limit, Used: l.Used}}
+	return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, r.Limit)
 }
 
 // FinalizePool turns a pool reservation into a pooled record (its slot and
-// place carry over), in one transaction.
+// place carry over, its bucket counting it pooled), in one transaction.
 func (s *Store) FinalizePool(ctx context.Context, token string, rec core.Record) (core.Record, error) {
 	rec.Fence = 1
 	rec.ThreadKey = core.ThreadKey{}
 	rec.State = core.StatePooled
-	ri := recordItem(rec, s.deployment)
-	ri.PoolPlace = true
-	if err := s.seal(ctx, &ri); err != nil {
-		return core.Record{}, fmt.Errorf("finalize pool: %w", err)
-	}
-	recItem, err := attributevalue.MarshalMap(ri)
-	if err != nil {
-		return core.Record{}, fmt.Errorf("finalize pool: %w", err)
-	}
-	exists, notExists := "attribute_exists(pk)", "attribute_not_exists(pk)"
-	failed, err := s.writeTxn(ctx, "finalize pool", []types.TransactWriteItem{
-		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
-		{Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}},
+	var final core.Record
+	failed, err := s.withReservationSlot(ctx, "finalize pool", token, false, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		final = rec
+		final.Slot = core.Slot{Bucket: slot.Bucket, Counted: core.StatePooled, Quota: slot.Quota}
+		if slot.Counted == "" {
+			final.Slot.Counted = ""
+		}
+		ri := recordItem(final, s.deployment)
+		ri.PoolPlace = true
+		if err := s.seal(ctx, &ri); err != nil {
+			return nil, err
+		}
+		recItem, err := attributevalue.MarshalMap(ri)
+		if err != nil {
+			return nil, err
+		}
+		del, err := s.reservationDelete(token, slot)
+		if err != nil {
+			return nil, err
+		}
+		notExists := "attribute_not_exists(pk)"
+		items := []types.TransactWriteItem{del, {Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}}}
+		if final.Slot.Counted != "" {
+			bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, core.StateCreating, core.StatePooled))
+			if err != nil {
+				return nil, err
+			}
+			items = append(items, bucket)
+		}
+		return items, nil
 	})
-	if len(failed) > 0 {
+	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
 		return core.Record{}, fmt.Errorf("finalize pool reservation %s: %w", token, core.ErrConflict)
 	}
 	if err != nil {
 		return core.Record{}, err
 	}
-	return rec, nil
+	return final, nil
+}
+
+// SomePoolMembers lists up to limit pooled records, in no particular
+// order: index shards are read one by one, in random order, until limit
+// are found (one query when a shard holds that many).
+func (s *Store) SomePoolMembers(ctx context.Context, limit int) ([]core.Record, error) {
+	return s.someInState(ctx, core.StatePooled, limit)
 }
 
 // PoolMembers lists pooled records, oldest first.
@@ -134,10 +157,16 @@ func (s *Store) PoolMembers(ctx context.Context, limit int) ([]core.Record, erro
 // caps) and the pool's count (one place given back).
 func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Record, error) {
 	m := c.Member
+	slot := core.Slot{Bucket: m.Slot.Bucket, Quota: true}
+	upd := expression.Set(expression.Name("quota"), expression.Value(true))
+	if m.Slot.Counted != "" {
+		slot.Counted = core.StateClaiming
+		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateClaiming)))
+	}
 	recExpr, err := expression.NewBuilder().
 		WithCondition(expression.Name("state").Equal(expression.Value(string(core.StatePooled))).
-			And(expression.AttributeExists(expression.Name(attrPoolPlace)))).
-		WithUpdate(s.stateIndex(expression.Set(expression.Name("state"), expression.Value(string(core.StateClaiming))).
+			And(expression.AttributeExists(expression.Name(attrPoolPlace))).And(slotCondition(m.Slot))).
+		WithUpdate(s.stateIndex(upd.Set(expression.Name("state"), expression.Value(string(core.StateClaiming))).
 			Set(expression.Name("prev_state"), expression.Value(string(core.StatePooled))).
 			Set(expression.Name("tenant"), expression.Value(c.Tenant)).
 			Set(expression.Name("user_id"), expression.Value(c.User)).
@@ -159,9 +188,9 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
 	}
-	capExpr, err := expression.NewBuilder().WithCondition(notDraining()).
-		WithUpdate(expression.Add(expression.Name("revision"), expression.Value(1)).
-			Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant)))).Build()
+	notDrain := notDraining()
+	capItem, err := s.bucketUpdate(m.Slot.Bucket, &notDrain, countMove(
+		expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))), m.Slot.Counted, slot.Counted))
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
 	}
@@ -179,9 +208,7 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values(),
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
 		bind,
-		{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-			ConditionExpression: capExpr.Condition(), UpdateExpression: capExpr.Update(),
-			ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values()}},
+		capItem,
 		user,
 		tenant,
 		s.poolCount(-1),
@@ -206,7 +233,7 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 		return core.Record{}, &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second}
 	case has(failed, tenantPK(s.deployment, c.Tenant)):
 		return core.Record{}, &core.CapacityError{Reason: core.RefusalTenantQuota, RetryAfter: 5 * time.Second}
-	case has(failed, capacityPK(s.deployment)):
+	case has(failed, bucketPK(s.deployment, m.Slot.Bucket)):
 		return core.Record{}, &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Draining: true}}
 	case len(failed) > 0:
 		return core.Record{}, fmt.Errorf("claim pool member: condition failed on an unexpected item: %w", core.ErrConflict)
@@ -220,6 +247,7 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 	rec.LeaseOwner, rec.LeaseExpiresAt = c.Owner, c.LeaseUntil
 	rec.UpdatedAt = c.Now
 	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = poolMetered(m, c.Now), c.Now, core.StatePooled
+	rec.Slot = slot
 	return rec, nil
 }
 
@@ -239,36 +267,78 @@ func poolMetered(m core.Record, now time.Time) time.Time {
 func (s *Store) AdoptPoolSandbox(ctx context.Context, rec core.Record, reservation string) (core.Record, error) {
 	rec.Fence = 1
 	rec.ThreadKey = core.ThreadKey{}
-	ri := recordItem(rec, s.deployment)
-	ri.PoolPlace = true
-	if err := s.seal(ctx, &ri); err != nil {
-		return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
+	var final core.Record
+	build := func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		final = rec
+		final.Slot = core.Slot{Bucket: slot.Bucket, Counted: rec.State, Quota: slot.Quota}
+		if slot.Counted == "" {
+			final.Slot.Counted = ""
+		}
+		ri := recordItem(final, s.deployment)
+		ri.PoolPlace = true
+		if err := s.seal(ctx, &ri); err != nil {
+			return nil, err
+		}
+		recAV, err := attributevalue.MarshalMap(ri)
+		if err != nil {
+			return nil, err
+		}
+		return []types.TransactWriteItem{notLivePut(&s.table, recAV)}, nil
 	}
-	recAV, err := attributevalue.MarshalMap(ri)
+	op := "adopt pool sandbox " + rec.SandboxID
+	if reservation == "" {
+		// A slot and a place taken without a limit check.
+		b := int(hashOf(rec.SandboxID) % CapacityBuckets)
+		items, err := build(core.Slot{Bucket: b, Counted: core.StateCreating})
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
+		}
+		bucket, err := s.bucketUpdate(b, nil, countMove(expression.Add(expression.Name("used"), expression.Value(1)).
+			Add(expression.Name("revision"), expression.Value(1)), "", rec.State))
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
+		}
+		if err := s.transact(ctx, op, append(items, bucket, s.poolCount(1))); err != nil {
+			return core.Record{}, err
+		}
+		return final, nil
+	}
+	failed, err := s.withReservationSlot(ctx, op, reservation, false, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		items, err := build(slot)
+		if err != nil {
+			return nil, err
+		}
+		del, err := s.reservationDelete(reservation, slot)
+		if err != nil {
+			return nil, err
+		}
+		items = append([]types.TransactWriteItem{del}, items...)
+		if final.Slot.Counted != "" {
+			bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, core.StateCreating, rec.State))
+			if err != nil {
+				return nil, err
+			}
+			items = append(items, bucket)
+		}
+		return items, nil
+	})
+	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
+		return core.Record{}, fmt.Errorf("%s: condition failed: %w", op, core.ErrConflict)
+	}
 	if err != nil {
-		return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
-	}
-	// No record, or a gone one (a sandbox whose kill did not take): it
-	// holds no slot and no place, and is replaced.
-	notLive, exists := "attribute_not_exists(pk) OR #state = :gone", "attribute_exists(pk)"
-	items := []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: recAV, ConditionExpression: &notLive,
-		ExpressionAttributeNames:  map[string]string{"#state": "state"},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":gone": &types.AttributeValueMemberS{Value: string(core.StateGone)}}}}}
-	if reservation != "" {
-		items = append(items, types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table,
-			Key: s.key(reservationPK(reservation)), ConditionExpression: &exists}})
-	} else {
-		inc := "ADD #used :one, #rev :one"
-		items = append(items,
-			types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-				UpdateExpression: &inc, ExpressionAttributeNames: map[string]string{"#used": "used", "#rev": "revision"},
-				ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}}}},
-			s.poolCount(1))
-	}
-	if err := s.transact(ctx, "adopt pool sandbox "+rec.SandboxID, items); err != nil {
 		return core.Record{}, err
 	}
-	return rec, nil
+	return final, nil
+}
+
+// notLivePut is the put of a pool record that replaces no record, or a
+// gone one (a sandbox whose kill did not take: it holds no slot and no
+// place).
+func notLivePut(table *string, item map[string]types.AttributeValue) types.TransactWriteItem {
+	notLive := "attribute_not_exists(pk) OR #state = :gone"
+	return types.TransactWriteItem{Put: &types.Put{TableName: table, Item: item, ConditionExpression: &notLive,
+		ExpressionAttributeNames:  map[string]string{"#state": "state"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":gone": &types.AttributeValueMemberS{Value: string(core.StateGone)}}}}
 }
 
 // PoolCount reads the pool's taken places (strongly consistent; 0 if none).
@@ -304,7 +374,11 @@ func (s *Store) freePoolRecord(ctx context.Context, rec core.Record, now time.Ti
 	if err != nil {
 		return fmt.Errorf("free pool member: %w", err)
 	}
-	failed, err := s.writeTxn(ctx, "free pool member", []types.TransactWriteItem{recUpdate, s.capRelease(), s.poolCount(-1)})
+	items, err := s.slotRelease([]types.TransactWriteItem{recUpdate, s.poolCount(-1)}, core.ThreadKey{}, rec.Slot)
+	if err != nil {
+		return fmt.Errorf("free pool member: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "free pool member", items)
 	if r, ok := failed[sandboxPK(rec.SandboxID)]; ok {
 		if old := r.Item; old != nil && old[attrPoolPlace] == nil {
 			if f, _ := old["fence"].(*types.AttributeValueMemberN); f != nil && f.Value == fmt.Sprint(rec.Fence) {
@@ -319,14 +393,18 @@ func (s *Store) freePoolRecord(ctx context.Context, rec core.Record, now time.Ti
 // freePoolReservation drops a pool reservation and gives back its slot and
 // place (FreeReservation of a refill whose create failed or crashed).
 func (s *Store) freePoolReservation(ctx context.Context, token string) error {
-	exists := "attribute_exists(pk)"
-	failed, err := s.writeTxn(ctx, "free pool reservation", []types.TransactWriteItem{
-		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
-		s.capRelease(),
-		s.poolCount(-1),
+	failed, err := s.withReservationSlot(ctx, "free pool reservation", token, false, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		del, err := s.reservationDelete(token, slot)
+		if err != nil {
+			return nil, err
+		}
+		return s.slotRelease([]types.TransactWriteItem{del, s.poolCount(-1)}, core.ThreadKey{}, slot)
 	})
-	if has(failed, reservationPK(token)) {
-		return fmt.Errorf("free pool reservation %s: %w", token, core.ErrNotFound)
+	if err != nil {
+		return err
 	}
-	return err
+	if len(failed) > 0 {
+		return fmt.Errorf("free pool reservation %s: %w", token, core.ErrConflict)
+	}
+	return nil
 }

@@ -76,11 +76,11 @@ func TestReservePoolStopsAtSizeAndLimit(t *testing.T) {
 
 func ledger(t *testing.T, s *ddbstore.Store) int {
 	t.Helper()
-	l, _, err := s.CountSlots(context.Background())
+	st, err := s.Capacity(context.Background())
 	if err != nil {
-		t.Fatalf("CountSlots: %v", err)
+		t.Fatalf("Capacity: %v", err)
 	}
-	return l.Used
+	return st.Used
 }
 
 func TestClaimPoolMemberOnceAndItsConditions(t *testing.T) {

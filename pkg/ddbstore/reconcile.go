@@ -209,8 +209,53 @@ func (s *Store) transact(ctx context.Context, op string, items []types.TransactW
 // binding still names a canonical sandbox. ErrConflict when any condition
 // fails (nothing written).
 func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error) {
+	var bindItems []types.TransactWriteItem
+	if a.Bind {
+		it, err := s.bindingPut(a.Record.ThreadKey, a.Record.SandboxID, a.Record.UpdatedAt, bindingCondition(a.From, a.FromBound))
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt: %w", err)
+		}
+		bindItems = append(bindItems, it)
+	} else if a.Canonical != "" {
+		it, err := s.conditionCheck(bindingPK(a.Record.ThreadKey), expression.Name("sandbox_id").Equal(expression.Value(a.Canonical)))
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt: %w", err)
+		}
+		bindItems = append(bindItems, it)
+	}
+	if a.Record.Slots.Paused {
+		take, err := s.pausedTake(0) // as the running slot: the sandbox exists whatever the count says
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt: %w", err)
+		}
+		bindItems = append(bindItems, take)
+	}
+	op := "adopt " + a.Record.SandboxID
+	if !a.Record.Slots.Running() {
+		return s.adoptPaused(ctx, op, a, bindItems)
+	}
+	if a.Reservation != "" {
+		var rec core.Record
+		failed, err := s.withReservationSlot(ctx, op, a.Reservation, true, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+			var items []types.TransactWriteItem
+			var err error
+			rec, items, err = s.fromReservation(ctx, a.Reservation, slot, a.Record, false)
+			return append(items, bindItems...), err
+		})
+		if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
+			return core.Record{}, fmt.Errorf("%s: condition failed: %w", op, core.ErrConflict)
+		}
+		if err != nil {
+			return core.Record{}, err
+		}
+		return rec, nil
+	}
+	// A new slot in the record's home bucket, taken without a limit check:
+	// the sandbox runs already.
 	rec := a.Record
 	rec.Fence = 1
+	b := int(hashOf(rec.SandboxID) % CapacityBuckets)
+	rec.Slot = core.Slot{Bucket: b, Counted: rec.State, Quota: true}
 	ri := recordItem(rec, s.deployment)
 	if err := s.seal(ctx, &ri); err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
@@ -219,53 +264,63 @@ func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
-	notExists, exists := "attribute_not_exists(pk)", "attribute_exists(pk)"
-	items := []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: recAV, ConditionExpression: &notExists}}}
-	if a.Reservation != "" {
-		items = append(items, types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table,
-			Key: s.key(reservationPK(a.Reservation)), ConditionExpression: &exists}})
-		if !rec.Slots.Running() {
-			// A paused record holds no running slot: the reservation's is freed.
-			items = append(items, s.slotsRelease(core.Record{ThreadKey: rec.ThreadKey})...)
-		}
-	} else if rec.Slots.Running() {
-		inc := "ADD #used :one, #rev :one, #tenants :tenant"
-		user, err := s.counterTake(userPK(s.deployment, rec.ThreadKey), 0)
-		if err != nil {
-			return core.Record{}, fmt.Errorf("adopt: %w", err)
-		}
-		tenant, err := s.counterTake(tenantPK(s.deployment, rec.Tenant), 0)
-		if err != nil {
-			return core.Record{}, fmt.Errorf("adopt: %w", err)
-		}
-		items = append(items,
-			types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-				UpdateExpression: &inc, ExpressionAttributeNames: map[string]string{"#used": "used", "#rev": "revision", "#tenants": "tenants"},
-				ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"},
-					":tenant": tenantSet(rec.Tenant)}}},
-			user, tenant)
+	bucket, err := s.bucketUpdate(b, nil, countMove(expression.Add(expression.Name("used"), expression.Value(1)).
+		Add(expression.Name("revision"), expression.Value(1)).
+		Add(expression.Name("tenants"), expression.Value(tenantSet(rec.Tenant))), "", rec.State))
+	if err != nil {
+		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
-	if rec.Slots.Paused {
-		take, err := s.pausedTake(0) // as the running slot: the sandbox exists whatever the count says
-		if err != nil {
-			return core.Record{}, fmt.Errorf("adopt: %w", err)
-		}
-		items = append(items, take)
+	user, err := s.counterTake(userPK(s.deployment, rec.ThreadKey), 0)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
-	if a.Bind {
-		it, err := s.bindingPut(rec.ThreadKey, rec.SandboxID, rec.UpdatedAt, bindingCondition(a.From, a.FromBound))
-		if err != nil {
-			return core.Record{}, fmt.Errorf("adopt: %w", err)
-		}
-		items = append(items, it)
-	} else if a.Canonical != "" {
-		it, err := s.conditionCheck(bindingPK(rec.ThreadKey), expression.Name("sandbox_id").Equal(expression.Value(a.Canonical)))
-		if err != nil {
-			return core.Record{}, fmt.Errorf("adopt: %w", err)
-		}
-		items = append(items, it)
+	tenant, err := s.counterTake(tenantPK(s.deployment, rec.Tenant), 0)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
-	if err := s.transact(ctx, "adopt "+rec.SandboxID, items); err != nil {
+	notExists := "attribute_not_exists(pk)"
+	items := append([]types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: recAV, ConditionExpression: &notExists}},
+		bucket, user, tenant}, bindItems...)
+	if err := s.transact(ctx, op, items); err != nil {
+		return core.Record{}, err
+	}
+	return rec, nil
+}
+
+// adoptPaused is Adopt of a record holding no running slot (a paused
+// sandbox): a consumed reservation's running slot is freed.
+func (s *Store) adoptPaused(ctx context.Context, op string, a core.Adoption, extra []types.TransactWriteItem) (core.Record, error) {
+	rec := a.Record
+	rec.Fence = 1
+	rec.Slot = core.Slot{}
+	ri := recordItem(rec, s.deployment)
+	if err := s.seal(ctx, &ri); err != nil {
+		return core.Record{}, fmt.Errorf("adopt: %w", err)
+	}
+	recAV, err := attributevalue.MarshalMap(ri)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("adopt: %w", err)
+	}
+	notExists := "attribute_not_exists(pk)"
+	put := types.TransactWriteItem{Put: &types.Put{TableName: &s.table, Item: recAV, ConditionExpression: &notExists}}
+	if a.Reservation == "" {
+		if err := s.transact(ctx, op, append([]types.TransactWriteItem{put}, extra...)); err != nil {
+			return core.Record{}, err
+		}
+		return rec, nil
+	}
+	failed, err := s.withReservationSlot(ctx, op, a.Reservation, true, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		del, err := s.reservationDelete(a.Reservation, slot)
+		if err != nil {
+			return nil, err
+		}
+		items, err := s.slotRelease([]types.TransactWriteItem{del, put}, rec.ThreadKey, slot)
+		return append(items, extra...), err
+	})
+	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
+		return core.Record{}, fmt.Errorf("%s: condition failed: %w", op, core.ErrConflict)
+	}
+	if err != nil {
 		return core.Record{}, err
 	}
 	return rec, nil
@@ -373,17 +428,14 @@ func (s *Store) FirstSeen(ctx context.Context, id string, now time.Time) (time.T
 
 // reconcileCursorItem is the stored core.ReconcileCursor.
 type reconcileCursorItem struct {
-	Cycle          string `dynamodbav:"cycle"`
-	CycleStart     int64  `dynamodbav:"cycle_start"`
-	Token          string `dynamodbav:"token"`
-	Pass           int    `dynamodbav:"pass"`
-	Version        int64  `dynamodbav:"version"`
-	LedgerRevision int64  `dynamodbav:"ledger_revision"`
-	LedgerCount    int    `dynamodbav:"ledger_count"`
-	LedgerNoted    bool   `dynamodbav:"ledger_noted"`
-	PausedUsed     int    `dynamodbav:"paused_used,omitempty"`
-	PausedCount    int    `dynamodbav:"paused_count,omitempty"`
-	PausedNoted    bool   `dynamodbav:"paused_noted,omitempty"`
+	Cycle       string `dynamodbav:"cycle"`
+	CycleStart  int64  `dynamodbav:"cycle_start"`
+	Token       string `dynamodbav:"token"`
+	Pass        int    `dynamodbav:"pass"`
+	Version     int64  `dynamodbav:"version"`
+	PausedUsed  int    `dynamodbav:"paused_used,omitempty"`
+	PausedCount int    `dynamodbav:"paused_count,omitempty"`
+	PausedNoted bool   `dynamodbav:"paused_noted,omitempty"`
 }
 
 // Cursor reads the inventory cursor (zero if none).
@@ -401,8 +453,7 @@ func (s *Store) Cursor(ctx context.Context) (core.ReconcileCursor, error) {
 		}
 	}
 	return core.ReconcileCursor{Cycle: it.Cycle, CycleStart: fromMS(it.CycleStart), Token: it.Token, Pass: it.Pass,
-		Version: it.Version, LedgerRevision: it.LedgerRevision, LedgerCount: it.LedgerCount, LedgerNoted: it.LedgerNoted,
-		PausedUsed: it.PausedUsed, PausedCount: it.PausedCount, PausedNoted: it.PausedNoted}, nil
+		Version: it.Version, PausedUsed: it.PausedUsed, PausedCount: it.PausedCount, PausedNoted: it.PausedNoted}, nil
 }
 
 // SaveCursor writes c if the stored version is c.Version (ErrConflict
@@ -411,8 +462,7 @@ func (s *Store) SaveCursor(ctx context.Context, c core.ReconcileCursor) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	av, err := attributevalue.MarshalMap(reconcileCursorItem{Cycle: c.Cycle, CycleStart: ms(c.CycleStart), Token: c.Token,
-		Pass: c.Pass, Version: c.Version + 1, LedgerRevision: c.LedgerRevision, LedgerCount: c.LedgerCount, LedgerNoted: c.LedgerNoted,
-		PausedUsed: c.PausedUsed, PausedCount: c.PausedCount, PausedNoted: c.PausedNoted})
+		Pass: c.Pass, Version: c.Version + 1, PausedUsed: c.PausedUsed, PausedCount: c.PausedCount, PausedNoted: c.PausedNoted})
 	if err != nil {
 		return fmt.Errorf("save reconcile cursor: %w", err)
 	}
@@ -497,100 +547,3 @@ func (s *Store) Seen(ctx context.Context, cycle string) ([]core.SeenSandbox, err
 // write to active), but a record left in it still holds its slot.
 var slotStates = []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
 	core.StateReclaiming, core.StatePausing, core.StateResuming, core.StateDestroying, core.StatePooled, core.StateClaiming}
-
-// CountSlots reads the ledger (strongly consistent) and then counts the
-// items of every slot-holding state in gsi1 (COUNT queries; the index is
-// eventually consistent, which RepairLedger's caller accounts for).
-func (s *Store) CountSlots(ctx context.Context) (core.Ledger, int, error) {
-	l, err := s.readLedger(ctx)
-	if err != nil {
-		return core.Ledger{}, 0, err
-	}
-	n, err := s.CountStates(ctx, slotStates...)
-	if err != nil {
-		return core.Ledger{}, 0, err
-	}
-	total := 0
-	for _, c := range n {
-		total += c
-	}
-	pausedTombs, err := s.countPausedTombstones(ctx)
-	if err != nil {
-		return core.Ledger{}, 0, err
-	}
-	return l, total - pausedTombs, nil
-}
-
-// RepairLedger sets the ledger's used count to used if its revision is
-// still revision (ErrConflict otherwise) and bumps the revision.
-func (s *Store) RepairLedger(ctx context.Context, revision int64, used int) error {
-	cond := expression.Name("revision").Equal(expression.Value(revision))
-	if revision == 0 {
-		cond = expression.Or(expression.AttributeNotExists(expression.Name("revision")), cond)
-	}
-	expr, err := expression.NewBuilder().WithCondition(cond).
-		WithUpdate(expression.Set(expression.Name("used"), expression.Value(used)).
-			Add(expression.Name("revision"), expression.Value(1))).Build()
-	if err != nil {
-		return fmt.Errorf("repair ledger: %w", err)
-	}
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err = s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
-		return fmt.Errorf("ledger revision moved from %d: %w", revision, core.ErrConflict)
-	}
-	if err != nil {
-		return unavailable("repair ledger", err)
-	}
-	return nil
-}
-
-// DropIdleTenants removes from the ledger's tenant set each of tenants
-// whose slot count is zero (or absent): one BatchGetItem of the counts,
-// then for each idle tenant a transaction with a check of its count, so a tenant whose reservation lands meanwhile
-// stays. It returns the tenants dropped.
-func (s *Store) DropIdleTenants(ctx context.Context, tenants []string) ([]string, error) {
-	var keys []map[string]types.AttributeValue
-	for _, t := range tenants {
-		keys = append(keys, s.key(tenantPK(s.deployment, t)))
-	}
-	items, err := s.batchGetAll(ctx, keys)
-	if err != nil {
-		return nil, err
-	}
-	busy := map[string]bool{}
-	for _, av := range items {
-		if pk, _ := av[AttrPK].(*types.AttributeValueMemberS); pk != nil && decodeCounter(av) > 0 {
-			busy[pk.Value] = true
-		}
-	}
-	var dropped []string
-	for _, t := range tenants {
-		if busy[tenantPK(s.deployment, t)] {
-			continue
-		}
-		check, err := s.conditionCheck(tenantPK(s.deployment, t), expression.Or(
-			expression.AttributeNotExists(expression.Name("used")),
-			expression.Name("used").LessThanEqual(expression.Value(0))))
-		if err != nil {
-			return dropped, fmt.Errorf("drop idle tenant: %w", err)
-		}
-		del := "DELETE #tenants :tenant"
-		err = s.transact(ctx, "drop idle tenant", []types.TransactWriteItem{check,
-			{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)), UpdateExpression: &del,
-				ExpressionAttributeNames:  map[string]string{"#tenants": "tenants"},
-				ExpressionAttributeValues: map[string]types.AttributeValue{":tenant": tenantSet(t)}}}})
-		switch {
-		case err == nil:
-			dropped = append(dropped, t)
-		case errors.Is(err, core.ErrConflict): // the tenant holds slots
-		default:
-			return dropped, err
-		}
-	}
-	return dropped, nil
-}

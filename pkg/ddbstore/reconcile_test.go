@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
@@ -34,13 +38,24 @@ func warmRecord(id string, key core.ThreadKey) core.Record {
 	return core.Record{SandboxID: id, ThreadKey: key, State: core.StateWarm, Backend: "e2b", CreatedAt: rt0, UpdatedAt: rt0, ParkedAt: rt0}
 }
 
+// used returns the slots the buckets count and the slot-holding entries
+// of the state index.
 func used(t *testing.T, s *ddbstore.Store) (int, int) {
 	t.Helper()
-	l, counted, err := s.CountSlots(context.Background())
+	st, err := s.Capacity(context.Background())
 	if err != nil {
-		t.Fatalf("CountSlots: %v", err)
+		t.Fatalf("Capacity: %v", err)
 	}
-	return l.Used, counted
+	n, err := s.CountStates(context.Background(), core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
+		core.StateReclaiming, core.StateDestroying)
+	if err != nil {
+		t.Fatalf("CountStates: %v", err)
+	}
+	counted := 0
+	for _, c := range n {
+		counted += c
+	}
+	return st.Used, counted
 }
 
 func TestAdoptTakesASlotOrConsumesTheReservation(t *testing.T) {
@@ -209,27 +224,49 @@ func TestSeenRoundTripsLargeInventories(t *testing.T) {
 	}
 }
 
-func TestRepairLedgerIsComparedAndSwapped(t *testing.T) {
-	s := recStore(t)
+// TestRepairCountersNeedsTheSameDifferenceTwice: a drifted bucket is
+// corrected only when two consecutive repairs see the same difference and
+// the bucket unchanged in between, and never over a concurrent write.
+func TestRepairCountersNeedsTheSameDifferenceTwice(t *testing.T) {
+	client, table := newTable(t)
+	s := ddbstore.New(client, table, "test")
 	ctx := context.Background()
 	if _, err := s.Adopt(ctx, core.Adoption{Record: warmRecord("sb1", recKey(1))}); err != nil {
 		t.Fatalf("Adopt: %v", err)
 	}
-	l, counted, err := s.CountSlots(ctx)
-	if err != nil || l.Used != 1 || counted != 1 {
-		t.Fatalf("CountSlots = %+v %d %v", l, counted, err)
+	rec, err := s.Get(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := s.RepairLedger(ctx, l.Revision+1, 7); !errors.Is(err, core.ErrConflict) {
-		t.Errorf("RepairLedger at a stale revision = %v, want ErrConflict", err)
+	bucket := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "CAP#test"}, "sk": &types.AttributeValueMemberS{Value: "R"}}
+	if rec.Slot.Bucket != 0 {
+		bucket["pk"] = &types.AttributeValueMemberS{Value: fmt.Sprintf("CAP#test#%d", rec.Slot.Bucket)}
 	}
-	if err := s.RepairLedger(ctx, l.Revision, 7); err != nil {
-		t.Fatalf("RepairLedger: %v", err)
+	touch := func(expr string, v int) {
+		t.Helper()
+		if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: bucket,
+			UpdateExpression:          aws.String(expr),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":v": &types.AttributeValueMemberN{Value: fmt.Sprint(v)}}}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if l2, _, _ := s.CountSlots(ctx); l2.Used != 7 || l2.Revision != l.Revision+1 {
-		t.Errorf("ledger = %+v, want used 7 at revision %d", l2, l.Revision+1)
+	touch("SET used = :v, n_warm = :v ADD revision :v", 7) // drift
+	for i, want := range []int{0, 0, -6, 0} {
+		if i == 1 {
+			touch("ADD revision :v", 1) // a write between the passes: no repair on this evidence
+		}
+		rep, err := s.RepairCounters(ctx, 100, 100)
+		if err != nil {
+			t.Fatalf("repair %d: %v", i, err)
+		}
+		if rep.Slots != want {
+			t.Errorf("repair %d corrected used by %d, want %d", i, rep.Slots, want)
+		}
 	}
-	var recs []string
-	if err := s.ScanState(ctx, core.StateWarm, func(r core.Record) bool { recs = append(recs, r.SandboxID); return true }); err != nil || len(recs) != 1 {
-		t.Errorf("ScanState(warm) = %v, %v; want [sb1]", recs, err)
+	if u, counted := used(t, s); u != 1 || counted != 1 {
+		t.Errorf("used %d, counted %d; want 1 and 1", u, counted)
+	}
+	if st, _ := s.Capacity(ctx); st.Warm != 1 {
+		t.Errorf("warm = %d, want 1 (the per-state count repaired too)", st.Warm)
 	}
 }

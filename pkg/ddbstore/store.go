@@ -38,6 +38,7 @@ type Store struct {
 	table      string
 	deployment string
 	sealer     Sealer // nil: access tokens are stored in plaintext
+	slots      reservationSlots
 }
 
 var _ core.Store = (*Store)(nil)
@@ -63,30 +64,16 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, CallTimeout)
 }
 
-// Lookup reads the thread's binding and the capacity ledger in one
-// BatchGetItem (strongly consistent), retrying unprocessed keys.
+// Lookup reads the thread's binding, one capacity bucket (for the
+// draining flag: the thread's, so that no one item is read by every
+// acquire) and the tenant's slot count in one BatchGetItem (strongly
+// consistent), retrying unprocessed keys.
 func (s *Store) Lookup(ctx context.Context, key core.ThreadKey) (core.Lookup, error) {
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	keys := []map[string]types.AttributeValue{s.key(bindingPK(key)), s.key(capacityPK(s.deployment)),
-		s.key(tenantPK(s.deployment, key.Tenant))}
-	var items []map[string]types.AttributeValue
-	for attempt := 0; len(keys) > 0; attempt++ {
-		if attempt > 0 {
-			select {
-			case <-ctx.Done():
-				return core.Lookup{}, unavailable("lookup", ctx.Err())
-			case <-time.After(time.Duration(attempt*20) * time.Millisecond):
-			}
-		}
-		out, err := s.db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: map[string]types.KeysAndAttributes{
-			s.table: {Keys: keys, ConsistentRead: aws.Bool(true)},
-		}})
-		if err != nil {
-			return core.Lookup{}, unavailable("lookup", err)
-		}
-		items = append(items, out.Responses[s.table]...)
-		keys = out.UnprocessedKeys[s.table].Keys
+	bucket := bucketPK(s.deployment, threadBucket(key))
+	items, err := s.batchGet(ctx, []map[string]types.AttributeValue{s.key(bindingPK(key)), s.key(bucket),
+		s.key(tenantPK(s.deployment, key.Tenant))})
+	if err != nil {
+		return core.Lookup{}, fmt.Errorf("lookup: %w", err)
 	}
 	look := core.Lookup{Binding: core.Binding{ThreadKey: key}}
 	for _, av := range items {
@@ -95,8 +82,8 @@ func (s *Store) Lookup(ctx context.Context, key core.ThreadKey) (core.Lookup, er
 			continue
 		}
 		switch pk.Value {
-		case capacityPK(s.deployment):
-			look.Ledger = decodeLedger(av)
+		case bucket:
+			look.Draining = decodeBucket(av).Draining
 			continue
 		case tenantPK(s.deployment, key.Tenant):
 			look.TenantUsed = decodeCounter(av)
@@ -114,20 +101,6 @@ func (s *Store) Lookup(ctx context.Context, key core.ThreadKey) (core.Lookup, er
 	return look, nil
 }
 
-// ledgerItem is the stored capacity ledger.
-type ledgerItem struct {
-	Used     int      `dynamodbav:"used"`
-	Revision int64    `dynamodbav:"revision"`
-	Draining bool     `dynamodbav:"draining"`
-	Tenants  []string `dynamodbav:"tenants,stringset"`
-}
-
-func decodeLedger(av map[string]types.AttributeValue) core.Ledger {
-	var l ledgerItem
-	_ = attributevalue.UnmarshalMap(av, &l) // absent attributes stay zero
-	return core.Ledger{Used: l.Used, Revision: l.Revision, Draining: l.Draining, Tenants: l.Tenants}
-}
-
 // decodeCounter reads a slot counter item's "used" (0 if absent).
 func decodeCounter(av map[string]types.AttributeValue) int {
 	var c struct {
@@ -137,29 +110,22 @@ func decodeCounter(av map[string]types.AttributeValue) int {
 	return c.Used
 }
 
-// SetDraining marks the deployment draining (or not).
+// SetDraining marks the deployment draining (or not): every capacity
+// bucket, in one transaction.
 func (s *Store) SetDraining(ctx context.Context, draining bool) error {
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	expr, err := expression.NewBuilder().WithUpdate(expression.Set(expression.Name("draining"), expression.Value(draining)).
-		Add(expression.Name("revision"), expression.Value(1))).Build()
-	if err != nil {
+	items := make([]types.TransactWriteItem, 0, CapacityBuckets)
+	for b := range CapacityBuckets {
+		it, err := s.bucketUpdate(b, nil, expression.Set(expression.Name("draining"), expression.Value(draining)).
+			Add(expression.Name("revision"), expression.Value(1)))
+		if err != nil {
+			return fmt.Errorf("set draining: %w", err)
+		}
+		items = append(items, it)
+	}
+	if _, err := s.writeTxn(ctx, "set draining", items); err != nil {
 		return err
 	}
-	_, err = s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-		UpdateExpression: expr.Update(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
-	if err != nil {
-		return unavailable("set draining", err)
-	}
 	return nil
-}
-
-// slotFree is the ledger's condition for taking a slot: fewer than limit
-// used, and not draining.
-func slotFree(limit int) expression.ConditionBuilder {
-	return expression.Or(
-		expression.AttributeNotExists(expression.Name("used")),
-		expression.Name("used").LessThan(expression.Value(limit))).And(notDraining())
 }
 
 // replaceCondition is the condition on a thread's binding for a
@@ -345,9 +311,14 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	if u.KillAttempt {
 		upd = upd.Add(expression.Name("kill_attempts"), expression.Value(1))
 	}
-	if u.UnlessDraining {
-		// Not metered: a transaction returns no record to meter from.
-		return s.applyUnlessDraining(ctx, u, cond, upd)
+	moves := u.Slot.Counted != "" && u.Slot.Counted != u.State
+	if moves {
+		upd = upd.Set(expression.Name("counted"), expression.Value(string(u.State)))
+	}
+	if u.UnlessDraining || moves {
+		// Not metered: a transaction returns no record to meter from (the
+		// record's next write meters the interval).
+		return s.applyWithBucket(ctx, u, cond, upd, moves)
 	}
 	rec, old, err := s.update(ctx, "apply", sandboxPK(u.SandboxID), cond, meter(upd, u.Now))
 	if err != nil && old != nil {
@@ -356,16 +327,27 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	return rec, err
 }
 
-// applyUnlessDraining makes a fenced update in a transaction with a
-// condition check that the ledger is not draining. Transactions return no
-// item: it returns the zero Record on success (its caller, release, needs
-// none), saving a read.
-func (s *Store) applyUnlessDraining(ctx context.Context, u core.Update, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, error) {
+// applyWithBucket makes a fenced update in a transaction with the record's
+// capacity bucket: a check that the deployment is not draining
+// (UnlessDraining) and/or the move of the record's count from
+// u.Slot.Counted to u.State. Transactions return no item: it returns the
+// zero Record on success (its callers need none), saving a read.
+func (s *Store) applyWithBucket(ctx context.Context, u core.Update, cond expression.ConditionBuilder, upd expression.UpdateBuilder, moves bool) (core.Record, error) {
 	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
 	if err != nil {
 		return core.Record{}, fmt.Errorf("apply: %w", err)
 	}
-	capExpr, err := expression.NewBuilder().WithCondition(notDraining()).Build()
+	var bucketCond *expression.ConditionBuilder
+	if u.UnlessDraining {
+		c := notDraining()
+		bucketCond = &c
+	}
+	var bucket types.TransactWriteItem
+	if moves {
+		bucket, err = s.bucketUpdate(u.Slot.Bucket, bucketCond, countMove(expression.UpdateBuilder{}, u.Slot.Counted, u.State))
+	} else {
+		bucket, err = s.conditionCheck(bucketPK(s.deployment, u.Slot.Bucket), *bucketCond)
+	}
 	if err != nil {
 		return core.Record{}, fmt.Errorf("apply: %w", err)
 	}
@@ -373,179 +355,15 @@ func (s *Store) applyUnlessDraining(ctx context.Context, u core.Update, cond exp
 		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(u.SandboxID)),
 			ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
 			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}},
-		{ConditionCheck: &types.ConditionCheck{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-			ConditionExpression: capExpr.Condition(), ExpressionAttributeNames: capExpr.Names(), ExpressionAttributeValues: capExpr.Values()}},
+		bucket,
 	})
-	if _, ok := failed[sandboxPK(u.SandboxID)]; ok {
+	if has(failed, sandboxPK(u.SandboxID)) {
 		return core.Record{}, fmt.Errorf("sandbox %s fence %d: %w", u.SandboxID, u.Fence, core.ErrStaleFence)
 	}
-	if _, ok := failed[capacityPK(s.deployment)]; ok {
+	if has(failed, bucketPK(s.deployment, u.Slot.Bucket)) {
 		return core.Record{}, core.ErrDraining
 	}
 	return core.Record{}, err
-}
-
-// Reserve takes a slot and binds the thread to the reservation, atomically.
-func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
-	capItem, err := s.capTake(r.Limit, r.Tenant)
-	if err != nil {
-		return fmt.Errorf("reserve: %w", err)
-	}
-	resItem, err := attributevalue.MarshalMap(item{
-		PK: reservationPK(r.Token), SK: sortKey, Tenant: r.Tenant, User: r.User, Thread: r.Thread, Seed: r.Seed,
-		State: string(core.StateCreating), Reservation: r.Token, Deployment: s.deployment,
-		CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
-		GSI1PK: statePK(s.deployment, core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
-	})
-	if err != nil {
-		return fmt.Errorf("reserve: %w", err)
-	}
-	bindItem, err := attributevalue.MarshalMap(bindingItem{PK: bindingPK(r.ThreadKey), SK: sortKey,
-		Reservation: r.Token, ReservationExpires: ms(r.ExpiresAt), UpdatedAt: ms(r.Now)})
-	if err != nil {
-		return fmt.Errorf("reserve: %w", err)
-	}
-	bindExpr, err := expression.NewBuilder().WithCondition(replaceCondition(r.ReplaceSandboxID, r.ReplaceReservation)).Build()
-	if err != nil {
-		return fmt.Errorf("reserve: %w", err)
-	}
-	userItem, err := s.counterTake(userPK(s.deployment, r.ThreadKey), r.MaxPerUser)
-	if err != nil {
-		return fmt.Errorf("reserve: %w", err)
-	}
-	tenantItem, err := s.counterTake(tenantPK(s.deployment, r.Tenant), r.MaxPerTenant)
-	if err != nil {
-		return fmt.Errorf("reserve: %w", err)
-	}
-	notExists := "attribute_not_exists(pk)"
-	failed, err := s.writeTxn(ctx, "reserve", []types.TransactWriteItem{
-		capItem,
-		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
-		{Put: &types.Put{TableName: &s.table, Item: bindItem, ConditionExpression: bindExpr.Condition(),
-			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
-		userItem,
-		tenantItem,
-	})
-	if len(failed) == 0 {
-		return err
-	}
-	// Several conditions may fail at once: report what the caller can act
-	// on first (a binding race, then the user's and the tenant's quota),
-	// capacity last, so neither a lost race nor a tenant at its quota ever
-	// triggers an eviction.
-	switch {
-	case has(failed, bindingPK(r.ThreadKey)):
-		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
-	case has(failed, reservationPK(r.Token)):
-		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
-	}
-	if err := s.slotRefusal(failed, r.ThreadKey, r.Limit); err != nil {
-		return err
-	}
-	return fmt.Errorf("reserve: condition failed on an unexpected item: %w", core.ErrConflict)
-}
-
-// capTake is the transaction item that takes one deployment slot (the
-// ledger's "used" stays within limit, the deployment is not draining) and
-// adds tenant to the ledger's tenant set. On a failed condition the ledger
-// as it was comes back (slotRefusal reads it).
-func (s *Store) capTake(limit int, tenant string) (types.TransactWriteItem, error) {
-	expr, err := expression.NewBuilder().
-		WithCondition(slotFree(limit)).
-		WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)).
-			Add(expression.Name("revision"), expression.Value(1)).
-			Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))).
-		Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
-}
-
-// slotRefusal is the *core.CapacityError for a transaction that took a
-// slot (capTake) and the user's and tenant's counters (counterTake) when
-// one of those conditions failed: the user's quota, then the tenant's,
-// then the ledger (draining or full). nil when none of them failed.
-func (s *Store) slotRefusal(failed map[string]types.CancellationReason, key core.ThreadKey, limit int) error {
-	ledger, ledgerFailed := failed[capacityPK(s.deployment)]
-	switch {
-	case has(failed, userPK(s.deployment, key)):
-		return &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second,
-			Status: core.CapacityStatus{Limit: limit}}
-	case has(failed, tenantPK(s.deployment, key.Tenant)):
-		return &core.CapacityError{Reason: core.RefusalTenantQuota, RetryAfter: 5 * time.Second,
-			Status: core.CapacityStatus{Limit: limit}}
-	case ledgerFailed:
-		l := decodeLedger(ledger.Item)
-		if l.Draining {
-			return &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Limit: limit, Used: l.Used, Draining: true}}
-		}
-		return &core.CapacityError{Reason: core.RefusalCapacity, Status: core.CapacityStatus{Limit: limit, Used: l.Used}}
-	}
-	return nil
-}
-
-// Finalize turns a reservation into an active record and rebinds the thread.
-func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (core.Record, error) {
-	rec.Fence = 1
-	ri := recordItem(rec, s.deployment)
-	if err := s.seal(ctx, &ri); err != nil {
-		return core.Record{}, fmt.Errorf("finalize: %w", err)
-	}
-	recItem, err := attributevalue.MarshalMap(ri)
-	if err != nil {
-		return core.Record{}, fmt.Errorf("finalize: %w", err)
-	}
-	bindExpr, err := expression.NewBuilder().
-		WithCondition(expression.Name("reservation").Equal(expression.Value(token))).
-		WithUpdate(expression.Set(expression.Name("sandbox_id"), expression.Value(rec.SandboxID)).
-			Set(expression.Name("updated_at"), expression.Value(ms(rec.UpdatedAt))).
-			Remove(expression.Name("reservation")).Remove(expression.Name("reservation_expires"))).
-		Build()
-	if err != nil {
-		return core.Record{}, fmt.Errorf("finalize: %w", err)
-	}
-	exists, notExists := "attribute_exists(pk)", "attribute_not_exists(pk)"
-	failed, err := s.writeTxn(ctx, "finalize", []types.TransactWriteItem{
-		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
-		{Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}},
-		{Update: &types.Update{TableName: &s.table, Key: s.key(bindingPK(rec.ThreadKey)),
-			ConditionExpression: bindExpr.Condition(), UpdateExpression: bindExpr.Update(),
-			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
-	})
-	if len(failed) > 0 { // the reservation is gone, the record exists or the binding moved
-		return core.Record{}, fmt.Errorf("finalize reservation %s: %w", token, core.ErrConflict)
-	}
-	if err != nil {
-		return core.Record{}, err
-	}
-	return rec, nil
-}
-
-// FreeReservation drops a reservation and its slot, then (best effort)
-// the binding if it still names the reservation.
-func (s *Store) FreeReservation(ctx context.Context, token string, key core.ThreadKey) error {
-	if key == (core.ThreadKey{}) {
-		return s.freePoolReservation(ctx, token)
-	}
-	exists := "attribute_exists(pk)"
-	failed, err := s.writeTxn(ctx, "free reservation", []types.TransactWriteItem{
-		{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)), ConditionExpression: &exists}},
-		s.capRelease(),
-		s.counterRelease(userPK(s.deployment, key)),
-		s.counterRelease(tenantPK(s.deployment, key.Tenant)),
-	})
-	if has(failed, reservationPK(token)) {
-		return fmt.Errorf("free reservation %s: %w", token, core.ErrNotFound)
-	}
-	if err != nil {
-		return err
-	}
-	s.dropBinding(ctx, key, "reservation", token)
-	return nil
 }
 
 // dropBinding deletes the thread's binding if attr still equals value.
@@ -560,15 +378,6 @@ func (s *Store) dropBinding(ctx context.Context, key core.ThreadKey, attr, value
 	defer cancel()
 	_, _ = s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: &s.table, Key: s.key(bindingPK(key)),
 		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
-}
-
-// capRelease is the transaction item that returns one deployment slot.
-func (s *Store) capRelease() types.TransactWriteItem {
-	u := "ADD #used :minus, #revision :one"
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(capacityPK(s.deployment)),
-		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#used": "used", "#revision": "revision"},
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":minus": &types.AttributeValueMemberN{Value: "-1"}, ":one": &types.AttributeValueMemberN{Value: "1"}}}}
 }
 
 // counterRelease is the transaction item that returns one slot of a user
@@ -603,30 +412,6 @@ func tenantSet(tenant string) *types.AttributeValueMemberSS {
 	return &types.AttributeValueMemberSS{Value: []string{tenant}}
 }
 
-// Free marks a record gone and frees its slots (its running slot with its
-// user's and tenant's, its paused slot), atomically and fenced by rec.Fence.
-func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error {
-	id, fence := rec.SandboxID, rec.Fence
-	if rec.Tenant == "" {
-		// A pool member's record (or an adopted orphan naming no tenant).
-		if err := s.freePoolRecord(ctx, rec, now); !errors.Is(err, errNotPoolRecord) {
-			return err
-		}
-	}
-	recUpdate, err := s.goneUpdate(rec, now, false)
-	if err != nil {
-		return fmt.Errorf("free: %w", err)
-	}
-	items := []types.TransactWriteItem{recUpdate}
-	// The fence makes rec's slots the record's own: free exactly those.
-	items = append(items, s.slotsRelease(rec)...)
-	failed, err := s.writeTxn(ctx, "free", items)
-	if has(failed, sandboxPK(id)) {
-		return fmt.Errorf("free sandbox %s fence %d: %w", id, fence, core.ErrStaleFence)
-	}
-	return err
-}
-
 // goneUpdate is the transaction item marking rec gone, fenced by rec.Fence
 // (and, when pool, only if the record holds a pool place; the old item is
 // then returned on a failed condition).
@@ -644,7 +429,7 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 			Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
 			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
 			Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
-			Remove(expression.Name(attrPoolPlace))).
+			Remove(expression.Name(attrPoolPlace)).Remove(expression.Name("counted"))).
 		Build()
 	if err != nil {
 		return types.TransactWriteItem{}, err
@@ -656,41 +441,6 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 		u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	}
 	return types.TransactWriteItem{Update: u}, nil
-}
-
-// readLedger reads the capacity ledger (strongly consistent; zero if absent).
-func (s *Store) readLedger(ctx context.Context) (core.Ledger, error) {
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(capacityPK(s.deployment)), ConsistentRead: aws.Bool(true)})
-	if err != nil {
-		return core.Ledger{}, unavailable("get ledger", err)
-	}
-	return decodeLedger(out.Item), nil
-}
-
-// Capacity reads the ledger and the paused slot count and counts records
-// per slot-holding state (two GetItems and one COUNT query per state; for
-// status, not the hot path).
-func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
-	l, err := s.readLedger(ctx)
-	if err != nil {
-		return core.CapacityStatus{}, err
-	}
-	n, err := s.CountStates(ctx, slotStates...)
-	if err != nil {
-		return core.CapacityStatus{}, err
-	}
-	paused, err := s.PausedUsed(ctx)
-	if err != nil {
-		return core.CapacityStatus{}, err
-	}
-	return core.CapacityStatus{
-		Used: l.Used, Draining: l.Draining,
-		Reserved: n[core.StateCreating], Active: n[core.StateActive], Warm: n[core.StateWarm],
-		Transitioning: n[core.StateReleasing] + n[core.StateReclaiming] + n[core.StatePausing] + n[core.StateResuming] + n[core.StateClaiming],
-		Tombstones:    n[core.StateDestroying], Paused: paused, Pool: n[core.StatePooled],
-	}, nil
 }
 
 // CountStates counts the deployment's records in each of states.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
 // TestTenantQuotaHoldsUnderConcurrentReserves: many goroutines, spread
@@ -67,9 +68,25 @@ func TestTenantQuotaHoldsUnderConcurrentReserves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if look.TenantUsed != quota || !slices.Equal(slices.Sorted(slices.Values(look.Ledger.Tenants)), []string{"acme", "globex"}) {
-		t.Errorf("lookup: tenant used %d, ledger tenants %v; want %d and [acme globex]", look.TenantUsed, look.Ledger.Tenants, quota)
+	if look.TenantUsed != quota {
+		t.Errorf("lookup: tenant used %d, want %d", look.TenantUsed, quota)
 	}
+	if tenants := refusalTenants(t, s, 2*quota); !slices.Equal(tenants, []string{"acme", "globex"}) {
+		t.Errorf("tenants holding slots = %v, want [acme globex]", tenants)
+	}
+}
+
+// refusalTenants returns the tenants a capacity refusal names, at limit
+// (the slots held).
+func refusalTenants(t *testing.T, s *ddbstore.Store, limit int) []string {
+	t.Helper()
+	err := s.Reserve(context.Background(), core.Reservation{Token: "res-probe", ThreadKey: core.ThreadKey{Tenant: "probe", User: "u", Thread: "t"},
+		Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute)})
+	var ce *core.CapacityError
+	if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
+		t.Fatalf("Reserve at limit %d = %v, want a capacity refusal", limit, err)
+	}
+	return ce.Tenants
 }
 
 // TestTenantCountMovesWithEverySlot: reserve, finalize, free and free
@@ -131,8 +148,8 @@ func TestTenantCountMovesWithEverySlot(t *testing.T) {
 	}
 }
 
-// TestDropIdleTenants: only tenants holding no slot leave the ledger's
-// tenant set.
+// TestDropIdleTenants: only tenants holding no slot leave the
+// fair-share tenant sets.
 func TestDropIdleTenants(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
@@ -146,18 +163,14 @@ func TestDropIdleTenants(t *testing.T) {
 	if err := s.FreeReservation(ctx, "res-globex", g); err != nil {
 		t.Fatal(err)
 	}
-	dropped, err := s.DropIdleTenants(ctx, []string{"acme", "globex", "initech"})
+	rep, err := s.RepairCounters(ctx, 10, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(dropped, []string{"globex", "initech"}) {
-		t.Errorf("dropped %v, want [globex initech]", dropped)
+	if !slices.Equal(rep.TenantsDropped, []string{"globex"}) {
+		t.Errorf("dropped %v, want [globex]", rep.TenantsDropped)
 	}
-	look, err := s.Lookup(ctx, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(look.Ledger.Tenants, []string{"acme"}) {
-		t.Errorf("ledger tenants = %v, want [acme]", look.Ledger.Tenants)
+	if tenants := refusalTenants(t, s, 1); !slices.Equal(tenants, []string{"acme"}) {
+		t.Errorf("tenants holding slots = %v, want [acme]", tenants)
 	}
 }

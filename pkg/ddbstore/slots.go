@@ -1,0 +1,419 @@
+package ddbstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// reserveFallbacks bounds the other buckets one Reserve tries once its
+// home bucket is full (each try is one transaction; a bucket that fills
+// meanwhile is a lost race, and the deployment is nearly full anyway),
+// and limitAttempts the times it sets the buckets' limits for its limit
+// (a concurrent reservation doing the same wins the race).
+const (
+	reserveFallbacks = 3
+	limitAttempts    = 3
+)
+
+// errBucketFull: the bucket a reservation tried has no room;
+// errLimitsUnset: its limit is not set for the reservation's limit.
+var (
+	errBucketFull  = errors.New("capacity bucket full")
+	errLimitsUnset = errors.New("capacity bucket limits not set for this limit")
+)
+
+// Reserve takes a slot and binds the thread to the reservation,
+// atomically (see takeSlot for the bucket it takes).
+func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
+	b, err := s.takeSlot(ctx, r.Limit, homeBucket(r.Token, r.Limit), func(b int) error { return s.reserveIn(ctx, r, b) })
+	if err == nil {
+		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating, Quota: true})
+	}
+	return err
+}
+
+// takeSlot runs take (a transaction taking a slot in bucket b, which
+// answers errBucketFull or errLimitsUnset when b refuses it) in the home
+// bucket, or when that one is full in another with room (all of them read
+// with one BatchGetItem), and returns the bucket that gave the slot. It
+// refuses for capacity only when every bucket is full, with the buckets'
+// sums as the refusal's details. Buckets whose limits are not set for
+// limit get them first (setLimits).
+func (s *Store) takeSlot(ctx context.Context, limit, home int, take func(b int) error) (int, error) {
+	b := home
+	var tried []int
+	for limits := 0; ; {
+		err := take(b)
+		if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
+			return b, err
+		}
+		if errors.Is(err, errBucketFull) {
+			tried = append(tried, b)
+		}
+		buckets, _, rerr := s.readBuckets(ctx, "")
+		if rerr != nil {
+			return b, fmt.Errorf("reading the capacity buckets: %w", rerr)
+		}
+		st, tenants := bucketStatus(buckets)
+		st.Limit = limit
+		if st.Draining {
+			return b, &core.CapacityError{Reason: core.RefusalDraining, Status: st, Tenants: tenants}
+		}
+		if needsLimits(buckets, limit) && limits < limitAttempts {
+			limits++
+			if lerr := s.setLimits(ctx, buckets, limit); lerr != nil && !errors.Is(lerr, core.ErrConflict) {
+				return b, lerr
+			}
+			tried = nil
+			continue // read again: set by us or by a peer
+		}
+		var open []int
+		for _, bk := range buckets {
+			if bk.room(limit) > 0 && !slices.Contains(tried, bk.Index) {
+				open = append(open, bk.Index)
+			}
+		}
+		if len(open) == 0 || len(tried) > reserveFallbacks {
+			return b, &core.CapacityError{Reason: core.RefusalCapacity, Status: st, Tenants: tenants}
+		}
+		b = open[rand.IntN(len(open))]
+	}
+}
+
+// bucketRefusal says why bucket av (returned by a failed take) refused a
+// slot under limit: draining, limits unset for limit, or full.
+func bucketRefusal(av map[string]types.AttributeValue, limit int) error {
+	switch bk := decodeBucket(av); {
+	case bk.Draining:
+		return &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Limit: limit, Draining: true}}
+	case bk.LimOf != limit:
+		return errLimitsUnset
+	}
+	return errBucketFull
+}
+
+// takeUpdate is the bucket update taking one slot, counted in state
+// (tenant, when not empty, joins the bucket's tenant set).
+func (s *Store) takeUpdate(b, limit int, state core.State, tenant string) (types.TransactWriteItem, error) {
+	take := takeCondition(limit)
+	u := expression.Add(expression.Name("used"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1))
+	if tenant != "" {
+		u = u.Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))
+	}
+	return s.bucketUpdate(b, &take, countMove(u, "", state))
+}
+
+// reserveIn is Reserve in bucket b: errBucketFull when b has no room.
+func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error {
+	bucket, err := s.takeUpdate(b, r.Limit, core.StateCreating, r.Tenant)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	resItem, err := attributevalue.MarshalMap(item{
+		PK: reservationPK(r.Token), SK: sortKey, Tenant: r.Tenant, User: r.User, Thread: r.Thread, Seed: r.Seed,
+		State: string(core.StateCreating), Reservation: r.Token, Deployment: s.deployment,
+		CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
+		Bucket: b, Counted: string(core.StateCreating), Quota: true,
+		GSI1PK: statePK(s.deployment, core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
+	})
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	bindItem, err := attributevalue.MarshalMap(bindingItem{PK: bindingPK(r.ThreadKey), SK: sortKey,
+		Reservation: r.Token, ReservationExpires: ms(r.ExpiresAt), UpdatedAt: ms(r.Now)})
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	bindExpr, err := expression.NewBuilder().WithCondition(replaceCondition(r.ReplaceSandboxID, r.ReplaceReservation)).Build()
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	userItem, err := s.counterTake(userPK(s.deployment, r.ThreadKey), r.MaxPerUser)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	tenantItem, err := s.counterTake(tenantPK(s.deployment, r.Tenant), r.MaxPerTenant)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	notExists := "attribute_not_exists(pk)"
+	failed, err := s.writeTxn(ctx, "reserve", []types.TransactWriteItem{
+		bucket,
+		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
+		{Put: &types.Put{TableName: &s.table, Item: bindItem, ConditionExpression: bindExpr.Condition(),
+			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
+		userItem,
+		tenantItem,
+	})
+	if len(failed) == 0 {
+		return err
+	}
+	// Several conditions may fail at once: report what the caller can act
+	// on first (a binding race, then the user's and the tenant's quota),
+	// capacity last, so neither a lost race nor a tenant at its quota ever
+	// triggers an eviction.
+	full, bucketFailed := failed[bucketPK(s.deployment, b)]
+	switch {
+	case has(failed, bindingPK(r.ThreadKey)):
+		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
+	case has(failed, reservationPK(r.Token)):
+		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
+	case has(failed, userPK(s.deployment, r.ThreadKey)):
+		return &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second,
+			Status: core.CapacityStatus{Limit: r.Limit}}
+	case has(failed, tenantPK(s.deployment, r.Tenant)):
+		return &core.CapacityError{Reason: core.RefusalTenantQuota, RetryAfter: 5 * time.Second,
+			Status: core.CapacityStatus{Limit: r.Limit}}
+	case bucketFailed:
+		return bucketRefusal(full.Item, r.Limit)
+	}
+	return fmt.Errorf("reserve: condition failed on an unexpected item: %w", core.ErrConflict)
+}
+
+// reservationSlots remembers the bucket of the reservations this process
+// took, so that Finalize and FreeReservation name the right bucket at the
+// first try. It is a hint: both check the reservation's slot in their
+// transaction and, when the hint is missing or wrong, take the slot from
+// the refused reservation and try once more.
+type reservationSlots struct {
+	mu sync.Mutex
+	m  map[string]core.Slot
+}
+
+// maxRememberedSlots bounds the hints kept (a reservation whose create
+// stays ambiguous is never finalized here; its hint is dropped in bulk).
+const maxRememberedSlots = 4096
+
+func (r *reservationSlots) remember(token string, slot core.Slot) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil || len(r.m) >= maxRememberedSlots {
+		r.m = map[string]core.Slot{}
+	}
+	r.m[token] = slot
+}
+
+// guess returns the slot token's reservation most likely has (quota: in
+// its user's and tenant's counts, as a thread's reservation is and a pool
+// reservation is not), and forgets it.
+func (r *reservationSlots) guess(token string, quota bool) core.Slot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if slot, ok := r.m[token]; ok {
+		delete(r.m, token)
+		return slot
+	}
+	return core.Slot{Bucket: int(hashOf(token) % CapacityBuckets), Counted: core.StateCreating, Quota: quota}
+}
+
+// slotCondition is the condition that an item's stored slot is slot.
+func slotCondition(slot core.Slot) expression.ConditionBuilder {
+	cond := expression.AttributeExists(expression.Name(AttrPK))
+	if slot.Bucket == 0 {
+		cond = cond.And(expression.AttributeNotExists(expression.Name("bucket")))
+	} else {
+		cond = cond.And(expression.Name("bucket").Equal(expression.Value(slot.Bucket)))
+	}
+	if slot.Counted == "" {
+		cond = cond.And(expression.AttributeNotExists(expression.Name("counted")))
+	} else {
+		cond = cond.And(expression.Name("counted").Equal(expression.Value(string(slot.Counted))))
+	}
+	if slot.Quota {
+		cond = cond.And(expression.Name("quota").Equal(expression.Value(true)))
+	} else {
+		cond = cond.And(expression.AttributeNotExists(expression.Name("quota")))
+	}
+	return cond
+}
+
+// withReservationSlot runs the transaction build(slot) makes, whose first
+// item deletes token's reservation under slotCondition(slot): with the
+// remembered slot first and, when the reservation exists with another
+// slot, once more with the one it has. It returns the failed items as
+// writeTxn does, and ErrNotFound when the reservation does not exist.
+func (s *Store) withReservationSlot(ctx context.Context, op, token string, quota bool, build func(core.Slot) ([]types.TransactWriteItem, error)) (map[string]types.CancellationReason, error) {
+	slot := s.slots.guess(token, quota)
+	for attempt := 0; ; attempt++ {
+		items, err := build(slot)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		failed, err := s.writeTxn(ctx, op, items)
+		r, ok := failed[reservationPK(token)]
+		if !ok {
+			return failed, err
+		}
+		if len(r.Item) == 0 {
+			return nil, fmt.Errorf("%s: reservation %s: %w", op, token, core.ErrNotFound)
+		}
+		var it item
+		if derr := attributevalue.UnmarshalMap(r.Item, &it); derr != nil {
+			return nil, fmt.Errorf("%s: decode reservation: %w", op, derr)
+		}
+		stored := core.Slot{Bucket: it.Bucket, Counted: core.State(it.Counted), Quota: it.Quota}
+		if stored == slot || attempt > 0 {
+			return failed, err
+		}
+		slot = stored
+	}
+}
+
+// reservationDelete is the transaction item deleting token's reservation
+// if it still has slot (the old item is returned when it does not).
+func (s *Store) reservationDelete(token string, slot core.Slot) (types.TransactWriteItem, error) {
+	expr, err := expression.NewBuilder().WithCondition(slotCondition(slot)).Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)),
+		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+}
+
+// Finalize turns a reservation into an active record and rebinds the
+// thread; the record keeps the reservation's slot, and its bucket counts
+// it active instead of creating, in the same transaction.
+func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (core.Record, error) {
+	rec.Fence = 1
+	bindExpr, err := expression.NewBuilder().
+		WithCondition(expression.Name("reservation").Equal(expression.Value(token))).
+		WithUpdate(expression.Set(expression.Name("sandbox_id"), expression.Value(rec.SandboxID)).
+			Set(expression.Name("updated_at"), expression.Value(ms(rec.UpdatedAt))).
+			Remove(expression.Name("reservation")).Remove(expression.Name("reservation_expires"))).
+		Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("finalize: %w", err)
+	}
+	var final core.Record
+	failed, err := s.withReservationSlot(ctx, "finalize", token, true, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		var items []types.TransactWriteItem
+		var err error
+		final, items, err = s.fromReservation(ctx, token, slot, rec, false)
+		return append(items, types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(bindingPK(rec.ThreadKey)),
+			ConditionExpression: bindExpr.Condition(), UpdateExpression: bindExpr.Update(),
+			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}}), err
+	})
+	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) { // the reservation is gone, the record exists or the binding moved
+		return core.Record{}, fmt.Errorf("finalize reservation %s: %w", token, core.ErrConflict)
+	}
+	if err != nil {
+		return core.Record{}, err
+	}
+	return final, nil
+}
+
+// fromReservation returns rec (fence 1) holding the slot of token's
+// reservation (counted in rec.State, or not counted per state when the
+// reservation was not), and the transaction items that make it so: the
+// reservation's delete (conditional on its slot), the record's put (a pool
+// record's with its pool place) and the move of the count in its bucket.
+func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slot, rec core.Record, pool bool) (core.Record, []types.TransactWriteItem, error) {
+	rec.Fence = 1
+	rec.Slot = core.Slot{Bucket: slot.Bucket, Counted: rec.State, Quota: slot.Quota}
+	if slot.Counted == "" {
+		rec.Slot.Counted = "" // an older version's reservation: not counted per state
+	}
+	ri := recordItem(rec, s.deployment)
+	ri.PoolPlace = pool
+	if err := s.seal(ctx, &ri); err != nil {
+		return rec, nil, err
+	}
+	recItem, err := attributevalue.MarshalMap(ri)
+	if err != nil {
+		return rec, nil, err
+	}
+	del, err := s.reservationDelete(token, slot)
+	if err != nil {
+		return rec, nil, err
+	}
+	notExists := "attribute_not_exists(pk)"
+	items := []types.TransactWriteItem{del, {Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}}}
+	if rec.Slot.Counted != "" {
+		bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, core.StateCreating, rec.State))
+		if err != nil {
+			return rec, nil, err
+		}
+		items = append(items, bucket)
+	}
+	return rec, items, nil
+}
+
+// FreeReservation drops a reservation and its slot (in its bucket, and its
+// user's and tenant's counts when it is in them), then (best effort) the
+// binding if it still names the reservation.
+func (s *Store) FreeReservation(ctx context.Context, token string, key core.ThreadKey) error {
+	if key == (core.ThreadKey{}) {
+		return s.freePoolReservation(ctx, token)
+	}
+	failed, err := s.withReservationSlot(ctx, "free reservation", token, true, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		del, err := s.reservationDelete(token, slot)
+		if err != nil {
+			return nil, err
+		}
+		return s.slotRelease([]types.TransactWriteItem{del}, key, slot)
+	})
+	if err != nil {
+		return err
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("free reservation %s: %w", token, core.ErrConflict)
+	}
+	s.dropBinding(ctx, key, "reservation", token)
+	return nil
+}
+
+// slotRelease appends to items the writes that return a slot: its
+// bucket's used count (and its per-state count), and its user's and
+// tenant's counts when the slot is in them.
+func (s *Store) slotRelease(items []types.TransactWriteItem, key core.ThreadKey, slot core.Slot) ([]types.TransactWriteItem, error) {
+	bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.Add(expression.Name("used"), expression.Value(-1)).
+		Add(expression.Name("revision"), expression.Value(1)), slot.Counted, ""))
+	if err != nil {
+		return nil, err
+	}
+	items = append(items, bucket)
+	if slot.Quota {
+		items = append(items, s.counterRelease(userPK(s.deployment, key)), s.counterRelease(tenantPK(s.deployment, key.Tenant)))
+	}
+	return items, nil
+}
+
+// Free marks a record gone and frees its slots (its running slot, rec.Slot,
+// with its user's and tenant's, and its paused slot: current since the
+// write is fenced by rec.Fence), atomically.
+func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error {
+	id, fence := rec.SandboxID, rec.Fence
+	if rec.Tenant == "" {
+		// A pool member's record (or an adopted orphan naming no tenant).
+		if err := s.freePoolRecord(ctx, rec, now); !errors.Is(err, errNotPoolRecord) {
+			return err
+		}
+	}
+	recUpdate, err := s.goneUpdate(rec, now, false)
+	if err != nil {
+		return fmt.Errorf("free: %w", err)
+	}
+	// The fence makes rec's slots the record's own: free exactly those.
+	release, err := s.slotsRelease(rec)
+	items := append([]types.TransactWriteItem{recUpdate}, release...)
+	if err != nil {
+		return fmt.Errorf("free: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "free", items)
+	if has(failed, sandboxPK(id)) {
+		return fmt.Errorf("free sandbox %s fence %d: %w", id, fence, core.ErrStaleFence)
+	}
+	return err
+}
