@@ -100,34 +100,10 @@ func (s *Store) FinalizePool(ctx context.Context, token string, rec core.Record)
 	rec.State = core.StatePooled
 	var final core.Record
 	failed, err := s.withReservationSlot(ctx, "finalize pool", token, false, func(slot core.Slot) ([]types.TransactWriteItem, error) {
-		final = rec
-		final.Slot = core.Slot{Bucket: slot.Bucket, Counted: core.StatePooled, Quota: slot.Quota}
-		if slot.Counted == "" {
-			final.Slot.Counted = ""
-		}
-		ri := recordItem(final, s.deployment)
-		ri.PoolPlace = true
-		if err := s.seal(ctx, &ri); err != nil {
-			return nil, err
-		}
-		recItem, err := attributevalue.MarshalMap(ri)
-		if err != nil {
-			return nil, err
-		}
-		del, err := s.reservationDelete(token, slot)
-		if err != nil {
-			return nil, err
-		}
-		notExists := "attribute_not_exists(pk)"
-		items := []types.TransactWriteItem{del, {Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}}}
-		if final.Slot.Counted != "" {
-			bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, core.StateCreating, core.StatePooled))
-			if err != nil {
-				return nil, err
-			}
-			items = append(items, bucket)
-		}
-		return items, nil
+		var items []types.TransactWriteItem
+		var err error
+		final, items, err = s.fromReservation(ctx, token, slot, rec, true)
+		return items, err
 	})
 	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
 		return core.Record{}, fmt.Errorf("finalize pool reservation %s: %w", token, core.ErrConflict)
@@ -265,31 +241,19 @@ func poolMetered(m core.Record, now time.Time) time.Time {
 // given (its slot and place carry over), else taking a slot and a place
 // without a limit check (the sandbox exists whatever the counts say).
 func (s *Store) AdoptPoolSandbox(ctx context.Context, rec core.Record, reservation string) (core.Record, error) {
-	rec.Fence = 1
 	rec.ThreadKey = core.ThreadKey{}
-	var final core.Record
-	build := func(slot core.Slot) ([]types.TransactWriteItem, error) {
-		final = rec
-		final.Slot = core.Slot{Bucket: slot.Bucket, Counted: rec.State, Quota: slot.Quota}
-		if slot.Counted == "" {
-			final.Slot.Counted = ""
-		}
-		ri := recordItem(final, s.deployment)
-		ri.PoolPlace = true
-		if err := s.seal(ctx, &ri); err != nil {
-			return nil, err
-		}
-		recAV, err := attributevalue.MarshalMap(ri)
-		if err != nil {
-			return nil, err
-		}
-		return []types.TransactWriteItem{notLivePut(&s.table, recAV)}, nil
-	}
 	op := "adopt pool sandbox " + rec.SandboxID
 	if reservation == "" {
 		// A slot and a place taken without a limit check.
+		rec.Fence = 1
 		b := int(hashOf(rec.SandboxID) % CapacityBuckets)
-		items, err := build(core.Slot{Bucket: b, Counted: core.StateCreating})
+		rec.Slot = core.Slot{Bucket: b, Counted: rec.State}
+		ri := recordItem(rec, s.deployment)
+		ri.PoolPlace = true
+		if err := s.seal(ctx, &ri); err != nil {
+			return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
+		}
+		recAV, err := attributevalue.MarshalMap(ri)
 		if err != nil {
 			return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
 		}
@@ -298,29 +262,17 @@ func (s *Store) AdoptPoolSandbox(ctx context.Context, rec core.Record, reservati
 		if err != nil {
 			return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
 		}
-		if err := s.transact(ctx, op, append(items, bucket, s.poolCount(1))); err != nil {
+		if err := s.transact(ctx, op, []types.TransactWriteItem{notLivePut(&s.table, recAV), bucket, s.poolCount(1)}); err != nil {
 			return core.Record{}, err
 		}
-		return final, nil
+		return rec, nil
 	}
+	var final core.Record
 	failed, err := s.withReservationSlot(ctx, op, reservation, false, func(slot core.Slot) ([]types.TransactWriteItem, error) {
-		items, err := build(slot)
-		if err != nil {
-			return nil, err
-		}
-		del, err := s.reservationDelete(reservation, slot)
-		if err != nil {
-			return nil, err
-		}
-		items = append([]types.TransactWriteItem{del}, items...)
-		if final.Slot.Counted != "" {
-			bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, core.StateCreating, rec.State))
-			if err != nil {
-				return nil, err
-			}
-			items = append(items, bucket)
-		}
-		return items, nil
+		var items []types.TransactWriteItem
+		var err error
+		final, items, err = s.fromReservation(ctx, reservation, slot, rec, true)
+		return items, err
 	})
 	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
 		return core.Record{}, fmt.Errorf("%s: condition failed: %w", op, core.ErrConflict)

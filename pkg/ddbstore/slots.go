@@ -339,7 +339,11 @@ func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slo
 		return rec, nil, err
 	}
 	notExists := "attribute_not_exists(pk)"
-	items := []types.TransactWriteItem{del, {Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}}}
+	put := types.TransactWriteItem{Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}}
+	if pool {
+		put = notLivePut(&s.table, recItem)
+	}
+	items := []types.TransactWriteItem{del, put}
 	if rec.Slot.Counted != "" {
 		bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, core.StateCreating, rec.State))
 		if err != nil {
