@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"regexp"
+	"strings"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -122,25 +123,34 @@ func (l *keyLoad) record(params any) {
 			}
 		}
 	case *dynamodb.GetItemInput:
-		l.read[pkOf(in.Key)]++
+		l.read[pkOf(in.Key)] += readUnits(in.ConsistentRead)
 	case *dynamodb.BatchGetItemInput:
 		for _, ka := range in.RequestItems {
 			for _, k := range ka.Keys {
-				l.read[pkOf(k)]++
+				l.read[pkOf(k)] += readUnits(ka.ConsistentRead)
 			}
 		}
 	case *dynamodb.QueryInput:
 		for _, v := range in.ExpressionAttributeValues {
 			if s, ok := v.(*types.AttributeValueMemberS); ok {
-				if in.IndexName != nil {
-					l.read["gsi1pk="+s.Value]++
+				if in.IndexName != nil { // index reads are eventually consistent
+					l.read["gsi1pk="+s.Value] += readUnits(nil)
 				} else {
-					l.read["pk="+s.Value]++
+					l.read["pk="+s.Value] += readUnits(in.ConsistentRead)
 				}
 				break
 			}
 		}
 	}
+}
+
+// readUnits is the read units of one small item's read: one strongly
+// consistent, half otherwise.
+func readUnits(consistent *bool) float64 {
+	if consistent != nil && *consistent {
+		return 1
+	}
+	return 0.5
 }
 
 // hottest returns the key with the most units and its units, and the total.
@@ -169,9 +179,10 @@ func hottest(m map[string]float64) (string, float64, float64) {
 // throttles. Two loads:
 //
 //   - steady: the deployment starts full of warm sandboxes; each tenant's
-//     agents mostly come back to their few busy threads (reuse, reclaim),
-//     and one acquire in eight is a thread not seen lately (a create
-//     that evicts the least recently parked warm sandbox);
+//     agents mostly come back to their 8 busy threads (reuse, reclaim),
+//     and one acquire in eight picks any of the tenant's threads (a
+//     create, evicting the least recently parked warm sandbox, when the
+//     thread has none);
 //   - saturated: every acquire picks any of 288 threads for 256 slots
 //     (creates and evictions throughout, refusals when every slot is
 //     held), and a hog tenant runs past its quota of 24.
@@ -209,7 +220,7 @@ func hotKeys(b *testing.B, saturated bool) {
 		}
 		thread := rng.IntN(threads)
 		if !saturated && rng.IntN(8) != 0 {
-			thread = rng.IntN(2) // a busy thread
+			thread = rng.IntN(8) // a busy thread
 		}
 		return core.ThreadKey{Tenant: tenant, User: fmt.Sprint("u", thread%3), Thread: fmt.Sprint("t", thread)}
 	}
@@ -289,6 +300,12 @@ func hotKeys(b *testing.B, saturated bool) {
 	for i, k := range top[:min(6, len(top))] {
 		b.Logf("write #%d %-40s %6.0f units (%.1f%%, %.2f per acquire)", i+1, k, load.write[k], 100*load.write[k]/wTotal, load.write[k]/a)
 	}
+	byKind := map[string]float64{}
+	for k, u := range load.write {
+		kind, _, _ := strings.Cut(k, "#")
+		byKind[kind] += u / a
+	}
+	b.Logf("write units per acquire by key kind: %v", byKind)
 	b.Logf("hottest read %s: %.2f units per acquire; acquires %d (sources %v), refused %d (%v); hottest write %s %.2f units per acquire; %.1f write units per acquire in all",
 		rKey, rTop/a, acquires.Load(), sources, refused.Load(), refusals, wKey, wTop/a, wTotal/a)
 }

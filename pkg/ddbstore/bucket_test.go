@@ -68,8 +68,8 @@ func TestCapacityCostsOneCallWhateverTheFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(out.Items) < ddbstore.CapacityBuckets/2 {
-		t.Errorf("25 slots held in %d buckets, want them spread over most of the %d", len(out.Items), ddbstore.CapacityBuckets)
+	if len(out.Items) < 25/2 {
+		t.Errorf("25 slots held in %d of the %d buckets, want them spread", len(out.Items), ddbstore.CapacityBuckets)
 	}
 }
 

@@ -81,7 +81,7 @@ func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []ite
 // RepairCounters implements core.ReconcileStore.
 func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.CounterRepair, error) {
 	var rep core.CounterRepair
-	buckets, _, err := s.readBuckets(ctx, "")
+	buckets, _, err := s.readBuckets(ctx, "", true)
 	if err != nil {
 		return rep, err
 	}

@@ -113,7 +113,7 @@ func (s *Store) batchGetAll(ctx context.Context, keys []map[string]types.Attribu
 	var items []map[string]types.AttributeValue
 	for len(keys) > 0 {
 		n := min(len(keys), batchGetMax)
-		got, err := s.batchGet(ctx, keys[:n])
+		got, err := s.batchGet(ctx, keys[:n], true)
 		if err != nil {
 			return nil, err
 		}
@@ -123,7 +123,9 @@ func (s *Store) batchGetAll(ctx context.Context, keys []map[string]types.Attribu
 	return items, nil
 }
 
-func (s *Store) batchGet(ctx context.Context, keys []map[string]types.AttributeValue) ([]map[string]types.AttributeValue, error) {
+// batchGet reads keys (at most batchGetMax), strongly consistent or not,
+// retrying unprocessed keys.
+func (s *Store) batchGet(ctx context.Context, keys []map[string]types.AttributeValue, consistent bool) ([]map[string]types.AttributeValue, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	var items []map[string]types.AttributeValue
@@ -138,7 +140,7 @@ func (s *Store) batchGet(ctx context.Context, keys []map[string]types.AttributeV
 			}
 		}
 		out, err := s.db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: map[string]types.KeysAndAttributes{
-			s.table: {Keys: keys, ConsistentRead: aws.Bool(true)},
+			s.table: {Keys: keys, ConsistentRead: aws.Bool(consistent)},
 		}})
 		if err != nil {
 			return nil, unavailable("batch get", err)

@@ -61,7 +61,10 @@ func (s *Store) takeSlot(ctx context.Context, limit, home int, take func(b int) 
 		if errors.Is(err, errBucketFull) {
 			tried = append(tried, b)
 		}
-		buckets, _, rerr := s.readBuckets(ctx, "")
+		buckets, _, rerr := s.readBuckets(ctx, "", false)
+		if rerr == nil && needsLimits(buckets, limit) {
+			buckets, _, rerr = s.readBuckets(ctx, "", true) // setLimits conditions on what it reads
+		}
 		if rerr != nil {
 			return b, fmt.Errorf("reading the capacity buckets: %w", rerr)
 		}

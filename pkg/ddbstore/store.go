@@ -71,7 +71,7 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 func (s *Store) Lookup(ctx context.Context, key core.ThreadKey) (core.Lookup, error) {
 	bucket := bucketPK(s.deployment, threadBucket(key))
 	items, err := s.batchGet(ctx, []map[string]types.AttributeValue{s.key(bindingPK(key)), s.key(bucket),
-		s.key(tenantPK(s.deployment, key.Tenant))})
+		s.key(tenantPK(s.deployment, key.Tenant))}, true)
 	if err != nil {
 		return core.Lookup{}, fmt.Errorf("lookup: %w", err)
 	}
