@@ -163,9 +163,9 @@ func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expres
 	return recs, derr
 }
 
-// someInState lists up to limit records in state in no particular order,
-// reading one index key at a time (the shards in random order, the legacy
-// key last) until it has limit.
+// someInState lists up to limit records in state in no particular order:
+// those of the first index key, in random shard order (the legacy key
+// last), that holds any (one query when the first one does).
 func (s *Store) someInState(ctx context.Context, state core.State, limit int) ([]core.Record, error) {
 	pks := statePKs(s.deployment, state)
 	shards := pks[:IndexShards]
@@ -191,7 +191,7 @@ func (s *Store) someInState(ctx context.Context, state core.State, limit int) ([
 			}
 			recs = append(recs, rec)
 		}
-		if len(recs) >= limit {
+		if len(recs) > 0 {
 			break
 		}
 	}

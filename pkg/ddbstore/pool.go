@@ -115,8 +115,8 @@ func (s *Store) FinalizePool(ctx context.Context, token string, rec core.Record)
 }
 
 // SomePoolMembers lists up to limit pooled records, in no particular
-// order: index shards are read one by one, in random order, until limit
-// are found (one query when a shard holds that many).
+// order: those of the first index shard, in random order, that holds any
+// (one query when the pool's members fill the shards).
 func (s *Store) SomePoolMembers(ctx context.Context, limit int) ([]core.Record, error) {
 	return s.someInState(ctx, core.StatePooled, limit)
 }
