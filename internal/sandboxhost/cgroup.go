@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // Limits bound what one sandbox may use. Zero fields take the defaults
@@ -97,13 +98,18 @@ type cgroups struct {
 
 // errNoCgroups: no writable hierarchy holds the pids, memory and cpu
 // controllers for this process.
+// hostCgroups numbers the hosts of this process (probeCgroups).
+var hostCgroups atomic.Int64
+
 var errNoCgroups = errors.New("no writable cgroup hierarchy with the pids, memory and cpu controllers")
 
 // probeCgroups finds, for the calling process, a cgroup v2 hierarchy with
 // the pids, memory and cpu controllers available and delegable, else
 // cgroup v1 hierarchies of those controllers, and makes the directory
-// "sandboxhost-<pid>" below its own cgroup in each. The caller removes them
-// with close.
+// "sandboxhost-<pid>-<n>" below its own cgroup in each, n counting the
+// hosts of the process: one host's close removes its directories, never
+// those of another host still running in the same process. The caller
+// removes them with close.
 func probeCgroups() (*cgroups, error) {
 	mounts, err := cgroupMounts()
 	if err != nil {
@@ -113,7 +119,7 @@ func probeCgroups() (*cgroups, error) {
 	if err != nil {
 		return nil, err
 	}
-	name := "sandboxhost-" + strconv.Itoa(os.Getpid())
+	name := "sandboxhost-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(hostCgroups.Add(1), 10)
 	if m, ok := mounts[""]; ok {
 		if c, err := probeV2(filepath.Join(m, own[""]), name); err == nil {
 			return c, nil
