@@ -149,6 +149,9 @@ type ReconcileCursor struct {
 	PausedUsed  int
 	PausedCount int
 	PausedNoted bool
+	// PausedRevision is the paused slot count's revision the last pass
+	// read: a repair needs two passes that saw the same revision.
+	PausedRevision int64
 }
 
 // SeenSandbox is one sandbox of a cycle's inventory.

@@ -160,28 +160,29 @@ func (p *pass) expirePaused(ctx context.Context, draining bool) error {
 
 // pausedLedger repairs the paused slot count as ledger repairs the
 // running one: it is set to the number of records holding paused slots
-// only when this pass sees the same count and the same holders as the
-// previous pass, with a compare-and-swap on the count.
+// only when this pass sees the same count, revision and holders as the
+// previous pass, with a compare-and-swap on the revision (the count alone
+// could have moved and come back between the passes).
 func (p *pass) pausedLedger(ctx context.Context) error {
 	ps := p.e.pauseStore()
 	if ps == nil {
 		return nil
 	}
-	used, counted, err := ps.CountPausedSlots(ctx)
+	used, rev, counted, err := ps.CountPausedSlots(ctx)
 	if err != nil {
 		return fmt.Errorf("count paused slots: %w", err)
 	}
 	cur := p.cursor
-	if cur.PausedNoted && cur.PausedUsed == used && cur.PausedCount == counted && used != counted {
-		if err := ps.RepairPausedSlots(ctx, used, counted); err != nil {
+	if cur.PausedNoted && cur.PausedRevision == rev && cur.PausedUsed == used && cur.PausedCount == counted && used != counted {
+		if err := ps.RepairPausedSlots(ctx, rev, counted); err != nil {
 			if !errors.Is(err, ErrConflict) {
 				return fmt.Errorf("repair paused slots: %w", err)
 			}
 		} else {
 			p.e.log.WarnContext(ctx, "reconcile: paused slot count repaired", "used_was", used, "used", counted)
-			used = counted
+			used, rev = counted, rev+1
 		}
 	}
-	p.cursor.PausedUsed, p.cursor.PausedCount, p.cursor.PausedNoted = used, counted, true
+	p.cursor.PausedUsed, p.cursor.PausedCount, p.cursor.PausedNoted, p.cursor.PausedRevision = used, counted, true, rev
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -17,10 +18,11 @@ import (
 // Paused slots (pause-parking). A record pausing, paused or resuming
 // holds a paused slot, counted by the item
 //
-//	PAU#<deployment>  "used": paused slots held (SANDBOX_MAX_PAUSED)
+//	PAU#<deployment>  "used": paused slots held (SANDBOX_MAX_PAUSED),
+//	                  "revision": moved by every take, free and repair
 //
 // which every transition taking or freeing one moves in the same
-// transaction as the record. The record says which slots it holds
+// transaction as the record; reconcile's repair compares the revision. The record says which slots it holds
 // (no_running_slot, paused_slot), so Free returns exactly those.
 
 var _ core.PauseStore = (*Store)(nil)
@@ -41,7 +43,39 @@ func keepsParkTime(st core.State) bool {
 // pausedTake is the transaction item that takes one paused slot, within
 // limit when limit > 0.
 func (s *Store) pausedTake(limit int) (types.TransactWriteItem, error) {
-	return s.counterTake(pausedPK(s.deployment), limit)
+	b := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(1))))
+	if limit > 0 {
+		b = b.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThan(expression.Value(limit))))
+	}
+	return s.pausedCountItem(b)
+}
+
+// pausedRelease is the transaction item that frees one paused slot.
+func (s *Store) pausedRelease() types.TransactWriteItem {
+	it, err := s.pausedCountItem(expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(-1)))))
+	if err != nil {
+		panic(err) // a constant expression: cannot fail
+	}
+	return it
+}
+
+// revised makes a paused-count update also move the count's revision, so
+// that a repair can tell a count that moved and came back from one that
+// never moved.
+func revised(u expression.UpdateBuilder) expression.UpdateBuilder {
+	return u.Add(expression.Name("revision"), expression.Value(1))
+}
+
+// pausedCountItem is the transaction item of b on the paused count.
+func (s *Store) pausedCountItem(b expression.Builder) (types.TransactWriteItem, error) {
+	expr, err := b.Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pausedPK(s.deployment)),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
 }
 
 // slotsRelease are the transaction items that free the slots rec holds:
@@ -56,7 +90,7 @@ func (s *Store) slotsRelease(rec core.Record) ([]types.TransactWriteItem, error)
 		}
 	}
 	if rec.Slots.Paused {
-		items = append(items, s.counterRelease(pausedPK(s.deployment)))
+		items = append(items, s.pausedRelease())
 	}
 	return items, nil
 }
@@ -216,7 +250,7 @@ func (s *Store) AbortPause(ctx context.Context, rec core.Record, now time.Time) 
 		Remove(expression.Name("paused_slot"))
 	upd = s.stateIndex(upd, core.StateWarm, rec.ParkedAt, rec.SandboxID)
 	if err := s.settle(ctx, "abort pause", rec, now, []core.State{core.StatePausing}, upd,
-		s.counterRelease(pausedPK(s.deployment))); err != nil {
+		s.pausedRelease()); err != nil {
 		return core.Record{}, err
 	}
 	rec = settled(rec, core.StateWarm, now)
@@ -291,7 +325,7 @@ func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresA
 		Set(expression.Name("paused_ms"), expression.Value(rec.PausedFor.Milliseconds())).
 		Remove(expression.Name("parked_at")).Remove(expression.Name("paused_slot")).Remove(expression.Name("no_running_slot"))
 	upd = s.stateIndex(upd, core.StateActive, now, rec.SandboxID)
-	slots := []types.TransactWriteItem{s.counterRelease(pausedPK(s.deployment))}
+	slots := []types.TransactWriteItem{s.pausedRelease()}
 	if rec.Slot.Counted != "" && rec.Slot.Counted != core.StateActive {
 		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateActive)))
 		bucket, err := s.bucketUpdate(rec.Slot.Bucket, nil, countMove(expression.UpdateBuilder{}, rec.Slot.Counted, core.StateActive))
@@ -317,43 +351,54 @@ func (s *Store) PausedParkedBefore(ctx context.Context, t time.Time, limit int) 
 
 // PausedUsed reads the number of paused slots held (strongly consistent).
 func (s *Store) PausedUsed(ctx context.Context) (int, error) {
+	used, _, err := s.pausedCount(ctx)
+	return used, err
+}
+
+// pausedCount reads the paused count and its revision (strongly consistent).
+func (s *Store) pausedCount(ctx context.Context) (used int, revision int64, err error) {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
 	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(pausedPK(s.deployment)), ConsistentRead: aws.Bool(true)})
 	if err != nil {
-		return 0, unavailable("get paused count", err)
+		return 0, 0, unavailable("get paused count", err)
 	}
-	return decodeCounter(out.Item), nil
+	var c struct {
+		Used     int   `dynamodbav:"used"`
+		Revision int64 `dynamodbav:"revision"`
+	}
+	_ = attributevalue.UnmarshalMap(out.Item, &c) // absent attributes stay zero
+	return c.Used, c.Revision, nil
 }
 
 // CountPausedSlots implements core.PauseStore: the paused count, then
 // the records holding paused slots (pausing, paused, resuming, and the
 // tombstones of those).
-func (s *Store) CountPausedSlots(ctx context.Context) (used, counted int, err error) {
-	if used, err = s.PausedUsed(ctx); err != nil {
-		return 0, 0, err
+func (s *Store) CountPausedSlots(ctx context.Context) (used int, revision int64, counted int, err error) {
+	if used, revision, err = s.pausedCount(ctx); err != nil {
+		return 0, 0, 0, err
 	}
 	n, err := s.CountStates(ctx, core.StatePausing, core.StatePaused, core.StateResuming)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	f := expression.Name("paused_slot").Equal(expression.Value(true))
 	tombs, err := s.countState(ctx, core.StateDestroying, &f)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	return used, n[core.StatePausing] + n[core.StatePaused] + n[core.StateResuming] + tombs, nil
+	return used, revision, n[core.StatePausing] + n[core.StatePaused] + n[core.StateResuming] + tombs, nil
 }
 
 // RepairPausedSlots implements core.PauseStore (a conditional write on
 // the count).
-func (s *Store) RepairPausedSlots(ctx context.Context, used, counted int) error {
-	cond := expression.Name("used").Equal(expression.Value(used))
-	if used == 0 {
-		cond = expression.Or(expression.AttributeNotExists(expression.Name("used")), cond)
+func (s *Store) RepairPausedSlots(ctx context.Context, revision int64, counted int) error {
+	cond := expression.Name("revision").Equal(expression.Value(revision))
+	if revision == 0 {
+		cond = expression.Or(expression.AttributeNotExists(expression.Name("revision")), cond)
 	}
 	expr, err := expression.NewBuilder().WithCondition(cond).
-		WithUpdate(expression.Set(expression.Name("used"), expression.Value(counted))).Build()
+		WithUpdate(revised(expression.Set(expression.Name("used"), expression.Value(counted)))).Build()
 	if err != nil {
 		return fmt.Errorf("repair paused slots: %w", err)
 	}
@@ -364,7 +409,7 @@ func (s *Store) RepairPausedSlots(ctx context.Context, used, counted int) error 
 		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
-		return fmt.Errorf("paused count moved from %d: %w", used, core.ErrConflict)
+		return fmt.Errorf("paused count moved since revision %d: %w", revision, core.ErrConflict)
 	}
 	if err != nil {
 		return unavailable("repair paused slots", err)

@@ -343,3 +343,33 @@ func TestPausedSlotsNeverExceedTheLimitUnderConcurrency(t *testing.T) {
 		t.Errorf("%d pauses claimed, paused count %d; want at most %d, and the count equal to the claims", won, c.paused, limit)
 	}
 }
+
+// A paused count that moved and came back to the value a repair read is
+// not repaired: the repair compares the count's revision, which every
+// take and free moves, not the count itself.
+func TestPausedCountRepairRefusesACountThatMovedAndCameBack(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	warmAt(t, s, thread(1), "sbx1")
+	used, rev, counted, err := s.CountPausedSlots(ctx)
+	if err != nil || used != 0 || counted != 0 {
+		t.Fatalf("CountPausedSlots = %d, %d, %v; want 0, 0", used, counted, err)
+	}
+	// A pause taken and given up: the count is back where it was read.
+	rec, err := s.ClaimPause(ctx, pauseClaim("sbx1", "p", t0.Add(time.Hour)), 5)
+	if err != nil {
+		t.Fatalf("ClaimPause: %v", err)
+	}
+	if _, err := s.AbortPause(ctx, rec, t0.Add(time.Hour)); err != nil {
+		t.Fatalf("AbortPause: %v", err)
+	}
+	if again, rev2, _, err := s.CountPausedSlots(ctx); err != nil || again != used || rev2 == rev {
+		t.Fatalf("after take and free: count %d revision %d (read %d, %d), %v; want the same count, another revision", again, rev2, used, rev, err)
+	}
+	if err := s.RepairPausedSlots(ctx, rev, 7); !errors.Is(err, core.ErrConflict) {
+		t.Errorf("RepairPausedSlots at the old revision = %v, want ErrConflict", err)
+	}
+	if n, err := s.PausedUsed(ctx); err != nil || n != 0 {
+		t.Errorf("paused count = %d, %v; want 0 (untouched)", n, err)
+	}
+}

@@ -438,6 +438,7 @@ type reconcileCursorItem struct {
 	PausedUsed  int    `dynamodbav:"paused_used,omitempty"`
 	PausedCount int    `dynamodbav:"paused_count,omitempty"`
 	PausedNoted bool   `dynamodbav:"paused_noted,omitempty"`
+	PausedRev   int64  `dynamodbav:"paused_revision,omitempty"`
 }
 
 // Cursor reads the inventory cursor (zero if none).
@@ -455,7 +456,7 @@ func (s *Store) Cursor(ctx context.Context) (core.ReconcileCursor, error) {
 		}
 	}
 	return core.ReconcileCursor{Cycle: it.Cycle, CycleStart: fromMS(it.CycleStart), Token: it.Token, Pass: it.Pass,
-		Version: it.Version, PausedUsed: it.PausedUsed, PausedCount: it.PausedCount, PausedNoted: it.PausedNoted}, nil
+		Version: it.Version, PausedUsed: it.PausedUsed, PausedCount: it.PausedCount, PausedNoted: it.PausedNoted, PausedRevision: it.PausedRev}, nil
 }
 
 // SaveCursor writes c if the stored version is c.Version (ErrConflict
@@ -464,7 +465,7 @@ func (s *Store) SaveCursor(ctx context.Context, c core.ReconcileCursor) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	av, err := attributevalue.MarshalMap(reconcileCursorItem{Cycle: c.Cycle, CycleStart: ms(c.CycleStart), Token: c.Token,
-		Pass: c.Pass, Version: c.Version + 1, PausedUsed: c.PausedUsed, PausedCount: c.PausedCount, PausedNoted: c.PausedNoted})
+		Pass: c.Pass, Version: c.Version + 1, PausedUsed: c.PausedUsed, PausedCount: c.PausedCount, PausedNoted: c.PausedNoted, PausedRev: c.PausedRevision})
 	if err != nil {
 		return fmt.Errorf("save reconcile cursor: %w", err)
 	}
