@@ -180,28 +180,24 @@ func diffDeployments(a, b deployment, aName, bName string) []string {
 	return out
 }
 
-// deployedEnv is the environment every deployed function gets, by name:
-// a parameter per setting plus the resource references.
-func deployedEnv() []string {
+// functionEnv is f's environment by name: a variable per parameter it
+// gets (EVENT_BUS_NAME only if it publishes events), the resource
+// references, and POOL_REFILL_FUNCTION for a function that refills the
+// pool.
+func functionEnv(f Function) []string {
 	set := map[string]bool{}
 	for _, p := range Parameters {
-		set[p.Env] = true
+		if f.Gets(p) {
+			set[p.Env] = true
+		}
 	}
 	for k := range ResourceEnv {
 		set[k] = true
 	}
-	return sortedKeys(set)
-}
-
-// functionEnv is f's environment by name: deployedEnv, and
-// POOL_REFILL_FUNCTION for a function that refills the pool.
-func functionEnv(f Function) []string {
-	env := deployedEnv()
 	if f.RefillsPool {
-		env = append(env, config.EnvPoolRefillFunction)
-		sort.Strings(env)
+		set[config.EnvPoolRefillFunction] = true
 	}
-	return env
+	return sortedKeys(set)
 }
 
 func sortedKeys(m map[string]bool) []string {

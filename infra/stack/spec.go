@@ -49,6 +49,18 @@ type Function struct {
 	// the scheduled function asynchronously (POOL_REFILL_FUNCTION, and
 	// lambda:InvokeFunction on that function alone).
 	RefillsPool bool
+	// PublishesEvents: the function's routes or schedule publish lifecycle
+	// events (the engine's Acquire, Release, Sync and Reconcile do; its
+	// Get, Capacity and SetDraining never do). Only these functions get
+	// EVENT_BUS_NAME and events:PutEvents on that bus.
+	PublishesEvents bool
+}
+
+// Gets reports whether f's environment carries p's variable: every
+// parameter reaches every function, except the event bus, which only the
+// functions that publish lifecycle events get.
+func (f Function) Gets(p Parameter) bool {
+	return p.Env != config.EnvEventBusName || f.PublishesEvents
 }
 
 // Functions are the broker's five functions: four behind the HTTP API,
@@ -56,9 +68,10 @@ type Function struct {
 var Functions = []Function{
 	{
 		Name: "acquire", LogicalID: "AcquireFunction", MemoryMB: 256, TimeoutSeconds: 29,
-		Description: "POST /v1/sandboxes/acquire (may wait for a slot; reads are served by StatusFunction)",
-		Routes:      []Route{{"POST", "/v1/sandboxes/acquire", ""}},
-		RefillsPool: true,
+		Description:     "POST /v1/sandboxes/acquire (may wait for a slot; reads are served by StatusFunction)",
+		Routes:          []Route{{"POST", "/v1/sandboxes/acquire", ""}},
+		RefillsPool:     true,
+		PublishesEvents: true,
 	},
 	{
 		// Short reads and admin writes, on their own function so that
@@ -79,18 +92,21 @@ var Functions = []Function{
 	},
 	{
 		Name: "release", LogicalID: "ReleaseFunction", MemoryMB: 512, TimeoutSeconds: 29,
-		Description: "POST /v1/sandboxes/{id}/release (syncs outputs to S3, parks warm)",
-		Routes:      []Route{{"POST", "/v1/sandboxes/{id}/release", ""}},
+		Description:     "POST /v1/sandboxes/{id}/release (syncs outputs to S3, parks warm)",
+		Routes:          []Route{{"POST", "/v1/sandboxes/{id}/release", ""}},
+		PublishesEvents: true,
 	},
 	{
 		Name: "sync", LogicalID: "SyncFunction", MemoryMB: 512, TimeoutSeconds: 29,
-		Description: "POST /v1/sandboxes/{id}/sync (copies outputs to S3)",
-		Routes:      []Route{{"POST", "/v1/sandboxes/{id}/sync", ""}},
+		Description:     "POST /v1/sandboxes/{id}/sync (copies outputs to S3)",
+		Routes:          []Route{{"POST", "/v1/sandboxes/{id}/sync", ""}},
+		PublishesEvents: true, // a sandbox found gone is destroyed
 	},
 	{
 		Name: "reconcile", LogicalID: "ReconcileFunction", MemoryMB: 256, TimeoutSeconds: 120,
-		Description: "Scheduled reconcile pass (idle warm expiry, tombstones, inventory)",
-		Schedule:    ReconcileSchedule,
+		Description:     "Scheduled reconcile pass (idle warm expiry, tombstones, inventory)",
+		Schedule:        ReconcileSchedule,
+		PublishesEvents: true,
 	},
 }
 
@@ -236,7 +252,8 @@ var NotDeployed = map[string]string{
 }
 
 // ParamEventBusName is the parameter naming the event bus (EVENT_BUS_NAME);
-// the functions may publish to that bus only.
+// the functions that publish (PublishesEvents) may publish to that bus
+// only.
 const ParamEventBusName = "EventBusName"
 
 // Logical IDs shared by template.yaml and the CDK stack.

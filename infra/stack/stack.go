@@ -188,9 +188,8 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	s.buckets()
 	s.secret(props)
 	s.tokenKey()
-	env := s.environment(deployment)
 	for _, f := range Functions {
-		s.Functions[f.Name] = s.function(f, props, env, prefix, retention)
+		s.Functions[f.Name] = s.function(f, props, s.environment(f, deployment), prefix, retention)
 	}
 	s.poolRefill()
 	s.api(props, retention)
@@ -311,12 +310,14 @@ func (s *Stack) tokenKey() {
 	overrideID(s.TokenKey, LogicalTokenKey)
 }
 
-// environment is every function's environment: the parameters and the
-// names of the stack's resources.
-func (s *Stack) environment(deployment *string) map[string]*string {
+// environment is f's environment: the parameters it gets (Function.Gets)
+// and the names of the stack's resources.
+func (s *Stack) environment(f Function, deployment *string) map[string]*string {
 	env := map[string]*string{}
 	for _, p := range Parameters {
-		env[p.Env] = s.Params[p.Name].ValueAsString()
+		if f.Gets(p) {
+			env[p.Env] = s.Params[p.Name].ValueAsString()
+		}
 	}
 	env[config.EnvDeploymentID] = deployment
 	env["TABLE_NAME"] = s.Table.TableName()
@@ -417,9 +418,7 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	seal.AddCondition(jsii.String("StringEquals"), map[string]any{
 		"kms:EncryptionContext:purpose": tokenseal.EncryptionContext["purpose"],
 	})
-	bus := awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":events:"),
-		awscdk.Aws_REGION(), jsii.String(":"), awscdk.Aws_ACCOUNT_ID(), jsii.String(":event-bus/"), s.Params[ParamEventBusName].ValueAsString()})
-	doc := awsiam.NewPolicyDocument(&awsiam.PolicyDocumentProps{Statements: &[]awsiam.PolicyStatement{
+	statements := []awsiam.PolicyStatement{
 		stmt("WriteOwnLogs", LogActions, logs.LogGroupArn()),
 		stmt("TableItems", DynamoDBActions, tableArn),
 		stmt("StateIndex", DynamoDBIndexActions, indexArn),
@@ -427,8 +426,13 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 		stmt("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn()),
 		stmt("ReadE2BApiKey", SecretActions, s.Secret.SecretArn()),
 		seal,
-		stmt("PublishEvents", EventActions, bus),
-	}})
+	}
+	if f.PublishesEvents {
+		bus := awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":events:"),
+			awscdk.Aws_REGION(), jsii.String(":"), awscdk.Aws_ACCOUNT_ID(), jsii.String(":event-bus/"), s.Params[ParamEventBusName].ValueAsString()})
+		statements = append(statements, stmt("PublishEvents", EventActions, bus))
+	}
+	doc := awsiam.NewPolicyDocument(&awsiam.PolicyDocumentProps{Statements: &statements})
 	policy := awsiam.NewPolicy(st, jsii.String(f.LogicalID+"Policy"), &awsiam.PolicyProps{Document: doc})
 	policy.AttachToRole(role)
 	s.policies[f.Name] = policy
