@@ -171,6 +171,8 @@ var Parameters = []Parameter{
 		Description: "Pre-warmed sandboxes kept for new threads' first acquire (0 = no pool); they hold slots."},
 	{Name: "SandboxPoolMaxAgeSeconds", Env: config.EnvPoolMaxAgeSeconds, Default: "3600", AllowedPattern: `^[1-9][0-9]*$`,
 		Description: "Age at which a pool member is recycled (so a template change rolls through); at most 86400."},
+	{Name: "SandboxPoolParked", Env: config.EnvPoolParked, Default: "", AllowedValues: []string{"", "paused", "running"},
+		Description: "How pool members wait: paused (paused slots) or running (running slots); empty = paused when the provider can pause."},
 	{Name: "SandboxMaxPerUser", Env: config.EnvMaxPerUser, Default: "", AllowedPattern: `^([0-9]+)?$`,
 		Description: "Slots one (tenant, user) may hold; 0 = no cap (empty = the default)."},
 	{Name: "SandboxMaxPerTenant", Env: config.EnvMaxPerTenant, Default: "", AllowedPattern: `^([0-9]+)?$`,

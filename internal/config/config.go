@@ -119,7 +119,7 @@ var knownSandboxVars = map[string]bool{
 	EnvReplicas: true, EnvOverflowPolicy: true, EnvAcquireTimeoutSeconds: true,
 	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true,
 	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
-	EnvPoolSize: true, EnvPoolMaxAgeSeconds: true,
+	EnvPoolSize: true, EnvPoolMaxAgeSeconds: true, EnvPoolParked: true,
 	EnvPauseAfterSeconds: true, EnvMaxPaused: true, EnvPausedTTLSeconds: true,
 }
 

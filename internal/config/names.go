@@ -20,6 +20,7 @@ func VariableNames() []string {
 		EnvPoolSize,
 		EnvPoolMaxAgeSeconds,
 		EnvPoolRefillFunction,
+		EnvPoolParked,
 		EnvDeploymentID, EnvMaxPerUser, EnvMaxPerTenant, EnvMaxWaitersPerTenant, EnvAdminTenants, EnvTenantClaim,
 		EnvPauseAfterSeconds, EnvMaxPaused, EnvPausedTTLSeconds,
 		EnvE2BAPIURL,

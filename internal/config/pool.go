@@ -18,6 +18,10 @@ const (
 	// function, on the acquire function only); empty: the reconcile
 	// schedule alone refills.
 	EnvPoolRefillFunction = "POOL_REFILL_FUNCTION"
+	// EnvPoolParked is how members wait: "paused" or "running" (default:
+	// paused when the provider can pause, else running; "paused" with a
+	// provider that cannot pause fails at startup).
+	EnvPoolParked = "SANDBOX_POOL_PARKED"
 )
 
 // maxPoolAge bounds EnvPoolMaxAgeSeconds.
@@ -38,6 +42,12 @@ func (p *parser) pool() Pool {
 	if ps.MaxAge > maxPoolAge {
 		p.fail(EnvPoolMaxAgeSeconds, "must be at most %d: it is the members' provider timeout, and E2B runs a sandbox 24 hours at most", int(maxPoolAge/time.Second))
 		ps.MaxAge = maxPoolAge
+	}
+	switch parked := core.PoolParking(p.str(EnvPoolParked, "")); parked {
+	case core.PoolParkedDefault, core.PoolParkedPaused, core.PoolParkedRunning:
+		ps.Parked = parked
+	default:
+		p.fail(EnvPoolParked, "must be %s or %s (empty: paused when the provider can pause)", core.PoolParkedPaused, core.PoolParkedRunning)
 	}
 	return Pool{PoolSettings: ps, RefillFunction: p.str(EnvPoolRefillFunction, "")}
 }

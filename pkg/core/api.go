@@ -63,7 +63,7 @@ type ReconcileStats struct {
 	// PoolCreated: pool members created by the pass's refill.
 	PoolCreated int `json:"pool_created"`
 	// PoolRecycled: pool members destroyed for their age, an excess of the
-	// pool's size, or draining.
+	// pool's size, draining, or an interrupted hand-out.
 	PoolRecycled int `json:"pool_recycled"`
 	// LedgerRepaired is the correction applied to the ledger's used count.
 	LedgerRepaired int `json:"ledger_repaired"`

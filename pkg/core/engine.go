@@ -91,7 +91,7 @@ func New(s Settings, store Store, prov Provider, syncer OutputSyncer, opts ...Op
 		o(e)
 	}
 	e.reconcileConfig()
-	if err := e.poolConfig().settings.Validate(); err != nil {
+	if err := e.validatePool(); err != nil {
 		return nil, fmt.Errorf("pool settings: %w", err)
 	}
 	return e, nil
@@ -338,10 +338,10 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 		}
 		replaceRes = b.Reservation
 	}
+	st.tenantUsed = look.TenantUsed
 	if res, handled, retry, err := e.fromPool(ctx, key, owner, replaceID, replaceRes, st); handled {
 		return res, retry, err
 	}
-	st.tenantUsed = look.TenantUsed
 	return e.create(ctx, key, owner, replaceID, replaceRes, st)
 }
 
@@ -633,7 +633,7 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownT
 			}
 		}
 	}
-	if e.evictPoolMember(ctx, owner) {
+	if e.evictPoolMember(ctx, owner, false) {
 		return true
 	}
 	if counts.Warm == 0 {

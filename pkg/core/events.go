@@ -90,7 +90,7 @@ const (
 func EventReasons() []string {
 	return []string{EventReasonGone, EventReasonUnresponsive, EventReasonNotResumable, EventReasonDraining,
 		EventReasonCapacity, EventReasonIdleExpired, EventReasonDuplicate, EventReasonOrphan,
-		EventReasonKillRetried, EventReasonUntracked, EventReasonPoolRecycled}
+		EventReasonKillRetried, EventReasonUntracked, EventReasonPoolRecycled, EventReasonClaimInterrupted}
 }
 
 // Event is one lifecycle transition of a sandbox record, as published

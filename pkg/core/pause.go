@@ -153,6 +153,9 @@ func (e *Engine) unleaseWarm(ctx context.Context, rec Record) {
 // finishPause asks the provider to pause rec (pausing or resuming, leased
 // by this invocation) and settles the record by the answer.
 func (e *Engine) finishPause(ctx context.Context, rec Record) pauseResult {
+	// A pool member (no thread) settles back to pooled.
+	pool, member := e.store.poolStore()
+	member = member && rec.ThreadKey == (ThreadKey{})
 	cctx, cancel, ok := e.leaseCall(ctx, rec)
 	if !ok {
 		e.log.WarnContext(ctx, "too little lease left to pause; left for the next pass", "sandbox_id", rec.SandboxID)
@@ -164,12 +167,20 @@ func (e *Engine) finishPause(ctx context.Context, rec Record) pauseResult {
 	case err == nil:
 		sctx, scancel := settle(ctx)
 		defer scancel()
-		paused, err := e.pauseStore().SettlePause(sctx, rec, e.now())
+		settlePause := e.pauseStore().SettlePause
+		if member {
+			settlePause = pool.SettlePoolPause
+		}
+		paused, err := settlePause(sctx, rec, e.now())
 		if err != nil {
 			// Stale fence: a peer took the record over (its call decides);
 			// maybe applied: the record stays pausing, finished later.
 			e.log.WarnContext(ctx, "paused, but the record was not settled", "sandbox_id", rec.SandboxID, "err", err)
 			return pauseDeferred
+		}
+		if member {
+			e.log.InfoContext(ctx, "pool member parked paused", "sandbox_id", rec.SandboxID)
+			return pauseDone
 		}
 		e.log.InfoContext(ctx, "sandbox paused", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
 		e.emit(ctx, paused, StateWarm, StatePaused, EventPaused, "")
@@ -186,25 +197,33 @@ func (e *Engine) finishPause(ctx context.Context, rec Record) pauseResult {
 	default:
 		e.log.WarnContext(ctx, "pause refused; kept warm", "sandbox_id", rec.SandboxID, "err", err)
 		if rec.State == StatePausing {
-			e.abortPause(ctx, rec)
+			abort := e.pauseStore().AbortPause
+			if member {
+				abort = pool.AbortPoolPause
+			}
+			e.abortPause(ctx, rec, abort)
 		}
 		return pauseDeferred
 	}
 }
 
-// abortPause returns rec (pausing, leased by this invocation) to warm.
-func (e *Engine) abortPause(ctx context.Context, rec Record) {
+// abortPause returns rec (pausing, leased by this invocation) to warm
+// (a pool member to pooled) with abort.
+func (e *Engine) abortPause(ctx context.Context, rec Record, abort func(context.Context, Record, time.Time) (Record, error)) {
 	sctx, cancel := settle(ctx)
 	defer cancel()
-	if _, err := e.pauseStore().AbortPause(sctx, rec, e.now()); err != nil {
+	if _, err := abort(sctx, rec, e.now()); err != nil {
 		e.log.WarnContext(ctx, "giving up a pause failed; left pausing", "sandbox_id", rec.SandboxID, "err", err)
 	}
 }
 
-// evictPaused frees a paused slot for key's thread: it destroys the least
-// recently paused sandbox of another thread (its outputs were copied
-// before it was paused). It reports whether a slot was freed.
+// evictPaused frees a paused slot for key's thread: it gives up a pool
+// member parked paused, else destroys the least recently paused sandbox
+// of another thread (its outputs were copied before it was paused). It reports whether a slot was freed.
 func (e *Engine) evictPaused(ctx context.Context, key ThreadKey, owner string) bool {
+	if e.evictPoolMember(ctx, owner, true) {
+		return true
+	}
 	paused, err := e.pauseStore().PausedParkedBefore(ctx, e.now().Add(time.Millisecond), evictCandidates)
 	if err != nil {
 		e.log.WarnContext(ctx, "list paused sandboxes for eviction failed", "err", err)

@@ -44,7 +44,8 @@ type PauseStore interface {
 	// and takes a running slot: *CapacityError as Reserve's; ErrNotFound,
 	// ErrConflict or ErrLeaseHeld as Claim.
 	ClaimResume(ctx context.Context, r ResumeClaim) (Record, error)
-	// SettleResume moves rec (resuming, fenced) to StateActive ending at
+	// SettleResume moves rec (resuming, or a paused pool member claiming
+	// for its thread: fenced) to StateActive ending at
 	// expiresAt, stores rec.PausedFor (the caller added the pause that
 	// ends) and frees its paused slot. The lease is cleared.
 	SettleResume(ctx context.Context, rec Record, now, expiresAt time.Time) (Record, error)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -18,9 +19,10 @@ const (
 	StatePooled State = "pooled"
 	// StateClaiming is a pool member claimed by a thread (bound to it, its
 	// tenant's and user's slots taken) whose hand-out is in progress under
-	// the claimer's lease: checked, bootstrapped, outputs restored, then
-	// active. A claimer that died leaves it for the thread's next acquire,
-	// which finishes the hand-out.
+	// the claimer's lease: checked (resumed first when it was parked
+	// paused), outputs restored, then active. A claimer that died leaves
+	// it for the thread's next acquire, which finishes the hand-out, or,
+	// once the lease lapsed, for reconcile, which destroys it.
 	StateClaiming State = "claiming"
 
 	// SourcePool: a pool member claimed by the thread.
@@ -36,6 +38,21 @@ const (
 	MetaPoolMember = "member"
 )
 
+// PoolParking is how pool members wait to be claimed.
+type PoolParking string
+
+// Pool parkings (PoolSettings.Parked).
+const (
+	// PoolParkedDefault: paused when the provider can pause
+	// (Capabilities.Pause), running otherwise.
+	PoolParkedDefault PoolParking = ""
+	// PoolParkedPaused: members are paused after their bootstrap and hold
+	// paused slots (Settings.PausedLimit); a claim resumes its member.
+	PoolParkedPaused PoolParking = "paused"
+	// PoolParkedRunning: members keep running and hold running slots.
+	PoolParkedRunning PoolParking = "running"
+)
+
 // PoolSettings configure the pre-warmed pool (WithPool).
 type PoolSettings struct {
 	// Size is how many members are kept (SANDBOX_POOL_SIZE, >= 0; 0 = no
@@ -45,6 +62,10 @@ type PoolSettings struct {
 	// (SANDBOX_POOL_MAX_AGE_SECONDS, > 0), so a template change rolls
 	// through the pool.
 	MaxAge time.Duration
+	// Parked is how members wait (SANDBOX_POOL_PARKED; default
+	// PoolParkedDefault). PoolParkedPaused with a provider that cannot
+	// pause is refused by New.
+	Parked PoolParking
 }
 
 // DefaultPoolSettings returns no pool and a one-hour maximum age.
@@ -59,7 +80,30 @@ func (p PoolSettings) Validate() error {
 	if p.MaxAge <= 0 {
 		errs = append(errs, fmt.Errorf("MaxAge: must be > 0, got %s", p.MaxAge))
 	}
+	switch p.Parked {
+	case PoolParkedDefault, PoolParkedPaused, PoolParkedRunning:
+	default:
+		errs = append(errs, fmt.Errorf("Parked: must be %q or %q, got %q", PoolParkedPaused, PoolParkedRunning, p.Parked))
+	}
 	return errors.Join(errs...)
+}
+
+// validatePool checks the pool settings against the provider: members
+// parked paused need one that can pause.
+func (e *Engine) validatePool() error {
+	set := e.poolConfig().settings
+	if err := set.Validate(); err != nil {
+		return err
+	}
+	if set.Parked == PoolParkedPaused && e.pauseStore() == nil {
+		return fmt.Errorf("Parked: %q, but provider %s cannot pause (or the store keeps no paused slots)", set.Parked, e.prov.Name())
+	}
+	return nil
+}
+
+// membersPaused reports whether new pool members are parked paused.
+func (e *Engine) membersPaused() bool {
+	return e.poolConfig().settings.Parked != PoolParkedRunning && e.pauseStore() != nil
 }
 
 // WithPool sets the pool (default DefaultPoolSettings: none). The engine's
@@ -121,6 +165,9 @@ type PoolClaim struct {
 	// reservation.
 	ReplaceSandboxID   string
 	ReplaceReservation string
+	// Limit is the deployment's slot limit: a member parked paused takes
+	// a running slot within it.
+	Limit int
 }
 
 // PoolStore is the store access the pool needs beyond Store
@@ -143,12 +190,26 @@ type PoolStore interface {
 	SomePoolMembers(ctx context.Context, limit int) ([]Record, error)
 	// ClaimPoolMember moves c.Member from pooled to claiming for c's
 	// thread under c.Owner's lease, binds the thread to it and takes the
-	// user's and tenant's slots (the member's deployment slot becomes the
-	// thread's), in one write. It returns the claimed record. Errors:
-	// ErrConflict (the member is no longer pooled), ErrThreadBound, a
-	// *CapacityError (RefusalUserQuota, RefusalTenantQuota,
-	// RefusalDraining).
+	// user's and tenant's slots (a running member's deployment slot
+	// becomes the thread's; a paused one takes a running slot within
+	// c.Limit and keeps its paused slot until SettleResume), in one
+	// write. It returns the claimed record. Errors: ErrConflict (the
+	// member is no longer pooled), ErrThreadBound, a *CapacityError
+	// (RefusalUserQuota, RefusalTenantQuota, RefusalDraining, and for a
+	// paused member RefusalCapacity).
 	ClaimPoolMember(ctx context.Context, c PoolClaim) (Record, error)
+	// ClaimPoolPause moves a pooled member holding a running slot to
+	// StatePausing under c's lease (c.From, c.To and c.Tenant are
+	// implied) and takes a paused slot, as PauseStore.ClaimPause:
+	// ErrPausedFull when limit paused slots are held.
+	ClaimPoolPause(ctx context.Context, c Claim, limit int) (Record, error)
+	// SettlePoolPause moves a member being paused (fenced by rec.Fence)
+	// back to StatePooled holding its paused slot only (its running slot
+	// freed), its lease cleared.
+	SettlePoolPause(ctx context.Context, rec Record, now time.Time) (Record, error)
+	// AbortPoolPause moves a member being paused (fenced) back to
+	// StatePooled holding its running slot only (its paused slot freed).
+	AbortPoolPause(ctx context.Context, rec Record, now time.Time) (Record, error)
 	// AdoptPoolSandbox records an untracked pool sandbox as rec (a
 	// tombstone leased to the caller, for its kill): consuming
 	// reservation's slot and place when set, else taking new ones without
@@ -194,20 +255,15 @@ func (e *Engine) fromPool(ctx context.Context, key ThreadKey, owner, replaceID, 
 		return res, false, false, nil
 	}
 	rand.Shuffle(len(members), func(i, j int) { members[i], members[j] = members[j], members[i] })
+	// Running members first: a paused one costs the claim a resume.
+	slices.SortStableFunc(members, func(a, b Record) int { return cmpBool(a.Slots.Paused, b.Slots.Paused) })
 	set := e.poolConfig().settings
 	oldest := e.now().Add(-(set.MaxAge - set.poolLead()))
 	for _, m := range members {
 		if m.CreatedAt.Before(oldest) {
 			continue // reconcile recycles it
 		}
-		now := e.now()
-		rec, err := ps.ClaimPoolMember(ctx, PoolClaim{Member: m, ThreadKey: key, Owner: owner, Now: now,
-			LeaseUntil: e.leaseUntil(ctx), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant,
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes})
-		if errors.Is(err, ErrStoreUnavailable) {
-			// Maybe applied: the record says whether the member is ours.
-			rec, err = e.claimOutcome(ctx, m.SandboxID, key, owner, err)
-		}
+		rec, err := e.claimMember(ctx, ps, m, key, owner, replaceID, replaceRes, st)
 		var ce *CapacityError
 		switch {
 		case err == nil:
@@ -236,6 +292,55 @@ func (e *Engine) fromPool(ctx context.Context, key ThreadKey, owner, replaceID, 
 		}
 	}
 	return res, false, false, nil
+}
+
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// claimMember claims member m for key's thread (ClaimPoolMember), reading
+// the member back when the write's outcome is unknown. A member parked
+// paused takes a running slot: as for a create's reservation, the slots
+// of sandboxes the provider ended are freed and a sandbox evicted when
+// the deployment is full (see takeSlot). ErrConflict: a peer took m.
+func (e *Engine) claimMember(ctx context.Context, ps PoolStore, m Record, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (Record, error) {
+	claim := func(now time.Time) (Record, error) {
+		rec, err := ps.ClaimPoolMember(ctx, PoolClaim{Member: m, ThreadKey: key, Owner: owner, Now: now,
+			LeaseUntil: e.leaseUntil(ctx), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant,
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Limit: e.s.Limit()})
+		if errors.Is(err, ErrStoreUnavailable) {
+			// Maybe applied: the record says whether the member is ours.
+			rec, err = e.claimOutcome(ctx, m.SandboxID, key, owner, err)
+		}
+		return rec, err
+	}
+	if !m.Slots.Paused {
+		return claim(e.now())
+	}
+	var (
+		rec  Record
+		lost error
+	)
+	_, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
+		var err error
+		rec, err = claim(now)
+		if errors.Is(err, ErrConflict) {
+			lost = err // a peer took the member: no slot to wait for
+			return nil
+		}
+		return err
+	})
+	if lost != nil {
+		return Record{}, lost
+	}
+	return rec, err
 }
 
 // claimOutcome reads the member after a claim whose outcome is unknown:
@@ -270,16 +375,38 @@ func (e *Engine) finishClaim(ctx context.Context, rec Record) (AcquireResult, bo
 		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
 		return AcquireResult{}, true, unavailable(fmt.Errorf("pool member %s %s: %v", rec.SandboxID, why, cause))
 	}
-	// The timeout and the check are independent: they run side by side,
-	// so a claim waits for one provider round trip, not two.
-	timeoutErr := make(chan error, 1)
-	go func() { timeoutErr <- e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout) }()
-	checkErr := e.checkMember(ctx, rec.Ref())
-	if err := <-timeoutErr; err != nil {
-		return discard("does not take its timeout", err)
-	}
-	if checkErr != nil {
-		return discard("failed its check", checkErr)
+	pauses := e.pauseStore()
+	if rec.Slots.Paused {
+		// Parked paused: the resume sets the active timeout, then the
+		// check reads the marker back.
+		if pauses == nil {
+			return discard("cannot be resumed", errors.New("the provider cannot resume"))
+		}
+		cctx, cancel, ok := e.leaseCall(ctx, rec)
+		if !ok {
+			return AcquireResult{}, true, fmt.Errorf("resume pool member %s: lease too short: %w", rec.SandboxID, ErrLeaseHeld)
+		}
+		err := e.caps.Pause.Resume(cctx, rec.SandboxID, e.s.ActiveTimeout)
+		cancel()
+		if err != nil {
+			// Failed or maybe applied: either way the member is given up.
+			return discard("did not resume", err)
+		}
+		if err := e.checkMember(ctx, rec.Ref()); err != nil {
+			return discard("failed its check", err)
+		}
+	} else {
+		// The timeout and the check are independent: they run side by
+		// side, so a claim waits for one provider round trip, not two.
+		timeoutErr := make(chan error, 1)
+		go func() { timeoutErr <- e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout) }()
+		checkErr := e.checkMember(ctx, rec.Ref())
+		if err := <-timeoutErr; err != nil {
+			return discard("does not take its timeout", err)
+		}
+		if checkErr != nil {
+			return discard("failed its check", checkErr)
+		}
 	}
 	restored, err := e.restore(ctx, rec.ThreadKey, rec.Ref())
 	if err != nil {
@@ -288,8 +415,14 @@ func (e *Engine) finishClaim(ctx context.Context, rec Record) (AcquireResult, bo
 	now := e.now()
 	fctx, cancel := settle(ctx)
 	defer cancel()
-	active, err := e.applyRecord(fctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateActive,
-		Now: now, ExpiresAt: now.Add(e.s.ActiveTimeout), Slot: rec.Slot})
+	var active Record
+	if rec.Slots.Paused {
+		// Active, its paused slot freed: the running slot is the claim's.
+		active, err = pauses.SettleResume(fctx, rec, now, now.Add(e.s.ActiveTimeout))
+	} else {
+		active, err = e.applyRecord(fctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateActive,
+			Now: now, ExpiresAt: now.Add(e.s.ActiveTimeout), Slot: rec.Slot})
+	}
 	if err != nil {
 		// A peer took the hand-out over (our lease lapsed) or the write
 		// was lost: the record stays the thread's; the next attempt
@@ -324,9 +457,10 @@ func (e *Engine) kickRefill(ctx context.Context) <-chan struct{} {
 }
 
 // evictPoolMember gives up one pool member to free its slot for a thread
-// (a member goes before any thread's warm sandbox). It reports whether a
-// slot was freed.
-func (e *Engine) evictPoolMember(ctx context.Context, owner string) bool {
+// (a member goes before any thread's warm or paused sandbox): one holding
+// a paused slot when paused, else one holding a running slot. It reports
+// whether a slot was freed.
+func (e *Engine) evictPoolMember(ctx context.Context, owner string, paused bool) bool {
 	ps := e.poolStore()
 	if ps == nil {
 		return false
@@ -336,17 +470,26 @@ func (e *Engine) evictPoolMember(ctx context.Context, owner string) bool {
 		return false
 	}
 	for _, m := range members {
+		if m.Slots.Paused != paused {
+			continue
+		}
 		if e.destroyPoolMember(ctx, m, owner, EventReasonCapacity) {
-			e.log.InfoContext(ctx, "gave up a pool member for a thread", "sandbox_id", m.SandboxID)
+			e.log.InfoContext(ctx, "gave up a pool member for a thread", "sandbox_id", m.SandboxID, "paused", paused)
 			return true
 		}
 	}
 	return false
 }
 
-// EventReasonPoolRecycled: a pool member destroyed for its age or because
-// the pool is larger than its size.
-const EventReasonPoolRecycled = "pool_recycled"
+// Event reasons of the pool.
+const (
+	// EventReasonPoolRecycled: a pool member destroyed for its age or
+	// because the pool is larger than its size.
+	EventReasonPoolRecycled = "pool_recycled"
+	// EventReasonClaimInterrupted: a claimed member whose hand-out was
+	// interrupted (its claimer's lease lapsed), destroyed by reconcile.
+	EventReasonClaimInterrupted = "claim_interrupted"
+)
 
 // destroyPoolMember claims a pooled member for destruction and destroys
 // it for reason (one of EventReasons); false when a peer took it first

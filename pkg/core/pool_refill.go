@@ -132,7 +132,27 @@ func (e *Engine) refillOne(ctx context.Context, ps PoolStore) (bool, error) {
 		return false, fmt.Errorf("pool member %s: finalize: %w", ref.ID, err)
 	}
 	e.emit(ctx, rec, StateCreating, StatePooled, EventCreated, "")
+	if e.membersPaused() {
+		e.pauseMember(ctx, ps, rec)
+	}
 	return true, nil
+}
+
+// pauseMember parks a new member (pooled, running) paused: it takes a
+// paused slot, the provider pauses it, and its running slot is freed, as
+// for a thread's warm sandbox (finishPause). A member that cannot be
+// paused (the paused slots are full, the provider refused) stays running;
+// one left pausing by an uncertain pause is finished by reconcile; one the
+// provider lost is destroyed. A refill never evicts to make room.
+func (e *Engine) pauseMember(ctx context.Context, ps PoolStore, rec Record) {
+	now := e.now()
+	claimed, err := ps.ClaimPoolPause(ctx, Claim{SandboxID: rec.SandboxID, Owner: newOwner(), Now: now,
+		LeaseUntil: e.leaseUntil(ctx)}, e.s.PausedLimit())
+	if err != nil {
+		e.log.InfoContext(ctx, "pool member kept running: its pause was not claimed", "sandbox_id", rec.SandboxID, "err", err)
+		return
+	}
+	e.finishPause(ctx, claimed)
 }
 
 // prepareMember bootstraps a new member and writes its marker
@@ -158,6 +178,9 @@ func (p *pass) pool(ctx context.Context, draining bool) error {
 	ps, ok := e.store.poolStore()
 	if !ok {
 		return nil
+	}
+	if err := p.interruptedClaims(ctx); err != nil {
+		return err
 	}
 	set := e.poolConfig().settings
 	members, err := ps.PoolMembers(ctx, reconcileBatch)
@@ -195,6 +218,50 @@ func (p *pass) pool(ctx context.Context, draining bool) error {
 	p.st.PoolCreated += st.Created
 	if err != nil {
 		return fmt.Errorf("refill pool: %w", err)
+	}
+	return nil
+}
+
+// interruptedClaims destroys the members whose hand-out was interrupted:
+// claiming, their claimer's lease lapsed, and no acquire of the thread
+// took them over since. The thread never received the sandbox (only an
+// active record is handed out), so nothing of its is lost: its next
+// acquire claims or creates another and restores its outputs there.
+// Left alone, such a record would hold its slots (a paused member's
+// running and paused slots) until the thread came back.
+func (p *pass) interruptedClaims(ctx context.Context) error {
+	e := p.e
+	if p.rst == nil {
+		return nil
+	}
+	now := e.now()
+	var stale []Record
+	err := p.rst.ScanState(ctx, StateClaiming, func(r Record) bool {
+		if !r.LeaseExpiresAt.After(now) {
+			stale = append(stale, r)
+		}
+		return len(stale) < reconcileBatch
+	})
+	if err != nil {
+		return fmt.Errorf("scan claiming records: %w", err)
+	}
+	for _, rec := range stale {
+		if p.outOfTime() {
+			p.st.BudgetExhausted = true
+			return nil
+		}
+		now := e.now()
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateClaiming},
+			To: StateDestroying, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		if err != nil {
+			p.skip(ctx, "claim interrupted pool hand-out", rec.SandboxID, err) // its thread took it over
+			continue
+		}
+		e.log.InfoContext(ctx, "reconcile: destroying a pool member whose hand-out was interrupted", "sandbox_id", rec.SandboxID,
+			"thread", rec.ThreadKey.String())
+		if e.destroyClaimed(ctx, claimed, EventReasonClaimInterrupted) {
+			p.st.PoolRecycled++
+		}
 	}
 	return nil
 }

@@ -66,8 +66,12 @@ func (e *Engine) meterFinal(ctx context.Context, rec Record, final bool) {
 	if tenant == "" || rec.MeteredState == StatePooled {
 		tenant = UsagePoolTenant
 	}
+	metered := rec.MeteredState
+	if metered == StatePooled && rec.Slots.Paused {
+		metered = StatePaused // a member parked paused: its time in the pool was paused time
+	}
 	attrs := EMFAttrsWith([]Dimension{{DimensionDeployment, e.s.Deployment}, {DimensionTenant, tenant}},
-		rec.MeteredAt, usageMetric(rec.MeteredState, d))
+		rec.MeteredAt, usageMetric(metered, d))
 	attrs = append(attrs, slog.String("sandbox_id", rec.SandboxID), slog.String("user_id", rec.User),
 		slog.String("thread_id", rec.Thread), slog.String("state", string(rec.MeteredState)),
 		slog.Time("from", rec.PrevMeteredAt.UTC()), slog.Time("to", rec.MeteredAt.UTC()), slog.Bool("final", final))
@@ -187,6 +191,33 @@ func (m meteredPoolStore) ClaimPoolMember(ctx context.Context, c PoolClaim) (Rec
 // AdoptPoolSandbox meters the adopted member's time before the adoption.
 func (m meteredPoolStore) AdoptPoolSandbox(ctx context.Context, rec Record, reservation string) (Record, error) {
 	out, err := m.PoolStore.AdoptPoolSandbox(ctx, rec, reservation)
+	if err == nil {
+		m.e.meter(ctx, out)
+	}
+	return out, err
+}
+
+// ClaimPoolPause meters the member's running time before its pause.
+func (m meteredPoolStore) ClaimPoolPause(ctx context.Context, c Claim, limit int) (Record, error) {
+	rec, err := m.PoolStore.ClaimPoolPause(ctx, c, limit)
+	if err == nil {
+		m.e.meter(ctx, rec)
+	}
+	return rec, err
+}
+
+// SettlePoolPause meters the pausing time.
+func (m meteredPoolStore) SettlePoolPause(ctx context.Context, rec Record, now time.Time) (Record, error) {
+	out, err := m.PoolStore.SettlePoolPause(ctx, rec, now)
+	if err == nil {
+		m.e.meter(ctx, out)
+	}
+	return out, err
+}
+
+// AbortPoolPause meters the pausing time.
+func (m meteredPoolStore) AbortPoolPause(ctx context.Context, rec Record, now time.Time) (Record, error) {
+	out, err := m.PoolStore.AbortPoolPause(ctx, rec, now)
 	if err == nil {
 		m.e.meter(ctx, out)
 	}

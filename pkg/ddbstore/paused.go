@@ -145,24 +145,34 @@ func (s *Store) claimRefusal(ctx context.Context, c core.Claim, user string, r t
 // then a read of the record.
 func (s *Store) ClaimPause(ctx context.Context, c core.Claim, limit int) (core.Record, error) {
 	c.From = []core.State{core.StateWarm}
+	return s.claimPause(ctx, "claim pause", c, limit, nil)
+}
+
+// claimPause is ClaimPause from c.From, the record also meeting extra
+// when set.
+func (s *Store) claimPause(ctx context.Context, op string, c core.Claim, limit int, extra *expression.ConditionBuilder) (core.Record, error) {
 	if c.LeaseUntil.IsZero() {
-		return core.Record{}, fmt.Errorf("claim pause: a lease is required")
+		return core.Record{}, fmt.Errorf("%s: a lease is required", op)
+	}
+	cond := claimCondition(c)
+	if extra != nil {
+		cond = cond.And(*extra)
 	}
 	upd := s.claimUpdate(c, core.StatePausing, c.Now).Set(expression.Name("paused_slot"), expression.Value(true))
-	rec, err := s.recordTxnItem(c.SandboxID, claimCondition(c), upd)
+	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
 	if err != nil {
-		return core.Record{}, fmt.Errorf("claim pause: %w", err)
+		return core.Record{}, fmt.Errorf("%s: %w", op, err)
 	}
 	take, err := s.pausedTake(limit)
 	if err != nil {
-		return core.Record{}, fmt.Errorf("claim pause: %w", err)
+		return core.Record{}, fmt.Errorf("%s: %w", op, err)
 	}
-	failed, err := s.writeTxn(ctx, "claim pause", []types.TransactWriteItem{rec, take})
+	failed, err := s.writeTxn(ctx, op, []types.TransactWriteItem{rec, take})
 	if r, ok := failed[sandboxPK(c.SandboxID)]; ok {
 		return core.Record{}, s.claimRefusal(ctx, c, "", r)
 	}
 	if has(failed, pausedPK(s.deployment)) {
-		return core.Record{}, fmt.Errorf("claim pause %s: %w", c.SandboxID, core.ErrPausedFull)
+		return core.Record{}, fmt.Errorf("%s %s: %w", op, c.SandboxID, core.ErrPausedFull)
 	}
 	if err != nil {
 		return core.Record{}, err
@@ -220,40 +230,52 @@ func settled(rec core.Record, st core.State, now time.Time) core.Record {
 
 // SettlePause implements core.PauseStore.
 func (s *Store) SettlePause(ctx context.Context, rec core.Record, now time.Time) (core.Record, error) {
-	upd := expression.Set(expression.Name("state"), expression.Value(string(core.StatePaused))).
+	return s.settlePause(ctx, "settle pause", rec, now, core.StatePaused, now)
+}
+
+// settlePause moves rec (pausing or resuming) to state to, indexed at at,
+// holding its paused slot only: its running slot is freed.
+func (s *Store) settlePause(ctx context.Context, op string, rec core.Record, now time.Time, to core.State, at time.Time) (core.Record, error) {
+	upd := expression.Set(expression.Name("state"), expression.Value(string(to))).
 		Set(expression.Name("updated_at"), expression.Value(ms(now))).
 		Set(expression.Name("parked_at"), expression.Value(ms(now))).
 		Set(expression.Name("no_running_slot"), expression.Value(true)).
 		Set(expression.Name("paused_slot"), expression.Value(true)).
 		Remove(expression.Name("expires_at")) // the provider does not end a paused sandbox: reconcile does (its TTL)
-	upd = s.stateIndex(upd, core.StatePaused, now, rec.SandboxID).
+	upd = s.stateIndex(upd, to, at, rec.SandboxID).
 		Remove(expression.Name("bucket")).Remove(expression.Name("counted")).Remove(expression.Name("quota"))
 	running := rec
 	running.Slots = core.Slots{} // the running slot and its counters only
 	release, err := s.slotsRelease(running)
 	if err != nil {
-		return core.Record{}, fmt.Errorf("settle pause: %w", err)
+		return core.Record{}, fmt.Errorf("%s: %w", op, err)
 	}
-	if err := s.settle(ctx, "settle pause", rec, now, []core.State{core.StatePausing, core.StateResuming}, upd, release...); err != nil {
+	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing, core.StateResuming}, upd, release...); err != nil {
 		return core.Record{}, err
 	}
-	rec = settled(rec, core.StatePaused, now)
+	rec = settled(rec, to, now)
 	rec.ParkedAt, rec.ExpiresAt, rec.Slots, rec.Slot = now, time.Time{}, core.Slots{NoRunning: true, Paused: true}, core.Slot{}
 	return rec, nil
 }
 
 // AbortPause implements core.PauseStore.
 func (s *Store) AbortPause(ctx context.Context, rec core.Record, now time.Time) (core.Record, error) {
-	upd := expression.Set(expression.Name("state"), expression.Value(string(core.StateWarm))).
+	upd := expression.Set(expression.Name("parked_at"), expression.Value(ms(rec.ParkedAt)))
+	return s.abortPause(ctx, "abort pause", rec, now, core.StateWarm, rec.ParkedAt, upd)
+}
+
+// abortPause moves rec (pausing) back to state to, indexed at at, with
+// upd, and frees its paused slot.
+func (s *Store) abortPause(ctx context.Context, op string, rec core.Record, now time.Time, to core.State, at time.Time, upd expression.UpdateBuilder) (core.Record, error) {
+	upd = upd.Set(expression.Name("state"), expression.Value(string(to))).
 		Set(expression.Name("updated_at"), expression.Value(ms(now))).
-		Set(expression.Name("parked_at"), expression.Value(ms(rec.ParkedAt))).
 		Remove(expression.Name("paused_slot"))
-	upd = s.stateIndex(upd, core.StateWarm, rec.ParkedAt, rec.SandboxID)
-	if err := s.settle(ctx, "abort pause", rec, now, []core.State{core.StatePausing}, upd,
+	upd = s.stateIndex(upd, to, at, rec.SandboxID)
+	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing}, upd,
 		s.pausedRelease()); err != nil {
 		return core.Record{}, err
 	}
-	rec = settled(rec, core.StateWarm, now)
+	rec = settled(rec, to, now)
 	rec.Slots = core.Slots{}
 	return rec, nil
 }
@@ -335,7 +357,7 @@ func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresA
 		slots = append(slots, bucket)
 		rec.Slot.Counted = core.StateActive
 	}
-	if err := s.settle(ctx, "settle resume", rec, now, []core.State{core.StateResuming}, upd, slots...); err != nil {
+	if err := s.settle(ctx, "settle resume", rec, now, []core.State{core.StateResuming, core.StateClaiming}, upd, slots...); err != nil {
 		return core.Record{}, err
 	}
 	rec = settled(rec, core.StateActive, now)
@@ -372,8 +394,8 @@ func (s *Store) pausedCount(ctx context.Context) (used int, revision int64, err 
 }
 
 // CountPausedSlots implements core.PauseStore: the paused count, then
-// the records holding paused slots (pausing, paused, resuming, and the
-// tombstones of those).
+// the records holding paused slots (pausing, paused, resuming, pool
+// members parked paused or being claimed, and the tombstones of those).
 func (s *Store) CountPausedSlots(ctx context.Context) (used int, revision int64, counted int, err error) {
 	if used, revision, err = s.pausedCount(ctx); err != nil {
 		return 0, 0, 0, err
@@ -382,12 +404,18 @@ func (s *Store) CountPausedSlots(ctx context.Context) (used int, revision int64,
 	if err != nil {
 		return 0, 0, 0, err
 	}
+	// Pool members parked paused (and being claimed) and tombstones hold
+	// paused slots in states that do not always.
+	counted = n[core.StatePausing] + n[core.StatePaused] + n[core.StateResuming]
 	f := expression.Name("paused_slot").Equal(expression.Value(true))
-	tombs, err := s.countState(ctx, core.StateDestroying, &f)
-	if err != nil {
-		return 0, 0, 0, err
+	for _, st := range []core.State{core.StateDestroying, core.StatePooled, core.StateClaiming} {
+		c, err := s.countState(ctx, st, &f)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		counted += c
 	}
-	return used, revision, n[core.StatePausing] + n[core.StatePaused] + n[core.StateResuming] + tombs, nil
+	return used, revision, counted, nil
 }
 
 // RepairPausedSlots implements core.PauseStore (a conditional write on

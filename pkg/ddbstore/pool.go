@@ -130,18 +130,45 @@ func (s *Store) PoolMembers(ctx context.Context, limit int) ([]core.Record, erro
 // the record (pooled, thread-less -> claiming for the thread, under the
 // claimer's lease), the binding, the ledger (not draining; the tenant
 // joins its tenant set), the user's and tenant's counts (within their
-// caps) and the pool's count (one place given back).
+// caps) and the pool's count (one place given back). A member parked
+// paused takes a running slot in a capacity bucket (as a reservation
+// does, see takeSlot) and keeps its paused slot until its activation
+// (SettleResume).
 func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Record, error) {
+	if !c.Member.Slots.Paused {
+		return s.claimPoolMemberIn(ctx, c, c.Member.Slot.Bucket)
+	}
+	var rec core.Record
+	_, err := s.takeSlot(ctx, c.Limit, homeBucket(c.Member.SandboxID, c.Limit), func(b int) error {
+		var err error
+		rec, err = s.claimPoolMemberIn(ctx, c, b)
+		return err
+	})
+	return rec, err
+}
+
+// claimPoolMemberIn is ClaimPoolMember, the thread's running slot in
+// bucket b (a running member's own slot, or one a paused member takes).
+func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) (core.Record, error) {
 	m := c.Member
-	slot := core.Slot{Bucket: m.Slot.Bucket, Quota: true}
+	paused := m.Slots.Paused
+	slot := core.Slot{Bucket: b, Quota: true}
 	upd := expression.Set(expression.Name("quota"), expression.Value(true))
-	if m.Slot.Counted != "" {
+	if m.Slot.Counted != "" || paused {
 		slot.Counted = core.StateClaiming
 		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateClaiming)))
 	}
+	// A running member's slot is the one listed; a paused member holds
+	// none yet.
+	held := slotCondition(m.Slot)
+	if paused {
+		held = expression.Name("paused_slot").Equal(expression.Value(true)).
+			And(expression.Name("no_running_slot").Equal(expression.Value(true)))
+		upd = upd.Set(expression.Name("bucket"), expression.Value(b)).Remove(expression.Name("no_running_slot"))
+	}
 	recExpr, err := expression.NewBuilder().
 		WithCondition(expression.Name("state").Equal(expression.Value(string(core.StatePooled))).
-			And(expression.AttributeExists(expression.Name(attrPoolPlace))).And(slotCondition(m.Slot))).
+			And(expression.AttributeExists(expression.Name(attrPoolPlace))).And(held)).
 		WithUpdate(s.stateIndex(upd.Set(expression.Name("state"), expression.Value(string(core.StateClaiming))).
 			Set(expression.Name("prev_state"), expression.Value(string(core.StatePooled))).
 			Set(expression.Name("tenant"), expression.Value(c.Tenant)).
@@ -164,9 +191,14 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
 	}
-	notDrain := notDraining()
-	capItem, err := s.bucketUpdate(m.Slot.Bucket, &notDrain, countMove(
-		expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))), m.Slot.Counted, slot.Counted))
+	var capItem types.TransactWriteItem
+	if paused {
+		capItem, err = s.takeUpdate(b, c.Limit, core.StateClaiming, c.Tenant)
+	} else {
+		notDrain := notDraining()
+		capItem, err = s.bucketUpdate(b, &notDrain, countMove(
+			expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))), m.Slot.Counted, slot.Counted))
+	}
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
 	}
@@ -190,7 +222,8 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 		s.poolCount(-1),
 	})
 	// A lost race for the member first (the caller tries the next one),
-	// then the thread's binding, then the quotas, draining last.
+	// then the thread's binding, then the quotas, draining (or, for a
+	// paused member, a full bucket) last.
 	if r, ok := failed[sandboxPK(m.SandboxID)]; ok && len(r.Item) > 0 {
 		// The SDK sends a transaction again when a reply is lost: the
 		// member already claimed for this thread under this claimer's
@@ -209,7 +242,9 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 		return core.Record{}, &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second}
 	case has(failed, tenantPK(s.deployment, c.Tenant)):
 		return core.Record{}, &core.CapacityError{Reason: core.RefusalTenantQuota, RetryAfter: 5 * time.Second}
-	case has(failed, bucketPK(s.deployment, m.Slot.Bucket)):
+	case has(failed, bucketPK(s.deployment, b)) && paused:
+		return core.Record{}, bucketRefusal(failed[bucketPK(s.deployment, b)].Item, c.Limit)
+	case has(failed, bucketPK(s.deployment, b)):
 		return core.Record{}, &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Draining: true}}
 	case len(failed) > 0:
 		return core.Record{}, fmt.Errorf("claim pool member: condition failed on an unexpected item: %w", core.ErrConflict)
@@ -224,7 +259,32 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 	rec.UpdatedAt = c.Now
 	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = poolMetered(m, c.Now), c.Now, core.StatePooled
 	rec.Slot = slot
+	if paused {
+		rec.Slots = core.Slots{Paused: true}
+	}
 	return rec, nil
+}
+
+// ClaimPoolPause implements core.PoolStore: ClaimPause of a pooled member
+// holding a running slot.
+func (s *Store) ClaimPoolPause(ctx context.Context, c core.Claim, limit int) (core.Record, error) {
+	c.From, c.Tenant = []core.State{core.StatePooled}, ""
+	running := expression.AttributeExists(expression.Name(attrPoolPlace)).
+		And(expression.AttributeNotExists(expression.Name("no_running_slot")))
+	return s.claimPause(ctx, "claim pool pause", c, limit, &running)
+}
+
+// SettlePoolPause implements core.PoolStore: the member is pooled again
+// (indexed by its creation, as FinalizePool has it), holding its paused
+// slot only.
+func (s *Store) SettlePoolPause(ctx context.Context, rec core.Record, now time.Time) (core.Record, error) {
+	return s.settlePause(ctx, "settle pool pause", rec, now, core.StatePooled, rec.CreatedAt)
+}
+
+// AbortPoolPause implements core.PoolStore: the member is pooled again,
+// running, its paused slot freed.
+func (s *Store) AbortPoolPause(ctx context.Context, rec core.Record, now time.Time) (core.Record, error) {
+	return s.abortPause(ctx, "abort pool pause", rec, now, core.StatePooled, rec.CreatedAt, expression.UpdateBuilder{})
 }
 
 // poolMetered is when member m's usage was last metered (its time in the
@@ -326,7 +386,8 @@ func (s *Store) freePoolRecord(ctx context.Context, rec core.Record, now time.Ti
 	if err != nil {
 		return fmt.Errorf("free pool member: %w", err)
 	}
-	items, err := s.slotRelease([]types.TransactWriteItem{recUpdate, s.poolCount(-1)}, core.ThreadKey{}, rec.Slot)
+	release, err := s.slotsRelease(rec) // a running slot, a paused one, or both (a member being paused)
+	items := append([]types.TransactWriteItem{recUpdate, s.poolCount(-1)}, release...)
 	if err != nil {
 		return fmt.Errorf("free pool member: %w", err)
 	}

@@ -1,8 +1,9 @@
 // Package faults_test runs the engine over the real local components (the
 // repository's sandbox host driven through the E2B client, DynamoDB Local,
 // versitygw) with a fault layer in front of each of them, and injects one
-// fault at each step of acquire, release and pause-parking (the pause of
-// an idle warm sandbox, the resume of a paused one). After at most two
+// fault at each step of acquire, release, pause-parking (the pause of
+// an idle warm sandbox, the resume of a paused one) and the pre-warmed
+// pool (members parked running and paused: refill, pause, claim, resume). After at most two
 // reconcile passes the broker's invariants must hold: no record in a
 // transitional state, running and paused slots used equal to the running
 // and paused sandboxes, no sandbox handed out that does not answer (a
@@ -66,10 +67,20 @@ type stack struct {
 	pool       bool // the engine keeps a pool of one member
 }
 
+// poolMode is a case's pool: none, or one member parked running or
+// paused.
+type poolMode int
+
+const (
+	noPool poolMode = iota
+	runningPool
+	pausedPool
+)
+
 // newStack builds a case's stack over the shared sandbox host, DynamoDB
-// Local and versitygw, with its own table, bucket and deployment; with a
-// pool of one member when pool is set.
-func newStack(t *testing.T, host *sandboxhost.Server, pool bool) *stack {
+// Local and versitygw, with its own table, bucket and deployment, and the
+// pool mode says.
+func newStack(t *testing.T, host *sandboxhost.Server, mode poolMode) *stack {
 	t.Helper()
 	st := &stack{t: t, deployment: testenv.UniqueName(t, "f"), clock: &offsetClock{},
 		prov: &faults.Transport{}, ddb: &faults.Transport{}, s3: &faults.Transport{}}
@@ -107,10 +118,13 @@ func newStack(t *testing.T, host *sandboxhost.Server, pool bool) *stack {
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = 0
 	opts := []core.Option{core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs)}
-	if pool {
-		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour}))
+	switch mode {
+	case runningPool:
+		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour, Parked: core.PoolParkedRunning}))
+	case pausedPool:
+		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour, Parked: core.PoolParkedPaused}))
 	}
-	st.pool = pool
+	st.pool = mode != noPool
 	st.eng, err = core.New(s, ddbstore.New(faultyDB, table, st.deployment), prov, syncer, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -475,14 +489,33 @@ var steps = []step{
 }
 
 // poolSteps are the steps of the pre-warmed pool (a stack with a pool of
-// one): the claim's write (applied then lost among its faults), the
-// check of the claimed member (a member that does not answer: discarded,
-// then a create), and a refill's create (failed, stalled, or applied
-// with its reply lost: a pool sandbox no record names).
+// one running member): the claim's write (applied then lost among its
+// faults), the check of the claimed member (a member that does not
+// answer: discarded, then a create), and a refill's create (failed,
+// stalled, or applied with its reply lost: a pool sandbox no record
+// names).
 var poolSteps = []step{
 	{"pool/claim-write", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"claiming"`), claimStep},
 	{"pool/member-check", provLayer, faults.PathSuffix("GET", "/files"), claimStep},
 	{"pool/refill-create", provLayer, faults.PathSuffix("POST", "/v2/sandboxes"), refillStep},
+}
+
+// pausedPoolSteps are the steps of a pool of one member parked paused:
+// the refill's pause of its member (the paused slot's claim, the
+// provider's pause, the settle that frees the running slot), and the
+// claim of a paused member (the write that takes its running slot, the
+// provider's resume, the marker check, the activation that frees its
+// paused slot).
+var pausedPoolSteps = []step{
+	{"pool-paused/pause-claim", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"pausing"`), refillStep},
+	{"pool-paused/pause", provLayer, faults.PathSuffix("POST", "/pause"), refillStep},
+	// The settle: back to pooled, the running slot's count moving down.
+	{"pool-paused/pause-settle", ddbLayer, faults.BodyContains(faults.BodyContains(faults.DynamoDB("TransactWriteItems"),
+		`"S":"pooled"`), `"N":"-1"`), refillStep},
+	{"pool-paused/claim-write", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"claiming"`), claimStep},
+	{"pool-paused/resume", provLayer, faults.PathSuffix("POST", "/connect"), claimStep},
+	{"pool-paused/member-check", provLayer, faults.PathSuffix("GET", "/files"), claimStep},
+	{"pool-paused/activate", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), claimStep},
 }
 
 func TestOneFaultAtEachStep(t *testing.T) {
@@ -496,8 +529,15 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = host.Close() })
 	pairs := 0
-	for _, sp := range slices.Concat(steps, poolSteps) {
-		pool := slices.ContainsFunc(poolSteps, func(p step) bool { return p.name == sp.name })
+	modes := map[string]poolMode{}
+	for _, sp := range poolSteps {
+		modes[sp.name] = runningPool
+	}
+	for _, sp := range pausedPoolSteps {
+		modes[sp.name] = pausedPool
+	}
+	for _, sp := range slices.Concat(steps, poolSteps, pausedPoolSteps) {
+		pool := modes[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++
 			t.Run(sp.name+"/"+string(kind), func(t *testing.T) {
