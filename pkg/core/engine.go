@@ -139,7 +139,8 @@ const createBudget = 10 * time.Second
 // lease on the thread's record (a release syncing, a create in flight) is
 // waited out up to the acquire timeout, capped by ctx's deadline.
 //
-// DynamoDB calls (measured by BenchmarkAcquireDynamoDBCalls): reuse 2
+// DynamoDB calls (measured by BenchmarkAcquireDynamoDBCalls, with the
+// capacity units they consume; the README argues these floors): reuse 2
 // (lookup, conditional update); reclaim 3 (the same, and the write of its
 // new expiry, which also moves its count from warm to active); a pool
 // claim 5 (lookup, a query of a shard of the members' index, the claim
@@ -149,11 +150,16 @@ const createBudget = 10 * time.Second
 // query, when a pool is kept but empty, a query per index shard); resume
 // of a paused sandbox 5 (lookup, the claim that finds it paused, the
 // resume claim and its read, the settle). A full deployment adds one read
-// of every capacity bucket (the refusal's details), and per eviction
-// attempt one index query per shard for the warm pool (and for tombstones
-// when the counts name some); once per acquire the same again looking for
-// the slots of sandboxes past their end (freed if the provider confirms
-// them gone). An acquire that waits (the wait policy) takes a waiter place
+// of every capacity bucket (the refusal's details); an eviction then
+// reads its candidates (four index queries, a random quarter of the warm
+// pool's shards; every shard, 17 queries, when that quarter holds fewer
+// than four: see Store.WarmSample; the shards of tombstones first when
+// the counts name some), claims one, frees its slot and reserves in that
+// slot's bucket: evict-then-create is 11 calls from a pool of warm
+// sandboxes, 24 when one is warm. Only when nothing may be evicted, once
+// per acquire, every shard of two states is read for the slots of
+// sandboxes past their end (freed if the provider confirms them gone).
+// An acquire that waits (the wait policy) takes a waiter place
 // once (one BatchGetItem, one
 // conditional write) and gives it back (one delete).
 //
@@ -280,6 +286,9 @@ type acquireState struct {
 	deadChecked bool
 	// tenantUsed is the slots the thread's tenant held at the lookup.
 	tenantUsed int
+	// freed is the slot the last eviction freed, for the next take
+	// (Reservation.Freed); nil when none.
+	freed *Slot
 	// poolTries counts the pool members this acquire claimed.
 	poolTries int
 }
@@ -534,16 +543,17 @@ const leaseSafety = 10 * time.Second
 // maxEvictions bounds how many slots one acquire frees by eviction.
 const maxEvictions = 3
 
-// create reserves a slot (evicting another thread's least recently parked
-// warm sandbox when the deployment is full; only one of key's own tenant
-// when the tenant holds its fair share, see atFairShare), creates and bootstraps a sandbox and records it.
+// create reserves a slot (evicting another thread's warm sandbox, see
+// evictOne, when the deployment is full; only one of key's own tenant
+// when the tenant holds its fair share, see atFairShare), creates and
+// bootstraps a sandbox and records it.
 func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (AcquireResult, bool, error) {
 	var token string
 	retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
 		token = "res-" + newOwner()[4:]
 		return e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes})
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed})
 	})
 	if err != nil {
 		return AcquireResult{}, retry, err
@@ -553,12 +563,14 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 
 // takeSlot runs take, a write that takes a running slot for key's thread
 // (a reservation, a resume claim), until it applies: when the deployment
-// is full it first frees the slots of sandboxes the provider has ended,
-// then evicts (see evictOne), and otherwise returns the refusal (retry:
-// the wait policy may poll). Store outages fail closed.
+// is full it evicts (see evictOne; the next take tries the freed slot's
+// bucket first), else frees the slots of sandboxes the provider has ended,
+// and otherwise returns the refusal (retry: the wait policy may poll).
+// Store outages fail closed.
 func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *acquireState, take func(now time.Time) error) (retry bool, _ error) {
 	for evictions := 0; ; evictions++ {
 		err := take(e.now())
+		st.freed = nil
 		var ce *CapacityError
 		switch {
 		case err == nil:
@@ -568,17 +580,21 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 		case errors.As(err, &ce):
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
+			if ce.Reason == RefusalCapacity && evicting && evictions < maxEvictions {
+				if freed, ok := e.evictOne(ctx, key, owner, e.atFairShare(key, st.tenantUsed, ce.Tenants), ce.Status); ok {
+					st.freed = &freed
+					continue
+				}
+			}
 			if ce.Reason == RefusalCapacity && !st.deadChecked {
-				// Before refusing, free the slots of sandboxes the provider
-				// has already ended.
+				// Nothing may be evicted: before refusing, free the slots
+				// of sandboxes the provider has already ended. Last, as it
+				// reads every index shard of two states (reconcile frees
+				// them too, every pass).
 				st.deadChecked = true
 				if e.freeDead(ctx, owner) > 0 {
 					continue
 				}
-			}
-			if ce.Reason == RefusalCapacity && evicting && evictions < maxEvictions &&
-				e.evictOne(ctx, key, owner, e.atFairShare(key, st.tenantUsed, ce.Tenants), ce.Status) {
-				continue
 			}
 			ce.Status.Policy = string(e.s.Policy)
 			ce.Status.Limit = e.s.Limit()
@@ -603,23 +619,29 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 }
 
 // evictCandidates is how many of the least recently parked warm sandboxes
-// one eviction considers; ownTenantCandidates when only the acquiring
-// tenant's own may be taken (other tenants' are skipped).
+// (of the sample, see Store.WarmSample) one eviction considers;
+// ownTenantCandidates, of the whole pool, when only the acquiring
+// tenant's own may be taken and the sample holds none of them.
 const (
 	evictCandidates     = 10
 	ownTenantCandidates = 50
 )
 
 // evictOne frees one slot for key's thread: first by retrying a tombstone
-// whose lease lapsed, else by destroying the least recently parked warm
-// sandbox of another thread (of key's own tenant when ownTenant: a tenant
-// at or over its fair share never takes another tenant's warm sandbox).
-// It reports whether a slot was freed. A kill that fails leaves a
-// tombstone holding the slot and stops the eviction.
+// whose lease lapsed, else a pool member, else by destroying the least
+// recently parked warm sandbox of another thread among a random quarter
+// of the warm pool (Store.WarmSample: the whole pool when small; on
+// average the fourth oldest of a large one, one of its 16 oldest with
+// probability 1 - (3/4)^16 > 99%), of key's own tenant when ownTenant (a
+// tenant at or over its fair share never takes another tenant's warm
+// sandbox; when the sample holds none of its own, the pool's exact order
+// is read). It reports whether a slot was freed, and the freed record's
+// slot. A kill that fails leaves a tombstone holding the slot and stops
+// the eviction.
 //
 // counts (the refusal's) spares the index queries of a kind the counters
 // say there is none of (each query reads every index shard).
-func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownTenant bool, counts CapacityStatus) bool {
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownTenant bool, counts CapacityStatus) (Slot, bool) {
 	now := e.now()
 	if counts.Tombstones > 0 {
 		if tombs, err := e.store.Tombstones(ctx, 5); err == nil {
@@ -629,34 +651,38 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownT
 				if err != nil {
 					continue // a peer holds its retry lease
 				}
-				return e.destroyClaimed(ctx, claimed, EventReasonKillRetried)
+				return claimed.Slot, e.destroyClaimed(ctx, claimed, EventReasonKillRetried)
 			}
 		}
 	}
 	if e.evictPoolMember(ctx, owner, false) {
-		return true
+		return Slot{}, true
 	}
 	if counts.Warm == 0 {
-		return false
+		return Slot{}, false
 	}
-	limit := evictCandidates
-	if ownTenant {
-		limit = ownTenantCandidates
+	may := func(rec Record) bool { return rec.ThreadKey != key && (!ownTenant || rec.Tenant == key.Tenant) }
+	// The least recently parked of a random quarter of the pool (all of
+	// it when small), see WarmSample.
+	warm, err := e.store.WarmSample(ctx, evictCandidates)
+	if err == nil && ownTenant && !slices.ContainsFunc(warm, may) {
+		// None of the tenant's own among them: the pool's exact order,
+		// deep enough to find its own among other tenants'.
+		warm, err = e.store.WarmParkedBefore(ctx, now.Add(time.Millisecond), ownTenantCandidates)
 	}
-	warm, err := e.store.WarmParkedBefore(ctx, now.Add(time.Millisecond), limit)
 	if err != nil {
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
-		return false
+		return Slot{}, false
 	}
-	return e.evictParked(ctx, key, owner, warm, func(rec Record) bool { return !ownTenant || rec.Tenant == key.Tenant })
+	return e.evictParked(ctx, key, owner, warm, may)
 }
 
 // evictParked destroys the first of parked (warm or paused records, least
 // recently parked first) that belongs to another thread than key's and
 // that may passes, for key's thread. It reports whether one was destroyed
 // (a peer that moved a record first wins it; a kill that fails leaves a
-// tombstone holding its slot and stops the eviction).
-func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool) bool {
+// tombstone holding its slot and stops the eviction), and its slot.
+func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool) (Slot, bool) {
 	for _, rec := range parked {
 		if rec.ThreadKey == key || !may(rec) {
 			continue
@@ -669,9 +695,9 @@ func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, p
 		claimed = keepPause(claimed, rec)
 		e.log.InfoContext(ctx, "evicting "+string(rec.State)+" sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
 		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, EventReasonCapacity)
-		return e.destroyClaimed(ctx, claimed, EventReasonCapacity)
+		return claimed.Slot, e.destroyClaimed(ctx, claimed, EventReasonCapacity)
 	}
-	return false
+	return Slot{}, false
 }
 
 // createReserved creates and bootstraps a sandbox under reservation token.

@@ -229,7 +229,8 @@ func (e *Engine) evictPaused(ctx context.Context, key ThreadKey, owner string) b
 		e.log.WarnContext(ctx, "list paused sandboxes for eviction failed", "err", err)
 		return false
 	}
-	return e.evictParked(ctx, key, owner, paused, func(Record) bool { return true })
+	_, freed := e.evictParked(ctx, key, owner, paused, func(Record) bool { return true })
+	return freed
 }
 
 // resumeParked hands the thread its parked sandbox back: a paused one

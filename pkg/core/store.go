@@ -81,6 +81,10 @@ type Reservation struct {
 	// reservation to take over. Both empty: the binding must not exist.
 	ReplaceSandboxID   string
 	ReplaceReservation string
+	// Freed, when not nil, is the slot the caller just freed for this
+	// reservation (an eviction): the store tries its bucket first, where
+	// a slot is free unless a peer took it.
+	Freed *Slot
 }
 
 // Waiter is one acquire waiting for a slot: it holds one of its tenant's
@@ -157,6 +161,12 @@ type Store interface {
 	// WarmParkedBefore lists up to limit warm records parked before t,
 	// oldest first.
 	WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)
+	// WarmSample lists up to limit warm records, oldest first, of a
+	// random part of the warm pool (at least a quarter of it; all of it
+	// when that part holds fewer than four): eviction's candidates, found
+	// in fewer reads than the whole pool's order costs. Empty only when
+	// there is no warm record.
+	WarmSample(ctx context.Context, limit int) ([]Record, error)
 	// Tombstones lists up to limit records in StateDestroying.
 	Tombstones(ctx context.Context, limit int) ([]Record, error)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -82,12 +83,7 @@ func (q *shardQuery) fill(ctx context.Context, s *Store, state core.State) error
 	return nil
 }
 
-func (q *shardQuery) head() string {
-	if sk, ok := q.buf[0][AttrGSI1SK].(*types.AttributeValueMemberS); ok {
-		return sk.Value
-	}
-	return ""
-}
+func (q *shardQuery) head() string { return entrySK(q.buf[0]) }
 
 // eachInState calls fn with every index entry in state (sk, when not nil,
 // narrows the sort key) in sort-key order across the shards (oldest first:
@@ -95,7 +91,12 @@ func (q *shardQuery) head() string {
 // page is read in parallel; later pages as the merge reaches them. page,
 // when > 0, bounds the entries a page reads (a caller wanting few).
 func (s *Store) eachInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, page int32, fn func(map[string]types.AttributeValue) bool) error {
-	pks := statePKs(s.deployment, state)
+	return s.eachInKeys(ctx, statePKs(s.deployment, state), state, sk, page, fn)
+}
+
+// eachInKeys is eachInState over the index partition keys pks (of state)
+// only.
+func (s *Store) eachInKeys(ctx context.Context, pks []string, state core.State, sk *expression.KeyConditionBuilder, page int32, fn func(map[string]types.AttributeValue) bool) error {
 	qs := make([]*shardQuery, len(pks))
 	for i, pk := range pks {
 		kc := expression.Key(AttrGSI1PK).Equal(expression.Value(pk))
@@ -161,6 +162,65 @@ func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expres
 		return nil, err
 	}
 	return recs, derr
+}
+
+// sampleShards is how many index shards, picked at random, a sampled
+// query reads first; sampleEnough is how many entries it must find there,
+// else it reads the other shards and the legacy key too.
+const (
+	sampleShards = 4
+	sampleEnough = 4
+)
+
+// sampleInState lists up to limit records in state (sk narrowing the sort
+// key), oldest first, of sampleShards random index shards: a random
+// quarter of the state's entries, since an entry's shard is a hash of its
+// id. When those hold fewer than sampleEnough entries (or than limit, if
+// smaller) it reads every other key too and merges, so the answer is then
+// exactly recordsInState's (and it is empty only when the state has no
+// entry). Entries under the legacy key are read only then.
+func (s *Store) sampleInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, limit int) ([]core.Record, error) {
+	pks := statePKs(s.deployment, state)
+	shards := pks[:IndexShards]
+	rand.Shuffle(len(shards), func(i, j int) { shards[i], shards[j] = shards[j], shards[i] })
+	collect := func(keys []string) ([]map[string]types.AttributeValue, error) {
+		var avs []map[string]types.AttributeValue
+		err := s.eachInKeys(ctx, keys, state, sk, int32(limit), func(av map[string]types.AttributeValue) bool {
+			avs = append(avs, av)
+			return len(avs) < limit
+		})
+		return avs, err
+	}
+	avs, err := collect(pks[:sampleShards])
+	if err != nil {
+		return nil, err
+	}
+	if len(avs) < min(sampleEnough, limit) {
+		rest, err := collect(pks[sampleShards:])
+		if err != nil {
+			return nil, err
+		}
+		avs = append(avs, rest...)
+		slices.SortFunc(avs, func(a, b map[string]types.AttributeValue) int { return cmp.Compare(entrySK(a), entrySK(b)) })
+		avs = avs[:min(len(avs), limit)]
+	}
+	recs := make([]core.Record, 0, len(avs))
+	for _, av := range avs {
+		rec, err := s.decodeRecord(ctx, av)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec)
+	}
+	return recs, nil
+}
+
+// entrySK is an index entry's sort key.
+func entrySK(av map[string]types.AttributeValue) string {
+	if sk, ok := av[AttrGSI1SK].(*types.AttributeValueMemberS); ok {
+		return sk.Value
+	}
+	return ""
 }
 
 // someInState lists up to limit records in state in no particular order:

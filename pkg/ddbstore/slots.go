@@ -36,7 +36,11 @@ var (
 // Reserve takes a slot and binds the thread to the reservation,
 // atomically (see takeSlot for the bucket it takes).
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
-	b, err := s.takeSlot(ctx, r.Limit, homeBucket(r.Token, r.Limit), func(b int) error { return s.reserveIn(ctx, r, b) })
+	home := homeBucket(r.Token, r.Limit)
+	if f := r.Freed; f != nil && f.Counted != "" && f.Bucket < min(CapacityBuckets, max(r.Limit, 1)) {
+		home = f.Bucket // where a slot was just freed for it
+	}
+	b, err := s.takeSlot(ctx, r.Limit, home, func(b int) error { return s.reserveIn(ctx, r, b) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating, Quota: true})
 	}

@@ -1,0 +1,104 @@
+package core_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+)
+
+// reserveSpy records the reservations made through a real store.
+type reserveSpy struct {
+	core.Store
+	mu   sync.Mutex
+	seen []core.Reservation
+}
+
+func (s *reserveSpy) Reserve(ctx context.Context, r core.Reservation) error {
+	s.mu.Lock()
+	s.seen = append(s.seen, r)
+	s.mu.Unlock()
+	return s.Store.Reserve(ctx, r)
+}
+
+// An acquire that evicts reads the warm pool's candidates once (no scan of
+// every index shard of two states for dead sandboxes: that check runs only
+// when nothing may be evicted), and its reservation names the slot the
+// eviction freed, whose bucket the store tries first.
+func TestEvictionSkipsTheDeadSlotScanAndReservesTheFreedSlot(t *testing.T) {
+	const limit = 16
+	counter := &callCounter{}
+	client := dynamodb.New(testenv.DynamoClient(t).Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, counter.middleware) })
+	table := freshTable(t, client, "evictcost")
+	s := core.DefaultSettings()
+	s.Deployment, s.Replicas, s.Policy = "test", limit, core.PolicyReject
+	clk := &clock{}
+	store := &reserveSpy{Store: ddbstore.New(client, table, s.Deployment)}
+	prov := coretest.NewFakeProvider()
+	eng, err := core.New(s, store, prov, &fakeSyncer{}, core.WithClock(clk.now), core.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	parked := map[string]core.Record{}
+	for i := range limit {
+		res, err := eng.Acquire(ctx, key(fmt.Sprint("w", i)))
+		if err != nil {
+			t.Fatalf("Acquire w%d: %v", i, err)
+		}
+		if _, err := eng.Release(ctx, "acme", res.Record.SandboxID); err != nil {
+			t.Fatalf("Release w%d: %v", i, err)
+		}
+		parked[res.Record.SandboxID] = res.Record
+		clk.advance(time.Second)
+	}
+	counter.reset()
+	store.mu.Lock()
+	store.seen = nil
+	store.mu.Unlock()
+	if _, err := eng.Acquire(ctx, key("new")); err != nil {
+		t.Fatalf("Acquire of a new thread in a full deployment: %v", err)
+	}
+	queries := 0
+	for _, op := range counter.opNames() {
+		if op == "Query" {
+			queries++
+		}
+	}
+	if queries > ddbstore.IndexShards+1 {
+		t.Errorf("the evicting acquire made %d index queries, want at most %d (one read of the warm pool)", queries, ddbstore.IndexShards+1)
+	}
+	var evicted []string
+	for id := range parked {
+		if !prov.Alive(id) {
+			evicted = append(evicted, id)
+		}
+	}
+	if len(evicted) != 1 {
+		t.Fatalf("evicted %v, want one warm sandbox", evicted)
+	}
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if n := len(store.seen); n != 2 {
+		t.Fatalf("reservations = %d, want 2 (refused, then after the eviction)", n)
+	}
+	if f := store.seen[0].Freed; f != nil {
+		t.Errorf("first reservation names a freed slot %+v, want none", *f)
+	}
+	got, err := store.Get(ctx, evicted[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := store.seen[1].Freed; f == nil || f.Bucket != got.Slot.Bucket {
+		t.Errorf("reservation after the eviction names freed slot %v, want the evicted sandbox's (bucket %d)", f, got.Slot.Bucket)
+	}
+}

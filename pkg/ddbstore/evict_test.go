@@ -1,0 +1,174 @@
+package ddbstore_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+)
+
+// opCounter counts a client's DynamoDB calls by operation (an
+// Initialize-step middleware).
+type opCounter struct {
+	mu  sync.Mutex
+	ops map[string]int
+}
+
+func (c *opCounter) middleware(stack *middleware.Stack) error {
+	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("countOps",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			if op := awsmiddleware.GetOperationName(ctx); op != "" {
+				c.mu.Lock()
+				c.ops[op]++
+				c.mu.Unlock()
+			}
+			return next.HandleInitialize(ctx, in)
+		}), middleware.After)
+}
+
+// counts returns the calls by operation since the last call, and resets.
+func (c *opCounter) counts() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.ops
+	c.ops = map[string]int{}
+	return out
+}
+
+// countedStore is a store over a fresh table whose calls c counts.
+func countedStore(t *testing.T) (*ddbstore.Store, *opCounter) {
+	t.Helper()
+	base, table := newTable(t)
+	c := &opCounter{ops: map[string]int{}}
+	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, c.middleware) })
+	return ddbstore.New(client, table, "test"), c
+}
+
+// parkWarm makes n warm records, the i-th parked at t0 + i s, and returns
+// their ids in park order.
+func parkWarm(t *testing.T, s *ddbstore.Store, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("sbx%03d", i)
+		rec := activeRecord(t, s, thread(i), id)
+		parked := t0.Add(time.Duration(i) * time.Second)
+		if _, err := s.Apply(ctx, core.Update{SandboxID: id, Fence: rec.Fence, State: core.StateWarm, Now: parked, ParkedAt: parked}); err != nil {
+			t.Fatalf("Apply warm %s: %v", id, err)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// TestWarmSample: a large pool is sampled in four index queries, and the
+// answer is exactly the least recently parked records of the shards it
+// drew from, oldest first; a small pool (fewer than four entries in the
+// sampled shards) is read whole and answered in the pool's exact order,
+// so a lone warm record is always found.
+func TestWarmSample(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		warm  int
+		exact bool // the answer is the whole pool's order
+	}{
+		{"empty", 0, true},
+		{"one", 1, true},
+		{"three", 3, true},
+		{"large", 96, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const limit = 10
+			s, calls := countedStore(t)
+			ids := parkWarm(t, s, tc.warm)
+			for range 5 {
+				calls.counts()
+				got, err := s.WarmSample(context.Background(), limit)
+				if err != nil {
+					t.Fatalf("WarmSample: %v", err)
+				}
+				var gotIDs []string
+				shards := map[int]bool{}
+				for _, r := range got {
+					gotIDs = append(gotIDs, r.SandboxID)
+					shards[ddbstore.ShardOf(r.SandboxID)] = true
+				}
+				queries := calls.counts()["Query"]
+				if tc.exact {
+					if want := ids[:min(len(ids), limit)]; !slices.Equal(gotIDs, want) && len(want)+len(gotIDs) > 0 {
+						t.Errorf("WarmSample = %v, want the pool's order %v", gotIDs, want)
+					}
+					if want := ddbstore.IndexShards + 1; queries != want {
+						t.Errorf("queries = %d, want %d (every shard and the legacy key)", queries, want)
+					}
+					continue
+				}
+				// The oldest of the shards drawn from, in park order.
+				var want []string
+				for _, id := range ids {
+					if shards[ddbstore.ShardOf(id)] && len(want) < limit {
+						want = append(want, id)
+					}
+				}
+				if !slices.Equal(gotIDs, want) {
+					t.Errorf("WarmSample = %v, want the least recently parked of its shards %v", gotIDs, want)
+				}
+				if len(shards) > 4 || queries != 4 {
+					t.Errorf("WarmSample drew from %d shards in %d queries, want at most 4 shards in 4 queries", len(shards), queries)
+				}
+			}
+		})
+	}
+}
+
+// TestReserveTakesTheFreedSlotsBucketFirst: a reservation naming the slot
+// just freed for it (an eviction's) takes that bucket's slot in one call,
+// where its own home bucket is full.
+func TestReserveTakesTheFreedSlotsBucketFirst(t *testing.T) {
+	const limit = 8 // eight buckets of one slot
+	s, calls := countedStore(t)
+	ctx := context.Background()
+	var recs []core.Record
+	for i := range limit {
+		token := fmt.Sprintf("res-%d", i)
+		k := thread(i)
+		if err := s.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
+			t.Fatalf("Reserve %d: %v", i, err)
+		}
+		rec, err := s.Finalize(ctx, token, core.Record{SandboxID: fmt.Sprintf("sbx%d", i), ThreadKey: k, State: core.StateActive,
+			Backend: "e2b", CreatedAt: t0, UpdatedAt: t0})
+		if err != nil {
+			t.Fatalf("Finalize %d: %v", i, err)
+		}
+		recs = append(recs, rec)
+	}
+	freed := recs[3]
+	if err := s.Free(ctx, freed, t0); err != nil {
+		t.Fatalf("Free: %v", err)
+	}
+	// A token whose home bucket is another (full) one.
+	token := ""
+	for i := 0; token == ""; i++ {
+		if c := fmt.Sprintf("res-new-%d", i); ddbstore.HomeBucket(c, limit) != freed.Slot.Bucket {
+			token = c
+		}
+	}
+	calls.counts()
+	if err := s.Reserve(ctx, core.Reservation{Token: token, ThreadKey: thread(100), Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+		Freed: &freed.Slot}); err != nil {
+		t.Fatalf("Reserve with the freed slot: %v", err)
+	}
+	if got := calls.counts(); len(got) != 1 || got["TransactWriteItems"] != 1 {
+		t.Errorf("Reserve made %v, want one TransactWriteItems (the freed slot's bucket)", got)
+	}
+}
