@@ -153,8 +153,8 @@ const createBudget = 10 * time.Second
 // of every capacity bucket (the refusal's details); an eviction then
 // reads its candidates (four index queries, a random quarter of the warm
 // pool's shards; every shard, 17 queries, when that quarter holds fewer
-// than four: see Store.WarmSample; the shards of tombstones first when
-// the counts name some), claims one, frees its slot and reserves in that
+// than four: see Store.Sample; as many for tombstones first when the
+// counts name some), claims one, frees its slot and reserves in that
 // slot's bucket: evict-then-create is 11 calls from a pool of warm
 // sandboxes, 24 when one is warm. Only when nothing may be evicted, once
 // per acquire, every shard of two states is read for the slots of
@@ -619,7 +619,7 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 }
 
 // evictCandidates is how many of the least recently parked warm sandboxes
-// (of the sample, see Store.WarmSample) one eviction considers;
+// (of the sample, see Store.Sample) one eviction considers;
 // ownTenantCandidates, of the whole pool, when only the acquiring
 // tenant's own may be taken and the sample holds none of them.
 const (
@@ -630,7 +630,7 @@ const (
 // evictOne frees one slot for key's thread: first by retrying a tombstone
 // whose lease lapsed, else a pool member, else by destroying the least
 // recently parked warm sandbox of another thread among a random quarter
-// of the warm pool (Store.WarmSample: the whole pool when small; on
+// of the warm pool (Store.Sample: the whole pool when small; on
 // average the fourth oldest of a large one, one of its 16 oldest with
 // probability 1 - (3/4)^16 > 99%), of key's own tenant when ownTenant (a
 // tenant at or over its fair share never takes another tenant's warm
@@ -644,7 +644,8 @@ const (
 func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownTenant bool, counts CapacityStatus) (Slot, bool) {
 	now := e.now()
 	if counts.Tombstones > 0 {
-		if tombs, err := e.store.Tombstones(ctx, 5); err == nil {
+		// Any whose retry lease lapsed will do: a sample of them.
+		if tombs, err := e.store.Sample(ctx, StateDestroying, 5); err == nil {
 			for _, rec := range tombs {
 				claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
 					Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
@@ -663,8 +664,8 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownT
 	}
 	may := func(rec Record) bool { return rec.ThreadKey != key && (!ownTenant || rec.Tenant == key.Tenant) }
 	// The least recently parked of a random quarter of the pool (all of
-	// it when small), see WarmSample.
-	warm, err := e.store.WarmSample(ctx, evictCandidates)
+	// it when small), see Store.Sample.
+	warm, err := e.store.Sample(ctx, StateWarm, evictCandidates)
 	if err == nil && ownTenant && !slices.ContainsFunc(warm, may) {
 		// None of the tenant's own among them: the pool's exact order,
 		// deep enough to find its own among other tenants'.

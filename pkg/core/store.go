@@ -161,12 +161,11 @@ type Store interface {
 	// WarmParkedBefore lists up to limit warm records parked before t,
 	// oldest first.
 	WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)
-	// WarmSample lists up to limit warm records, oldest first, of a
-	// random part of the warm pool (at least a quarter of it; all of it
-	// when that part holds fewer than four): eviction's candidates, found
-	// in fewer reads than the whole pool's order costs. Empty only when
-	// there is no warm record.
-	WarmSample(ctx context.Context, limit int) ([]Record, error)
+	// Sample lists up to limit records in state, oldest first, of a random
+	// part of them (at least a quarter; all of them when that part holds
+	// fewer than four): eviction's candidates, found in fewer reads than
+	// the exact order of all costs. Empty only when none is in state.
+	Sample(ctx context.Context, state State, limit int) ([]Record, error)
 	// Tombstones lists up to limit records in StateDestroying.
 	Tombstones(ctx context.Context, limit int) ([]Record, error)
 }

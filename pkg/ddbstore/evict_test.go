@@ -71,12 +71,12 @@ func parkWarm(t *testing.T, s *ddbstore.Store, n int) []string {
 	return ids
 }
 
-// TestWarmSample: a large pool is sampled in four index queries, and the
+// TestSample: a large warm pool is sampled in four index queries, and the
 // answer is exactly the least recently parked records of the shards it
 // drew from, oldest first; a small pool (fewer than four entries in the
 // sampled shards) is read whole and answered in the pool's exact order,
 // so a lone warm record is always found.
-func TestWarmSample(t *testing.T) {
+func TestSample(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		warm  int
@@ -93,9 +93,9 @@ func TestWarmSample(t *testing.T) {
 			ids := parkWarm(t, s, tc.warm)
 			for range 5 {
 				calls.counts()
-				got, err := s.WarmSample(context.Background(), limit)
+				got, err := s.Sample(context.Background(), core.StateWarm, limit)
 				if err != nil {
-					t.Fatalf("WarmSample: %v", err)
+					t.Fatalf("Sample: %v", err)
 				}
 				var gotIDs []string
 				shards := map[int]bool{}
@@ -106,7 +106,7 @@ func TestWarmSample(t *testing.T) {
 				queries := calls.counts()["Query"]
 				if tc.exact {
 					if want := ids[:min(len(ids), limit)]; !slices.Equal(gotIDs, want) && len(want)+len(gotIDs) > 0 {
-						t.Errorf("WarmSample = %v, want the pool's order %v", gotIDs, want)
+						t.Errorf("Sample = %v, want the pool's order %v", gotIDs, want)
 					}
 					if want := ddbstore.IndexShards + 1; queries != want {
 						t.Errorf("queries = %d, want %d (every shard and the legacy key)", queries, want)
@@ -121,10 +121,10 @@ func TestWarmSample(t *testing.T) {
 					}
 				}
 				if !slices.Equal(gotIDs, want) {
-					t.Errorf("WarmSample = %v, want the least recently parked of its shards %v", gotIDs, want)
+					t.Errorf("Sample = %v, want the least recently parked of its shards %v", gotIDs, want)
 				}
 				if len(shards) > 4 || queries != 4 {
-					t.Errorf("WarmSample drew from %d shards in %d queries, want at most 4 shards in 4 queries", len(shards), queries)
+					t.Errorf("Sample drew from %d shards in %d queries, want at most 4 shards in 4 queries", len(shards), queries)
 				}
 			}
 		})

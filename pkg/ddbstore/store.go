@@ -462,11 +462,11 @@ func (s *Store) WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([
 	return s.recordsInState(ctx, core.StateWarm, &sk, limit)
 }
 
-// WarmSample lists up to limit warm records, oldest first, of a random
-// quarter of the warm pool (four of the IndexShards index shards); when
-// those hold fewer than four, of the whole pool (see sampleInState).
-func (s *Store) WarmSample(ctx context.Context, limit int) ([]core.Record, error) {
-	return s.sampleInState(ctx, core.StateWarm, nil, limit)
+// Sample lists up to limit records in state, oldest first, of a random
+// quarter of them (four of the IndexShards index shards); when those hold
+// fewer than four, of all of them (see sampleInState).
+func (s *Store) Sample(ctx context.Context, state core.State, limit int) ([]core.Record, error) {
+	return s.sampleInState(ctx, state, nil, limit)
 }
 
 // Tombstones lists records in StateDestroying, oldest first.
