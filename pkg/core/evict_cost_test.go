@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -100,5 +101,54 @@ func TestEvictionSkipsTheDeadSlotScanAndReservesTheFreedSlot(t *testing.T) {
 	}
 	if f := store.seen[1].Freed; f == nil || f.Bucket != got.Slot.Bucket {
 		t.Errorf("reservation after the eviction names freed slot %v, want the evicted sandbox's (bucket %d)", f, got.Slot.Bucket)
+	}
+}
+
+// A tenant at its fair share evicts only its own warm sandboxes from a
+// large pool too: when the sampled quarter of the pool holds none of its
+// own, the pool's exact order is read, and another tenant's older warm
+// sandboxes are never taken.
+func TestSampledEvictionKeepsTheFairShareRule(t *testing.T) {
+	const limit = 40 // two tenants: a fair share of 20
+	h := newHarness(t, func(s *core.Settings) { s.Replicas = limit; s.Policy = core.PolicyReject })
+	ctx := context.Background()
+	park := func(rec core.Record) {
+		t.Helper()
+		if _, err := h.eng.Release(ctx, rec.Tenant, rec.SandboxID); err != nil {
+			t.Fatalf("Release %s: %v", rec.SandboxID, err)
+		}
+		h.clock.advance(time.Second)
+	}
+	var others []core.Record
+	for i := range 20 { // parked first: the least recently parked of the pool
+		rec := h.acquire(t, tenantKey("other", fmt.Sprint("o", i)), core.SourceCreated)
+		park(rec)
+		others = append(others, rec)
+	}
+	var hogWarm []core.Record
+	for i := range 20 { // 20 slots, at its fair share
+		rec := h.acquire(t, tenantKey("hog", fmt.Sprint("h", i)), core.SourceCreated)
+		if i >= 17 {
+			park(rec)
+			hogWarm = append(hogWarm, rec)
+		}
+	}
+	// Full. Each acquire of hog evicts one of its own warm sandboxes.
+	for i := range hogWarm {
+		h.acquire(t, tenantKey("hog", fmt.Sprint("new", i)), core.SourceCreated)
+	}
+	for _, rec := range hogWarm {
+		if h.prov.Alive(rec.SandboxID) {
+			t.Errorf("hog's warm %s was not evicted", rec.SandboxID)
+		}
+	}
+	for _, rec := range others {
+		if !h.prov.Alive(rec.SandboxID) {
+			t.Errorf("hog, at its fair share, evicted other's warm %s", rec.SandboxID)
+		}
+	}
+	var ce *core.CapacityError
+	if _, err := h.eng.Acquire(ctx, tenantKey("hog", "one-more")); !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
+		t.Errorf("hog's next acquire = %v, want a capacity refusal (only another tenant's warm sandboxes are left)", err)
 	}
 }
