@@ -275,14 +275,23 @@ func BenchmarkAcquireDynamoDBCalls(b *testing.B) {
 		eng, c, _, _ := benchEngine(b, nil)
 		measure(b, c, nil, func(i int) { mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourceCreated) })
 	})
-	b.Run("pool-claim", func(b *testing.B) {
+	b.Run("create-empty-pool", func(b *testing.B) {
 		eng, c, _, _ := benchEngine(b, nil, core.WithPool(core.PoolSettings{Size: 1, MaxAge: time.Hour}))
-		measure(b, c, func(int) {
-			if st, err := eng.RefillPool(ctx); err != nil || st.Created != 1 {
-				b.Fatalf("RefillPool = %+v, %v", st, err)
-			}
-		}, func(i int) { mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourcePool) })
+		measure(b, c, nil, func(i int) { mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourceCreated) })
 	})
+	// A pool of one member: as sparse as a pool gets.
+	for _, parked := range []core.PoolParking{core.PoolParkedRunning, core.PoolParkedPaused} {
+		b.Run("pool-claim-"+string(parked), func(b *testing.B) {
+			prov := coretest.NewFakeProvider()
+			prov.Pausable = true
+			eng, c, _, _ := benchEngineWith(b, prov, nil, core.WithPool(core.PoolSettings{Size: 1, MaxAge: time.Hour, Parked: parked}))
+			measure(b, c, func(int) {
+				if st, err := eng.RefillPool(ctx); err != nil || st.Created != 1 {
+					b.Fatalf("RefillPool = %+v, %v", st, err)
+				}
+			}, func(i int) { mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourcePool) })
+		})
+	}
 	b.Run("evict-then-create", func(b *testing.B) {
 		// One warm sandbox, the only one to evict.
 		eng, c, _, _ := benchEngine(b, func(s *core.Settings) { s.Replicas = 1 })

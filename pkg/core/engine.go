@@ -143,11 +143,13 @@ const createBudget = 10 * time.Second
 // capacity units they consume; the README argues these floors): reuse 2
 // (lookup, conditional update); reclaim 3 (the same, and the write of its
 // new expiry, which also moves its count from warm to active); a pool
-// claim 5 (lookup, a query of a shard of the members' index, the claim
+// claim 5 (lookup, the one query of the members' index key, the claim
 // transaction, the activation, which moves the member's count, and the
-// read of the activated record); create 3 (lookup, reserve, finalize; 4
-// when replacing a dead sandbox: the failed claim; one more, the members'
-// query, when a pool is kept but empty, a query per index shard); resume
+// read of the activated record), 4 for a member parked paused (its
+// activation returns no record to read), however few members there are;
+// create 3 (lookup, reserve, finalize; 4 when replacing a dead sandbox:
+// the failed claim; one more, the members' query, when a pool is kept but
+// empty); resume
 // of a paused sandbox 5 (lookup, the claim that finds it paused, the
 // resume claim and its read, the settle). A full deployment adds one read
 // of every capacity bucket (the refusal's details); an eviction then

@@ -18,18 +18,18 @@ import (
 )
 
 // latencyModel is a provider's latency, added to every call of the local
-// host: Create takes Create more than a round trip, every other call
-// (control plane or envd) one RoundTrip.
+// host: Create takes Create more than a round trip, Resume takes Resume
+// more, every other call (control plane or envd) one RoundTrip.
 type latencyModel struct {
 	Create    time.Duration
+	Resume    time.Duration
 	RoundTrip time.Duration
 }
 
-// e2bModel is E2B's published sandbox start time ("~150 ms"; its
-// documentation gives about 1 s to resume a paused sandbox), and an
-// assumed 20 ms round trip from the broker's region to E2B's API and to a
-// sandbox's envd.
-var e2bModel = latencyModel{Create: 150 * time.Millisecond, RoundTrip: 20 * time.Millisecond}
+// e2bModel is E2B's published sandbox start time ("~150 ms") and resume
+// time (about 1 s for a paused sandbox), and an assumed 20 ms round trip
+// from the broker's region to E2B's API and to a sandbox's envd.
+var e2bModel = latencyModel{Create: 150 * time.Millisecond, Resume: time.Second, RoundTrip: 20 * time.Millisecond}
 
 // timedProvider adds a latency model to a provider and measures the wall
 // time during which at least one of its calls is in flight (the
@@ -77,6 +77,31 @@ func (p *timedProvider) takeBusy() time.Duration {
 	b := p.busy
 	p.busy = 0
 	return b
+}
+
+// Capabilities are the provider's, its pause and resume timed too.
+func (p *timedProvider) Capabilities() core.Capabilities {
+	c := p.Provider.Capabilities()
+	if c.Pause != nil {
+		c.Pause = timedPauser{p: p, next: c.Pause}
+	}
+	return c
+}
+
+// timedPauser is a provider's Pauser under its timedProvider's model.
+type timedPauser struct {
+	p    *timedProvider
+	next core.Pauser
+}
+
+func (t timedPauser) Pause(ctx context.Context, id string) error {
+	defer t.p.call(ctx, t.p.model.RoundTrip)()
+	return t.next.Pause(ctx, id)
+}
+
+func (t timedPauser) Resume(ctx context.Context, id string, timeout time.Duration) error {
+	defer t.p.call(ctx, t.p.model.Resume+t.p.model.RoundTrip)()
+	return t.next.Resume(ctx, id, timeout)
 }
 
 func (p *timedProvider) Create(ctx context.Context, spec core.CreateSpec) (core.SandboxRef, error) {
@@ -132,18 +157,22 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // from its call to its reply (the sandbox ready: checked, bootstrapped,
 // timeout set, recorded), when it claims a pool member and when it
 // creates, side by side in one run: on the local sandbox host, and on the
-// host with E2B's latency model (e2bModel). It reports p50 and p99 of
-// both, the ratio of the p50s (the goal is at most 0.25), and the
+// host with E2B's latency model (e2bModel), with members parked running
+// and paused (a paused member's claim resumes it). It reports p50 and p99
+// of both, the ratio of the p50s (the goal is at most 0.25), and the
 // broker's own share of a claim (the time no provider call was in
 // flight: DynamoDB and the engine). The store is DynamoDB Local; no
 // outputs are restored (a restore costs both paths the same).
 func BenchmarkPoolClaimVersusCreate(b *testing.B) {
 	for _, tc := range []struct {
-		name  string
-		model latencyModel
+		name   string
+		model  latencyModel
+		parked core.PoolParking
 	}{
-		{"host", latencyModel{}},
-		{"e2b-model", e2bModel},
+		{"host/running", latencyModel{}, core.PoolParkedRunning},
+		{"host/paused", latencyModel{}, core.PoolParkedPaused},
+		{"e2b-model/running", e2bModel, core.PoolParkedRunning},
+		{"e2b-model/paused", e2bModel, core.PoolParkedPaused},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			ctx := context.Background()
@@ -164,7 +193,7 @@ func BenchmarkPoolClaimVersusCreate(b *testing.B) {
 			s.Replicas = 100000
 			s.Policy = core.PolicyReject
 			eng, err := core.New(s, ddbstore.New(ddb, table, s.Deployment), prov, nil,
-				core.WithLogger(slog.New(slog.DiscardHandler)), core.WithPool(core.PoolSettings{Size: 1, MaxAge: time.Hour}))
+				core.WithLogger(slog.New(slog.DiscardHandler)), core.WithPool(core.PoolSettings{Size: 1, MaxAge: time.Hour, Parked: tc.parked}))
 			if err != nil {
 				b.Fatalf("core.New: %v", err)
 			}

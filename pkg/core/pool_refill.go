@@ -266,6 +266,17 @@ func (p *pass) interruptedClaims(ctx context.Context) error {
 	return nil
 }
 
+// poolLedger repairs the pool's place count (see repairCount) to the
+// number of places held: pool reservations, members, and thread-less
+// records being paused or destroyed.
+func (p *pass) poolLedger(ctx context.Context) error {
+	ps, ok := p.e.store.poolStore()
+	if !ok {
+		return nil
+	}
+	return p.repairCount(ctx, "pool place count", &p.cursor.Pool, ps.CountPoolPlaces, ps.RepairPoolPlaces)
+}
+
 // poolSandbox handles a sandbox of the inventory created for the pool
 // (MetaPool). A tracked one (a record that is not gone), pooled or
 // claimed (the table, not its metadata, says which thread it serves), is

@@ -540,3 +540,27 @@ func TestPoolReconcileKillsALeakedFormerMember(t *testing.T) {
 		t.Errorf("used %d for %d live sandboxes", used, h.prov.Live())
 	}
 }
+
+// A pool place count gone wrong is set back to the places held by the
+// second reconcile pass that sees it unchanged (never by the first).
+func TestPoolPlaceCountIsRepairedByReconcile(t *testing.T) {
+	h := newPoolHarness(t, 2, nil)
+	h.refill(t, 2)
+	ctx := context.Background()
+	_, rev, _, err := h.store.CountPoolPlaces(ctx)
+	if err != nil {
+		t.Fatalf("CountPoolPlaces: %v", err)
+	}
+	if err := h.store.RepairPoolPlaces(ctx, rev, 5); err != nil { // corrupt it
+		t.Fatalf("RepairPoolPlaces: %v", err)
+	}
+	for pass, want := range []int{5, 2} {
+		h.reconcile(t)
+		if got := h.poolCount(t); got != want {
+			t.Errorf("after pass %d: pool count = %d, want %d", pass+1, got, want)
+		}
+	}
+	if st := h.reconcile(t); st.PoolCreated != 0 {
+		t.Errorf("a third pass created %d members, want 0 (the pool is full)", st.PoolCreated)
+	}
+}

@@ -143,15 +143,23 @@ type ReconcileCursor struct {
 	Pass int
 	// Version fences cursor writes (compare and swap).
 	Version int64
-	// PausedUsed and PausedCount are the paused slot count and the
-	// paused-slot holders counted by the last pass (PausedNoted: they
-	// were); a repair of the paused count needs both unchanged since.
-	PausedUsed  int
-	PausedCount int
-	PausedNoted bool
-	// PausedRevision is the paused slot count's revision the last pass
-	// read: a repair needs two passes that saw the same revision.
-	PausedRevision int64
+	// Paused is what the last pass saw of the paused slot count, Pool of
+	// the pool's place count.
+	Paused NotedCount
+	Pool   NotedCount
+}
+
+// NotedCount is what a reconcile pass saw of a count kept with its
+// holders (the paused slots, the pool's places): a repair needs two
+// passes that saw the same count, holders and revision.
+type NotedCount struct {
+	// Used is the count as stored, Counted its holders as counted.
+	Used    int
+	Counted int
+	// Revision is the count's revision (every move of it moves it).
+	Revision int64
+	// Noted: the pass saw the count.
+	Noted bool
 }
 
 // SeenSandbox is one sandbox of a cycle's inventory.
@@ -1087,6 +1095,9 @@ func (p *pass) ledger(ctx context.Context) error {
 			"counted", rep.Counted, "rebalanced", rep.Rebalanced)
 	}
 	if perr := p.pausedLedger(ctx); perr != nil {
+		err = errors.Join(err, perr)
+	}
+	if perr := p.poolLedger(ctx); perr != nil {
 		err = errors.Join(err, perr)
 	}
 	if len(rep.TenantsDropped) > 0 {

@@ -158,31 +158,38 @@ func (p *pass) expirePaused(ctx context.Context, draining bool) error {
 	return nil
 }
 
-// pausedLedger repairs the paused slot count as ledger repairs the
-// running one: it is set to the number of records holding paused slots
-// only when this pass sees the same count, revision and holders as the
-// previous pass, with a compare-and-swap on the revision (the count alone
-// could have moved and come back between the passes).
+// pausedLedger repairs the paused slot count (see repairCount) to the
+// number of records holding paused slots.
 func (p *pass) pausedLedger(ctx context.Context) error {
 	ps := p.e.pauseStore()
 	if ps == nil {
 		return nil
 	}
-	used, rev, counted, err := ps.CountPausedSlots(ctx)
+	return p.repairCount(ctx, "paused slot count", &p.cursor.Paused, ps.CountPausedSlots, ps.RepairPausedSlots)
+}
+
+// repairCount repairs a count kept with its holders as ledger repairs the
+// running slots: it is set to the holders counted only when this pass
+// sees the same count, revision and holders as the previous pass (noted,
+// kept in the cursor), with a compare-and-swap on the revision (the count
+// alone could have moved and come back between the passes).
+func (p *pass) repairCount(ctx context.Context, what string, noted *NotedCount,
+	count func(context.Context) (used int, revision int64, counted int, err error),
+	repair func(ctx context.Context, revision int64, counted int) error) error {
+	used, rev, counted, err := count(ctx)
 	if err != nil {
-		return fmt.Errorf("count paused slots: %w", err)
+		return fmt.Errorf("count %s: %w", what, err)
 	}
-	cur := p.cursor
-	if cur.PausedNoted && cur.PausedRevision == rev && cur.PausedUsed == used && cur.PausedCount == counted && used != counted {
-		if err := ps.RepairPausedSlots(ctx, rev, counted); err != nil {
+	if n := *noted; n.Noted && n.Revision == rev && n.Used == used && n.Counted == counted && used != counted {
+		if err := repair(ctx, rev, counted); err != nil {
 			if !errors.Is(err, ErrConflict) {
-				return fmt.Errorf("repair paused slots: %w", err)
+				return fmt.Errorf("repair %s: %w", what, err)
 			}
 		} else {
-			p.e.log.WarnContext(ctx, "reconcile: paused slot count repaired", "used_was", used, "used", counted)
+			p.e.log.WarnContext(ctx, "reconcile: "+what+" repaired", "used_was", used, "used", counted)
 			used, rev = counted, rev+1
 		}
 	}
-	p.cursor.PausedUsed, p.cursor.PausedCount, p.cursor.PausedNoted, p.cursor.PausedRevision = used, counted, true, rev
+	*noted = NotedCount{Used: used, Counted: counted, Revision: rev, Noted: true}
 	return nil
 }

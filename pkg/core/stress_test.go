@@ -125,6 +125,55 @@ func (f *faultyProvider) Resume(ctx context.Context, id string, d time.Duration)
 	return f.pauser.Resume(ctx, id, d)
 }
 
+// stressRig is what the stress tests share: the local sandbox host behind
+// an E2B client, a fresh table with a clean store (the checks' view), and
+// a DynamoDB client for the engine whose calls go through a fault layer.
+type stressRig struct {
+	client    *e2b.Client
+	table     string
+	store     *ddbstore.Store
+	faultyDB  *dynamodb.Client
+	ddbFaults *faults.Transport
+	// fault is the rule to arm on ddbFaults: a few calls fail unsent, or
+	// are applied and their reply lost or cut.
+	fault func(faults.Request) (faults.Kind, bool)
+}
+
+// newStressRig starts the rig of a stress test of deployment, its faults
+// drawn from seed.
+func newStressRig(t *testing.T, deployment string, seed uint64) *stressRig {
+	t.Helper()
+	srv, err := sandboxhost.Start(context.Background(), sandboxhost.Options{APIKey: "stress-key", RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("sandboxhost.Start: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	client, err := e2b.New(e2b.Options{APIURL: srv.APIURL, SandboxURL: srv.EnvdURL, APIKey: "stress-key"})
+	if err != nil {
+		t.Fatalf("e2b.New: %v", err)
+	}
+	ddb := testenv.DynamoClient(t)
+	table := freshTable(t, ddb, deployment)
+	r := &stressRig{client: client, table: table, store: ddbstore.New(ddb, table, deployment), ddbFaults: &faults.Transport{}}
+	r.faultyDB = dynamodb.New(ddb.Options(), func(o *dynamodb.Options) { o.HTTPClient = &http.Client{Transport: r.ddbFaults} })
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	r.fault = func(faults.Request) (faults.Kind, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch n := rng.IntN(1000); {
+		case n < 10:
+			return faults.Fail, true
+		case n < 20:
+			return faults.Lost, true
+		case n < 25:
+			return faults.Cut, true
+		}
+		return "", false
+	}
+	return r
+}
+
 // live lists the deployment's sandboxes at the provider, running and
 // paused.
 func (f *faultyProvider) live(t *testing.T, deployment string) (running, paused []core.SandboxInfo) {
@@ -170,37 +219,10 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 		opsEach     = 12
 	)
 	ctx := context.Background()
-	srv, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: "stress-key", RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("sandboxhost.Start: %v", err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	client, err := e2b.New(e2b.Options{APIURL: srv.APIURL, SandboxURL: srv.EnvdURL, APIKey: "stress-key"})
-	if err != nil {
-		t.Fatalf("e2b.New: %v", err)
-	}
-	ddb := testenv.DynamoClient(t)
-	table := freshTable(t, ddb, "stress")
-	store := ddbstore.New(ddb, table, "stress") // clean: the checks' view
-	// The engine's DynamoDB goes through a fault layer: a few calls fail
-	// unsent, or are applied and their reply lost or cut.
-	ddbFaults := &faults.Transport{}
-	var ddbMu sync.Mutex
-	ddbRng := rand.New(rand.NewPCG(3, 4))
-	ddbFaults.ArmFunc(func(faults.Request) (faults.Kind, bool) {
-		ddbMu.Lock()
-		defer ddbMu.Unlock()
-		switch n := ddbRng.IntN(1000); {
-		case n < 10:
-			return faults.Fail, true
-		case n < 20:
-			return faults.Lost, true
-		case n < 25:
-			return faults.Cut, true
-		}
-		return "", false
-	})
-	faultyDB := dynamodb.New(ddb.Options(), func(o *dynamodb.Options) { o.HTTPClient = &http.Client{Transport: ddbFaults} })
+	rig := newStressRig(t, "stress", 3)
+	client, store, faultyDB, ddbFaults := rig.client, rig.store, rig.faultyDB, rig.ddbFaults
+	table := rig.table
+	ddbFaults.ArmFunc(rig.fault)
 	prov := &faultyProvider{Provider: client, t: t, store: store, rng: rand.New(rand.NewPCG(1, 2)), created: map[string]core.ThreadKey{}}
 	prov.faults.Store(true)
 	clk := &clock{}

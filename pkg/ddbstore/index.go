@@ -42,10 +42,21 @@ func shardOf(id string) int {
 	return int(h.Sum32() % IndexShards)
 }
 
-// statePK is the index partition key of id's entry in state.
+// statePK is the index partition key of id's entry in state. Pool
+// members are all filed under the first shard (poolShard).
 func statePK(deployment string, s core.State, id string) string {
+	if s == core.StatePooled {
+		return legacyStatePK(deployment, s) + "#" + strconv.Itoa(poolShard)
+	}
 	return legacyStatePK(deployment, s) + "#" + strconv.Itoa(shardOf(id))
 }
+
+// poolShard is the one index shard pool members are filed under, so that
+// an acquire finds some in one query however few there are (queries over
+// every shard still find members an older version spread). A pool is
+// small, and every write that files or unfiles a member also writes the
+// pool's one count item (POOL#), so the one key bounds nothing further.
+const poolShard = 0
 
 // legacyStatePK is the unsharded key entries had before the index was
 // spread; queries still read it, so entries written by an older version
@@ -230,30 +241,37 @@ func (s *Store) someInState(ctx context.Context, state core.State, limit int) ([
 	pks := statePKs(s.deployment, state)
 	shards := pks[:IndexShards]
 	rand.Shuffle(len(shards), func(i, j int) { shards[i], shards[j] = shards[j], shards[i] })
-	var recs []core.Record
 	for _, pk := range pks {
-		expr, err := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk))).Build()
+		recs, err := s.inKey(ctx, state, pk, limit, false)
+		if err != nil || len(recs) > 0 {
+			return recs, err
+		}
+	}
+	return nil, nil
+}
+
+// inKey lists up to limit records of one index key (one query), the
+// oldest first, or the newest first when newest.
+func (s *Store) inKey(ctx context.Context, state core.State, pk string, limit int, newest bool) ([]core.Record, error) {
+	expr, err := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk))).Build()
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := s.ctx(ctx)
+	out, err := s.db.Query(cctx, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+		ExpressionAttributeValues: expr.Values(), Limit: aws.Int32(int32(limit)), ScanIndexForward: aws.Bool(!newest)})
+	cancel()
+	if err != nil {
+		return nil, unavailable("query "+string(state), err)
+	}
+	recs := make([]core.Record, 0, len(out.Items))
+	for _, av := range out.Items {
+		rec, err := s.decodeRecord(ctx, av)
 		if err != nil {
 			return nil, err
 		}
-		cctx, cancel := s.ctx(ctx)
-		out, err := s.db.Query(cctx, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
-			KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
-			ExpressionAttributeValues: expr.Values(), Limit: aws.Int32(int32(limit - len(recs)))})
-		cancel()
-		if err != nil {
-			return nil, unavailable("query "+string(state), err)
-		}
-		for _, av := range out.Items {
-			rec, err := s.decodeRecord(ctx, av)
-			if err != nil {
-				return nil, err
-			}
-			recs = append(recs, rec)
-		}
-		if len(recs) > 0 {
-			break
-		}
+		recs = append(recs, rec)
 	}
 	return recs, nil
 }

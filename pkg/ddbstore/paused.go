@@ -421,26 +421,33 @@ func (s *Store) CountPausedSlots(ctx context.Context) (used int, revision int64,
 // RepairPausedSlots implements core.PauseStore (a conditional write on
 // the count).
 func (s *Store) RepairPausedSlots(ctx context.Context, revision int64, counted int) error {
+	return s.repairCount(ctx, "paused slots", pausedPK(s.deployment), "used", revision, counted)
+}
+
+// repairCount sets attribute attr of the count item pk to counted if the
+// item's revision is still revision (ErrConflict otherwise), moving the
+// revision.
+func (s *Store) repairCount(ctx context.Context, what, pk, attr string, revision int64, counted int) error {
 	cond := expression.Name("revision").Equal(expression.Value(revision))
 	if revision == 0 {
 		cond = expression.Or(expression.AttributeNotExists(expression.Name("revision")), cond)
 	}
 	expr, err := expression.NewBuilder().WithCondition(cond).
-		WithUpdate(revised(expression.Set(expression.Name("used"), expression.Value(counted)))).Build()
+		WithUpdate(revised(expression.Set(expression.Name(attr), expression.Value(counted)))).Build()
 	if err != nil {
-		return fmt.Errorf("repair paused slots: %w", err)
+		return fmt.Errorf("repair %s: %w", what, err)
 	}
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
-	_, err = s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(pausedPK(s.deployment)),
+	_, err = s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(pk),
 		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
 		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
-		return fmt.Errorf("paused count moved since revision %d: %w", revision, core.ErrConflict)
+		return fmt.Errorf("%s count moved since revision %d: %w", what, revision, core.ErrConflict)
 	}
 	if err != nil {
-		return unavailable("repair paused slots", err)
+		return unavailable("repair "+what, err)
 	}
 	return nil
 }

@@ -19,7 +19,9 @@ import (
 // (empty tenant, user and thread). The pool's places are counted in
 //
 //	POOL#<deployment>  "members": pool reservations (refills in flight),
-//	                   pooled records, and thread-less records being destroyed
+//	                   pooled records, and thread-less records being paused
+//	                   or destroyed; "revision": moved by every change of it
+//	                   and every repair (see RepairPoolPlaces)
 //
 // Every write that adds or removes one of those moves the count in the
 // same transaction: ReservePool takes a place, ClaimPoolMember gives it
@@ -33,10 +35,11 @@ func poolPK(deployment string) string { return "POOL#" + deployment }
 
 // poolCount is the transaction item that moves the pool's count by delta.
 func (s *Store) poolCount(delta int) types.TransactWriteItem {
-	u := "ADD #members :delta"
+	u := "ADD #members :delta, #revision :one"
 	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
-		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#members": "members"},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: fmt.Sprint(delta)}}}}
+		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#members": "members", "#revision": "revision"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: fmt.Sprint(delta)},
+			":one": &types.AttributeValueMemberN{Value: "1"}}}}
 }
 
 // ReservePool takes a slot (in a capacity bucket, as Reserve) and a pool
@@ -59,7 +62,7 @@ func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, b int
 		WithCondition(expression.Or(
 			expression.AttributeNotExists(expression.Name("members")),
 			expression.Name("members").LessThan(expression.Value(r.Size)))).
-		WithUpdate(expression.Add(expression.Name("members"), expression.Value(1))).
+		WithUpdate(revised(expression.Add(expression.Name("members"), expression.Value(1)))).
 		Build()
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
@@ -114,11 +117,11 @@ func (s *Store) FinalizePool(ctx context.Context, token string, rec core.Record)
 	return final, nil
 }
 
-// SomePoolMembers lists up to limit pooled records, in no particular
-// order: those of the first index shard, in random order, that holds any
-// (one query when the pool's members fill the shards).
+// SomePoolMembers lists up to limit pooled records, the newest first
+// (the oldest may be past their age, awaiting recycling): one query of
+// the index key every member is filed under (poolShard).
 func (s *Store) SomePoolMembers(ctx context.Context, limit int) ([]core.Record, error) {
-	return s.someInState(ctx, core.StatePooled, limit)
+	return s.inKey(ctx, core.StatePooled, statePK(s.deployment, core.StatePooled, ""), limit, true)
 }
 
 // PoolMembers lists pooled records, oldest first.
@@ -355,19 +358,60 @@ func notLivePut(table *string, item map[string]types.AttributeValue) types.Trans
 
 // PoolCount reads the pool's taken places (strongly consistent; 0 if none).
 func (s *Store) PoolCount(ctx context.Context) (int, error) {
+	n, _, err := s.poolPlaces(ctx, true)
+	return n, err
+}
+
+// poolPlaces reads the pool's place count and its revision.
+func (s *Store) poolPlaces(ctx context.Context, consistent bool) (int, int64, error) {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
-	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(poolPK(s.deployment)), ConsistentRead: aws.Bool(true)})
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(poolPK(s.deployment)), ConsistentRead: aws.Bool(consistent)})
 	if err != nil {
-		return 0, unavailable("get pool count", err)
+		return 0, 0, unavailable("get pool count", err)
 	}
 	var c struct {
-		Members int `dynamodbav:"members"`
+		Members  int   `dynamodbav:"members"`
+		Revision int64 `dynamodbav:"revision"`
 	}
 	if err := attributevalue.UnmarshalMap(out.Item, &c); err != nil {
-		return 0, fmt.Errorf("decode pool count: %w", err)
+		return 0, 0, fmt.Errorf("decode pool count: %w", err)
 	}
-	return c.Members, nil
+	return c.Members, c.Revision, nil
+}
+
+// CountPoolPlaces implements core.PoolStore: the count, then the pool
+// reservations (thread-less reservations) and the records holding a
+// place (pooled, and thread-less ones being paused or destroyed).
+func (s *Store) CountPoolPlaces(ctx context.Context) (used int, revision int64, counted int, err error) {
+	if used, revision, err = s.poolPlaces(ctx, true); err != nil {
+		return 0, 0, 0, err
+	}
+	threadless := expression.Or(expression.AttributeNotExists(expression.Name("tenant")),
+		expression.Name("tenant").Equal(expression.Value("")))
+	holds := expression.AttributeExists(expression.Name(attrPoolPlace))
+	for _, c := range []struct {
+		st     core.State
+		filter expression.ConditionBuilder
+	}{
+		{core.StateCreating, threadless},
+		{core.StatePooled, holds},
+		{core.StatePausing, holds},
+		{core.StateDestroying, holds},
+	} {
+		n, err := s.countState(ctx, c.st, &c.filter)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		counted += n
+	}
+	return used, revision, counted, nil
+}
+
+// RepairPoolPlaces implements core.PoolStore (a conditional write on the
+// count, as RepairPausedSlots).
+func (s *Store) RepairPoolPlaces(ctx context.Context, revision int64, counted int) error {
+	return s.repairCount(ctx, "pool places", poolPK(s.deployment), "members", revision, counted)
 }
 
 // attrPoolPlace marks a thread-less record holding a pool place (a

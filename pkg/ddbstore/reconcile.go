@@ -439,6 +439,10 @@ type reconcileCursorItem struct {
 	PausedCount int    `dynamodbav:"paused_count,omitempty"`
 	PausedNoted bool   `dynamodbav:"paused_noted,omitempty"`
 	PausedRev   int64  `dynamodbav:"paused_revision,omitempty"`
+	PoolUsed    int    `dynamodbav:"pool_used,omitempty"`
+	PoolCount   int    `dynamodbav:"pool_count,omitempty"`
+	PoolNoted   bool   `dynamodbav:"pool_noted,omitempty"`
+	PoolRev     int64  `dynamodbav:"pool_revision,omitempty"`
 }
 
 // Cursor reads the inventory cursor (zero if none).
@@ -456,7 +460,9 @@ func (s *Store) Cursor(ctx context.Context) (core.ReconcileCursor, error) {
 		}
 	}
 	return core.ReconcileCursor{Cycle: it.Cycle, CycleStart: fromMS(it.CycleStart), Token: it.Token, Pass: it.Pass,
-		Version: it.Version, PausedUsed: it.PausedUsed, PausedCount: it.PausedCount, PausedNoted: it.PausedNoted, PausedRevision: it.PausedRev}, nil
+		Version: it.Version,
+		Paused:  core.NotedCount{Used: it.PausedUsed, Counted: it.PausedCount, Noted: it.PausedNoted, Revision: it.PausedRev},
+		Pool:    core.NotedCount{Used: it.PoolUsed, Counted: it.PoolCount, Noted: it.PoolNoted, Revision: it.PoolRev}}, nil
 }
 
 // SaveCursor writes c if the stored version is c.Version (ErrConflict
@@ -465,7 +471,9 @@ func (s *Store) SaveCursor(ctx context.Context, c core.ReconcileCursor) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	av, err := attributevalue.MarshalMap(reconcileCursorItem{Cycle: c.Cycle, CycleStart: ms(c.CycleStart), Token: c.Token,
-		Pass: c.Pass, Version: c.Version + 1, PausedUsed: c.PausedUsed, PausedCount: c.PausedCount, PausedNoted: c.PausedNoted, PausedRev: c.PausedRevision})
+		Pass: c.Pass, Version: c.Version + 1,
+		PausedUsed: c.Paused.Used, PausedCount: c.Paused.Counted, PausedNoted: c.Paused.Noted, PausedRev: c.Paused.Revision,
+		PoolUsed: c.Pool.Used, PoolCount: c.Pool.Counted, PoolNoted: c.Pool.Noted, PoolRev: c.Pool.Revision})
 	if err != nil {
 		return fmt.Errorf("save reconcile cursor: %w", err)
 	}
