@@ -234,22 +234,6 @@ func entrySK(av map[string]types.AttributeValue) string {
 	return ""
 }
 
-// someInState lists up to limit records in state in no particular order:
-// those of the first index key, in random shard order (the legacy key
-// last), that holds any (one query when the first one does).
-func (s *Store) someInState(ctx context.Context, state core.State, limit int) ([]core.Record, error) {
-	pks := statePKs(s.deployment, state)
-	shards := pks[:IndexShards]
-	rand.Shuffle(len(shards), func(i, j int) { shards[i], shards[j] = shards[j], shards[i] })
-	for _, pk := range pks {
-		recs, err := s.inKey(ctx, state, pk, limit, false)
-		if err != nil || len(recs) > 0 {
-			return recs, err
-		}
-	}
-	return nil, nil
-}
-
 // inKey lists up to limit records of one index key (one query), the
 // oldest first, or the newest first when newest.
 func (s *Store) inKey(ctx context.Context, state core.State, pk string, limit int, newest bool) ([]core.Record, error) {
