@@ -305,45 +305,8 @@ func poolMetered(m core.Record, now time.Time) time.Time {
 // without a limit check (the sandbox exists whatever the counts say).
 func (s *Store) AdoptPoolSandbox(ctx context.Context, rec core.Record, reservation string) (core.Record, error) {
 	rec.ThreadKey = core.ThreadKey{}
-	op := "adopt pool sandbox " + rec.SandboxID
-	if reservation == "" {
-		// A slot and a place taken without a limit check.
-		rec.Fence = 1
-		b := int(hashOf(rec.SandboxID) % CapacityBuckets)
-		rec.Slot = core.Slot{Bucket: b, Counted: rec.State}
-		ri := recordItem(rec, s.deployment)
-		ri.PoolPlace = true
-		if err := s.seal(ctx, &ri); err != nil {
-			return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
-		}
-		recAV, err := attributevalue.MarshalMap(ri)
-		if err != nil {
-			return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
-		}
-		bucket, err := s.bucketUpdate(b, nil, countMove(expression.Add(expression.Name("used"), expression.Value(1)).
-			Add(expression.Name("revision"), expression.Value(1)), "", rec.State))
-		if err != nil {
-			return core.Record{}, fmt.Errorf("adopt pool sandbox: %w", err)
-		}
-		if err := s.transact(ctx, op, []types.TransactWriteItem{notLivePut(&s.table, recAV), bucket, s.poolCount(1)}); err != nil {
-			return core.Record{}, err
-		}
-		return rec, nil
-	}
-	var final core.Record
-	failed, err := s.withReservationSlot(ctx, op, reservation, false, func(slot core.Slot) ([]types.TransactWriteItem, error) {
-		var items []types.TransactWriteItem
-		var err error
-		final, items, err = s.fromReservation(ctx, reservation, slot, rec, true)
-		return items, err
-	})
-	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
-		return core.Record{}, fmt.Errorf("%s: condition failed: %w", op, core.ErrConflict)
-	}
-	if err != nil {
-		return core.Record{}, err
-	}
-	return final, nil
+	rec.Slots = core.Slots{}
+	return s.adopt(ctx, "adopt pool sandbox "+rec.SandboxID, core.Adoption{Record: rec, Reservation: reservation}, true)
 }
 
 // notLivePut is the put of a pool record that replaces no record, or a

@@ -192,3 +192,50 @@ func TestPoolCountRepair(t *testing.T) {
 		t.Errorf("repaired pool count = %d, want 1", n)
 	}
 }
+
+// AdoptPoolSandbox records a leftover pool sandbox as a thread-less
+// tombstone holding a slot and a place: its refill's (a reservation
+// consumed) or new ones; it replaces a gone record, never a live one.
+func TestAdoptPoolSandbox(t *testing.T) {
+	for _, withReservation := range []bool{true, false} {
+		t.Run(map[bool]string{true: "reservation consumed", false: "new slot and place"}[withReservation], func(t *testing.T) {
+			s := newStore(t)
+			ctx := context.Background()
+			token := ""
+			if withReservation {
+				token = "res-x"
+				if err := s.ReservePool(ctx, core.PoolReservation{Token: token, Limit: 10, Size: 5, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
+					t.Fatalf("ReservePool: %v", err)
+				}
+			}
+			rec := core.Record{SandboxID: "x", State: core.StateDestroying, ThreadKey: thread(9), CreatedAt: t0, UpdatedAt: t0,
+				LeaseOwner: "rec", LeaseExpiresAt: t0.Add(time.Minute)}
+			got, err := s.AdoptPoolSandbox(ctx, rec, token)
+			if err != nil {
+				t.Fatalf("AdoptPoolSandbox: %v", err)
+			}
+			if got.ThreadKey != (core.ThreadKey{}) || got.Slot.Quota {
+				t.Errorf("adopted = %+v slot %+v, want thread-less, outside the quotas", got.ThreadKey, got.Slot)
+			}
+			if sl := readPoolSlots(t, s); sl != (poolSlots{used: 1, places: 1, placeHolders: 1}) {
+				t.Errorf("slots = %+v, want one running slot and one place", sl)
+			}
+			if _, err := s.AdoptPoolSandbox(ctx, rec, ""); !errors.Is(err, core.ErrConflict) {
+				t.Errorf("second AdoptPoolSandbox of a live record = %v, want ErrConflict", err)
+			}
+			stored, err := s.Get(ctx, "x")
+			if err != nil {
+				t.Fatalf("Get: %v", err)
+			}
+			if err := s.Free(ctx, stored, t0); err != nil {
+				t.Fatalf("Free: %v", err)
+			}
+			if sl := readPoolSlots(t, s); sl != (poolSlots{}) {
+				t.Errorf("after the free: %+v, want nothing held", sl)
+			}
+			if _, err := s.AdoptPoolSandbox(ctx, rec, ""); err != nil {
+				t.Errorf("AdoptPoolSandbox over the gone record = %v, want it adopted again", err)
+			}
+		})
+	}
+}

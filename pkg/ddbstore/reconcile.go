@@ -211,6 +211,14 @@ func (s *Store) transact(ctx context.Context, op string, items []types.TransactW
 // binding still names a canonical sandbox. ErrConflict when any condition
 // fails (nothing written).
 func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error) {
+	return s.adopt(ctx, "adopt "+a.Record.SandboxID, a, false)
+}
+
+// adopt is Adopt; with pool, of a thread-less record holding a pool place
+// (AdoptPoolSandbox): no binding, no user's or tenant's slot, and the
+// place taken with the slot (or carried over from the reservation); its
+// record may replace a gone one.
+func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool) (core.Record, error) {
 	var bindItems []types.TransactWriteItem
 	if a.Bind {
 		it, err := s.bindingPut(a.Record.ThreadKey, a.Record.SandboxID, a.Record.UpdatedAt, bindingCondition(a.From, a.FromBound))
@@ -232,16 +240,15 @@ func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error)
 		}
 		bindItems = append(bindItems, take)
 	}
-	op := "adopt " + a.Record.SandboxID
 	if !a.Record.Slots.Running() {
 		return s.adoptPaused(ctx, op, a, bindItems)
 	}
 	if a.Reservation != "" {
 		var rec core.Record
-		failed, err := s.withReservationSlot(ctx, op, a.Reservation, true, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		failed, err := s.withReservationSlot(ctx, op, a.Reservation, !pool, func(slot core.Slot) ([]types.TransactWriteItem, error) {
 			var items []types.TransactWriteItem
 			var err error
-			rec, items, err = s.fromReservation(ctx, a.Reservation, slot, a.Record, false)
+			rec, items, err = s.fromReservation(ctx, a.Reservation, slot, a.Record, pool)
 			return append(items, bindItems...), err
 		})
 		if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
@@ -257,8 +264,9 @@ func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error)
 	rec := a.Record
 	rec.Fence = 1
 	b := int(hashOf(rec.SandboxID) % CapacityBuckets)
-	rec.Slot = core.Slot{Bucket: b, Counted: rec.State, Quota: true}
+	rec.Slot = core.Slot{Bucket: b, Counted: rec.State, Quota: !pool}
 	ri := recordItem(rec, s.deployment)
+	ri.PoolPlace = pool
 	if err := s.seal(ctx, &ri); err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
@@ -266,11 +274,20 @@ func (s *Store) Adopt(ctx context.Context, a core.Adoption) (core.Record, error)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
-	bucket, err := s.bucketUpdate(b, nil, countMove(expression.Add(expression.Name("used"), expression.Value(1)).
-		Add(expression.Name("revision"), expression.Value(1)).
-		Add(expression.Name("tenants"), expression.Value(tenantSet(rec.Tenant))), "", rec.State))
+	take := expression.Add(expression.Name("used"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1))
+	if !pool {
+		take = take.Add(expression.Name("tenants"), expression.Value(tenantSet(rec.Tenant)))
+	}
+	bucket, err := s.bucketUpdate(b, nil, countMove(take, "", rec.State))
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
+	}
+	if pool {
+		items := append([]types.TransactWriteItem{notLivePut(&s.table, recAV), bucket, s.poolCount(1)}, bindItems...)
+		if err := s.transact(ctx, op, items); err != nil {
+			return core.Record{}, err
+		}
+		return rec, nil
 	}
 	user, err := s.counterTake(userPK(s.deployment, rec.ThreadKey), 0)
 	if err != nil {
