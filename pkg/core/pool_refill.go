@@ -179,8 +179,10 @@ func (p *pass) pool(ctx context.Context, draining bool) error {
 	if !ok {
 		return nil
 	}
-	if err := p.interruptedClaims(ctx); err != nil {
-		return err
+	if e.poolStore() != nil { // a pool is kept: claims may have been interrupted
+		if err := p.interruptedClaims(ctx); err != nil {
+			return err
+		}
 	}
 	set := e.poolConfig().settings
 	members, err := ps.PoolMembers(ctx, reconcileBatch)
@@ -268,10 +270,12 @@ func (p *pass) interruptedClaims(ctx context.Context) error {
 
 // poolLedger repairs the pool's place count (see repairCount) to the
 // number of places held: pool reservations, members, and thread-less
-// records being paused or destroyed.
+// records being paused or destroyed. Only while a pool is kept: nothing
+// reads the count otherwise (its counting reads every index shard of
+// four states).
 func (p *pass) poolLedger(ctx context.Context) error {
-	ps, ok := p.e.store.poolStore()
-	if !ok {
+	ps := p.e.poolStore()
+	if ps == nil {
 		return nil
 	}
 	return p.repairCount(ctx, "pool place count", &p.cursor.Pool, ps.CountPoolPlaces, ps.RepairPoolPlaces)
