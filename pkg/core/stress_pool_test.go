@@ -103,19 +103,7 @@ func stressPool(t *testing.T, parked core.PoolParking) {
 		}
 	}
 
-	stopReconcile := make(chan struct{})
-	reconciled := make(chan struct{})
-	go func() {
-		defer close(reconciled)
-		for {
-			select {
-			case <-stopReconcile:
-				return
-			case <-time.After(300 * time.Millisecond):
-				_, _ = eng.Reconcile(ctx)
-			}
-		}
-	}()
+	stopReconcile := reconcileSchedule(eng)
 
 	var wg sync.WaitGroup
 	var acquired, claimed atomic.Int32
@@ -158,8 +146,7 @@ func stressPool(t *testing.T, parked core.PoolParking) {
 	}
 	wg.Wait()
 	refills.Wait()
-	close(stopReconcile)
-	<-reconciled
+	stopReconcile()
 	checkLimits("after workers")
 	t.Logf("acquired %d, from the pool %d; injected ambiguous creates %d, kills %d, pauses %d, resumes %d; DynamoDB calls hit %d",
 		acquired.Load(), claimed.Load(), prov.lost.Load(), prov.kills.Load(), prov.pauses.Load(), prov.resumes.Load(), ddbFaults.Hits())

@@ -174,6 +174,28 @@ func newStressRig(t *testing.T, deployment string, seed uint64) *stressRig {
 	return r
 }
 
+// reconcileSchedule runs eng's reconcile every 300 ms until the returned
+// function is called (which waits for the pass in flight).
+func reconcileSchedule(eng *core.Engine) (stop func()) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(300 * time.Millisecond):
+				_, _ = eng.Reconcile(context.Background())
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
+}
+
 // live lists the deployment's sandboxes at the provider, running and
 // paused.
 func (f *faultyProvider) live(t *testing.T, deployment string) (running, paused []core.SandboxInfo) {
@@ -282,19 +304,7 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 	}
 
 	// The scheduled reconcile runs throughout, as in production.
-	stopReconcile := make(chan struct{})
-	reconciled := make(chan struct{})
-	go func() {
-		defer close(reconciled)
-		for {
-			select {
-			case <-stopReconcile:
-				return
-			case <-time.After(300 * time.Millisecond):
-				_, _ = eng.Reconcile(ctx)
-			}
-		}
-	}()
+	stopReconcile := reconcileSchedule(eng)
 
 	var wg sync.WaitGroup
 	var acquired, refused atomic.Int32
@@ -340,8 +350,7 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(stopReconcile)
-	<-reconciled
+	stopReconcile()
 	checkInvariants("after workers")
 	t.Logf("acquired %d, refused %d, injected ambiguous creates %d, kills %d, pauses %d, resumes %d", acquired.Load(), refused.Load(),
 		prov.lost.Load(), prov.kills.Load(), prov.pauses.Load(), prov.resumes.Load())
