@@ -158,7 +158,9 @@ const createBudget = 10 * time.Second
 // than four: see Store.Sample; as many for tombstones first when the
 // counts name some), claims one, frees its slot and reserves in that
 // slot's bucket: evict-then-create is 11 calls from a pool of warm
-// sandboxes, 24 when one is warm. Only when nothing may be evicted, once
+// sandboxes, 24 when one is warm (one more when the sandbox is another
+// tenant's: its claim is a transaction with the check of the acquiring
+// tenant's count, then a read of the claimed record). Only when nothing may be evicted, once
 // per acquire, every shard of two states is read for the slots of
 // sandboxes past their end (freed if the provider confirms them gone).
 // An acquire that waits (the wait policy) takes a waiter place
@@ -286,8 +288,10 @@ type acquireState struct {
 	// deadChecked: the slots of dead sandboxes were looked for (once per
 	// acquire: it costs a query per state).
 	deadChecked bool
-	// tenantUsed is the slots the thread's tenant held at the lookup.
+	// tenantUsed is the slots the thread's tenant held at the lookup;
+	// atShare: an eviction found it holding its fair share since.
 	tenantUsed int
+	atShare    bool
 	// freed is the slot the last eviction freed, for the next take
 	// (Reservation.Freed); nil when none.
 	freed *Slot
@@ -334,7 +338,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 			return e.takeOverClaim(ctx, rec, owner)
 		case errors.Is(err, ErrConflict) && holdsPausedSlot(rec.State) && e.pauseStore() != nil:
 			// Parked paused (or on the way in or out): resume it.
-			st.tenantUsed = look.TenantUsed
+			st.tenantUsed, st.atShare = look.TenantUsed, false
 			return e.resumeParked(ctx, key, rec, owner, st)
 		case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
 			// The binding names a record that is gone or being destroyed:
@@ -349,7 +353,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 		}
 		replaceRes = b.Reservation
 	}
-	st.tenantUsed = look.TenantUsed
+	st.tenantUsed, st.atShare = look.TenantUsed, false
 	if res, handled, retry, err := e.fromPool(ctx, key, owner, replaceID, replaceRes, st); handled {
 		return res, retry, err
 	}
@@ -384,18 +388,26 @@ func (e *Engine) salvage(ctx context.Context, rec Record, why string) {
 	}
 }
 
-// atFairShare reports whether key's tenant, holding used slots, holds its
-// fair share of slots or more (Settings.FairShare): its acquires then
-// evict only the tenant's own warm sandboxes. The tenants holding slots
-// are those a capacity refusal names (CapacityError.Tenants: they may
-// still name tenants that just freed their last slot, until reconcile
+// fairShareBelow is the condition under which an acquire of key's thread
+// may evict another tenant's warm sandbox: its tenant holds fewer slots
+// than its fair share (Settings.FairShare), checked by the eviction's
+// claim itself, since the count read at the lookup (st.tenantUsed) may be
+// stale by then. It is nil when the tenant held its share or more at the
+// lookup, or an eviction found it so since (st.atShare): its acquires
+// then evict only its own tenant's warm sandboxes. The tenants holding
+// slots are those a capacity refusal names (CapacityError.Tenants: they
+// may still name tenants that just freed their last slot, until reconcile
 // drops them: the share is then smaller, never larger) plus key's tenant.
-func (e *Engine) atFairShare(key ThreadKey, used int, tenants []string) bool {
+func (e *Engine) fairShareBelow(key ThreadKey, st *acquireState, tenants []string) *TenantBelow {
 	n := len(tenants)
 	if !slices.Contains(tenants, key.Tenant) {
 		n++
 	}
-	return used >= e.s.FairShare(n)
+	share := e.s.FairShare(n)
+	if st.atShare || st.tenantUsed >= share {
+		return nil
+	}
+	return &TenantBelow{Tenant: key.Tenant, Slots: share}
 }
 
 func (e *Engine) drainingError() *CapacityError {
@@ -547,7 +559,7 @@ const maxEvictions = 3
 
 // create reserves a slot (evicting another thread's warm sandbox, see
 // evictOne, when the deployment is full; only one of key's own tenant
-// when the tenant holds its fair share, see atFairShare), creates and
+// when the tenant holds its fair share, see fairShareBelow), creates and
 // bootstraps a sandbox and records it.
 func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (AcquireResult, bool, error) {
 	var token string
@@ -583,8 +595,15 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
 			if ce.Reason == RefusalCapacity && evicting && evictions < maxEvictions {
-				if freed, ok := e.evictOne(ctx, key, owner, e.atFairShare(key, st.tenantUsed, ce.Tenants), ce.Status); ok {
+				freed, ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants), ce.Status)
+				if ok {
 					st.freed = &freed
+					continue
+				}
+				if atShare && !st.atShare {
+					// The tenant reached its share since its lookup: try
+					// again, evicting only its own.
+					st.atShare = true
 					continue
 				}
 			}
@@ -634,16 +653,18 @@ const (
 // recently parked warm sandbox of another thread among a random quarter
 // of the warm pool (Store.Sample: the whole pool when small; on
 // average the fourth oldest of a large one, one of its 16 oldest with
-// probability 1 - (3/4)^16 > 99%), of key's own tenant when ownTenant (a
-// tenant at or over its fair share never takes another tenant's warm
-// sandbox; when the sample holds none of its own, the pool's exact order
-// is read). It reports whether a slot was freed, and the freed record's
-// slot. A kill that fails leaves a tombstone holding the slot and stops
-// the eviction.
+// probability 1 - (3/4)^16 > 99%): of another tenant only under below,
+// which the claim checks (key's tenant holds fewer slots than its fair
+// share), of key's own tenant only when below is nil (a tenant at or over
+// its fair share never takes another tenant's warm sandbox; when the
+// sample holds none of its own, the pool's exact order is read). It
+// reports whether a slot was freed, and the freed record's slot, and
+// atShare when a claim found the tenant at its fair share. A kill that
+// fails leaves a tombstone holding the slot and stops the eviction.
 //
 // counts (the refusal's) spares the index queries of a kind the counters
 // say there is none of (each query reads every index shard).
-func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownTenant bool, counts CapacityStatus) (Slot, bool) {
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow, counts CapacityStatus) (slot Slot, freed, atShare bool) {
 	now := e.now()
 	if counts.Tombstones > 0 {
 		// Any whose retry lease lapsed will do: a sample of them.
@@ -654,16 +675,17 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownT
 				if err != nil {
 					continue // a peer holds its retry lease
 				}
-				return claimed.Slot, e.destroyClaimed(ctx, claimed, EventReasonKillRetried)
+				return claimed.Slot, e.destroyClaimed(ctx, claimed, EventReasonKillRetried), false
 			}
 		}
 	}
 	if e.evictPoolMember(ctx, owner, false) {
-		return Slot{}, true
+		return Slot{}, true, false
 	}
 	if counts.Warm == 0 {
-		return Slot{}, false
+		return Slot{}, false, false
 	}
+	ownTenant := below == nil
 	may := func(rec Record) bool { return rec.ThreadKey != key && (!ownTenant || rec.Tenant == key.Tenant) }
 	// The least recently parked of a random quarter of the pool (all of
 	// it when small), see Store.Sample.
@@ -675,32 +697,44 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, ownT
 	}
 	if err != nil {
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
-		return Slot{}, false
+		return Slot{}, false, false
 	}
-	return e.evictParked(ctx, key, owner, warm, may)
+	return e.evictParked(ctx, key, owner, warm, may, below)
 }
 
 // evictParked destroys the first of parked (warm or paused records, least
 // recently parked first) that belongs to another thread than key's and
-// that may passes, for key's thread. It reports whether one was destroyed
-// (a peer that moved a record first wins it; a kill that fails leaves a
-// tombstone holding its slot and stops the eviction), and its slot.
-func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool) (Slot, bool) {
+// that may passes, for key's thread; the claim of another tenant's record
+// carries below when set (a claim finding key's tenant at its share
+// reports atShare, and the other tenants' records are then skipped). It
+// reports whether one was destroyed (a peer that moved a record first
+// wins it; a kill that fails leaves a tombstone holding its slot and
+// stops the eviction), and its slot.
+func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, below *TenantBelow) (slot Slot, evicted, atShare bool) {
 	for _, rec := range parked {
-		if rec.ThreadKey == key || !may(rec) {
+		other := rec.Tenant != key.Tenant
+		if rec.ThreadKey == key || !may(rec) || (other && atShare) {
 			continue
 		}
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{rec.State},
-			To: StateDestroying, Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
+		c := Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{rec.State},
+			To: StateDestroying, Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)}
+		if other {
+			c.Below = below // nil: paused evictions, which no share limits
+		}
+		claimed, err := e.store.Claim(ctx, c)
+		if errors.Is(err, ErrAtFairShare) {
+			atShare = true
+			continue // its own tenant's may still be taken
+		}
 		if err != nil {
 			continue // taken back or evicted by a peer
 		}
 		claimed = keepPause(claimed, rec)
 		e.log.InfoContext(ctx, "evicting "+string(rec.State)+" sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
 		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, EventReasonCapacity)
-		return claimed.Slot, e.destroyClaimed(ctx, claimed, EventReasonCapacity)
+		return claimed.Slot, e.destroyClaimed(ctx, claimed, EventReasonCapacity), atShare
 	}
-	return Slot{}, false
+	return Slot{}, false, atShare
 }
 
 // createReserved creates and bootstraps a sandbox under reservation token.

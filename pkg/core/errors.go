@@ -25,6 +25,9 @@ var (
 	// ErrDraining: the deployment is draining; nothing new is handed out
 	// or parked.
 	ErrDraining = errors.New("deployment draining")
+	// ErrAtFairShare: a claim conditional on a tenant's slot count
+	// (Claim.Below) found the tenant holding that many slots or more.
+	ErrAtFairShare = errors.New("tenant at its fair share")
 	// ErrPausedFull: every paused slot is held (Settings.PausedLimit);
 	// nothing more is paused until one frees.
 	ErrPausedFull = errors.New("paused slots full")

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
 func TestFairShare(t *testing.T) {
@@ -78,6 +81,69 @@ func TestEvictionRespectsFairShare(t *testing.T) {
 	h.acquire(t, tenantKey("globex", "g1"), core.SourceCreated)
 	if h.prov.Alive(acmeWarm.SandboxID) {
 		t.Error("globex, under its fair share, could not evict the least recently parked warm sandbox")
+	}
+}
+
+// warmListHook is a store that runs hook (once) when an acquire lists the
+// warm pool for an eviction.
+type warmListHook struct {
+	*ddbstore.Store
+	ran  atomic.Bool
+	hook func()
+}
+
+func (s *warmListHook) Sample(ctx context.Context, state core.State, limit int) ([]core.Record, error) {
+	if state == core.StateWarm && s.hook != nil && s.ran.CompareAndSwap(false, true) {
+		s.hook()
+	}
+	return s.Store.Sample(ctx, state, limit)
+}
+
+// A tenant's count read at an acquire's start may be stale by the time it
+// evicts: another acquire of the tenant took a slot meanwhile. The
+// eviction of another tenant's warm sandbox still holds to the rule: it
+// applies only while the tenant holds fewer slots than its fair share,
+// checked with the eviction itself.
+func TestEvictionFairShareCheckedWhenEvicting(t *testing.T) {
+	prov := coretest.NewFakeProvider()
+	store := &warmListHook{}
+	h := newHarnessWith(t, prov, func(s *core.Settings) { s.Replicas = 4; s.Policy = core.PolicyReject })
+	store.Store = h.store
+	s := core.DefaultSettings()
+	s.Deployment, s.Replicas, s.Policy = "test", 4, core.PolicyReject
+	eng, err := core.New(s, store, prov, h.sync, core.WithClock(h.clock.now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var acmeWarm []core.Record
+	for _, thread := range []string{"a1", "a2", "a3"} {
+		rec := h.acquire(t, tenantKey("acme", thread), core.SourceCreated)
+		if _, err := h.eng.Release(ctx, "acme", rec.SandboxID); err != nil {
+			t.Fatal(err)
+		}
+		h.clock.advance(time.Second) // distinct park times: a1 is the least recently parked
+		acmeWarm = append(acmeWarm, rec)
+	}
+	h.acquire(t, tenantKey("hog", "h1"), core.SourceCreated)
+	// Full: acme 3 warm, hog 1. Two tenants: fair share 2.
+
+	// While hog's acquire of h2 lists the warm pool, its acquire of h3 (which
+	// read the same count of 1) evicts a1 and takes the slot: hog holds 2.
+	store.hook = func() {
+		if _, err := eng.Acquire(ctx, tenantKey("hog", "h3")); err != nil {
+			t.Errorf("hog's acquire of h3 (under its fair share): %v", err)
+		}
+	}
+	_, err = eng.Acquire(ctx, tenantKey("hog", "h2"))
+	var ce *core.CapacityError
+	if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
+		t.Errorf("hog's acquire of h2, at its fair share once h3 got its slot = %v, want a capacity refusal", err)
+	}
+	for i, rec := range acmeWarm {
+		if alive, want := prov.Alive(rec.SandboxID), i > 0; alive != want {
+			t.Errorf("acme's warm sandbox a%d alive = %t, want %t (only a1 evicted, for h3)", i+1, alive, want)
+		}
 	}
 }
 

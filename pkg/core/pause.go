@@ -229,7 +229,7 @@ func (e *Engine) evictPaused(ctx context.Context, key ThreadKey, owner string) b
 		e.log.WarnContext(ctx, "list paused sandboxes for eviction failed", "err", err)
 		return false
 	}
-	_, freed := e.evictParked(ctx, key, owner, paused, func(Record) bool { return true })
+	_, freed, _ := e.evictParked(ctx, key, owner, paused, func(Record) bool { return true }, nil)
 	return freed
 }
 

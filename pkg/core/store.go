@@ -31,6 +31,19 @@ type Claim struct {
 	// LeaseUntil is the end of the lease taken; zero takes none (and clears
 	// an expired one): the record moves straight into a stable state.
 	LeaseUntil time.Time
+	// Below, when set, makes the claim also conditional on a tenant's slot
+	// count (ErrAtFairShare when it is not below).
+	Below *TenantBelow
+}
+
+// TenantBelow is a condition on a tenant's slot count: Tenant holds fewer
+// than Slots slots (its count as SANDBOX_MAX_PER_TENANT keeps it). An
+// eviction of another tenant's warm sandbox carries it, so that a tenant
+// never evicts past its fair share, however many of its acquires run at
+// once.
+type TenantBelow struct {
+	Tenant string
+	Slots  int
 }
 
 // Update is a fenced write by a lease holder: it applies only if the record's
@@ -124,8 +137,10 @@ type Store interface {
 	Get(ctx context.Context, sandboxID string) (Record, error)
 	// Claim applies c if the record belongs to c.Tenant (else ErrNotFound),
 	// is in one of c.From (else ErrConflict) and carries no live lease of
-	// another owner at c.Now (else ErrLeaseHeld). It returns the new record,
-	// and with ErrConflict or ErrLeaseHeld the record as it was found.
+	// another owner at c.Now (else ErrLeaseHeld), and, with c.Below, the
+	// tenant it names holds fewer than c.Below.Slots slots (else
+	// ErrAtFairShare). It returns the new record, and with ErrConflict or
+	// ErrLeaseHeld the record as it was found.
 	Claim(ctx context.Context, c Claim) (Record, error)
 	// Apply makes a fenced update and returns the new record.
 	Apply(ctx context.Context, u Update) (Record, error)

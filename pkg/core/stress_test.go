@@ -177,23 +177,7 @@ func newStressRig(t *testing.T, deployment string, seed uint64) *stressRig {
 // reconcileSchedule runs eng's reconcile every 300 ms until the returned
 // function is called (which waits for the pass in flight).
 func reconcileSchedule(eng *core.Engine) (stop func()) {
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(300 * time.Millisecond):
-				_, _ = eng.Reconcile(context.Background())
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-stopped
-	}
+	return every(300*time.Millisecond, func() { _, _ = eng.Reconcile(context.Background()) })
 }
 
 // live lists the deployment's sandboxes at the provider, running and

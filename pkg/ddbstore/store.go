@@ -231,11 +231,19 @@ func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
 			upd = upd.Remove(expression.Name("parked_at"))
 		}
 	}
+	if c.Below != nil {
+		return s.claimBelow(ctx, c, cond, upd)
+	}
 	rec, old, err := s.update(ctx, "claim", sandboxPK(c.SandboxID), cond, upd)
 	if err == nil || old == nil {
 		return rec, err
 	}
-	// Condition failed: say which part, from the item as it was.
+	return claimRefused(c, *old)
+}
+
+// claimRefused says which part of c's condition the record, as it was
+// found, failed.
+func claimRefused(c core.Claim, old core.Record) (core.Record, error) {
 	if old.Tenant != c.Tenant {
 		return core.Record{}, core.ErrNotFound
 	}
@@ -244,9 +252,51 @@ func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
 		inFrom = inFrom || old.State == st
 	}
 	if !inFrom {
-		return *old, fmt.Errorf("sandbox %s is %s: %w", c.SandboxID, old.State, core.ErrConflict)
+		return old, fmt.Errorf("sandbox %s is %s: %w", c.SandboxID, old.State, core.ErrConflict)
 	}
-	return *old, fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
+	return old, fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
+}
+
+// claimBelow is Claim with c.Below: the record's update and a check of the
+// tenant's slot count, in one transaction, then a read of the record (a
+// transaction returns no item).
+func (s *Store) claimBelow(ctx context.Context, c core.Claim, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim: build expression: %w", err)
+	}
+	below, err := s.conditionCheck(tenantPK(s.deployment, c.Below.Tenant), expression.Or(
+		expression.AttributeNotExists(expression.Name(AttrPK)),
+		expression.Name("used").LessThan(expression.Value(c.Below.Slots))))
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim: %w", err)
+	}
+	pk := sandboxPK(c.SandboxID)
+	failed, err := s.writeTxn(ctx, "claim", []types.TransactWriteItem{{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, below})
+	switch r, recordFailed := failed[pk]; {
+	case recordFailed && len(r.Item) == 0:
+		return core.Record{}, core.ErrNotFound
+	case recordFailed:
+		old, derr := s.decodeRecord(ctx, r.Item)
+		if derr != nil {
+			return core.Record{}, derr
+		}
+		return claimRefused(c, old)
+	case len(failed) > 0:
+		return core.Record{}, fmt.Errorf("claim sandbox %s: tenant %s holds %d slots or more: %w", c.SandboxID, c.Below.Tenant, c.Below.Slots, core.ErrAtFairShare)
+	case err != nil:
+		return core.Record{}, err
+	}
+	rec, err := s.Get(ctx, c.SandboxID)
+	if err != nil {
+		// Applied: the caller holds the claim, whose lease lapses if it
+		// cannot go on without the record.
+		return core.Record{}, fmt.Errorf("claim applied, record not read: %w: %w", core.ErrStoreUnavailable, err)
+	}
+	return rec, nil
 }
 
 // update runs a conditional UpdateItem returning the new record; on a

@@ -174,3 +174,48 @@ func TestDropIdleTenants(t *testing.T) {
 		t.Errorf("tenants holding slots = %v, want [acme]", tenants)
 	}
 }
+
+// TestClaimBelowTenantCount: a claim carrying Below applies only while
+// the tenant it names holds fewer slots than Below.Slots (no count yet:
+// none held); otherwise it changes nothing and says why, the record's
+// own condition first.
+func TestClaimBelowTenantCount(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	for n := range 2 {
+		activeRecord(t, s, core.ThreadKey{Tenant: "acme", User: "u", Thread: fmt.Sprint("a", n)}, fmt.Sprint("acme-", n))
+	}
+	cases := []struct {
+		name  string
+		from  core.State
+		below core.TenantBelow
+		want  error // nil: applied
+	}{
+		{name: "below", from: core.StateActive, below: core.TenantBelow{Tenant: "acme", Slots: 3}},
+		{name: "at", from: core.StateActive, below: core.TenantBelow{Tenant: "acme", Slots: 2}, want: core.ErrAtFairShare},
+		{name: "over", from: core.StateActive, below: core.TenantBelow{Tenant: "acme", Slots: 1}, want: core.ErrAtFairShare},
+		{name: "no count", from: core.StateActive, below: core.TenantBelow{Tenant: "initech", Slots: 1}},
+		{name: "record refuses first", from: core.StateWarm, below: core.TenantBelow{Tenant: "acme", Slots: 1}, want: core.ErrConflict},
+	}
+	for i, c := range cases {
+		id := fmt.Sprint("globex-", i)
+		before := activeRecord(t, s, core.ThreadKey{Tenant: "globex", User: "u", Thread: fmt.Sprint("g", i)}, id)
+		below := c.below
+		got, err := s.Claim(ctx, core.Claim{SandboxID: id, Tenant: "globex", From: []core.State{c.from}, To: core.StateDestroying,
+			Owner: "inv-1", Now: t0, LeaseUntil: t0.Add(time.Minute), Below: &below})
+		stored, gerr := s.Get(ctx, id)
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		switch {
+		case c.want == nil && err != nil:
+			t.Errorf("%s: Claim = %v, want applied", c.name, err)
+		case c.want == nil && (got.State != core.StateDestroying || got.Fence != before.Fence+1 || stored.State != core.StateDestroying):
+			t.Errorf("%s: claimed record %s fence %d (stored %s), want destroying fence %d", c.name, got.State, got.Fence, stored.State, before.Fence+1)
+		case c.want != nil && !errors.Is(err, c.want):
+			t.Errorf("%s: Claim = %v, want %v", c.name, err, c.want)
+		case c.want != nil && (stored.State != core.StateActive || stored.Fence != before.Fence):
+			t.Errorf("%s: refused claim left the record %s fence %d, want it unchanged", c.name, stored.State, stored.Fence)
+		}
+	}
+}
