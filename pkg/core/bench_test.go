@@ -340,6 +340,14 @@ func BenchmarkAcquireDynamoDBCalls(b *testing.B) {
 			b.ReportMetric(float64(ranks)/float64(b.N-1), "evicted-rank")
 		}
 	})
+	b.Run("evict-then-create-wait-policy", func(b *testing.B) {
+		// The same under the wait policy: the free is followed by a
+		// dispatch of the wait queue (one Query when nobody waits).
+		eng, c, _, _ := benchEngine(b, func(s *core.Settings) { s.Replicas, s.Policy = 1, core.PolicyWait })
+		prev := mustAcquire(b, eng, key("t-first"), core.SourceCreated)
+		measure(b, c, func(int) { release(b, eng, prev.SandboxID) },
+			func(i int) { prev = mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourceCreated) })
+	})
 }
 
 // contendedThreads is how many threads the contended benchmark's callers

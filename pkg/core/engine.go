@@ -54,6 +54,8 @@ type Engine struct {
 	// events receives the lifecycle events (nil: none are published).
 	events EventSink
 	pc     *poolConfig
+	// waitObserver hears the wait queue's notes (nil: none).
+	waitObserver func(WaitNote)
 }
 
 var _ Broker = (*Engine)(nil)
@@ -163,9 +165,17 @@ const createBudget = 10 * time.Second
 // tenant's count, then a read of the claimed record). Only when nothing may be evicted, once
 // per acquire, every shard of two states is read for the slots of
 // sandboxes past their end (freed if the provider confirms them gone).
-// An acquire that waits (the wait policy) takes a waiter place
-// once (one BatchGetItem, one
-// conditional write) and gives it back (one delete).
+// An acquire that waits (the wait policy, see waitqueue.go)
+// queues a ticket once (a BatchGetItem of its tenant's places, a Query of
+// the queue's head, one transaction), dispatches once (a Query; the queue's
+// head also reads every capacity bucket, one BatchGetItem, and may evict),
+// then reads its ticket every 250 ms (one GetItem) and takes a turn every
+// fourth poll (a dispatch); served, its reservation takes the granted slot
+// in the reserve transaction (no extra call); timed out or gone, it leaves
+// (one transaction, a Query and another when it held a grant). Under the
+// wait policy every write that frees a running slot (a kill's free, a
+// failed create's, a pause) is followed by a dispatch: one Query of the
+// queue, and when a ticket waits, the grant's transaction.
 //
 // Worst case: see begin. The answer is written before ctx's deadline;
 // waiting for a slot stops early enough for a create and bootstrap
@@ -200,6 +210,7 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 	}
 	failures := 0 // sandboxes the provider handed out that proved unusable
 	st := &acquireState{}
+	defer e.leaveWait(ctx, st)
 	for attempt := 0; ; attempt++ {
 		res, retry, err := e.acquireOnce(ctx, key, owner, st)
 		if err == nil {
@@ -218,23 +229,30 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		if !retry {
 			return AcquireResult{}, err
 		}
+		if errors.Is(err, ErrGrantLost) {
+			// The grant lapsed and was passed on before it was taken:
+			// leave the queue (what is still ours) and try again, as a
+			// new arrival if the deployment is still full.
+			e.leaveWait(ctx, st)
+		}
 		wait := backoff(attempt)
 		var ce *CapacityError
 		if errors.As(err, &ce) {
 			if e.s.Policy != PolicyWait || ce.Reason != RefusalCapacity {
 				return AcquireResult{}, err
 			}
-			wait = max(wait, 250*time.Millisecond)
-			if !e.now().Add(wait).Before(deadline) {
+			if !e.now().Add(waitPoll).Before(deadline) {
 				return AcquireResult{}, err
 			}
-			if st.waiter == nil {
-				leave, werr := e.enterWait(ctx, key, owner, deadline)
-				if werr != nil {
-					return AcquireResult{}, werr
-				}
-				defer leave()
-				st.waiter = leave
+			switch werr := e.waitForGrant(ctx, key, owner, st, deadline); {
+			case werr == nil:
+				continue // granted: the next attempt takes the slot
+			case errors.Is(werr, errWaitTimedOut):
+				return AcquireResult{}, err
+			case errors.Is(werr, errTicketGone):
+				continue // look again (and queue again if still full)
+			default:
+				return AcquireResult{}, werr
 			}
 		}
 		if !e.now().Add(wait).Before(deadline) {
@@ -246,45 +264,13 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 	}
 }
 
-// enterWait takes one of the tenant's waiter places
-// (MaxWaitersPerTenant) for an acquire about to wait for a slot until
-// deadline, and returns the function that gives it back. Past the bound
-// the acquire is refused at once (RefusalTooManyWaiters); when the store
-// cannot decide, it fails closed (RefusalCapacityBackend). The place
-// lapses at the deadline (plus the response margin) by itself, so an
-// invocation that dies while waiting holds it no longer than it would
-// have waited.
-func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, deadline time.Time) (func(), error) {
-	if e.s.MaxWaitersPerTenant <= 0 {
-		return func() {}, nil
-	}
-	now := e.now()
-	w := Waiter{Tenant: key.Tenant, Ticket: owner, Max: e.s.MaxWaitersPerTenant, Now: now, Until: deadline.Add(responseMargin)}
-	place, err := e.store.EnterWait(ctx, w)
-	var ce *CapacityError
-	switch {
-	case errors.As(err, &ce):
-		ce.Status = CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy)}
-		return nil, ce
-	case err != nil:
-		e.log.WarnContext(ctx, "enter wait failed; refusing", "tenant", key.Tenant, "err", err)
-		return nil, &CapacityError{Reason: RefusalCapacityBackend, RetryAfter: 2 * time.Second,
-			Status: CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy)}}
-	}
-	return func() {
-		// Given back even when the caller went away: a short call of its own.
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		if err := e.store.LeaveWait(lctx, w, place); err != nil {
-			e.log.WarnContext(ctx, "leave wait failed; the place lapses by itself", "tenant", key.Tenant, "place", place, "err", err)
-		}
-	}, nil
-}
-
 // acquireState is what one Acquire remembers across its attempts.
 type acquireState struct {
-	// waiter gives back the waiter place this acquire holds (nil: none yet).
-	waiter func()
+	// wait is this acquire's ticket in the wait queue (nil: not waiting).
+	wait *waiting
+	// grant is the slot held in trust for the ticket, once granted: the
+	// next take consumes it.
+	grant *Grant
 	// deadChecked: the slots of dead sandboxes were looked for (once per
 	// acquire: it costs a query per state).
 	deadChecked bool
@@ -567,7 +553,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 		token = "res-" + newOwner()[4:]
 		return e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed})
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, Grant: st.grant})
 	})
 	if err != nil {
 		return AcquireResult{}, retry, err
@@ -588,7 +574,10 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 		var ce *CapacityError
 		switch {
 		case err == nil:
+			e.served(st)
 			return false, nil
+		case errors.Is(err, ErrGrantLost):
+			return true, fmt.Errorf("take slot: %w", err)
 		case errors.As(err, &ce) && ce.Reason == RefusalDraining:
 			return false, e.drainingError()
 		case errors.As(err, &ce):

@@ -31,6 +31,10 @@ var (
 	// ErrPausedFull: every paused slot is held (Settings.PausedLimit);
 	// nothing more is paused until one frees.
 	ErrPausedFull = errors.New("paused slots full")
+	// ErrGrantLost: the waiter's ticket no longer holds the grant it
+	// tried to take (it lapsed and was passed on, or the ticket left the
+	// queue); nothing was written.
+	ErrGrantLost = errors.New("wait grant lost")
 	// ErrStoreUnavailable wraps store failures whose outcome is unknown
 	// ("maybe applied"): throttling, timeouts, 5xx.
 	ErrStoreUnavailable = errors.New("store unavailable")

@@ -247,7 +247,8 @@ func (e *Engine) resumeParked(ctx context.Context, key ThreadKey, rec Record, ow
 		retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
 			var err error
 			claimed, err = ps.ClaimResume(ctx, ResumeClaim{Claim: Claim{SandboxID: rec.SandboxID, Tenant: key.Tenant, Owner: owner,
-				Now: now, LeaseUntil: e.leaseUntil(ctx)}, Key: key, Limit: e.s.Limit(), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant})
+				Now: now, LeaseUntil: e.leaseUntil(ctx)}, Key: key, Limit: e.s.Limit(), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant,
+				Grant: st.grant})
 			return err
 		})
 		if err != nil {

@@ -18,6 +18,8 @@ type ResumeClaim struct {
 	Limit        int
 	MaxPerUser   int
 	MaxPerTenant int
+	// Grant is Reservation's.
+	Grant *Grant
 }
 
 // PauseStore is the store access pause-parking needs beyond Store
@@ -94,9 +96,13 @@ func (m meteredPauseStore) ClaimPause(ctx context.Context, c Claim, limit int) (
 	return m.metered(ctx, rec, err)
 }
 
-// SettlePause meters the pausing time.
+// SettlePause meters the pausing time, and offers the running slot it
+// freed to the wait queue.
 func (m meteredPauseStore) SettlePause(ctx context.Context, rec Record, now time.Time) (Record, error) {
 	out, err := m.PauseStore.SettlePause(ctx, rec, now)
+	if err == nil && rec.Slots.Running() {
+		m.e.dispatchFreed(ctx, rec.Slot.Bucket)
+	}
 	return m.metered(ctx, out, err)
 }
 

@@ -363,6 +363,9 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	} else {
 		e.log.WarnContext(ctx, "reconcile: store has no inventory support; only expiry and tombstones run")
 	}
+	if err := p.waitQueue(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	e.emitCapacity(ctx)
 	p.st.Duration = e.now().Sub(start)
 	err := errors.Join(errs...)
@@ -1105,6 +1108,21 @@ func (p *pass) ledger(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("repair counters: %w", err)
+	}
+	return nil
+}
+
+// waitQueue serves the wait queue as a backstop of the dispatches that
+// follow frees and the waiters' own turns: lapsed tickets are removed,
+// lapsed grants passed on or freed, and the room there is (a slot freed
+// by a repair, a raised limit) granted to the first waiters.
+func (p *pass) waitQueue(ctx context.Context) error {
+	res, err := p.e.store.Dispatch(ctx, Dispatch{Now: p.e.now(), Limit: p.e.s.Limit(), Bucket: -1, Scan: true, GrantFor: grantFor})
+	if err != nil {
+		return fmt.Errorf("serve the wait queue: %w", err)
+	}
+	if len(res.Granted) > 0 || res.Cleaned > 0 {
+		p.e.log.InfoContext(ctx, "reconcile: wait queue served", "granted", len(res.Granted), "cleaned", res.Cleaned, "head", res.Head)
 	}
 	return nil
 }

@@ -34,7 +34,8 @@ type Settings struct {
 	MaxPerTenant int
 	// MaxWaitersPerTenant bounds how many of a tenant's acquires may wait
 	// for a slot at once under PolicyWait; past it an acquire is refused at
-	// once (RefusalTooManyWaiters). 0 = no bound.
+	// once (RefusalTooManyWaiters). 0 = the most places a tenant can have
+	// (100).
 	MaxWaitersPerTenant int
 	// AcquireTimeout bounds waiting for a slot under PolicyWait (> 0).
 	AcquireTimeout time.Duration

@@ -98,17 +98,102 @@ type Reservation struct {
 	// reservation (an eviction): the store tries its bucket first, where
 	// a slot is free unless a peer took it.
 	Freed *Slot
+	// Grant, when set, is the slot a dispatch holds in trust for this
+	// acquire's ticket: the reservation takes it over (its bucket's used
+	// count unchanged, Limit not checked) and the ticket and its place
+	// leave the queue, in the same transaction; ErrGrantLost when the
+	// ticket no longer holds it.
+	Grant *Grant
 }
 
-// Waiter is one acquire waiting for a slot: it holds one of its tenant's
-// Max waiter places until it leaves or Until passes (an invocation that
-// dies never holds a place past its own wait).
+// Waiter is one acquire about to wait for a slot: it holds one of its
+// tenant's Max waiter places, and a ticket in the deployment's wait queue,
+// until it leaves or Until passes (an invocation that dies never holds a
+// place past its own wait).
 type Waiter struct {
 	Tenant string
 	Ticket string
 	Max    int
 	Now    time.Time
 	Until  time.Time
+}
+
+// Ticket is a waiter's entry in the deployment's wait queue. The queue is
+// served in the order of Key: the ticket's round, then its arrival. A
+// tenant's first waiter joins the round of the queue's head; each further
+// waiter it has at once, one round later than the latest round it holds
+// (round-robin across tenants).
+type Ticket struct {
+	ID     string
+	Tenant string
+	// Place is the tenant's waiter place the ticket holds.
+	Place int
+	Round int
+	// Key is the ticket's sort key in the queue: round, arrival, ID.
+	Key string
+	// Arrived is the waiter's Now at EnterWait; Until its Until.
+	Arrived time.Time
+	Until   time.Time
+}
+
+// Grant is a running slot a dispatch holds in trust for a waiting ticket:
+// counted in Bucket's used slots, so no other acquire takes it, until the
+// ticket's waiter consumes it (Reservation.Grant, ResumeClaim.Grant), or
+// gives it back (LeaveWait), or it lapses at Until and a dispatch passes
+// it on to the next waiter (or frees it).
+type Grant struct {
+	Ticket Ticket
+	Bucket int
+	Until  time.Time
+}
+
+// TicketState is a ticket as PollTicket reads it.
+type TicketState struct {
+	// Gone: the ticket is no longer in the queue (served, left, or lapsed
+	// and removed by a dispatch).
+	Gone bool
+	// Granted: a slot is held in trust for it (Grant).
+	Granted bool
+	Grant   Grant
+	// Draining: the deployment started draining while it waited.
+	Draining bool
+}
+
+// Dispatch asks the store to serve the wait queue in order: lapsed
+// tickets are removed, lapsed grants passed on to the next live waiting
+// ticket (or their slot freed when none waits), and the first live
+// waiting tickets are granted the slots there is room for.
+type Dispatch struct {
+	Now   time.Time
+	Limit int
+	// Bucket is the capacity bucket where a slot was just freed, the one
+	// to try first (-1: none).
+	Bucket int
+	// Scan reads every bucket for room when Bucket has none (reconcile; a
+	// free that does not know its bucket). Self, when set, is the
+	// dispatching waiter's ticket: the buckets are read only when it is
+	// the first live waiting ticket (so waiting does not read capacity,
+	// except the head's own turn).
+	Scan bool
+	Self string
+	// GrantFor is how long a grant stays its ticket's before it lapses.
+	GrantFor time.Duration
+}
+
+// DispatchResult is what a Dispatch did and saw.
+type DispatchResult struct {
+	// Granted lists the tickets granted a slot (handed-on grants included).
+	Granted []Ticket
+	// Head is the first live waiting ticket left without a grant ("": none).
+	Head string
+	// Read reports that the buckets were read: Status and Tenants are
+	// their sums and tenant sets (as a capacity refusal's).
+	Read    bool
+	Status  CapacityStatus
+	Tenants []string
+	// Cleaned counts lapsed tickets removed and lapsed grants passed on or
+	// freed.
+	Cleaned int
 }
 
 // Lookup is what acquire reads first: the thread's binding (Bound false if
@@ -125,7 +210,7 @@ type Lookup struct {
 // Store is the durable state of the broker (DynamoDB in production).
 //
 // Write errors are classified: ErrNotFound, ErrConflict, ErrLeaseHeld,
-// ErrStaleFence, ErrThreadBound, ErrDraining and *CapacityError mean the
+// ErrStaleFence, ErrThreadBound, ErrDraining, ErrGrantLost and *CapacityError mean the
 // write certainly did not apply; an error wrapping ErrStoreUnavailable
 // means it may have; any other error (a bug or a misconfiguration, such as
 // a missing table) certainly did not apply.
@@ -163,12 +248,21 @@ type Store interface {
 	// user's and tenant's): call only after the provider confirmed the sandbox is gone.
 	Free(ctx context.Context, rec Record, now time.Time) error
 	// EnterWait takes one of w.Tenant's w.Max waiter places (one that is
-	// free, or whose holder's Until has passed) and returns it; a
-	// *CapacityError with RefusalTooManyWaiters when every place is held.
-	EnterWait(ctx context.Context, w Waiter) (place int, err error)
-	// LeaveWait gives back the place if w.Ticket still holds it.
-	LeaveWait(ctx context.Context, w Waiter, place int) error
-	// SetDraining marks the deployment draining (or not).
+	// free, or whose holder's Until has passed) and queues w.Ticket (see
+	// Ticket for its round), in one transaction; a *CapacityError with
+	// RefusalTooManyWaiters when every place is held.
+	EnterWait(ctx context.Context, w Waiter) (Ticket, error)
+	// PollTicket reads the ticket (strongly consistent).
+	PollTicket(ctx context.Context, t Ticket) (TicketState, error)
+	// LeaveWait takes the ticket out of the queue and gives back its
+	// place: a grant it holds is passed on to the next live waiting
+	// ticket, for grantFor (or its slot freed). Nothing to do when it is
+	// gone.
+	LeaveWait(ctx context.Context, t Ticket, now time.Time, grantFor time.Duration) error
+	// Dispatch serves the wait queue (see Dispatch).
+	Dispatch(ctx context.Context, d Dispatch) (DispatchResult, error)
+	// SetDraining marks the deployment draining (or not); starting a
+	// drain also marks every waiting ticket (TicketState.Draining).
 	SetDraining(ctx context.Context, draining bool) error
 	// Capacity reports the deployment's slots by state from counters kept
 	// with the slots (a constant number of reads whatever the fleet size).

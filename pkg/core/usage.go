@@ -118,12 +118,27 @@ func (m meteredStore) Finalize(ctx context.Context, token string, rec Record) (R
 }
 
 // Free meters the last interval: from rec's last metering write (rec is
-// current: the free is fenced by its fence) to now.
+// current: the free is fenced by its fence) to now. A running slot freed
+// is then offered to the wait queue (dispatchFreed).
 func (m meteredStore) Free(ctx context.Context, rec Record, now time.Time) error {
 	err := m.Store.Free(ctx, rec, now)
 	if err == nil && !rec.MeteredAt.IsZero() {
 		rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = rec.MeteredAt, now, rec.State
 		m.e.meterFinal(ctx, rec, true)
+	}
+	if err == nil && rec.Slots.Running() {
+		m.e.dispatchFreed(ctx, rec.Slot.Bucket)
+	}
+	return err
+}
+
+// FreeReservation frees the reservation's slot, then offers it to the
+// wait queue (its bucket is the store's to know: every bucket is read
+// when someone waits).
+func (m meteredStore) FreeReservation(ctx context.Context, token string, key ThreadKey) error {
+	err := m.Store.FreeReservation(ctx, token, key)
+	if err == nil {
+		m.e.dispatchFreed(ctx, -1)
 	}
 	return err
 }

@@ -20,7 +20,9 @@ import (
 // count and the records that hold no bucket attribute stay bucket 0's)
 // and "CAP#<deployment>#<b>" for b = 1..63. A bucket holds:
 //
-//	used          slots held by the records and reservations that name it ("bucket")
+//	used          slots held by the records and reservations that name it ("bucket"),
+//	              and the slots it holds in trust for granted wait tickets
+//	granted       of those, the slots held in trust (see waiters.go)
 //	n_<state>     of those, how many are counted in each state (see below)
 //	lim, lim_of   the bucket's limit, set for the deployment limit lim_of
 //	draining      the deployment drains (written to every bucket at once)
@@ -104,6 +106,7 @@ type bucketItem struct {
 	Revision int64          `dynamodbav:"revision"`
 	Draining bool           `dynamodbav:"draining"`
 	Tenants  []string       `dynamodbav:"tenants,stringset"`
+	Granted  int            `dynamodbav:"granted"`
 	Lim      int            `dynamodbav:"lim"`
 	LimOf    int            `dynamodbav:"lim_of"`
 	Counts   map[string]int `dynamodbav:"-"`

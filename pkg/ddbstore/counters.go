@@ -93,6 +93,15 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	if err != nil {
 		return rep, err
 	}
+	// Slots held in trust for granted tickets are in no index: count them
+	// from the queue.
+	grants, err := s.queueGrants(ctx)
+	if err != nil {
+		return rep, err
+	}
+	for b, n := range grants {
+		tally.used[b] += n
+	}
 	// The users' and tenants' counts: those the index names, those the
 	// fair-share sets name, and those noted last time.
 	quotaKeys := map[string]bool{}
@@ -131,6 +140,14 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 			switch err := s.setBucketUsed(ctx, b, tally.used[b.Index]); {
 			case err == nil:
 				rep.Slots += tally.used[b.Index] - b.Used
+			case !errors.Is(err, core.ErrConflict):
+				errs = append(errs, err)
+			}
+		}
+		if note("granted#"+strconv.Itoa(b.Index), b.Granted, grants[b.Index], "") {
+			switch err := s.casCounter(ctx, bucketPK(s.deployment, b.Index), "granted", b.Granted, grants[b.Index]); {
+			case err == nil:
+				rep.Counters++
 			case !errors.Is(err, core.ErrConflict):
 				errs = append(errs, err)
 			}

@@ -291,7 +291,7 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
 	}
 	c.Tenant = r.Key.Tenant
-	_, err := s.takeSlot(ctx, r.Limit, homeBucket(c.SandboxID, r.Limit), func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
+	_, err := s.takeSlotOrGrant(ctx, r.Limit, homeBucket(c.SandboxID, r.Limit), r.Grant, func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
 	if err != nil {
 		return core.Record{}, err
 	}
@@ -309,7 +309,7 @@ func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Cl
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}
-	bucket, err := s.takeUpdate(b, r.Limit, core.StateResuming, c.Tenant)
+	take, err := s.slotTake(b, r.Limit, core.StateResuming, c.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}
@@ -322,11 +322,13 @@ func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Cl
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}
-	failed, err := s.writeTxn(ctx, "claim resume", []types.TransactWriteItem{rec, bucket, user, tenant})
+	failed, err := s.writeTxn(ctx, "claim resume", append([]types.TransactWriteItem{rec, user, tenant}, take...))
 	if f, ok := failed[sandboxPK(c.SandboxID)]; ok {
 		return s.claimRefusal(ctx, c, key.User, f)
 	}
 	switch {
+	case s.grantFailed(failed, r.Grant):
+		return fmt.Errorf("claim resume: %w", core.ErrGrantLost)
 	case has(failed, userPK(s.deployment, key)):
 		return &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second, Status: core.CapacityStatus{Limit: r.Limit}}
 	case has(failed, tenantPK(s.deployment, key.Tenant)):

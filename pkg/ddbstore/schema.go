@@ -2,7 +2,7 @@
 // every transition a conditional write or a transaction, every condition
 // failure translated once, here, into a core error.
 //
-// Items (partition key "pk", sort key "sk" = "R"):
+// Items (partition key "pk", sort key "sk" = "R" unless said otherwise):
 //
 //	SBX#<sandbox id>              the sandbox record (core.Record)
 //	RES#<token>                   a reservation: a slot taken for an in-flight create
@@ -11,7 +11,9 @@
 //	                              "tenants" (string set: tenants holding or lately holding slots)
 //	USR#<deployment>#<tenant>#<user>  slots held by one user ("used"), for SANDBOX_MAX_PER_USER
 //	TEN#<deployment>#<tenant>     slots held by one tenant ("used"), for SANDBOX_MAX_PER_TENANT
-//	WTR#<deployment>#<tenant>#<n> waiter place n of a tenant ("ticket", "until"), for SANDBOX_MAX_WAITERS_PER_TENANT
+//	WTR#<deployment>#<tenant>#<n> waiter place n of a tenant ("ticket", "until", "round", "qkey"), for SANDBOX_MAX_WAITERS_PER_TENANT
+//	WQ#<deployment>               the wait queue: one item per ticket, sk = "<round>#<arrival ms>#<ticket>"
+//	                              ("state" waiting|granted, "until", "bucket", "grant_until"; see waiters.go)
 //	PAU#<deployment>              paused slots held ("used"), for SANDBOX_MAX_PAUSED (paused.go)
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and

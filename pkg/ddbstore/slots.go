@@ -40,7 +40,7 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	if f := r.Freed; f != nil && f.Counted != "" && f.Bucket < min(CapacityBuckets, max(r.Limit, 1)) {
 		home = f.Bucket // where a slot was just freed for it
 	}
-	b, err := s.takeSlot(ctx, r.Limit, home, func(b int) error { return s.reserveIn(ctx, r, b) })
+	b, err := s.takeSlotOrGrant(ctx, r.Limit, home, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating, Quota: true})
 	}
@@ -123,7 +123,7 @@ func (s *Store) takeUpdate(b, limit int, state core.State, tenant string) (types
 
 // reserveIn is Reserve in bucket b: errBucketFull when b has no room.
 func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error {
-	bucket, err := s.takeUpdate(b, r.Limit, core.StateCreating, r.Tenant)
+	take, err := s.slotTake(b, r.Limit, core.StateCreating, r.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
@@ -155,14 +155,13 @@ func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error 
 		return fmt.Errorf("reserve: %w", err)
 	}
 	notExists := "attribute_not_exists(pk)"
-	failed, err := s.writeTxn(ctx, "reserve", []types.TransactWriteItem{
-		bucket,
+	failed, err := s.writeTxn(ctx, "reserve", append([]types.TransactWriteItem{
 		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
 		{Put: &types.Put{TableName: &s.table, Item: bindItem, ConditionExpression: bindExpr.Condition(),
 			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
 		userItem,
 		tenantItem,
-	})
+	}, take...))
 	if len(failed) == 0 {
 		return err
 	}
@@ -176,6 +175,8 @@ func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error 
 		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
 	case has(failed, reservationPK(r.Token)):
 		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
+	case s.grantFailed(failed, r.Grant):
+		return fmt.Errorf("reserve: %w", core.ErrGrantLost)
 	case has(failed, userPK(s.deployment, r.ThreadKey)):
 		return &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second,
 			Status: core.CapacityStatus{Limit: r.Limit}}

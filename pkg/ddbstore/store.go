@@ -111,7 +111,8 @@ func decodeCounter(av map[string]types.AttributeValue) int {
 }
 
 // SetDraining marks the deployment draining (or not): every capacity
-// bucket, in one transaction.
+// bucket, in one transaction; then, starting a drain, every waiting
+// ticket of the wait queue.
 func (s *Store) SetDraining(ctx context.Context, draining bool) error {
 	items := make([]types.TransactWriteItem, 0, CapacityBuckets)
 	for b := range CapacityBuckets {
@@ -124,6 +125,9 @@ func (s *Store) SetDraining(ctx context.Context, draining bool) error {
 	}
 	if _, err := s.writeTxn(ctx, "set draining", items); err != nil {
 		return err
+	}
+	if draining {
+		return s.markDraining(ctx)
 	}
 	return nil
 }

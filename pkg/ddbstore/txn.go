@@ -143,7 +143,9 @@ func failedItems(reasons []types.CancellationReason, items []types.TransactWrite
 	return failed, true
 }
 
-// itemPK is the partition key of the item a transaction item writes or checks.
+// itemPK is the partition key of the item a transaction item writes or
+// checks, followed by "\x00" and its sort key when that is not sortKey
+// (the wait queue's tickets share one partition).
 func itemPK(it types.TransactWriteItem) string {
 	var key map[string]types.AttributeValue
 	switch {
@@ -156,10 +158,14 @@ func itemPK(it types.TransactWriteItem) string {
 	case it.ConditionCheck != nil:
 		key = it.ConditionCheck.Key
 	}
-	if pk, ok := key[AttrPK].(*types.AttributeValueMemberS); ok {
-		return pk.Value
+	pk, ok := key[AttrPK].(*types.AttributeValueMemberS)
+	if !ok {
+		return ""
 	}
-	return ""
+	if sk, ok := key[AttrSK].(*types.AttributeValueMemberS); ok && sk.Value != sortKey {
+		return pk.Value + "\x00" + sk.Value
+	}
+	return pk.Value
 }
 
 // has reports whether the item with partition key pk failed its condition.

@@ -21,7 +21,7 @@ func TestWaiterPlacesBoundConcurrentWaiters(t *testing.T) {
 	const max, n = 3, 16
 	until := t0.Add(time.Minute)
 	var mu sync.Mutex
-	places := map[int]string{}
+	places := map[int]core.Ticket{}
 	refused := 0
 	var wg sync.WaitGroup
 	for i := range n {
@@ -29,16 +29,16 @@ func TestWaiterPlacesBoundConcurrentWaiters(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			w := core.Waiter{Tenant: "hog", Ticket: fmt.Sprint("w", i), Max: max, Now: t0, Until: until}
-			place, err := s.EnterWait(ctx, w)
+			tk, err := s.EnterWait(ctx, w)
 			var ce *core.CapacityError
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
 			case err == nil:
-				if other, dup := places[place]; dup {
-					t.Errorf("place %d given to %s and %s", place, other, w.Ticket)
+				if other, dup := places[tk.Place]; dup {
+					t.Errorf("place %d given to %s and %s", tk.Place, other.ID, w.Ticket)
 				}
-				places[place] = w.Ticket
+				places[tk.Place] = tk
 			case errors.As(err, &ce) && ce.Reason == core.RefusalTooManyWaiters:
 				refused++
 			default:
@@ -54,14 +54,14 @@ func TestWaiterPlacesBoundConcurrentWaiters(t *testing.T) {
 		t.Errorf("another tenant's waiter: %v", err)
 	}
 	// Given back: the place is free again.
-	if err := s.LeaveWait(ctx, core.Waiter{Tenant: "hog", Ticket: places[0]}, 0); err != nil {
+	if err := s.LeaveWait(ctx, places[0], t0, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if place, err := s.EnterWait(ctx, core.Waiter{Tenant: "hog", Ticket: "again", Max: max, Now: t0, Until: until}); err != nil || place != 0 {
-		t.Errorf("after a leave: place %d, %v; want place 0", place, err)
+	if tk, err := s.EnterWait(ctx, core.Waiter{Tenant: "hog", Ticket: "again", Max: max, Now: t0, Until: until}); err != nil || tk.Place != 0 {
+		t.Errorf("after a leave: place %d, %v; want place 0", tk.Place, err)
 	}
 	// A stale leave (the place lapsed and was retaken) leaves it alone.
-	if err := s.LeaveWait(ctx, core.Waiter{Tenant: "hog", Ticket: places[0]}, 0); err != nil {
+	if err := s.LeaveWait(ctx, places[0], t0, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.EnterWait(ctx, core.Waiter{Tenant: "hog", Ticket: "x", Max: max, Now: t0, Until: until}); err == nil {

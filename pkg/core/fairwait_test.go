@@ -1,0 +1,221 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+)
+
+// waitNotes collects a wait observer's notes and signals each.
+type waitNotes struct {
+	mu    sync.Mutex
+	notes []core.WaitNote
+	ch    chan core.WaitNote
+}
+
+func newWaitNotes() *waitNotes { return &waitNotes{ch: make(chan core.WaitNote, 256)} }
+
+func (w *waitNotes) observe(n core.WaitNote) {
+	w.mu.Lock()
+	w.notes = append(w.notes, n)
+	w.mu.Unlock()
+	w.ch <- n
+}
+
+// next waits for the next note of event ev (others are kept).
+func (w *waitNotes) next(t *testing.T, ev core.WaitEvent) core.WaitNote {
+	t.Helper()
+	timeout := time.After(time.Minute)
+	for {
+		select {
+		case n := <-w.ch:
+			if n.Event == ev {
+				return n
+			}
+		case <-timeout:
+			t.Fatalf("no %s note within a minute", ev)
+		}
+	}
+}
+
+// pollSleep is a waiter's poll interval in these tests: short, real, and
+// ended by the context.
+func pollSleep(ctx context.Context, _ time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(2 * time.Millisecond):
+		return nil
+	}
+}
+
+// TestWaitersAreServedRoundRobinInArrivalOrder: tenant a queues eight
+// waiters, then tenant b one. With one slot freed at a time, b is served
+// in the first round (second, right after a's first), and a's waiters in
+// their arrival order.
+func TestWaitersAreServedRoundRobinInArrivalOrder(t *testing.T) {
+	notes := newWaitNotes()
+	h := newHarness(t, func(s *core.Settings) {
+		s.Replicas, s.Policy, s.AcquireTimeout, s.MaxWaitersPerTenant = 1, core.PolicyWait, time.Hour, 10
+	}, core.WithSleep(pollSleep), core.WithWaitObserver(notes.observe))
+	ctx := context.Background()
+	holder := h.acquire(t, tenantKey("x", "hold"), core.SourceCreated) // the only slot, active: nobody evicts it
+
+	type result struct {
+		thread string
+		rec    core.Record
+		err    error
+	}
+	results := make(chan result, 16)
+	var threads []string
+	enqueue := func(tenant, thread string) {
+		go func() {
+			res, err := h.eng.Acquire(ctx, tenantKey(tenant, thread))
+			results <- result{thread, res.Record, err}
+		}()
+		n := notes.next(t, core.WaitEnqueued)
+		if n.Tenant != tenant {
+			t.Fatalf("enqueued %s's ticket, want %s's", n.Tenant, tenant)
+		}
+		threads = append(threads, thread)
+		h.clock.advance(time.Millisecond) // arrivals a millisecond apart
+	}
+	for i := range 8 {
+		enqueue("a", fmt.Sprint("a", i+1))
+	}
+	enqueue("b", "b1")
+
+	// Free the slot: park the holder warm; the queue's head evicts it, the
+	// free's dispatch grants it to the head. Each waiter served parks its
+	// sandbox in turn.
+	release := func(id string) {
+		if _, err := h.eng.Release(ctx, "x", id); err != nil && !errors.Is(err, core.ErrNotFound) {
+			t.Fatalf("Release %s: %v", id, err)
+		}
+	}
+	release(holder.SandboxID)
+	var served []string
+	for range threads {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("%s: %v", r.thread, r.err)
+		}
+		served = append(served, r.thread)
+		if _, err := h.eng.Release(ctx, r.rec.Tenant, r.rec.SandboxID); err != nil {
+			t.Fatalf("Release %s: %v", r.thread, err)
+		}
+	}
+	want := []string{"a1", "b1", "a2", "a3", "a4", "a5", "a6", "a7", "a8"}
+	if !slices.Equal(served, want) {
+		t.Errorf("served %v, want %v", served, want)
+	}
+	// The observer saw the same order, each served once, in (round, arrival) order.
+	notes.mu.Lock()
+	defer notes.mu.Unlock()
+	var servedNotes []core.WaitNote
+	for _, n := range notes.notes {
+		if n.Event == core.WaitServed {
+			servedNotes = append(servedNotes, n)
+		}
+	}
+	if len(servedNotes) != len(want) {
+		t.Fatalf("%d served notes, want %d", len(servedNotes), len(want))
+	}
+	for i := 1; i < len(servedNotes); i++ {
+		if servedNotes[i].SortKey < servedNotes[i-1].SortKey {
+			t.Errorf("served %s (key %s) after %s (key %s): out of order", servedNotes[i].Ticket, servedNotes[i].SortKey,
+				servedNotes[i-1].Ticket, servedNotes[i-1].SortKey)
+		}
+	}
+	if servedNotes[1].Tenant != "b" || servedNotes[1].Round != 0 {
+		t.Errorf("second served = %s round %d, want b's in round 0", servedNotes[1].Tenant, servedNotes[1].Round)
+	}
+}
+
+// deadLeaver is a store whose LeaveWait does nothing: the invocation died
+// before it could leave the queue.
+type deadLeaver struct{ core.Store }
+
+func (deadLeaver) LeaveWait(context.Context, core.Ticket, time.Time, time.Duration) error { return nil }
+
+// TestDeadWaiterDoesNotBlockTheQueue: a waiter whose invocation died
+// (cancelled, its leave never written) is first in line. Granted a slot,
+// its grant lapses and passes to the next waiter; never granted, its
+// ticket lapses at the end of its wait and the next waiter becomes the
+// head and frees a slot for itself.
+func TestDeadWaiterDoesNotBlockTheQueue(t *testing.T) {
+	for _, granted := range []bool{true, false} {
+		t.Run(fmt.Sprint("granted=", granted), func(t *testing.T) {
+			notes := newWaitNotes()
+			settings := func(s *core.Settings) {
+				s.Replicas, s.Policy, s.AcquireTimeout, s.MaxWaitersPerTenant = 1, core.PolicyWait, 10*time.Second, 10
+			}
+			h := newHarness(t, settings, core.WithSleep(pollSleep), core.WithWaitObserver(notes.observe))
+			s := core.DefaultSettings()
+			s.Deployment = "test"
+			settings(&s)
+			dying, err := core.New(s, deadLeaver{h.store}, h.prov, h.sync, core.WithClock(h.clock.now), core.WithSleep(pollSleep),
+				core.WithWaitObserver(notes.observe))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			holder := h.acquire(t, tenantKey("x", "hold"), core.SourceCreated)
+
+			dctx, die := context.WithCancel(ctx)
+			dead := make(chan error, 1)
+			go func() { _, err := dying.Acquire(dctx, tenantKey("a", "dead")); dead <- err }()
+			notes.next(t, core.WaitEnqueued)
+			die()
+			if err := <-dead; !errors.Is(err, context.Canceled) {
+				t.Fatalf("dying waiter = %v, want cancelled", err)
+			}
+			h.clock.advance(5 * time.Second) // the live waiter's wait ends 5 s after the dead one's
+			live := make(chan error, 1)
+			go func() { _, err := h.eng.Acquire(ctx, tenantKey("b", "live")); live <- err }()
+			liveNote := notes.next(t, core.WaitEnqueued)
+
+			if granted {
+				// The holder is destroyed (released while draining), and a
+				// dispatch grants its slot to the head: the dead waiter.
+				if err := h.eng.SetDraining(ctx, true); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-live; err == nil {
+					t.Fatal("live waiter served while draining")
+				}
+				if _, err := h.eng.Release(ctx, "x", holder.SandboxID); err != nil {
+					t.Fatal(err)
+				}
+				if err := h.eng.SetDraining(ctx, false); err != nil {
+					t.Fatal(err)
+				}
+				res, err := h.store.Dispatch(ctx, core.Dispatch{Now: h.clock.now(), Limit: 1, Bucket: -1, Scan: true, GrantFor: 5 * time.Second})
+				if err != nil || len(res.Granted) != 1 || res.Granted[0].Tenant != "a" {
+					t.Fatalf("dispatch granted %+v, %v; want the dead waiter's ticket", res.Granted, err)
+				}
+				go func() { _, err := h.eng.Acquire(ctx, tenantKey("b", "live")); live <- err }()
+				liveNote = notes.next(t, core.WaitEnqueued)
+				h.clock.advance(6 * time.Second) // past the grant's term
+			} else {
+				if _, err := h.eng.Release(ctx, "x", holder.SandboxID); err != nil {
+					t.Fatal(err)
+				}
+				h.clock.advance(7 * time.Second) // past the dead waiter's wait, not the live one's
+			}
+			if err := <-live; err != nil {
+				t.Fatalf("live waiter: %v", err)
+			}
+			served := notes.next(t, core.WaitServed)
+			if served.Ticket != liveNote.Ticket {
+				t.Errorf("served %s, want the live waiter's %s", served.Ticket, liveNote.Ticket)
+			}
+		})
+	}
+}

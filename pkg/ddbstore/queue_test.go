@@ -1,0 +1,400 @@
+package ddbstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+)
+
+// queueFixture is a store on a fresh table with helpers to fill the
+// deployment, queue waiters and read the buckets' raw counts.
+type queueFixture struct {
+	t      *testing.T
+	s      *ddbstore.Store
+	client *dynamodb.Client
+	table  string
+	limit  int
+	n      int
+}
+
+func newQueueFixture(t *testing.T, limit int) *queueFixture {
+	client, table := newTable(t)
+	return &queueFixture{t: t, s: ddbstore.New(client, table, "test"), client: client, table: table, limit: limit}
+}
+
+// fill holds n more slots with active records and returns them.
+func (f *queueFixture) fill(n int) []core.Record {
+	f.t.Helper()
+	var recs []core.Record
+	for range n {
+		f.n++
+		key := core.ThreadKey{Tenant: "busy", User: "u", Thread: fmt.Sprint("t", f.n)}
+		id := fmt.Sprint("sb", f.n)
+		token := "res-" + id
+		if err := f.s.Reserve(context.Background(), core.Reservation{Token: token, ThreadKey: key, Limit: f.limit, Now: t0,
+			ExpiresAt: t0.Add(time.Minute)}); err != nil {
+			f.t.Fatalf("Reserve %s: %v", id, err)
+		}
+		rec, err := f.s.Finalize(context.Background(), token, core.Record{SandboxID: id, ThreadKey: key, State: core.StateActive,
+			Backend: "e2b", CreatedAt: t0, UpdatedAt: t0})
+		if err != nil {
+			f.t.Fatalf("Finalize %s: %v", id, err)
+		}
+		recs = append(recs, rec)
+	}
+	return recs
+}
+
+// free frees rec's slot (no dispatch: the engine runs it) and returns
+// its bucket.
+func (f *queueFixture) free(rec core.Record) int {
+	f.t.Helper()
+	if err := f.s.Free(context.Background(), rec, t0); err != nil {
+		f.t.Fatalf("Free %s: %v", rec.SandboxID, err)
+	}
+	return rec.Slot.Bucket
+}
+
+// enter queues a ticket for tenant arriving at at, waiting a minute.
+func (f *queueFixture) enter(tenant, id string, at time.Time) core.Ticket {
+	f.t.Helper()
+	tk, err := f.s.EnterWait(context.Background(), core.Waiter{Tenant: tenant, Ticket: id, Max: 10, Now: at, Until: at.Add(time.Minute)})
+	if err != nil {
+		f.t.Fatalf("EnterWait %s/%s: %v", tenant, id, err)
+	}
+	return tk
+}
+
+func (f *queueFixture) dispatch(d core.Dispatch) core.DispatchResult {
+	f.t.Helper()
+	d.Limit = f.limit
+	if d.GrantFor == 0 {
+		d.GrantFor = 5 * time.Second
+	}
+	res, err := f.s.Dispatch(context.Background(), d)
+	if err != nil {
+		f.t.Fatalf("Dispatch: %v", err)
+	}
+	return res
+}
+
+func (f *queueFixture) poll(tk core.Ticket) core.TicketState {
+	f.t.Helper()
+	ts, err := f.s.PollTicket(context.Background(), tk)
+	if err != nil {
+		f.t.Fatalf("PollTicket %s: %v", tk.ID, err)
+	}
+	return ts
+}
+
+// counts sums the buckets' raw used and granted counts.
+func (f *queueFixture) counts() (used, granted int) {
+	f.t.Helper()
+	out, err := f.client.Scan(context.Background(), &dynamodb.ScanInput{TableName: aws.String(f.table), ConsistentRead: aws.Bool(true),
+		FilterExpression:          aws.String("begins_with(pk, :cap)"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":cap": &types.AttributeValueMemberS{Value: "CAP#test"}}})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, it := range out.Items {
+		for attr, sum := range map[string]*int{"used": &used, "granted": &granted} {
+			if n, ok := it[attr].(*types.AttributeValueMemberN); ok {
+				v, _ := strconv.Atoi(n.Value)
+				*sum += v
+			}
+		}
+	}
+	return used, granted
+}
+
+func ids(ts []core.Ticket) []string {
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.ID)
+	}
+	return out
+}
+
+// TestEnterWaitRounds: a tenant's first waiter joins the round of the
+// queue's first live ticket, each further one it holds lands one round
+// after its latest; the queue reads back in (round, arrival) order.
+func TestEnterWaitRounds(t *testing.T) {
+	f := newQueueFixture(t, 1)
+	recs := f.fill(1)
+	steps := []struct {
+		tenant, id string
+		leave      string // instead: the ticket that leaves
+		want       int
+	}{
+		{tenant: "a", id: "a1", want: 0},
+		{tenant: "a", id: "a2", want: 1},
+		{tenant: "a", id: "a3", want: 2},
+		{tenant: "b", id: "b1", want: 0}, // a new tenant: the head's round
+		{tenant: "c", id: "c1", want: 0},
+		{tenant: "b", id: "b2", want: 1},
+		{leave: "a1"},
+		{leave: "b1"},
+		{leave: "c1"},
+		{tenant: "d", id: "d1", want: 1}, // round 0 served: the head is a2's round
+		{tenant: "c", id: "c2", want: 1}, // c holds no ticket any more
+		{tenant: "a", id: "a4", want: 3},
+	}
+	held := map[string]core.Ticket{}
+	for i, st := range steps {
+		at := t0.Add(time.Duration(i) * time.Second)
+		if st.leave != "" {
+			if err := f.s.LeaveWait(context.Background(), held[st.leave], at, time.Second); err != nil {
+				t.Fatalf("step %d: leave %s: %v", i, st.leave, err)
+			}
+			delete(held, st.leave)
+			continue
+		}
+		tk := f.enter(st.tenant, st.id, at)
+		if tk.Round != st.want {
+			t.Errorf("step %d: %s's round = %d, want %d", i, st.id, tk.Round, st.want)
+		}
+		held[st.id] = tk
+	}
+	// The queue's order: one slot, freed again by each waiter served.
+	now := t0.Add(30 * time.Second)
+	res := f.dispatch(core.Dispatch{Now: now, Bucket: -1, Scan: true})
+	if len(res.Granted) != 0 || res.Head != "a2" {
+		t.Fatalf("full deployment: granted %v, head %q; want none and a2", ids(res.Granted), res.Head)
+	}
+	bucket := f.free(recs[0])
+	want := []string{"a2", "b2", "d1", "c2", "a3", "a4"}
+	var got []string
+	for range want {
+		res := f.dispatch(core.Dispatch{Now: now, Bucket: bucket})
+		if len(res.Granted) != 1 {
+			t.Fatalf("after %v: granted %v, want one", got, ids(res.Granted))
+		}
+		tk := held[res.Granted[0].ID]
+		got = append(got, tk.ID)
+		ts := f.poll(tk)
+		key := core.ThreadKey{Tenant: tk.Tenant, User: "u", Thread: tk.ID}
+		if err := f.s.Reserve(context.Background(), core.Reservation{Token: "res-" + tk.ID, ThreadKey: key, Limit: f.limit,
+			Now: now, ExpiresAt: now.Add(time.Minute), Grant: &ts.Grant}); err != nil {
+			t.Fatalf("take %s's grant: %v", tk.ID, err)
+		}
+		if err := f.s.FreeReservation(context.Background(), "res-"+tk.ID, key); err != nil {
+			t.Fatal(err)
+		}
+		bucket = ts.Grant.Bucket
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("service order %v, want %v", got, want)
+	}
+}
+
+// TestDispatchGrantsInFairOrderAndTheGrantIsTaken: a freed slot is
+// granted to the first waiting ticket (held in trust: used unchanged), the
+// waiter's reservation takes it over (ticket and place gone, used still
+// the same), and the next free goes to the next ticket in order.
+func TestDispatchGrantsInFairOrderAndTheGrantIsTaken(t *testing.T) {
+	f := newQueueFixture(t, 2)
+	recs := f.fill(2)
+	a1 := f.enter("a", "a1", t0)
+	a2 := f.enter("a", "a2", t0.Add(time.Second))
+	b1 := f.enter("b", "b1", t0.Add(2*time.Second))
+	now := t0.Add(3 * time.Second)
+
+	b := f.free(recs[0])
+	res := f.dispatch(core.Dispatch{Now: now, Bucket: b})
+	if got := ids(res.Granted); !slices.Equal(got, []string{"a1"}) || res.Head != "b1" {
+		t.Fatalf("granted %v, head %q; want [a1] and b1 (round 0 before a's second)", got, res.Head)
+	}
+	if used, granted := f.counts(); used != 2 || granted != 1 {
+		t.Errorf("used %d granted %d, want 2 and 1 (the freed slot held in trust)", used, granted)
+	}
+	ts := f.poll(a1)
+	if !ts.Granted || ts.Grant.Bucket != b {
+		t.Fatalf("a1 = %+v, want granted in bucket %d", ts, b)
+	}
+	// Nobody else can take the trusted slot.
+	var ce *core.CapacityError
+	if err := f.s.Reserve(context.Background(), core.Reservation{Token: "res-x", ThreadKey: core.ThreadKey{Tenant: "x", User: "u", Thread: "t"},
+		Limit: f.limit, Now: now, ExpiresAt: now.Add(time.Minute)}); !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
+		t.Errorf("a reservation without the grant: %v, want a capacity refusal", err)
+	}
+	key := core.ThreadKey{Tenant: "a", User: "u", Thread: "a1"}
+	if err := f.s.Reserve(context.Background(), core.Reservation{Token: "res-a1", ThreadKey: key, Limit: f.limit, Now: now,
+		ExpiresAt: now.Add(time.Minute), Grant: &ts.Grant}); err != nil {
+		t.Fatalf("Reserve with a1's grant: %v", err)
+	}
+	if used, granted := f.counts(); used != 2 || granted != 0 {
+		t.Errorf("after the take: used %d granted %d, want 2 and 0", used, granted)
+	}
+	if ts := f.poll(a1); !ts.Gone {
+		t.Errorf("a1 after the take = %+v, want gone", ts)
+	}
+	// Taking it twice fails, and changes nothing.
+	if err := f.s.Reserve(context.Background(), core.Reservation{Token: "res-a1b", ThreadKey: core.ThreadKey{Tenant: "a", User: "u", Thread: "a1b"},
+		Limit: f.limit, Now: now, ExpiresAt: now.Add(time.Minute), Grant: &ts.Grant}); !errors.Is(err, core.ErrGrantLost) {
+		t.Errorf("second take of a1's grant: %v, want ErrGrantLost", err)
+	}
+	// a's place was given back with the take: a may queue 10 again.
+	res = f.dispatch(core.Dispatch{Now: now, Bucket: f.free(recs[1])})
+	if got := ids(res.Granted); !slices.Equal(got, []string{"b1"}) {
+		t.Errorf("second free granted %v, want [b1]", got)
+	}
+	if ts := f.poll(a2); ts.Granted || ts.Gone {
+		t.Errorf("a2 = %+v, want still waiting", ts)
+	}
+	_ = b1
+}
+
+// TestDispatchSkipsLapsedTickets: a waiting ticket whose waiter's wait
+// ended is removed, and the slot goes to the next.
+func TestDispatchSkipsLapsedTickets(t *testing.T) {
+	f := newQueueFixture(t, 1)
+	recs := f.fill(1)
+	dead, err := f.s.EnterWait(context.Background(), core.Waiter{Tenant: "a", Ticket: "dead", Max: 10, Now: t0, Until: t0.Add(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := f.enter("b", "live", t0.Add(500*time.Millisecond))
+	res := f.dispatch(core.Dispatch{Now: t0.Add(2 * time.Second), Bucket: f.free(recs[0])})
+	if got := ids(res.Granted); !slices.Equal(got, []string{"live"}) || res.Cleaned != 1 {
+		t.Fatalf("granted %v, cleaned %d; want [live] and 1", got, res.Cleaned)
+	}
+	if ts := f.poll(dead); !ts.Gone {
+		t.Errorf("lapsed ticket = %+v, want removed", ts)
+	}
+	if ts := f.poll(live); !ts.Granted {
+		t.Errorf("live ticket = %+v, want granted", ts)
+	}
+}
+
+// TestLapsedGrantPassesOnOrFrees: a grant whose waiter never took it
+// passes to the next live waiting ticket (no bucket change) and, when
+// none waits, its slot is freed; a waiter that leaves holding a grant
+// passes it on the same way.
+func TestLapsedGrantPassesOnOrFrees(t *testing.T) {
+	f := newQueueFixture(t, 1)
+	recs := f.fill(1)
+	a := f.enter("a", "a", t0)
+	b := f.enter("b", "b", t0.Add(time.Millisecond))
+	c := f.enter("c", "c", t0.Add(2*time.Millisecond))
+	now := t0.Add(time.Second)
+	res := f.dispatch(core.Dispatch{Now: now, Bucket: f.free(recs[0])})
+	if got := ids(res.Granted); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("granted %v, want [a]", got)
+	}
+	// a's invocation died: its grant lapses and passes to b.
+	later := now.Add(6 * time.Second)
+	res = f.dispatch(core.Dispatch{Now: later, Bucket: -1})
+	if got := ids(res.Granted); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("after a's grant lapsed: granted %v, want [b]", got)
+	}
+	if used, granted := f.counts(); used != 1 || granted != 1 {
+		t.Errorf("used %d granted %d, want 1 and 1 (the same slot, passed on)", used, granted)
+	}
+	if ts := f.poll(a); !ts.Gone {
+		t.Errorf("a = %+v, want gone", ts)
+	}
+	// b leaves (timed out, say) holding it: c gets it.
+	if err := f.s.LeaveWait(context.Background(), b, later, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if ts := f.poll(c); !ts.Granted {
+		t.Fatalf("c after b left = %+v, want granted", ts)
+	}
+	// c's grant lapses with nobody waiting: the slot is freed.
+	res = f.dispatch(core.Dispatch{Now: later.Add(6 * time.Second), Bucket: -1})
+	if len(res.Granted) != 0 || res.Cleaned != 1 {
+		t.Errorf("granted %v, cleaned %d; want none and 1", ids(res.Granted), res.Cleaned)
+	}
+	if used, granted := f.counts(); used != 0 || granted != 0 {
+		t.Errorf("used %d granted %d, want 0 and 0", used, granted)
+	}
+}
+
+// TestConcurrentDispatchersNeverOvergrant: many dispatchers at once grant
+// exactly the free slots, each to a different ticket, the first in order.
+func TestConcurrentDispatchersNeverOvergrant(t *testing.T) {
+	const limit, freed, waiters, dispatchers = 6, 3, 10, 12
+	f := newQueueFixture(t, limit)
+	recs := f.fill(limit)
+	var tickets []core.Ticket
+	for i := range waiters {
+		tickets = append(tickets, f.enter(fmt.Sprint("t", i), fmt.Sprintf("w%02d", i), t0.Add(time.Duration(i)*time.Millisecond)))
+	}
+	var buckets []int
+	for _, r := range recs[:freed] {
+		buckets = append(buckets, f.free(r))
+	}
+	now := t0.Add(time.Second)
+	var mu sync.Mutex
+	var granted []string
+	var wg sync.WaitGroup
+	for i := range dispatchers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := core.Dispatch{Now: now, Limit: limit, Bucket: buckets[i%freed], Scan: i%2 == 0, GrantFor: 5 * time.Second}
+			res, err := f.s.Dispatch(context.Background(), d)
+			if err != nil {
+				t.Errorf("dispatcher %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			granted = append(granted, ids(res.Granted)...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.Sort(granted)
+	if want := []string{"w00", "w01", "w02"}; !slices.Equal(granted, want) {
+		t.Errorf("granted %v, want %v (each once, the first three)", granted, want)
+	}
+	for i, tk := range tickets {
+		if ts := f.poll(tk); ts.Granted != (i < freed) {
+			t.Errorf("ticket %s granted = %v, want %v", tk.ID, ts.Granted, i < freed)
+		}
+	}
+	if used, g := f.counts(); used != limit || g != freed {
+		t.Errorf("used %d granted %d, want %d and %d", used, g, limit, freed)
+	}
+}
+
+// TestCounterRepairKeepsTrustedSlots: slots held in trust for granted
+// tickets are in no index; the repair counts them from the queue and
+// leaves them (and the granted count) alone.
+func TestCounterRepairKeepsTrustedSlots(t *testing.T) {
+	f := newQueueFixture(t, 3)
+	recs := f.fill(3)
+	f.enter("a", "a", t0)
+	f.enter("b", "b", t0.Add(time.Millisecond))
+	now := t0.Add(time.Second)
+	for _, r := range recs[:2] {
+		f.dispatch(core.Dispatch{Now: now, Bucket: f.free(r)})
+	}
+	if used, granted := f.counts(); used != 3 || granted != 2 {
+		t.Fatalf("before repair: used %d granted %d, want 3 and 2", used, granted)
+	}
+	for i := range 3 {
+		rep, err := f.s.RepairCounters(context.Background(), f.limit, 100)
+		if err != nil {
+			t.Fatalf("repair %d: %v", i, err)
+		}
+		if rep.Slots != 0 || rep.Counters != 0 {
+			t.Errorf("repair %d: slots %+d, counters %d; want nothing repaired", i, rep.Slots, rep.Counters)
+		}
+	}
+	if used, granted := f.counts(); used != 3 || granted != 2 {
+		t.Errorf("after repair: used %d granted %d, want 3 and 2", used, granted)
+	}
+}
