@@ -244,6 +244,11 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 			if !e.now().Add(waitPoll).Before(deadline) {
 				return AcquireResult{}, err
 			}
+			if st.grant != nil {
+				// Refused holding a grant: a take that could not use it.
+				// Pass it on rather than wait for it again.
+				e.leaveWait(ctx, st)
+			}
 			switch werr := e.waitForGrant(ctx, key, owner, st, deadline); {
 			case werr == nil:
 				continue // granted: the next attempt takes the slot
@@ -551,9 +556,9 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 	var token string
 	retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
 		token = "res-" + newOwner()[4:]
-		return e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
+		return e.took(st, e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, Grant: st.grant})
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, Grant: st.grant}))
 	})
 	if err != nil {
 		return AcquireResult{}, retry, err
@@ -574,7 +579,6 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 		var ce *CapacityError
 		switch {
 		case err == nil:
-			e.served(st)
 			return false, nil
 		case errors.Is(err, ErrGrantLost):
 			return true, fmt.Errorf("take slot: %w", err)

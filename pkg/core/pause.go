@@ -249,7 +249,7 @@ func (e *Engine) resumeParked(ctx context.Context, key ThreadKey, rec Record, ow
 			claimed, err = ps.ClaimResume(ctx, ResumeClaim{Claim: Claim{SandboxID: rec.SandboxID, Tenant: key.Tenant, Owner: owner,
 				Now: now, LeaseUntil: e.leaseUntil(ctx)}, Key: key, Limit: e.s.Limit(), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant,
 				Grant: st.grant})
-			return err
+			return e.took(st, err)
 		})
 		if err != nil {
 			return AcquireResult{}, retry, fmt.Errorf("resume: %w", err)

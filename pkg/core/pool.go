@@ -168,6 +168,9 @@ type PoolClaim struct {
 	// Limit is the deployment's slot limit: a member parked paused takes
 	// a running slot within it.
 	Limit int
+	// Grant, for a member parked paused, is Reservation.Grant: the slot
+	// it takes is the one held in trust for the waiter's ticket.
+	Grant *Grant
 }
 
 // PoolStore is the store access the pool needs beyond Store
@@ -294,7 +297,7 @@ func (e *Engine) fromPool(ctx context.Context, key ThreadKey, owner, replaceID, 
 				ce.RetryAfter = 5 * time.Second
 			}
 			return res, true, true, ce
-		case errors.Is(err, ErrThreadBound):
+		case errors.Is(err, ErrThreadBound), errors.Is(err, ErrGrantLost):
 			return res, true, true, fmt.Errorf("claim pool member: %w", err)
 		default:
 			return res, true, false, fmt.Errorf("claim pool member: %w", err)
@@ -320,10 +323,14 @@ func cmpBool(a, b bool) int {
 // of sandboxes the provider ended are freed and a sandbox evicted when
 // the deployment is full (see takeSlot). ErrConflict: a peer took m.
 func (e *Engine) claimMember(ctx context.Context, ps PoolStore, m Record, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (Record, error) {
+	var grant *Grant // a waiter's granted slot, for a member that takes one
+	if m.Slots.Paused {
+		grant = st.grant
+	}
 	claim := func(now time.Time) (Record, error) {
 		rec, err := ps.ClaimPoolMember(ctx, PoolClaim{Member: m, ThreadKey: key, Owner: owner, Now: now,
 			LeaseUntil: e.leaseUntil(ctx), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant,
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Limit: e.s.Limit()})
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Limit: e.s.Limit(), Grant: grant})
 		if errors.Is(err, ErrStoreUnavailable) {
 			// Maybe applied: the record says whether the member is ours.
 			rec, err = e.claimOutcome(ctx, m.SandboxID, key, owner, err)
@@ -340,6 +347,7 @@ func (e *Engine) claimMember(ctx context.Context, ps PoolStore, m Record, key Th
 	_, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
 		var err error
 		rec, err = claim(now)
+		_ = e.took(st, err)
 		if errors.Is(err, ErrConflict) {
 			lost = err // a peer took the member: no slot to wait for
 			return nil

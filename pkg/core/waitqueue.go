@@ -203,15 +203,17 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 	return nil
 }
 
-// served records that st's take consumed its grant: the ticket and its
-// place left the queue with it.
-func (e *Engine) served(st *acquireState) {
-	if st.grant == nil || st.wait == nil {
-		return
+// took returns err, the outcome of a take that was given st's grant (if
+// any): applied, it consumed the grant, and the ticket and its place left
+// the queue with it.
+func (e *Engine) took(st *acquireState, err error) error {
+	if err != nil || st.grant == nil || st.wait == nil {
+		return err
 	}
 	st.wait.done = true
 	e.note(st.wait, WaitServed)
 	st.grant = nil
+	return nil
 }
 
 // leaveWait takes st's ticket out of the queue if it is still in it (a

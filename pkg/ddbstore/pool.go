@@ -142,7 +142,7 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 		return s.claimPoolMemberIn(ctx, c, c.Member.Slot.Bucket)
 	}
 	var rec core.Record
-	_, err := s.takeSlot(ctx, c.Limit, homeBucket(c.Member.SandboxID, c.Limit), func(b int) error {
+	_, err := s.takeSlotOrGrant(ctx, c.Limit, homeBucket(c.Member.SandboxID, c.Limit), c.Grant, func(b int) error {
 		var err error
 		rec, err = s.claimPoolMemberIn(ctx, c, b)
 		return err
@@ -194,13 +194,15 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
 	}
-	var capItem types.TransactWriteItem
+	var capItems []types.TransactWriteItem
 	if paused {
-		capItem, err = s.takeUpdate(b, c.Limit, core.StateClaiming, c.Tenant)
+		capItems, err = s.slotTake(b, c.Limit, core.StateClaiming, c.Tenant, c.Grant)
 	} else {
 		notDrain := notDraining()
+		var capItem types.TransactWriteItem
 		capItem, err = s.bucketUpdate(b, &notDrain, countMove(
 			expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))), m.Slot.Counted, slot.Counted))
+		capItems = []types.TransactWriteItem{capItem}
 	}
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
@@ -213,17 +215,16 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
 	}
-	failed, err := s.writeTxn(ctx, "claim pool member", []types.TransactWriteItem{
+	failed, err := s.writeTxn(ctx, "claim pool member", append([]types.TransactWriteItem{
 		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(m.SandboxID)),
 			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
 			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values(),
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
 		bind,
-		capItem,
 		user,
 		tenant,
 		s.poolCount(-1),
-	})
+	}, capItems...))
 	// A lost race for the member first (the caller tries the next one),
 	// then the thread's binding, then the quotas, draining (or, for a
 	// paused member, a full bucket) last.
@@ -241,6 +242,8 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 		return core.Record{}, fmt.Errorf("pool member %s: %w", m.SandboxID, core.ErrConflict)
 	case has(failed, bindingPK(c.ThreadKey)):
 		return core.Record{}, fmt.Errorf("thread %s: %w", c.ThreadKey, core.ErrThreadBound)
+	case s.grantFailed(failed, c.Grant):
+		return core.Record{}, fmt.Errorf("claim pool member: %w", core.ErrGrantLost)
 	case has(failed, userPK(s.deployment, c.ThreadKey)):
 		return core.Record{}, &core.CapacityError{Reason: core.RefusalUserQuota, RetryAfter: 5 * time.Second}
 	case has(failed, tenantPK(s.deployment, c.Tenant)):
