@@ -71,6 +71,11 @@ const (
 	dispatchAttempts = 3
 )
 
+// freeScan is how many tickets a free's dispatch reads first: few enough
+// that the read stays within 4 KB (half a read unit, eventually
+// consistent), enough to pass a few lapsed tickets.
+const freeScan = 8
+
 // Ticket states.
 const (
 	ticketWaiting = "waiting"
@@ -116,14 +121,14 @@ func (s *Store) ticketKey(key string) map[string]types.AttributeValue {
 }
 
 // queueHead reads up to limit tickets from the head of the queue, in
-// service order (strongly consistent).
-func (s *Store) queueHead(ctx context.Context, limit int32) ([]ticketItem, error) {
+// service order (strongly consistent unless eventual).
+func (s *Store) queueHead(ctx context.Context, limit int32, eventual bool) ([]ticketItem, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	cond := "pk = :pk"
 	out, err := s.db.Query(ctx, &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
 		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: queuePK(s.deployment)}},
-		ConsistentRead:            aws.Bool(true), Limit: aws.Int32(limit)})
+		ConsistentRead:            aws.Bool(!eventual), Limit: aws.Int32(limit)})
 	if err != nil {
 		return nil, unavailable("query wait queue", err)
 	}
@@ -172,7 +177,7 @@ func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, erro
 			latest = max(latest, *p.Round)
 		}
 	}
-	head, err := s.queueHead(ctx, queueScan)
+	head, err := s.queueHead(ctx, queueScan, false)
 	if err != nil {
 		return core.Ticket{}, err
 	}
@@ -385,11 +390,19 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // with room (d.Bucket first; every bucket read, eventually consistent,
 // when d.Scan, or when d.Self is the first live waiting ticket). A race
 // lost to a peer (a ticket or grant that moved) reads the head again, up
-// to dispatchAttempts times.
+// to dispatchAttempts times. The first read of a free's dispatch (d.Bucket
+// set) is eventually consistent and short (freeScan): every free reads
+// the queue's one partition, at half a read unit; a ticket it misses is served by its
+// own dispatch or the head's next turn, and every write is conditional on
+// what it read, so a stale read only loses a race.
 func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchResult, error) {
 	var res core.DispatchResult
-	for range dispatchAttempts {
-		q, err := s.queueHead(ctx, queueScan)
+	for attempt := range dispatchAttempts {
+		limit, eventual := int32(queueScan), attempt == 0 && d.Bucket >= 0
+		if eventual {
+			limit = freeScan
+		}
+		q, err := s.queueHead(ctx, limit, eventual)
 		if err != nil {
 			return res, err
 		}
@@ -540,7 +553,7 @@ func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, gra
 		if !it.granted() || attempt >= dispatchAttempts {
 			return fmt.Errorf("leave wait: ticket %s: %w", t.ID, core.ErrConflict)
 		}
-		q, err := s.queueHead(ctx, queueScan)
+		q, err := s.queueHead(ctx, queueScan, false)
 		if err != nil {
 			return err
 		}
@@ -625,9 +638,9 @@ func (s *Store) takeSlotOrGrant(ctx context.Context, limit, home int, g *core.Gr
 	return s.takeSlot(ctx, limit, home, take)
 }
 
-// markDraining marks every waiting ticket draining (SetDraining): their
-// waiters stop waiting with the draining refusal.
-func (s *Store) markDraining(ctx context.Context) error {
+// eachTicket calls fn with every ticket of the queue, in service order
+// (strongly consistent), until fn returns an error.
+func (s *Store) eachTicket(ctx context.Context, fn func(ticketItem) error) error {
 	cond := "pk = :pk"
 	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
 		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: queuePK(s.deployment)}},
@@ -644,50 +657,46 @@ func (s *Store) markDraining(ctx context.Context) error {
 			if err := attributevalue.UnmarshalMap(av, &t); err != nil {
 				return fmt.Errorf("decode ticket: %w", err)
 			}
-			if t.granted() {
-				continue // its take finds the bucket draining
-			}
-			cctx, cancel := s.ctx(ctx)
-			cond, upd := "#state = :waiting", "SET draining = :true"
-			_, err := s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.ticketKey(t.SK),
-				ConditionExpression: &cond, UpdateExpression: &upd, ExpressionAttributeNames: map[string]string{"#state": "state"},
-				ExpressionAttributeValues: map[string]types.AttributeValue{
-					":waiting": &types.AttributeValueMemberS{Value: ticketWaiting}, ":true": &types.AttributeValueMemberBOOL{Value: true}}})
-			cancel()
-			var ccf *types.ConditionalCheckFailedException
-			if err != nil && !errors.As(err, &ccf) {
-				return unavailable("mark ticket draining", err)
+			if err := fn(t); err != nil {
+				return err
 			}
 		}
 	}
 	return nil
 }
 
+// markDraining marks every waiting ticket draining (SetDraining): their
+// waiters stop waiting with the draining refusal.
+func (s *Store) markDraining(ctx context.Context) error {
+	return s.eachTicket(ctx, func(t ticketItem) error {
+		if t.granted() {
+			return nil // its take finds the bucket draining
+		}
+		cctx, cancel := s.ctx(ctx)
+		defer cancel()
+		cond, upd := "#state = :waiting", "SET draining = :true"
+		_, err := s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.ticketKey(t.SK),
+			ConditionExpression: &cond, UpdateExpression: &upd, ExpressionAttributeNames: map[string]string{"#state": "state"},
+			ExpressionAttributeValues: map[string]types.AttributeValue{
+				":waiting": &types.AttributeValueMemberS{Value: ticketWaiting}, ":true": &types.AttributeValueMemberBOOL{Value: true}}})
+		var ccf *types.ConditionalCheckFailedException
+		if err != nil && !errors.As(err, &ccf) {
+			return unavailable("mark ticket draining", err)
+		}
+		return nil
+	})
+}
+
 // queueGrants counts the granted tickets of the whole queue by bucket
 // (live or lapsed: a lapsed grant holds its slot until passed on or
 // freed), for the counter repair.
 func (s *Store) queueGrants(ctx context.Context) (map[int]int, error) {
-	cond := "pk = :pk"
-	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
-		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: queuePK(s.deployment)}},
-		ConsistentRead:            aws.Bool(true)})
 	out := map[int]int{}
-	for p.HasMorePages() {
-		cctx, cancel := s.ctx(ctx)
-		page, err := p.NextPage(cctx)
-		cancel()
-		if err != nil {
-			return nil, unavailable("query wait queue", err)
+	err := s.eachTicket(ctx, func(t ticketItem) error {
+		if t.granted() && t.Bucket >= 0 && t.Bucket < CapacityBuckets {
+			out[t.Bucket]++
 		}
-		for _, av := range page.Items {
-			var t ticketItem
-			if err := attributevalue.UnmarshalMap(av, &t); err != nil {
-				return nil, fmt.Errorf("decode ticket: %w", err)
-			}
-			if t.granted() && t.Bucket >= 0 && t.Bucket < CapacityBuckets {
-				out[t.Bucket]++
-			}
-		}
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }

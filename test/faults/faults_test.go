@@ -65,6 +65,8 @@ type stack struct {
 	s3c        *s3.Client      // clean
 	bucket     string
 	pool       bool // the engine keeps a pool of one member
+	// enqueued hears each ticket the engine queues (wait policy).
+	enqueued chan core.WaitNote
 }
 
 // poolMode is a case's pool: none, or one member parked running or
@@ -83,7 +85,7 @@ const (
 func newStack(t *testing.T, host *sandboxhost.Server, mode poolMode) *stack {
 	t.Helper()
 	st := &stack{t: t, deployment: testenv.UniqueName(t, "f"), clock: &offsetClock{},
-		prov: &faults.Transport{}, ddb: &faults.Transport{}, s3: &faults.Transport{}}
+		prov: &faults.Transport{}, ddb: &faults.Transport{}, s3: &faults.Transport{}, enqueued: make(chan core.WaitNote, 16)}
 	var err error
 	st.clean, err = e2b.New(e2b.Options{APIURL: host.APIURL, SandboxURL: host.EnvdURL, APIKey: apiKey})
 	if err != nil {
@@ -117,7 +119,15 @@ func newStack(t *testing.T, host *sandboxhost.Server, mode poolMode) *stack {
 	s.AcquireTimeout = 3 * time.Second
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = 0
-	opts := []core.Option{core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs)}
+	opts := []core.Option{core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs),
+		core.WithWaitObserver(func(n core.WaitNote) {
+			if n.Event == core.WaitEnqueued {
+				select {
+				case st.enqueued <- n:
+				default:
+				}
+			}
+		})}
 	switch mode {
 	case runningPool:
 		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour, Parked: core.PoolParkedRunning}))
@@ -438,6 +448,49 @@ func warm(st *stack, thread string) {
 	}
 }
 
+// waitStep fills the deployment (four active sandboxes of other threads),
+// then acquires for the thread under the fault: the acquire queues a
+// ticket; once it waits, one holder's sandbox ends and its slot is freed
+// (without a dispatch), so the waiter's own turn grants the slot to
+// itself, and its reservation takes the grant.
+func waitStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	var holders []core.Record
+	for i := range 4 {
+		res, ok := st.acquire(fmt.Sprintf("%s-h%d", thread, i))
+		if !ok {
+			st.t.Fatalf("setup acquire failed")
+		}
+		holders = append(holders, res.Record)
+	}
+	arm()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		st.acquire(thread)
+	}()
+	select {
+	case <-st.enqueued:
+	case <-done: // the fault refused the queueing
+	}
+	// The slot is freed either way: the thread's acquire after the case
+	// needs one.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := st.clean.Kill(ctx, holders[0].SandboxID); err != nil {
+		st.t.Fatalf("kill holder: %v", err)
+	}
+	rec, err := st.store.Get(ctx, holders[0].SandboxID)
+	if err == nil {
+		err = st.store.Free(ctx, rec, st.clock.now())
+	}
+	if err != nil {
+		st.t.Fatalf("free holder: %v", err)
+	}
+	<-done
+	disarm()
+	return nil, core.ReleaseResult{}, false
+}
+
 // steps are the steps of acquire (reuse, reclaim, create, bootstrap,
 // restore, resume), release (sync, park, kill) and reconcile's pause, each
 // at the dependency call that makes it, and the DynamoDB writes that
@@ -486,6 +539,13 @@ var steps = []step{
 	{"acquire/resume", provLayer, faults.PathSuffix("POST", "/connect"), acquireStep(paused)},
 	{"acquire/resume-claim", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"resuming"`), acquireStep(paused)},
 	{"acquire/resume-settle", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), acquireStep(paused)},
+	// Fair waiting: the transaction that queues a waiter's ticket (with
+	// its place), the one that grants it a slot held in trust, and the
+	// reservation that takes the grant over.
+	{"wait/enqueue", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `qkey`), waitStep},
+	{"wait/grant", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `grant_until`), waitStep},
+	{"wait/take-grant", ddbLayer, faults.BodyContains(faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"creating"`),
+		`"S":"granted"`), waitStep},
 }
 
 // poolSteps are the steps of the pre-warmed pool (a stack with a pool of
