@@ -162,7 +162,9 @@ const createBudget = 10 * time.Second
 // slot's bucket: evict-then-create is 11 calls from a pool of warm
 // sandboxes, 24 when one is warm (one more when the sandbox is another
 // tenant's: its claim is a transaction with the check of the acquiring
-// tenant's count, then a read of the claimed record). Only when nothing may be evicted, once
+// tenant's count, then a read of the claimed record; one more under the
+// wait policy: the free's dispatch of the wait queue). Only when nothing
+// may be evicted, once
 // per acquire, every shard of two states is read for the slots of
 // sandboxes past their end (freed if the provider confirms them gone).
 // An acquire that waits (the wait policy, see waitqueue.go)

@@ -177,9 +177,9 @@ func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, 
 // waitTurn is a waiter's own dispatch: it cleans the queue's head and
 // grants the slots there is room for, reading the capacity buckets only
 // when this waiter is the first live waiting ticket. The head then frees
-// a slot for itself as a refused acquire does (the slots of sandboxes the
-// provider ended, once per acquire, else one eviction under its tenant's
-// fair share): the free's dispatch grants it to the head. The only error
+// a slot for itself as a refused acquire does (one eviction under its
+// tenant's fair share, else, once per acquire, the slots of sandboxes the
+// provider ended): the free's dispatch grants it to the head. The only error
 // is the draining refusal, when the head finds the deployment draining.
 func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *acquireState) error {
 	me := st.wait.ticket.ID
@@ -193,13 +193,10 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 	case res.Head != me || !res.Read:
 		return nil
 	}
-	if !st.deadChecked {
+	if _, ok := e.evictOne(ctx, key, owner, e.atFairShare(key, st.tenantUsed, res.Tenants), res.Status); !ok && !st.deadChecked {
 		st.deadChecked = true
-		if e.freeDead(ctx, owner) > 0 {
-			return nil
-		}
+		e.freeDead(ctx, owner)
 	}
-	e.evictOne(ctx, key, owner, e.atFairShare(key, st.tenantUsed, res.Tenants), res.Status)
 	return nil
 }
 
