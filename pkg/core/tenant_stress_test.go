@@ -198,7 +198,18 @@ func (w *tenantWatch) Reserve(ctx context.Context, r core.Reservation) error {
 		note.counts, note.marks = counts, marks
 		note.mu.Unlock()
 	}
-	return w.Store.Reserve(ctx, r)
+	err := w.Store.Reserve(ctx, r)
+	if err == nil && r.Grant != nil {
+		// The reservation took a waiter's granted slot: its ticket and
+		// place left the queue with it.
+		w.mu.Lock()
+		if p, ok := w.places[r.Grant.Ticket.Tenant][r.Grant.Ticket.Place]; ok && p.ticket == r.Grant.Ticket.ID {
+			p.left = true
+			w.places[r.Grant.Ticket.Tenant][r.Grant.Ticket.Place] = p
+		}
+		w.mu.Unlock()
+	}
+	return err
 }
 
 func (w *tenantWatch) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
@@ -245,16 +256,17 @@ func (w *tenantWatch) Claim(ctx context.Context, c core.Claim) (core.Record, err
 	return rec, err
 }
 
-func (w *tenantWatch) EnterWait(ctx context.Context, wt core.Waiter) (int, error) {
+func (w *tenantWatch) EnterWait(ctx context.Context, wt core.Waiter) (core.Ticket, error) {
 	w.mu.Lock()
 	if wt.Now.After(w.latest) {
 		w.latest = wt.Now
 	}
 	w.mu.Unlock()
-	place, err := w.Store.EnterWait(ctx, wt)
+	tk, err := w.Store.EnterWait(ctx, wt)
 	if err != nil {
-		return place, err
+		return tk, err
 	}
+	place := tk.Place
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	held := w.places[wt.Tenant]
@@ -280,17 +292,17 @@ func (w *tenantWatch) EnterWait(ctx context.Context, wt core.Waiter) (int, error
 	if w.tracking {
 		w.tickets[wt.Ticket] = true
 	}
-	return place, nil
+	return tk, nil
 }
 
-func (w *tenantWatch) LeaveWait(ctx context.Context, wt core.Waiter, place int) error {
+func (w *tenantWatch) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, grantFor time.Duration) error {
 	w.mu.Lock()
-	if p, ok := w.places[wt.Tenant][place]; ok && p.ticket == wt.Ticket {
+	if p, ok := w.places[t.Tenant][t.Place]; ok && p.ticket == t.ID {
 		p.left = true
-		w.places[wt.Tenant][place] = p
+		w.places[t.Tenant][t.Place] = p
 	}
 	w.mu.Unlock()
-	return w.Store.LeaveWait(ctx, wt, place)
+	return w.Store.LeaveWait(ctx, t, now, grantFor)
 }
 
 // trackTickets starts (or stops) recording the tickets that take a place.

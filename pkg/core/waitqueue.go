@@ -193,7 +193,11 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 	case res.Head != me || !res.Read:
 		return nil
 	}
-	if _, ok := e.evictOne(ctx, key, owner, e.atFairShare(key, st.tenantUsed, res.Tenants), res.Status); !ok && !st.deadChecked {
+	_, ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants), res.Status)
+	if atShare {
+		st.atShare = true // evict only its own from now on
+	}
+	if !ok && !st.deadChecked {
 		st.deadChecked = true
 		e.freeDead(ctx, owner)
 	}
