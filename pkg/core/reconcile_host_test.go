@@ -35,7 +35,7 @@ func TestReconcileAgainstLocalSandboxHost(t *testing.T) {
 	s.Deployment = "hosttest"
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = 0
-	rs.OrphanTTL = 2 * time.Second
+	rs.OrphanTTL = time.Minute // far longer than the first pass takes on a loaded machine; the clock jumps past it
 	clock := &recClock{}
 	store := ddbstore.New(db, table, s.Deployment)
 	eng, err := core.New(s, store, prov, nil, core.WithClock(clock.now), core.WithReconcileSettings(rs),
@@ -94,7 +94,7 @@ func TestReconcileAgainstLocalSandboxHost(t *testing.T) {
 		t.Errorf("warm sandbox end moved from %s to %s (%v): reconcile extended its life", before.EndAt, after.EndAt, err)
 	}
 
-	clock.advance(3 * time.Second)
+	clock.advance(rs.OrphanTTL + time.Second)
 	if st := pass(); st.Killed != 1 || alive(orphan.ID) {
 		t.Errorf("second pass = %+v, orphan alive %v; want it killed after its TTL", st, alive(orphan.ID))
 	}
