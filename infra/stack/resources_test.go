@@ -224,7 +224,8 @@ func TestTable(t *testing.T) {
 		{"TTL", str(p["TimeToLiveSpecification"]), `{"AttributeName":"` + ddbstore.AttrTTL + `","Enabled":true}`},
 		{"deletion protection", str(p["DeletionProtectionEnabled"]), `true`},
 		{"deletion policy", str(r["DeletionPolicy"]), `"Retain"`},
-		{"GSIs", str(p["GlobalSecondaryIndexes"]), `[{"IndexName":"gsi1","KeySchema":[{"AttributeName":"gsi1pk","KeyType":"HASH"},{"AttributeName":"gsi1sk","KeyType":"RANGE"}],"Projection":{"ProjectionType":"ALL"}}]`},
+		{"GSIs", str(p["GlobalSecondaryIndexes"]), `[{"IndexName":"gsi1","KeySchema":[{"AttributeName":"gsi1pk","KeyType":"HASH"},{"AttributeName":"gsi1sk","KeyType":"RANGE"}],"Projection":{"ProjectionType":"ALL"}},` +
+			`{"IndexName":"gsi2","KeySchema":[{"AttributeName":"gsi2pk","KeyType":"HASH"},{"AttributeName":"gsi2sk","KeyType":"RANGE"}],"Projection":{"ProjectionType":"KEYS_ONLY"}}]`},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -356,9 +357,10 @@ func TestIAMLeastPrivilege(t *testing.T) {
 		}
 		lg := fn["LoggingConfig"].(map[string]any)["LogGroup"].(map[string]any)["Ref"].(string)
 		want := map[string][2]string{
-			"WriteOwnLogs":     {str(LogActions), str(getAtt(lg, "Arn"))},
-			"TableItems":       {str(DynamoDBActions), str(getAtt(LogicalTable, "Arn"))},
-			"StateIndex":       {`"dynamodb:Query"`, `{"Fn::Join":["",[{"Fn::GetAtt":["Table","Arn"]},"/index/gsi1"]]}`},
+			"WriteOwnLogs": {str(LogActions), str(getAtt(lg, "Arn"))},
+			"TableItems":   {str(DynamoDBActions), str(getAtt(LogicalTable, "Arn"))},
+			"TableIndexes": {`"dynamodb:Query"`, `[{"Fn::Join":["",[{"Fn::GetAtt":["Table","Arn"]},"/index/gsi1"]]},` +
+				`{"Fn::Join":["",[{"Fn::GetAtt":["Table","Arn"]},"/index/gsi2"]]}]`},
 			"OutputObjects":    {str(S3ObjectActions), prefixObjects},
 			"ListOutputBucket": {`"s3:ListBucket"`, str(getAtt(LogicalBucket, "Arn"))},
 			"ReadE2BApiKey":    {`"secretsmanager:GetSecretValue"`, str(ref(LogicalSecret))},

@@ -118,8 +118,8 @@ var DynamoDBActions = []string{
 	"dynamodb:UpdateItem",
 }
 
-// DynamoDBIndexActions are granted on the state index (gsi1), the only
-// index.
+// DynamoDBIndexActions are granted on the table's indexes: the state
+// index (gsi1) and the owner index (gsi2).
 var DynamoDBIndexActions = []string{"dynamodb:Query"}
 
 // S3ObjectActions are granted on objects under the output prefix: the
@@ -239,6 +239,12 @@ func (s *Stack) table(props Props) {
 		PartitionKey:   &awsdynamodb.Attribute{Name: jsii.String(ddbstore.AttrGSI1PK), Type: awsdynamodb.AttributeType_STRING},
 		SortKey:        &awsdynamodb.Attribute{Name: jsii.String(ddbstore.AttrGSI1SK), Type: awsdynamodb.AttributeType_STRING},
 		ProjectionType: awsdynamodb.ProjectionType_ALL,
+	})
+	s.Table.AddGlobalSecondaryIndex(&awsdynamodb.GlobalSecondaryIndexProps{
+		IndexName:      jsii.String(ddbstore.IndexGSI2),
+		PartitionKey:   &awsdynamodb.Attribute{Name: jsii.String(ddbstore.AttrGSI2PK), Type: awsdynamodb.AttributeType_STRING},
+		SortKey:        &awsdynamodb.Attribute{Name: jsii.String(ddbstore.AttrGSI2SK), Type: awsdynamodb.AttributeType_STRING},
+		ProjectionType: awsdynamodb.ProjectionType_KEYS_ONLY,
 	})
 	overrideID(s.Table, LogicalTable)
 }
@@ -409,7 +415,9 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 		})
 	}
 	tableArn := s.Table.TableArn()
-	indexArn := awscdk.Fn_Join(jsii.String(""), &[]*string{tableArn, jsii.String("/index/" + ddbstore.IndexGSI1)})
+	indexArn := func(index string) *string {
+		return awscdk.Fn_Join(jsii.String(""), &[]*string{tableArn, jsii.String("/index/" + index)})
+	}
 	// Object keys are <prefix>/<tenant>/<user>/<thread>/...: created at run
 	// time, so the narrowest static scope is the prefix with a trailing
 	// wildcard (IAM has no other way to name "objects under a prefix").
@@ -421,7 +429,7 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	statements := []awsiam.PolicyStatement{
 		stmt("WriteOwnLogs", LogActions, logs.LogGroupArn()),
 		stmt("TableItems", DynamoDBActions, tableArn),
-		stmt("StateIndex", DynamoDBIndexActions, indexArn),
+		stmt("TableIndexes", DynamoDBIndexActions, indexArn(ddbstore.IndexGSI1), indexArn(ddbstore.IndexGSI2)),
 		stmt("OutputObjects", S3ObjectActions, objects),
 		stmt("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn()),
 		stmt("ReadE2BApiKey", SecretActions, s.Secret.SecretArn()),

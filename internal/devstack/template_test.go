@@ -179,18 +179,27 @@ func TestTemplateTableMatchesStore(t *testing.T) {
 		if !reflect.DeepEqual(keys, map[string]string{ddbstore.AttrPK: "HASH", ddbstore.AttrSK: "RANGE"}) {
 			t.Errorf("key schema = %v", keys)
 		}
-		if len(tbl.GlobalSecondaryIndexes) != 1 || tbl.GlobalSecondaryIndexes[0].IndexName != ddbstore.IndexGSI1 {
-			t.Fatalf("GSIs = %+v, want one named %s", tbl.GlobalSecondaryIndexes, ddbstore.IndexGSI1)
+		if len(tbl.GlobalSecondaryIndexes) != 2 {
+			t.Fatalf("GSIs = %+v, want %s and %s", tbl.GlobalSecondaryIndexes, ddbstore.IndexGSI1, ddbstore.IndexGSI2)
 		}
-		gsi := map[string]string{}
-		for _, k := range tbl.GlobalSecondaryIndexes[0].KeySchema {
-			gsi[k.AttributeName] = k.KeyType
-		}
-		if !reflect.DeepEqual(gsi, map[string]string{ddbstore.AttrGSI1PK: "HASH", ddbstore.AttrGSI1SK: "RANGE"}) {
-			t.Errorf("gsi1 key schema = %v", gsi)
-		}
-		if p := tbl.GlobalSecondaryIndexes[0].Projection; p == nil || p.ProjectionType == nil || *p.ProjectionType != "ALL" {
-			t.Errorf("gsi1 projection = %+v, want ALL", p)
+		for i, want := range []struct{ name, pk, sk, projection string }{
+			{ddbstore.IndexGSI1, ddbstore.AttrGSI1PK, ddbstore.AttrGSI1SK, "ALL"},
+			{ddbstore.IndexGSI2, ddbstore.AttrGSI2PK, ddbstore.AttrGSI2SK, "KEYS_ONLY"},
+		} {
+			got := tbl.GlobalSecondaryIndexes[i]
+			if got.IndexName != want.name {
+				t.Errorf("GSI %d = %s, want %s", i, got.IndexName, want.name)
+			}
+			gsi := map[string]string{}
+			for _, k := range got.KeySchema {
+				gsi[k.AttributeName] = k.KeyType
+			}
+			if !reflect.DeepEqual(gsi, map[string]string{want.pk: "HASH", want.sk: "RANGE"}) {
+				t.Errorf("%s key schema = %v", want.name, gsi)
+			}
+			if p := got.Projection; p == nil || p.ProjectionType == nil || *p.ProjectionType != want.projection {
+				t.Errorf("%s projection = %+v, want %s", want.name, p, want.projection)
+			}
 		}
 		if ttl := tbl.TimeToLiveSpecification; ttl == nil || ttl.AttributeName == nil || *ttl.AttributeName != ddbstore.AttrTTL || !ttl.Enabled {
 			t.Errorf("TTL = %+v, want %s enabled", ttl, ddbstore.AttrTTL)

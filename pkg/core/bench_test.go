@@ -340,6 +340,15 @@ func BenchmarkAcquireDynamoDBCalls(b *testing.B) {
 			b.ReportMetric(float64(ranks)/float64(b.N-1), "evicted-rank")
 		}
 	})
+	b.Run("quota-evict-then-create", func(b *testing.B) {
+		// The user's quota of one slot held by its own warm sandbox, in a
+		// deployment with room: each acquire of a new thread is refused
+		// for the quota, evicts it and creates.
+		eng, c, _, _ := benchEngine(b, func(s *core.Settings) { s.MaxPerUser = 1 })
+		prev := mustAcquire(b, eng, key("t-first"), core.SourceCreated)
+		measure(b, c, func(int) { release(b, eng, prev.SandboxID) },
+			func(i int) { prev = mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourceCreated) })
+	})
 	b.Run("evict-then-create-wait-policy", func(b *testing.B) {
 		// The same under the wait policy: the free is followed by a
 		// dispatch of the wait queue (one Query when nobody waits).

@@ -163,7 +163,11 @@ const createBudget = 10 * time.Second
 // sandboxes, 24 when one is warm (one more when the sandbox is another
 // tenant's: its claim is a transaction with the check of the acquiring
 // tenant's count, then a read of the claimed record; one more under the
-// wait policy: the free's dispatch of the wait queue). Only when nothing
+// wait policy: the free's dispatch of the wait queue). A reservation
+// refused for the user's or tenant's quota evicts the caller's own least
+// recently parked warm sandbox instead (evictForQuota: one Query of the
+// user's owner index key, 16 for a tenant's, the claim, the free, then
+// the reserve again): quota-evict-then-create is 7 calls. Only when nothing
 // may be evicted, once
 // per acquire, every shard of two states is read for the slots of
 // sandboxes past their end (freed if the provider confirms them gone).
@@ -587,6 +591,15 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 		case errors.As(err, &ce) && ce.Reason == RefusalDraining:
 			return false, e.drainingError()
 		case errors.As(err, &ce):
+			if quotaRefusal(ce.Reason) && evictions < maxEvictions {
+				// The quota counts the caller's warm sandboxes too: evict
+				// its own least recently parked one, whatever the policy
+				// (a quota bounds the caller's slots, not the deployment's).
+				if freed, ok := e.evictForQuota(ctx, key, owner, ce.Reason); ok {
+					st.freed = &freed
+					continue
+				}
+			}
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
 			if ce.Reason == RefusalCapacity && evicting && evictions < maxEvictions {
@@ -694,7 +707,41 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
 		return Slot{}, false, false
 	}
-	return e.evictParked(ctx, key, owner, warm, may, below)
+	return e.evictParked(ctx, key, owner, warm, may, below, EventReasonCapacity)
+}
+
+// quotaRefusal reports whether reason is a refusal for one of the
+// caller's own quotas (SANDBOX_MAX_PER_USER, SANDBOX_MAX_PER_TENANT).
+func quotaRefusal(reason RefusalReason) bool {
+	return reason == RefusalUserQuota || reason == RefusalTenantQuota
+}
+
+// quotaCandidates is how many of the caller's own least recently parked
+// warm sandboxes one eviction for a quota considers (a peer may take some
+// first).
+const quotaCandidates = 5
+
+// evictForQuota frees one slot of the quota that refused key's thread
+// (reason): it destroys the least recently parked warm sandbox of key's
+// user (RefusalUserQuota) or of key's tenant, any of its users
+// (RefusalTenantQuota), never another tenant's, never key's own thread's,
+// never one in use: the claim applies only to a record still warm and
+// unleased (Store.OwnWarm lists the candidates from the tenant's or
+// user's own entries, never the warm pool). It reports whether one was
+// destroyed (its slot freed), and its slot.
+func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string, reason RefusalReason) (Slot, bool) {
+	user := key.User
+	if reason == RefusalTenantQuota {
+		user = "" // any of the tenant's users
+	}
+	warm, err := e.store.OwnWarm(ctx, key.Tenant, user, quotaCandidates)
+	if err != nil {
+		e.log.WarnContext(ctx, "list own warm sandboxes for a quota failed", "err", err, "reason", reason)
+		return Slot{}, false
+	}
+	may := func(rec Record) bool { return rec.Tenant == key.Tenant && (user == "" || rec.User == user) }
+	slot, evicted, _ := e.evictParked(ctx, key, owner, warm, may, nil, EventReasonQuota)
+	return slot, evicted
 }
 
 // evictParked destroys the first of parked (warm or paused records, least
@@ -704,8 +751,8 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 // reports atShare, and the other tenants' records are then skipped). It
 // reports whether one was destroyed (a peer that moved a record first
 // wins it; a kill that fails leaves a tombstone holding its slot and
-// stops the eviction), and its slot.
-func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, below *TenantBelow) (slot Slot, evicted, atShare bool) {
+// stops the eviction), and its slot. reason (one of EventReasons) is why.
+func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, below *TenantBelow, reason string) (slot Slot, evicted, atShare bool) {
 	for _, rec := range parked {
 		other := rec.Tenant != key.Tenant
 		if rec.ThreadKey == key || !may(rec) || (other && atShare) {
@@ -726,8 +773,8 @@ func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, p
 		}
 		claimed = keepPause(claimed, rec)
 		e.log.InfoContext(ctx, "evicting "+string(rec.State)+" sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
-		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, EventReasonCapacity)
-		return claimed.Slot, e.destroyClaimed(ctx, claimed, EventReasonCapacity), atShare
+		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, reason)
+		return claimed.Slot, e.destroyClaimed(ctx, claimed, reason), atShare
 	}
 	return Slot{}, false, atShare
 }
@@ -1056,7 +1103,7 @@ func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (Re
 	now := e.now()
 	pctx, cancel := settle(ctx)
 	_, err := e.store.Apply(pctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: StateWarm, Now: now,
-		ParkedAt: now, ExpiresAt: now.Add(e.s.IdleTimeout), UnlessDraining: true, Slot: rec.Slot})
+		ParkedAt: now, ExpiresAt: now.Add(e.s.IdleTimeout), UnlessDraining: true, Slot: rec.Slot, Owner: rec.ThreadKey})
 	cancel()
 	if errors.Is(err, ErrDraining) {
 		// A draining deployment keeps nothing warm.
@@ -1114,7 +1161,7 @@ func (e *Engine) Sync(ctx context.Context, tenant, sandboxID string) (SyncResult
 	dctx, dcancel := settle(ctx)
 	defer dcancel()
 	if _, err := e.store.Apply(dctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: rec.State, Now: e.now(),
-		ParkedAt: rec.ParkedAt, ExpiresAt: rec.ExpiresAt, Slot: rec.Slot}); err != nil {
+		ParkedAt: rec.ParkedAt, ExpiresAt: rec.ExpiresAt, Slot: rec.Slot, Owner: rec.ThreadKey}); err != nil {
 		return res, errors.Join(serr, fmt.Errorf("drop sync lease: %w", err))
 	}
 	if serr != nil {

@@ -70,6 +70,10 @@ const (
 	EventReasonDraining = "draining"
 	// EventReasonCapacity: evicted to free a slot for another thread.
 	EventReasonCapacity = "capacity"
+	// EventReasonQuota: evicted to free a slot of its user's or tenant's
+	// quota (SANDBOX_MAX_PER_USER, SANDBOX_MAX_PER_TENANT) for another
+	// thread of the same user or tenant.
+	EventReasonQuota = "quota"
 	// EventReasonIdleExpired: warm longer than the idle timeout.
 	EventReasonIdleExpired = "idle_expired"
 	// EventReasonDuplicate: a second live sandbox of a thread, killed by
@@ -89,7 +93,7 @@ const (
 // the kind says it all).
 func EventReasons() []string {
 	return []string{EventReasonGone, EventReasonUnresponsive, EventReasonNotResumable, EventReasonDraining,
-		EventReasonCapacity, EventReasonIdleExpired, EventReasonDuplicate, EventReasonOrphan,
+		EventReasonCapacity, EventReasonQuota, EventReasonIdleExpired, EventReasonDuplicate, EventReasonOrphan,
 		EventReasonKillRetried, EventReasonUntracked, EventReasonPoolRecycled, EventReasonClaimInterrupted}
 }
 

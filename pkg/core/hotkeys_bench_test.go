@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go/middleware"
@@ -35,8 +36,8 @@ const (
 	txnWriteFactor      = 2.0
 )
 
-// keyLoad records, per partition key (of the table, "pk=...", or of the
-// state index, "gsi1pk=..."), the write and read units the broker's calls
+// keyLoad records, per partition key (of the table, "pk=...", of the
+// state index, "gsi1pk=...", or of the owner index, "gsi2pk=..."), the write and read units the broker's calls
 // would consume for items under 1 KB (writes) and 4 KB (reads), through an
 // Initialize-step middleware (one record per logical call; writeTxn's
 // retries of a cancelled transaction are calls of their own).
@@ -75,51 +76,56 @@ func pkOf(key map[string]types.AttributeValue) string {
 // setClause finds "#name = :value" pairs of an update expression.
 var setClause = regexp.MustCompile(`(#\w+)\s*=\s*(:\w+)`)
 
-// indexKey is the gsi1pk an update or put writes ("" if none).
-func indexKey(expr *string, names map[string]string, values map[string]types.AttributeValue, item map[string]types.AttributeValue) string {
-	if v, ok := item[ddbstore.AttrGSI1PK].(*types.AttributeValueMemberS); ok {
-		return "gsi1pk=" + v.Value
-	}
-	if expr == nil {
-		return ""
-	}
-	for _, m := range setClause.FindAllStringSubmatch(*expr, -1) {
-		if names[m[1]] == ddbstore.AttrGSI1PK {
-			if v, ok := values[m[2]].(*types.AttributeValueMemberS); ok {
-				return "gsi1pk=" + v.Value
+// indexKeys are the index partition keys an update or put writes: its
+// gsi1pk (the state index) and gsi2pk (the owner index), each as
+// "<attribute>=<value>".
+func indexKeys(expr *string, names map[string]string, values map[string]types.AttributeValue, item map[string]types.AttributeValue) []string {
+	var keys []string
+	for _, attr := range []string{ddbstore.AttrGSI1PK, ddbstore.AttrGSI2PK} {
+		if v, ok := item[attr].(*types.AttributeValueMemberS); ok {
+			keys = append(keys, attr+"="+v.Value)
+		}
+		if expr == nil {
+			continue
+		}
+		for _, m := range setClause.FindAllStringSubmatch(*expr, -1) {
+			if names[m[1]] == attr {
+				if v, ok := values[m[2]].(*types.AttributeValueMemberS); ok {
+					keys = append(keys, attr+"="+v.Value)
+				}
 			}
 		}
 	}
-	return ""
+	return keys
 }
 
 func (l *keyLoad) record(params any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	w := func(units float64, key string, gsi string) {
+	w := func(units float64, key string, gsis []string) {
 		l.write[key] += units
-		if gsi != "" {
+		for _, gsi := range gsis {
 			l.write[gsi]++ // an index write is a plain write of the index entry
 		}
 	}
 	switch in := params.(type) {
 	case *dynamodb.UpdateItemInput:
-		w(1, pkOf(in.Key), indexKey(in.UpdateExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues, nil))
+		w(1, pkOf(in.Key), indexKeys(in.UpdateExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues, nil))
 	case *dynamodb.PutItemInput:
-		w(1, pkOf(in.Item), indexKey(nil, nil, nil, in.Item))
+		w(1, pkOf(in.Item), indexKeys(nil, nil, nil, in.Item))
 	case *dynamodb.DeleteItemInput:
-		w(1, pkOf(in.Key), "")
+		w(1, pkOf(in.Key), nil)
 	case *dynamodb.TransactWriteItemsInput:
 		for _, it := range in.TransactItems {
 			switch {
 			case it.Update != nil:
-				w(txnWriteFactor, pkOf(it.Update.Key), indexKey(it.Update.UpdateExpression, it.Update.ExpressionAttributeNames, it.Update.ExpressionAttributeValues, nil))
+				w(txnWriteFactor, pkOf(it.Update.Key), indexKeys(it.Update.UpdateExpression, it.Update.ExpressionAttributeNames, it.Update.ExpressionAttributeValues, nil))
 			case it.Put != nil:
-				w(txnWriteFactor, pkOf(it.Put.Item), indexKey(nil, nil, nil, it.Put.Item))
+				w(txnWriteFactor, pkOf(it.Put.Item), indexKeys(nil, nil, nil, it.Put.Item))
 			case it.Delete != nil:
-				w(txnWriteFactor, pkOf(it.Delete.Key), "")
+				w(txnWriteFactor, pkOf(it.Delete.Key), nil)
 			case it.ConditionCheck != nil:
-				w(txnWriteFactor, pkOf(it.ConditionCheck.Key), "")
+				w(txnWriteFactor, pkOf(it.ConditionCheck.Key), nil)
 			}
 		}
 	case *dynamodb.GetItemInput:
@@ -131,14 +137,19 @@ func (l *keyLoad) record(params any) {
 			}
 		}
 	case *dynamodb.QueryInput:
-		for _, v := range in.ExpressionAttributeValues {
-			if s, ok := v.(*types.AttributeValueMemberS); ok {
-				if in.IndexName != nil { // index reads are eventually consistent
-					l.read["gsi1pk="+s.Value] += readUnits(nil)
-				} else {
-					l.read["pk="+s.Value] += readUnits(in.ConsistentRead)
-				}
-				break
+		// The partition key is the one equality of the key condition
+		// naming a partition key attribute (a sort key condition may
+		// name a string too).
+		for _, m := range setClause.FindAllStringSubmatch(aws.ToString(in.KeyConditionExpression), -1) {
+			attr := in.ExpressionAttributeNames[m[1]]
+			v, ok := in.ExpressionAttributeValues[m[2]].(*types.AttributeValueMemberS)
+			if !ok || (attr != ddbstore.AttrPK && attr != ddbstore.AttrGSI1PK && attr != ddbstore.AttrGSI2PK) {
+				continue
+			}
+			if in.IndexName != nil { // index reads are eventually consistent
+				l.read[attr+"="+v.Value] += readUnits(nil)
+			} else {
+				l.read[attr+"="+v.Value] += readUnits(in.ConsistentRead)
 			}
 		}
 	}

@@ -145,7 +145,7 @@ func (e *Engine) unleaseWarm(ctx context.Context, rec Record) {
 	sctx, cancel := settle(ctx)
 	defer cancel()
 	if _, err := e.store.Apply(sctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateWarm,
-		ParkedAt: rec.ParkedAt, Now: e.now(), Slot: rec.Slot}); err != nil {
+		ParkedAt: rec.ParkedAt, Now: e.now(), Slot: rec.Slot, Owner: rec.ThreadKey}); err != nil {
 		e.log.WarnContext(ctx, "clearing the lease of a warm sandbox failed; it lapses", "sandbox_id", rec.SandboxID, "err", err)
 	}
 }
@@ -229,7 +229,7 @@ func (e *Engine) evictPaused(ctx context.Context, key ThreadKey, owner string) b
 		e.log.WarnContext(ctx, "list paused sandboxes for eviction failed", "err", err)
 		return false
 	}
-	_, freed, _ := e.evictParked(ctx, key, owner, paused, func(Record) bool { return true }, nil)
+	_, freed, _ := e.evictParked(ctx, key, owner, paused, func(Record) bool { return true }, nil, EventReasonCapacity)
 	return freed
 }
 

@@ -65,6 +65,10 @@ type Update struct {
 	// UnlessDraining makes the write conditional on the deployment not
 	// draining (else ErrDraining, nothing written).
 	UnlessDraining bool
+	// Owner is the record's thread: with State StateWarm the record is
+	// listed among its user's and tenant's warm records (Store.OwnWarm);
+	// zero lists it nowhere.
+	Owner ThreadKey
 	// Slot is the record's Slot as the caller read it (the fence makes it
 	// current): when its Counted differs from State the write moves the
 	// record's count in its bucket too (then, as with UnlessDraining, it
@@ -275,6 +279,14 @@ type Store interface {
 	// fewer than four): eviction's candidates, found in fewer reads than
 	// the exact order of all costs. Empty only when none is in state.
 	Sample(ctx context.Context, state State, limit int) ([]Record, error)
+	// OwnWarm lists up to limit warm records of tenant (of its user only
+	// when user is not empty), least recently parked first, reading only
+	// that tenant's (user's) warm records, never the whole warm pool: the
+	// candidates of an eviction for a quota. The list may lag the records
+	// by a moment (a record just parked missing, one just taken back still
+	// listed: a claim decides), and its records carry their id, thread,
+	// state and park time only.
+	OwnWarm(ctx context.Context, tenant, user string, limit int) ([]Record, error)
 	// Tombstones lists up to limit records in StateDestroying.
 	Tombstones(ctx context.Context, limit int) ([]Record, error)
 }

@@ -1,7 +1,9 @@
 package ddbstore
 
-// ShardOf and HomeBucket expose shardOf and homeBucket to the tests.
+// ShardOf, HomeBucket and OwnerShard expose shardOf, homeBucket and
+// ownerShard to the tests.
 var (
 	ShardOf    = shardOf
 	HomeBucket = homeBucket
+	OwnerShard = ownerShard
 )

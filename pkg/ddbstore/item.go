@@ -61,7 +61,10 @@ type item struct {
 	Quota   bool   `dynamodbav:"quota,omitempty"`
 	GSI1PK  string `dynamodbav:"gsi1pk,omitempty"`
 	GSI1SK  string `dynamodbav:"gsi1sk,omitempty"`
-	TTL     int64  `dynamodbav:"ttl,omitempty"`
+	// GSI2PK and GSI2SK file a warm record in the owner index (owner.go).
+	GSI2PK string `dynamodbav:"gsi2pk,omitempty"`
+	GSI2SK string `dynamodbav:"gsi2sk,omitempty"`
+	TTL    int64  `dynamodbav:"ttl,omitempty"`
 }
 
 // bindingItem is the stored thread binding.
@@ -170,6 +173,10 @@ func recordItem(r core.Record, deployment string) item {
 		if parkedState(r.State) {
 			it.GSI1SK = stateSK(r.ParkedAt, r.SandboxID)
 		}
+	}
+	if r.State == core.StateWarm && r.Tenant != "" && r.User != "" {
+		it.GSI2PK = ownerPK(deployment, r.Tenant, ownerShard(r.User))
+		it.GSI2SK = ownerSK(r.ThreadKey, r.ParkedAt, r.SandboxID)
 	}
 	return it
 }

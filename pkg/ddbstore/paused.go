@@ -104,7 +104,7 @@ func (s *Store) claimUpdate(c core.Claim, to core.State, at time.Time) expressio
 		Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil))).
 		Set(expression.Name("prev_state"), expression.Name("state")).
 		Set(expression.Name("state"), expression.Value(string(to)))
-	return meter(s.stateIndex(u, to, at, c.SandboxID), c.Now)
+	return meter(s.stateIndex(u, to, at, c.SandboxID, core.ThreadKey{}), c.Now)
 }
 
 // recordTxnItem is a conditional update of the record in a transaction,
@@ -242,7 +242,7 @@ func (s *Store) settlePause(ctx context.Context, op string, rec core.Record, now
 		Set(expression.Name("no_running_slot"), expression.Value(true)).
 		Set(expression.Name("paused_slot"), expression.Value(true)).
 		Remove(expression.Name("expires_at")) // the provider does not end a paused sandbox: reconcile does (its TTL)
-	upd = s.stateIndex(upd, to, at, rec.SandboxID).
+	upd = s.stateIndex(upd, to, at, rec.SandboxID, core.ThreadKey{}).
 		Remove(expression.Name("bucket")).Remove(expression.Name("counted")).Remove(expression.Name("quota"))
 	running := rec
 	running.Slots = core.Slots{} // the running slot and its counters only
@@ -270,7 +270,7 @@ func (s *Store) abortPause(ctx context.Context, op string, rec core.Record, now 
 	upd = upd.Set(expression.Name("state"), expression.Value(string(to))).
 		Set(expression.Name("updated_at"), expression.Value(ms(now))).
 		Remove(expression.Name("paused_slot"))
-	upd = s.stateIndex(upd, to, at, rec.SandboxID)
+	upd = s.stateIndex(upd, to, at, rec.SandboxID, rec.ThreadKey)
 	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing}, upd,
 		s.pausedRelease()); err != nil {
 		return core.Record{}, err
@@ -348,7 +348,7 @@ func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresA
 		Set(expression.Name("expires_at"), expression.Value(ms(expiresAt))).
 		Set(expression.Name("paused_ms"), expression.Value(rec.PausedFor.Milliseconds())).
 		Remove(expression.Name("parked_at")).Remove(expression.Name("paused_slot")).Remove(expression.Name("no_running_slot"))
-	upd = s.stateIndex(upd, core.StateActive, now, rec.SandboxID)
+	upd = s.stateIndex(upd, core.StateActive, now, rec.SandboxID, core.ThreadKey{})
 	slots := []types.TransactWriteItem{s.pausedRelease()}
 	if rec.Slot.Counted != "" && rec.Slot.Counted != core.StateActive {
 		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateActive)))

@@ -185,7 +185,7 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 			Set(expression.Name("metered_at"), expression.Value(ms(c.Now))).
 			Set(expression.Name("metered_state"), expression.Value(string(core.StatePooled))).
 			Remove(expression.Name(attrPoolPlace)).
-			Add(expression.Name("fence"), expression.Value(1)), core.StateClaiming, c.Now, m.SandboxID)).
+			Add(expression.Name("fence"), expression.Value(1)), core.StateClaiming, c.Now, m.SandboxID, core.ThreadKey{})).
 		Build()
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)

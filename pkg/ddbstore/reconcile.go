@@ -372,7 +372,7 @@ func (s *Store) ClaimDuplicate(ctx context.Context, c core.Claim, key core.Threa
 		Set(expression.Name("state"), expression.Value(string(c.To))).
 		Add(expression.Name("fence"), expression.Value(1)).
 		Remove(expression.Name("parked_at"))
-	upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID)
+	upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID, core.ThreadKey{})
 	upd = markDestroying(upd, c.To, c.Now)
 	upd = meter(upd, c.Now)
 	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()

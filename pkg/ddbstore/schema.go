@@ -25,6 +25,13 @@
 // versions wrote) and merges them by gsi1sk, so the index is still the
 // LRU order of warm and paused records. Gone records leave the index and
 // get a "ttl" (DynamoDB TTL, garbage collection only, never correctness).
+//
+// GSI "gsi2" (gsi2pk, gsi2sk; projection KEYS_ONLY), the owner index,
+// files warm records only, by their tenant and user: gsi2pk =
+// "OW#<deployment>#<tenant>#<n>" with n = FNV-1a(user) mod OwnerShards,
+// gsi2sk = "<user>#<park time, unix ms, 15 digits>#<thread>#<id>" (see
+// owner.go). A quota refusal reads it to find the caller's own warm
+// sandboxes without reading the warm pool.
 package ddbstore
 
 import (
@@ -46,6 +53,9 @@ const (
 	AttrGSI1SK = "gsi1sk"
 	AttrTTL    = "ttl"
 	IndexGSI1  = "gsi1"
+	AttrGSI2PK = "gsi2pk"
+	AttrGSI2SK = "gsi2sk"
+	IndexGSI2  = "gsi2"
 )
 
 // TableAdmin lists the DynamoDB calls CreateTable makes (*dynamodb.Client fits).
@@ -55,7 +65,7 @@ type TableAdmin interface {
 	UpdateTimeToLive(ctx context.Context, in *dynamodb.UpdateTimeToLiveInput, opts ...func(*dynamodb.Options)) (*dynamodb.UpdateTimeToLiveOutput, error)
 }
 
-// CreateTable creates the table (on-demand, with gsi1 and TTL) if it does
+// CreateTable creates the table (on-demand, with gsi1, gsi2 and TTL) if it does
 // not exist and waits until it is ACTIVE (at most 2 minutes). It is for
 // local runs and tests; in AWS the CDK stack or template.yaml creates it.
 func CreateTable(ctx context.Context, c TableAdmin, table string) error {
@@ -68,6 +78,8 @@ func CreateTable(ctx context.Context, c TableAdmin, table string) error {
 			{AttributeName: aws.String(AttrSK), AttributeType: s},
 			{AttributeName: aws.String(AttrGSI1PK), AttributeType: s},
 			{AttributeName: aws.String(AttrGSI1SK), AttributeType: s},
+			{AttributeName: aws.String(AttrGSI2PK), AttributeType: s},
+			{AttributeName: aws.String(AttrGSI2SK), AttributeType: s},
 		},
 		KeySchema: []types.KeySchemaElement{
 			{AttributeName: aws.String(AttrPK), KeyType: types.KeyTypeHash},
@@ -80,6 +92,13 @@ func CreateTable(ctx context.Context, c TableAdmin, table string) error {
 				{AttributeName: aws.String(AttrGSI1SK), KeyType: types.KeyTypeRange},
 			},
 			Projection: &types.Projection{ProjectionType: types.ProjectionTypeAll},
+		}, {
+			IndexName: aws.String(IndexGSI2),
+			KeySchema: []types.KeySchemaElement{
+				{AttributeName: aws.String(AttrGSI2PK), KeyType: types.KeyTypeHash},
+				{AttributeName: aws.String(AttrGSI2SK), KeyType: types.KeyTypeRange},
+			},
+			Projection: &types.Projection{ProjectionType: types.ProjectionTypeKeysOnly},
 		}},
 	})
 	var inUse *types.ResourceInUseException

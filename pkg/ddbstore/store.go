@@ -174,8 +174,11 @@ func (s *Store) decodeRecord(ctx context.Context, av map[string]types.AttributeV
 	return s.recordOf(ctx, it)
 }
 
-// stateIndex returns the SET clauses that file a record under state in gsi1.
-func (s *Store) stateIndex(u expression.UpdateBuilder, st core.State, at time.Time, id string) expression.UpdateBuilder {
+// stateIndex returns the clauses that file a record under state in gsi1,
+// and in the owner index (gsi2) when state is warm and its thread, owner,
+// is given (out of it otherwise; see ownerIndex).
+func (s *Store) stateIndex(u expression.UpdateBuilder, st core.State, at time.Time, id string, owner core.ThreadKey) expression.UpdateBuilder {
+	u = ownerIndex(u, s.deployment, st, at, id, owner)
 	if st == core.StateGone {
 		return u.Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK))
 	}
@@ -228,7 +231,7 @@ func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
 		// SET evaluates right-hand sides against the item before the update.
 		upd = upd.Set(expression.Name("prev_state"), expression.Name("state")).
 			Set(expression.Name("state"), expression.Value(string(c.To)))
-		upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID)
+		upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID, core.ThreadKey{})
 		upd = markDestroying(upd, c.To, c.Now)
 		upd = meter(upd, c.Now)
 		if !keepsParkTime(c.To) {
@@ -349,7 +352,7 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	upd := expression.Set(expression.Name("state"), expression.Value(string(u.State))).
 		Set(expression.Name("updated_at"), expression.Value(ms(u.Now))).
 		Add(expression.Name("fence"), expression.Value(1))
-	upd = s.stateIndex(upd, u.State, at, u.SandboxID)
+	upd = s.stateIndex(upd, u.State, at, u.SandboxID, u.Owner)
 	upd = markDestroying(upd, u.State, u.Now)
 	if parkedState(u.State) {
 		upd = upd.Set(expression.Name("parked_at"), expression.Value(ms(u.ParkedAt)))
@@ -481,6 +484,7 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 			Set(expression.Name(AttrTTL), expression.Value(now.Add(goneTTL).Unix())).
 			Add(expression.Name("fence"), expression.Value(1)).
 			Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
+			Remove(expression.Name(AttrGSI2PK)).Remove(expression.Name(AttrGSI2SK)).
 			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
 			Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
 			Remove(expression.Name(attrPoolPlace)).Remove(expression.Name("counted"))).

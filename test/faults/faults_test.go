@@ -3,7 +3,8 @@
 // versitygw) with a fault layer in front of each of them, and injects one
 // fault at each step of acquire, release, pause-parking (the pause of
 // an idle warm sandbox, the resume of a paused one) and the pre-warmed
-// pool (members parked running and paused: refill, pause, claim, resume). After at most two
+// pool (members parked running and paused: refill, pause, claim, resume),
+// and the eviction of a user's own warm sandbox for its quota. After at most two
 // reconcile passes the broker's invariants must hold: no record in a
 // transitional state, running and paused slots used equal to the running
 // and paused sandboxes, no sandbox handed out that does not answer (a
@@ -80,9 +81,9 @@ const (
 )
 
 // newStack builds a case's stack over the shared sandbox host, DynamoDB
-// Local and versitygw, with its own table, bucket and deployment, and the
-// pool mode says.
-func newStack(t *testing.T, host *sandboxhost.Server, mode poolMode) *stack {
+// Local and versitygw, with its own table, bucket and deployment, the
+// pool mode says and maxPerUser (SANDBOX_MAX_PER_USER, 0: none).
+func newStack(t *testing.T, host *sandboxhost.Server, mode poolMode, maxPerUser int) *stack {
 	t.Helper()
 	st := &stack{t: t, deployment: testenv.UniqueName(t, "f"), clock: &offsetClock{},
 		prov: &faults.Transport{}, ddb: &faults.Transport{}, s3: &faults.Transport{}, enqueued: make(chan core.WaitNote, 16)}
@@ -117,6 +118,7 @@ func newStack(t *testing.T, host *sandboxhost.Server, mode poolMode) *stack {
 	s.Deployment = st.deployment
 	s.Replicas = 4
 	s.AcquireTimeout = 3 * time.Second
+	s.MaxPerUser = maxPerUser
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = 0
 	opts := []core.Option{core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs),
@@ -491,6 +493,19 @@ func waitStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, 
 	return nil, core.ReleaseResult{}, false
 }
 
+// quotaStep leaves the user (whose quota is one slot) with a warm sandbox
+// of another thread, then acquires for the thread under the fault: the
+// reservation is refused for the user's quota, so the acquire lists the
+// user's own warm sandboxes, evicts the one (claim, tombstone, kill,
+// free) and reserves again.
+func quotaStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	warm(st, thread+"-warm")
+	arm()
+	st.acquire(thread)
+	disarm()
+	return nil, core.ReleaseResult{}, false
+}
+
 // steps are the steps of acquire (reuse, reclaim, create, bootstrap,
 // restore, resume), release (sync, park, kill) and reconcile's pause, each
 // at the dependency call that makes it, and the DynamoDB writes that
@@ -548,6 +563,14 @@ var steps = []step{
 		`"S":"granted"`), waitStep},
 }
 
+// quotaSteps are the steps of an acquire refused for its user's quota
+// (a stack whose users hold one slot each) that evicts the user's own
+// warm sandbox: the query of the owner index and the eviction's claim.
+var quotaSteps = []step{
+	{"quota/list-own", ddbLayer, faults.BodyContains(faults.DynamoDB("Query"), `"gsi2"`), quotaStep},
+	{"quota/evict-claim", ddbLayer, faults.BodyContains(faults.DynamoDB("UpdateItem"), `"S":"destroying"`), quotaStep},
+}
+
 // poolSteps are the steps of the pre-warmed pool (a stack with a pool of
 // one running member): the claim's write (applied then lost among its
 // faults), the check of the claimed member (a member that does not
@@ -596,13 +619,17 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	for _, sp := range pausedPoolSteps {
 		modes[sp.name] = pausedPool
 	}
-	for _, sp := range slices.Concat(steps, poolSteps, pausedPoolSteps) {
+	quota := map[string]int{}
+	for _, sp := range quotaSteps {
+		quota[sp.name] = 1
+	}
+	for _, sp := range slices.Concat(steps, poolSteps, pausedPoolSteps, quotaSteps) {
 		pool := modes[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++
 			t.Run(sp.name+"/"+string(kind), func(t *testing.T) {
 				t.Parallel()
-				st := newStack(t, host, pool)
+				st := newStack(t, host, pool, quota[sp.name])
 				layer := sp.layer(st)
 				hits := 0
 				thread := "t-" + strings.NewReplacer("/", "-").Replace(sp.name)
