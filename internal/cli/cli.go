@@ -804,6 +804,9 @@ func (a *App) capacityCmd(g *globals) *cobra.Command {
 			if capa.Pool > 0 {
 				more += fmt.Sprintf(", %d pre-warmed in the pool", capa.Pool)
 			}
+			if capa.Granted > 0 {
+				more += fmt.Sprintf(", %d held for waiting acquires", capa.Granted)
+			}
 			if capa.Paused > 0 {
 				more += fmt.Sprintf(", %d of %d paused", capa.Paused, capa.PausedLimit)
 			}

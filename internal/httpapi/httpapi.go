@@ -523,7 +523,7 @@ func files(fs []core.DeferredFile) []api.DeferredFile {
 
 func capacityBody(st core.CapacityStatus) api.Capacity {
 	return api.Capacity{Limit: st.Limit, Used: st.Used, Active: st.Active, Warm: st.Warm, Reserved: st.Reserved,
-		Transitioning: st.Transitioning, Tombstones: st.Tombstones, Pool: st.Pool, Paused: st.Paused, PausedLimit: st.PausedLimit,
+		Transitioning: st.Transitioning, Tombstones: st.Tombstones, Pool: st.Pool, Granted: st.Granted, Paused: st.Paused, PausedLimit: st.PausedLimit,
 		Policy: st.Policy, Draining: st.Draining}
 }
 

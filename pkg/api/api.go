@@ -227,6 +227,9 @@ type Capacity struct {
 	// Pool is the pre-warmed pool's members waiting to be claimed (their
 	// slots are in Used).
 	Pool int `json:"pool"`
+	// Granted is the running slots held in trust for waiting acquires,
+	// each until its waiter takes it (they are in Used).
+	Granted int `json:"granted"`
 	// Paused is the paused slots held (paused sandboxes hold no running
 	// slot); PausedLimit bounds them.
 	Paused      int    `json:"paused"`

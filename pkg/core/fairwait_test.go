@@ -219,3 +219,91 @@ func TestDeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 		})
 	}
 }
+
+// heldPolls is a store whose PollTicket waits until open is closed: a
+// waiter too slow to see its grant in time.
+type heldPolls struct {
+	core.Store
+	open chan struct{}
+}
+
+func (h heldPolls) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState, error) {
+	select {
+	case <-h.open:
+	case <-ctx.Done():
+		return core.TicketState{}, ctx.Err()
+	}
+	return h.Store.PollTicket(ctx, t)
+}
+
+// TestLapsedGrantGivesBackThePlace: a waiter too slow to take its grant
+// finds its ticket gone (the grant lapsed and was passed on) and, the
+// deployment full again, queues anew. Its tenant has one waiter place:
+// the first ticket's place must have been given back, or the waiter
+// would be refused too_many_waiters by its own lapsed ticket.
+func TestLapsedGrantGivesBackThePlace(t *testing.T) {
+	notes := newWaitNotes()
+	settings := func(s *core.Settings) {
+		s.Replicas, s.Policy, s.AcquireTimeout, s.MaxWaitersPerTenant = 1, core.PolicyWait, 2*time.Hour, 1
+		s.IdleTimeout = time.Minute
+	}
+	h := newHarness(t, settings, core.WithSleep(pollSleep), core.WithWaitObserver(notes.observe))
+	s := core.DefaultSettings()
+	s.Deployment = "test"
+	settings(&s)
+	open := make(chan struct{})
+	slow, err := core.New(s, heldPolls{h.store, open}, h.prov, h.sync, core.WithClock(h.clock.now), core.WithSleep(pollSleep),
+		core.WithWaitObserver(notes.observe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	holder := h.acquire(t, tenantKey("x", "hold"), core.SourceCreated)
+
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	waited := make(chan error, 1)
+	go func() { _, err := slow.Acquire(wctx, tenantKey("a", "slow")); waited <- err }()
+	first := notes.next(t, core.WaitEnqueued)
+
+	// The holder is parked; the waiter's own turn right after queueing
+	// evicts it, or else it expires and reconcile frees its slot: either
+	// way the slot is granted to the waiter, which does not see it (its
+	// polls are held).
+	if _, err := h.eng.Release(ctx, "x", holder.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.advance(2 * time.Minute)
+	if _, err := h.eng.Reconcile(ctx); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	ts, err := h.store.PollTicket(ctx, core.Ticket{ID: first.Ticket, Key: first.SortKey})
+	if err != nil || !ts.Granted {
+		t.Fatalf("ticket after reconcile = %+v, %v; want granted", ts, err)
+	}
+	// The grant lapses; a dispatch frees its slot (nobody else waits) and
+	// another acquire takes it: the deployment is full again.
+	h.clock.advance(6 * time.Second)
+	if res, err := h.store.Dispatch(ctx, core.Dispatch{Now: h.clock.now(), Limit: 1, Bucket: -1, Scan: true, GrantFor: 5 * time.Second}); err != nil || res.Cleaned != 1 {
+		t.Fatalf("dispatch = %+v, %v; want the lapsed grant cleaned", res, err)
+	}
+	h.acquire(t, tenantKey("x", "next"), core.SourceCreated)
+
+	close(open)
+	for queued := false; !queued; {
+		select {
+		case err := <-waited:
+			t.Fatalf("the slow waiter returned %v; want it queued again", err)
+		case n := <-notes.ch:
+			if queued = n.Event == core.WaitEnqueued; queued && (n.Tenant != "a" || n.Ticket == first.Ticket) {
+				t.Errorf("queued %s's ticket %s; want a's new one", n.Tenant, n.Ticket)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the slow waiter neither returned nor queued again within a minute")
+		}
+	}
+	stop()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Errorf("slow waiter after cancel = %v, want cancelled", err)
+	}
+}

@@ -59,6 +59,31 @@ type acquireNote struct {
 	mu     sync.Mutex
 	counts map[string]int
 	marks  map[string]freeMark
+	// returned is when the acquire returned (zero: not yet).
+	returned time.Time
+}
+
+// agentAcquire is a stress agent's acquire of k: its context carries its
+// *acquireNote; with faulty, one in 25 is abandoned mid-step (a deadline
+// of a few milliseconds, as an invocation that dies).
+func agentAcquire(ctx context.Context, eng *core.Engine, clk *clock, rng *rand.Rand, k core.ThreadKey, faulty bool) (core.AcquireResult, error) {
+	timeout := 20 * time.Second
+	if faulty && rng.IntN(100) < 4 {
+		timeout = time.Duration(1+rng.IntN(30)) * time.Millisecond
+	}
+	note := &acquireNote{key: k}
+	actx, cancel := context.WithTimeout(context.WithValue(ctx, acquirerKey{}, note), timeout)
+	defer cancel()
+	res, err := eng.Acquire(actx, k)
+	note.done(clk.now())
+	return res, err
+}
+
+// done records that the acquire returned, at now.
+func (n *acquireNote) done(now time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.returned = now
 }
 
 // frees tracks the store calls that may lower a tenant's slot count
@@ -147,6 +172,8 @@ type waitPlace struct {
 //   - a waiter place handed out (EnterWait) while the engine's calls say
 //     another waiter still holds it: neither given back nor lapsed at any
 //     waiter's clock so far.
+//   - the wait queue's order: its tickets, polls and dispatches go to
+//     order (see waitOrder.check).
 type tenantWatch struct {
 	*ddbstore.Store
 	t       *testing.T
@@ -167,12 +194,14 @@ type tenantWatch struct {
 	maxHeld  map[string]int               // tenant -> most places held at once
 	tickets  map[string]bool              // tickets that took a place (while tracking)
 	tracking bool
+
+	order *waitOrder
 }
 
 func newTenantWatch(t *testing.T, store, clean *ddbstore.Store, s core.Settings, clk *clock, read func() map[string]int) *tenantWatch {
 	return &tenantWatch{Store: store, t: t, s: s, clk: clk, clean: clean, read: read,
 		frees:  frees{inFlight: map[string]int{}, started: map[string]int{}},
-		places: map[string]map[int]waitPlace{}, maxHeld: map[string]int{}, tickets: map[string]bool{}}
+		places: map[string]map[int]waitPlace{}, maxHeld: map[string]int{}, tickets: map[string]bool{}, order: newWaitOrder()}
 }
 
 func (w *tenantWatch) Free(ctx context.Context, rec core.Record, now time.Time) error {
@@ -199,17 +228,32 @@ func (w *tenantWatch) Reserve(ctx context.Context, r core.Reservation) error {
 		note.mu.Unlock()
 	}
 	err := w.Store.Reserve(ctx, r)
-	if err == nil && r.Grant != nil {
-		// The reservation took a waiter's granted slot: its ticket and
-		// place left the queue with it.
-		w.mu.Lock()
-		if p, ok := w.places[r.Grant.Ticket.Tenant][r.Grant.Ticket.Place]; ok && p.ticket == r.Grant.Ticket.ID {
-			p.left = true
-			w.places[r.Grant.Ticket.Tenant][r.Grant.Ticket.Place] = p
-		}
-		w.mu.Unlock()
+	if err == nil {
+		w.tookGrant(r.Grant)
 	}
 	return err
+}
+
+func (w *tenantWatch) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Record, error) {
+	rec, err := w.Store.ClaimResume(ctx, r)
+	if err == nil {
+		w.tookGrant(r.Grant)
+	}
+	return rec, err
+}
+
+// tookGrant notes a take that applied with grant g (if any): g's ticket
+// and place left the queue with it.
+func (w *tenantWatch) tookGrant(g *core.Grant) {
+	if g == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if p, ok := w.places[g.Ticket.Tenant][g.Ticket.Place]; ok && p.ticket == g.Ticket.ID {
+		p.left = true
+		w.places[g.Ticket.Tenant][g.Ticket.Place] = p
+	}
 }
 
 func (w *tenantWatch) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
@@ -262,10 +306,13 @@ func (w *tenantWatch) EnterWait(ctx context.Context, wt core.Waiter) (core.Ticke
 		w.latest = wt.Now
 	}
 	w.mu.Unlock()
+	called := w.clk.now()
 	tk, err := w.Store.EnterWait(ctx, wt)
 	if err != nil {
 		return tk, err
 	}
+	note, _ := ctx.Value(acquirerKey{}).(*acquireNote)
+	w.order.queued(tk, called, w.clk.now(), note)
 	place := tk.Place
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -302,7 +349,24 @@ func (w *tenantWatch) LeaveWait(ctx context.Context, t core.Ticket, now time.Tim
 		w.places[t.Tenant][t.Place] = p
 	}
 	w.mu.Unlock()
-	return w.Store.LeaveWait(ctx, t, now, grantFor)
+	err := w.Store.LeaveWait(ctx, t, now, grantFor)
+	w.order.left(t, err)
+	return err
+}
+
+func (w *tenantWatch) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState, error) {
+	at := w.clk.now()
+	st, err := w.Store.PollTicket(ctx, t)
+	if err == nil {
+		w.order.polled(t, at, st)
+	}
+	return st, err
+}
+
+func (w *tenantWatch) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchResult, error) {
+	res, err := w.Store.Dispatch(ctx, d)
+	w.order.dispatched(d, w.clk.now(), res)
+	return res, err
 }
 
 // trackTickets starts (or stops) recording the tickets that take a place.
@@ -469,7 +533,11 @@ type stressTenant struct {
 // quota, the user quota or the deployment limit; no eviction takes
 // another tenant's warm sandbox for a tenant at or over its fair share;
 // no waiter place is held by two waiters, so a tenant's waiters past the
-// bound are refused (too_many_waiters). Between phases and at the end,
+// bound are refused (too_many_waiters). After each phase, the waiters'
+// tickets, polls and the dispatches' grants are checked against the
+// queue's fairness rule (waitOrder.check): grants in queue order, a
+// tenant's further waiter a round later, and, in the fault-free phase, a
+// tenant's first waiter in the head's round. Between phases and at the end,
 // with nothing writing, the records and reservations themselves are
 // counted against the same bounds; the waiters of the fault-free phase
 // gave every place back; after reconcile the counters equal what the
@@ -608,13 +676,7 @@ func TestStressTenantsUnderFaults(t *testing.T) {
 				thread = (thread + 1 + rng.IntN(tn.threads-1)) % tn.threads
 			}
 			k := core.ThreadKey{Tenant: tn.name, User: user, Thread: fmt.Sprint("t", thread)}
-			timeout := 20 * time.Second
-			if faulty && rng.IntN(100) < 4 { // an invocation abandoned mid-step
-				timeout = time.Duration(1+rng.IntN(30)) * time.Millisecond
-			}
-			actx, cancel := context.WithTimeout(context.WithValue(ctx, acquirerKey{}, &acquireNote{key: k}), timeout)
-			res, err := eng.Acquire(actx, k)
-			cancel()
+			res, err := agentAcquire(ctx, eng, clk, rng, k, faulty)
 			var ce *core.CapacityError
 			switch {
 			case err == nil:
@@ -690,6 +752,21 @@ func TestStressTenantsUnderFaults(t *testing.T) {
 		checkLedger(step + ", reconciled")
 	}
 
+	// checkOrder checks the wait queue's order over what a phase's
+	// waiters saw (complete: no faults, every call's outcome known), and
+	// forgets it. Here quotas refuse most acquires before they wait, so
+	// few do; TestStressWaitOrderUnderFaults keeps the queue busy and
+	// requires the checks to have been exercised.
+	checkOrder := func(step string, complete bool) {
+		bad, n := watch.order.check(complete)
+		for _, b := range bad {
+			t.Errorf("%s: wait order: %s", step, b)
+		}
+		t.Logf("%s: wait order: %d grants checked (%d with a later waiter behind), %d tickets queued behind their tenant's own, %d first waiters of their tenant",
+			step, n.grants, n.contested, n.rounds, n.newcomers)
+		watch.order.reset()
+	}
+
 	start := time.Now()
 	runAgents(opsFaulty, true, 1)
 	ddbFaults.Disarm()
@@ -699,6 +776,7 @@ func TestStressTenantsUnderFaults(t *testing.T) {
 	// Quiet: the slots themselves, with nothing writing.
 	stopReconcile()
 	stopChecker()
+	checkOrder("faulty phase", false)
 	checkFleet("after the faulty phase")
 	checkLedger("after the faulty phase")
 	converge("after the faulty phase")
@@ -712,11 +790,13 @@ func TestStressTenantsUnderFaults(t *testing.T) {
 
 	stopChecker = every(100*time.Millisecond, func() { checkFleet("checker") })
 	start = time.Now()
+	watch.order.reset()
 	watch.trackTickets(true)
 	runAgents(opsClean, false, 2)
 	cleanTickets := watch.trackTickets(false)
 	stopChecker()
 	t.Logf("clean phase: %s", time.Since(start).Round(time.Millisecond))
+	checkOrder("clean phase", true)
 	checkFleet("after the clean phase")
 	l := checkLedger("after the clean phase")
 	now := clk.now()

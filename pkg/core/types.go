@@ -218,6 +218,9 @@ type CapacityStatus struct {
 	// Pool counts the pre-warmed pool's members waiting to be claimed
 	// (their running slots are in Used).
 	Pool int `json:"pool"`
+	// Granted counts the running slots held in trust for waiting acquires
+	// (the wait policy's queue; they are in Used).
+	Granted int `json:"granted"`
 	// Paused counts paused sandboxes (holding paused slots, not running
 	// ones); PausedLimit bounds them.
 	Paused      int    `json:"paused"`

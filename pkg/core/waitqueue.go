@@ -153,8 +153,11 @@ func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, 
 		case ts.Draining:
 			return e.drainingError()
 		case ts.Gone:
-			e.note(st.wait, WaitGaveUp)
-			st.wait = nil
+			// Lapsed and removed, or its grant lapsed and was passed on:
+			// give back the place it may still hold, so that queueing
+			// again neither spends a second place nor counts this one
+			// when picking the new ticket's round.
+			e.leaveWait(ctx, st)
 			return errTicketGone
 		case ts.Granted:
 			st.grant = &ts.Grant

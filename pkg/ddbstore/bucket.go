@@ -208,6 +208,7 @@ func bucketStatus(buckets []bucketItem) (core.CapacityStatus, []string) {
 		}
 		st.Tombstones += b.Counts[string(core.StateDestroying)]
 		st.Pool += b.Counts[string(core.StatePooled)]
+		st.Granted += b.Granted
 		for _, t := range b.Tenants {
 			if !slices.Contains(tenants, t) {
 				tenants = append(tenants, t)
