@@ -37,26 +37,54 @@ const (
 )
 
 // keyLoad records, per partition key (of the table, "pk=...", of the
-// state index, "gsi1pk=...", or of the owner index, "gsi2pk=..."), the write and read units the broker's calls
-// would consume for items under 1 KB (writes) and 4 KB (reads), through an
-// Initialize-step middleware (one record per logical call; writeTxn's
-// retries of a cancelled transaction are calls of their own).
+// state index, "gsi1pk=...", or of the owner index, "gsi2pk=..."), the
+// write and read units the broker's calls would consume for items under
+// 1 KB (writes) and 4 KB (reads), through an Initialize-step middleware
+// (one record per logical call; writeTxn's retries of a cancelled
+// transaction are calls of their own). A cancelled transaction's units
+// count (it was sent) and are also recorded in cancelled, by key.
 type keyLoad struct {
-	mu    sync.Mutex
-	write map[string]float64
-	read  map[string]float64
+	mu        sync.Mutex
+	write     map[string]float64
+	read      map[string]float64
+	cancelled map[string]float64
+	calls     int
 }
 
 func newKeyLoad() *keyLoad {
-	return &keyLoad{write: map[string]float64{}, read: map[string]float64{}}
+	return &keyLoad{write: map[string]float64{}, read: map[string]float64{}, cancelled: map[string]float64{}}
 }
 
 func (l *keyLoad) middleware(stack *middleware.Stack) error {
 	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("recordKeys",
 		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
 			l.record(in.Parameters)
-			return next.HandleInitialize(ctx, in)
+			out, md, err := next.HandleInitialize(ctx, in)
+			var tce *types.TransactionCanceledException
+			if txn, ok := in.Parameters.(*dynamodb.TransactWriteItemsInput); ok && errors.As(err, &tce) {
+				l.mu.Lock()
+				for _, it := range txn.TransactItems {
+					l.cancelled[pkOf(txnItemKey(it))] += txnWriteFactor
+				}
+				l.mu.Unlock()
+			}
+			return out, md, err
 		}), middleware.After)
+}
+
+// txnItemKey is the key (or item) a transaction item writes or checks.
+func txnItemKey(it types.TransactWriteItem) map[string]types.AttributeValue {
+	switch {
+	case it.Update != nil:
+		return it.Update.Key
+	case it.Put != nil:
+		return it.Put.Item
+	case it.Delete != nil:
+		return it.Delete.Key
+	case it.ConditionCheck != nil:
+		return it.ConditionCheck.Key
+	}
+	return nil
 }
 
 func (l *keyLoad) reset() {
@@ -64,6 +92,8 @@ func (l *keyLoad) reset() {
 	defer l.mu.Unlock()
 	clear(l.write)
 	clear(l.read)
+	clear(l.cancelled)
+	l.calls = 0
 }
 
 func pkOf(key map[string]types.AttributeValue) string {
@@ -73,8 +103,12 @@ func pkOf(key map[string]types.AttributeValue) string {
 	return "pk=?"
 }
 
-// setClause finds "#name = :value" pairs of an update expression.
-var setClause = regexp.MustCompile(`(#\w+)\s*=\s*(:\w+)`)
+// setClause finds "#name = :value" pairs of an update expression,
+// keyClause those of a key condition, whose name may be written out.
+var (
+	setClause = regexp.MustCompile(`(#\w+)\s*=\s*(:\w+)`)
+	keyClause = regexp.MustCompile(`(#?\w+)\s*=\s*(:\w+)`)
+)
 
 // indexKeys are the index partition keys an update or put writes: its
 // gsi1pk (the state index) and gsi2pk (the owner index), each as
@@ -102,6 +136,7 @@ func indexKeys(expr *string, names map[string]string, values map[string]types.At
 func (l *keyLoad) record(params any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.calls++
 	w := func(units float64, key string, gsis []string) {
 		l.write[key] += units
 		for _, gsi := range gsis {
@@ -117,16 +152,14 @@ func (l *keyLoad) record(params any) {
 		w(1, pkOf(in.Key), nil)
 	case *dynamodb.TransactWriteItemsInput:
 		for _, it := range in.TransactItems {
+			var gsis []string
 			switch {
 			case it.Update != nil:
-				w(txnWriteFactor, pkOf(it.Update.Key), indexKeys(it.Update.UpdateExpression, it.Update.ExpressionAttributeNames, it.Update.ExpressionAttributeValues, nil))
+				gsis = indexKeys(it.Update.UpdateExpression, it.Update.ExpressionAttributeNames, it.Update.ExpressionAttributeValues, nil)
 			case it.Put != nil:
-				w(txnWriteFactor, pkOf(it.Put.Item), indexKeys(nil, nil, nil, it.Put.Item))
-			case it.Delete != nil:
-				w(txnWriteFactor, pkOf(it.Delete.Key), nil)
-			case it.ConditionCheck != nil:
-				w(txnWriteFactor, pkOf(it.ConditionCheck.Key), nil)
+				gsis = indexKeys(nil, nil, nil, it.Put.Item)
 			}
+			w(txnWriteFactor, pkOf(txnItemKey(it)), gsis)
 		}
 	case *dynamodb.GetItemInput:
 		l.read[pkOf(in.Key)] += readUnits(in.ConsistentRead)
@@ -139,9 +172,13 @@ func (l *keyLoad) record(params any) {
 	case *dynamodb.QueryInput:
 		// The partition key is the one equality of the key condition
 		// naming a partition key attribute (a sort key condition may
-		// name a string too).
-		for _, m := range setClause.FindAllStringSubmatch(aws.ToString(in.KeyConditionExpression), -1) {
-			attr := in.ExpressionAttributeNames[m[1]]
+		// name a string too), by placeholder or by name (the wait
+		// queue's "pk = :pk").
+		for _, m := range keyClause.FindAllStringSubmatch(aws.ToString(in.KeyConditionExpression), -1) {
+			attr := m[1]
+			if strings.HasPrefix(attr, "#") {
+				attr = in.ExpressionAttributeNames[attr]
+			}
 			v, ok := in.ExpressionAttributeValues[m[2]].(*types.AttributeValueMemberS)
 			if !ok || (attr != ddbstore.AttrPK && attr != ddbstore.AttrGSI1PK && attr != ddbstore.AttrGSI2PK) {
 				continue
@@ -177,85 +214,238 @@ func hottest(m map[string]float64) (string, float64, float64) {
 	return key, top, total
 }
 
-// BenchmarkHotKeys drives a mixed load through the real store on DynamoDB
-// Local: 16 tenants' threads acquire (reuse, reclaim, create, with
-// evictions), release, are refused (a full deployment, a tenant quota)
-// and wait (a quarter of the callers use the wait policy), 32 callers at
-// once on a limit of 256 slots. It records every call's partition keys
-// and reports the hottest write key's share of all write units, and, from
-// the hottest write and read keys' units per acquire and DynamoDB's
-// documented per-partition limits (1,000 write units/s, 3,000 read
-// units/s, transactional writes at twice the units), the acquires per
-// second one deployment can sustain before its hottest partition
-// throttles. Two loads:
-//
-//   - steady: the deployment starts full of warm sandboxes; each tenant's
-//     agents mostly come back to their 8 busy threads (reuse, reclaim),
-//     and one acquire in eight picks any of the tenant's threads (a
-//     create, evicting the least recently parked warm sandbox, when the
-//     thread has none);
-//   - saturated: every acquire picks any of 288 threads for 256 slots
-//     (creates and evictions throughout, refusals when every slot is
-//     held), and a hog tenant runs past its quota of 24.
-func BenchmarkHotKeys(b *testing.B) {
-	b.Run("steady", func(b *testing.B) { hotKeys(b, false) })
-	b.Run("saturated", func(b *testing.B) { hotKeys(b, true) })
+// unitsUnder sums the units of the keys starting with prefix.
+func unitsUnder(m map[string]float64, prefix string) float64 {
+	var sum float64
+	for k, u := range m {
+		if strings.HasPrefix(k, prefix) {
+			sum += u
+		}
+	}
+	return sum
 }
 
-func hotKeys(b *testing.B, saturated bool) {
+// byKind formats the units per acquire (of a acquires) of each kind of
+// key: its attribute and its value's first "#"-separated part ("pk=CAP").
+func byKind(m map[string]float64, a float64) string {
+	kinds := map[string]float64{}
+	for k, u := range m {
+		kind, _, _ := strings.Cut(k, "#")
+		kinds[kind] += u / a
+	}
+	parts := make([]string, 0, len(kinds))
+	for _, kind := range slices.Sorted(maps.Keys(kinds)) {
+		parts = append(parts, fmt.Sprintf("%s %.2f", kind, kinds[kind]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// BenchmarkHotKeys drives loads through the real store on DynamoDB Local
+// and records every call's partition keys. It reports the hottest write
+// key's share of all write units and, from the hottest write and read
+// keys' units per acquire and DynamoDB's documented per-partition limits
+// (1,000 write units/s, 3,000 read units/s, transactional writes at twice
+// the units), the acquires per second one deployment can sustain before
+// its hottest partition throttles. It reports the wait queue's tickets
+// too (waited/op: tickets queued; served-waiters/op: waiters that took
+// the slot granted to them; gave-up/op), and logs the units of the
+// queue's keys (WQ#: the queue's one partition; WTR#: the tenants' waiter
+// places) per acquire and per waited acquire (per ticket queued). A Query
+// counts as one small item's read (results under 4 KB). Three loads:
+//
+//   - steady: 16 tenants' threads acquire (reuse, reclaim, create, with
+//     evictions), release and are refused (a full deployment, a tenant
+//     quota), 32 callers at once on a limit of 256 slots, a quarter of
+//     them under the wait policy (waiting up to 300 ms). The deployment
+//     starts full of warm sandboxes; each tenant's agents mostly come back
+//     to their 8 busy threads (reuse, reclaim), and one acquire in eight
+//     picks any of the tenant's threads (a create, evicting the least
+//     recently parked warm sandbox, when the thread has none);
+//   - saturated: the same callers, every acquire picking any of 288
+//     threads for 256 slots (creates and evictions throughout, refusals
+//     when every slot is held), and a hog tenant runs past its quota of
+//     24. Neither load queues a ticket in practice: a full deployment
+//     nearly always has a warm sandbox to evict;
+//   - waiting: 24 callers of 6 tenants, all under the wait policy, on a
+//     limit of 8 slots held from the start by sandboxes in use (nothing to
+//     evict). Each caller holds its sandbox 5 ms; its release pauses it
+//     (pause at release), which frees the running slot, and the free's
+//     dispatch grants the slot to the first waiter, which takes it at its
+//     next poll (the engine's own 250 ms: polls are part of the read load)
+//     and resumes its thread's paused sandbox (or creates one). About 70 %
+//     of the acquires wait (the others take a slot between a free and its
+//     dispatch), and the queue's partition is the hottest write key: a
+//     waited acquire writes its ticket three times in transactions
+//     (queued, granted, taken: 6 units applied, and about 3 more in
+//     cancelled grants), so one deployment's queue serves at most about
+//     1,000/6 waited acquires a second (about 110 counting the cancelled
+//     ones). Its polls' reads grow with the wait, which DynamoDB Local's
+//     latency lengthens.
+func BenchmarkHotKeys(b *testing.B) {
+	for _, bm := range []struct {
+		name string
+		load func(*testing.B, *hotRig)
+	}{
+		{"steady", func(b *testing.B, r *hotRig) { mixedLoad(b, r, false) }},
+		{"saturated", func(b *testing.B, r *hotRig) { mixedLoad(b, r, true) }},
+		{"waiting", waitingLoad},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			r := newHotRig(b)
+			bm.load(b, r)
+			b.StopTimer()
+			r.report(b)
+		})
+	}
+}
+
+// hotRig is one sub-benchmark's store (on a fresh table, its calls
+// recorded by load), provider, and the tallies of its load.
+type hotRig struct {
+	load  *keyLoad
+	store *ddbstore.Store
+	prov  *coretest.FakeProvider
+	waits waitTally
+
+	acquires, refused atomic.Int64
+	mu                sync.Mutex
+	sources           map[core.Source]int
+	refusals          map[string]int
+	releases          map[string]int // by the state a release left
+}
+
+func newHotRig(b *testing.B) *hotRig {
 	base := testenv.DynamoClient(b)
 	load := newKeyLoad()
 	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, load.middleware) })
 	table := freshTable(b, client, "hotkeys")
-	store := ddbstore.New(client, table, "hot")
-	prov := coretest.NewFakeProvider() // one provider: sandbox ids are unique
-	engine := func(policy core.OverflowPolicy) *core.Engine {
-		s := core.DefaultSettings()
-		s.Deployment, s.Replicas, s.Policy, s.MaxPerTenant = "hot", 256, policy, 24
-		s.AcquireTimeout, s.MaxWaitersPerTenant = 300*time.Millisecond, 2
-		eng, err := core.New(s, store, prov, &fakeSyncer{}, core.WithLogger(slog.New(slog.DiscardHandler)))
+	return &hotRig{load: load, store: ddbstore.New(client, table, "hot"),
+		prov:    coretest.NewFakeProvider(), // one provider: sandbox ids are unique
+		waits:   waitTally{queued: make(chan struct{})},
+		sources: map[core.Source]int{}, refusals: map[string]int{}, releases: map[string]int{}}
+}
+
+// waitTally counts the wait queue's tickets (a wait observer).
+type waitTally struct {
+	enqueued, served, gaveUp atomic.Int64
+	once                     sync.Once
+	queued                   chan struct{} // closed when the first ticket queues
+}
+
+func (w *waitTally) observe(n core.WaitNote) {
+	switch n.Event {
+	case core.WaitEnqueued:
+		w.enqueued.Add(1)
+		w.once.Do(func() { close(w.queued) })
+	case core.WaitServed:
+		w.served.Add(1)
+	case core.WaitGaveUp:
+		w.gaveUp.Add(1)
+	}
+}
+
+// engine builds an engine of deployment "hot" on the rig's store, with the
+// default settings changed by set, its wait queue observed by the rig.
+func (r *hotRig) engine(b *testing.B, set func(*core.Settings)) *core.Engine {
+	s := core.DefaultSettings()
+	s.Deployment = "hot"
+	set(&s)
+	eng, err := core.New(s, r.store, r.prov, &fakeSyncer{}, core.WithLogger(slog.New(slog.DiscardHandler)),
+		core.WithWaitObserver(r.waits.observe))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return eng
+}
+
+// hold acquires a sandbox for each of keys (before the load: untallied).
+func (r *hotRig) hold(b *testing.B, eng *core.Engine, keys []core.ThreadKey) []core.AcquireResult {
+	held := make([]core.AcquireResult, len(keys))
+	for n, k := range keys {
+		res, err := eng.Acquire(context.Background(), k)
 		if err != nil {
-			b.Fatal(err)
+			b.Fatalf("fill: %v", err)
 		}
-		return eng
+		held[n] = res
+	}
+	return held
+}
+
+// start starts the timed load of callers at once: from here on the calls
+// count.
+func (r *hotRig) start(b *testing.B, callers int) {
+	r.load.reset()
+	b.SetParallelism(max(1, callers/max(1, testingGOMAXPROCS())))
+	b.ResetTimer()
+}
+
+// acquire runs one Acquire and tallies its source, or its refusal.
+func (r *hotRig) acquire(ctx context.Context, eng *core.Engine, k core.ThreadKey) (core.AcquireResult, bool) {
+	res, err := eng.Acquire(ctx, k)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		r.refused.Add(1)
+		r.refusals[errKind(err)]++
+		return res, false
+	}
+	r.acquires.Add(1)
+	r.sources[res.Source]++
+	return res, true
+}
+
+// errKind names err for the tallies: a refusal's reason, or the engine's
+// error it is.
+func errKind(err error) string {
+	var ce *core.CapacityError
+	if errors.As(err, &ce) {
+		return string(ce.Reason)
+	}
+	for _, e := range []error{core.ErrLeaseHeld, core.ErrConflict, core.ErrNotFound, core.ErrStaleFence, core.ErrThreadBound,
+		core.ErrGrantLost, core.ErrStoreUnavailable, core.ErrProviderUnavailable} {
+		if errors.Is(err, e) {
+			return e.Error()
+		}
+	}
+	msg := err.Error()
+	return msg[:min(len(msg), 60)]
+}
+
+// release releases res's sandbox and tallies the state it was left in.
+func (r *hotRig) release(ctx context.Context, eng *core.Engine, res core.AcquireResult) {
+	out, err := eng.Release(ctx, res.Record.Tenant, res.Record.SandboxID)
+	state := out.State
+	if err != nil {
+		state = errKind(err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.releases[state]++
+}
+
+// mixedLoad is the steady (or saturated) load: see BenchmarkHotKeys.
+func mixedLoad(b *testing.B, r *hotRig, saturated bool) {
+	engine := func(policy core.OverflowPolicy) *core.Engine {
+		return r.engine(b, func(s *core.Settings) {
+			s.Replicas, s.Policy, s.MaxPerTenant = 256, policy, 24
+			s.AcquireTimeout, s.MaxWaitersPerTenant = 300*time.Millisecond, 2
+		})
 	}
 	rejecting, waiting := engine(core.PolicyReject), engine(core.PolicyWait)
-	// Fifteen tenants with 16 threads each and a hog with 48 (past its
-	// quota of 24: refused tenant_quota): 288 threads for 256 slots.
-	const tenants, threadsPerTenant, hogThreads = 16, 16, 48
-	pick := func(rng *rand.Rand) core.ThreadKey {
-		n := rng.IntN(tenants)
-		tenant, threads := fmt.Sprint("tenant", n), threadsPerTenant
-		if n == 0 {
-			tenant, threads = "hog", hogThreads
-		}
-		thread := rng.IntN(threads)
-		if !saturated && rng.IntN(8) != 0 {
-			thread = rng.IntN(8) // a busy thread
-		}
-		return core.ThreadKey{Tenant: tenant, User: fmt.Sprint("u", thread%3), Thread: fmt.Sprint("t", thread)}
-	}
 	ctx := context.Background()
 	if !saturated {
 		// Full of warm sandboxes, as a busy deployment is.
-		for n := range 256 {
-			k := core.ThreadKey{Tenant: fmt.Sprint("tenant", 1+n%(tenants-1)), User: "old", Thread: fmt.Sprint("o", n)}
-			res, err := rejecting.Acquire(ctx, k)
-			if err != nil {
-				b.Fatalf("fill: %v", err)
-			}
-			if _, err := rejecting.Release(ctx, k.Tenant, res.Record.SandboxID); err != nil {
+		keys := make([]core.ThreadKey, 256)
+		for n := range keys {
+			keys[n] = core.ThreadKey{Tenant: fmt.Sprint("tenant", 1+n%(mixedTenants-1)), User: "old", Thread: fmt.Sprint("o", n)}
+		}
+		for _, res := range r.hold(b, rejecting, keys) {
+			if _, err := rejecting.Release(ctx, res.Record.Tenant, res.Record.SandboxID); err != nil {
 				b.Fatalf("fill: %v", err)
 			}
 		}
 	}
-	var acquires, refused atomic.Int64
-	var mu sync.Mutex
-	sources := map[core.Source]int{}
-	refusals := map[string]int{}
-	load.reset()
-	b.SetParallelism(max(1, 32/max(1, testingGOMAXPROCS())))
-	b.ResetTimer()
+	r.start(b, 32)
 	b.RunParallel(func(pb *testing.PB) {
 		rng := rand.New(rand.NewPCG(rand.Uint64(), 2))
 		for pb.Next() {
@@ -263,60 +453,153 @@ func hotKeys(b *testing.B, saturated bool) {
 			if rng.IntN(4) == 0 {
 				eng = waiting
 			}
-			k := pick(rng)
-			res, err := eng.Acquire(ctx, k)
-			if err != nil {
-				refused.Add(1)
-				reason := "error"
-				var ce *core.CapacityError
-				if errors.As(err, &ce) {
-					reason = string(ce.Reason)
-				}
-				mu.Lock()
-				refusals[reason]++
-				mu.Unlock()
+			k := mixedThread(rng, saturated)
+			res, ok := r.acquire(ctx, eng, k)
+			if !ok {
 				continue
 			}
-			acquires.Add(1)
-			reused := false
 			if rng.IntN(3) == 0 { // a second turn before release: a reuse
-				if _, err := eng.Acquire(ctx, k); err == nil {
-					reused = true
-					acquires.Add(1)
-				}
+				r.acquire(ctx, eng, k)
 			}
-			mu.Lock()
-			sources[res.Source]++
-			if reused {
-				sources[core.SourceReused]++
-			}
-			mu.Unlock()
-			_, _ = eng.Release(ctx, k.Tenant, res.Record.SandboxID)
+			r.release(ctx, eng, res)
 		}
 	})
-	b.StopTimer()
-	a := float64(acquires.Load())
+}
+
+// The mixed loads' tenants: fifteen with 16 threads each and a hog with
+// 48 (past its quota of 24: refused tenant_quota), 288 threads for 256
+// slots.
+const mixedTenants, mixedThreads, hogThreads = 16, 16, 48
+
+// mixedThread picks the thread of a mixed load's acquire: any thread of a
+// tenant, or under the steady load mostly one of its 8 busy threads.
+func mixedThread(rng *rand.Rand, saturated bool) core.ThreadKey {
+	n := rng.IntN(mixedTenants)
+	tenant, threads := fmt.Sprint("tenant", n), mixedThreads
+	if n == 0 {
+		tenant, threads = "hog", hogThreads
+	}
+	thread := rng.IntN(threads)
+	if !saturated && rng.IntN(8) != 0 {
+		thread = rng.IntN(8) // a busy thread
+	}
+	return core.ThreadKey{Tenant: tenant, User: fmt.Sprint("u", thread%3), Thread: fmt.Sprint("t", thread)}
+}
+
+// waitingLoad is the waiting load: see BenchmarkHotKeys.
+func waitingLoad(b *testing.B, r *hotRig) {
+	const slots, callers, tenants, threadsPerCaller, inUse = 8, 24, 6, 4, 5 * time.Millisecond
+	r.prov.Pausable = true // before the engine is built
+	eng := r.engine(b, func(s *core.Settings) {
+		s.Replicas, s.Policy, s.PauseAfter = slots, core.PolicyWait, 0
+		s.MaxPaused = 4096 // room for every thread's paused sandbox: no pause evicts
+		s.AcquireTimeout = 20 * time.Second
+	})
+	ctx := context.Background()
+	keys := make([]core.ThreadKey, slots)
+	for n := range keys {
+		keys[n] = core.ThreadKey{Tenant: "holder", User: "h", Thread: fmt.Sprint("h", n)}
+	}
+	held := r.hold(b, eng, keys)
+	r.start(b, callers)
+	// Every slot stays in use until the first ticket queues (or a while):
+	// the first callers find nothing free and nothing to evict.
+	var holders sync.WaitGroup
+	for _, res := range held {
+		holders.Go(func() {
+			select {
+			case <-r.waits.queued:
+			case <-time.After(2 * time.Second):
+			}
+			time.Sleep(inUse)
+			r.release(ctx, eng, res)
+		})
+	}
+	var callerIDs atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		id := callerIDs.Add(1) - 1
+		rng := rand.New(rand.NewPCG(uint64(id), 3))
+		for pb.Next() {
+			k := core.ThreadKey{Tenant: fmt.Sprint("tenant", id%tenants), User: fmt.Sprint("u", id),
+				Thread: fmt.Sprint("t", rng.IntN(threadsPerCaller))}
+			res, ok := r.acquire(ctx, eng, k)
+			if !ok {
+				continue
+			}
+			time.Sleep(inUse)
+			r.release(ctx, eng, res)
+		}
+	})
+	holders.Wait()
+	if r.waits.enqueued.Load() == 0 {
+		b.Fatal("the waiting load queued no ticket: it measured nothing of the wait queue")
+	}
+}
+
+// report reports the load's metrics and logs its hottest keys and the
+// wait queue's units. Only runs of more than one op log: testing keeps 10
+// lines of all runs' logs together, and the probe run it makes first (b.N
+// = 1) would fill them.
+func (r *hotRig) report(b *testing.B) {
+	a := float64(r.acquires.Load())
 	if a == 0 {
 		b.Fatal("no acquire succeeded")
 	}
-	load.mu.Lock()
-	defer load.mu.Unlock()
-	wKey, wTop, wTotal := hottest(load.write)
-	rKey, rTop, _ := hottest(load.read)
-	predicted := min(partitionWriteUnits*a/wTop, partitionReadUnits*a/max(rTop, 1))
+	l := r.load
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, wTop, wTotal := hottest(l.write)
+	_, rTop, _ := hottest(l.read)
+	perOp := func(n int64) float64 { return float64(n) / float64(b.N) }
 	b.ReportMetric(wTop/wTotal, "hottest-write-share")
-	b.ReportMetric(predicted, "predicted-acquires/s")
-	b.ReportMetric(float64(refused.Load())/float64(b.N), "refused/op")
-	top := slices.SortedFunc(maps.Keys(load.write), func(x, y string) int { return cmp.Compare(load.write[y], load.write[x]) })
-	for i, k := range top[:min(6, len(top))] {
-		b.Logf("write #%d %-40s %6.0f units (%.1f%%, %.2f per acquire)", i+1, k, load.write[k], 100*load.write[k]/wTotal, load.write[k]/a)
+	b.ReportMetric(min(partitionWriteUnits*a/wTop, partitionReadUnits*a/max(rTop, 1)), "predicted-acquires/s")
+	b.ReportMetric(perOp(r.refused.Load()), "refused/op")
+	b.ReportMetric(perOp(r.waits.enqueued.Load()), "waited/op")
+	b.ReportMetric(perOp(r.waits.served.Load()), "served-waiters/op")
+	b.ReportMetric(perOp(r.waits.gaveUp.Load()), "gave-up/op")
+	if b.N == 1 {
+		return
 	}
-	byKind := map[string]float64{}
-	for k, u := range load.write {
-		kind, _, _ := strings.Cut(k, "#")
-		byKind[kind] += u / a
+	b.Logf("hottest writes (units per acquire, share of all): %s", topKeys(l.write, 5, a))
+	b.Logf("hottest reads (units per acquire, share of all): %s", topKeys(l.read, 3, a))
+	b.Logf("units per acquire by key kind: write %s; read %s", byKind(l.write, a), byKind(l.read, a))
+	b.Logf("acquires %d (sources %v), refused %d (%v), releases %v, %d sandboxes killed; per acquire %.1f write units (%.1f in cancelled transactions) and %.1f DynamoDB calls",
+		r.acquires.Load(), r.sources, r.refused.Load(), r.refusals, r.releases, len(r.prov.Killed()), wTotal/a, unitsUnder(l.cancelled, "")/a, float64(l.calls)/a)
+	r.logQueue(b, a)
+}
+
+// topKeys formats the n keys of m with the most units: their units per
+// acquire (of a) and share of all.
+func topKeys(m map[string]float64, n int, a float64) string {
+	_, _, total := hottest(m)
+	top := slices.SortedFunc(maps.Keys(m), func(x, y string) int { return cmp.Or(cmp.Compare(m[y], m[x]), strings.Compare(x, y)) })
+	parts := make([]string, 0, n)
+	for _, k := range top[:min(n, len(top))] {
+		parts = append(parts, fmt.Sprintf("%s %.2f (%.1f%%)", k, m[k]/a, 100*m[k]/total))
 	}
-	b.Logf("write units per acquire by key kind: %v", byKind)
-	b.Logf("hottest read %s: %.2f units per acquire; acquires %d (sources %v), refused %d (%v); hottest write %s %.2f units per acquire; %.1f write units per acquire in all",
-		rKey, rTop/a, acquires.Load(), sources, refused.Load(), refusals, wKey, wTop/a, wTotal/a)
+	return strings.Join(parts, ", ")
+}
+
+// logQueue logs the wait queue's tickets and its keys' units (WQ#: the
+// queue's one partition; WTR#: the waiter places, all together) per
+// acquire (of a) and per waited acquire (ticket queued), and the waited
+// acquires a second the queue's partition sustains. The caller holds
+// r.load.mu.
+func (r *hotRig) logQueue(b *testing.B, a float64) {
+	w := float64(r.waits.enqueued.Load())
+	line := fmt.Sprintf("wait queue: %.0f tickets queued, %d served, %d gave up", w, r.waits.served.Load(), r.waits.gaveUp.Load())
+	for _, kind := range []string{"pk=WQ#", "pk=WTR#"} {
+		wu, ru := unitsUnder(r.load.write, kind), unitsUnder(r.load.read, kind)
+		line += fmt.Sprintf("; %s write %.3f, read %.3f per acquire", kind, wu/a, ru/a)
+		if w > 0 {
+			line += fmt.Sprintf(", %.2f (%.2f in cancelled transactions) and %.2f per waited acquire",
+				wu/w, unitsUnder(r.load.cancelled, kind)/w, ru/w)
+		}
+	}
+	if wq, rq := unitsUnder(r.load.write, "pk=WQ#"), unitsUnder(r.load.read, "pk=WQ#"); w > 0 && wq > 0 {
+		byW, byR := partitionWriteUnits*w/wq, partitionReadUnits*w/max(rq, 1)
+		line += fmt.Sprintf("; the queue's partition sustains about %.0f waited acquires/s (%.0f by its writes, %.0f by its reads)",
+			min(byW, byR), byW, byR)
+	}
+	b.Log(line)
 }

@@ -44,10 +44,10 @@ import (
 // sums. Creates and frees of the whole deployment spread over 64 items
 // instead of one, each of which DynamoDB limits to about 1,000 write
 // units a second (twice that per transactional write). Why 64: under
-// BenchmarkHotKeys' steady load the buckets take about 4.5 transactional
+// BenchmarkHotKeys' steady load the buckets take about 3.5 transactional
 // write units per acquire (parks and reclaims move counts; creates, frees
 // and refused attempts move slots); over 64 buckets the busiest takes
-// about 0.15 per acquire, some 6,000 acquires a second before its
+// at most about 0.15 per acquire, some 7,000 acquires a second before its
 // partition throttles, while a refusal's read of every bucket is still
 // one BatchGetItem (at most 100 keys).
 //
