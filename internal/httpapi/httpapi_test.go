@@ -328,7 +328,7 @@ func TestRoutingByPathWithoutRouteKey(t *testing.T) {
 		record:   core.Record{SandboxID: "abc", State: core.StateWarm, ThreadKey: core.ThreadKey{User: "u", Thread: "t"}, Backend: "e2b", CreatedAt: when, Endpoint: core.Endpoint{AccessToken: "tok"}},
 		release:  core.ReleaseResult{SandboxID: "abc", State: "warm", Sync: &core.SyncResult{Uploaded: 1, Bytes: 3, Complete: true}},
 		sync:     core.SyncResult{Skipped: 2, Complete: true},
-		capacity: core.CapacityStatus{Limit: 3, Used: 1, Active: 1, Policy: "wait"},
+		capacity: core.CapacityStatus{Limit: 3, Used: 2, Active: 1, Granted: 1, Policy: "wait"},
 	}
 	tests := []struct {
 		method, path string
@@ -342,7 +342,7 @@ func TestRoutingByPathWithoutRouteKey(t *testing.T) {
 		{"POST", "/v1/sandboxes/abc/sync", "Sync acme abc",
 			`{"uploaded":0,"skipped":2,"deferred":[],"excluded":[],"bytes":0,"complete":true}`},
 		{"GET", "/v1/capacity", "Capacity",
-			`{"limit":3,"used":1,"active":1,"warm":0,"reserved":0,"transitioning":0,"tombstones":0,"pool":0,"paused":0,"paused_limit":0,"policy":"wait","draining":false}`},
+			`{"limit":3,"used":2,"active":1,"warm":0,"reserved":0,"transitioning":0,"tombstones":0,"pool":0,"granted":1,"paused":0,"paused_limit":0,"policy":"wait","draining":false}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.method+" "+tt.path, func(t *testing.T) {

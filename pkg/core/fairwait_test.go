@@ -281,6 +281,9 @@ func TestLapsedGrantGivesBackThePlace(t *testing.T) {
 	if err != nil || !ts.Granted {
 		t.Fatalf("ticket after reconcile = %+v, %v; want granted", ts, err)
 	}
+	if c := h.capacity(t); c.Granted != 1 || c.Used != 1 {
+		t.Errorf("capacity with a grant = %+v; want the one slot used, held in trust (granted 1)", c)
+	}
 	// The grant lapses; a dispatch frees its slot (nobody else waits) and
 	// another acquire takes it: the deployment is full again.
 	h.clock.advance(6 * time.Second)
