@@ -228,7 +228,8 @@ type Capacity struct {
 	// slots are in Used).
 	Pool int `json:"pool"`
 	// Granted is the running slots held in trust for waiting acquires,
-	// each until its waiter takes it (they are in Used).
+	// each until its waiter takes it or a dispatch passes on or frees a
+	// lapsed grant (they are in Used).
 	Granted int `json:"granted"`
 	// Paused is the paused slots held (paused sandboxes hold no running
 	// slot); PausedLimit bounds them.

@@ -177,8 +177,9 @@ const createBudget = 10 * time.Second
 // head also reads every capacity bucket, one BatchGetItem, and may evict),
 // then reads its ticket every 250 ms (one GetItem) and takes a turn every
 // fourth poll (a dispatch); served, its reservation takes the granted slot
-// in the reserve transaction (no extra call); timed out or gone, it leaves
-// (one transaction, a Query and another when it held a grant). Under the
+// in the reserve transaction (no extra call); timed out, it leaves (one
+// transaction, a Query and another when it held a grant); finding its
+// ticket gone, it gives back its place (two transactions). Under the
 // wait policy every write that frees a running slot (a kill's free, a
 // failed create's, a pause) is followed by a dispatch: one Query of the
 // queue, and when a ticket waits, the grant's transaction.

@@ -82,8 +82,7 @@ func (o *waitOrder) polled(t core.Ticket, at time.Time, st core.TicketState) {
 	}
 	s := ticketSight{at: at, granted: st.Granted}
 	if st.Granted {
-		s.until = st.Grant.Until
-		s.issued = st.Grant.Until.Add(-o.grantFor)
+		s.until = st.Grant.Until // issued is set by check, once a dispatch told the grant's term
 	}
 	tl.sights = append(tl.sights, s)
 }
@@ -163,7 +162,14 @@ type orderCounts struct {
 	grants    int // grants checked
 	contested int // of them, made while a later ticket provably waited too
 	rounds    int // tickets queued while another of their tenant's provably held a place
-	newcomers int // tickets queued while none of their tenant's held one (every check)
+	newcomers int // tickets queued while none of their tenant's held one (complete checks only)
+}
+
+func (n *orderCounts) add(m orderCounts) {
+	n.grants += m.grants
+	n.contested += m.contested
+	n.rounds += m.rounds
+	n.newcomers += m.newcomers
 }
 
 // check returns the breaches of the fairness rule the README states:
@@ -176,14 +182,28 @@ type orderCounts struct {
 //     before its EnterWait to after it) has a larger round.
 //   - With complete, a tenant's first waiter joins the head's round: a
 //     ticket queued when every other ticket of its tenant queued before
-//     its EnterWait returned had ended with its acquire has a round no larger than that of any ticket live
-//     in the queue throughout its EnterWait. Only where every call's
-//     outcome is known (complete: no faults) is "no place held" proved.
+//     its EnterWait returned had ended with its acquire has a round no
+//     larger than that of any ticket live in the queue throughout its
+//     EnterWait. Only where every call's outcome is known (complete: no
+//     faults) is "no place held" proved.
 func (o *waitOrder) check(complete bool) ([]string, orderCounts) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var bad []string
+	for _, tl := range o.tickets {
+		for i := range tl.sights {
+			if s := &tl.sights[i]; s.granted {
+				s.issued = s.until.Add(-o.grantFor)
+			}
+		}
+	}
 	var n orderCounts
+	bad := o.checkGrants(&n)
+	return append(bad, o.checkRounds(complete, &n)...), n
+}
+
+// checkGrants checks that every dispatch granted in queue order.
+func (o *waitOrder) checkGrants(n *orderCounts) []string {
+	var bad []string
 	for _, d := range o.dispatches {
 		for _, g := range d.granted {
 			n.grants++
@@ -203,6 +223,13 @@ func (o *waitOrder) check(complete bool) ([]string, orderCounts) {
 			}
 		}
 	}
+	return bad
+}
+
+// checkRounds checks every ticket's round against its tenant's other
+// tickets and, for a tenant's first waiter (complete only), the queue's.
+func (o *waitOrder) checkRounds(complete bool, n *orderCounts) []string {
+	var bad []string
 	for _, t := range o.tickets {
 		alone := complete
 		for _, w := range o.tickets {
@@ -232,7 +259,22 @@ func (o *waitOrder) check(complete bool) ([]string, orderCounts) {
 			}
 		}
 	}
-	return bad, n
+	return bad
+}
+
+// report runs check for a stress test's phase, reports every breach as an
+// error and how much was checked in the log, forgets what it saw and
+// returns the counts.
+func (o *waitOrder) report(t *testing.T, step string, complete bool) orderCounts {
+	t.Helper()
+	bad, n := o.check(complete)
+	for _, b := range bad {
+		t.Errorf("%s: wait order: %s", step, b)
+	}
+	t.Logf("%s: wait order: %d grants checked (%d with a later waiter behind), %d tickets queued behind their tenant's own, %d first waiters of their tenant",
+		step, n.grants, n.contested, n.rounds, n.newcomers)
+	o.reset()
+	return n
 }
 
 // ended reports whether w's acquire had returned before at, every
@@ -261,25 +303,18 @@ func TestStressWaitOrderUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stress test: skipped in -short mode")
 	}
-	const (
-		deployment = "waitorder"
-		limit      = 3
-		opsFaulty  = 4 // per agent
-		opsClean   = 3
-	)
-	tenants := []stressTenant{
+	const deployment, limit = "waitorder", 3
+	r := &waitOrderRun{t: t, clk: &clock{}, failed: map[string]int{}, tenants: []stressTenant{
 		{name: "hog", agents: 8, threads: 2, hostile: true},
 		{name: "acme", agents: 2, threads: 2},
 		{name: "globex", agents: 2, threads: 2},
 		{name: "initech", agents: 2, threads: 2},
-	}
-	ctx := context.Background()
+	}}
 	rig := newStressRig(t, deployment, 21)
 	rig.ddbFaults.ArmFunc(rig.fault)
 	ddb := testenv.DynamoClient(t)
 	prov := &faultyProvider{Provider: rig.client, t: t, store: rig.store, rng: rand.New(rand.NewPCG(7, 8)), created: map[string]core.ThreadKey{}}
 	prov.faults.Store(true)
-	clk := &clock{}
 	s := core.DefaultSettings()
 	s.Deployment, s.Replicas, s.Policy = deployment, limit, core.PolicyWait
 	s.MaxWaitersPerTenant = 3
@@ -287,90 +322,88 @@ func TestStressWaitOrderUnderFaults(t *testing.T) {
 	s.PauseAfter, s.MaxPaused = 0, 12
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = time.Second
-	watch := newTenantWatch(t, ddbstore.New(rig.faultyDB, rig.table, deployment), rig.store, s, clk,
-		func() map[string]int { return readCounters(t, ddb, rig.table, deployment, tenants).tenantUsed })
-	eng, err := core.New(s, watch, prov, &fakeSyncer{}, core.WithClock(clk.now), core.WithReconcileSettings(rs))
-	if err != nil {
+	watch := newTenantWatch(t, ddbstore.New(rig.faultyDB, rig.table, deployment), rig.store, s, r.clk,
+		func() map[string]int { return readCounters(t, ddb, rig.table, deployment, r.tenants).tenantUsed })
+	var err error
+	if r.eng, err = core.New(s, watch, prov, &fakeSyncer{}, core.WithClock(r.clk.now), core.WithReconcileSettings(rs)); err != nil {
 		t.Fatalf("core.New: %v", err)
-	}
-
-	var served atomic.Int32
-	var refusedMu sync.Mutex
-	refused := map[string]int{} // failed acquires by reason
-	agent := func(tn stressTenant, a, ops int, faulty bool, seed uint64) {
-		rng := rand.New(rand.NewPCG(seed, uint64(a)))
-		for range ops {
-			k := core.ThreadKey{Tenant: tn.name, User: agentUser(tn.name, a), Thread: fmt.Sprintf("a%d-t%d", a, rng.IntN(tn.threads))}
-			res, err := agentAcquire(ctx, eng, clk, rng, k, faulty)
-			if err != nil {
-				refusedMu.Lock()
-				refused[reasonOf(err)]++
-				refusedMu.Unlock()
-				continue
-			}
-			served.Add(1)
-			time.Sleep(time.Duration(5+rng.IntN(20)) * time.Millisecond) // the turn
-			_, _ = eng.Release(ctx, tn.name, res.Record.SandboxID)
-		}
-	}
-	runAgents := func(ops int, faulty bool, seed uint64) {
-		var wg sync.WaitGroup
-		for _, tn := range tenants {
-			for a := range tn.agents {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					agent(tn, a, ops, faulty, seed)
-				}()
-			}
-		}
-		wg.Wait()
-	}
-	var total orderCounts
-	checkOrder := func(step string, complete bool) {
-		bad, n := watch.order.check(complete)
-		for _, b := range bad {
-			t.Errorf("%s: wait order: %s", step, b)
-		}
-		refusedMu.Lock()
-		t.Logf("%s: failed acquires %v", step, refused)
-		clear(refused)
-		refusedMu.Unlock()
-		t.Logf("%s: %d served; wait order: %d grants checked (%d with a later waiter behind), %d tickets queued behind their tenant's own, %d first waiters of their tenant",
-			step, served.Swap(0), n.grants, n.contested, n.rounds, n.newcomers)
-		total.grants += n.grants
-		total.contested += n.contested
-		total.rounds += n.rounds
-		watch.order.reset()
 	}
 	converge := func(step string) {
 		var why []string
-		for pass := range 10 {
-			clk.advance(5 * time.Minute)
-			if _, err := eng.Reconcile(ctx); err != nil {
-				t.Logf("reconcile pass %d: %v", pass, err)
-			}
-			if why = converged(t, readLedger(t, ddb, rig.table, deployment), prov, deployment, clk.now()); len(why) == 0 {
+		for range 10 {
+			r.clk.advance(5 * time.Minute)
+			_, _ = r.eng.Reconcile(context.Background())
+			if why = converged(t, readLedger(t, ddb, rig.table, deployment), prov, deployment, r.clk.now()); len(why) == 0 {
 				return
 			}
 		}
 		t.Errorf("%s: reconcile did not converge: %s", step, strings.Join(why, "; "))
 	}
 
-	stopReconcile := reconcileSchedule(eng)
-	runAgents(opsFaulty, true, 1)
+	var total orderCounts
+	stopReconcile := reconcileSchedule(r.eng)
+	r.phase("faulty phase", 4, true, 1)
 	rig.ddbFaults.Disarm()
 	prov.faults.Store(false)
 	stopReconcile()
-	checkOrder("faulty phase", false)
+	total.add(watch.order.report(t, "faulty phase", false))
 	converge("after the faulty phase")
 
-	runAgents(opsClean, false, 2)
-	checkOrder("clean phase", true)
+	r.phase("clean phase", 3, false, 2)
+	total.add(watch.order.report(t, "clean phase", true))
 	converge("after the clean phase")
-	if total.grants == 0 || total.contested == 0 || total.rounds == 0 {
-		t.Errorf("wait order: %d grants checked, %d with a later waiter behind, %d tickets queued behind their tenant's own: the order was not exercised",
-			total.grants, total.contested, total.rounds)
+	if total.grants == 0 || total.contested == 0 || total.rounds == 0 || total.newcomers == 0 {
+		t.Errorf("wait order: checked %+v: some rule was not exercised", total)
+	}
+}
+
+// waitOrderRun is TestStressWaitOrderUnderFaults' agents: each acquires
+// one of its threads, uses it briefly and releases it.
+type waitOrderRun struct {
+	t       *testing.T
+	eng     *core.Engine
+	clk     *clock
+	tenants []stressTenant
+
+	served atomic.Int32
+	mu     sync.Mutex
+	failed map[string]int // failed acquires by reason
+}
+
+// phase runs every agent for ops acquires and logs what they got.
+func (r *waitOrderRun) phase(step string, ops int, faulty bool, seed uint64) {
+	var wg sync.WaitGroup
+	for _, tn := range r.tenants {
+		for a := range tn.agents {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.agent(tn, a, ops, faulty, seed)
+			}()
+		}
+	}
+	wg.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.t.Logf("%s: %d served, failed acquires %v", step, r.served.Swap(0), r.failed)
+	clear(r.failed)
+}
+
+func (r *waitOrderRun) agent(tn stressTenant, a, ops int, faulty bool, seed uint64) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, uint64(a)))
+	for range ops {
+		k := core.ThreadKey{Tenant: tn.name, User: agentUser(tn.name, a), Thread: fmt.Sprintf("a%d-t%d", a, rng.IntN(tn.threads))}
+		res, err := agentAcquire(ctx, r.eng, r.clk, rng, k, faulty)
+		if err != nil {
+			r.mu.Lock()
+			r.failed[reasonOf(err)]++
+			r.mu.Unlock()
+			continue
+		}
+		r.served.Add(1)
+		time.Sleep(time.Duration(5+rng.IntN(20)) * time.Millisecond) // the turn
+		_, _ = r.eng.Release(ctx, tn.name, res.Record.SandboxID)
 	}
 }
 

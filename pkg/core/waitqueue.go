@@ -32,7 +32,7 @@ const (
 
 // errWaitTimedOut: the waiter's deadline came with no grant;
 // errTicketGone: its ticket left the queue (it lapsed and a dispatch
-// removed it).
+// removed it, or its grant lapsed and a dispatch passed it on).
 var (
 	errWaitTimedOut = errors.New("wait timed out")
 	errTicketGone   = errors.New("wait ticket gone")
@@ -216,7 +216,7 @@ func (e *Engine) took(st *acquireState, err error) error {
 	}
 	st.wait.done = true
 	e.note(st.wait, WaitServed)
-	st.grant = nil
+	st.wait, st.grant = nil, nil // a later refusal queues a new ticket
 	return nil
 }
 
