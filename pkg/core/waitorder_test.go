@@ -2,7 +2,6 @@ package core_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -397,7 +396,7 @@ func (r *waitOrderRun) agent(tn stressTenant, a, ops int, faulty bool, seed uint
 		res, err := agentAcquire(ctx, r.eng, r.clk, rng, k, faulty)
 		if err != nil {
 			r.mu.Lock()
-			r.failed[reasonOf(err)]++
+			r.failed[errKind(err)]++
 			r.mu.Unlock()
 			continue
 		}
@@ -405,14 +404,4 @@ func (r *waitOrderRun) agent(tn stressTenant, a, ops int, faulty bool, seed uint
 		time.Sleep(time.Duration(5+rng.IntN(20)) * time.Millisecond) // the turn
 		_, _ = r.eng.Release(ctx, tn.name, res.Record.SandboxID)
 	}
-}
-
-// reasonOf names an acquire's error for the stress logs: its refusal
-// reason, or its text.
-func reasonOf(err error) string {
-	var ce *core.CapacityError
-	if errors.As(err, &ce) {
-		return string(ce.Reason)
-	}
-	return err.Error()
 }
