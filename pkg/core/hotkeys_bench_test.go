@@ -214,6 +214,17 @@ func hottest(m map[string]float64) (string, float64, float64) {
 	return key, top, total
 }
 
+// topUnder is the most units of one key starting with prefix.
+func topUnder(m map[string]float64, prefix string) float64 {
+	var top float64
+	for k, u := range m {
+		if strings.HasPrefix(k, prefix) {
+			top = max(top, u)
+		}
+	}
+	return top
+}
+
 // unitsUnder sums the units of the keys starting with prefix.
 func unitsUnder(m map[string]float64, prefix string) float64 {
 	var sum float64
@@ -249,7 +260,7 @@ func byKind(m map[string]float64, a float64) string {
 // its hottest partition throttles. It reports the wait queue's tickets
 // too (waited/op: tickets queued; served-waiters/op: waiters that took
 // the slot granted to them; gave-up/op), and logs the units of the
-// queue's keys (WQ#: the queue's one partition; WTR#: the tenants' waiter
+// queue's keys (WQ#: the queue's shards; WTR#: the tenants' waiter
 // places) per acquire and per waited acquire (per ticket queued). A Query
 // counts as one small item's read (results under 4 KB). Three loads:
 //
@@ -274,13 +285,11 @@ func byKind(m map[string]float64, a float64) string {
 //     next poll (the engine's own 250 ms: polls are part of the read load)
 //     and resumes its thread's paused sandbox (or creates one). About 70 %
 //     of the acquires wait (the others take a slot between a free and its
-//     dispatch), and the queue's partition is the hottest write key: a
-//     waited acquire writes its ticket three times in transactions
-//     (queued, granted, taken: 6 units applied, and about 3 more in
-//     cancelled grants), so one deployment's queue serves at most about
-//     1,000/6 waited acquires a second (about 110 counting the cancelled
-//     ones). Its polls' reads grow with the wait, which DynamoDB Local's
-//     latency lengthens.
+//     dispatch). A waited acquire writes its ticket three times in
+//     transactions (queued, granted, taken: 6 units applied, and about 3
+//     more in cancelled grants), spread over the queue's shards; every
+//     read of the queue's head reads each shard. Its polls' reads grow
+//     with the wait, which DynamoDB Local's latency lengthens.
 func BenchmarkHotKeys(b *testing.B) {
 	for _, bm := range []struct {
 		name string
@@ -581,10 +590,10 @@ func topKeys(m map[string]float64, n int, a float64) string {
 }
 
 // logQueue logs the wait queue's tickets and its keys' units (WQ#: the
-// queue's one partition; WTR#: the waiter places, all together) per
-// acquire (of a) and per waited acquire (ticket queued), and the waited
-// acquires a second the queue's partition sustains. The caller holds
-// r.load.mu.
+// queue's shards, all together; WTR#: the waiter places, all together)
+// per acquire (of a) and per waited acquire (ticket queued), and the
+// waited acquires a second the queue's busiest shard sustains. The caller
+// holds r.load.mu.
 func (r *hotRig) logQueue(b *testing.B, a float64) {
 	w := float64(r.waits.enqueued.Load())
 	line := fmt.Sprintf("wait queue: %.0f tickets queued, %d served, %d gave up", w, r.waits.served.Load(), r.waits.gaveUp.Load())
@@ -596,9 +605,9 @@ func (r *hotRig) logQueue(b *testing.B, a float64) {
 				wu/w, unitsUnder(r.load.cancelled, kind)/w, ru/w)
 		}
 	}
-	if wq, rq := unitsUnder(r.load.write, "pk=WQ#"), unitsUnder(r.load.read, "pk=WQ#"); w > 0 && wq > 0 {
+	if wq, rq := topUnder(r.load.write, "pk=WQ#"), topUnder(r.load.read, "pk=WQ#"); w > 0 && wq > 0 {
 		byW, byR := partitionWriteUnits*w/wq, partitionReadUnits*w/max(rq, 1)
-		line += fmt.Sprintf("; the queue's partition sustains about %.0f waited acquires/s (%.0f by its writes, %.0f by its reads)",
+		line += fmt.Sprintf("; the queue's busiest shard sustains about %.0f waited acquires/s (%.0f by its writes, %.0f by its reads)",
 			min(byW, byR), byW, byR)
 	}
 	b.Log(line)

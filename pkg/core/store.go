@@ -189,6 +189,10 @@ type DispatchResult struct {
 	// Granted lists the tickets granted a slot (handed-on grants included).
 	Granted []Ticket
 	// Head is the first live waiting ticket left without a grant ("": none).
+	// A waiter's turn that finds another live waiting ticket ahead of its
+	// own in the part of the queue it reads first stops there: Head is
+	// that ticket, ahead of the waiter's though not always the queue's
+	// first.
 	Head string
 	// Read reports that the buckets were read: Status and Tenants are
 	// their sums and tenant sets (as a capacity refusal's).

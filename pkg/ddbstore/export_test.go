@@ -1,9 +1,13 @@
 package ddbstore
 
-// ShardOf, HomeBucket and OwnerShard expose shardOf, homeBucket and
-// ownerShard to the tests.
+// ShardOf, HomeBucket, OwnerShard and QueueShardOf expose shardOf,
+// homeBucket, ownerShard and queueShardOf to the tests.
 var (
-	ShardOf    = shardOf
-	HomeBucket = homeBucket
-	OwnerShard = ownerShard
+	ShardOf      = shardOf
+	HomeBucket   = homeBucket
+	OwnerShard   = ownerShard
+	QueueShardOf = queueShardOf
 )
+
+// QueueShards is queueShards.
+const QueueShards = queueShards

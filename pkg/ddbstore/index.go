@@ -75,26 +75,62 @@ func statePKs(deployment string, s core.State) []string {
 	return append(pks, legacyStatePK(deployment, s))
 }
 
-// shardQuery pages one index partition key's entries in sort-key order.
+// shardQuery pages one partition key's items in sort-key order.
 type shardQuery struct {
 	p   *dynamodb.QueryPaginator
 	buf []map[string]types.AttributeValue
 }
 
-func (q *shardQuery) fill(ctx context.Context, s *Store, state core.State) error {
+func (q *shardQuery) fill(ctx context.Context, s *Store, what string) error {
 	for len(q.buf) == 0 && q.p.HasMorePages() {
 		cctx, cancel := s.ctx(ctx)
 		out, err := q.p.NextPage(cctx)
 		cancel()
 		if err != nil {
-			return unavailable("query "+string(state), err)
+			return unavailable(what, err)
 		}
 		q.buf = out.Items
 	}
 	return nil
 }
 
-func (q *shardQuery) head() string { return entrySK(q.buf[0]) }
+// eachMerged runs the queries ins (each over one partition key, in
+// sort-key order) and calls fn with their items merged in the order of
+// key, until fn returns false or every query is done. Every query's first
+// page is read in parallel; later pages as the merge reaches them.
+func (s *Store) eachMerged(ctx context.Context, what string, ins []*dynamodb.QueryInput, key func(map[string]types.AttributeValue) string, fn func(map[string]types.AttributeValue) bool) error {
+	qs := make([]*shardQuery, len(ins))
+	for i, in := range ins {
+		qs[i] = &shardQuery{p: dynamodb.NewQueryPaginator(s.db, in)}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(queryParallel)
+	for _, q := range qs {
+		g.Go(func() error { return q.fill(gctx, s, what) })
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for {
+		var next *shardQuery
+		for _, q := range qs {
+			if len(q.buf) > 0 && (next == nil || cmp.Less(key(q.buf[0]), key(next.buf[0]))) {
+				next = q
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		av := next.buf[0]
+		next.buf = next.buf[1:]
+		if !fn(av) {
+			return nil
+		}
+		if err := next.fill(ctx, s, what); err != nil {
+			return err
+		}
+	}
+}
 
 // eachInState calls fn with every index entry in state (sk, when not nil,
 // narrows the sort key) in sort-key order across the shards (oldest first:
@@ -108,7 +144,7 @@ func (s *Store) eachInState(ctx context.Context, state core.State, sk *expressio
 // eachInKeys is eachInState over the index partition keys pks (of state)
 // only.
 func (s *Store) eachInKeys(ctx context.Context, pks []string, state core.State, sk *expression.KeyConditionBuilder, page int32, fn func(map[string]types.AttributeValue) bool) error {
-	qs := make([]*shardQuery, len(pks))
+	ins := make([]*dynamodb.QueryInput, len(pks))
 	for i, pk := range pks {
 		kc := expression.Key(AttrGSI1PK).Equal(expression.Value(pk))
 		if sk != nil {
@@ -118,41 +154,14 @@ func (s *Store) eachInKeys(ctx context.Context, pks []string, state core.State, 
 		if err != nil {
 			return err
 		}
-		in := &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+		ins[i] = &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
 			KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
 			ExpressionAttributeValues: expr.Values()}
 		if page > 0 {
-			in.Limit = aws.Int32(page)
-		}
-		qs[i] = &shardQuery{p: dynamodb.NewQueryPaginator(s.db, in)}
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(queryParallel)
-	for _, q := range qs {
-		g.Go(func() error { return q.fill(gctx, s, state) })
-	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	for {
-		var next *shardQuery
-		for _, q := range qs {
-			if len(q.buf) > 0 && (next == nil || cmp.Less(q.head(), next.head())) {
-				next = q
-			}
-		}
-		if next == nil {
-			return nil
-		}
-		av := next.buf[0]
-		next.buf = next.buf[1:]
-		if !fn(av) {
-			return nil
-		}
-		if err := next.fill(ctx, s, state); err != nil {
-			return err
+			ins[i].Limit = aws.Int32(page)
 		}
 	}
+	return s.eachMerged(ctx, "query "+string(state), ins, entrySK, fn)
 }
 
 // recordsInState lists up to limit records in state (sk narrowing the

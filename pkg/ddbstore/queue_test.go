@@ -99,6 +99,22 @@ func (f *queueFixture) poll(tk core.Ticket) core.TicketState {
 	return ts
 }
 
+// takeAndFree takes the slot granted to tk with a reservation, then
+// frees the reservation (no dispatch), and returns the slot's bucket.
+func (f *queueFixture) takeAndFree(tk core.Ticket, now time.Time) int {
+	f.t.Helper()
+	ts := f.poll(tk)
+	key := core.ThreadKey{Tenant: tk.Tenant, User: "u", Thread: tk.ID}
+	if err := f.s.Reserve(context.Background(), core.Reservation{Token: "res-" + tk.ID, ThreadKey: key, Limit: f.limit,
+		Now: now, ExpiresAt: now.Add(time.Minute), Grant: &ts.Grant}); err != nil {
+		f.t.Fatalf("take %s's grant: %v", tk.ID, err)
+	}
+	if err := f.s.FreeReservation(context.Background(), "res-"+tk.ID, key); err != nil {
+		f.t.Fatalf("free %s's reservation: %v", tk.ID, err)
+	}
+	return ts.Grant.Bucket
+}
+
 // counts sums the buckets' raw used and granted counts.
 func (f *queueFixture) counts() (used, granted int) {
 	f.t.Helper()
@@ -183,16 +199,7 @@ func TestEnterWaitRounds(t *testing.T) {
 		}
 		tk := held[res.Granted[0].ID]
 		got = append(got, tk.ID)
-		ts := f.poll(tk)
-		key := core.ThreadKey{Tenant: tk.Tenant, User: "u", Thread: tk.ID}
-		if err := f.s.Reserve(context.Background(), core.Reservation{Token: "res-" + tk.ID, ThreadKey: key, Limit: f.limit,
-			Now: now, ExpiresAt: now.Add(time.Minute), Grant: &ts.Grant}); err != nil {
-			t.Fatalf("take %s's grant: %v", tk.ID, err)
-		}
-		if err := f.s.FreeReservation(context.Background(), "res-"+tk.ID, key); err != nil {
-			t.Fatal(err)
-		}
-		bucket = ts.Grant.Bucket
+		bucket = f.takeAndFree(tk, now)
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("service order %v, want %v", got, want)

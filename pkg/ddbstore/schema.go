@@ -12,8 +12,10 @@
 //	USR#<deployment>#<tenant>#<user>  slots held by one user ("used"), for SANDBOX_MAX_PER_USER
 //	TEN#<deployment>#<tenant>     slots held by one tenant ("used"), for SANDBOX_MAX_PER_TENANT
 //	WTR#<deployment>#<tenant>#<n> waiter place n of a tenant ("ticket", "until", "round", "qkey"), for SANDBOX_MAX_WAITERS_PER_TENANT
-//	WQ#<deployment>               the wait queue: one item per ticket, sk = "<round>#<arrival ms>#<ticket>"
-//	                              ("state" waiting|granted, "until", "bucket", "grant_until"; see waiters.go)
+//	WQ#<deployment>#<n>           wait queue shard n (n = FNV-1a(ticket) mod 8): one item per ticket,
+//	                              sk = "<round>#<arrival ms>#<ticket>" ("state" waiting|granted, "until",
+//	                              "bucket", "grant_until"; see waiters.go); WQ#<deployment>, the
+//	                              unsharded queue older versions wrote, is still read by reconcile
 //	PAU#<deployment>              paused slots held ("used"), for SANDBOX_MAX_PAUSED (paused.go)
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and

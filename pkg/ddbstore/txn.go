@@ -145,7 +145,7 @@ func failedItems(reasons []types.CancellationReason, items []types.TransactWrite
 
 // itemPK is the partition key of the item a transaction item writes or
 // checks, followed by "\x00" and its sort key when that is not sortKey
-// (the wait queue's tickets share one partition).
+// (the wait queue's tickets share their shard's partition).
 func itemPK(it types.TransactWriteItem) string {
 	var key map[string]types.AttributeValue
 	switch {

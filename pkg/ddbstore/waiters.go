@@ -23,14 +23,19 @@ import (
 //	    (SANDBOX_MAX_WAITERS_PER_TENANT): "ticket", "until" (Unix ms: the
 //	    place lapses then, whoever holds it), "round" and "qkey" (the
 //	    ticket's round and sort key in the queue)
-//	WQ#<deployment>  (sk = the fair key) one ticket: "tenant", "ticket",
+//	WQ#<deployment>#<n>  (sk = the fair key) one ticket, in queue shard n
+//	    (a hash of the ticket): "tenant", "ticket",
 //	    "place", "until" (Unix ms: a waiting ticket lapses then),
 //	    "state" waiting|granted and, once granted, "bucket" and
 //	    "grant_until" (Unix ms: the grant lapses then)
 //
 // The fair key is "<round, 10 digits>#<arrival, Unix ms, 15 digits>#<ticket>",
-// so one strongly consistent Query of the queue's partition reads it in
-// service order. A granted ticket's slot is held in trust in its bucket
+// so the queue's shards, queried in parallel and merged by key, read it in
+// service order. The queue is spread over queueShards partitions because
+// every waited acquire writes its ticket three times (queued, granted,
+// taken: six write units in transactions), which one partition takes
+// about 160 times a second; the shards take queueShards times that, and
+// cost a read of the head queueShards small Queries instead of one. A granted ticket's slot is held in trust in its bucket
 // ("used" and "granted" count it), so no other acquire takes it; the
 // waiter's reservation (or resume claim) takes it over, deleting the
 // ticket and its place, in one transaction. Queue items carry no TTL:
@@ -42,8 +47,42 @@ func waiterPK(deployment, tenant string, place int) string {
 	return "WTR#" + deployment + "#" + tenant + "#" + strconv.Itoa(place)
 }
 
-// queuePK is the partition of the deployment's wait queue.
-func queuePK(deployment string) string { return "WQ#" + deployment }
+// queueShards is how many partitions the wait queue spreads over. Fixed:
+// a ticket is found under the shard it was written to only while this is
+// unchanged (a ticket lives no longer than one acquire's wait, so a change
+// would strand only the tickets of one upgrade's moment, which reconcile
+// still reads through the legacy partition, below).
+const queueShards = 8
+
+// queuePK is the partition of the wait queue's shard n.
+func queuePK(deployment string, n int) string {
+	return legacyQueuePK(deployment) + "#" + strconv.Itoa(n)
+}
+
+// legacyQueuePK is the one partition the queue had before it was spread:
+// reconcile's dispatch and the whole-queue walks still read it, so a
+// ticket an older version queued is served, or its grant passed on.
+func legacyQueuePK(deployment string) string { return "WQ#" + deployment }
+
+// queueShardOf is ticket id's queue shard: FNV-1a of the id, modulo
+// queueShards.
+func queueShardOf(id string) int { return int(hashOf(id) % queueShards) }
+
+// ticketPK is the partition of ticket id's shard.
+func (s *Store) ticketPK(id string) string { return queuePK(s.deployment, queueShardOf(id)) }
+
+// queuePKs lists the queue's partitions: the shards, and with legacy the
+// legacy partition.
+func (s *Store) queuePKs(legacy bool) []string {
+	pks := make([]string, 0, queueShards+1)
+	for n := range queueShards {
+		pks = append(pks, queuePK(s.deployment, n))
+	}
+	if legacy {
+		pks = append(pks, legacyQueuePK(s.deployment))
+	}
+	return pks
+}
 
 // fairKey is a ticket's sort key in the queue.
 func fairKey(round int, arrived time.Time, ticket string) string {
@@ -113,34 +152,72 @@ func (t ticketItem) live(now time.Time) bool {
 	return ms(now) < t.Until
 }
 
-// ticketID names a ticket in a transaction's failed items (see itemPK).
-func (s *Store) ticketID(key string) string { return queuePK(s.deployment) + "\x00" + key }
+// ticketID names the ticket stored as (pk, key) in a transaction's
+// failed items (see itemPK).
+func ticketID(pk, key string) string { return pk + "\x00" + key }
 
-func (s *Store) ticketKey(key string) map[string]types.AttributeValue {
-	return keySK(queuePK(s.deployment), key)
+// headRead is what a read of the queue's head reads.
+type headRead struct {
+	// limit bounds the tickets read (0: the whole queue).
+	limit int
+	// eventual reads eventually consistent (half the units; may miss the
+	// latest writes, which every write's condition then finds).
+	eventual bool
+	// legacy reads the legacy partition too.
+	legacy bool
 }
 
-// queueHead reads up to limit tickets from the head of the queue, in
-// service order (strongly consistent unless eventual).
-func (s *Store) queueHead(ctx context.Context, limit int32, eventual bool) ([]ticketItem, error) {
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	cond := "pk = :pk"
-	out, err := s.db.Query(ctx, &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
-		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: queuePK(s.deployment)}},
-		ConsistentRead:            aws.Bool(!eventual), Limit: aws.Int32(limit)})
-	if err != nil {
-		return nil, unavailable("query wait queue", err)
-	}
-	q := make([]ticketItem, 0, len(out.Items))
-	for _, av := range out.Items {
-		var t ticketItem
-		if err := attributevalue.UnmarshalMap(av, &t); err != nil {
-			return nil, fmt.Errorf("decode ticket: %w", err)
+// queueHead reads the first r.limit tickets of the queue in service
+// order: every shard's head in parallel (each read a page of about its
+// share), merged by fair key.
+func (s *Store) queueHead(ctx context.Context, r headRead) ([]ticketItem, error) {
+	var q []ticketItem
+	var derr error
+	err := s.eachTicketIn(ctx, r, func(t ticketItem, err error) bool {
+		if err != nil {
+			derr = err
+			return false
 		}
 		q = append(q, t)
+		return r.limit == 0 || len(q) < r.limit
+	})
+	if err == nil {
+		err = derr
 	}
-	return q, nil
+	return q, err
+}
+
+// eachTicketIn calls fn with the tickets r reads, in service order, until
+// fn returns false.
+func (s *Store) eachTicketIn(ctx context.Context, r headRead, fn func(ticketItem, error) bool) error {
+	pks := s.queuePKs(r.legacy)
+	ins := make([]*dynamodb.QueryInput, len(pks))
+	cond := "pk = :pk"
+	for i, pk := range pks {
+		ins[i] = &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
+			ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: pk}},
+			ConsistentRead:            aws.Bool(!r.eventual)}
+		if r.limit > 0 {
+			// A shard's share of the head, and a little more: the merge
+			// reads a further page of a shard only when it gets that far.
+			ins[i].Limit = aws.Int32(int32(r.limit/queueShards + 2))
+		}
+	}
+	return s.eachMerged(ctx, "query wait queue", ins, itemSK, func(av map[string]types.AttributeValue) bool {
+		var t ticketItem
+		if err := attributevalue.UnmarshalMap(av, &t); err != nil {
+			return fn(t, fmt.Errorf("decode ticket: %w", err))
+		}
+		return fn(t, nil)
+	})
+}
+
+// itemSK is an item's sort key.
+func itemSK(av map[string]types.AttributeValue) string {
+	if sk, ok := av[AttrSK].(*types.AttributeValueMemberS); ok {
+		return sk.Value
+	}
+	return ""
 }
 
 // EnterWait reads the tenant's w.Max places (one BatchGetItem) and the
@@ -177,7 +254,7 @@ func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, erro
 			latest = max(latest, *p.Round)
 		}
 	}
-	head, err := s.queueHead(ctx, queueScan, false)
+	head, err := s.queueHead(ctx, headRead{limit: queueScan})
 	if err != nil {
 		return core.Ticket{}, err
 	}
@@ -229,7 +306,7 @@ func (s *Store) enqueue(ctx context.Context, w core.Waiter, t core.Ticket) (map[
 	if err != nil {
 		return nil, fmt.Errorf("enter wait: %w", err)
 	}
-	ticket, err := attributevalue.MarshalMap(ticketItem{PK: queuePK(s.deployment), SK: t.Key, Tenant: t.Tenant, Ticket: t.ID,
+	ticket, err := attributevalue.MarshalMap(ticketItem{PK: s.ticketPK(t.ID), SK: t.Key, Tenant: t.Tenant, Ticket: t.ID,
 		Place: t.Place, Arrived: ms(w.Now), Until: ms(w.Until), State: ticketWaiting})
 	if err != nil {
 		return nil, fmt.Errorf("enter wait: %w", err)
@@ -243,25 +320,44 @@ func (s *Store) enqueue(ctx context.Context, w core.Waiter, t core.Ticket) (map[
 	})
 }
 
-// PollTicket reads the ticket (one strongly consistent GetItem).
+// PollTicket reads the ticket: one eventually consistent GetItem (half a
+// read unit: waiters poll often, and a grant lasts long enough for the
+// next poll to see it), and a strongly consistent one when the first finds
+// no ticket (it may have missed one queued a moment before: gone must be
+// certain, since the waiter then queues anew). A stale read can show a
+// grant since passed on; the take, conditional on the grant, then fails
+// with ErrGrantLost.
 func (s *Store) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState, error) {
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.ticketKey(t.Key), ConsistentRead: aws.Bool(true)})
-	if err != nil {
-		return core.TicketState{}, unavailable("poll ticket", err)
+	item, err := s.getTicket(ctx, t, false)
+	if err == nil && len(item) == 0 {
+		item, err = s.getTicket(ctx, t, true)
 	}
-	if len(out.Item) == 0 {
+	if err != nil {
+		return core.TicketState{}, err
+	}
+	if len(item) == 0 {
 		return core.TicketState{Gone: true}, nil
 	}
 	var it ticketItem
-	if err := attributevalue.UnmarshalMap(out.Item, &it); err != nil {
+	if err := attributevalue.UnmarshalMap(item, &it); err != nil {
 		return core.TicketState{}, fmt.Errorf("decode ticket: %w", err)
 	}
 	if !it.granted() {
 		return core.TicketState{Draining: it.Draining}, nil
 	}
 	return core.TicketState{Granted: true, Grant: core.Grant{Ticket: it.ticket(), Bucket: it.Bucket, Until: fromMS(it.GrantUntil)}}, nil
+}
+
+// getTicket reads t's item (nil when there is none).
+func (s *Store) getTicket(ctx context.Context, t core.Ticket, consistent bool) (map[string]types.AttributeValue, error) {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: keySK(s.ticketPK(t.ID), t.Key),
+		ConsistentRead: aws.Bool(consistent)})
+	if err != nil {
+		return nil, unavailable("poll ticket", err)
+	}
+	return out.Item, nil
 }
 
 // placeDelete is the transaction item giving back ticket t's place (if t
@@ -273,9 +369,9 @@ func (s *Store) placeDelete(t core.Ticket) types.TransactWriteItem {
 		ExpressionAttributeValues: map[string]types.AttributeValue{":ticket": &types.AttributeValueMemberS{Value: t.ID}}}}
 }
 
-// ticketDelete is the transaction item deleting the ticket stored under
-// key if it is in state (granted: to bucket, until grantUntil when not 0).
-func (s *Store) ticketDelete(key, state string, bucket int, grantUntil int64) (types.TransactWriteItem, error) {
+// ticketDelete is the transaction item deleting the ticket stored as (pk,
+// key) if it is in state (granted: to bucket, until grantUntil when not 0).
+func (s *Store) ticketDelete(pk, key, state string, bucket int, grantUntil int64) (types.TransactWriteItem, error) {
 	cond := expression.Name("state").Equal(expression.Value(state))
 	if state == ticketGranted {
 		cond = cond.And(expression.Name("bucket").Equal(expression.Value(bucket)))
@@ -287,14 +383,14 @@ func (s *Store) ticketDelete(key, state string, bucket int, grantUntil int64) (t
 	if err != nil {
 		return types.TransactWriteItem{}, err
 	}
-	return types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table, Key: s.ticketKey(key),
+	return types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table, Key: keySK(pk, key),
 		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
 }
 
 // grantUpdate is the transaction item granting bucket b's slot to the
-// waiting ticket stored under key, until grantUntil.
-func (s *Store) grantUpdate(key string, b int, grantUntil int64) (types.TransactWriteItem, error) {
+// waiting ticket t, until grantUntil.
+func (s *Store) grantUpdate(t ticketItem, b int, grantUntil int64) (types.TransactWriteItem, error) {
 	expr, err := expression.NewBuilder().
 		WithCondition(expression.Name("state").Equal(expression.Value(ticketWaiting))).
 		WithUpdate(expression.Set(expression.Name("state"), expression.Value(ticketGranted)).
@@ -303,7 +399,7 @@ func (s *Store) grantUpdate(key string, b int, grantUntil int64) (types.Transact
 	if err != nil {
 		return types.TransactWriteItem{}, err
 	}
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.ticketKey(key),
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: keySK(t.PK, t.SK),
 		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
 		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
 }
@@ -319,7 +415,7 @@ func (s *Store) trustRelease(b int) (types.TransactWriteItem, error) {
 // ticket after it, or frees it when next is nil, in one transaction; with
 // place set, g's place is given back too. It reports the failed items.
 func (s *Store) passOn(ctx context.Context, g ticketItem, next *ticketItem, now time.Time, grantFor time.Duration, place bool) (map[string]types.CancellationReason, error) {
-	del, err := s.ticketDelete(g.SK, ticketGranted, g.Bucket, g.GrantUntil)
+	del, err := s.ticketDelete(g.PK, g.SK, ticketGranted, g.Bucket, g.GrantUntil)
 	if err != nil {
 		return nil, fmt.Errorf("pass grant on: %w", err)
 	}
@@ -329,7 +425,7 @@ func (s *Store) passOn(ctx context.Context, g ticketItem, next *ticketItem, now 
 	}
 	var it types.TransactWriteItem
 	if next != nil {
-		it, err = s.grantUpdate(next.SK, g.Bucket, ms(now.Add(grantFor)))
+		it, err = s.grantUpdate(*next, g.Bucket, ms(now.Add(grantFor)))
 	} else {
 		it, err = s.trustRelease(g.Bucket)
 	}
@@ -350,13 +446,13 @@ func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUn
 	if err != nil {
 		return fmt.Errorf("grant: %w", err)
 	}
-	grant, err := s.grantUpdate(t.SK, b, grantUntil)
+	grant, err := s.grantUpdate(t, b, grantUntil)
 	if err != nil {
 		return fmt.Errorf("grant: %w", err)
 	}
 	failed, err := s.writeTxn(ctx, "grant", []types.TransactWriteItem{bucket, grant})
 	switch {
-	case has(failed, s.ticketID(t.SK)):
+	case has(failed, ticketID(t.PK, t.SK)):
 		return fmt.Errorf("grant ticket %s: %w", t.Ticket, core.ErrConflict)
 	case has(failed, bucketPK(s.deployment, b)):
 		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, limit)
@@ -370,7 +466,7 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
 	cond := "#state = :waiting AND #until = :until"
-	_, err := s.db.DeleteItem(cctx, &dynamodb.DeleteItemInput{TableName: &s.table, Key: s.ticketKey(t.SK),
+	_, err := s.db.DeleteItem(cctx, &dynamodb.DeleteItemInput{TableName: &s.table, Key: keySK(t.PK, t.SK),
 		ConditionExpression:      &cond,
 		ExpressionAttributeNames: map[string]string{"#state": "state", "#until": "until"},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
@@ -383,7 +479,8 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 	return nil
 }
 
-// Dispatch reads the queue's head (one strongly consistent Query) and
+// Dispatch reads the queue's head (its shards' heads, strongly
+// consistent, merged; with d.Scan the legacy partition too) and
 // serves it in order: lapsed waiting tickets are deleted, lapsed grants
 // passed on to the first live waiting tickets (or their slots freed),
 // then each live waiting ticket in turn is granted a slot of a bucket
@@ -392,17 +489,30 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // lost to a peer (a ticket or grant that moved) reads the head again, up
 // to dispatchAttempts times. The first read of a free's dispatch (d.Bucket
 // set) is eventually consistent and short (freeScan): every free reads
-// the queue's one partition, at half a read unit; a ticket it misses is served by its
+// every shard, at half a read unit each; a ticket it misses is served by its
 // own dispatch or the head's next turn, and every write is conditional on
 // what it read, so a stale read only loses a race.
+//
+// A waiter's turn (d.Self set, no bucket, no scan) first reads only its
+// own shard: when a live waiting ticket is ahead of it there, it is not
+// the queue's head, and the turn only removes the lapsed tickets it saw
+// (Head is then that ticket). So the turns of W waiters read each shard
+// about W/queueShards times plus once per shard head, not W times.
 func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchResult, error) {
 	var res core.DispatchResult
-	for attempt := range dispatchAttempts {
-		limit, eventual := int32(queueScan), attempt == 0 && d.Bucket >= 0
-		if eventual {
-			limit = freeScan
+	if d.Self != "" && d.Bucket < 0 && !d.Scan {
+		ahead, err := s.aheadInShard(ctx, d, &res)
+		if err != nil || ahead != "" {
+			res.Head = ahead
+			return res, err
 		}
-		q, err := s.queueHead(ctx, limit, eventual)
+	}
+	for attempt := range dispatchAttempts {
+		r := headRead{limit: queueScan, eventual: attempt == 0 && d.Bucket >= 0, legacy: d.Scan}
+		if r.eventual {
+			r.limit = freeScan
+		}
+		q, err := s.queueHead(ctx, r)
 		if err != nil {
 			return res, err
 		}
@@ -412,6 +522,43 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 		}
 	}
 	return res, nil
+}
+
+// aheadInShard reads the head of d.Self's shard and returns the first
+// live waiting ticket there when it is not d.Self ("" when it is, or when
+// the read cannot tell: d.Self further than the page, or a lapsed grant
+// ahead, which only a read of the whole head can pass on in order). The
+// lapsed waiting tickets ahead are removed.
+func (s *Store) aheadInShard(ctx context.Context, d core.Dispatch, res *core.DispatchResult) (string, error) {
+	pk := s.ticketPK(d.Self)
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	cond := "pk = :pk"
+	out, err := s.db.Query(ctx, &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: pk}},
+		ConsistentRead:            aws.Bool(true), Limit: aws.Int32(queueScan/queueShards + 2)})
+	if err != nil {
+		return "", unavailable("query wait queue shard", err)
+	}
+	for _, av := range out.Items {
+		var t ticketItem
+		if err := attributevalue.UnmarshalMap(av, &t); err != nil {
+			return "", fmt.Errorf("decode ticket: %w", err)
+		}
+		switch {
+		case t.Ticket == d.Self, t.granted() && !t.live(d.Now):
+			return "", nil
+		case t.granted():
+		case t.live(d.Now):
+			return t.Ticket, nil
+		default:
+			if err := s.dropTicket(ctx, t); err != nil {
+				return "", err
+			}
+			res.Cleaned++
+		}
+	}
+	return "", nil
 }
 
 // dispatch is one Dispatch pass over q; again: a race was lost, read again.
@@ -531,13 +678,14 @@ func roomIn(room map[int]int) (int, bool) {
 // head; the next ticket holds it for grantFor); a ticket already gone
 // only gives back the place.
 func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, grantFor time.Duration) error {
+	pk := s.ticketPK(t.ID)
 	for attempt := 0; ; attempt++ {
-		del, err := s.ticketDelete(t.Key, ticketWaiting, 0, 0)
+		del, err := s.ticketDelete(pk, t.Key, ticketWaiting, 0, 0)
 		if err != nil {
 			return fmt.Errorf("leave wait: %w", err)
 		}
 		failed, err := s.writeTxn(ctx, "leave wait", []types.TransactWriteItem{del, s.placeDelete(t)})
-		r, ticketFailed := failed[s.ticketID(t.Key)]
+		r, ticketFailed := failed[ticketID(pk, t.Key)]
 		switch {
 		case len(failed) == 0:
 			return err
@@ -553,7 +701,7 @@ func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, gra
 		if !it.granted() || attempt >= dispatchAttempts {
 			return fmt.Errorf("leave wait: ticket %s: %w", t.ID, core.ErrConflict)
 		}
-		q, err := s.queueHead(ctx, queueScan, false)
+		q, err := s.queueHead(ctx, headRead{limit: queueScan})
 		if err != nil {
 			return err
 		}
@@ -578,7 +726,7 @@ func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, gra
 
 // dropOwnTicket deletes t's ticket if it is still waiting.
 func (s *Store) dropOwnTicket(ctx context.Context, t core.Ticket) error {
-	del, err := s.ticketDelete(t.Key, ticketWaiting, 0, 0)
+	del, err := s.ticketDelete(s.ticketPK(t.ID), t.Key, ticketWaiting, 0, 0)
 	if err != nil {
 		return fmt.Errorf("leave wait: %w", err)
 	}
@@ -616,7 +764,7 @@ func (s *Store) slotTake(b, limit int, state core.State, tenant string, g *core.
 	if err != nil {
 		return nil, err
 	}
-	del, err := s.ticketDelete(g.Ticket.Key, ticketGranted, g.Bucket, 0)
+	del, err := s.ticketDelete(s.ticketPK(g.Ticket.ID), g.Ticket.Key, ticketGranted, g.Bucket, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -626,7 +774,7 @@ func (s *Store) slotTake(b, limit int, state core.State, tenant string, g *core.
 // grantFailed reports whether a take with grant g failed because g's
 // ticket no longer holds it (or its place was taken again).
 func (s *Store) grantFailed(failed map[string]types.CancellationReason, g *core.Grant) bool {
-	return g != nil && (has(failed, s.ticketID(g.Ticket.Key)) || has(failed, waiterPK(s.deployment, g.Ticket.Tenant, g.Ticket.Place)))
+	return g != nil && (has(failed, ticketID(s.ticketPK(g.Ticket.ID), g.Ticket.Key)) || has(failed, waiterPK(s.deployment, g.Ticket.Tenant, g.Ticket.Place)))
 }
 
 // takeSlotOrGrant is takeSlot, or with a grant one take in the grant's
@@ -638,31 +786,22 @@ func (s *Store) takeSlotOrGrant(ctx context.Context, limit, home int, g *core.Gr
 	return s.takeSlot(ctx, limit, home, take)
 }
 
-// eachTicket calls fn with every ticket of the queue, in service order
-// (strongly consistent), until fn returns an error.
+// eachTicket calls fn with every ticket of the queue (its shards and
+// the legacy partition), in service order (strongly consistent), until fn
+// returns an error.
 func (s *Store) eachTicket(ctx context.Context, fn func(ticketItem) error) error {
-	cond := "pk = :pk"
-	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
-		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: queuePK(s.deployment)}},
-		ConsistentRead:            aws.Bool(true)})
-	for p.HasMorePages() {
-		cctx, cancel := s.ctx(ctx)
-		page, err := p.NextPage(cctx)
-		cancel()
-		if err != nil {
-			return unavailable("query wait queue", err)
+	var ferr error
+	err := s.eachTicketIn(ctx, headRead{legacy: true}, func(t ticketItem, err error) bool {
+		if err == nil {
+			err = fn(t)
 		}
-		for _, av := range page.Items {
-			var t ticketItem
-			if err := attributevalue.UnmarshalMap(av, &t); err != nil {
-				return fmt.Errorf("decode ticket: %w", err)
-			}
-			if err := fn(t); err != nil {
-				return err
-			}
-		}
+		ferr = err
+		return err == nil
+	})
+	if err != nil {
+		return err
 	}
-	return nil
+	return ferr
 }
 
 // markDraining marks every waiting ticket draining (SetDraining): their
@@ -675,7 +814,7 @@ func (s *Store) markDraining(ctx context.Context) error {
 		cctx, cancel := s.ctx(ctx)
 		defer cancel()
 		cond, upd := "#state = :waiting", "SET draining = :true"
-		_, err := s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.ticketKey(t.SK),
+		_, err := s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: keySK(t.PK, t.SK),
 			ConditionExpression: &cond, UpdateExpression: &upd, ExpressionAttributeNames: map[string]string{"#state": "state"},
 			ExpressionAttributeValues: map[string]types.AttributeValue{
 				":waiting": &types.AttributeValueMemberS{Value: ticketWaiting}, ":true": &types.AttributeValueMemberBOOL{Value: true}}})
