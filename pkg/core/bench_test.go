@@ -351,7 +351,8 @@ func BenchmarkAcquireDynamoDBCalls(b *testing.B) {
 	})
 	b.Run("evict-then-create-wait-policy", func(b *testing.B) {
 		// The same under the wait policy: the free is followed by a
-		// dispatch of the wait queue (one Query when nobody waits).
+		// dispatch of the wait queue (a Query of each of its shards when
+		// nobody waits).
 		eng, c, _, _ := benchEngine(b, func(s *core.Settings) { s.Replicas, s.Policy = 1, core.PolicyWait })
 		prev := mustAcquire(b, eng, key("t-first"), core.SourceCreated)
 		measure(b, c, func(int) { release(b, eng, prev.SandboxID) },
