@@ -238,9 +238,13 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		}
 		if errors.Is(err, ErrGrantLost) {
 			// The grant lapsed and was passed on before it was taken:
-			// leave the queue (what is still ours) and try again, as a
-			// new arrival if the deployment is still full.
+			// leave the queue (what is still ours) and try again at once,
+			// as a new arrival. Nothing to back off from, and no busy
+			// loop (no grant is held until the next wait); past the
+			// deadline the attempt's refusal is the capacity refusal a
+			// waiter that timed out gets, never the lost grant.
 			e.leaveWait(ctx, st)
+			continue
 		}
 		wait := backoff(attempt)
 		var ce *CapacityError

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
 // waitNotes collects a wait observer's notes and signals each.
@@ -308,5 +309,122 @@ func TestLapsedGrantGivesBackThePlace(t *testing.T) {
 	stop()
 	if err := <-waited; !errors.Is(err, context.Canceled) {
 		t.Errorf("slow waiter after cancel = %v, want cancelled", err)
+	}
+}
+
+// heldTakes is a store whose takes of a grant (a reservation or resume
+// claim carrying one) wait until open is closed: a waiter too slow to
+// take the slot granted to it in time. taking hears each take held.
+type heldTakes struct {
+	*ddbstore.Store
+	taking chan struct{}
+	open   chan struct{}
+}
+
+func (h heldTakes) hold(ctx context.Context, g *core.Grant) error {
+	if g == nil {
+		return nil
+	}
+	select {
+	case h.taking <- struct{}{}:
+	default:
+	}
+	select {
+	case <-h.open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (h heldTakes) Reserve(ctx context.Context, r core.Reservation) error {
+	if err := h.hold(ctx, r.Grant); err != nil {
+		return err
+	}
+	return h.Store.Reserve(ctx, r)
+}
+
+func (h heldTakes) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Record, error) {
+	if err := h.hold(ctx, r.Grant); err != nil {
+		return core.Record{}, err
+	}
+	return h.Store.ClaimResume(ctx, r)
+}
+
+// TestGrantLostAtTheDeadlineIsACapacityRefusal: a waiter granted a slot
+// is too slow to take it: by the time its take (a create's reservation,
+// a paused sandbox's resume claim) is written, the grant has lapsed and
+// been passed on, another acquire has taken the slot, and the wait's
+// deadline has come. The acquire is refused as a waiter that timed out
+// is (429, reason capacity), not failed with the store's lost grant, and
+// leaves nothing held in the queue.
+func TestGrantLostAtTheDeadlineIsACapacityRefusal(t *testing.T) {
+	tests := []struct {
+		name string
+		// prep leaves the waiter's thread as the take needs it.
+		prep func(t *testing.T, h *harness)
+	}{
+		{"reservation", func(*testing.T, *harness) {}},
+		{"resume claim", func(t *testing.T, h *harness) { h.pauseThread(t, "slow") }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			const timeout = time.Minute
+			settings := func(s *core.Settings) {
+				s.Replicas, s.Policy, s.AcquireTimeout, s.MaxWaitersPerTenant = 1, core.PolicyWait, timeout, 1
+			}
+			notes := newWaitNotes()
+			h := newPauseHarness(t, settings, core.WithSleep(pollSleep))
+			tc.prep(t, h)
+			s := core.DefaultSettings()
+			s.Deployment = "test"
+			settings(&s)
+			held := heldTakes{h.store, make(chan struct{}, 1), make(chan struct{})}
+			slow, err := core.New(s, held, h.prov, h.sync, core.WithClock(h.clock.now), core.WithSleep(pollSleep),
+				core.WithWaitObserver(notes.observe))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			holder := h.acquire(t, key("hold"), core.SourceCreated) // the only running slot
+
+			waited := make(chan error, 1)
+			go func() { _, err := slow.Acquire(ctx, key("slow")); waited <- err }()
+			notes.next(t, core.WaitEnqueued)
+			// Parked, the holder is evicted by the waiter's turn and its
+			// slot granted to the waiter, which then takes it: held.
+			if _, err := h.eng.Release(ctx, "acme", holder.SandboxID); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-held.taking:
+			case err := <-waited:
+				t.Fatalf("the waiter returned %v before taking a grant", err)
+			case <-time.After(time.Minute):
+				t.Fatal("the waiter took no grant within a minute")
+			}
+			// Past the grant's term and the wait's deadline: a dispatch
+			// frees the lapsed grant's slot (nobody else waits) and another
+			// acquire takes it.
+			h.clock.advance(2 * timeout)
+			if res, err := h.store.Dispatch(ctx, core.Dispatch{Now: h.clock.now(), Limit: 1, Bucket: -1, Scan: true,
+				GrantFor: 5 * time.Second}); err != nil || res.Cleaned != 1 {
+				t.Fatalf("dispatch = %+v, %v; want the lapsed grant cleaned", res, err)
+			}
+			h.acquire(t, key("next"), core.SourceCreated)
+			close(held.open)
+
+			err = <-waited
+			var ce *core.CapacityError
+			if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity || ce.RetryAfter <= 0 {
+				t.Fatalf("slow waiter = %v; want a capacity refusal with a Retry-After", err)
+			}
+			if errors.Is(err, core.ErrGrantLost) {
+				t.Errorf("slow waiter = %v; want the refusal alone, not the lost grant", err)
+			}
+			if c := h.capacity(t); c.Used != 1 || c.Granted != 0 {
+				t.Errorf("capacity after the refusal = %+v; want the one slot used by the next acquire, none in trust", c)
+			}
+		})
 	}
 }
