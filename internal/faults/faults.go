@@ -2,8 +2,9 @@
 // (the provider's control plane and envd, DynamoDB, S3) for tests. A
 // Transport is an http.RoundTripper placed in a client's http.Client: for
 // a request an armed rule matches, it fails, stalls past the caller's
-// timeout, cuts the response, or applies the request and loses the reply;
-// every other request passes through untouched.
+// timeout, cuts the response, or applies the request and loses the reply
+// (or, no fault, holds it until the rule is disarmed); every other
+// request passes through untouched.
 package faults
 
 import (
@@ -33,6 +34,12 @@ const (
 	// Lost sends the request and loses the reply (the connection drops
 	// after the dependency applied it).
 	Lost Kind = "lost"
+	// Hold holds the request, unsent, until the rule is disarmed, then
+	// sends it (or fails it with its context's error if that ends
+	// first): a caller too slow, not a fault, so not among Kinds. Placed
+	// under another Transport, it holds some calls while that one faults
+	// others.
+	Hold Kind = "hold"
 )
 
 // Kinds lists every fault kind.
@@ -61,6 +68,8 @@ type Transport struct {
 	mu     sync.Mutex
 	choose func(Request) (Kind, bool)
 	hits   int
+	// released is closed by Disarm: held requests go on.
+	released chan struct{}
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -75,15 +84,26 @@ func (t *Transport) Arm(kind Kind, m Match) {
 func (t *Transport) ArmFunc(choose func(Request) (Kind, bool)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.choose, t.hits = choose, 0
+	t.release()
+	t.choose, t.hits, t.released = choose, 0, make(chan struct{})
 }
 
-// Disarm stops injecting and returns how many requests the rule hit.
+// Disarm stops injecting, lets held requests go on and returns how many
+// requests the rule hit.
 func (t *Transport) Disarm() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.release()
 	t.choose = nil
 	return t.hits
+}
+
+// release lets the requests held so far go on (t.mu held).
+func (t *Transport) release() {
+	if t.released != nil {
+		close(t.released)
+		t.released = nil
+	}
 }
 
 // Hits reports how many requests the armed rule hit so far.
@@ -103,7 +123,7 @@ func (t *Transport) next() http.RoundTripper {
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.mu.Lock()
-	choose := t.choose
+	choose, released := t.choose, t.released
 	t.mu.Unlock()
 	if choose == nil {
 		return t.next().RoundTrip(req)
@@ -133,6 +153,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	case Stall:
 		<-req.Context().Done()
 		return nil, req.Context().Err()
+	case Hold:
+		select {
+		case <-released:
+			return t.next().RoundTrip(req)
+		case <-req.Context().Done():
+			return nil, req.Context().Err()
+		}
 	case Lost:
 		resp, err := t.next().RoundTrip(req)
 		if err != nil {
@@ -193,6 +220,11 @@ func PathContains(method, part string) Match {
 // BodyContains narrows m to requests whose body contains part.
 func BodyContains(m Match, part string) Match {
 	return func(r Request) bool { return m(r) && bytes.Contains(r.Body, []byte(part)) }
+}
+
+// BodyLacks narrows m to requests whose body does not contain part.
+func BodyLacks(m Match, part string) Match {
+	return func(r Request) bool { return m(r) && !bytes.Contains(r.Body, []byte(part)) }
 }
 
 // DynamoDB matches DynamoDB calls of operation op (e.g. "UpdateItem",

@@ -4,10 +4,12 @@
 // fault at each step of acquire, release, pause-parking (the pause of
 // an idle warm sandbox, the resume of a paused one) and the pre-warmed
 // pool (members parked running and paused: refill, pause, claim, resume),
-// and the eviction of a user's own warm sandbox for its quota. After at most two
-// reconcile passes the broker's invariants must hold: no record in a
-// transitional state, running and paused slots used equal to the running
-// and paused sandboxes, no sandbox handed out that does not answer (a
+// fair waiting (queueing, the grant, its take, and the give-back of a
+// slow waiter's place), and the eviction of a user's own warm sandbox for
+// its quota. After at most two reconcile passes the broker's invariants
+// must hold: no record in a transitional state, running and paused slots
+// used equal to the running and paused sandboxes (running ones within the
+// limit), no sandbox handed out that does not answer (a
 // paused one does not), and every file written before a release in S3 with the
 // right bytes or named in the release's result as deferred.
 package faults_test
@@ -17,6 +19,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -46,6 +49,9 @@ const invocationTime = 8 * time.Second
 
 const apiKey = "faults-key"
 
+// limit is every case's deployment's running slots (SANDBOX_REPLICAS).
+const limit = 4
+
 // offsetClock is real time shifted by what the test advanced.
 type offsetClock struct{ off atomic.Int64 }
 
@@ -60,6 +66,7 @@ type stack struct {
 	eng        *core.Engine
 	clock      *offsetClock
 	prov, ddb  *faults.Transport // provider (control plane and envd), DynamoDB
+	held       *faults.Transport // under ddb: holds DynamoDB calls (faults.Hold) while ddb faults others
 	s3         *faults.Transport
 	clean      *e2b.Client
 	store      *ddbstore.Store // clean
@@ -80,13 +87,25 @@ const (
 	pausedPool
 )
 
+// stackConfig is what a case's stack differs in.
+type stackConfig struct {
+	pool       poolMode
+	maxPerUser int // SANDBOX_MAX_PER_USER (0: none)
+	// acquireTimeout and waiterPlaces are SANDBOX_ACQUIRE_TIMEOUT_SECONDS
+	// (0: 3 s) and SANDBOX_MAX_WAITERS_PER_TENANT (0: the default).
+	acquireTimeout time.Duration
+	waiterPlaces   int
+}
+
 // newStack builds a case's stack over the shared sandbox host, DynamoDB
-// Local and versitygw, with its own table, bucket and deployment, the
-// pool mode says and maxPerUser (SANDBOX_MAX_PER_USER, 0: none).
-func newStack(t *testing.T, host *sandboxhost.Server, mode poolMode, maxPerUser int) *stack {
+// Local and versitygw, with its own table, bucket and deployment, as cfg
+// says.
+func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	t.Helper()
+	held := &faults.Transport{}
 	st := &stack{t: t, deployment: testenv.UniqueName(t, "f"), clock: &offsetClock{},
-		prov: &faults.Transport{}, ddb: &faults.Transport{}, s3: &faults.Transport{}, enqueued: make(chan core.WaitNote, 16)}
+		prov: &faults.Transport{}, ddb: &faults.Transport{Next: held}, held: held, s3: &faults.Transport{},
+		enqueued: make(chan core.WaitNote, 16)}
 	var err error
 	st.clean, err = e2b.New(e2b.Options{APIURL: host.APIURL, SandboxURL: host.EnvdURL, APIKey: apiKey})
 	if err != nil {
@@ -116,9 +135,15 @@ func newStack(t *testing.T, host *sandboxhost.Server, mode poolMode, maxPerUser 
 	}
 	s := core.DefaultSettings()
 	s.Deployment = st.deployment
-	s.Replicas = 4
+	s.Replicas = limit
 	s.AcquireTimeout = 3 * time.Second
-	s.MaxPerUser = maxPerUser
+	if cfg.acquireTimeout > 0 {
+		s.AcquireTimeout = cfg.acquireTimeout
+	}
+	if cfg.waiterPlaces > 0 {
+		s.MaxWaitersPerTenant = cfg.waiterPlaces
+	}
+	s.MaxPerUser = cfg.maxPerUser
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = 0
 	opts := []core.Option{core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs),
@@ -130,13 +155,13 @@ func newStack(t *testing.T, host *sandboxhost.Server, mode poolMode, maxPerUser 
 				}
 			}
 		})}
-	switch mode {
+	switch cfg.pool {
 	case runningPool:
 		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour, Parked: core.PoolParkedRunning}))
 	case pausedPool:
 		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour, Parked: core.PoolParkedPaused}))
 	}
-	st.pool = mode != noPool
+	st.pool = cfg.pool != noPool
 	st.eng, err = core.New(s, ddbstore.New(faultyDB, table, st.deployment), prov, syncer, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -185,12 +210,19 @@ func (st *stack) liveByState(ctx context.Context) (running, paused []string) {
 // answers (through the clean client). ok is false when acquire failed.
 func (st *stack) acquire(thread string) (core.AcquireResult, bool) {
 	st.t.Helper()
-	ctx, cancel := invocation()
+	res, err := st.acquireWithin(thread, invocationTime)
+	return res, err == nil
+}
+
+// acquireWithin is acquire in an invocation of d, returning its error.
+func (st *stack) acquireWithin(thread string, d time.Duration) (core.AcquireResult, error) {
+	st.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	res, err := st.eng.Acquire(ctx, core.ThreadKey{Tenant: "acme", User: "alice", Thread: thread})
 	if err != nil {
 		st.t.Logf("acquire %s: %v", thread, err)
-		return res, false
+		return res, err
 	}
 	if dl, _ := ctx.Deadline(); time.Now().After(dl) {
 		st.t.Errorf("acquire %s answered after its deadline", thread)
@@ -201,7 +233,7 @@ func (st *stack) acquire(thread string) (core.AcquireResult, bool) {
 	if err != nil || out.ExitCode != 0 {
 		st.t.Errorf("acquire %s handed out %s (%s), which does not answer: %v", thread, res.Record.SandboxID, res.Source, err)
 	}
-	return res, true
+	return res, nil
 }
 
 // write puts a file with random bytes under outputs/ in the sandbox.
@@ -252,8 +284,24 @@ func (st *stack) settle() {
 	}
 }
 
+// withinLimit: no more running slots used, nor running sandboxes, than
+// the limit.
+func (st *stack) withinLimit() {
+	st.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	capa, err := st.store.Capacity(ctx)
+	if err != nil {
+		st.t.Fatalf("capacity: %v", err)
+	}
+	running, _ := st.liveByState(ctx)
+	if capa.Used > limit || len(running) > limit {
+		st.t.Errorf("used slots = %d, running sandboxes = %d (%v); want at most the limit, %d", capa.Used, len(running), running, limit)
+	}
+}
+
 // checkInvariants: no transitional record, running slots used == running
-// sandboxes, paused slots used == paused sandboxes.
+// sandboxes (within the limit), paused slots used == paused sandboxes.
 func (st *stack) checkInvariants() {
 	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -279,6 +327,7 @@ func (st *stack) checkInvariants() {
 	if capa.Paused != len(paused) {
 		st.t.Errorf("paused slots = %d, paused sandboxes = %d (%v)", capa.Paused, len(paused), paused)
 	}
+	st.withinLimit()
 }
 
 // reconcile runs one reconcile pass (with a deadline that leaves it time
@@ -450,20 +499,44 @@ func warm(st *stack, thread string) {
 	}
 }
 
-// waitStep fills the deployment (four active sandboxes of other threads),
-// then acquires for the thread under the fault: the acquire queues a
-// ticket; once it waits, one holder's sandbox ends and its slot is freed
-// (without a dispatch), so the waiter's own turn grants the slot to
-// itself, and its reservation takes the grant.
-func waitStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+// fill fills the deployment with active sandboxes of other threads than
+// thread's, and returns their records.
+func fill(st *stack, thread string) []core.Record {
 	var holders []core.Record
-	for i := range 4 {
+	for i := range limit {
 		res, ok := st.acquire(fmt.Sprintf("%s-h%d", thread, i))
 		if !ok {
 			st.t.Fatalf("setup acquire failed")
 		}
 		holders = append(holders, res.Record)
 	}
+	return holders
+}
+
+// end ends holder's sandbox at the provider and frees its slot (clean
+// store, no dispatch): only a waiter's own turn, or the test, grants it.
+func (st *stack) end(holder core.Record) {
+	st.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := st.clean.Kill(ctx, holder.SandboxID); err != nil {
+		st.t.Fatalf("kill holder: %v", err)
+	}
+	rec, err := st.store.Get(ctx, holder.SandboxID)
+	if err == nil {
+		err = st.store.Free(ctx, rec, st.clock.now())
+	}
+	if err != nil {
+		st.t.Fatalf("free holder: %v", err)
+	}
+}
+
+// waitStep fills the deployment, then acquires for the thread under the
+// fault: the acquire queues a ticket; once it waits, one holder's sandbox
+// ends and its slot is freed (without a dispatch), so the waiter's own
+// turn grants the slot to itself, and its reservation takes the grant.
+func waitStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	holders := fill(st, thread)
 	arm()
 	done := make(chan struct{})
 	go func() {
@@ -476,21 +549,138 @@ func waitStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, 
 	}
 	// The slot is freed either way: the thread's acquire after the case
 	// needs one.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := st.clean.Kill(ctx, holders[0].SandboxID); err != nil {
-		st.t.Fatalf("kill holder: %v", err)
-	}
-	rec, err := st.store.Get(ctx, holders[0].SandboxID)
-	if err == nil {
-		err = st.store.Free(ctx, rec, st.clock.now())
-	}
-	if err != nil {
-		st.t.Fatalf("free holder: %v", err)
-	}
+	st.end(holders[0])
 	<-done
 	disarm()
 	return nil, core.ReleaseResult{}, false
+}
+
+// Timings of the slow waiter's step (slowWaiterStep): a wait that
+// outlasts the engine's grant term, in an invocation long enough for it.
+const (
+	grantTerm            = 5 * time.Second
+	slowWaitTimeout      = 20 * time.Second
+	slowWaiterInvocation = 40 * time.Second
+)
+
+// slowWaiterStep fills the deployment (its tenant has one waiter place),
+// then acquires for the thread while the engine's reads of its ticket
+// are held: a waiter too slow to see its grant. It queues; a holder's
+// slot is freed and granted to it; the grant lapses unseen, a dispatch
+// frees the slot and another acquire takes it. Then, under the fault,
+// the waiter's poll finds the ticket gone and gives back its place (the
+// step's write) before it looks again: it queues anew, and a second
+// holder's slot freed is granted to it by its own turn; or, its place
+// not given back, it is refused too_many_waiters, the place lapsing at
+// the end of the first wait.
+func slowWaiterStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	holders := fill(st, thread)
+	st.held.Arm(faults.Hold, faults.BodyContains(faults.DynamoDB("GetItem"), `"WQ#`))
+	done, finished := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(finished)
+		_, err := st.acquireWithin(thread, slowWaiterInvocation)
+		done <- err
+	}()
+	st.t.Cleanup(func() { // a setup failure still lets the waiter end before the case does
+		st.held.Disarm()
+		<-finished
+	})
+	var first core.WaitNote
+	select {
+	case first = <-st.enqueued:
+	case err := <-done:
+		st.t.Fatalf("setup: the waiter returned %v before it queued", err)
+	}
+	st.lapseGrant(holders[0], core.Ticket{ID: first.Ticket, Key: first.SortKey})
+	if _, ok := st.acquire(thread + "-h4"); !ok { // the deployment full again
+		st.t.Fatalf("setup acquire failed")
+	}
+	arm()
+	st.held.Disarm() // the waiter's poll goes on: its ticket is gone
+	var err error
+	select {
+	case err = <-done:
+		st.end(holders[1]) // the thread's acquire after the case needs a slot
+	case <-st.enqueued:
+		st.end(holders[1])
+		err = <-done
+	}
+	disarm()
+	st.checkSlowWaiter(err, first)
+	return nil, core.ReleaseResult{}, false
+}
+
+// lapseGrant frees holder's slot and grants it to the ticket (a dispatch,
+// or the waiter's own turn), then lets the grant lapse and a dispatch
+// pass it on: nobody else waits, so the slot is freed.
+func (st *stack) lapseGrant(holder core.Record, ticket core.Ticket) {
+	st.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st.end(holder)
+	dispatch := func() {
+		if _, err := st.store.Dispatch(ctx, core.Dispatch{Now: st.clock.now(), Limit: limit, Bucket: -1, Scan: true,
+			GrantFor: grantTerm}); err != nil {
+			st.t.Fatalf("setup dispatch: %v", err)
+		}
+	}
+	dispatch()
+	if ts, err := st.store.PollTicket(ctx, ticket); err != nil || !ts.Granted {
+		st.t.Fatalf("setup: ticket after the free's dispatch = %+v, %v; want granted", ts, err)
+	}
+	st.clock.advance(grantTerm + time.Second)
+	dispatch()
+	if ts, err := st.store.PollTicket(ctx, ticket); err != nil || !ts.Gone {
+		st.t.Fatalf("setup: ticket after its grant lapsed = %+v, %v; want gone (the grant passed on)", ts, err)
+	}
+}
+
+// checkSlowWaiter checks the slow waiter's outcome (err) against its
+// tenant's one waiter place: served, the place was given back (else it
+// could not have queued anew) and its second ticket's take gave back the
+// second; refused too_many_waiters, the give-back failed and the first
+// ticket's place is held until the end of the wait it was taken for.
+// Any other outcome is a failure. No slot is held above the limit.
+func (st *stack) checkSlowWaiter(err error, first core.WaitNote) {
+	st.t.Helper()
+	var ce *core.CapacityError
+	refused := errors.As(err, &ce) && ce.Reason == core.RefusalTooManyWaiters
+	if err != nil && !refused {
+		st.t.Errorf("slow waiter = %v; want it served, or refused too_many_waiters (its place not given back)", err)
+	}
+	if free := st.placeFree(); free == refused {
+		st.t.Errorf("waiter place free = %v after the slow waiter (err %v); want %v", free, err, !refused)
+	}
+	if refused {
+		st.clock.advance(first.Enqueued.Add(slowWaitTimeout + 2*time.Second).Sub(st.clock.now()))
+		if !st.placeFree() {
+			st.t.Errorf("waiter place still held after the end of the wait it was taken for")
+		}
+	}
+	st.withinLimit()
+}
+
+// placeFree reports whether the tenant's one waiter place is free: a
+// probe ticket queues (and leaves at once) or is refused too_many_waiters.
+func (st *stack) placeFree() bool {
+	st.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	now := st.clock.now()
+	t, err := st.store.EnterWait(ctx, core.Waiter{Tenant: "acme", Ticket: testenv.UniqueName(st.t, "probe"), Max: 1,
+		Now: now, Until: now.Add(time.Minute)})
+	var ce *core.CapacityError
+	if errors.As(err, &ce) && ce.Reason == core.RefusalTooManyWaiters {
+		return false
+	}
+	if err != nil {
+		st.t.Fatalf("probe the waiter place: %v", err)
+	}
+	if err := st.store.LeaveWait(ctx, t, now, grantTerm); err != nil {
+		st.t.Fatalf("probe the waiter place: leave: %v", err)
+	}
+	return true
 }
 
 // quotaStep leaves the user (whose quota is one slot) with a warm sandbox
@@ -563,6 +753,16 @@ var steps = []step{
 		`"S":"granted"`), waitStep},
 }
 
+// slowWaiterSteps are the steps of a waiter too slow to see its grant (a
+// stack whose waits outlast a grant's term, with one waiter place a
+// tenant): giving back the place of the ticket it finds gone, in a
+// transaction of that place alone (every other write of a place also
+// writes a ticket in the queue).
+var slowWaiterSteps = []step{
+	{"wait/give-back-place", ddbLayer, faults.BodyLacks(faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"WTR#`),
+		`"WQ#`), slowWaiterStep},
+}
+
 // quotaSteps are the steps of an acquire refused for its user's quota
 // (a stack whose users hold one slot each) that evicts the user's own
 // warm sandbox: the query of the owner index and the eviction's claim.
@@ -612,24 +812,26 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = host.Close() })
 	pairs := 0
-	modes := map[string]poolMode{}
+	configs := map[string]stackConfig{}
 	for _, sp := range poolSteps {
-		modes[sp.name] = runningPool
+		configs[sp.name] = stackConfig{pool: runningPool}
 	}
 	for _, sp := range pausedPoolSteps {
-		modes[sp.name] = pausedPool
+		configs[sp.name] = stackConfig{pool: pausedPool}
 	}
-	quota := map[string]int{}
 	for _, sp := range quotaSteps {
-		quota[sp.name] = 1
+		configs[sp.name] = stackConfig{maxPerUser: 1}
 	}
-	for _, sp := range slices.Concat(steps, poolSteps, pausedPoolSteps, quotaSteps) {
-		pool := modes[sp.name]
+	for _, sp := range slowWaiterSteps {
+		configs[sp.name] = stackConfig{acquireTimeout: slowWaitTimeout, waiterPlaces: 1}
+	}
+	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps) {
+		cfg := configs[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++
 			t.Run(sp.name+"/"+string(kind), func(t *testing.T) {
 				t.Parallel()
-				st := newStack(t, host, pool, quota[sp.name])
+				st := newStack(t, host, cfg)
 				layer := sp.layer(st)
 				hits := 0
 				thread := "t-" + strings.NewReplacer("/", "-").Replace(sp.name)
