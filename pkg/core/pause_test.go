@@ -416,6 +416,9 @@ func TestPauseAndResumeAreMeteredAndPublished(t *testing.T) {
 	if got := events.seen(rec.SandboxID); !sameList(got, want) {
 		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+	// The harness clock is real time shifted: the test's own run time
+	// (seconds on a loaded machine) adds to the hour it advanced.
+	const slip = 60.0
 	resumed := false
 	for _, ev := range events.all() {
 		resumed = resumed || ev.Kind == core.EventResumed
@@ -423,7 +426,7 @@ func TestPauseAndResumeAreMeteredAndPublished(t *testing.T) {
 		if resumed {
 			want = time.Hour.Seconds()
 		}
-		if ev.PausedSeconds < want || ev.PausedSeconds > want+5 {
+		if ev.PausedSeconds < want || ev.PausedSeconds > want+slip {
 			t.Errorf("%s event: paused %.1f s, want %.0f s", ev.Kind, ev.PausedSeconds, want)
 		}
 	}
@@ -438,7 +441,7 @@ func TestPauseAndResumeAreMeteredAndPublished(t *testing.T) {
 			paused += *l.Paused
 		}
 	}
-	if paused < time.Hour.Seconds() || paused > time.Hour.Seconds()+5 {
+	if paused < time.Hour.Seconds() || paused > time.Hour.Seconds()+slip {
 		t.Errorf("metered paused seconds = %.1f, want the hour it was paused", paused)
 	}
 }

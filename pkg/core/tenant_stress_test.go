@@ -550,7 +550,9 @@ type stressTenant struct {
 // counted against the same bounds; the waiters of the fault-free phase
 // gave every place back; after reconcile the counters equal what the
 // records hold, every running sandbox is a live record's and every live
-// record's sandbox runs, and no waiter place is held.
+// record's sandbox runs, and no waiter place is held. A last phase (flood)
+// fills the hostile tenant's waiter places one at a time, so the bound's
+// refusal is checked however fast the machine runs the phases before it.
 func TestStressTenantsUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stress test: skipped in -short mode")
@@ -804,13 +806,24 @@ func TestStressTenantsUnderFaults(t *testing.T) {
 	}
 	converge("after the clean phase")
 
+	// The flood: the bound on the hostile tenant's waiters, exercised
+	// whatever the machine's speed (the phases above leave it to timing).
+	clk.advance(s.IdleTimeout)
+	if _, err := eng.Reconcile(ctx); err != nil {
+		t.Logf("reconcile: %v", err)
+	}
+	converge("before the flood")
+	refused := flood{s: s, rs: rs, store: watch, prov: prov, clk: clk, hog: "hog",
+		fill: fillThreads(tenants, limit, perTenant, perUser)}.run(t)
+	converge("after the flood")
+
 	reasonsMu.Lock()
 	defer reasonsMu.Unlock()
 	t.Logf("acquired %d; refusals by tenant %v; evictions of another tenant's warm sandbox %d (%d checked against the fair share), of the tenant's own %d; most waiters at once %v",
 		acquired.Load(), reasons, watch.crossEvictions.Load(), watch.atShareChecked.Load(), watch.ownEvictions.Load(), watch.maxHeld)
-	if reasons["hog"][core.RefusalTooManyWaiters] == 0 || watch.maxHeld["hog"] < maxWaiters {
+	if refused+reasons["hog"][core.RefusalTooManyWaiters] == 0 || watch.maxHeld["hog"] < maxWaiters {
 		t.Errorf("the hostile tenant never filled its %d waiter places (most %d) nor was refused too_many_waiters (%d): the bound was not exercised",
-			maxWaiters, watch.maxHeld["hog"], reasons["hog"][core.RefusalTooManyWaiters])
+			maxWaiters, watch.maxHeld["hog"], refused+reasons["hog"][core.RefusalTooManyWaiters])
 	}
 	quotaRefusals := 0
 	for _, r := range reasons {
@@ -822,6 +835,129 @@ func TestStressTenantsUnderFaults(t *testing.T) {
 	if watch.atShareChecked.Load() == 0 {
 		t.Error("no eviction of another tenant's warm sandbox was checked against the fair share: the rule was not exercised")
 	}
+}
+
+// fillThreads picks threads of the tenants other than the hostile one
+// that together hold every slot of the deployment (limit) within the
+// tenant and user quotas, one thread per slot.
+func fillThreads(tenants []stressTenant, limit, perTenant, perUser int) []core.ThreadKey {
+	var keys []core.ThreadKey
+	for _, tn := range tenants {
+		if tn.hostile {
+			continue
+		}
+		for n := range min(perTenant, tn.agents*perUser) {
+			if len(keys) == limit {
+				return keys
+			}
+			keys = append(keys, core.ThreadKey{Tenant: tn.name, User: agentUser(tn.name, n/perUser), Thread: fmt.Sprint("fill", n%perUser)})
+		}
+	}
+	return keys
+}
+
+// flood is the stress test's last phase: the deployment full of the
+// other tenants' sandboxes in use, the hostile tenant's acquires queue
+// one at a time (each waits until it queued) until every waiter place it
+// has is held; then one more of its acquires must be refused
+// too_many_waiters at once. Released, the sandboxes of the fill park warm,
+// and the queued waiters' turns evict them for the hostile tenant (below
+// its fair share): every queued waiter must be served.
+type flood struct {
+	s     core.Settings
+	rs    core.ReconcileSettings
+	store *tenantWatch
+	prov  *faultyProvider
+	clk   *clock
+	hog   string
+	fill  []core.ThreadKey
+}
+
+// run runs the phase and returns how many too_many_waiters refusals it
+// saw (1 when the bound holds).
+func (f flood) run(t *testing.T) int {
+	t.Helper()
+	ctx := context.Background()
+	enqueued := make(chan core.WaitNote, f.s.MaxWaitersPerTenant+1)
+	s := f.s
+	s.AcquireTimeout = time.Minute // the waiters outlast the phase's steps on a slow machine
+	eng, err := core.New(s, f.store, f.prov, &fakeSyncer{}, core.WithClock(f.clk.now), core.WithReconcileSettings(f.rs),
+		core.WithWaitObserver(func(n core.WaitNote) {
+			if n.Event == core.WaitEnqueued {
+				enqueued <- n
+			}
+		}))
+	if err != nil {
+		t.Fatalf("flood: core.New: %v", err)
+	}
+	acquire := func(k core.ThreadKey) (core.AcquireResult, error) {
+		actx, cancel := context.WithTimeout(context.WithValue(ctx, acquirerKey{}, &acquireNote{key: k}), 2*s.AcquireTimeout)
+		defer cancel()
+		return eng.Acquire(actx, k)
+	}
+	var held []core.Record
+	for _, k := range f.fill {
+		res, err := acquire(k)
+		if err != nil {
+			t.Fatalf("flood: filling the deployment with %s: %v", k, err)
+		}
+		held = append(held, res.Record)
+	}
+	type outcome struct {
+		key core.ThreadKey
+		res core.AcquireResult
+		err error
+	}
+	served := make(chan outcome, s.MaxWaitersPerTenant)
+	for n := range s.MaxWaitersPerTenant {
+		k := core.ThreadKey{Tenant: f.hog, User: agentUser(f.hog, n), Thread: "flood"}
+		go func() {
+			res, err := acquire(k)
+			served <- outcome{k, res, err}
+		}()
+		select {
+		case note := <-enqueued:
+			if note.Tenant != f.hog {
+				t.Fatalf("flood: a ticket of %s queued, want %s's", note.Tenant, f.hog)
+			}
+		case o := <-served:
+			t.Fatalf("flood: %s's acquire returned before it queued (err %v)", o.key, o.err)
+		case <-time.After(s.AcquireTimeout):
+			t.Fatalf("flood: %s's acquire did not queue", k)
+		}
+	}
+	refused := 0
+	extra := core.ThreadKey{Tenant: f.hog, User: agentUser(f.hog, s.MaxWaitersPerTenant), Thread: "flood"}
+	_, err = acquire(extra)
+	var ce *core.CapacityError
+	switch {
+	case errors.As(err, &ce) && ce.Reason == core.RefusalTooManyWaiters:
+		refused++
+	default:
+		t.Errorf("flood: acquire of %s with all %d of %s's waiter places held = %v, want a %s refusal",
+			extra, s.MaxWaitersPerTenant, f.hog, err, core.RefusalTooManyWaiters)
+	}
+	select {
+	case note := <-enqueued:
+		t.Errorf("flood: ticket %s of %s queued past the bound", note.Ticket, note.Tenant)
+	default:
+	}
+	for _, rec := range held {
+		if _, err := eng.Release(ctx, rec.Tenant, rec.SandboxID); err != nil {
+			t.Errorf("flood: release %s: %v", rec.SandboxID, err)
+		}
+	}
+	for range s.MaxWaitersPerTenant {
+		o := <-served
+		if o.err != nil {
+			t.Errorf("flood: queued acquire of %s = %v, want served once the fill was released", o.key, o.err)
+			continue
+		}
+		if _, err := eng.Release(ctx, f.hog, o.res.Record.SandboxID); err != nil {
+			t.Errorf("flood: release %s: %v", o.res.Record.SandboxID, err)
+		}
+	}
+	return refused
 }
 
 // converged lists what still differs between the counters, the records
