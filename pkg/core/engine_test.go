@@ -41,7 +41,6 @@ func newHarness(t *testing.T, mutate func(*core.Settings), opts ...core.Option) 
 // newHarnessWith is newHarness over the fake provider prov.
 func newHarnessWith(t *testing.T, prov *coretest.FakeProvider, mutate func(*core.Settings), opts ...core.Option) *harness {
 	t.Helper()
-	parallel(t)
 	client := testenv.DynamoClient(t)
 	table := freshTable(t, client, "engine")
 	s := core.DefaultSettings()

@@ -103,7 +103,6 @@ type recHarness struct {
 // fault-injecting fake provider.
 func newRecHarness(t *testing.T, mutate func(*core.Settings, *core.ReconcileSettings)) *recHarness {
 	t.Helper()
-	parallel(t)
 	db := testenv.DynamoClient(t)
 	table := freshTable(t, db, "rec")
 	s := core.DefaultSettings()

@@ -61,7 +61,6 @@ func (p *stallProvider) Run(ctx context.Context, ref core.SandboxRef, cmd core.C
 // newStallHarness is newHarness over a stallProvider.
 func newStallHarness(t *testing.T, mutate func(*core.Settings)) (*harness, *stallProvider) {
 	t.Helper()
-	parallel(t)
 	client := testenv.DynamoClient(t)
 	table := freshTable(t, client, "takeover")
 	s := core.DefaultSettings()
