@@ -260,7 +260,7 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 				// Pass it on rather than wait for it again.
 				e.leaveWait(ctx, st)
 			}
-			switch werr := e.waitForGrant(ctx, key, owner, st, deadline); {
+			switch werr := e.waitForGrant(ctx, key, owner, st, deadline, ce.Status); {
 			case werr == nil:
 				continue // granted: the next attempt takes the slot
 			case errors.Is(werr, errWaitTimedOut):

@@ -47,6 +47,11 @@ func TestTooManyWaitersPerTenant(t *testing.T) {
 	if _, err := h.eng.Acquire(ctx, tenantKey("hog", "t3")); !errors.As(err, &ce) || ce.Reason != core.RefusalTooManyWaiters {
 		t.Fatalf("hog's third waiter = %v, want too_many_waiters at once", err)
 	}
+	// The refusal tells the deployment is full, as the capacity refusal
+	// before it read.
+	if got := ce.Status; got.Limit != 1 || got.Used != 1 || got.Active != 1 || got.Policy != string(core.PolicyWait) {
+		t.Errorf("too_many_waiters status = %+v, want limit 1, used 1, active 1, policy wait", got)
+	}
 	wait(ctx, tenantKey("acme", "a1"))
 	<-asleep // another tenant waits: its places are its own
 

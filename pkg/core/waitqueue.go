@@ -104,7 +104,10 @@ func (e *Engine) note(w *waiting, ev WaitEvent) {
 // place lapse at the deadline (plus the response margin) by themselves,
 // so an invocation that dies while waiting holds them no longer than it
 // would have waited.
-func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, deadline time.Time, st *acquireState) error {
+//
+// A refusal here carries the figures of the capacity refusal that sent
+// the acquire to wait (refused): the deployment was full as it says.
+func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, deadline time.Time, st *acquireState, refused CapacityStatus) error {
 	places := e.s.MaxWaitersPerTenant
 	if places <= 0 {
 		places = maxWaiterPlaces
@@ -114,12 +117,11 @@ func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, dea
 	var ce *CapacityError
 	switch {
 	case errors.As(err, &ce):
-		ce.Status = CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy)}
+		ce.Status = refused
 		return ce
 	case err != nil:
 		e.log.WarnContext(ctx, "enter wait failed; refusing", "tenant", key.Tenant, "err", err)
-		return &CapacityError{Reason: RefusalCapacityBackend, RetryAfter: 2 * time.Second,
-			Status: CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy)}}
+		return &CapacityError{Reason: RefusalCapacityBackend, RetryAfter: 2 * time.Second, Status: refused}
 	}
 	st.wait = &waiting{ticket: t}
 	e.note(st.wait, WaitEnqueued)
@@ -136,9 +138,9 @@ const maxWaiterPlaces = 100
 // (errWaitTimedOut) or the ticket is gone (errTicketGone). Every
 // waitTurnEvery polls, and right after queueing, it takes its turn
 // (waitTurn).
-func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, st *acquireState, deadline time.Time) error {
+func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, st *acquireState, deadline time.Time, refused CapacityStatus) error {
 	if st.wait == nil {
-		if err := e.enterWait(ctx, key, owner, deadline, st); err != nil {
+		if err := e.enterWait(ctx, key, owner, deadline, st, refused); err != nil {
 			return err
 		}
 		if err := e.waitTurn(ctx, key, owner, st); err != nil {
