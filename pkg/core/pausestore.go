@@ -54,11 +54,6 @@ type PauseStore interface {
 	// PausedParkedBefore lists up to limit paused records paused before t,
 	// oldest first.
 	PausedParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)
-	// CountPausedSlots reads the paused slot count and its revision
-	// (strongly consistent; every take and free of a paused slot moves the
-	// revision), then counts the records holding paused slots (eventually
-	// consistent, as CountSlots).
-	CountPausedSlots(ctx context.Context) (used int, revision int64, counted int, err error)
 	// RepairPausedSlots sets the paused slot count to counted if its
 	// revision is still revision (else ErrConflict): a count that moved
 	// and came back to the same value is not repaired.

@@ -221,12 +221,6 @@ type PoolStore interface {
 	// PoolCount reads the pool's taken places (members, refills in flight
 	// and members being destroyed).
 	PoolCount(ctx context.Context) (int, error)
-	// CountPoolPlaces reads the pool's place count and its revision
-	// (strongly consistent; every take and give-back of a place moves
-	// the revision), then counts the places held: pool reservations and
-	// the thread-less records holding one (eventually consistent, as
-	// CountSlots).
-	CountPoolPlaces(ctx context.Context) (used int, revision int64, counted int, err error)
 	// RepairPoolPlaces sets the pool's place count to counted if its
 	// revision is still revision (else ErrConflict).
 	RepairPoolPlaces(ctx context.Context, revision int64, counted int) error

@@ -270,15 +270,14 @@ func (p *pass) interruptedClaims(ctx context.Context) error {
 
 // poolLedger repairs the pool's place count (see repairCount) to the
 // number of places held: pool reservations, members, and thread-less
-// records being paused or destroyed. Only while a pool is kept: nothing
-// reads the count otherwise (its counting reads every index shard of
-// four states).
-func (p *pass) poolLedger(ctx context.Context) error {
+// records being paused or destroyed, as RepairCounters counted them. Only
+// while a pool is kept: nothing reads the count otherwise.
+func (p *pass) poolLedger(ctx context.Context, seen *HolderCount) error {
 	ps := p.e.poolStore()
-	if ps == nil {
+	if ps == nil || seen == nil {
 		return nil
 	}
-	return p.repairCount(ctx, "pool place count", &p.cursor.Pool, ps.CountPoolPlaces, ps.RepairPoolPlaces)
+	return p.repairCount(ctx, "pool place count", &p.cursor.Pool, *seen, ps.RepairPoolPlaces)
 }
 
 // poolSandbox handles a sandbox of the inventory created for the pool

@@ -547,11 +547,11 @@ func TestPoolPlaceCountIsRepairedByReconcile(t *testing.T) {
 	h := newPoolHarness(t, 2, nil)
 	h.refill(t, 2)
 	ctx := context.Background()
-	_, rev, _, err := h.store.CountPoolPlaces(ctx)
+	_, places, err := h.store.CountHolders(ctx)
 	if err != nil {
-		t.Fatalf("CountPoolPlaces: %v", err)
+		t.Fatalf("CountHolders: %v", err)
 	}
-	if err := h.store.RepairPoolPlaces(ctx, rev, 5); err != nil { // corrupt it
+	if err := h.store.RepairPoolPlaces(ctx, places.Revision, 5); err != nil { // corrupt it
 		t.Fatalf("RepairPoolPlaces: %v", err)
 	}
 	for pass, want := range []int{5, 2} {

@@ -222,6 +222,20 @@ type CounterRepair struct {
 	Rebalanced bool
 	// TenantsDropped lists the tenants that left the fair-share sets.
 	TenantsDropped []string
+	// Paused and Pool are the paused slot count and the pool place count
+	// as this call read them, with the holders its scan counted (nil when
+	// it did not get that far); the reconcile pass repairs them.
+	Paused, Pool *HolderCount
+}
+
+// HolderCount is a count kept with its holders: the count and its
+// revision (strongly consistent; every take and give-back moves the
+// revision), read before the holders were counted from the state index
+// (eventually consistent).
+type HolderCount struct {
+	Used     int
+	Revision int64
+	Counted  int
 }
 
 // reconcileConfig is what the reconcile Options set (Engine.rc).
@@ -1097,10 +1111,10 @@ func (p *pass) ledger(ctx context.Context) error {
 		p.e.log.WarnContext(ctx, "reconcile: slot counters repaired", "slots", rep.Slots, "counters", rep.Counters,
 			"counted", rep.Counted, "rebalanced", rep.Rebalanced)
 	}
-	if perr := p.pausedLedger(ctx); perr != nil {
+	if perr := p.pausedLedger(ctx, rep.Paused); perr != nil {
 		err = errors.Join(err, perr)
 	}
-	if perr := p.poolLedger(ctx); perr != nil {
+	if perr := p.poolLedger(ctx, rep.Pool); perr != nil {
 		err = errors.Join(err, perr)
 	}
 	if len(rep.TenantsDropped) > 0 {

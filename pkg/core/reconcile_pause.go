@@ -159,13 +159,13 @@ func (p *pass) expirePaused(ctx context.Context, draining bool) error {
 }
 
 // pausedLedger repairs the paused slot count (see repairCount) to the
-// number of records holding paused slots.
-func (p *pass) pausedLedger(ctx context.Context) error {
+// number of records holding paused slots, as RepairCounters saw them.
+func (p *pass) pausedLedger(ctx context.Context, seen *HolderCount) error {
 	ps := p.e.pauseStore()
-	if ps == nil {
+	if ps == nil || seen == nil {
 		return nil
 	}
-	return p.repairCount(ctx, "paused slot count", &p.cursor.Paused, ps.CountPausedSlots, ps.RepairPausedSlots)
+	return p.repairCount(ctx, "paused slot count", &p.cursor.Paused, *seen, ps.RepairPausedSlots)
 }
 
 // repairCount repairs a count kept with its holders as ledger repairs the
@@ -173,13 +173,9 @@ func (p *pass) pausedLedger(ctx context.Context) error {
 // sees the same count, revision and holders as the previous pass (noted,
 // kept in the cursor), with a compare-and-swap on the revision (the count
 // alone could have moved and come back between the passes).
-func (p *pass) repairCount(ctx context.Context, what string, noted *NotedCount,
-	count func(context.Context) (used int, revision int64, counted int, err error),
+func (p *pass) repairCount(ctx context.Context, what string, noted *NotedCount, seen HolderCount,
 	repair func(ctx context.Context, revision int64, counted int) error) error {
-	used, rev, counted, err := count(ctx)
-	if err != nil {
-		return fmt.Errorf("count %s: %w", what, err)
-	}
+	used, rev, counted := seen.Used, seen.Revision, seen.Counted
 	if n := *noted; n.Noted && n.Revision == rev && n.Used == used && n.Counted == counted && used != counted {
 		if err := repair(ctx, rev, counted); err != nil {
 			if !errors.Is(err, ErrConflict) {

@@ -170,9 +170,11 @@ func stressPool(t *testing.T, parked core.PoolParking) {
 			t.Fatalf("Capacity: %v", err)
 		}
 		running, paused = prov.live(t, "poolstress")
-		if places, _, placesHeld, err = store.CountPoolPlaces(ctx); err != nil {
-			t.Fatalf("CountPoolPlaces: %v", err)
+		_, pool, err := store.CountHolders(ctx)
+		if err != nil {
+			t.Fatalf("CountHolders: %v", err)
 		}
+		places, placesHeld = pool.Used, pool.Counted
 		members, err := store.PoolMembers(ctx, 100)
 		if err != nil {
 			t.Fatalf("PoolMembers: %v", err)

@@ -779,13 +779,16 @@ func TestStressTenantsUnderFaults(t *testing.T) {
 	checkFleet("after the faulty phase")
 	checkLedger("after the faulty phase")
 	converge("after the faulty phase")
-	// The warm sandboxes expire: the clean phase starts from an empty
-	// deployment, as the faulty one did.
-	clk.advance(s.IdleTimeout)
-	if _, err := eng.Reconcile(ctx); err != nil {
-		t.Logf("reconcile: %v", err)
+	// emptied lets the warm sandboxes expire and converges: the next
+	// phase starts from an empty deployment, as the faulty one did.
+	emptied := func(step string) {
+		clk.advance(s.IdleTimeout)
+		if _, err := eng.Reconcile(ctx); err != nil {
+			t.Logf("reconcile: %v", err)
+		}
+		converge(step)
 	}
-	converge("after the warm sandboxes expired")
+	emptied("after the warm sandboxes expired")
 
 	stopChecker = every(100*time.Millisecond, func() { checkFleet("checker") })
 	start = time.Now()
@@ -808,11 +811,7 @@ func TestStressTenantsUnderFaults(t *testing.T) {
 
 	// The flood: the bound on the hostile tenant's waiters, exercised
 	// whatever the machine's speed (the phases above leave it to timing).
-	clk.advance(s.IdleTimeout)
-	if _, err := eng.Reconcile(ctx); err != nil {
-		t.Logf("reconcile: %v", err)
-	}
-	converge("before the flood")
+	emptied("before the flood")
 	refused := flood{s: s, rs: rs, store: watch, prov: prov, clk: clk, hog: "hog",
 		fill: fillThreads(tenants, limit, perTenant, perUser)}.run(t)
 	converge("after the flood")

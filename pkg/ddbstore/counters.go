@@ -29,23 +29,63 @@ type slotTally struct {
 	used   [CapacityBuckets]int
 	counts [CapacityBuckets]map[string]int
 	quota  map[string]int // USR#/TEN# key -> slots counted in it
+	paused int            // records holding a paused slot
+	pool   int            // pool places held
+}
+
+// tallyStates are the states a tally reads: those holding running slots,
+// and the paused records (a paused slot only).
+var tallyStates = append(slices.Clone(slotStates), core.StatePaused)
+
+// holdsPausedSlot reports whether an entry of st holds a paused slot:
+// every record pausing, paused or resuming does; a tombstone, a pool
+// member or one being claimed does when marked so.
+func holdsPausedSlot(st core.State, it item) bool {
+	switch st {
+	case core.StatePausing, core.StatePaused, core.StateResuming:
+		return true
+	case core.StateDestroying, core.StatePooled, core.StateClaiming:
+		return it.PausedSlot
+	}
+	return false
+}
+
+// holdsPoolPlace reports whether an entry of st holds a pool place: a
+// thread-less reservation (a refill), or a thread-less record marked so
+// (a member, one being paused or destroyed).
+func holdsPoolPlace(st core.State, it item) bool {
+	switch st {
+	case core.StateCreating:
+		return it.Tenant == ""
+	case core.StatePooled, core.StatePausing, core.StateDestroying:
+		return it.PoolPlace
+	}
+	return false
 }
 
 // tallySlots reads every slot-holding index entry (the whole fleet: for
-// reconcile only) and returns the tally and up to maxItems entries an
-// older version stored (not counted per state, or not in the quota counts).
+// reconcile only), one query of each index key of tallyStates, and
+// returns the tally of every counter kept with the slots and up to
+// maxItems entries an older version stored (not counted per state, or
+// not in the quota counts).
 func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []item, error) {
 	t := &slotTally{quota: map[string]int{}}
 	for b := range t.counts {
 		t.counts[b] = map[string]int{}
 	}
 	var legacy []item
-	for _, st := range slotStates {
+	for _, st := range tallyStates {
 		var derr error
 		err := s.eachInState(ctx, st, nil, 0, func(av map[string]types.AttributeValue) bool {
 			var it item
 			if derr = attributevalue.UnmarshalMap(av, &it); derr != nil {
 				return false
+			}
+			if holdsPausedSlot(st, it) {
+				t.paused++
+			}
+			if holdsPoolPlace(st, it) {
+				t.pool++
 			}
 			if it.NoRunningSlot {
 				return true // paused (or its tombstone): no running slot, no counts
@@ -89,10 +129,18 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	if err != nil {
 		return rep, err
 	}
+	// The paused and pool counts are read before the tally, as the
+	// buckets: a take or free between the two moves their revision.
+	paused, pool, err := s.holderCounts(ctx)
+	if err != nil {
+		return rep, err
+	}
 	tally, legacy, err := s.tallySlots(ctx, maxItems)
 	if err != nil {
 		return rep, err
 	}
+	paused.Counted, pool.Counted = tally.paused, tally.pool
+	rep.Paused, rep.Pool = &paused, &pool
 	// Slots held in trust for granted tickets are in no index: count them
 	// from the queue.
 	grants, err := s.queueGrants(ctx)
@@ -204,6 +252,31 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 		errs = append(errs, err)
 	}
 	return rep, errors.Join(errs...)
+}
+
+// holderCounts reads the paused slot count and the pool place count, with
+// their revisions (strongly consistent).
+func (s *Store) holderCounts(ctx context.Context) (paused, pool core.HolderCount, err error) {
+	if paused.Used, paused.Revision, err = s.pausedCount(ctx); err != nil {
+		return paused, pool, err
+	}
+	pool.Used, pool.Revision, err = s.poolPlaces(ctx, true)
+	return paused, pool, err
+}
+
+// CountHolders reads the paused slot count and the pool place count (with
+// their revisions), then counts their holders from the state index, as
+// RepairCounters does; it repairs nothing.
+func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount, err error) {
+	if paused, pool, err = s.holderCounts(ctx); err != nil {
+		return paused, pool, err
+	}
+	tally, _, err := s.tallySlots(ctx, 0)
+	if err != nil {
+		return paused, pool, err
+	}
+	paused.Counted, pool.Counted = tally.paused, tally.pool
+	return paused, pool, nil
 }
 
 // readCounters reads the "used" of the USR#/TEN# counters keys (absent: 0).

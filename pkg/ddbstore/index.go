@@ -31,8 +31,10 @@ import (
 // with only while it is unchanged, so it is fixed.
 const IndexShards = 16
 
-// queryParallel bounds the shard queries one fan-out runs at once.
-const queryParallel = 8
+// queryParallel bounds the shard queries one fan-out runs at once: every
+// index key of a state (its shards and the legacy key) in one round, so
+// a fan-out costs one query's latency, not three.
+const queryParallel = IndexShards + 1
 
 // shardOf is the index shard of a sandbox id or reservation token: FNV-1a
 // of the id, modulo IndexShards (stable across versions and processes).

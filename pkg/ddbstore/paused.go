@@ -395,31 +395,6 @@ func (s *Store) pausedCount(ctx context.Context) (used int, revision int64, err 
 	return c.Used, c.Revision, nil
 }
 
-// CountPausedSlots implements core.PauseStore: the paused count, then
-// the records holding paused slots (pausing, paused, resuming, pool
-// members parked paused or being claimed, and the tombstones of those).
-func (s *Store) CountPausedSlots(ctx context.Context) (used int, revision int64, counted int, err error) {
-	if used, revision, err = s.pausedCount(ctx); err != nil {
-		return 0, 0, 0, err
-	}
-	n, err := s.CountStates(ctx, core.StatePausing, core.StatePaused, core.StateResuming)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	// Pool members parked paused (and being claimed) and tombstones hold
-	// paused slots in states that do not always.
-	counted = n[core.StatePausing] + n[core.StatePaused] + n[core.StateResuming]
-	f := expression.Name("paused_slot").Equal(expression.Value(true))
-	for _, st := range []core.State{core.StateDestroying, core.StatePooled, core.StateClaiming} {
-		c, err := s.countState(ctx, st, &f)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		counted += c
-	}
-	return used, revision, counted, nil
-}
-
 // RepairPausedSlots implements core.PauseStore (a conditional write on
 // the count).
 func (s *Store) RepairPausedSlots(ctx context.Context, revision int64, counted int) error {

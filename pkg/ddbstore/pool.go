@@ -346,34 +346,6 @@ func (s *Store) poolPlaces(ctx context.Context, consistent bool) (int, int64, er
 	return c.Members, c.Revision, nil
 }
 
-// CountPoolPlaces implements core.PoolStore: the count, then the pool
-// reservations (thread-less reservations) and the records holding a
-// place (pooled, and thread-less ones being paused or destroyed).
-func (s *Store) CountPoolPlaces(ctx context.Context) (used int, revision int64, counted int, err error) {
-	if used, revision, err = s.poolPlaces(ctx, true); err != nil {
-		return 0, 0, 0, err
-	}
-	threadless := expression.Or(expression.AttributeNotExists(expression.Name("tenant")),
-		expression.Name("tenant").Equal(expression.Value("")))
-	holds := expression.AttributeExists(expression.Name(attrPoolPlace))
-	for _, c := range []struct {
-		st     core.State
-		filter expression.ConditionBuilder
-	}{
-		{core.StateCreating, threadless},
-		{core.StatePooled, holds},
-		{core.StatePausing, holds},
-		{core.StateDestroying, holds},
-	} {
-		n, err := s.countState(ctx, c.st, &c.filter)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		counted += n
-	}
-	return used, revision, counted, nil
-}
-
 // RepairPoolPlaces implements core.PoolStore (a conditional write on the
 // count, as RepairPausedSlots).
 func (s *Store) RepairPoolPlaces(ctx context.Context, revision int64, counted int) error {

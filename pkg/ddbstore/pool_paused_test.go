@@ -17,15 +17,11 @@ type poolSlots struct{ used, paused, places, pausedHolders, placeHolders int }
 func readPoolSlots(t *testing.T, s *ddbstore.Store) poolSlots {
 	t.Helper()
 	ctx := context.Background()
-	paused, _, pausedHolders, err := s.CountPausedSlots(ctx)
+	paused, places, err := s.CountHolders(ctx)
 	if err != nil {
-		t.Fatalf("CountPausedSlots: %v", err)
+		t.Fatalf("CountHolders: %v", err)
 	}
-	places, _, placeHolders, err := s.CountPoolPlaces(ctx)
-	if err != nil {
-		t.Fatalf("CountPoolPlaces: %v", err)
-	}
-	return poolSlots{used: ledger(t, s), paused: paused, places: places, pausedHolders: pausedHolders, placeHolders: placeHolders}
+	return poolSlots{used: ledger(t, s), paused: paused.Used, places: places.Used, pausedHolders: paused.Counted, placeHolders: places.Counted}
 }
 
 // A member parked paused moves its slots as a thread's paused sandbox
@@ -147,27 +143,34 @@ func TestAbortPoolPauseKeepsTheMemberRunning(t *testing.T) {
 	}
 }
 
+// poolPlaces is the pool place count, its revision and the places held,
+// as CountHolders reads them.
+func poolPlaces(s *ddbstore.Store) (used int, revision int64, counted int, err error) {
+	_, pool, err := s.CountHolders(context.Background())
+	return pool.Used, pool.Revision, pool.Counted, err
+}
+
 // A pool count that moved and came back to the value a repair read is not
 // repaired (its revision moved); a count that is wrong and stays so is.
 func TestPoolCountRepair(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
 	pooledMember(t, s, "m1", 5)
-	used, rev, counted, err := s.CountPoolPlaces(ctx)
+	used, rev, counted, err := poolPlaces(s)
 	if err != nil || used != 1 || counted != 1 {
-		t.Fatalf("CountPoolPlaces = %d, %d, %v; want 1, 1", used, counted, err)
+		t.Fatalf("pool places = %d, held %d, %v; want 1, 1", used, counted, err)
 	}
 	// A refill's place taken and given back: the count is where it was read.
 	if err := s.ReservePool(ctx, core.PoolReservation{Token: "r2", Limit: 10, Size: 5, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
 		t.Fatalf("ReservePool: %v", err)
 	}
-	if _, _, n, err := s.CountPoolPlaces(ctx); err != nil || n != 2 {
+	if _, _, n, err := poolPlaces(s); err != nil || n != 2 {
 		t.Errorf("places held with a reservation in flight = %d, %v; want 2", n, err)
 	}
 	if err := s.FreeReservation(ctx, "r2", core.ThreadKey{}); err != nil {
 		t.Fatalf("FreeReservation: %v", err)
 	}
-	again, rev2, _, err := s.CountPoolPlaces(ctx)
+	again, rev2, _, err := poolPlaces(s)
 	if err != nil || again != used || rev2 == rev {
 		t.Fatalf("after take and give-back: count %d revision %d (read %d, %d), %v; want the same count, another revision", again, rev2, used, rev, err)
 	}
@@ -181,9 +184,9 @@ func TestPoolCountRepair(t *testing.T) {
 	if err := s.RepairPoolPlaces(ctx, rev2, 5); err != nil {
 		t.Fatalf("RepairPoolPlaces (corrupting): %v", err)
 	}
-	wrong, rev3, counted, err := s.CountPoolPlaces(ctx)
+	wrong, rev3, counted, err := poolPlaces(s)
 	if err != nil || wrong != 5 || counted != 1 {
-		t.Fatalf("CountPoolPlaces = %d, %d, %v; want 5 and 1", wrong, counted, err)
+		t.Fatalf("pool places = %d, held %d, %v; want 5 and 1", wrong, counted, err)
 	}
 	if err := s.RepairPoolPlaces(ctx, rev3, counted); err != nil {
 		t.Fatalf("RepairPoolPlaces: %v", err)
