@@ -87,7 +87,7 @@ func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []ite
 			if holdsPoolPlace(st, it) {
 				t.pool++
 			}
-			if it.NoRunningSlot {
+			if it.NoRunningSlot || st == core.StatePaused {
 				return true // paused (or its tombstone): no running slot, no counts
 			}
 			b := min(max(it.Bucket, 0), CapacityBuckets-1)

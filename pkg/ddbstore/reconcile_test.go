@@ -270,3 +270,39 @@ func TestRepairCountersNeedsTheSameDifferenceTwice(t *testing.T) {
 		t.Errorf("warm = %d, want 1 (the per-state count repaired too)", st.Warm)
 	}
 }
+
+// A paused record holds a paused slot and no running one, even as an
+// older version may have stored it (without its slot marks): the counter
+// repair counts it among the paused slots' holders, and never as a
+// running slot.
+func TestRepairCountersCountsAPausedRecordAsAPausedSlotOnly(t *testing.T) {
+	client, table := newTable(t)
+	s := ddbstore.New(client, table, "test")
+	ctx := context.Background()
+	warmAt(t, s, thread(1), "sbx1")
+	rec, err := s.ClaimPause(ctx, pauseClaim("sbx1", "p", t0), 5)
+	if err != nil {
+		t.Fatalf("ClaimPause: %v", err)
+	}
+	if _, err := s.SettlePause(ctx, rec, t0); err != nil {
+		t.Fatalf("SettlePause: %v", err)
+	}
+	if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+		Key:              map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "SBX#sbx1"}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+		UpdateExpression: aws.String("REMOVE no_running_slot, paused_slot")}); err != nil {
+		t.Fatal(err)
+	}
+	for pass := range 3 {
+		rep, err := s.RepairCounters(ctx, 10, 100)
+		if err != nil {
+			t.Fatalf("repair %d: %v", pass, err)
+		}
+		if rep.Slots != 0 || rep.Counted != 0 || rep.Paused == nil || *rep.Paused != (core.HolderCount{Used: 1, Revision: rep.Paused.Revision, Counted: 1}) {
+			t.Errorf("repair %d: slots corrected by %d, %d records counted anew, paused %+v; want 0, 0, and 1 paused slot held by 1 record",
+				pass, rep.Slots, rep.Counted, rep.Paused)
+		}
+	}
+	if u, counted := used(t, s); u != 0 || counted != 0 {
+		t.Errorf("running slots used %d, counted %d; want 0 and 0", u, counted)
+	}
+}
