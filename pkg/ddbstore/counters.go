@@ -131,15 +131,10 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	}
 	// The paused and pool counts are read before the tally, as the
 	// buckets: a take or free between the two moves their revision.
-	paused, pool, err := s.holderCounts(ctx)
+	paused, pool, tally, legacy, err := s.countHolders(ctx, maxItems)
 	if err != nil {
 		return rep, err
 	}
-	tally, legacy, err := s.tallySlots(ctx, maxItems)
-	if err != nil {
-		return rep, err
-	}
-	paused.Counted, pool.Counted = tally.paused, tally.pool
 	rep.Paused, rep.Pool = &paused, &pool
 	// Slots held in trust for granted tickets are in no index: count them
 	// from the queue.
@@ -254,29 +249,29 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	return rep, errors.Join(errs...)
 }
 
-// holderCounts reads the paused slot count and the pool place count, with
-// their revisions (strongly consistent).
-func (s *Store) holderCounts(ctx context.Context) (paused, pool core.HolderCount, err error) {
-	if paused.Used, paused.Revision, err = s.pausedCount(ctx); err != nil {
-		return paused, pool, err
-	}
-	pool.Used, pool.Revision, err = s.poolPlaces(ctx, true)
-	return paused, pool, err
-}
-
 // CountHolders reads the paused slot count and the pool place count (with
 // their revisions), then counts their holders from the state index, as
 // RepairCounters does; it repairs nothing.
 func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount, err error) {
-	if paused, pool, err = s.holderCounts(ctx); err != nil {
-		return paused, pool, err
+	paused, pool, _, _, err = s.countHolders(ctx, 0)
+	return paused, pool, err
+}
+
+// countHolders reads the paused slot count and the pool place count with
+// their revisions (strongly consistent), then tallies the state index
+// (tallySlots): the counts' holders, and every other counter's.
+func (s *Store) countHolders(ctx context.Context, maxItems int) (paused, pool core.HolderCount, tally *slotTally, legacy []item, err error) {
+	if paused.Used, paused.Revision, err = s.pausedCount(ctx); err != nil {
+		return paused, pool, nil, nil, err
 	}
-	tally, _, err := s.tallySlots(ctx, 0)
-	if err != nil {
-		return paused, pool, err
+	if pool.Used, pool.Revision, err = s.poolPlaces(ctx, true); err != nil {
+		return paused, pool, nil, nil, err
+	}
+	if tally, legacy, err = s.tallySlots(ctx, maxItems); err != nil {
+		return paused, pool, nil, nil, err
 	}
 	paused.Counted, pool.Counted = tally.paused, tally.pool
-	return paused, pool, nil
+	return paused, pool, tally, legacy, nil
 }
 
 // readCounters reads the "used" of the USR#/TEN# counters keys (absent: 0).

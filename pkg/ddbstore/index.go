@@ -299,17 +299,16 @@ func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Re
 // short, since a short count could let the ledger repair admit too many.
 const maxCountPages = 1000
 
-// countState counts state's index entries (only those matching filter when
-// it is not nil): one COUNT query per shard (and the legacy key), in
-// parallel.
-func (s *Store) countState(ctx context.Context, state core.State, filter *expression.ConditionBuilder) (int, error) {
+// countState counts state's index entries: one COUNT query per shard (and
+// the legacy key), in parallel.
+func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
 	pks := statePKs(s.deployment, state)
 	counts := make([]int, len(pks))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(queryParallel)
 	for i, pk := range pks {
 		g.Go(func() error {
-			n, err := s.countKey(gctx, state, pk, filter)
+			n, err := s.countKey(gctx, state, pk)
 			counts[i] = n
 			return err
 		})
@@ -324,17 +323,13 @@ func (s *Store) countState(ctx context.Context, state core.State, filter *expres
 	return n, nil
 }
 
-func (s *Store) countKey(ctx context.Context, state core.State, pk string, filter *expression.ConditionBuilder) (int, error) {
-	b := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk)))
-	if filter != nil {
-		b = b.WithFilter(*filter)
-	}
-	expr, err := b.Build()
+func (s *Store) countKey(ctx context.Context, state core.State, pk string) (int, error) {
+	expr, err := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk))).Build()
 	if err != nil {
 		return 0, err
 	}
 	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
-		KeyConditionExpression: expr.KeyCondition(), FilterExpression: expr.Filter(), ExpressionAttributeNames: expr.Names(),
+		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
 		ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
 	n := 0
 	for pages := 0; p.HasMorePages(); pages++ {

@@ -505,7 +505,7 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core.State]int, error) {
 	out := make(map[core.State]int, len(states))
 	for _, st := range states {
-		n, err := s.countState(ctx, st, nil)
+		n, err := s.countState(ctx, st)
 		if err != nil {
 			return nil, err
 		}
