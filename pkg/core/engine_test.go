@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
@@ -30,6 +32,8 @@ type harness struct {
 	prov  *coretest.FakeProvider
 	sync  *fakeSyncer
 	clock *clock
+	db    *dynamodb.Client // the store's table, for writes a bug would make
+	table string
 }
 
 // newHarness wires an engine over a fresh DynamoDB Local table.
@@ -49,7 +53,7 @@ func newHarnessWith(t *testing.T, prov *coretest.FakeProvider, mutate func(*core
 	if mutate != nil {
 		mutate(&s)
 	}
-	h := &harness{store: ddbstore.New(client, table, s.Deployment), prov: prov, sync: &fakeSyncer{}, clock: &clock{}}
+	h := &harness{store: ddbstore.New(client, table, s.Deployment), prov: prov, sync: &fakeSyncer{}, clock: &clock{}, db: client, table: table}
 	eng, err := core.New(s, h.store, h.prov, h.sync, append([]core.Option{core.WithClock(h.clock.now)}, opts...)...)
 	if err != nil {
 		t.Fatalf("core.New: %v", err)

@@ -54,10 +54,6 @@ type PauseStore interface {
 	// PausedParkedBefore lists up to limit paused records paused before t,
 	// oldest first.
 	PausedParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)
-	// RepairPausedSlots sets the paused slot count to counted if its
-	// revision is still revision (else ErrConflict): a count that moved
-	// and came back to the same value is not repaired.
-	RepairPausedSlots(ctx context.Context, revision int64, counted int) error
 }
 
 // pauseStore is the metered PauseStore, when the store is one: each of

@@ -143,14 +143,12 @@ type ReconcileCursor struct {
 	Pass int
 	// Version fences cursor writes (compare and swap).
 	Version int64
-	// Paused is what the last pass saw of the paused slot count, Pool of
-	// the pool's place count.
-	Paused NotedCount
-	Pool   NotedCount
+	// Pool is what the last pass saw of the pool's place count.
+	Pool NotedCount
 }
 
 // NotedCount is what a reconcile pass saw of a count kept with its
-// holders (the paused slots, the pool's places): a repair needs two
+// holders (the pool's places): a repair needs two
 // passes that saw the same count, holders and revision.
 type NotedCount struct {
 	// Used is the count as stored, Counted its holders as counted.
@@ -198,8 +196,8 @@ type ReconcileStore interface {
 	// CreatedAt and ExpiresAt), until fn returns false.
 	ScanState(ctx context.Context, state State, fn func(Record) bool) error
 	// RepairCounters compares the counters kept with the slots (used slots
-	// and per-state counts of each capacity bucket, each user's and
-	// tenant's slot count) with the records and reservations holding
+	// and per-state counts of each capacity bucket, the paused slots of
+	// each paused bucket, each user's and tenant's slot count) with the records and reservations holding
 	// slots, and corrects each difference that the previous call saw
 	// unchanged (so a write in flight is never mistaken for drift),
 	// without overwriting a concurrent change. It also counts up to
@@ -222,10 +220,13 @@ type CounterRepair struct {
 	Rebalanced bool
 	// TenantsDropped lists the tenants that left the fair-share sets.
 	TenantsDropped []string
-	// Paused and Pool are the paused slot count and the pool place count
-	// as this call read them, with the holders its scan counted (nil when
-	// it did not get that far); the reconcile pass repairs them.
-	Paused, Pool *HolderCount
+	// PausedSlots is the correction applied to the paused slots held
+	// (counted with the running slots, in buckets of their own).
+	PausedSlots int
+	// Pool is the pool place count as this call read it, with the holders
+	// its scan counted (nil when it did not get that far); the reconcile
+	// pass repairs it.
+	Pool *HolderCount
 }
 
 // HolderCount is a count kept with its holders: the count and its
@@ -1102,17 +1103,15 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 }
 
 // ledger repairs the counters kept with the slots (RepairCounters): the
-// capacity buckets' used and per-state counts, the users' and tenants'
-// slot counts, the buckets' limits and the fair-share tenant sets.
+// capacity buckets' used and per-state counts, the paused buckets, the
+// users' and tenants' slot counts, the buckets' limits and the fair-share
+// tenant sets.
 func (p *pass) ledger(ctx context.Context) error {
 	rep, err := p.rst.RepairCounters(ctx, p.e.s.Limit(), p.rs.MaxItems)
 	p.st.LedgerRepaired = rep.Slots
-	if rep.Slots != 0 || rep.Counters != 0 || rep.Counted != 0 || rep.Rebalanced {
-		p.e.log.WarnContext(ctx, "reconcile: slot counters repaired", "slots", rep.Slots, "counters", rep.Counters,
-			"counted", rep.Counted, "rebalanced", rep.Rebalanced)
-	}
-	if perr := p.pausedLedger(ctx, rep.Paused); perr != nil {
-		err = errors.Join(err, perr)
+	if rep.Slots != 0 || rep.PausedSlots != 0 || rep.Counters != 0 || rep.Counted != 0 || rep.Rebalanced {
+		p.e.log.WarnContext(ctx, "reconcile: slot counters repaired", "slots", rep.Slots, "paused_slots", rep.PausedSlots,
+			"counters", rep.Counters, "counted", rep.Counted, "rebalanced", rep.Rebalanced)
 	}
 	if perr := p.poolLedger(ctx, rep.Pool); perr != nil {
 		err = errors.Join(err, perr)

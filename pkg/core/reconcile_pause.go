@@ -158,16 +158,6 @@ func (p *pass) expirePaused(ctx context.Context, draining bool) error {
 	return nil
 }
 
-// pausedLedger repairs the paused slot count (see repairCount) to the
-// number of records holding paused slots, as RepairCounters saw them.
-func (p *pass) pausedLedger(ctx context.Context, seen *HolderCount) error {
-	ps := p.e.pauseStore()
-	if ps == nil || seen == nil {
-		return nil
-	}
-	return p.repairCount(ctx, "paused slot count", &p.cursor.Paused, *seen, ps.RepairPausedSlots)
-}
-
 // repairCount repairs a count kept with its holders as ledger repairs the
 // running slots: it is set to the holders counted only when this pass
 // sees the same count, revision and holders as the previous pass (noted,

@@ -183,6 +183,9 @@ type Slots struct {
 	// Paused: the record holds a paused slot (pausing, paused, resuming,
 	// or the tombstone of one of those).
 	Paused bool
+	// PausedBucket is where the store counts the paused slot (when Paused;
+	// zero for records of older versions).
+	PausedBucket int
 }
 
 // Running reports whether the record holds a running slot.

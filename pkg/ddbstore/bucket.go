@@ -74,11 +74,14 @@ func hashOf(s string) uint32 {
 	return h.Sum32()
 }
 
-// bucketShare is bucket b's part of limit: the limit split evenly, the
-// remainder going to the lowest buckets.
-func bucketShare(limit, b int) int {
-	s := limit / CapacityBuckets
-	if b < limit%CapacityBuckets {
+// bucketShare is capacity bucket b's part of limit (evenShare).
+func bucketShare(limit, b int) int { return evenShare(limit, CapacityBuckets, b) }
+
+// evenShare is item b's part of limit split among n items: the limit
+// split evenly, the remainder going to the lowest items.
+func evenShare(limit, n, b int) int {
+	s := limit / n
+	if b < limit%n {
 		s++
 	}
 	return s
@@ -86,8 +89,16 @@ func bucketShare(limit, b int) int {
 
 // homeBucket is the first bucket a reservation with token tries: one of
 // those with a share of limit, by a hash of the token.
-func homeBucket(token string, limit int) int {
-	return int(hashOf(token) % uint32(min(CapacityBuckets, max(limit, 1))))
+func homeBucket(token string, limit int) int { return homeOf(token, max(limit, 1), CapacityBuckets) }
+
+// homeOf is the first of n items a take by token tries: one of those with
+// an even share of limit (any of them when limit is 0: no limit), by a
+// hash of the token.
+func homeOf(token string, limit, n int) int {
+	if limit > 0 {
+		n = min(n, limit)
+	}
+	return int(hashOf(token) % uint32(n))
 }
 
 // threadBucket is the bucket Lookup reads for the draining flag: spread by
@@ -219,17 +230,19 @@ func bucketStatus(buckets []bucketItem) (core.CapacityStatus, []string) {
 	return st, tenants
 }
 
-// Capacity sums the capacity buckets (one BatchGetItem, whatever the
-// fleet's size) and reads the paused slots held (one GetItem).
+// Capacity sums the capacity buckets and the paused buckets (two
+// BatchGetItems, whatever the fleet's size).
 func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 	buckets, _, err := s.readBuckets(ctx, "", false)
 	if err != nil {
 		return core.CapacityStatus{}, err
 	}
 	st, _ := bucketStatus(buckets)
-	if st.Paused, err = s.PausedUsed(ctx); err != nil {
+	paused, err := s.readPaused(ctx, false)
+	if err != nil {
 		return core.CapacityStatus{}, err
 	}
+	st.Paused = pausedSum(paused).Used
 	return st, nil
 }
 

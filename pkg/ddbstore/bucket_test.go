@@ -56,7 +56,7 @@ func TestCapacityCostsOneCallWhateverTheFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n := api.calls.Load(); n != 2 {
-			t.Errorf("Capacity with %d records made %d calls, want 2 (the buckets, the paused count)", fleet, n)
+			t.Errorf("Capacity with %d records made %d calls, want 2 (the capacity buckets, the paused buckets)", fleet, n)
 		}
 		if want := map[int]int{1: 1, 24: 25}[fleet]; st.Used != want || st.Active != want {
 			t.Errorf("capacity = %+v, want used and active %d", st, want)

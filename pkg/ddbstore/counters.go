@@ -28,9 +28,9 @@ const countsSK = "COUNTS"
 type slotTally struct {
 	used   [CapacityBuckets]int
 	counts [CapacityBuckets]map[string]int
-	quota  map[string]int // USR#/TEN# key -> slots counted in it
-	paused int            // records holding a paused slot
-	pool   int            // pool places held
+	quota  map[string]int     // USR#/TEN# key -> slots counted in it
+	paused [PausedBuckets]int // records holding a paused slot, by paused bucket
+	pool   int                // pool places held
 }
 
 // tallyStates are the states a tally reads: those holding running slots,
@@ -82,7 +82,7 @@ func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []ite
 				return false
 			}
 			if holdsPausedSlot(st, it) {
-				t.paused++
+				t.paused[pausedBucketOf(it.PausedBucket)]++
 			}
 			if holdsPoolPlace(st, it) {
 				t.pool++
@@ -129,13 +129,14 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	if err != nil {
 		return rep, err
 	}
-	// The paused and pool counts are read before the tally, as the
-	// buckets: a take or free between the two moves their revision.
+	// The paused buckets and the pool count are read before the tally, as
+	// the capacity buckets: a take or free between the two moves their
+	// revision.
 	paused, pool, tally, legacy, err := s.countHolders(ctx, maxItems)
 	if err != nil {
 		return rep, err
 	}
-	rep.Paused, rep.Pool = &paused, &pool
+	rep.Pool = &pool
 	// Slots held in trust for granted tickets are in no index: count them
 	// from the queue.
 	grants, err := s.queueGrants(ctx)
@@ -209,6 +210,16 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 			}
 		}
 	}
+	for b, c := range paused {
+		if note("paused#"+strconv.Itoa(b), c.Used, tally.paused[b], "|"+strconv.FormatInt(c.Revision, 10)) {
+			switch err := s.repairCount(ctx, "paused slots", pausedPK(s.deployment, b), "used", c.Revision, tally.paused[b]); {
+			case err == nil:
+				rep.PausedSlots += tally.paused[b] - c.Used
+			case !errors.Is(err, core.ErrConflict):
+				errs = append(errs, err)
+			}
+		}
+	}
 	for k := range quotaKeys {
 		if note(k, stored[k], tally.quota[k], "") {
 			switch err := s.casCounter(ctx, k, "used", stored[k], tally.quota[k]); {
@@ -249,28 +260,36 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	return rep, errors.Join(errs...)
 }
 
-// CountHolders reads the paused slot count and the pool place count (with
-// their revisions), then counts their holders from the state index, as
-// RepairCounters does; it repairs nothing.
+// CountHolders reads the paused slots held and the pool place count
+// (with revisions: the paused buckets' summed), then counts their holders
+// from the state index, as RepairCounters does; it repairs nothing.
 func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount, err error) {
-	paused, pool, _, _, err = s.countHolders(ctx, 0)
-	return paused, pool, err
+	counts, pool, tally, _, err := s.countHolders(ctx, 0)
+	if err != nil {
+		return paused, pool, err
+	}
+	sum := pausedSum(counts)
+	paused = core.HolderCount{Used: sum.Used, Revision: sum.Revision}
+	for _, n := range tally.paused {
+		paused.Counted += n
+	}
+	return paused, pool, nil
 }
 
-// countHolders reads the paused slot count and the pool place count with
+// countHolders reads the paused buckets and the pool place count with
 // their revisions (strongly consistent), then tallies the state index
-// (tallySlots): the counts' holders, and every other counter's.
-func (s *Store) countHolders(ctx context.Context, maxItems int) (paused, pool core.HolderCount, tally *slotTally, legacy []item, err error) {
-	if paused.Used, paused.Revision, err = s.pausedCount(ctx); err != nil {
-		return paused, pool, nil, nil, err
+// (tallySlots): their holders, and every other counter's.
+func (s *Store) countHolders(ctx context.Context, maxItems int) (paused []countItem, pool core.HolderCount, tally *slotTally, legacy []item, err error) {
+	if paused, err = s.readPaused(ctx, true); err != nil {
+		return nil, pool, nil, nil, err
 	}
 	if pool.Used, pool.Revision, err = s.poolPlaces(ctx, true); err != nil {
-		return paused, pool, nil, nil, err
+		return nil, pool, nil, nil, err
 	}
 	if tally, legacy, err = s.tallySlots(ctx, maxItems); err != nil {
-		return paused, pool, nil, nil, err
+		return nil, pool, nil, nil, err
 	}
-	paused.Counted, pool.Counted = tally.paused, tally.pool
+	pool.Counted = tally.pool
 	return paused, pool, tally, legacy, nil
 }
 

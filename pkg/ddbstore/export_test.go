@@ -1,12 +1,13 @@
 package ddbstore
 
-// ShardOf, HomeBucket, OwnerShard and QueueShardOf expose shardOf,
-// homeBucket, ownerShard and queueShardOf to the tests.
+// ShardOf, HomeBucket, OwnerShard, QueueShardOf and PausedPK expose
+// shardOf, homeBucket, ownerShard, queueShardOf and pausedPK to the tests.
 var (
 	ShardOf      = shardOf
 	HomeBucket   = homeBucket
 	OwnerShard   = ownerShard
 	QueueShardOf = queueShardOf
+	PausedPK     = pausedPK
 )
 
 // QueueShards is queueShards.

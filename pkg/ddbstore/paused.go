@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -16,18 +18,52 @@ import (
 )
 
 // Paused slots (pause-parking). A record pausing, paused or resuming
-// holds a paused slot, counted by the item
+// holds a paused slot, counted in one of PausedBuckets items
 //
-//	PAU#<deployment>  "used": paused slots held (SANDBOX_MAX_PAUSED),
-//	                  "revision": moved by every take, free and repair
+//	PAU#<deployment>     paused bucket 0 (the key the single count had, so
+//	                     a record of an older version, naming no bucket, is its)
+//	PAU#<deployment>#<b> paused bucket b, for b = 1..PausedBuckets-1
 //
-// which every transition taking or freeing one moves in the same
-// transaction as the record; reconcile's repair compares the revision. The record says which slots it holds
-// (no_running_slot, paused_slot), so Free returns exactly those.
+// each holding "used" (the paused slots of the records naming it,
+// "paused_bucket") and "revision" (moved by every take, free and repair,
+// so that a repair can tell a count that moved and came back from one
+// that never moved). Every transition taking or freeing a paused slot
+// moves its bucket in the same transaction as the record; reconcile's
+// counter repair compares each bucket with its holders. The record says
+// which slots it holds (no_running_slot, paused_slot, paused_bucket), so
+// Free returns exactly those.
+//
+// A bucket's limit is its even share of SANDBOX_MAX_PAUSED (evenShare),
+// computed by each take from the limit it enforces rather than stored:
+// every take checks its bucket's count against its share, so the paused
+// slots never exceed the limit (and two versions enforcing two limits
+// during a deploy, never the larger). A take tries its home bucket (a
+// hash of the sandbox id), and only when that one is full reads every
+// paused bucket (one BatchGetItem) and tries those with room:
+// ErrPausedFull means every bucket was full. Why 32: a pause and its
+// resume write their bucket in two transactions (about 4 write units);
+// over 32 items the busiest takes some 0.15 units per acquire under
+// BenchmarkHotKeys' waiting load, where one item took 3.9.
+const PausedBuckets = 32
 
 var _ core.PauseStore = (*Store)(nil)
 
-func pausedPK(deployment string) string { return "PAU#" + deployment }
+// pausedPK is the key of paused bucket b.
+func pausedPK(deployment string, b int) string {
+	if b == 0 {
+		return "PAU#" + deployment
+	}
+	return "PAU#" + deployment + "#" + strconv.Itoa(b)
+}
+
+// pausedBucketOf is the paused bucket a record names, bounded (an item
+// naming none, or one out of range, counts in bucket 0).
+func pausedBucketOf(b int) int {
+	if b < 0 || b >= PausedBuckets {
+		return 0
+	}
+	return b
+}
 
 // keepsParkTime reports whether a claim into st keeps the record's park
 // time: the paused-slot states keep the warm park time (a pause given up
@@ -40,42 +76,75 @@ func keepsParkTime(st core.State) bool {
 	return false
 }
 
-// pausedTake is the transaction item that takes one paused slot, within
-// limit when limit > 0.
-func (s *Store) pausedTake(limit int) (types.TransactWriteItem, error) {
-	b := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(1))))
+// pausedTake is the transaction item that takes one paused slot in
+// bucket b, within b's share of limit when limit > 0.
+func (s *Store) pausedTake(b, limit int) (types.TransactWriteItem, error) {
+	eb := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(1))))
 	if limit > 0 {
-		b = b.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
-			expression.Name("used").LessThan(expression.Value(limit))))
+		eb = eb.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThan(expression.Value(evenShare(limit, PausedBuckets, b)))))
 	}
-	return s.pausedCountItem(b)
+	return s.pausedCountItem(b, eb)
 }
 
-// pausedRelease is the transaction item that frees one paused slot.
-func (s *Store) pausedRelease() types.TransactWriteItem {
-	it, err := s.pausedCountItem(expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(-1)))))
+// pausedRelease is the transaction item that frees one paused slot of
+// bucket b.
+func (s *Store) pausedRelease(b int) types.TransactWriteItem {
+	it, err := s.pausedCountItem(b, expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(-1)))))
 	if err != nil {
 		panic(err) // a constant expression: cannot fail
 	}
 	return it
 }
 
-// revised makes a paused-count update also move the count's revision, so
-// that a repair can tell a count that moved and came back from one that
-// never moved.
+// revised makes a count update also move the count's revision, so that a
+// repair can tell a count that moved and came back from one that never
+// moved.
 func revised(u expression.UpdateBuilder) expression.UpdateBuilder {
 	return u.Add(expression.Name("revision"), expression.Value(1))
 }
 
-// pausedCountItem is the transaction item of b on the paused count.
-func (s *Store) pausedCountItem(b expression.Builder) (types.TransactWriteItem, error) {
+// pausedCountItem is the transaction item of b on paused bucket pb.
+func (s *Store) pausedCountItem(pb int, b expression.Builder) (types.TransactWriteItem, error) {
 	expr, err := b.Build()
 	if err != nil {
 		return types.TransactWriteItem{}, err
 	}
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pausedPK(s.deployment)),
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pausedPK(s.deployment, pausedBucketOf(pb))),
 		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
 		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+}
+
+// takePaused runs take (a transaction taking a paused slot in bucket b,
+// answering errBucketFull when b has no room) in the home bucket, or when
+// that one is full in another with room (every paused bucket read with
+// one BatchGetItem), and returns the bucket that gave the slot.
+// ErrPausedFull when every bucket with a share of limit is full (or
+// reserveFallbacks more refused it: the paused slots are nearly all held).
+func (s *Store) takePaused(ctx context.Context, limit, home int, take func(b int) error) (int, error) {
+	b := home
+	var tried []int
+	for {
+		err := take(b)
+		if !errors.Is(err, errBucketFull) {
+			return b, err
+		}
+		tried = append(tried, b)
+		counts, err := s.readPaused(ctx, false)
+		if err != nil {
+			return b, fmt.Errorf("reading the paused buckets: %w", err)
+		}
+		var open []int
+		for i, c := range counts {
+			if c.Used < evenShare(limit, PausedBuckets, i) && !slices.Contains(tried, i) {
+				open = append(open, i)
+			}
+		}
+		if len(open) == 0 || len(tried) > reserveFallbacks {
+			return b, core.ErrPausedFull
+		}
+		b = open[rand.IntN(len(open))]
+	}
 }
 
 // slotsRelease are the transaction items that free the slots rec holds:
@@ -90,7 +159,7 @@ func (s *Store) slotsRelease(rec core.Record) ([]types.TransactWriteItem, error)
 		}
 	}
 	if rec.Slots.Paused {
-		items = append(items, s.pausedRelease())
+		items = append(items, s.pausedRelease(rec.Slots.PausedBucket))
 	}
 	return items, nil
 }
@@ -141,8 +210,9 @@ func (s *Store) claimRefusal(ctx context.Context, c core.Claim, user string, r t
 }
 
 // ClaimPause implements core.PauseStore: one transaction of the record
-// (warm to pausing, leased, holding a paused slot) and the paused count,
-// then a read of the record.
+// (warm to pausing, leased, holding a paused slot) and a paused bucket
+// (another when that one is full: see takePaused), then a read of the
+// record.
 func (s *Store) ClaimPause(ctx context.Context, c core.Claim, limit int) (core.Record, error) {
 	c.From = []core.State{core.StateWarm}
 	return s.claimPause(ctx, "claim pause", c, limit, nil)
@@ -158,12 +228,28 @@ func (s *Store) claimPause(ctx context.Context, op string, c core.Claim, limit i
 	if extra != nil {
 		cond = cond.And(*extra)
 	}
-	upd := s.claimUpdate(c, core.StatePausing, c.Now).Set(expression.Name("paused_slot"), expression.Value(true))
+	var out core.Record
+	_, err := s.takePaused(ctx, limit, homeOf(c.SandboxID, limit, PausedBuckets), func(b int) error {
+		var err error
+		out, err = s.claimPauseIn(ctx, op, c, limit, b, cond)
+		return err
+	})
+	if errors.Is(err, core.ErrPausedFull) {
+		return core.Record{}, fmt.Errorf("%s %s: %w", op, c.SandboxID, err)
+	}
+	return out, err
+}
+
+// claimPauseIn is claimPause's transaction (the record under cond), its
+// paused slot in bucket b: errBucketFull when b has no room.
+func (s *Store) claimPauseIn(ctx context.Context, op string, c core.Claim, limit, b int, cond expression.ConditionBuilder) (core.Record, error) {
+	upd := s.claimUpdate(c, core.StatePausing, c.Now).Set(expression.Name("paused_slot"), expression.Value(true)).
+		Set(expression.Name("paused_bucket"), expression.Value(b))
 	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("%s: %w", op, err)
 	}
-	take, err := s.pausedTake(limit)
+	take, err := s.pausedTake(b, limit)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("%s: %w", op, err)
 	}
@@ -171,8 +257,8 @@ func (s *Store) claimPause(ctx context.Context, op string, c core.Claim, limit i
 	if r, ok := failed[sandboxPK(c.SandboxID)]; ok {
 		return core.Record{}, s.claimRefusal(ctx, c, "", r)
 	}
-	if has(failed, pausedPK(s.deployment)) {
-		return core.Record{}, fmt.Errorf("%s %s: %w", op, c.SandboxID, core.ErrPausedFull)
+	if has(failed, pausedPK(s.deployment, b)) {
+		return core.Record{}, errBucketFull
 	}
 	if err != nil {
 		return core.Record{}, err
@@ -254,7 +340,8 @@ func (s *Store) settlePause(ctx context.Context, op string, rec core.Record, now
 		return core.Record{}, err
 	}
 	rec = settled(rec, to, now)
-	rec.ParkedAt, rec.ExpiresAt, rec.Slots, rec.Slot = now, time.Time{}, core.Slots{NoRunning: true, Paused: true}, core.Slot{}
+	rec.ParkedAt, rec.ExpiresAt, rec.Slot = now, time.Time{}, core.Slot{}
+	rec.Slots = core.Slots{NoRunning: true, Paused: true, PausedBucket: rec.Slots.PausedBucket}
 	return rec, nil
 }
 
@@ -269,10 +356,10 @@ func (s *Store) AbortPause(ctx context.Context, rec core.Record, now time.Time) 
 func (s *Store) abortPause(ctx context.Context, op string, rec core.Record, now time.Time, to core.State, at time.Time, upd expression.UpdateBuilder) (core.Record, error) {
 	upd = upd.Set(expression.Name("state"), expression.Value(string(to))).
 		Set(expression.Name("updated_at"), expression.Value(ms(now))).
-		Remove(expression.Name("paused_slot"))
+		Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket"))
 	upd = s.stateIndex(upd, to, at, rec.SandboxID, rec.ThreadKey)
 	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing}, upd,
-		s.pausedRelease()); err != nil {
+		s.pausedRelease(rec.Slots.PausedBucket)); err != nil {
 		return core.Record{}, err
 	}
 	rec = settled(rec, to, now)
@@ -347,9 +434,10 @@ func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresA
 		Set(expression.Name("updated_at"), expression.Value(ms(now))).
 		Set(expression.Name("expires_at"), expression.Value(ms(expiresAt))).
 		Set(expression.Name("paused_ms"), expression.Value(rec.PausedFor.Milliseconds())).
-		Remove(expression.Name("parked_at")).Remove(expression.Name("paused_slot")).Remove(expression.Name("no_running_slot"))
+		Remove(expression.Name("parked_at")).Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket")).
+		Remove(expression.Name("no_running_slot"))
 	upd = s.stateIndex(upd, core.StateActive, now, rec.SandboxID, core.ThreadKey{})
-	slots := []types.TransactWriteItem{s.pausedRelease()}
+	slots := []types.TransactWriteItem{s.pausedRelease(rec.Slots.PausedBucket)}
 	if rec.Slot.Counted != "" && rec.Slot.Counted != core.StateActive {
 		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateActive)))
 		bucket, err := s.bucketUpdate(rec.Slot.Bucket, nil, countMove(expression.UpdateBuilder{}, rec.Slot.Counted, core.StateActive))
@@ -375,30 +463,51 @@ func (s *Store) PausedParkedBefore(ctx context.Context, t time.Time, limit int) 
 
 // PausedUsed reads the number of paused slots held (strongly consistent).
 func (s *Store) PausedUsed(ctx context.Context) (int, error) {
-	used, _, err := s.pausedCount(ctx)
-	return used, err
+	counts, err := s.readPaused(ctx, true)
+	return pausedSum(counts).Used, err
 }
 
-// pausedCount reads the paused count and its revision (strongly consistent).
-func (s *Store) pausedCount(ctx context.Context) (used int, revision int64, err error) {
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(pausedPK(s.deployment)), ConsistentRead: aws.Bool(true)})
+// countItem is a count kept with its holders, as stored.
+type countItem struct {
+	Used     int   `dynamodbav:"used"`
+	Revision int64 `dynamodbav:"revision"`
+}
+
+// readPaused reads every paused bucket (one BatchGetItem; strongly
+// consistent only when consistent), absent ones as zero.
+func (s *Store) readPaused(ctx context.Context, consistent bool) ([]countItem, error) {
+	keys := make([]map[string]types.AttributeValue, PausedBuckets)
+	for b := range keys {
+		keys[b] = s.key(pausedPK(s.deployment, b))
+	}
+	items, err := s.batchGet(ctx, keys, consistent)
 	if err != nil {
-		return 0, 0, unavailable("get paused count", err)
+		return nil, err
 	}
-	var c struct {
-		Used     int   `dynamodbav:"used"`
-		Revision int64 `dynamodbav:"revision"`
+	out := make([]countItem, PausedBuckets)
+	for _, av := range items {
+		pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
+		if pk == nil {
+			continue
+		}
+		for b := range out {
+			if pk.Value == pausedPK(s.deployment, b) {
+				_ = attributevalue.UnmarshalMap(av, &out[b]) // absent attributes stay zero
+			}
+		}
 	}
-	_ = attributevalue.UnmarshalMap(out.Item, &c) // absent attributes stay zero
-	return c.Used, c.Revision, nil
+	return out, nil
 }
 
-// RepairPausedSlots implements core.PauseStore (a conditional write on
-// the count).
-func (s *Store) RepairPausedSlots(ctx context.Context, revision int64, counted int) error {
-	return s.repairCount(ctx, "paused slots", pausedPK(s.deployment), "used", revision, counted)
+// pausedSum is the paused buckets together: the slots held, and a
+// revision that moves whenever one of theirs does.
+func pausedSum(counts []countItem) countItem {
+	var sum countItem
+	for _, c := range counts {
+		sum.Used += c.Used
+		sum.Revision += c.Revision
+	}
+	return sum
 }
 
 // repairCount sets attribute attr of the count item pk to counted if the

@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
@@ -344,33 +348,90 @@ func TestPausedSlotsNeverExceedTheLimitUnderConcurrency(t *testing.T) {
 	}
 }
 
-// A paused count that moved and came back to the value a repair read is
-// not repaired: the repair compares the count's revision, which every
-// take and free moves, not the count itself.
-func TestPausedCountRepairRefusesACountThatMovedAndCameBack(t *testing.T) {
-	s := newStore(t)
+// A paused bucket that drifted from its holders is repaired by the second
+// counter repair that sees the same difference at the same revision; one
+// that moved and came back to the count the first repair read is not (its
+// revision moved: every take and free moves it), until a repair sees it
+// unchanged again.
+func TestPausedBucketRepairNeedsTheSameRevisionTwice(t *testing.T) {
+	client, table := newTable(t)
+	s := ddbstore.New(client, table, "test")
 	ctx := context.Background()
 	warmAt(t, s, thread(1), "sbx1")
-	read, _, err := s.CountHolders(ctx)
-	used, rev := read.Used, read.Revision
-	if err != nil || used != 0 || read.Counted != 0 {
-		t.Fatalf("CountHolders: paused %+v, %v; want 0 used, 0 counted", read, err)
+	// takeAndFree takes sbx1's paused slot (no limit: always its home
+	// bucket) and gives it up, returning the bucket.
+	takeAndFree := func() int {
+		t.Helper()
+		rec, err := s.ClaimPause(ctx, pauseClaim("sbx1", "p", t0.Add(time.Hour)), 0)
+		if err != nil {
+			t.Fatalf("ClaimPause: %v", err)
+		}
+		if _, err := s.AbortPause(ctx, rec, t0.Add(time.Hour)); err != nil {
+			t.Fatalf("AbortPause: %v", err)
+		}
+		return rec.Slots.PausedBucket
 	}
-	// A pause taken and given up: the count is back where it was read.
-	rec, err := s.ClaimPause(ctx, pauseClaim("sbx1", "p", t0.Add(time.Hour)), 5)
-	if err != nil {
-		t.Fatalf("ClaimPause: %v", err)
+	b := takeAndFree()
+	if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+		Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: ddbstore.PausedPK("test", b)}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+		UpdateExpression:          aws.String("ADD used :n, revision :one"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: "3"}, ":one": &types.AttributeValueMemberN{Value: "1"}}}); err != nil {
+		t.Fatal(err) // drift, as a bug would leave it
 	}
-	if _, err := s.AbortPause(ctx, rec, t0.Add(time.Hour)); err != nil {
-		t.Fatalf("AbortPause: %v", err)
+	for _, step := range []struct {
+		name       string
+		before     func()
+		wantFix    int
+		wantPaused int
+	}{
+		{"first sighting", func() {}, 0, 3},
+		{"moved and came back", func() { takeAndFree() }, 0, 3},
+		{"seen again unchanged", func() {}, -3, 0},
+	} {
+		step.before()
+		rep, err := s.RepairCounters(ctx, 10, 100)
+		if err != nil {
+			t.Fatalf("%s: RepairCounters: %v", step.name, err)
+		}
+		n, err := s.PausedUsed(ctx)
+		if err != nil {
+			t.Fatalf("%s: PausedUsed: %v", step.name, err)
+		}
+		if rep.PausedSlots != step.wantFix || n != step.wantPaused {
+			t.Errorf("%s: paused slots corrected by %d, %d held; want %d, %d", step.name, rep.PausedSlots, n, step.wantFix, step.wantPaused)
+		}
 	}
-	if again, _, err := s.CountHolders(ctx); err != nil || again.Used != used || again.Revision == rev {
-		t.Fatalf("after take and free: count %d revision %d (read %d, %d), %v; want the same count, another revision", again.Used, again.Revision, used, rev, err)
-	}
-	if err := s.RepairPausedSlots(ctx, rev, 7); !errors.Is(err, core.ErrConflict) {
-		t.Errorf("RepairPausedSlots at the old revision = %v, want ErrConflict", err)
-	}
-	if n, err := s.PausedUsed(ctx); err != nil || n != 0 {
-		t.Errorf("paused count = %d, %v; want 0 (untouched)", n, err)
+}
+
+// The paused slots are spread over the paused buckets, each within its
+// share of the limit, and a pause is refused only when every bucket with
+// a share is full: filling the limit one pause at a time takes every
+// slot, and the first pause past it is refused.
+func TestPausedSlotsFillEveryBucketBeforeRefusing(t *testing.T) {
+	for _, limit := range []int{1, 5, ddbstore.PausedBuckets + 8} {
+		t.Run(fmt.Sprint("limit ", limit), func(t *testing.T) {
+			s := newStore(t)
+			ctx := context.Background()
+			buckets := map[int]int{}
+			for i := range limit + 1 {
+				id := fmt.Sprintf("sbx%d", i)
+				warmAt(t, s, thread(i), id)
+				rec, err := s.ClaimPause(ctx, pauseClaim(id, "p", t0.Add(time.Hour)), limit)
+				switch {
+				case i < limit && err != nil:
+					t.Fatalf("pause %d of %d: %v, want a paused slot", i+1, limit, err)
+				case i == limit && !errors.Is(err, core.ErrPausedFull):
+					t.Fatalf("pause past the limit = %v, want ErrPausedFull", err)
+				case err == nil:
+					buckets[rec.Slots.PausedBucket]++
+				}
+			}
+			if n, err := s.PausedUsed(ctx); err != nil || n != limit {
+				t.Errorf("paused slots held = %d, %v; want %d", n, err, limit)
+			}
+			if got, want := len(buckets), min(limit, ddbstore.PausedBuckets); got != want {
+				t.Errorf("the paused slots are in %d buckets (%v), want %d", got, buckets, want)
+			}
+		})
 	}
 }

@@ -266,7 +266,7 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = poolMetered(m, c.Now), c.Now, core.StatePooled
 	rec.Slot = slot
 	if paused {
-		rec.Slots = core.Slots{Paused: true}
+		rec.Slots = core.Slots{Paused: true, PausedBucket: m.Slots.PausedBucket}
 	}
 	return rec, nil
 }
@@ -347,7 +347,7 @@ func (s *Store) poolPlaces(ctx context.Context, consistent bool) (int, int64, er
 }
 
 // RepairPoolPlaces implements core.PoolStore (a conditional write on the
-// count, as RepairPausedSlots).
+// count, compared with the revision the caller read).
 func (s *Store) RepairPoolPlaces(ctx context.Context, revision int64, counted int) error {
 	return s.repairCount(ctx, "pool places", poolPK(s.deployment), "members", revision, counted)
 }

@@ -234,7 +234,8 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 		bindItems = append(bindItems, it)
 	}
 	if a.Record.Slots.Paused {
-		take, err := s.pausedTake(0) // as the running slot: the sandbox exists whatever the count says
+		a.Record.Slots.PausedBucket = homeOf(a.Record.SandboxID, 0, PausedBuckets)
+		take, err := s.pausedTake(a.Record.Slots.PausedBucket, 0) // as the running slot: the sandbox exists whatever the count says
 		if err != nil {
 			return core.Record{}, fmt.Errorf("adopt: %w", err)
 		}
@@ -447,19 +448,15 @@ func (s *Store) FirstSeen(ctx context.Context, id string, now time.Time) (time.T
 
 // reconcileCursorItem is the stored core.ReconcileCursor.
 type reconcileCursorItem struct {
-	Cycle       string `dynamodbav:"cycle"`
-	CycleStart  int64  `dynamodbav:"cycle_start"`
-	Token       string `dynamodbav:"token"`
-	Pass        int    `dynamodbav:"pass"`
-	Version     int64  `dynamodbav:"version"`
-	PausedUsed  int    `dynamodbav:"paused_used,omitempty"`
-	PausedCount int    `dynamodbav:"paused_count,omitempty"`
-	PausedNoted bool   `dynamodbav:"paused_noted,omitempty"`
-	PausedRev   int64  `dynamodbav:"paused_revision,omitempty"`
-	PoolUsed    int    `dynamodbav:"pool_used,omitempty"`
-	PoolCount   int    `dynamodbav:"pool_count,omitempty"`
-	PoolNoted   bool   `dynamodbav:"pool_noted,omitempty"`
-	PoolRev     int64  `dynamodbav:"pool_revision,omitempty"`
+	Cycle      string `dynamodbav:"cycle"`
+	CycleStart int64  `dynamodbav:"cycle_start"`
+	Token      string `dynamodbav:"token"`
+	Pass       int    `dynamodbav:"pass"`
+	Version    int64  `dynamodbav:"version"`
+	PoolUsed   int    `dynamodbav:"pool_used,omitempty"`
+	PoolCount  int    `dynamodbav:"pool_count,omitempty"`
+	PoolNoted  bool   `dynamodbav:"pool_noted,omitempty"`
+	PoolRev    int64  `dynamodbav:"pool_revision,omitempty"`
 }
 
 // Cursor reads the inventory cursor (zero if none).
@@ -478,7 +475,6 @@ func (s *Store) Cursor(ctx context.Context) (core.ReconcileCursor, error) {
 	}
 	return core.ReconcileCursor{Cycle: it.Cycle, CycleStart: fromMS(it.CycleStart), Token: it.Token, Pass: it.Pass,
 		Version: it.Version,
-		Paused:  core.NotedCount{Used: it.PausedUsed, Counted: it.PausedCount, Noted: it.PausedNoted, Revision: it.PausedRev},
 		Pool:    core.NotedCount{Used: it.PoolUsed, Counted: it.PoolCount, Noted: it.PoolNoted, Revision: it.PoolRev}}, nil
 }
 
@@ -489,7 +485,6 @@ func (s *Store) SaveCursor(ctx context.Context, c core.ReconcileCursor) error {
 	defer cancel()
 	av, err := attributevalue.MarshalMap(reconcileCursorItem{Cycle: c.Cycle, CycleStart: ms(c.CycleStart), Token: c.Token,
 		Pass: c.Pass, Version: c.Version + 1,
-		PausedUsed: c.Paused.Used, PausedCount: c.Paused.Counted, PausedNoted: c.Paused.Noted, PausedRev: c.Paused.Revision,
 		PoolUsed: c.Pool.Used, PoolCount: c.Pool.Counted, PoolNoted: c.Pool.Noted, PoolRev: c.Pool.Revision})
 	if err != nil {
 		return fmt.Errorf("save reconcile cursor: %w", err)

@@ -16,7 +16,8 @@
 //	                              sk = "<round>#<arrival ms>#<ticket>" ("state" waiting|granted, "until",
 //	                              "bucket", "grant_until"; see waiters.go); WQ#<deployment>, the
 //	                              unsharded queue older versions wrote, is still read by reconcile
-//	PAU#<deployment>              paused slots held ("used"), for SANDBOX_MAX_PAUSED (paused.go)
+//	PAU#<deployment>[#<b>]        paused bucket b (none for b = 0) of PausedBuckets: paused slots held
+//	                              ("used", "revision"), for SANDBOX_MAX_PAUSED (paused.go)
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and
 // reservations by state, spread over IndexShards partition keys per state:
