@@ -262,7 +262,7 @@ func byKind(m map[string]float64, a float64) string {
 // the slot granted to them; gave-up/op), and logs the units of the
 // queue's keys (WQ#: the queue's shards; WTR#: the tenants' waiter
 // places) per acquire and per waited acquire (per ticket queued). A Query
-// counts as one small item's read (results under 4 KB). Three loads:
+// counts as one small item's read (results under 4 KB). Four loads:
 //
 //   - steady: 16 tenants' threads acquire (reuse, reclaim, create, with
 //     evictions), release and are refused (a full deployment, a tenant
@@ -289,7 +289,12 @@ func byKind(m map[string]float64, a float64) string {
 //     transactions (queued, granted, taken: 6 units applied, and about 3
 //     more in cancelled grants), spread over the queue's shards; every
 //     read of the queue's head reads each shard. Its polls' reads grow
-//     with the wait, which DynamoDB Local's latency lengthens.
+//     with the wait, which DynamoDB Local's latency lengthens. Its limit
+//     gives only 8 of the 64 capacity buckets a share;
+//   - waiting-wide: the same with 192 callers of 24 tenants on 64 slots,
+//     one in each capacity bucket: the waiting load of a deployment whose
+//     buckets all take part, bounded by the queue rather than by its
+//     limit.
 func BenchmarkHotKeys(b *testing.B) {
 	for _, bm := range []struct {
 		name string
@@ -297,7 +302,8 @@ func BenchmarkHotKeys(b *testing.B) {
 	}{
 		{"steady", func(b *testing.B, r *hotRig) { mixedLoad(b, r, false) }},
 		{"saturated", func(b *testing.B, r *hotRig) { mixedLoad(b, r, true) }},
-		{"waiting", waitingLoad},
+		{"waiting", func(b *testing.B, r *hotRig) { waitingLoad(b, r, waitingShape{slots: 8, callers: 24, tenants: 6}) }},
+		{"waiting-wide", func(b *testing.B, r *hotRig) { waitingLoad(b, r, waitingShape{slots: 64, callers: 96, tenants: 24}) }},
 	} {
 		b.Run(bm.name, func(b *testing.B) {
 			r := newHotRig(b)
@@ -495,9 +501,14 @@ func mixedThread(rng *rand.Rand, saturated bool) core.ThreadKey {
 	return core.ThreadKey{Tenant: tenant, User: fmt.Sprint("u", thread%3), Thread: fmt.Sprint("t", thread)}
 }
 
+// waitingShape is the size of a waiting load: its limit, callers and
+// their tenants (each caller's threads are its own).
+type waitingShape struct{ slots, callers, tenants int }
+
 // waitingLoad is the waiting load: see BenchmarkHotKeys.
-func waitingLoad(b *testing.B, r *hotRig) {
-	const slots, callers, tenants, threadsPerCaller, inUse = 8, 24, 6, 4, 5 * time.Millisecond
+func waitingLoad(b *testing.B, r *hotRig, shape waitingShape) {
+	const threadsPerCaller, inUse = 4, 5 * time.Millisecond
+	slots, callers, tenants := shape.slots, shape.callers, shape.tenants
 	r.prov.Pausable = true // before the engine is built
 	eng := r.engine(b, func(s *core.Settings) {
 		s.Replicas, s.Policy, s.PauseAfter = slots, core.PolicyWait, 0
@@ -529,7 +540,7 @@ func waitingLoad(b *testing.B, r *hotRig) {
 		id := callerIDs.Add(1) - 1
 		rng := rand.New(rand.NewPCG(uint64(id), 3))
 		for pb.Next() {
-			k := core.ThreadKey{Tenant: fmt.Sprint("tenant", id%tenants), User: fmt.Sprint("u", id),
+			k := core.ThreadKey{Tenant: fmt.Sprint("tenant", id%int64(tenants)), User: fmt.Sprint("u", id),
 				Thread: fmt.Sprint("t", rng.IntN(threadsPerCaller))}
 			res, ok := r.acquire(ctx, eng, k)
 			if !ok {
