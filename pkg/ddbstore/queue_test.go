@@ -393,6 +393,63 @@ func TestConcurrentDispatchersNeverOvergrant(t *testing.T) {
 	}
 }
 
+// TestFreesRacingOnTheHeadGrantEveryFreedSlot: the dispatches of frees
+// that end at once (with the head's own turn among them, or not) race on
+// the same head ticket; a dispatch that loses to a peer's grant stops, so
+// the winners must serve on from the losers' slots: every freed slot ends
+// granted, each to a different ticket, the first in order.
+func TestFreesRacingOnTheHeadGrantEveryFreedSlot(t *testing.T) {
+	const limit, freed, waiters, rounds = 8, 5, 12, 6
+	for _, withTurn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("head's turn too %v", withTurn), func(t *testing.T) {
+			for round := range rounds {
+				f := newQueueFixture(t, limit)
+				recs := f.fill(limit)
+				var tickets []core.Ticket
+				for i := range waiters {
+					tickets = append(tickets, f.enter(fmt.Sprint("t", i), fmt.Sprintf("w%02d", i), t0.Add(time.Duration(i)*time.Millisecond)))
+				}
+				var ds []core.Dispatch
+				now := t0.Add(time.Second)
+				for _, r := range recs[:freed] {
+					ds = append(ds, core.Dispatch{Now: now, Limit: limit, Bucket: f.free(r), GrantFor: 5 * time.Second})
+				}
+				if withTurn {
+					ds = append(ds, core.Dispatch{Now: now, Limit: limit, Bucket: -1, Self: tickets[0].ID, GrantFor: 5 * time.Second})
+				}
+				var mu sync.Mutex
+				var granted []string
+				var wg sync.WaitGroup
+				start := make(chan struct{})
+				for i, d := range ds {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-start
+						res, err := f.s.Dispatch(context.Background(), d)
+						if err != nil {
+							t.Errorf("round %d dispatcher %d: %v", round, i, err)
+							return
+						}
+						mu.Lock()
+						granted = append(granted, ids(res.Granted)...)
+						mu.Unlock()
+					}()
+				}
+				close(start)
+				wg.Wait()
+				slices.Sort(granted)
+				if want := []string{"w00", "w01", "w02", "w03", "w04"}; !slices.Equal(granted, want) {
+					t.Fatalf("round %d: granted %v, want %v (each once, the first %d)", round, granted, want, freed)
+				}
+				if used, g := f.counts(); used != limit || g != freed {
+					t.Fatalf("round %d: used %d granted %d, want %d and %d", round, used, g, limit, freed)
+				}
+			}
+		})
+	}
+}
+
 // TestCounterRepairKeepsTrustedSlots: slots held in trust for granted
 // tickets are in no index; the repair counts them from the queue and
 // leaves them (and the granted count) alone.

@@ -31,6 +31,9 @@ const (
 var (
 	errBucketFull  = errors.New("capacity bucket full")
 	errLimitsUnset = errors.New("capacity bucket limits not set for this limit")
+	// errGrantedElsewhere: a grant found its ticket granted by a peer's
+	// dispatch, which serves the queue on (see Dispatch).
+	errGrantedElsewhere = fmt.Errorf("ticket granted by a peer: %w", core.ErrConflict)
 )
 
 // Reserve takes a slot and binds the thread to the reservation,

@@ -401,7 +401,8 @@ func (s *Store) grantUpdate(t ticketItem, b int, grantUntil int64) (types.Transa
 	}
 	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: keySK(t.PK, t.SK),
 		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
 }
 
 // trustRelease is the bucket update freeing a slot held in trust.
@@ -438,7 +439,7 @@ func (s *Store) passOn(ctx context.Context, g ticketItem, next *ticketItem, now 
 // grantIn takes a slot of bucket b into trust for the waiting ticket t,
 // within b's limit for limit, in one transaction: errBucketFull (or
 // errLimitsUnset, or a draining refusal) when b refuses, ErrConflict when
-// t is no longer waiting.
+// t is no longer waiting (errGrantedElsewhere when a peer granted it).
 func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUntil int64) error {
 	take := takeCondition(limit)
 	bucket, err := s.bucketUpdate(b, &take, expression.Add(expression.Name("used"), expression.Value(1)).
@@ -453,6 +454,10 @@ func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUn
 	failed, err := s.writeTxn(ctx, "grant", []types.TransactWriteItem{bucket, grant})
 	switch {
 	case has(failed, ticketID(t.PK, t.SK)):
+		var now ticketItem
+		if av := failed[ticketID(t.PK, t.SK)].Item; av != nil && attributevalue.UnmarshalMap(av, &now) == nil && now.granted() {
+			return fmt.Errorf("grant ticket %s: %w", t.Ticket, errGrantedElsewhere)
+		}
 		return fmt.Errorf("grant ticket %s: %w", t.Ticket, core.ErrConflict)
 	case has(failed, bucketPK(s.deployment, b)):
 		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, limit)
@@ -487,7 +492,14 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // with room (d.Bucket first; every bucket read, eventually consistent,
 // when d.Scan, or when d.Self is the first live waiting ticket). A race
 // lost to a peer (a ticket or grant that moved) reads the head again, up
-// to dispatchAttempts times. The first read of a free's dispatch (d.Bucket
+// to dispatchAttempts times, except a grant whose ticket a peer granted:
+// then this dispatch stops, and the peer serves on. The frees that end
+// at once race on the same head ticket; the one that wins it reads every
+// bucket strongly once its room runs out and grants the next tickets from
+// the losers' slots, which those freed before reading the ticket waiting,
+// so before the winner's grant. Re-reading the head instead made every
+// loser read every shard again and cost the queue half its throughput.
+// The first read of a free's dispatch (d.Bucket
 // set) is eventually consistent and short (freeScan): every free reads
 // every shard, at half a read unit each; a ticket it misses is served by its
 // own dispatch or the head's next turn, and every write is conditional on
@@ -605,15 +617,19 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q []ticketItem, r
 	if d.Bucket >= 0 {
 		room[d.Bucket] = 1 // a slot was freed there; whether it still is, the take decides
 	}
-	read := false
+	first := d.Scan || (d.Self != "" && waiting[0].Ticket == d.Self)
+	read, won, readAfterWin := false, len(res.Granted), false
 	for len(waiting) > 0 {
 		b, ok := roomIn(room)
 		if !ok {
-			if read || !(d.Scan || (d.Self != "" && waiting[0].Ticket == d.Self)) {
+			// A dispatch that granted reads every bucket once more, strongly,
+			// after its grants: a peer's dispatch that lost a grant to it has
+			// stopped, leaving its freed slot to this one (see Dispatch).
+			if !(first && !read) && (won == 0 || readAfterWin) {
 				break
 			}
-			read = true
-			buckets, _, err := s.readBuckets(ctx, "", false)
+			read, readAfterWin = true, won > 0
+			buckets, _, err := s.readBuckets(ctx, "", won > 0)
 			if err != nil {
 				return false, err
 			}
@@ -635,13 +651,16 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q []ticketItem, r
 		switch {
 		case err == nil:
 			room[b]--
+			won++
 			res.Granted = append(res.Granted, waiting[0].ticket())
 			waiting = waiting[1:]
 		case errors.Is(err, errBucketFull), errors.Is(err, errLimitsUnset):
 			delete(room, b)
 		case errors.As(err, &ce): // draining: nothing is granted
 			room = nil
-			read = true
+			read, readAfterWin = true, true
+		case errors.Is(err, errGrantedElsewhere):
+			return false, nil // the peer that granted it serves on
 		case errors.Is(err, core.ErrConflict):
 			return true, nil
 		default:
