@@ -322,3 +322,46 @@ func TestWaitRefusalReportsTombstones(t *testing.T) {
 		t.Errorf("refusal status = %+v, want used 1 held by 1 tombstone", ce.Status)
 	}
 }
+
+// racingReserveStore loses every reservation to a peer with err, as a
+// thread whose binding keeps moving does.
+type racingReserveStore struct {
+	core.Store
+	err error
+}
+
+func (s racingReserveStore) Reserve(context.Context, core.Reservation) error { return s.err }
+
+// An acquire that loses the race for its thread until its time runs out
+// is refused with the retryable held-lease conflict, whatever the last
+// attempt met: never a 404 for a sandbox nobody asked about, nor a final
+// conflict.
+func TestAcquireContendedUntilTheDeadlineIsRetryable(t *testing.T) {
+	for _, race := range []error{core.ErrThreadBound, core.ErrConflict, core.ErrNotFound} {
+		t.Run(race.Error(), func(t *testing.T) {
+			h := newHarness(t, nil)
+			s := core.DefaultSettings()
+			s.Deployment, s.AcquireTimeout = "test", 5*time.Second
+			attempts := 0
+			eng, err := core.New(s, racingReserveStore{h.store, fmt.Errorf("reserve: %w", race)}, h.prov, h.sync,
+				core.WithClock(h.clock.now), core.WithSleep(func(_ context.Context, d time.Duration) error {
+					attempts++
+					h.clock.advance(d)
+					return nil
+				}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = eng.Acquire(context.Background(), key("t1"))
+			if !errors.Is(err, core.ErrLeaseHeld) || errors.Is(err, race) {
+				t.Errorf("Acquire = %v, want ErrLeaseHeld and not %v", err, race)
+			}
+			if attempts == 0 {
+				t.Error("the acquire gave up without retrying")
+			}
+			if n := h.prov.Count("create"); n != 0 {
+				t.Errorf("provider creates = %d, want 0", n)
+			}
+		})
+	}
+}

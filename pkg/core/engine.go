@@ -272,12 +272,23 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 			}
 		}
 		if !e.now().Add(wait).Before(deadline) {
-			return AcquireResult{}, err
+			return AcquireResult{}, contended(err)
 		}
 		if serr := e.sleep(ctx, wait); serr != nil {
 			return AcquireResult{}, fmt.Errorf("acquire: %w", serr)
 		}
 	}
+}
+
+// contended is what an acquire whose time ran out on a race returns: a
+// thread whose binding or record moved under every attempt is being
+// changed by peers, which is the retryable conflict of a held lease, not
+// the conflict or absence the last attempt happened to meet.
+func contended(err error) error {
+	if errors.Is(err, ErrThreadBound) || errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("acquire: the thread changed under every attempt (last: %v): %w", err, ErrLeaseHeld)
+	}
+	return err
 }
 
 // acquireState is what one Acquire remembers across its attempts.

@@ -360,26 +360,11 @@ func TestConcurrentDispatchersNeverOvergrant(t *testing.T) {
 		buckets = append(buckets, f.free(r))
 	}
 	now := t0.Add(time.Second)
-	var mu sync.Mutex
-	var granted []string
-	var wg sync.WaitGroup
+	var ds []core.Dispatch
 	for i := range dispatchers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			d := core.Dispatch{Now: now, Limit: limit, Bucket: buckets[i%freed], Scan: i%2 == 0, GrantFor: 5 * time.Second}
-			res, err := f.s.Dispatch(context.Background(), d)
-			if err != nil {
-				t.Errorf("dispatcher %d: %v", i, err)
-				return
-			}
-			mu.Lock()
-			granted = append(granted, ids(res.Granted)...)
-			mu.Unlock()
-		}()
+		ds = append(ds, core.Dispatch{Now: now, Limit: limit, Bucket: buckets[i%freed], Scan: i%2 == 0, GrantFor: 5 * time.Second})
 	}
-	wg.Wait()
-	slices.Sort(granted)
+	granted := dispatchAtOnce(t, f, ds)
 	if want := []string{"w00", "w01", "w02"}; !slices.Equal(granted, want) {
 		t.Errorf("granted %v, want %v (each once, the first three)", granted, want)
 	}
@@ -396,58 +381,79 @@ func TestConcurrentDispatchersNeverOvergrant(t *testing.T) {
 // TestFreesRacingOnTheHeadGrantEveryFreedSlot: the dispatches of frees
 // that end at once (with the head's own turn among them, or not) race on
 // the same head ticket; a dispatch that loses to a peer's grant stops, so
-// the winners must serve on from the losers' slots: every freed slot ends
-// granted, each to a different ticket, the first in order.
+// the winners must serve on from the losers' slots, past the few tickets
+// a free's first read sees when more slots were freed than that: every
+// freed slot ends granted, each to a different ticket, the first in order.
 func TestFreesRacingOnTheHeadGrantEveryFreedSlot(t *testing.T) {
-	const limit, freed, waiters, rounds = 8, 5, 12, 6
-	for _, withTurn := range []bool{false, true} {
-		t.Run(fmt.Sprintf("head's turn too %v", withTurn), func(t *testing.T) {
+	const rounds = 5
+	tests := []struct {
+		name                  string
+		limit, freed, waiters int
+		withTurn              bool
+	}{
+		{name: "frees", limit: 8, freed: 5, waiters: 12},
+		{name: "frees and the head's turn", limit: 8, freed: 5, waiters: 12, withTurn: true},
+		{name: "more frees than a free reads", limit: 16, freed: 12, waiters: 20},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
 			for round := range rounds {
-				f := newQueueFixture(t, limit)
-				recs := f.fill(limit)
+				f := newQueueFixture(t, tc.limit)
+				recs := f.fill(tc.limit)
 				var tickets []core.Ticket
-				for i := range waiters {
-					tickets = append(tickets, f.enter(fmt.Sprint("t", i), fmt.Sprintf("w%02d", i), t0.Add(time.Duration(i)*time.Millisecond)))
+				var want []string
+				for i := range tc.waiters {
+					id := fmt.Sprintf("w%02d", i)
+					tickets = append(tickets, f.enter(fmt.Sprint("t", i), id, t0.Add(time.Duration(i)*time.Millisecond)))
+					if i < tc.freed {
+						want = append(want, id)
+					}
 				}
-				var ds []core.Dispatch
 				now := t0.Add(time.Second)
-				for _, r := range recs[:freed] {
-					ds = append(ds, core.Dispatch{Now: now, Limit: limit, Bucket: f.free(r), GrantFor: 5 * time.Second})
+				var ds []core.Dispatch
+				for _, r := range recs[:tc.freed] {
+					ds = append(ds, core.Dispatch{Now: now, Limit: tc.limit, Bucket: f.free(r), GrantFor: 5 * time.Second})
 				}
-				if withTurn {
-					ds = append(ds, core.Dispatch{Now: now, Limit: limit, Bucket: -1, Self: tickets[0].ID, GrantFor: 5 * time.Second})
+				if tc.withTurn {
+					ds = append(ds, core.Dispatch{Now: now, Limit: tc.limit, Bucket: -1, Self: tickets[0].ID, GrantFor: 5 * time.Second})
 				}
-				var mu sync.Mutex
-				var granted []string
-				var wg sync.WaitGroup
-				start := make(chan struct{})
-				for i, d := range ds {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						<-start
-						res, err := f.s.Dispatch(context.Background(), d)
-						if err != nil {
-							t.Errorf("round %d dispatcher %d: %v", round, i, err)
-							return
-						}
-						mu.Lock()
-						granted = append(granted, ids(res.Granted)...)
-						mu.Unlock()
-					}()
+				granted := dispatchAtOnce(t, f, ds)
+				if !slices.Equal(granted, want) {
+					t.Fatalf("round %d: granted %v, want %v (each once, the first %d)", round, granted, want, tc.freed)
 				}
-				close(start)
-				wg.Wait()
-				slices.Sort(granted)
-				if want := []string{"w00", "w01", "w02", "w03", "w04"}; !slices.Equal(granted, want) {
-					t.Fatalf("round %d: granted %v, want %v (each once, the first %d)", round, granted, want, freed)
-				}
-				if used, g := f.counts(); used != limit || g != freed {
-					t.Fatalf("round %d: used %d granted %d, want %d and %d", round, used, g, limit, freed)
+				if used, g := f.counts(); used != tc.limit || g != tc.freed {
+					t.Fatalf("round %d: used %d granted %d, want %d and %d", round, used, g, tc.limit, tc.freed)
 				}
 			}
 		})
 	}
+}
+
+// dispatchAtOnce runs the dispatches ds concurrently and returns the
+// tickets they granted, sorted.
+func dispatchAtOnce(t *testing.T, f *queueFixture, ds []core.Dispatch) []string {
+	t.Helper()
+	var mu sync.Mutex
+	var granted []string
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, d := range ds {
+		wg.Go(func() {
+			<-start
+			res, err := f.s.Dispatch(context.Background(), d)
+			if err != nil {
+				t.Errorf("dispatcher %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			granted = append(granted, ids(res.Granted)...)
+			mu.Unlock()
+		})
+	}
+	close(start)
+	wg.Wait()
+	slices.Sort(granted)
+	return granted
 }
 
 // TestCounterRepairKeepsTrustedSlots: slots held in trust for granted

@@ -32,7 +32,7 @@ var (
 	errBucketFull  = errors.New("capacity bucket full")
 	errLimitsUnset = errors.New("capacity bucket limits not set for this limit")
 	// errGrantedElsewhere: a grant found its ticket granted by a peer's
-	// dispatch, which serves the queue on (see Dispatch).
+	// dispatch since the grant read it waiting.
 	errGrantedElsewhere = fmt.Errorf("ticket granted by a peer: %w", core.ErrConflict)
 )
 

@@ -490,16 +490,14 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // passed on to the first live waiting tickets (or their slots freed),
 // then each live waiting ticket in turn is granted a slot of a bucket
 // with room (d.Bucket first; every bucket read, eventually consistent,
-// when d.Scan, or when d.Self is the first live waiting ticket). A race
-// lost to a peer (a ticket or grant that moved) reads the head again, up
-// to dispatchAttempts times, except a grant whose ticket a peer granted:
-// then this dispatch stops, and the peer serves on. The frees that end
-// at once race on the same head ticket; the one that wins it reads every
-// bucket strongly once its room runs out and grants the next tickets from
-// the losers' slots, which those freed before reading the ticket waiting,
-// so before the winner's grant. Re-reading the head instead made every
-// loser read every shard again and cost the queue half its throughput.
-// The first read of a free's dispatch (d.Bucket
+// when d.Scan, or when d.Self is the first live waiting ticket). A grant
+// that finds its ticket granted by a peer since the read (the frees that
+// end at once all try the same head ticket first) goes on to the next
+// ticket read, keeping the slot, and reads the head again only when the
+// slot is left once peers took every ticket read: so each freed slot goes
+// to the queue, however many frees end at once. Any other race lost to a
+// peer (a ticket or grant that moved) reads the head again; each reads
+// again up to dispatchAttempts times. The first read of a free's dispatch (d.Bucket
 // set) is eventually consistent and short (freeScan): every free reads
 // every shard, at half a read unit each; a ticket it misses is served by its
 // own dispatch or the head's next turn, and every write is conditional on
@@ -617,19 +615,15 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q []ticketItem, r
 	if d.Bucket >= 0 {
 		room[d.Bucket] = 1 // a slot was freed there; whether it still is, the take decides
 	}
-	first := d.Scan || (d.Self != "" && waiting[0].Ticket == d.Self)
-	read, won, readAfterWin := false, len(res.Granted), false
+	read, passed := false, false
 	for len(waiting) > 0 {
 		b, ok := roomIn(room)
 		if !ok {
-			// A dispatch that granted reads every bucket once more, strongly,
-			// after its grants: a peer's dispatch that lost a grant to it has
-			// stopped, leaving its freed slot to this one (see Dispatch).
-			if !(first && !read) && (won == 0 || readAfterWin) {
+			if read || !(d.Scan || (d.Self != "" && waiting[0].Ticket == d.Self)) {
 				break
 			}
-			read, readAfterWin = true, won > 0
-			buckets, _, err := s.readBuckets(ctx, "", won > 0)
+			read = true
+			buckets, _, err := s.readBuckets(ctx, "", false)
 			if err != nil {
 				return false, err
 			}
@@ -651,16 +645,17 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q []ticketItem, r
 		switch {
 		case err == nil:
 			room[b]--
-			won++
 			res.Granted = append(res.Granted, waiting[0].ticket())
 			waiting = waiting[1:]
 		case errors.Is(err, errBucketFull), errors.Is(err, errLimitsUnset):
 			delete(room, b)
 		case errors.As(err, &ce): // draining: nothing is granted
 			room = nil
-			read, readAfterWin = true, true
+			read = true
 		case errors.Is(err, errGrantedElsewhere):
-			return false, nil // the peer that granted it serves on
+			// A peer granted it since the read: the slot is still this
+			// dispatch's to give, to the next ticket it read.
+			waiting, passed = waiting[1:], true
 		case errors.Is(err, core.ErrConflict):
 			return true, nil
 		default:
@@ -669,10 +664,13 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q []ticketItem, r
 	}
 	if len(waiting) > 0 {
 		res.Head = waiting[0].Ticket
-	} else {
-		res.Head = ""
+		return false, nil
 	}
-	return false, nil
+	res.Head = ""
+	// Peers granted every ticket read past the last one this dispatch
+	// granted: more may wait behind them, read the head again.
+	_, left := roomIn(room)
+	return passed && left, nil
 }
 
 // roomIn picks a bucket with room left (at random, so that concurrent
