@@ -21,17 +21,20 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
@@ -72,7 +75,9 @@ type stack struct {
 	store      *ddbstore.Store // clean
 	s3c        *s3.Client      // clean
 	bucket     string
-	pool       bool // the engine keeps a pool of one member
+	pool       bool             // the engine keeps a pool of one member
+	db         *dynamodb.Client // clean, for the writes a case sets up by hand
+	table      string
 	// enqueued hears each ticket the engine queues (wait policy).
 	enqueued chan core.WaitNote
 }
@@ -95,6 +100,7 @@ type stackConfig struct {
 	// (0: 3 s) and SANDBOX_MAX_WAITERS_PER_TENANT (0: the default).
 	acquireTimeout time.Duration
 	waiterPlaces   int
+	maxPaused      int // SANDBOX_MAX_PAUSED (0: the default)
 }
 
 // newStack builds a case's stack over the shared sandbox host, DynamoDB
@@ -123,7 +129,7 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	if err := ddbstore.CreateTable(ctx, db, table); err != nil {
 		t.Fatalf("CreateTable: %v", err)
 	}
-	st.store = ddbstore.New(db, table, st.deployment)
+	st.store, st.db, st.table = ddbstore.New(db, table, st.deployment), db, table
 	faultyDB := dynamodb.New(db.Options(), func(o *dynamodb.Options) { o.HTTPClient = &http.Client{Transport: st.ddb} })
 	st.s3c = testenv.S3Client(t)
 	st.bucket = testenv.Bucket(t, st.s3c)
@@ -144,6 +150,7 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 		s.MaxWaitersPerTenant = cfg.waiterPlaces
 	}
 	s.MaxPerUser = cfg.maxPerUser
+	s.MaxPaused = cfg.maxPaused
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = 0
 	opts := []core.Option{core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs),
@@ -801,6 +808,75 @@ var pausedPoolSteps = []step{
 	{"pool-paused/activate", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), claimStep},
 }
 
+// pausedFallbackSteps are the steps of a pause whose home paused bucket
+// is full (SANDBOX_MAX_PAUSED 2: two paused buckets of one slot each, the
+// home one counted full by hand, a count reconcile's repair takes back):
+// the read of every paused bucket (eventually consistent, unlike the
+// repair's) and the take in the other bucket.
+var pausedFallbackSteps = []step{
+	{name: "reconcile/pause-fallback-read", layer: ddbLayer, run: pauseFallbackStep,
+		match: faults.BodyLacks(faults.BodyContains(faults.DynamoDB("BatchGetItem"), `"S":"PAU#`), `"ConsistentRead":true`)},
+	{name: "reconcile/pause-fallback-take", layer: ddbLayer, run: pauseFallbackStep, match: fallbackTake},
+}
+
+// fullPaused maps a fallback case's deployment to the key of the paused
+// bucket it counted full.
+var fullPaused sync.Map
+
+// fallbackTake matches a pause's transaction that takes its paused slot
+// in another bucket than the one its case counted full.
+func fallbackTake(r faults.Request) bool {
+	if !faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"pausing"`)(r) {
+		return false
+	}
+	found := false
+	fullPaused.Range(func(dep, full any) bool {
+		found = bytes.Contains(r.Body, []byte(`"S":"PAU#`+dep.(string))) && !bytes.Contains(r.Body, []byte(`"S":"`+full.(string)+`"`))
+		return !found
+	})
+	return found
+}
+
+// pauseFallbackStep is pauseStep with the home paused bucket of the
+// thread's warm sandbox counted full first, so that the pause takes its
+// slot in the other bucket.
+func pauseFallbackStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	warm(st, thread)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	live := st.live(ctx)
+	if len(live) != 1 {
+		st.t.Fatalf("setup: live sandboxes %v, want the thread's one", live)
+	}
+	full := pausedHomePK(st.deployment, live[0])
+	fullPaused.Store(st.deployment, full)
+	add := "ADD used :one"
+	if _, err := st.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: &st.table, UpdateExpression: &add,
+		Key: map[string]types.AttributeValue{ddbstore.AttrPK: &types.AttributeValueMemberS{Value: full},
+			ddbstore.AttrSK: &types.AttributeValueMemberS{Value: "R"}},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}}}); err != nil {
+		st.t.Fatalf("setup: count %s full: %v", full, err)
+	}
+	st.idle()
+	arm()
+	st.reconcile()
+	disarm()
+	return nil, core.ReleaseResult{}, false
+}
+
+// pausedHomePK is the key of the paused bucket a pause of sandbox id
+// tries first under SANDBOX_MAX_PAUSED 2: the store's hash of the id
+// (FNV-1a) over the two buckets with a share. Were the store to pick
+// otherwise, the fallback cases would fail: their rules would never hit.
+func pausedHomePK(deployment, id string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	if h.Sum32()%2 == 0 {
+		return "PAU#" + deployment
+	}
+	return "PAU#" + deployment + "#1"
+}
+
 func TestOneFaultAtEachStep(t *testing.T) {
 	// Subtests run after this function returns: the host lives until
 	// they are done.
@@ -825,17 +901,20 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	for _, sp := range slowWaiterSteps {
 		configs[sp.name] = stackConfig{acquireTimeout: slowWaitTimeout, waiterPlaces: 1}
 	}
-	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps) {
+	for _, sp := range pausedFallbackSteps {
+		configs[sp.name] = stackConfig{maxPaused: 2}
+	}
+	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps) {
 		cfg := configs[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++
 			t.Run(sp.name+"/"+string(kind), func(t *testing.T) {
 				t.Parallel()
 				st := newStack(t, host, cfg)
-				layer := sp.layer(st)
+				layer, match := sp.layer(st), sp.match
 				hits := 0
 				thread := "t-" + strings.NewReplacer("/", "-").Replace(sp.name)
-				files, rel, answered := sp.run(st, thread, func() { layer.Arm(kind, sp.match) }, func() { hits = layer.Disarm() })
+				files, rel, answered := sp.run(st, thread, func() { layer.Arm(kind, match) }, func() { hits = layer.Disarm() })
 				if hits == 0 {
 					t.Fatalf("the fault never hit: the step %s made no matching request", sp.name)
 				}
