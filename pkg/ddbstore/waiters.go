@@ -348,6 +348,19 @@ func (s *Store) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState
 	return core.TicketState{Granted: true, Grant: core.Grant{Ticket: it.ticket(), Bucket: it.Bucket, Until: fromMS(it.GrantUntil)}}, nil
 }
 
+// stillWaiting reads t strongly and reports whether it still waits.
+func (s *Store) stillWaiting(ctx context.Context, t ticketItem) (bool, error) {
+	item, err := s.getTicket(ctx, t.ticket(), true)
+	if err != nil || len(item) == 0 {
+		return false, err
+	}
+	var now ticketItem
+	if err := attributevalue.UnmarshalMap(item, &now); err != nil {
+		return false, fmt.Errorf("decode ticket: %w", err)
+	}
+	return !now.granted(), nil
+}
+
 // getTicket reads t's item (nil when there is none).
 func (s *Store) getTicket(ctx context.Context, t core.Ticket, consistent bool) (map[string]types.AttributeValue, error) {
 	cctx, cancel := s.ctx(ctx)
@@ -493,9 +506,11 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // when d.Scan, or when d.Self is the first live waiting ticket). A grant
 // that finds its ticket granted by a peer since the read (the frees that
 // end at once all try the same head ticket first) goes on to the next
-// ticket read, keeping the slot, and reads the head again only when the
-// slot is left once peers took every ticket read: so each freed slot goes
-// to the queue, however many frees end at once. Any other race lost to a
+// ticket read, keeping the slot (reading each strongly first, a read unit,
+// and trying it only if it still waits: a grant a peer beat costs a
+// cancelled transaction's write units), and reads the head again only
+// when the slot is left once peers took every ticket read: so each freed
+// slot goes to the queue, however many frees end at once. Any other race lost to a
 // peer (a ticket or grant that moved) reads the head again; each reads
 // again up to dispatchAttempts times. The first read of a free's dispatch (d.Bucket
 // set) is eventually consistent and short (freeScan): every free reads
@@ -639,6 +654,18 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q []ticketItem, r
 				}
 			}
 			continue
+		}
+		if passed {
+			// Peers are granting the tickets read: read the next one
+			// (a read unit) before trying it (a transaction's write units).
+			still, err := s.stillWaiting(ctx, waiting[0])
+			if err != nil {
+				return false, err
+			}
+			if !still {
+				waiting = waiting[1:]
+				continue
+			}
 		}
 		err := s.grantIn(ctx, waiting[0], b, d.Limit, ms(d.Now.Add(d.GrantFor)))
 		var ce *core.CapacityError
