@@ -328,9 +328,10 @@ func (s *Store) enqueue(ctx context.Context, w core.Waiter, t core.Ticket) (map[
 // grant since passed on; the take, conditional on the grant, then fails
 // with ErrGrantLost.
 func (s *Store) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState, error) {
-	item, err := s.getTicket(ctx, t, false)
+	pk := s.ticketPK(t.ID)
+	item, err := s.getTicket(ctx, pk, t.Key, false)
 	if err == nil && len(item) == 0 {
-		item, err = s.getTicket(ctx, t, true)
+		item, err = s.getTicket(ctx, pk, t.Key, true)
 	}
 	if err != nil {
 		return core.TicketState{}, err
@@ -350,7 +351,7 @@ func (s *Store) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState
 
 // stillWaiting reads t strongly and reports whether it still waits.
 func (s *Store) stillWaiting(ctx context.Context, t ticketItem) (bool, error) {
-	item, err := s.getTicket(ctx, t.ticket(), true)
+	item, err := s.getTicket(ctx, t.PK, t.SK, true) // where it was read: a legacy ticket too
 	if err != nil || len(item) == 0 {
 		return false, err
 	}
@@ -361,11 +362,11 @@ func (s *Store) stillWaiting(ctx context.Context, t ticketItem) (bool, error) {
 	return !now.granted(), nil
 }
 
-// getTicket reads t's item (nil when there is none).
-func (s *Store) getTicket(ctx context.Context, t core.Ticket, consistent bool) (map[string]types.AttributeValue, error) {
+// getTicket reads the ticket stored at pk, key (nil when there is none).
+func (s *Store) getTicket(ctx context.Context, pk, key string, consistent bool) (map[string]types.AttributeValue, error) {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
-	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: keySK(s.ticketPK(t.ID), t.Key),
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: keySK(pk, key),
 		ConsistentRead: aws.Bool(consistent)})
 	if err != nil {
 		return nil, unavailable("poll ticket", err)
