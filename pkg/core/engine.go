@@ -285,7 +285,7 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 // changed by peers, which is the retryable conflict of a held lease, not
 // the conflict or absence the last attempt happened to meet.
 func contended(err error) error {
-	if errors.Is(err, ErrThreadBound) || errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
+	if errors.Is(err, ErrThreadBound) || errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrStaleFence) {
 		return fmt.Errorf("acquire: the thread changed under every attempt (last: %v): %w", err, ErrLeaseHeld)
 	}
 	return err

@@ -380,10 +380,10 @@ func TestConcurrentDispatchersNeverOvergrant(t *testing.T) {
 
 // TestFreesRacingOnTheHeadGrantEveryFreedSlot: the dispatches of frees
 // that end at once (with the head's own turn among them, or not) race on
-// the same head ticket; a dispatch that loses to a peer's grant stops, so
-// the winners must serve on from the losers' slots, past the few tickets
-// a free's first read sees when more slots were freed than that: every
-// freed slot ends granted, each to a different ticket, the first in order.
+// the same head ticket; a dispatch that finds it granted by a peer must
+// keep its slot for the next tickets, past the few a free's first read
+// sees when more slots were freed than that: every freed slot ends
+// granted, each to a different ticket, the first in order.
 func TestFreesRacingOnTheHeadGrantEveryFreedSlot(t *testing.T) {
 	const rounds = 5
 	tests := []struct {

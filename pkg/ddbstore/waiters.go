@@ -467,14 +467,14 @@ func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUn
 	}
 	failed, err := s.writeTxn(ctx, "grant", []types.TransactWriteItem{bucket, grant})
 	switch {
+	case has(failed, bucketPK(s.deployment, b)): // first: the slot is gone, whatever the ticket
+		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, limit)
 	case has(failed, ticketID(t.PK, t.SK)):
 		var now ticketItem
 		if av := failed[ticketID(t.PK, t.SK)].Item; av != nil && attributevalue.UnmarshalMap(av, &now) == nil && now.granted() {
 			return fmt.Errorf("grant ticket %s: %w", t.Ticket, errGrantedElsewhere)
 		}
 		return fmt.Errorf("grant ticket %s: %w", t.Ticket, core.ErrConflict)
-	case has(failed, bucketPK(s.deployment, b)):
-		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, limit)
 	}
 	return err
 }
@@ -511,7 +511,8 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // and trying it only if it still waits: a grant a peer beat costs a
 // cancelled transaction's write units), and reads the head again only
 // when the slot is left once peers took every ticket read: so each freed
-// slot goes to the queue, however many frees end at once. Any other race lost to a
+// slot goes to the queue while its first queueScan tickets hold one still
+// waiting. Any other race lost to a
 // peer (a ticket or grant that moved) reads the head again; each reads
 // again up to dispatchAttempts times. The first read of a free's dispatch (d.Bucket
 // set) is eventually consistent and short (freeScan): every free reads
