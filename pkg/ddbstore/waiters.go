@@ -543,7 +543,7 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 		if err != nil {
 			return res, err
 		}
-		again, err := s.dispatch(ctx, d, q, &res)
+		again, err := s.dispatch(ctx, d, headView{tickets: q, partial: len(q) >= r.limit}, &res)
 		if err != nil || !again {
 			return res, err
 		}
@@ -588,10 +588,11 @@ func (s *Store) aheadInShard(ctx context.Context, d core.Dispatch, res *core.Dis
 	return "", nil
 }
 
-// dispatch is one Dispatch pass over q; again: a race was lost, read again.
-func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q []ticketItem, res *core.DispatchResult) (again bool, _ error) {
+// dispatch is one Dispatch pass over q; again: read the head again (a race
+// was lost, or peers took every ticket of a partial read and a slot is left).
+func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q headView, res *core.DispatchResult) (again bool, _ error) {
 	var waiting, lapsed []ticketItem
-	for _, t := range q {
+	for _, t := range q.tickets {
 		switch {
 		case t.live(d.Now) && t.granted():
 		case t.live(d.Now):
@@ -697,9 +698,17 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q []ticketItem, r
 	}
 	res.Head = ""
 	// Peers granted every ticket read past the last one this dispatch
-	// granted: more may wait behind them, read the head again.
+	// granted: more may wait behind them, unless the read had it all.
 	_, left := roomIn(room)
-	return passed && left, nil
+	return passed && left && q.partial, nil
+}
+
+// headView is what a read of the queue's head returned: its tickets in
+// service order; partial when the read stopped at its limit, so that more
+// may wait behind them.
+type headView struct {
+	tickets []ticketItem
+	partial bool
 }
 
 // roomIn picks a bucket with room left (at random, so that concurrent
