@@ -504,17 +504,20 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // passed on to the first live waiting tickets (or their slots freed),
 // then each live waiting ticket in turn is granted a slot of a bucket
 // with room (d.Bucket first; every bucket read, eventually consistent,
-// when d.Scan, or when d.Self is the first live waiting ticket). A grant
-// that finds its ticket granted by a peer since the read (the frees that
-// end at once all try the same head ticket first) goes on to the next
-// ticket read, keeping the slot (reading each strongly first, a read unit,
-// and trying it only if it still waits: a grant a peer beat costs a
-// cancelled transaction's write units), and reads the head again only
-// when the slot is left once peers took every ticket read: so each freed
-// slot goes to the queue while its first queueScan tickets hold one still
-// waiting. Any other race lost to a
-// peer (a ticket or grant that moved) reads the head again; each reads
-// again up to dispatchAttempts times. The first read of a free's dispatch (d.Bucket
+// when d.Scan, or when d.Self is the first live waiting ticket).
+//
+// A grant that finds its ticket granted by a peer since the read (the
+// frees that end at once all try the same head ticket first) goes on to
+// the next ticket read, keeping the slot: it reads each strongly first (a
+// read unit) and tries it only if it still waits (a grant a peer beat
+// costs a cancelled transaction's write units). It reads the head again
+// only when the slot is left once peers took every ticket of a read cut
+// at its limit, so each freed slot goes to the queue while the first
+// queueScan tickets hold one still waiting. Any other race lost to a peer
+// (a ticket or grant that moved) reads the head again; either reads it
+// again up to dispatchAttempts times.
+//
+// The first read of a free's dispatch (d.Bucket
 // set) is eventually consistent and short (freeScan): every free reads
 // every shard, at half a read unit each; a ticket it misses is served by its
 // own dispatch or the head's next turn, and every write is conditional on

@@ -911,10 +911,10 @@ func TestOneFaultAtEachStep(t *testing.T) {
 			t.Run(sp.name+"/"+string(kind), func(t *testing.T) {
 				t.Parallel()
 				st := newStack(t, host, cfg)
-				layer, match := sp.layer(st), sp.match
+				layer := sp.layer(st)
 				hits := 0
 				thread := "t-" + strings.NewReplacer("/", "-").Replace(sp.name)
-				files, rel, answered := sp.run(st, thread, func() { layer.Arm(kind, match) }, func() { hits = layer.Disarm() })
+				files, rel, answered := sp.run(st, thread, func() { layer.Arm(kind, sp.match) }, func() { hits = layer.Disarm() })
 				if hits == 0 {
 					t.Fatalf("the fault never hit: the step %s made no matching request", sp.name)
 				}
