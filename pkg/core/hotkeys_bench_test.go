@@ -48,11 +48,39 @@ type keyLoad struct {
 	write     map[string]float64
 	read      map[string]float64
 	cancelled map[string]float64
-	calls     int
+	// queueReads is the wait queue's read units by call ("Query
+	// strong", "GetItem eventual", ...).
+	queueReads map[string]float64
+	// cancels counts the cancelled transactions by cause: a condition
+	// failed, or only contention (DynamoDB's TransactionConflict).
+	cancels map[string]int
+	calls   int
 }
 
 func newKeyLoad() *keyLoad {
-	return &keyLoad{write: map[string]float64{}, read: map[string]float64{}, cancelled: map[string]float64{}}
+	return &keyLoad{write: map[string]float64{}, read: map[string]float64{}, cancelled: map[string]float64{},
+		queueReads: map[string]float64{}, cancels: map[string]int{}}
+}
+
+// cancelCause is why a transaction was cancelled: the kinds of its
+// items' keys and of those whose condition failed ("CAP+WQ failed WQ"),
+// or "conflict" for contention alone.
+func cancelCause(tce *types.TransactionCanceledException, items []types.TransactWriteItem) string {
+	kindOf := func(it types.TransactWriteItem) string {
+		kind, _, _ := strings.Cut(strings.TrimPrefix(pkOf(txnItemKey(it)), "pk="), "#")
+		return kind
+	}
+	var all, failed []string
+	for i, it := range items {
+		all = append(all, kindOf(it))
+		if i < len(tce.CancellationReasons) && aws.ToString(tce.CancellationReasons[i].Code) == "ConditionalCheckFailed" {
+			failed = append(failed, kindOf(it))
+		}
+	}
+	if len(failed) == 0 {
+		return strings.Join(all, "+") + " conflict"
+	}
+	return strings.Join(all, "+") + " failed " + strings.Join(failed, "+")
 }
 
 func (l *keyLoad) middleware(stack *middleware.Stack) error {
@@ -66,6 +94,7 @@ func (l *keyLoad) middleware(stack *middleware.Stack) error {
 				for _, it := range txn.TransactItems {
 					l.cancelled[pkOf(txnItemKey(it))] += txnWriteFactor
 				}
+				l.cancels[cancelCause(tce, txn.TransactItems)]++
 				l.mu.Unlock()
 			}
 			return out, md, err
@@ -93,6 +122,8 @@ func (l *keyLoad) reset() {
 	clear(l.write)
 	clear(l.read)
 	clear(l.cancelled)
+	clear(l.queueReads)
+	clear(l.cancels)
 	l.calls = 0
 }
 
@@ -163,6 +194,7 @@ func (l *keyLoad) record(params any) {
 		}
 	case *dynamodb.GetItemInput:
 		l.read[pkOf(in.Key)] += readUnits(in.ConsistentRead)
+		l.queueRead("GetItem", pkOf(in.Key), in.ConsistentRead)
 	case *dynamodb.BatchGetItemInput:
 		for _, ka := range in.RequestItems {
 			for _, k := range ka.Keys {
@@ -187,9 +219,22 @@ func (l *keyLoad) record(params any) {
 				l.read[attr+"="+v.Value] += readUnits(nil)
 			} else {
 				l.read[attr+"="+v.Value] += readUnits(in.ConsistentRead)
+				l.queueRead("Query", attr+"="+v.Value, in.ConsistentRead)
 			}
 		}
 	}
+}
+
+// queueRead tallies a read of key by call when key is a wait queue's.
+func (l *keyLoad) queueRead(call, key string, consistent *bool) {
+	if !strings.HasPrefix(key, "pk=WQ#") {
+		return
+	}
+	kind := " eventual"
+	if consistent != nil && *consistent {
+		kind = " strong"
+	}
+	l.queueReads[call+kind] += readUnits(consistent)
 }
 
 // readUnits is the read units of one small item's read: one strongly
@@ -261,7 +306,9 @@ func byKind(m map[string]float64, a float64) string {
 // too (waited/op: tickets queued; served-waiters/op: waiters that took
 // the slot granted to them; gave-up/op), and logs the units of the
 // queue's keys (WQ#: the queue's shards; WTR#: the tenants' waiter
-// places) per acquire and per waited acquire (per ticket queued). A Query
+// places) per acquire and per waited acquire (per ticket queued), the
+// queue's reads by call, and the cancelled transactions by their items'
+// keys and the keys whose condition failed. A Query
 // counts as one small item's read (results under 4 KB). Four loads:
 //
 //   - steady: 16 tenants' threads acquire (reuse, reclaim, create, with
@@ -291,7 +338,7 @@ func byKind(m map[string]float64, a float64) string {
 //     read of the queue's head reads each shard. Its polls' reads grow
 //     with the wait, which DynamoDB Local's latency lengthens. Its limit
 //     gives only 8 of the 64 capacity buckets a share;
-//   - waiting-wide: the same with 192 callers of 24 tenants on 64 slots,
+//   - waiting-wide: the same with 96 callers of 24 tenants on 64 slots,
 //     one in each capacity bucket: the waiting load of a deployment whose
 //     buckets all take part, bounded by the queue rather than by its
 //     limit.
@@ -583,8 +630,8 @@ func (r *hotRig) report(b *testing.B) {
 	b.Logf("hottest writes (units per acquire, share of all): %s", topKeys(l.write, 5, a))
 	b.Logf("hottest reads (units per acquire, share of all): %s", topKeys(l.read, 3, a))
 	b.Logf("units per acquire by key kind: write %s; read %s", byKind(l.write, a), byKind(l.read, a))
-	b.Logf("acquires %d (sources %v), refused %d (%v), releases %v, %d sandboxes killed; per acquire %.1f write units (%.1f in cancelled transactions) and %.1f DynamoDB calls",
-		r.acquires.Load(), r.sources, r.refused.Load(), r.refusals, r.releases, len(r.prov.Killed()), wTotal/a, unitsUnder(l.cancelled, "")/a, float64(l.calls)/a)
+	b.Logf("acquires %d (sources %v), refused %d (%v), releases %v, %d sandboxes killed; per acquire %.1f write units (%.1f in cancelled transactions: %v) and %.1f DynamoDB calls",
+		r.acquires.Load(), r.sources, r.refused.Load(), r.refusals, r.releases, len(r.prov.Killed()), wTotal/a, unitsUnder(l.cancelled, "")/a, l.cancels, float64(l.calls)/a)
 	r.logQueue(b, a)
 }
 
@@ -596,6 +643,15 @@ func topKeys(m map[string]float64, n int, a float64) string {
 	parts := make([]string, 0, n)
 	for _, k := range top[:min(n, len(top))] {
 		parts = append(parts, fmt.Sprintf("%s %.2f (%.1f%%)", k, m[k]/a, 100*m[k]/total))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// byCall formats the units of each call in m per waited acquire (of w).
+func byCall(m map[string]float64, w float64) string {
+	parts := make([]string, 0, len(m))
+	for _, call := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %.1f", call, m[call]/w))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -618,6 +674,7 @@ func (r *hotRig) logQueue(b *testing.B, a float64) {
 	}
 	if wq, rq := topUnder(r.load.write, "pk=WQ#"), topUnder(r.load.read, "pk=WQ#"); w > 0 && wq > 0 {
 		byW, byR := partitionWriteUnits*w/wq, partitionReadUnits*w/max(rq, 1)
+		line += "; its reads per waited acquire by call: " + byCall(r.load.queueReads, w)
 		line += fmt.Sprintf("; the queue's busiest shard sustains about %.0f waited acquires/s (%.0f by its writes, %.0f by its reads)",
 			min(byW, byR), byW, byR)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
@@ -474,5 +476,112 @@ func TestCounterRepairKeepsTrustedSlots(t *testing.T) {
 	f.repairsNothing(3, "")
 	if used, granted := f.counts(); used != 3 || granted != 2 {
 		t.Errorf("after repair: used %d granted %d, want 3 and 2", used, granted)
+	}
+}
+
+// raceDB passes every call to DynamoDB Local, running before and after
+// around each grant transaction (two updates: a capacity bucket and a
+// wait queue ticket), and answering the strongly consistent GetItems of a
+// ticket with probe's error when it gives one.
+type raceDB struct {
+	ddbstore.API
+	before, after func()
+	probe         func(ctx context.Context) error
+}
+
+func (r *raceDB) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, opts ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
+	grant := len(in.TransactItems) == 2 && in.TransactItems[0].Update != nil && in.TransactItems[1].Update != nil &&
+		strings.HasPrefix(pkOfKey(in.TransactItems[0].Update.Key), "CAP#") && strings.HasPrefix(pkOfKey(in.TransactItems[1].Update.Key), "WQ#")
+	if grant && r.before != nil {
+		r.before()
+	}
+	out, err := r.API.TransactWriteItems(ctx, in, opts...)
+	if grant && r.after != nil {
+		r.after()
+	}
+	return out, err
+}
+
+func (r *raceDB) GetItem(ctx context.Context, in *dynamodb.GetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
+	if r.probe != nil && aws.ToBool(in.ConsistentRead) && strings.HasPrefix(pkOfKey(in.Key), "WQ#") {
+		if err := r.probe(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return r.API.GetItem(ctx, in, opts...)
+}
+
+// pkOfKey is an item key's partition key.
+func pkOfKey(key map[string]types.AttributeValue) string {
+	pk, _ := key[ddbstore.AttrPK].(*types.AttributeValueMemberS)
+	if pk == nil {
+		return ""
+	}
+	return pk.Value
+}
+
+// TestDispatchCutAfterLosingTheHeadLeavesNothingHalfDone: a free's
+// dispatch loses the head ticket to a peer's free, then fails while it
+// walks on (the read of the next ticket fails or stalls, or the call
+// ends during the pause before that read). It wrote nothing for the next
+// ticket, so its slot is simply free: the next ticket still waits,
+// nothing was granted twice, the counters need no repair, and the next
+// dispatch grants the freed slot to the next ticket.
+func TestDispatchCutAfterLosingTheHeadLeavesNothingHalfDone(t *testing.T) {
+	errRead := &smithy.GenericAPIError{Code: "InternalServerError", Message: "injected"}
+	tests := []struct {
+		name  string
+		cut   bool                            // the call ends once the head is lost
+		probe func(ctx context.Context) error // the read of the next ticket
+	}{
+		{name: "the read fails", probe: func(context.Context) error { return errRead }},
+		{name: "the read stalls", probe: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }},
+		{name: "cut during the pause", cut: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			const limit = 2
+			f := newQueueFixture(t, limit)
+			recs := f.fill(limit)
+			w0 := f.enter("t0", "w0", t0)
+			w1 := f.enter("t1", "w1", t0.Add(time.Millisecond))
+			now := t0.Add(time.Second)
+			mine, peer := f.free(recs[0]), f.free(recs[1])
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			var grants int
+			db := &raceDB{API: f.client, probe: tc.probe}
+			db.before = func() {
+				if grants++; grants == 1 { // the peer grants the head between this dispatch's read and its grant
+					f.dispatch(core.Dispatch{Now: now, Bucket: peer})
+				}
+			}
+			db.after = func() {
+				if tc.cut {
+					cancel()
+				}
+			}
+			s := ddbstore.New(db, f.table, "test")
+			if _, err := s.Dispatch(ctx, core.Dispatch{Now: now, Limit: limit, Bucket: mine, GrantFor: 5 * time.Second}); err == nil {
+				t.Fatal("dispatch: got nil error, want the injected failure")
+			}
+			if grants != 1 {
+				t.Fatalf("dispatch sent %d grants, want 1 (the lost one)", grants)
+			}
+			if ts := f.poll(w0); !ts.Granted {
+				t.Fatalf("w0: got %+v, want granted by the peer", ts)
+			}
+			if ts := f.poll(w1); ts.Granted || ts.Gone {
+				t.Fatalf("w1: got %+v, want still waiting", ts)
+			}
+			if used, g := f.counts(); used != 1 || g != 1 {
+				t.Fatalf("after the cut dispatch: used %d granted %d, want 1 and 1 (the peer's grant)", used, g)
+			}
+			f.repairsNothing(2, "")
+			res := f.dispatch(core.Dispatch{Now: now, Bucket: mine})
+			if got := ids(res.Granted); !slices.Equal(got, []string{w1.ID}) {
+				t.Fatalf("next dispatch granted %v, want [%s]", got, w1.ID)
+			}
+		})
 	}
 }

@@ -349,8 +349,21 @@ func (s *Store) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState
 	return core.TicketState{Granted: true, Grant: core.Grant{Ticket: it.ticket(), Bucket: it.Bucket, Until: fromMS(it.GrantUntil)}}, nil
 }
 
-// stillWaiting reads t strongly and reports whether it still waits.
-func (s *Store) stillWaiting(ctx context.Context, t ticketItem) (bool, error) {
+// stillWaitingAfter reads t strongly and reports whether it still waits,
+// after a pause of a random time up to twice lost, the round trip of the
+// grant this dispatch just lost. The frees that end at once all lose the
+// head ticket to one of them, then walk the same tickets; without the
+// pause they would read and try each next ticket together again, so that
+// every ticket costs all but one of them a cancelled grant. Spread over
+// two round trips, a later one mostly reads the ticket already granted.
+func (s *Store) stillWaitingAfter(ctx context.Context, t ticketItem, lost time.Duration) (bool, error) {
+	if lost > 0 {
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("dispatch: %w", ctx.Err())
+		case <-time.After(rand.N(2 * lost)):
+		}
+	}
 	item, err := s.getTicket(ctx, t.PK, t.SK, true) // where it was read: a legacy ticket too
 	if err != nil || len(item) == 0 {
 		return false, err
@@ -509,8 +522,9 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // A grant that finds its ticket granted by a peer since the read (the
 // frees that end at once all try the same head ticket first) goes on to
 // the next ticket read, keeping the slot: it reads each strongly first (a
-// read unit) and tries it only if it still waits (a grant a peer beat
-// costs a cancelled transaction's write units). It reads the head again
+// read unit), after a random pause that spreads the peers that lost with
+// it (see stillWaitingAfter), and tries it only if it still waits (a
+// grant a peer beat costs a cancelled transaction's write units). It reads the head again
 // only when the slot is left once peers took every ticket of a read cut
 // at its limit, so each freed slot goes to the queue while the first
 // queueScan tickets hold one still waiting. Any other race lost to a peer
@@ -637,6 +651,7 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q headView, res *
 		room[d.Bucket] = 1 // a slot was freed there; whether it still is, the take decides
 	}
 	read, passed := false, false
+	var lost time.Duration
 	for len(waiting) > 0 {
 		b, ok := roomIn(room)
 		if !ok {
@@ -664,7 +679,7 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q headView, res *
 		if passed {
 			// Peers are granting the tickets read: read the next one
 			// (a read unit) before trying it (a transaction's write units).
-			still, err := s.stillWaiting(ctx, waiting[0])
+			still, err := s.stillWaitingAfter(ctx, waiting[0], lost)
 			if err != nil {
 				return false, err
 			}
@@ -673,6 +688,7 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q headView, res *
 				continue
 			}
 		}
+		sent := time.Now()
 		err := s.grantIn(ctx, waiting[0], b, d.Limit, ms(d.Now.Add(d.GrantFor)))
 		var ce *core.CapacityError
 		switch {
@@ -688,7 +704,7 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q headView, res *
 		case errors.Is(err, errGrantedElsewhere):
 			// A peer granted it since the read: the slot is still this
 			// dispatch's to give, to the next ticket it read.
-			waiting, passed = waiting[1:], true
+			waiting, passed, lost = waiting[1:], true, time.Since(sent)
 		case errors.Is(err, core.ErrConflict):
 			return true, nil
 		default:
