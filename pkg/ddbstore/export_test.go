@@ -12,3 +12,11 @@ var (
 
 // QueueShards is queueShards.
 const QueueShards = queueShards
+
+// SetQueueScan makes s's reads of the wait queue's head return n tickets.
+func SetQueueScan(s *Store, n int) {
+	if n < 1 {
+		panic("SetQueueScan: a read returns at least one ticket")
+	}
+	s.scan = n
+}

@@ -383,24 +383,29 @@ func TestConcurrentDispatchersNeverOvergrant(t *testing.T) {
 // TestFreesRacingOnTheHeadGrantEveryFreedSlot: the dispatches of frees
 // that end at once (with the head's own turn among them, or not) race on
 // the same head ticket; a dispatch that finds it granted by a peer must
-// keep its slot for the next tickets, past the few a free's first read
-// sees when more slots were freed than that: every freed slot ends
-// granted, each to a different ticket, the first in order.
+// keep its slot for the next tickets, past the tickets a read returns
+// when more slots were freed than that (the tickets behind them): every
+// freed slot ends granted, each to a different ticket, the first in order.
 func TestFreesRacingOnTheHeadGrantEveryFreedSlot(t *testing.T) {
 	const rounds = 5
 	tests := []struct {
 		name                  string
 		limit, freed, waiters int
 		withTurn              bool
+		scan                  int // the tickets a read returns (0: the store's own)
 	}{
 		{name: "frees", limit: 8, freed: 5, waiters: 12},
 		{name: "frees and the head's turn", limit: 8, freed: 5, waiters: 12, withTurn: true},
-		{name: "more frees than a free reads", limit: 16, freed: 12, waiters: 20},
+		{name: "more frees than a read returns", limit: 16, freed: 12, waiters: 20, scan: 8},
+		{name: "more frees than two reads return", limit: 24, freed: 20, waiters: 28, scan: 8},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			for round := range rounds {
 				f := newQueueFixture(t, tc.limit)
+				if tc.scan > 0 {
+					ddbstore.SetQueueScan(f.s, tc.scan)
+				}
 				recs := f.fill(tc.limit)
 				var tickets []core.Ticket
 				var want []string
@@ -581,6 +586,101 @@ func TestDispatchCutAfterLosingTheHeadLeavesNothingHalfDone(t *testing.T) {
 			res := f.dispatch(core.Dispatch{Now: now, Bucket: mine})
 			if got := ids(res.Granted); !slices.Equal(got, []string{w1.ID}) {
 				t.Fatalf("next dispatch granted %v, want [%s]", got, w1.ID)
+			}
+		})
+	}
+}
+
+// TestDispatchLooksBehindGrantedTickets: a grant stays at the queue's
+// head until its waiter's next poll takes it, so at a high rate a read of
+// the head can hold only granted tickets. A waiter's turn then finds
+// itself the head behind them, and a free's dispatch reads the tickets
+// behind them and grants its slot to the first still waiting.
+func TestDispatchLooksBehindGrantedTickets(t *testing.T) {
+	const limit, scan, granted = 12, 8, 10
+	f := newQueueFixture(t, limit)
+	ddbstore.SetQueueScan(f.s, scan)
+	recs := f.fill(limit)
+	for i := range granted + 2 {
+		f.enter(fmt.Sprint("t", i), fmt.Sprintf("w%02d", i), t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	now := t0.Add(time.Second)
+	for i, r := range recs[:granted] {
+		res := f.dispatch(core.Dispatch{Now: now, Bucket: f.free(r)})
+		if got, want := ids(res.Granted), []string{fmt.Sprintf("w%02d", i)}; !slices.Equal(got, want) {
+			t.Fatalf("free %d: granted %v, want %v", i, got, want)
+		}
+	}
+	// The next waiter's turn finds itself the head behind them (and so
+	// reads the buckets, to free a slot for itself).
+	next := fmt.Sprintf("w%02d", granted)
+	if res := f.dispatch(core.Dispatch{Now: now, Bucket: -1, Self: next}); res.Head != next || !res.Read {
+		t.Fatalf("turn of %s behind %d granted tickets: head %q, read the buckets %v; want itself, true", next, granted, res.Head, res.Read)
+	}
+	res := f.dispatch(core.Dispatch{Now: now, Bucket: f.free(recs[granted])})
+	if got, want := ids(res.Granted), []string{next}; !slices.Equal(got, want) {
+		t.Fatalf("free behind %d granted tickets: granted %v, want %v", granted, got, want)
+	}
+	if used, g := f.counts(); used != limit || g != granted+1 {
+		t.Fatalf("used %d granted %d, want %d and %d (every freed slot held in trust)", used, g, limit, granted+1)
+	}
+}
+
+// TestLapsedGrantsPassOnBehindGrantedTickets: when grants awaiting their
+// waiters fill a read of the head, a grant that lapsed there goes to the
+// first ticket still waiting behind them, whether a dispatch or the
+// waiter leaving passes it on; it does not free its slot for acquires
+// that do not wait.
+func TestLapsedGrantsPassOnBehindGrantedTickets(t *testing.T) {
+	const limit, scan, pile = 12, 8, 10
+	tests := []struct {
+		name string
+		pass func(f *queueFixture, head core.Ticket, rec core.Record, at time.Time) []string
+		want []string // granted by the pass, besides the pile
+	}{
+		{name: "a free's dispatch", pass: func(f *queueFixture, _ core.Ticket, rec core.Record, at time.Time) []string {
+			return ids(f.dispatch(core.Dispatch{Now: at, Bucket: f.free(rec)}).Granted)
+		}, want: []string{"w10", "w11"}},
+		{name: "the waiter leaving", pass: func(f *queueFixture, head core.Ticket, _ core.Record, at time.Time) []string {
+			if err := f.s.LeaveWait(context.Background(), head, at, 5*time.Second); err != nil {
+				f.t.Fatalf("LeaveWait: %v", err)
+			}
+			return nil
+		}, want: []string{"w10"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newQueueFixture(t, limit)
+			ddbstore.SetQueueScan(f.s, scan)
+			recs := f.fill(limit)
+			var tickets []core.Ticket
+			for i := range pile + 2 {
+				tickets = append(tickets, f.enter(fmt.Sprint("t", i), fmt.Sprintf("w%02d", i), t0.Add(time.Duration(i)*time.Millisecond)))
+			}
+			now := t0.Add(time.Second)
+			for i, r := range recs[:pile] {
+				grantFor := time.Minute
+				if i == 0 {
+					grantFor = time.Second // the head's grant lapses first
+				}
+				f.dispatch(core.Dispatch{Now: now, Bucket: f.free(r), GrantFor: grantFor})
+			}
+			at := now.Add(2 * time.Second)
+			got := tc.pass(f, tickets[0], recs[pile], at)
+			for _, tk := range tickets[pile:] {
+				if f.poll(tk).Granted && !slices.Contains(got, tk.ID) {
+					got = append(got, tk.ID)
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("granted behind the pile: %v, want %v", got, tc.want)
+			}
+			if ts := f.poll(tickets[0]); !ts.Gone {
+				t.Fatalf("the lapsed head: got %+v, want gone", ts)
+			}
+			if _, g := f.counts(); g != pile-1+len(tc.want) {
+				t.Fatalf("granted %d slots, want %d (the pile's, the lapsed one passed on, a freed one)", g, pile-1+len(tc.want))
 			}
 		})
 	}

@@ -39,6 +39,7 @@ type Store struct {
 	deployment string
 	sealer     Sealer // nil: access tokens are stored in plaintext
 	slots      reservationSlots
+	scan       int // tickets a read of the wait queue's head returns (queueScan)
 }
 
 var _ core.Store = (*Store)(nil)
@@ -46,7 +47,7 @@ var _ core.Store = (*Store)(nil)
 // New returns a store over table, scoping the capacity ledger and state
 // index to deployment.
 func New(db API, table, deployment string, opts ...Option) *Store {
-	s := &Store{db: db, table: table, deployment: deployment}
+	s := &Store{db: db, table: table, deployment: deployment, scan: queueScan}
 	for _, o := range opts {
 		o(s)
 	}

@@ -102,18 +102,20 @@ func roundOf(key string) int {
 // collection only: a lapsed place is free whatever its item says).
 const waiterTTL = time.Hour
 
-// queueScan is how many tickets one dispatch reads from the queue's head,
-// dispatchAttempts how often it reads again after losing a race (a
-// ticket that moved, a grant passed on by a peer).
+// queueScan is how many tickets a read of the queue's head returns (the
+// Store's scan; tests make it smaller), dispatchAttempts how many reads a
+// dispatch makes at most (it reads again after losing a race, a ticket
+// that moved or a grant passed on by a peer, or to look behind tickets
+// that are all granted). A read
+// asks each shard for queueScan/queueShards+2 = 10 tickets: a ticket is
+// about 250 bytes (400 with the longest tenant and deployment names), so
+// each shard's page stays within the 4 KB of one read unit, and the read
+// sees past the granted tickets at the head (a grant stays there until its
+// waiter's next poll takes it, so they pile up as the rate grows).
 const (
-	queueScan        = 25
+	queueScan        = 64
 	dispatchAttempts = 3
 )
-
-// freeScan is how many tickets a free's dispatch reads first: few enough
-// that the read stays within 4 KB (half a read unit, eventually
-// consistent), enough to pass a few lapsed tickets.
-const freeScan = 8
 
 // Ticket states.
 const (
@@ -165,6 +167,9 @@ type headRead struct {
 	eventual bool
 	// legacy reads the legacy partition too.
 	legacy bool
+	// after reads only the tickets behind this fair key ("": from the
+	// head).
+	after string
 }
 
 // queueHead reads the first r.limit tickets of the queue in service
@@ -193,10 +198,16 @@ func (s *Store) eachTicketIn(ctx context.Context, r headRead, fn func(ticketItem
 	pks := s.queuePKs(r.legacy)
 	ins := make([]*dynamodb.QueryInput, len(pks))
 	cond := "pk = :pk"
+	if r.after != "" {
+		cond += " AND sk > :after"
+	}
 	for i, pk := range pks {
+		values := map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: pk}}
+		if r.after != "" {
+			values[":after"] = &types.AttributeValueMemberS{Value: r.after}
+		}
 		ins[i] = &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
-			ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: pk}},
-			ConsistentRead:            aws.Bool(!r.eventual)}
+			ExpressionAttributeValues: values, ConsistentRead: aws.Bool(!r.eventual)}
 		if r.limit > 0 {
 			// A shard's share of the head, and a little more: the merge
 			// reads a further page of a shard only when it gets that far.
@@ -254,7 +265,7 @@ func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, erro
 			latest = max(latest, *p.Round)
 		}
 	}
-	head, err := s.queueHead(ctx, headRead{limit: queueScan})
+	head, err := s.queueHead(ctx, headRead{limit: s.scan})
 	if err != nil {
 		return core.Ticket{}, err
 	}
@@ -524,24 +535,28 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // the next ticket read, keeping the slot: it reads each strongly first (a
 // read unit), after a random pause that spreads the peers that lost with
 // it (see stillWaitingAfter), and tries it only if it still waits (a
-// grant a peer beat costs a cancelled transaction's write units). It reads the head again
-// only when the slot is left once peers took every ticket of a read cut
-// at its limit, so each freed slot goes to the queue while the first
-// queueScan tickets hold one still waiting. Any other race lost to a peer
-// (a ticket or grant that moved) reads the head again; either reads it
-// again up to dispatchAttempts times.
+// grant a peer beat costs a cancelled transaction's write units). When
+// every ticket of a read cut at its limit ends granted (by peers, or
+// before: a grant stays at the head until its waiter's next poll takes
+// it) and the dispatch still has a slot or a lapsed grant to give, or may
+// read the buckets for the first waiting ticket, it reads the tickets
+// behind the last one it read, keeping what it carried (see walk). So each
+// freed slot, and each lapsed grant, goes to the queue while the tickets
+// of dispatchAttempts reads hold one still waiting. Any other race lost to
+// a peer (a ticket or grant that moved) reads the head again.
 //
-// The first read of a free's dispatch (d.Bucket
-// set) is eventually consistent and short (freeScan): every free reads
-// every shard, at half a read unit each; a ticket it misses is served by its
-// own dispatch or the head's next turn, and every write is conditional on
-// what it read, so a stale read only loses a race.
+// The first read of a free's dispatch (d.Bucket set) is eventually
+// consistent: every free reads every shard, at half a read unit each; a
+// ticket it misses is served by its own dispatch or the head's next turn,
+// and every write is conditional on what it read, so a stale read only
+// loses a race.
 //
 // A waiter's turn (d.Self set, no bucket, no scan) first reads only its
 // own shard: when a live waiting ticket is ahead of it there, it is not
 // the queue's head, and the turn only removes the lapsed tickets it saw
 // (Head is then that ticket). So the turns of W waiters read each shard
-// about W/queueShards times plus once per shard head, not W times.
+// about W/queueShards times plus once per shard head, not W times (more
+// when grants fill a shard's page: that read cannot tell).
 func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchResult, error) {
 	var res core.DispatchResult
 	if d.Self != "" && d.Bucket < 0 && !d.Scan {
@@ -551,16 +566,17 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 			return res, err
 		}
 	}
+	w := walk{room: map[int]int{}}
+	if d.Bucket >= 0 {
+		w.room[d.Bucket] = 1 // a slot was freed there; whether it still is, the take decides
+	}
 	for attempt := range dispatchAttempts {
-		r := headRead{limit: queueScan, eventual: attempt == 0 && d.Bucket >= 0, legacy: d.Scan}
-		if r.eventual {
-			r.limit = freeScan
-		}
+		r := headRead{limit: s.scan, eventual: attempt == 0 && d.Bucket >= 0, legacy: d.Scan, after: w.after}
 		q, err := s.queueHead(ctx, r)
 		if err != nil {
 			return res, err
 		}
-		again, err := s.dispatch(ctx, d, headView{tickets: q, partial: len(q) >= r.limit}, &res)
+		again, err := s.dispatch(ctx, d, headView{tickets: q, partial: r.limit > 0 && len(q) >= r.limit}, &w, &res)
 		if err != nil || !again {
 			return res, err
 		}
@@ -580,7 +596,7 @@ func (s *Store) aheadInShard(ctx context.Context, d core.Dispatch, res *core.Dis
 	cond := "pk = :pk"
 	out, err := s.db.Query(ctx, &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
 		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: pk}},
-		ConsistentRead:            aws.Bool(true), Limit: aws.Int32(queueScan/queueShards + 2)})
+		ConsistentRead:            aws.Bool(true), Limit: aws.Int32(int32(s.scan/queueShards + 2))})
 	if err != nil {
 		return "", unavailable("query wait queue shard", err)
 	}
@@ -605,9 +621,30 @@ func (s *Store) aheadInShard(ctx context.Context, d core.Dispatch, res *core.Dis
 	return "", nil
 }
 
-// dispatch is one Dispatch pass over q; again: read the head again (a race
-// was lost, or peers took every ticket of a partial read and a slot is left).
-func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q headView, res *core.DispatchResult) (again bool, _ error) {
+// walk is what a Dispatch carries from one read of the queue to the next.
+type walk struct {
+	// after: the next read returns only the tickets behind this fair key
+	// ("": from the head).
+	after string
+	// lapsed are lapsed grants read but not passed on yet: their read was
+	// cut at its limit and held no waiting ticket, so the next read's
+	// tickets (behind them) get them.
+	lapsed []ticketItem
+	// room is the slots left to give, by bucket (d.Bucket's freed slot;
+	// every bucket's room once they were read).
+	room map[int]int
+	// read: the buckets were read.
+	read bool
+	// passed: a peer granted a ticket this dispatch tried, the grant's
+	// round trip lasting lost.
+	passed bool
+	lost   time.Duration
+}
+
+// dispatch is one Dispatch pass over q; again: read the queue again,
+// from w.after (a race was lost: from the head; peers took every ticket
+// of a partial read, or it held no waiting ticket: behind it).
+func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q headView, w *walk, res *core.DispatchResult) (again bool, _ error) {
 	var waiting, lapsed []ticketItem
 	for _, t := range q.tickets {
 		switch {
@@ -624,91 +661,14 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q headView, res *
 		}
 	}
 	res.Head = ""
-	for _, g := range lapsed {
-		var next *ticketItem
-		if len(waiting) > 0 {
-			next = &waiting[0]
-		}
-		failed, err := s.passOn(ctx, g, next, d.Now, d.GrantFor, false)
-		if len(failed) > 0 {
-			return true, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		res.Cleaned++
-		if next != nil {
-			res.Granted = append(res.Granted, next.ticket())
-			waiting = waiting[1:]
-		}
+	waiting, again, err := s.passLapsed(ctx, d, append(w.lapsed, lapsed...), waiting, q.partial, w, res)
+	if err != nil || again {
+		return again, err
 	}
-	if len(waiting) == 0 {
-		return false, nil
-	}
-	res.Head = waiting[0].Ticket
-	room := map[int]int{}
-	if d.Bucket >= 0 {
-		room[d.Bucket] = 1 // a slot was freed there; whether it still is, the take decides
-	}
-	read, passed := false, false
-	var lost time.Duration
-	for len(waiting) > 0 {
-		b, ok := roomIn(room)
-		if !ok {
-			if read || !(d.Scan || (d.Self != "" && waiting[0].Ticket == d.Self)) {
-				break
-			}
-			read = true
-			buckets, _, err := s.readBuckets(ctx, "", false)
-			if err != nil {
-				return false, err
-			}
-			res.Read = true
-			res.Status, res.Tenants = bucketStatus(buckets)
-			res.Status.Limit = d.Limit
-			if res.Status.Draining {
-				break
-			}
-			for _, bk := range buckets {
-				if r := bk.room(d.Limit); r > 0 {
-					room[bk.Index] = r
-				}
-			}
-			continue
-		}
-		if passed {
-			// Peers are granting the tickets read: read the next one
-			// (a read unit) before trying it (a transaction's write units).
-			still, err := s.stillWaitingAfter(ctx, waiting[0], lost)
-			if err != nil {
-				return false, err
-			}
-			if !still {
-				waiting = waiting[1:]
-				continue
-			}
-		}
-		sent := time.Now()
-		err := s.grantIn(ctx, waiting[0], b, d.Limit, ms(d.Now.Add(d.GrantFor)))
-		var ce *core.CapacityError
-		switch {
-		case err == nil:
-			room[b]--
-			res.Granted = append(res.Granted, waiting[0].ticket())
-			waiting = waiting[1:]
-		case errors.Is(err, errBucketFull), errors.Is(err, errLimitsUnset):
-			delete(room, b)
-		case errors.As(err, &ce): // draining: nothing is granted
-			room = nil
-			read = true
-		case errors.Is(err, errGrantedElsewhere):
-			// A peer granted it since the read: the slot is still this
-			// dispatch's to give, to the next ticket it read.
-			waiting, passed, lost = waiting[1:], true, time.Since(sent)
-		case errors.Is(err, core.ErrConflict):
-			return true, nil
-		default:
-			return false, err
+	if len(waiting) > 0 {
+		res.Head = waiting[0].Ticket
+		if again, err = s.grantWaiting(ctx, d, w, &waiting, res); err != nil || again {
+			return again, err
 		}
 	}
 	if len(waiting) > 0 {
@@ -716,10 +676,125 @@ func (s *Store) dispatch(ctx context.Context, d core.Dispatch, q headView, res *
 		return false, nil
 	}
 	res.Head = ""
-	// Peers granted every ticket read past the last one this dispatch
-	// granted: more may wait behind them, unless the read had it all.
-	_, left := roomIn(room)
-	return passed && left && q.partial, nil
+	// Every ticket read is granted (by this dispatch or its peers, or
+	// before): more may wait behind them, unless the read had it all. Read
+	// them if this dispatch still has a slot or a lapsed grant to give, or
+	// may read the buckets for the first of them.
+	_, left := roomIn(w.room)
+	if !q.partial || !(left || len(w.lapsed) > 0 || (!w.read && (d.Scan || d.Self != ""))) {
+		return false, nil
+	}
+	w.after = q.tickets[len(q.tickets)-1].SK
+	return true, nil
+}
+
+// passLapsed passes the lapsed grants on to the first of the waiting
+// tickets, in order, and returns the tickets still waiting. A grant with
+// no ticket left to take it frees its slot, unless the read was partial:
+// it is then kept in w.lapsed for the tickets behind. again: a race was
+// lost, read the head again.
+func (s *Store) passLapsed(ctx context.Context, d core.Dispatch, lapsed, waiting []ticketItem, partial bool, w *walk, res *core.DispatchResult) ([]ticketItem, bool, error) {
+	w.lapsed = nil
+	for i, g := range lapsed {
+		var next *ticketItem
+		if len(waiting) > 0 {
+			next = &waiting[0]
+		} else if partial {
+			w.lapsed = lapsed[i:]
+			return nil, false, nil
+		}
+		failed, err := s.passOn(ctx, g, next, d.Now, d.GrantFor, false)
+		if len(failed) > 0 {
+			w.after = ""
+			return nil, true, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		res.Cleaned++
+		if next != nil {
+			res.Granted = append(res.Granted, next.ticket())
+			waiting = waiting[1:]
+		}
+	}
+	return waiting, false, nil
+}
+
+// grantWaiting grants each of the waiting tickets in turn a slot of a
+// bucket with room (reading every bucket when d.Scan, or when d.Self is
+// the first), until the room or the tickets run out; each ticket granted
+// leaves *waiting. again: a race was lost, read the head again.
+func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, waiting *[]ticketItem, res *core.DispatchResult) (again bool, _ error) {
+	for len(*waiting) > 0 {
+		t := (*waiting)[0]
+		b, ok := roomIn(w.room)
+		if !ok {
+			if w.read || !(d.Scan || (d.Self != "" && t.Ticket == d.Self)) {
+				return false, nil
+			}
+			if err := s.readRoom(ctx, d, w, res); err != nil || res.Status.Draining {
+				return false, err
+			}
+			continue
+		}
+		if w.passed {
+			// Peers are granting the tickets read: read the next one
+			// (a read unit) before trying it (a transaction's write units).
+			still, err := s.stillWaitingAfter(ctx, t, w.lost)
+			if err != nil {
+				return false, err
+			}
+			if !still {
+				*waiting = (*waiting)[1:]
+				continue
+			}
+		}
+		sent := time.Now()
+		err := s.grantIn(ctx, t, b, d.Limit, ms(d.Now.Add(d.GrantFor)))
+		var ce *core.CapacityError
+		switch {
+		case err == nil:
+			w.room[b]--
+			res.Granted = append(res.Granted, t.ticket())
+			*waiting = (*waiting)[1:]
+		case errors.Is(err, errBucketFull), errors.Is(err, errLimitsUnset):
+			delete(w.room, b)
+		case errors.As(err, &ce): // draining: nothing is granted
+			w.room, w.read = nil, true
+		case errors.Is(err, errGrantedElsewhere):
+			// A peer granted it since the read: the slot is still this
+			// dispatch's to give, to the next ticket it read.
+			*waiting = (*waiting)[1:]
+			w.passed, w.lost = true, time.Since(sent)
+		case errors.Is(err, core.ErrConflict):
+			w.after = ""
+			return true, nil
+		default:
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// readRoom reads every bucket (once per Dispatch) into w.room and res.
+func (s *Store) readRoom(ctx context.Context, d core.Dispatch, w *walk, res *core.DispatchResult) error {
+	w.read = true
+	buckets, _, err := s.readBuckets(ctx, "", false)
+	if err != nil {
+		return err
+	}
+	res.Read = true
+	res.Status, res.Tenants = bucketStatus(buckets)
+	res.Status.Limit = d.Limit
+	if res.Status.Draining {
+		return nil
+	}
+	for _, bk := range buckets {
+		if r := bk.room(d.Limit); r > 0 {
+			w.room[bk.Index] = r
+		}
+	}
+	return nil
 }
 
 // headView is what a read of the queue's head returned: its tickets in
@@ -748,8 +823,8 @@ func roomIn(room map[int]int) (int, bool) {
 // LeaveWait deletes the ticket if it is still waiting and gives back its
 // place, in one transaction. A ticket found granted passes its grant on
 // to the first live waiting ticket after it (or frees the slot), with the
-// place given back, in one transaction (after one Query of the queue's
-// head; the next ticket holds it for grantFor); a ticket already gone
+// place given back, in one transaction (after a read of the queue's
+// head, see firstWaiting; the next ticket holds it for grantFor); a ticket already gone
 // only gives back the place.
 func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, grantFor time.Duration) error {
 	pk := s.ticketPK(t.ID)
@@ -775,16 +850,9 @@ func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, gra
 		if !it.granted() || attempt >= dispatchAttempts {
 			return fmt.Errorf("leave wait: ticket %s: %w", t.ID, core.ErrConflict)
 		}
-		q, err := s.queueHead(ctx, headRead{limit: queueScan})
+		next, err := s.firstWaiting(ctx, now)
 		if err != nil {
 			return err
-		}
-		var next *ticketItem
-		for i := range q {
-			if q[i].SK != it.SK && !q[i].granted() && q[i].live(now) {
-				next = &q[i]
-				break
-			}
 		}
 		failed, err = s.passOn(ctx, it, next, now, grantFor, true)
 		if has(failed, waiterPK(s.deployment, t.Tenant, t.Place)) {
@@ -796,6 +864,29 @@ func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, gra
 		// The next ticket moved (or the grant lapsed and a dispatch passed
 		// it on): look again.
 	}
+}
+
+// firstWaiting returns the queue's first live waiting ticket (nil when
+// there is none), reading behind the granted tickets when they fill a
+// read, at most dispatchAttempts reads.
+func (s *Store) firstWaiting(ctx context.Context, now time.Time) (*ticketItem, error) {
+	r := headRead{limit: s.scan}
+	for range dispatchAttempts {
+		q, err := s.queueHead(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		for i := range q {
+			if !q[i].granted() && q[i].live(now) {
+				return &q[i], nil
+			}
+		}
+		if len(q) < r.limit {
+			return nil, nil
+		}
+		r.after = q[len(q)-1].SK
+	}
+	return nil, nil
 }
 
 // dropOwnTicket deletes t's ticket if it is still waiting.
