@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
 // Under wait, a tenant's acquires past SANDBOX_MAX_WAITERS_PER_TENANT are
@@ -64,5 +66,64 @@ func TestTooManyWaitersPerTenant(t *testing.T) {
 	case <-asleep: // t4 took the place t1 gave back
 	case r := <-results:
 		t.Fatalf("hog's waiter after one gave up returned %s: %v, want it waiting", r.thread, r.err)
+	}
+}
+
+// stallTurns is the store with every waiter's turn stalled until its
+// caller gives up (a dispatch stuck on a slow table); turns tells when
+// one starts.
+type stallTurns struct {
+	*ddbstore.Store
+	turns chan struct{}
+}
+
+func (s stallTurns) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchResult, error) {
+	if d.Self == "" {
+		return s.Store.Dispatch(ctx, d)
+	}
+	select {
+	case s.turns <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return core.DispatchResult{}, ctx.Err()
+}
+
+// A waiter whose own turn stalls still polls its ticket in time to take
+// the grant a free makes meanwhile: the turn runs under a budget well
+// within the grant's window, not until the acquire gives up.
+func TestWaiterWhoseTurnStallsTakesItsGrant(t *testing.T) {
+	prov := coretest.NewFakeProvider()
+	prov.Pausable = true // a release pauses, freeing the running slot
+	settings := func(s *core.Settings) {
+		s.Replicas, s.Policy, s.PauseAfter, s.MaxPaused, s.AcquireTimeout = 1, core.PolicyWait, 0, 8, time.Minute
+	}
+	h := newHarnessWith(t, prov, settings)
+	s := core.DefaultSettings()
+	s.Deployment = "test"
+	settings(&s)
+	store := stallTurns{Store: h.store, turns: make(chan struct{}, 1)}
+	eng, err := core.New(s, store, h.prov, h.sync, core.WithClock(h.clock.now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := h.acquire(t, key("t0"), core.SourceCreated) // the only slot, in use
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		_, err := eng.Acquire(ctx, key("t1"))
+		got <- err
+	}()
+	select {
+	case <-store.turns: // t1 waits, its turn stalled
+	case err := <-got:
+		t.Fatalf("Acquire(t1) returned %v before waiting", err)
+	}
+	if _, err := eng.Release(context.Background(), "acme", held.SandboxID); err != nil {
+		t.Fatalf("Release(t0): %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("Acquire(t1) = %v, want the slot t0's pause freed (granted while its turn stalled)", err)
 	}
 }

@@ -28,6 +28,11 @@ const (
 	// it within a poll and takes it at once; a dead one's grant lapses
 	// soon and passes on.
 	grantFor = 5 * time.Second
+	// turnBudget bounds the dispatch of a waiter's turn, which it runs
+	// between two polls: a grant made meanwhile must still find the
+	// waiter polling well within grantFor. A turn cut short wrote each of
+	// its grants whole; the queue's other dispatches finish the rest.
+	turnBudget = grantFor / 4
 )
 
 // errWaitTimedOut: the waiter's deadline came with no grant;
@@ -188,7 +193,9 @@ func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, 
 // is the draining refusal, when the head finds the deployment draining.
 func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *acquireState) error {
 	me := st.wait.ticket.ID
-	res, err := e.store.Dispatch(ctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: -1, Self: me, GrantFor: grantFor})
+	tctx, cancel := context.WithTimeout(ctx, turnBudget)
+	res, err := e.store.Dispatch(tctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: -1, Self: me, GrantFor: grantFor})
+	cancel()
 	switch {
 	case err != nil:
 		e.log.WarnContext(ctx, "wait turn: dispatch failed", "ticket", me, "err", err)

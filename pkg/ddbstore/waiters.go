@@ -360,19 +360,32 @@ func (s *Store) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState
 	return core.TicketState{Granted: true, Grant: core.Grant{Ticket: it.ticket(), Bucket: it.Bucket, Until: fromMS(it.GrantUntil)}}, nil
 }
 
+// maxLossPause bounds each pause of a dispatch walking behind a lost
+// grant, and maxLossPauses all of them (see stillWaitingAfter): a slow
+// round trip (a stalled table) or a long walk must not hold a dispatch,
+// and a waiter's turn or a release with it, for long.
+const (
+	maxLossPause  = 100 * time.Millisecond
+	maxLossPauses = 500 * time.Millisecond
+)
+
 // stillWaitingAfter reads t strongly and reports whether it still waits,
-// after a pause of a random time up to twice lost, the round trip of the
-// grant this dispatch just lost. The frees that end at once all lose the
-// head ticket to one of them, then walk the same tickets; without the
-// pause they would read and try each next ticket together again, so that
-// every ticket costs all but one of them a cancelled grant. Spread over
-// two round trips, a later one mostly reads the ticket already granted.
-func (s *Store) stillWaitingAfter(ctx context.Context, t ticketItem, lost time.Duration) (bool, error) {
-	if lost > 0 {
+// after a pause of a random time up to twice w.lost (at most
+// maxLossPause, and until w's pauses reach maxLossPauses), w.lost being
+// the round trip of the grant this dispatch lost. The frees that end at
+// once all lose the head ticket to one of them, then walk the same
+// tickets; without the pause they would read and try each next ticket
+// together again, so that every ticket costs all but one of them a
+// cancelled grant. Spread over two round trips, a later one mostly reads
+// the ticket already granted.
+func (s *Store) stillWaitingAfter(ctx context.Context, t ticketItem, w *walk) (bool, error) {
+	if w.lost > 0 && w.paused < maxLossPauses {
+		d := rand.N(min(2*w.lost, maxLossPause, maxLossPauses-w.paused))
+		w.paused += d
 		select {
 		case <-ctx.Done():
 			return false, fmt.Errorf("dispatch: %w", ctx.Err())
-		case <-time.After(rand.N(2 * lost)):
+		case <-time.After(d):
 		}
 	}
 	item, err := s.getTicket(ctx, t.PK, t.SK, true) // where it was read: a legacy ticket too
@@ -635,10 +648,10 @@ type walk struct {
 	room map[int]int
 	// read: the buckets were read.
 	read bool
-	// passed: a peer granted a ticket this dispatch tried, the grant's
-	// round trip lasting lost.
-	passed bool
-	lost   time.Duration
+	// passed: a peer granted a ticket this dispatch tried; lost: the
+	// round trip of the last such grant; paused: the pauses so far.
+	passed       bool
+	lost, paused time.Duration
 }
 
 // dispatch is one Dispatch pass over q; again: read the queue again,
@@ -740,7 +753,7 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 		if w.passed {
 			// Peers are granting the tickets read: read the next one
 			// (a read unit) before trying it (a transaction's write units).
-			still, err := s.stillWaitingAfter(ctx, t, w.lost)
+			still, err := s.stillWaitingAfter(ctx, t, w)
 			if err != nil {
 				return false, err
 			}
