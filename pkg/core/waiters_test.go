@@ -69,17 +69,22 @@ func TestTooManyWaitersPerTenant(t *testing.T) {
 	}
 }
 
-// stallTurns is the store with every waiter's turn stalled until its
-// caller gives up (a dispatch stuck on a slow table); turns tells when
-// one starts.
+// stallTurns is the store with every waiter's turn (with frees, every
+// dispatch) stalled until its caller gives up (a dispatch stuck on a slow
+// table); turns tells when one starts.
 type stallTurns struct {
 	*ddbstore.Store
 	turns chan struct{}
+	frees bool
+	left  chan time.Duration // the time a stalled dispatch had, when set
 }
 
 func (s stallTurns) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchResult, error) {
-	if d.Self == "" {
+	if d.Self == "" && !s.frees {
 		return s.Store.Dispatch(ctx, d)
+	}
+	if end, ok := ctx.Deadline(); ok && s.left != nil {
+		s.left <- time.Until(end)
 	}
 	select {
 	case s.turns <- struct{}{}:
@@ -125,5 +130,41 @@ func TestWaiterWhoseTurnStallsTakesItsGrant(t *testing.T) {
 	}
 	if err := <-got; err != nil {
 		t.Fatalf("Acquire(t1) = %v, want the slot t0's pause freed (granted while its turn stalled)", err)
+	}
+}
+
+// A release whose free's dispatch stalls still answers, with its sandbox
+// paused: the dispatch runs under its own budget, shorter than what the
+// pause's settle step leaves (the waiters' own turns and reconcile serve
+// the queue).
+func TestReleaseWhoseDispatchStallsAnswers(t *testing.T) {
+	prov := coretest.NewFakeProvider()
+	prov.Pausable = true
+	settings := func(s *core.Settings) {
+		s.Replicas, s.Policy, s.PauseAfter, s.MaxPaused = 1, core.PolicyWait, 0, 8
+	}
+	h := newHarnessWith(t, prov, settings)
+	s := core.DefaultSettings()
+	s.Deployment = "test"
+	settings(&s)
+	store := stallTurns{Store: h.store, turns: make(chan struct{}, 1), frees: true, left: make(chan time.Duration, 4)}
+	eng, err := core.New(s, store, h.prov, h.sync, core.WithClock(h.clock.now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := h.acquire(t, key("t0"), core.SourceCreated)
+	if _, err := eng.Release(context.Background(), "acme", held.SandboxID); err != nil {
+		t.Fatalf("Release = %v, want it answered despite its stalled dispatch", err)
+	}
+	select {
+	case left := <-store.left:
+		if budget := 5 * time.Second / 4; left > budget {
+			t.Errorf("the free's dispatch had %v, want at most %v", left, budget)
+		}
+	default:
+		t.Fatal("the release dispatched nothing under a deadline")
+	}
+	if rec, err := eng.Get(context.Background(), "acme", held.SandboxID); err != nil || rec.State != core.StatePaused {
+		t.Fatalf("after Release: %v, %v; want paused", rec.State, err)
 	}
 }

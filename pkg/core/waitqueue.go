@@ -28,11 +28,12 @@ const (
 	// it within a poll and takes it at once; a dead one's grant lapses
 	// soon and passes on.
 	grantFor = 5 * time.Second
-	// turnBudget bounds the dispatch of a waiter's turn, which it runs
-	// between two polls: a grant made meanwhile must still find the
-	// waiter polling well within grantFor. A turn cut short wrote each of
-	// its grants whole; the queue's other dispatches finish the rest.
-	turnBudget = grantFor / 4
+	// dispatchBudget bounds a dispatch run inside another call: a
+	// waiter's turn, between two polls (a grant made meanwhile must still
+	// find the waiter polling well within grantFor), and a free's, before
+	// the freeing call answers. A dispatch cut short wrote each of its
+	// grants whole; the queue's other dispatches finish the rest.
+	dispatchBudget = grantFor / 4
 )
 
 // errWaitTimedOut: the waiter's deadline came with no grant;
@@ -193,7 +194,7 @@ func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, 
 // is the draining refusal, when the head finds the deployment draining.
 func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *acquireState) error {
 	me := st.wait.ticket.ID
-	tctx, cancel := context.WithTimeout(ctx, turnBudget)
+	tctx, cancel := context.WithTimeout(ctx, dispatchBudget)
 	res, err := e.store.Dispatch(tctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: -1, Self: me, GrantFor: grantFor})
 	cancel()
 	switch {
@@ -255,7 +256,9 @@ func (e *Engine) dispatchFreed(ctx context.Context, bucket int) {
 	if e.s.Policy != PolicyWait {
 		return
 	}
-	if _, err := e.store.Store.Dispatch(ctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: bucket, Scan: bucket < 0,
+	dctx, cancel := context.WithTimeout(ctx, dispatchBudget)
+	defer cancel()
+	if _, err := e.store.Store.Dispatch(dctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: bucket, Scan: bucket < 0,
 		GrantFor: grantFor}); err != nil {
 		e.log.WarnContext(ctx, "dispatch after a free failed", "bucket", bucket, "err", err)
 	}

@@ -106,12 +106,12 @@ const waiterTTL = time.Hour
 // Store's scan; tests make it smaller), dispatchAttempts how many reads a
 // dispatch makes at most (it reads again after losing a race, a ticket
 // that moved or a grant passed on by a peer, or to look behind tickets
-// that are all granted). A read
-// asks each shard for queueScan/queueShards+2 = 10 tickets: a ticket is
-// about 250 bytes (400 with the longest tenant and deployment names), so
-// each shard's page stays within the 4 KB of one read unit, and the read
-// sees past the granted tickets at the head (a grant stays there until its
-// waiter's next poll takes it, so they pile up as the rate grows).
+// that are all granted). A read asks each shard for
+// queueScan/queueShards+2 = 10 tickets: a ticket is about 250 bytes (400
+// with the longest tenant and deployment names), so each shard's page
+// stays within the 4 KB of one read unit, and the read sees past the
+// granted tickets at the head (a grant stays there until its waiter's next
+// poll takes it, so they pile up as the rate grows).
 const (
 	queueScan        = 64
 	dispatchAttempts = 3
@@ -648,9 +648,8 @@ type walk struct {
 	room map[int]int
 	// read: the buckets were read.
 	read bool
-	// passed: a peer granted a ticket this dispatch tried; lost: the
-	// round trip of the last such grant; paused: the pauses so far.
-	passed       bool
+	// lost is the round trip of the last grant this dispatch tried that
+	// a peer had granted first (0: none yet); paused the pauses so far.
 	lost, paused time.Duration
 }
 
@@ -750,7 +749,7 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 			}
 			continue
 		}
-		if w.passed {
+		if w.lost > 0 {
 			// Peers are granting the tickets read: read the next one
 			// (a read unit) before trying it (a transaction's write units).
 			still, err := s.stillWaitingAfter(ctx, t, w)
@@ -778,7 +777,7 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 			// A peer granted it since the read: the slot is still this
 			// dispatch's to give, to the next ticket it read.
 			*waiting = (*waiting)[1:]
-			w.passed, w.lost = true, time.Since(sent)
+			w.lost = max(time.Since(sent), time.Nanosecond)
 		case errors.Is(err, core.ErrConflict):
 			w.after = ""
 			return true, nil
@@ -836,9 +835,9 @@ func roomIn(room map[int]int) (int, bool) {
 // LeaveWait deletes the ticket if it is still waiting and gives back its
 // place, in one transaction. A ticket found granted passes its grant on
 // to the first live waiting ticket after it (or frees the slot), with the
-// place given back, in one transaction (after a read of the queue's
-// head, see firstWaiting; the next ticket holds it for grantFor); a ticket already gone
-// only gives back the place.
+// place given back, in one transaction (after a read of the queue's head,
+// see firstWaiting; the next ticket holds it for grantFor); a ticket
+// already gone only gives back the place.
 func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, grantFor time.Duration) error {
 	pk := s.ticketPK(t.ID)
 	for attempt := 0; ; attempt++ {
