@@ -27,7 +27,8 @@ import (
 //	lim, lim_of   the bucket's limit, set for the deployment limit lim_of
 //	draining      the deployment drains (written to every bucket at once)
 //	tenants       tenants that reserved in it (fair share; reconcile drops idle ones)
-//	revision      bumped by every write that moves "used"
+//	revision      bumped by every write that moves "used" or "granted"
+//	moves         bumped by every write that moves an n_<state> count
 //
 // The limits of the buckets always sum to the deployment limit: they are
 // written together, in one transaction conditional on every bucket's
@@ -110,11 +111,16 @@ func threadBucket(k core.ThreadKey) int {
 // countAttr is a bucket's count attribute for records counted in state.
 func countAttr(s core.State) string { return "n_" + string(s) }
 
+// movesAttr is a bucket's attribute moved by every write of its per-state
+// counts (the counter repair's condition for them).
+const movesAttr = "moves"
+
 // bucketItem is a stored capacity bucket.
 type bucketItem struct {
 	Index    int            `dynamodbav:"-"`
 	Used     int            `dynamodbav:"used"`
 	Revision int64          `dynamodbav:"revision"`
+	Moves    int64          `dynamodbav:"moves"`
 	Draining bool           `dynamodbav:"draining"`
 	Tenants  []string       `dynamodbav:"tenants,stringset"`
 	Granted  int            `dynamodbav:"granted"`
@@ -248,13 +254,15 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 
 // countMove adds to u the clauses moving one record's count in its bucket
 // from state from to state to ("" or gone for none: a slot taken or
-// freed). It leaves "revision" alone: the revision moves with "used" only,
-// so that parks and reclaims do not keep a busy bucket's used count from
-// ever looking settled to reconcile.
+// freed), and moving "moves", the per-state counts' revision. It leaves
+// "revision" alone: the revision moves with "used" only, so that parks
+// and reclaims do not keep a busy bucket's used count from ever looking
+// settled to reconcile.
 func countMove(u expression.UpdateBuilder, from, to core.State) expression.UpdateBuilder {
 	if from == to {
 		return u
 	}
+	u = u.Add(expression.Name(movesAttr), expression.Value(1))
 	if from != "" && from != core.StateGone {
 		u = u.Add(expression.Name(countAttr(from)), expression.Value(-1))
 	}
@@ -343,10 +351,7 @@ func (s *Store) setLimits(ctx context.Context, buckets []bucketItem, total int) 
 	lims := bucketLimits(buckets, total)
 	items := make([]types.TransactWriteItem, 0, len(buckets))
 	for i, b := range buckets {
-		cond := expression.Name("revision").Equal(expression.Value(b.Revision))
-		if b.Revision == 0 {
-			cond = expression.Or(expression.AttributeNotExists(expression.Name("revision")), cond)
-		}
+		cond := revisionIs("revision", b.Revision)
 		it, err := s.bucketUpdate(b.Index, &cond, expression.Set(expression.Name("lim"), expression.Value(lims[i])).
 			Set(expression.Name("lim_of"), expression.Value(total)).Add(expression.Name("revision"), expression.Value(1)))
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"strconv"
@@ -28,9 +29,10 @@ const countsSK = "COUNTS"
 type slotTally struct {
 	used   [CapacityBuckets]int
 	counts [CapacityBuckets]map[string]int
-	quota  map[string]int     // USR#/TEN# key -> slots counted in it
-	paused [PausedBuckets]int // records holding a paused slot, by paused bucket
-	pool   int                // pool places held
+	quota  map[string]int      // USR#/TEN# key -> slots counted in it
+	paused [PausedBuckets]int  // records holding a paused slot, by paused bucket
+	pool   int                 // pool places held
+	seen   map[string]observed // the holders tallied, by holder
 }
 
 // tallyStates are the states a tally reads: those holding running slots,
@@ -69,168 +71,147 @@ func holdsPoolPlace(st core.State, it item) bool {
 // maxItems entries an older version stored (not counted per state, or
 // not in the quota counts).
 func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []item, error) {
-	t := &slotTally{quota: map[string]int{}}
+	seen := map[string]observed{}
+	if err := s.observeSlots(ctx, slices.All(tallyStates), seen); err != nil {
+		return nil, nil, err
+	}
+	t, legacy := tallyOf(s.deployment, seen, maxItems)
+	return t, legacy, nil
+}
+
+// confirmTally reads the index again, in the reverse order of the states,
+// over the holders t was tallied from, and tallies the union. Reading the
+// states one after another misses a holder that moves, meanwhile, to a
+// state already read: in the first read one moving back in tallyStates'
+// order, in this one one moving forward. The union misses only a holder
+// missed by both, which moved back during the first read and forward
+// during the second. A holder freed between the two is in the union, but
+// the free moved its counters' revisions, so no repair writes on it.
+func (s *Store) confirmTally(ctx context.Context, t *slotTally) (*slotTally, error) {
+	seen := maps.Clone(t.seen)
+	if err := s.observeSlots(ctx, slices.Backward(tallyStates), seen); err != nil {
+		return nil, err
+	}
+	c, _ := tallyOf(s.deployment, seen, 0)
+	return c, nil
+}
+
+// tallyOf tallies the holders seen, with up to maxItems of those an older
+// version stored.
+func tallyOf(deployment string, seen map[string]observed, maxItems int) (*slotTally, []item) {
+	t := &slotTally{quota: map[string]int{}, seen: seen}
 	for b := range t.counts {
 		t.counts[b] = map[string]int{}
 	}
 	var legacy []item
-	for _, st := range tallyStates {
+	for _, o := range seen {
+		if t.add(deployment, o.state, o.it) && len(legacy) < maxItems {
+			legacy = append(legacy, o.it)
+		}
+	}
+	return t, legacy
+}
+
+// observed is one slot holder as the index last showed it.
+type observed struct {
+	state core.State
+	it    item
+}
+
+// observeSlots reads the index entries of states, one state after
+// another, into seen, keyed by holder: a record by its item key, a
+// reservation by its token. A holder that moves to a state read later
+// shows twice; the later entry is the newer and replaces the first, and
+// a record finalized from a reservation (same token) replaces the
+// reservation. Without this a tally counts the mover twice, and a repair
+// that trusts it raises a counter above what is held.
+func (s *Store) observeSlots(ctx context.Context, states iter.Seq2[int, core.State], seen map[string]observed) error {
+	for _, st := range states {
 		var derr error
 		err := s.eachInState(ctx, st, nil, 0, func(av map[string]types.AttributeValue) bool {
 			var it item
 			if derr = attributevalue.UnmarshalMap(av, &it); derr != nil {
 				return false
 			}
-			if holdsPausedSlot(st, it) {
-				t.paused[pausedBucketOf(it.PausedBucket)]++
+			if strings.HasPrefix(it.PK, "SBX#") && it.Reservation != "" {
+				delete(seen, reservationPK(it.Reservation))
 			}
-			if holdsPoolPlace(st, it) {
-				t.pool++
-			}
-			if it.NoRunningSlot || st == core.StatePaused {
-				return true // paused (or its tombstone): no running slot, no counts
-			}
-			b := min(max(it.Bucket, 0), CapacityBuckets-1)
-			t.used[b]++
-			if it.Counted != "" {
-				t.counts[b][it.Counted]++
-			}
-			k := core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread}
-			if it.Quota {
-				t.quota[tenantPK(s.deployment, k.Tenant)]++
-				t.quota[userPK(s.deployment, k)]++
-			} else {
-				t.quota[tenantPK(s.deployment, k.Tenant)] += 0
-				t.quota[userPK(s.deployment, k)] += 0
-			}
-			if (it.Counted == "" || !it.Quota) && len(legacy) < maxItems {
-				legacy = append(legacy, it)
-			}
+			seen[it.PK] = observed{st, it}
 			return true
 		})
 		if err == nil {
 			err = derr
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("tally %s: %w", st, err)
+			return fmt.Errorf("tally %s: %w", st, err)
 		}
 	}
-	return t, legacy, nil
+	return nil
+}
+
+// add counts the entry it of state st in every counter it holds a place
+// of, and reports whether an older version stored it (not counted per
+// state, or not in the quota counts).
+func (t *slotTally) add(deployment string, st core.State, it item) (legacy bool) {
+	if holdsPausedSlot(st, it) {
+		t.paused[pausedBucketOf(it.PausedBucket)]++
+	}
+	if holdsPoolPlace(st, it) {
+		t.pool++
+	}
+	if it.NoRunningSlot || st == core.StatePaused {
+		return false // paused (or its tombstone): no running slot, no counts
+	}
+	b := min(max(it.Bucket, 0), CapacityBuckets-1)
+	t.used[b]++
+	if it.Counted != "" {
+		t.counts[b][it.Counted]++
+	}
+	k := core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread}
+	held := 0
+	if it.Quota {
+		held = 1
+	}
+	t.quota[tenantPK(deployment, k.Tenant)] += held
+	t.quota[userPK(deployment, k)] += held
+	return it.Counted == "" || !it.Quota
 }
 
 // RepairCounters implements core.ReconcileStore.
+//
+// A counter is corrected to its tally only when three things agree: the
+// last pass noted the same difference at the same revision (no take or
+// free moved the counter since, so this pass's tally was read while it
+// held still), a confirming read of the index (confirmTally) counts the
+// same, and the revision is still the one read when the correction is
+// written. A tally alone can miss a holder that moves while it reads;
+// the confirming read catches what the first one missed.
 func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.CounterRepair, error) {
 	var rep core.CounterRepair
-	buckets, _, err := s.readBuckets(ctx, "", true)
+	r, err := s.readForRepair(ctx, maxItems)
 	if err != nil {
 		return rep, err
 	}
-	prev, err := s.notedCounts(ctx)
-	if err != nil {
-		return rep, err
-	}
-	// The paused buckets and the pool count are read before the tally, as
-	// the capacity buckets: a take or free between the two moves their
-	// revision.
-	paused, pool, tally, legacy, err := s.countHolders(ctx, maxItems)
-	if err != nil {
-		return rep, err
-	}
-	rep.Pool = &pool
-	// Slots held in trust for granted tickets are in no index: count them
-	// from the queue.
-	grants, err := s.queueGrants(ctx)
-	if err != nil {
-		return rep, err
-	}
-	for b, n := range grants {
-		tally.used[b] += n
-	}
-	// The users' and tenants' counts: those the index names, those the
-	// fair-share sets name, and those noted last time.
-	quotaKeys := map[string]bool{}
-	for k := range tally.quota {
-		quotaKeys[k] = true
-	}
-	for _, b := range buckets {
-		for _, t := range b.Tenants {
-			quotaKeys[tenantPK(s.deployment, t)] = true
-		}
-	}
-	for k := range prev {
-		if strings.HasPrefix(k, "TEN#") || strings.HasPrefix(k, "USR#") {
-			quotaKeys[k] = true
-		}
-	}
-	stored, err := s.readCounters(ctx, slices.Sorted(maps.Keys(quotaKeys)))
-	if err != nil {
-		return rep, err
-	}
-
 	noted := map[string]string{}
+	due := r.dueRepairs(noted)
 	var errs []error
-	// note records a difference and reports whether the last pass saw it too.
-	note := func(name string, have, want int, extra string) bool {
-		if have == want {
-			return false
-		}
-		v := fmt.Sprintf("%d|%d%s", have, want, extra)
-		noted[name] = v
-		return prev[name] == v
-	}
-	for _, b := range buckets {
-		rev := "|" + strconv.FormatInt(b.Revision, 10)
-		if note("used#"+strconv.Itoa(b.Index), b.Used, tally.used[b.Index], rev) {
-			switch err := s.setBucketUsed(ctx, b, tally.used[b.Index]); {
-			case err == nil:
-				rep.Slots += tally.used[b.Index] - b.Used
-			case !errors.Is(err, core.ErrConflict):
-				errs = append(errs, err)
-			}
-		}
-		if note("granted#"+strconv.Itoa(b.Index), b.Granted, grants[b.Index], "") {
-			switch err := s.casCounter(ctx, bucketPK(s.deployment, b.Index), "granted", b.Granted, grants[b.Index]); {
-			case err == nil:
-				rep.Counters++
-			case !errors.Is(err, core.ErrConflict):
-				errs = append(errs, err)
-			}
-		}
-		states := maps.Clone(b.Counts)
-		maps.Copy(states, tally.counts[b.Index])
-		for st := range states {
-			have, want := b.Counts[st], tally.counts[b.Index][st]
-			if note("n#"+strconv.Itoa(b.Index)+"#"+st, have, want, "") {
-				switch err := s.casCounter(ctx, bucketPK(s.deployment, b.Index), countAttr(core.State(st)), have, want); {
-				case err == nil:
-					rep.Counters++
-				case !errors.Is(err, core.ErrConflict):
-					errs = append(errs, err)
-				}
-			}
+	var confirm *slotTally
+	if len(due) > 0 {
+		if confirm, err = s.confirmTally(ctx, r.tally); err != nil {
+			errs = append(errs, err) // the differences stay noted for the next pass
+			due = nil
 		}
 	}
-	for b, c := range paused {
-		if note("paused#"+strconv.Itoa(b), c.Used, tally.paused[b], "|"+strconv.FormatInt(c.Revision, 10)) {
-			switch err := s.repairCount(ctx, "paused slots", pausedPK(s.deployment, b), "used", c.Revision, tally.paused[b]); {
-			case err == nil:
-				rep.PausedSlots += tally.paused[b] - c.Used
-			case !errors.Is(err, core.ErrConflict):
-				errs = append(errs, err)
-			}
+	for _, d := range due {
+		if d.counted(confirm, r.grants) != d.want {
+			delete(noted, d.name) // not seen again: note afresh next pass
+			continue
+		}
+		if err := d.apply(ctx, s, &rep); err != nil && !errors.Is(err, core.ErrConflict) {
+			errs = append(errs, err)
 		}
 	}
-	for k := range quotaKeys {
-		if note(k, stored[k], tally.quota[k], "") {
-			switch err := s.casCounter(ctx, k, "used", stored[k], tally.quota[k]); {
-			case err == nil:
-				rep.Counters++
-			case !errors.Is(err, core.ErrConflict):
-				errs = append(errs, err)
-			}
-		}
-	}
-	for _, it := range legacy {
+	for _, it := range r.legacy {
 		switch err := s.countLegacy(ctx, it); {
 		case err == nil:
 			rep.Counted++
@@ -244,20 +225,204 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	if err := s.saveNotedCounts(ctx, noted); err != nil {
 		errs = append(errs, err)
 	}
+	rep.Pool = &r.pool
 	if rep.Slots == 0 && rep.Counted == 0 {
 		// Rebalance from what was read (a repair would have moved "used").
-		rebalanced, err := s.rebalance(ctx, buckets, limit)
+		rebalanced, err := s.rebalance(ctx, r.buckets, limit)
 		rep.Rebalanced = rebalanced
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
-	dropped, err := s.dropIdleTenants(ctx, buckets, stored, tally)
+	dropped, err := s.dropIdleTenants(ctx, r.buckets, r.stored, r.tally)
 	rep.TenantsDropped = dropped
 	if err != nil {
 		errs = append(errs, err)
 	}
 	return rep, errors.Join(errs...)
+}
+
+// repairRead is what a counter repair reads: every counter with its
+// revision, the tally of the index, and the differences the last pass
+// noted.
+type repairRead struct {
+	buckets   []bucketItem
+	paused    []countItem
+	pool      core.HolderCount
+	tally     *slotTally
+	legacy    []item
+	grants    map[int]int          // granted tickets by bucket
+	quotaKeys []string             // the USR#/TEN# counters read
+	stored    map[string]countItem // those that exist
+	prev      map[string]string
+}
+
+// readForRepair reads the buckets, the paused buckets and the pool count
+// before the tally (a take or free between the two moves their
+// revision), then the granted tickets (slots held in trust, in no index)
+// and the users' and tenants' counters: those the index names, those the
+// fair-share sets name, and those noted last time.
+func (s *Store) readForRepair(ctx context.Context, maxItems int) (*repairRead, error) {
+	r := &repairRead{}
+	var err error
+	if r.buckets, _, err = s.readBuckets(ctx, "", true); err != nil {
+		return nil, err
+	}
+	if r.prev, err = s.notedCounts(ctx); err != nil {
+		return nil, err
+	}
+	if r.paused, r.pool, r.tally, r.legacy, err = s.countHolders(ctx, maxItems); err != nil {
+		return nil, err
+	}
+	if r.grants, err = s.queueGrants(ctx); err != nil {
+		return nil, err
+	}
+	quotaKeys := map[string]bool{}
+	for k := range r.tally.quota {
+		quotaKeys[k] = true
+	}
+	for _, b := range r.buckets {
+		for _, t := range b.Tenants {
+			quotaKeys[tenantPK(s.deployment, t)] = true
+		}
+	}
+	for k := range r.prev {
+		if strings.HasPrefix(k, "TEN#") || strings.HasPrefix(k, "USR#") {
+			quotaKeys[k] = true
+		}
+	}
+	r.quotaKeys = slices.Sorted(maps.Keys(quotaKeys))
+	if r.stored, err = s.readCounters(ctx, r.quotaKeys); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// dueRepair is one counter whose difference the last pass saw too.
+type dueRepair struct {
+	name    string                                        // the noted name
+	want    string                                        // the count this pass's tally gives
+	counted func(t *slotTally, grants map[int]int) string // the count a tally gives
+	apply   func(ctx context.Context, s *Store, rep *core.CounterRepair) error
+}
+
+// dueRepairs notes in noted every difference between a counter and the
+// tally, and returns those the last pass noted unchanged.
+func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
+	var due []dueRepair
+	// note notes d's difference with the counter (have; rev: its revision)
+	// and keeps d when the last pass noted the same.
+	note := func(d dueRepair, have string, rev int64) {
+		if have == d.want {
+			return
+		}
+		v := have + "|" + d.want + revisionMark(rev)
+		noted[d.name] = v
+		if r.prev[d.name] == v {
+			due = append(due, d)
+		}
+	}
+	for _, b := range r.buckets {
+		for _, d := range r.bucketRepairs(b) {
+			note(d.dueRepair, d.have, d.rev)
+		}
+	}
+	for i, c := range r.paused {
+		note(dueRepair{name: "paused#" + strconv.Itoa(i), want: strconv.Itoa(r.tally.paused[i]),
+			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.paused[i]) },
+			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
+				err := s.repairCount(ctx, "paused slots", pausedPK(s.deployment, i), "used", c.Revision, r.tally.paused[i])
+				if err == nil {
+					rep.PausedSlots += r.tally.paused[i] - c.Used
+				}
+				return err
+			}}, strconv.Itoa(c.Used), c.Revision)
+	}
+	for _, k := range r.quotaKeys {
+		c := r.stored[k]
+		note(dueRepair{name: k, want: strconv.Itoa(r.tally.quota[k]),
+			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.quota[k]) },
+			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
+				return counted(rep, s.repairCount(ctx, "slots", k, "used", c.Revision, r.tally.quota[k]))
+			}}, strconv.Itoa(c.Used), c.Revision)
+	}
+	return due
+}
+
+// bucketCheck is a bucket's counters as stored (have, at revision rev)
+// with their repair.
+type bucketCheck struct {
+	dueRepair
+	have string
+	rev  int64
+}
+
+// bucketRepairs are bucket b's two repairs: its used and granted slots
+// (under "revision": every take, free and grant moves it), and its
+// per-state counts (under "moves": every count move moves it). Each is
+// one write, so that counters drifted together are corrected together.
+func (r *repairRead) bucketRepairs(b bucketItem) []bucketCheck {
+	i := b.Index
+	slots := func(t *slotTally, g map[int]int) string { return fmt.Sprintf("%d,%d", t.used[i]+g[i], g[i]) }
+	perState := func(t *slotTally, _ map[int]int) string { return countsKey(t.counts[i]) }
+	return []bucketCheck{{dueRepair{name: "slots#" + strconv.Itoa(i), want: slots(r.tally, r.grants), counted: slots,
+		apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
+			used, granted := r.tally.used[i]+r.grants[i], r.grants[i]
+			err := s.setBucketSlots(ctx, b, used, granted)
+			if err == nil {
+				rep.Slots += used - b.Used
+				if granted != b.Granted {
+					rep.Counters++
+				}
+			}
+			return err
+		}}, fmt.Sprintf("%d,%d", b.Used, b.Granted), b.Revision},
+		{dueRepair{name: "n#" + strconv.Itoa(i), want: perState(r.tally, nil), counted: perState,
+			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
+				err := s.setBucketCounts(ctx, b, r.tally.counts[i])
+				if err == nil {
+					for st := range mergedKeys(b.Counts, r.tally.counts[i]) {
+						if b.Counts[st] != r.tally.counts[i][st] {
+							rep.Counters++
+						}
+					}
+				}
+				return err
+			}}, countsKey(b.Counts), b.Moves}}
+}
+
+// countsKey is per-state counts as text (those not zero, by state).
+func countsKey(counts map[string]int) string {
+	var sb strings.Builder
+	for _, st := range slices.Sorted(maps.Keys(counts)) {
+		if counts[st] != 0 {
+			fmt.Fprintf(&sb, "%s=%d;", st, counts[st])
+		}
+	}
+	return sb.String()
+}
+
+// mergedKeys is the set of the keys of a and b.
+func mergedKeys(a, b map[string]int) map[string]bool {
+	out := map[string]bool{}
+	for k := range a {
+		out[k] = true
+	}
+	for k := range b {
+		out[k] = true
+	}
+	return out
+}
+
+// revisionMark is a counter's revision as a noted difference ends with it.
+func revisionMark(n int64) string { return "|" + strconv.FormatInt(n, 10) }
+
+// counted counts a corrected counter in rep when err is nil, and returns err.
+func counted(rep *core.CounterRepair, err error) error {
+	if err == nil {
+		rep.Counters++
+	}
+	return err
 }
 
 // CountHolders reads the paused slots held and the pool place count
@@ -293,8 +458,9 @@ func (s *Store) countHolders(ctx context.Context, maxItems int) (paused []countI
 	return paused, pool, tally, legacy, nil
 }
 
-// readCounters reads the "used" of the USR#/TEN# counters keys (absent: 0).
-func (s *Store) readCounters(ctx context.Context, keys []string) (map[string]int, error) {
+// readCounters reads the USR#/TEN# counters keys, strongly consistent
+// (absent: 0 at revision 0).
+func (s *Store) readCounters(ctx context.Context, keys []string) (map[string]countItem, error) {
 	avs := make([]map[string]types.AttributeValue, 0, len(keys))
 	for _, k := range keys {
 		avs = append(avs, s.key(k))
@@ -303,10 +469,12 @@ func (s *Store) readCounters(ctx context.Context, keys []string) (map[string]int
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]int{}
+	out := map[string]countItem{}
 	for _, av := range items {
 		if pk, _ := av[AttrPK].(*types.AttributeValueMemberS); pk != nil {
-			out[pk.Value] = decodeCounter(av)
+			var c countItem
+			_ = attributevalue.UnmarshalMap(av, &c) // absent attributes stay zero
+			out[pk.Value] = c
 		}
 	}
 	return out, nil
@@ -341,25 +509,33 @@ func (s *Store) saveNotedCounts(ctx context.Context, noted map[string]string) er
 	return s.transact(ctx, "save noted counts", []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: av}}})
 }
 
-// setBucketUsed sets bucket b's used count if its revision is still the
-// one read (ErrConflict otherwise), bumping the revision.
-func (s *Store) setBucketUsed(ctx context.Context, b bucketItem, used int) error {
-	cond := expression.Name("revision").Equal(expression.Value(b.Revision))
-	if b.Revision == 0 {
-		cond = expression.Or(expression.AttributeNotExists(expression.Name("revision")), cond)
-	}
-	return s.conditionalUpdate(ctx, "repair bucket used", bucketPK(s.deployment, b.Index), cond,
-		expression.Set(expression.Name("used"), expression.Value(used)).Add(expression.Name("revision"), expression.Value(1)))
+// setBucketSlots sets bucket b's used and granted slots if its revision
+// is still the one read (ErrConflict otherwise), moving the revision.
+func (s *Store) setBucketSlots(ctx context.Context, b bucketItem, used, granted int) error {
+	return s.conditionalUpdate(ctx, "repair bucket slots", bucketPK(s.deployment, b.Index), revisionIs("revision", b.Revision),
+		expression.Set(expression.Name("used"), expression.Value(used)).Set(expression.Name("granted"), expression.Value(granted)).
+			Add(expression.Name("revision"), expression.Value(1)))
 }
 
-// casCounter sets attribute attr of item pk from have to want
-// (ErrConflict if it is no longer have; absent counts as 0).
-func (s *Store) casCounter(ctx context.Context, pk, attr string, have, want int) error {
-	cond := expression.Name(attr).Equal(expression.Value(have))
-	if have == 0 {
-		cond = expression.Or(expression.AttributeNotExists(expression.Name(attr)), cond)
+// setBucketCounts sets bucket b's per-state counts to counts (every state
+// it or counts names) if its moves are still the ones read (ErrConflict
+// otherwise), moving them.
+func (s *Store) setBucketCounts(ctx context.Context, b bucketItem, counts map[string]int) error {
+	upd := expression.Add(expression.Name(movesAttr), expression.Value(1))
+	for st := range mergedKeys(b.Counts, counts) {
+		upd = upd.Set(expression.Name(countAttr(core.State(st))), expression.Value(counts[st]))
 	}
-	return s.conditionalUpdate(ctx, "repair "+attr, pk, cond, expression.Set(expression.Name(attr), expression.Value(want)))
+	return s.conditionalUpdate(ctx, "repair per-state counts", bucketPK(s.deployment, b.Index), revisionIs(movesAttr, b.Moves), upd)
+}
+
+// revisionIs is the condition that attribute rev is still revision
+// (absent counts as 0).
+func revisionIs(rev string, revision int64) expression.ConditionBuilder {
+	cond := expression.Name(rev).Equal(expression.Value(revision))
+	if revision == 0 {
+		cond = expression.Or(expression.AttributeNotExists(expression.Name(rev)), cond)
+	}
+	return cond
 }
 
 func (s *Store) conditionalUpdate(ctx context.Context, op, pk string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) error {
@@ -450,7 +626,7 @@ func (s *Store) rebalance(ctx context.Context, buckets []bucketItem, limit int) 
 // slot count is zero (as read and as counted), each in one transaction
 // with a check of its count, so that a tenant whose reservation lands
 // meanwhile stays.
-func (s *Store) dropIdleTenants(ctx context.Context, buckets []bucketItem, stored map[string]int, tally *slotTally) ([]string, error) {
+func (s *Store) dropIdleTenants(ctx context.Context, buckets []bucketItem, stored map[string]countItem, tally *slotTally) ([]string, error) {
 	holders := map[string][]int{}
 	for _, b := range buckets {
 		for _, t := range b.Tenants {
@@ -460,7 +636,7 @@ func (s *Store) dropIdleTenants(ctx context.Context, buckets []bucketItem, store
 	var dropped []string
 	for _, t := range slices.Sorted(maps.Keys(holders)) {
 		pk := tenantPK(s.deployment, t)
-		if stored[pk] > 0 || tally.quota[pk] > 0 {
+		if stored[pk].Used > 0 || tally.quota[pk] > 0 {
 			continue
 		}
 		check, err := s.conditionCheck(pk, expression.Or(

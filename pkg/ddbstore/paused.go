@@ -514,12 +514,14 @@ func pausedSum(counts []countItem) countItem {
 // item's revision is still revision (ErrConflict otherwise), moving the
 // revision.
 func (s *Store) repairCount(ctx context.Context, what, pk, attr string, revision int64, counted int) error {
-	cond := expression.Name("revision").Equal(expression.Value(revision))
-	if revision == 0 {
-		cond = expression.Or(expression.AttributeNotExists(expression.Name("revision")), cond)
-	}
-	expr, err := expression.NewBuilder().WithCondition(cond).
-		WithUpdate(revised(expression.Set(expression.Name(attr), expression.Value(counted)))).Build()
+	return s.repairCountAt(ctx, what, pk, attr, "revision", revision, counted)
+}
+
+// repairCountAt is repairCount with the revision kept in attribute rev.
+func (s *Store) repairCountAt(ctx context.Context, what, pk, attr, rev string, revision int64, counted int) error {
+	expr, err := expression.NewBuilder().WithCondition(revisionIs(rev, revision)).
+		WithUpdate(expression.Set(expression.Name(attr), expression.Value(counted)).
+			Add(expression.Name(rev), expression.Value(1))).Build()
 	if err != nil {
 		return fmt.Errorf("repair %s: %w", what, err)
 	}

@@ -9,8 +9,8 @@
 //	THR#<tenant>#<user>#<thread>  the thread's binding: sandbox_id or reservation
 //	CAP#<deployment>              the capacity ledger: "used" slots, "revision", "draining",
 //	                              "tenants" (string set: tenants holding or lately holding slots)
-//	USR#<deployment>#<tenant>#<user>  slots held by one user ("used"), for SANDBOX_MAX_PER_USER
-//	TEN#<deployment>#<tenant>     slots held by one tenant ("used"), for SANDBOX_MAX_PER_TENANT
+//	USR#<deployment>#<tenant>#<user>  slots held by one user ("used", "revision"), for SANDBOX_MAX_PER_USER
+//	TEN#<deployment>#<tenant>     slots held by one tenant ("used", "revision"), for SANDBOX_MAX_PER_TENANT
 //	WTR#<deployment>#<tenant>#<n> waiter place n of a tenant ("ticket", "until", "round", "qkey"), for SANDBOX_MAX_WAITERS_PER_TENANT
 //	WQ#<deployment>#<n>           wait queue shard n (n = FNV-1a(ticket) mod 8): one item per ticket,
 //	                              sk = "<round>#<arrival ms>#<ticket>" ("state" waiting|granted, "until",

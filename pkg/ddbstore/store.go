@@ -439,19 +439,20 @@ func (s *Store) dropBinding(ctx context.Context, key core.ThreadKey, attr, value
 }
 
 // counterRelease is the transaction item that returns one slot of a user
-// or tenant counter (pk).
+// or tenant counter (pk), moving its revision (see RepairCounters).
 func (s *Store) counterRelease(pk string) types.TransactWriteItem {
-	u := "ADD #used :minus"
+	u := "ADD #used :minus, #revision :one"
 	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
-		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#used": "used"},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": &types.AttributeValueMemberN{Value: "-1"}}}}
+		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#used": "used", "#revision": "revision"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": &types.AttributeValueMemberN{Value: "-1"},
+			":one": &types.AttributeValueMemberN{Value: "1"}}}}
 }
 
 // counterTake is the transaction item that takes one slot of a user or
 // tenant counter (pk), conditional on the count staying within max when
-// max > 0.
+// max > 0, moving its revision.
 func (s *Store) counterTake(pk string, max int) (types.TransactWriteItem, error) {
-	b := expression.NewBuilder().WithUpdate(expression.Add(expression.Name("used"), expression.Value(1)))
+	b := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(1))))
 	if max > 0 {
 		b = b.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
 			expression.Name("used").LessThan(expression.Value(max))))

@@ -1,0 +1,176 @@
+package ddbstore_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+)
+
+// boundaryDB passes every call to DynamoDB Local and, when a query of the
+// state index turns to a state other than the last one queried, runs
+// atState with that state first; the queries of that state wait for it.
+// A tally reads the states one after another, so atState runs between
+// the reads of two states.
+type boundaryDB struct {
+	ddbstore.API
+	atState func(core.State)
+
+	mu   sync.Mutex
+	last core.State
+}
+
+func (b *boundaryDB) Query(ctx context.Context, in *dynamodb.QueryInput, opts ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error) {
+	if st, ok := queriedState(in); ok {
+		b.mu.Lock()
+		if st != b.last {
+			b.last = st
+			b.atState(st)
+		}
+		b.mu.Unlock()
+	}
+	return b.API.Query(ctx, in, opts...)
+}
+
+// queriedState is the state whose index key a query of the state index
+// reads ("ST#<deployment>#<state>[#<n>]").
+func queriedState(in *dynamodb.QueryInput) (core.State, bool) {
+	if aws.ToString(in.IndexName) != ddbstore.IndexGSI1 {
+		return "", false
+	}
+	for _, v := range in.ExpressionAttributeValues {
+		if s, ok := v.(*types.AttributeValueMemberS); ok && strings.HasPrefix(s.Value, "ST#") {
+			if parts := strings.Split(s.Value, "#"); len(parts) >= 3 {
+				return core.State(parts[2]), true
+			}
+		}
+	}
+	return "", false
+}
+
+// A record that moves between two states while the counter repair reads
+// the index, every time it reads, is still counted once: moving to a
+// state read later (it shows twice) it does not raise its tenant's, its
+// user's or its bucket's count, and moving back to a state read already
+// (it shows nowhere in that read) it does not lower them, which would let
+// the tenant past its quota. The counts are right from the start, so no
+// repair may write.
+func TestRepairCountersCountsAHolderMovingDuringTheTallyOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// to is the state to move the record to when a read turns to a
+		// state (none: leave it).
+		to map[core.State]core.State
+	}{
+		{"moving on to a state read later", map[core.State]core.State{
+			core.StateCreating: core.StateActive, core.StateReleasing: core.StateReleasing}},
+		{"moving back to a state read already", map[core.State]core.State{
+			core.StateCreating: core.StateReleasing, core.StateReleasing: core.StateActive}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, table := newTable(t)
+			plain := ddbstore.New(client, table, "test")
+			ctx := context.Background()
+			key := thread(1)
+			activeRecord(t, plain, key, "sbx1")
+			moves := 0
+			move := func(to core.State) {
+				rec, err := plain.Get(ctx, "sbx1")
+				if err != nil {
+					t.Errorf("Get: %v", err)
+					return
+				}
+				if rec.State == to {
+					return
+				}
+				if _, err := plain.Apply(ctx, core.Update{SandboxID: "sbx1", Fence: rec.Fence, State: to,
+					Now: t0.Add(time.Duration(moves+1) * time.Second), Slot: rec.Slot}); err != nil {
+					t.Errorf("move to %s: %v", to, err)
+				}
+				moves++
+			}
+			db := &boundaryDB{API: client, atState: func(st core.State) {
+				if to, ok := tc.to[st]; ok {
+					move(to)
+				}
+			}}
+			s := ddbstore.New(db, table, "test")
+			for pass := range 4 {
+				rep, err := s.RepairCounters(ctx, 10, 100)
+				if err != nil {
+					t.Fatalf("repair %d: %v", pass, err)
+				}
+				if rep.Slots != 0 || rep.Counters != 0 {
+					t.Errorf("repair %d corrected used slots by %d and %d other counters; want none (the counts are right)",
+						pass, rep.Slots, rep.Counters)
+				}
+			}
+			if moves < 4 {
+				t.Fatalf("the record moved %d times during the repairs, want at least 4", moves)
+			}
+			c := countSlots(t, plain, key)
+			if c.ledger != 1 || c.tenant != 1 {
+				t.Errorf("used slots %d, tenant's count %d; want 1 and 1", c.ledger, c.tenant)
+			}
+		})
+	}
+}
+
+// A user's or tenant's slot count that drifted is corrected by the second
+// repair that sees the same difference at the same revision; one that a
+// take and a free moved and brought back to the count the first repair
+// read is not (the take's count, seen by the first repair's tally, may
+// since have been freed by another), until a repair sees it unchanged.
+func TestSlotCountRepairNeedsTheSameRevisionTwice(t *testing.T) {
+	client, table := newTable(t)
+	s := ddbstore.New(client, table, "test")
+	ctx := context.Background()
+	key := thread(1)
+	activeRecord(t, s, key, "sbx1")
+	for _, pk := range []string{"TEN#test#acme", "USR#test#acme#u1"} {
+		if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+			Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+			UpdateExpression:          aws.String("SET used = :n"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: "3"}}}); err != nil {
+			t.Fatal(err) // drift, as a bug would leave it
+		}
+	}
+	takeAndFree := func() {
+		t.Helper()
+		k := thread(2)
+		if err := s.Reserve(ctx, core.Reservation{Token: "res-2", ThreadKey: k, Limit: 10, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
+			t.Fatalf("Reserve: %v", err)
+		}
+		if err := s.FreeReservation(ctx, "res-2", k); err != nil {
+			t.Fatalf("FreeReservation: %v", err)
+		}
+	}
+	for _, step := range []struct {
+		name       string
+		before     func()
+		wantFixed  int
+		wantTenant int
+	}{
+		{"first sighting", func() {}, 0, 3},
+		{"moved and came back", takeAndFree, 0, 3},
+		{"seen again unchanged", func() {}, 2, 1},
+	} {
+		step.before()
+		rep, err := s.RepairCounters(ctx, 10, 100)
+		if err != nil {
+			t.Fatalf("%s: RepairCounters: %v", step.name, err)
+		}
+		if c := countSlots(t, s, key); rep.Counters != step.wantFixed || c.tenant != step.wantTenant {
+			t.Errorf("%s: %d counters corrected, the tenant's count %d; want %d, %d",
+				step.name, rep.Counters, c.tenant, step.wantFixed, step.wantTenant)
+		}
+	}
+}
