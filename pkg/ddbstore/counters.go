@@ -195,11 +195,16 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	noted := map[string]string{}
 	due := r.dueRepairs(noted)
 	var errs []error
+	rep.Pool = &r.pool
 	var confirm *slotTally
-	if len(due) > 0 {
+	if len(due) > 0 || r.pool.Used != r.pool.Counted {
 		if confirm, err = s.confirmTally(ctx, r.tally); err != nil {
 			errs = append(errs, err) // the differences stay noted for the next pass
-			due = nil
+			due, rep.Pool = nil, nil
+		} else {
+			// The pool place count is repaired by the caller, on two
+			// passes' counts: give it the confirmed one.
+			r.pool.Counted = confirm.pool
 		}
 	}
 	for _, d := range due {
@@ -225,7 +230,6 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	if err := s.saveNotedCounts(ctx, noted); err != nil {
 		errs = append(errs, err)
 	}
-	rep.Pool = &r.pool
 	if rep.Slots == 0 && rep.Counted == 0 {
 		// Rebalance from what was read (a repair would have moved "used").
 		rebalanced, err := s.rebalance(ctx, r.buckets, limit)
