@@ -424,6 +424,7 @@ func TestActionsCoverTheClients(t *testing.T) {
 		// DynamoDB
 		"GetItem": {"dynamodb:GetItem"}, "PutItem": {"dynamodb:PutItem"}, "UpdateItem": {"dynamodb:UpdateItem"},
 		"DeleteItem": {"dynamodb:DeleteItem"}, "Query": {"dynamodb:Query"}, "BatchGetItem": {"dynamodb:BatchGetItem"},
+		"Scan":               {"dynamodb:Scan"},
 		"TransactWriteItems": {"dynamodb:ConditionCheckItem", "dynamodb:DeleteItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
 		"TransactGetItems":   {"dynamodb:GetItem"},
 		// S3

@@ -107,7 +107,8 @@ type Stack struct {
 // DynamoDBActions are the IAM actions every function gets on the table:
 // the calls of ddbstore.API (TransactWriteItems is authorized per item as
 // PutItem, UpdateItem, DeleteItem and ConditionCheckItem; the store
-// queries the table for reconcile's inventory cycle).
+// queries the table for reconcile's inventory cycle, and scans it for the
+// counter repair's exact count, which reads no item GetItem could not).
 var DynamoDBActions = []string{
 	"dynamodb:BatchGetItem",
 	"dynamodb:ConditionCheckItem",
@@ -115,6 +116,7 @@ var DynamoDBActions = []string{
 	"dynamodb:GetItem",
 	"dynamodb:PutItem",
 	"dynamodb:Query",
+	"dynamodb:Scan",
 	"dynamodb:UpdateItem",
 }
 

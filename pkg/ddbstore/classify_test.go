@@ -88,6 +88,11 @@ func (f *faultDB) BatchGetItem(context.Context, *dynamodb.BatchGetItemInput, ...
 	return &dynamodb.BatchGetItemOutput{}, nil
 }
 
+// Scan finds nothing.
+func (f *faultDB) Scan(context.Context, *dynamodb.ScanInput, ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error) {
+	return &dynamodb.ScanOutput{}, nil
+}
+
 // cancel builds the TransactionCanceledException DynamoDB answers when
 // the items whose partition key starts with one of failing fail their
 // condition: one reason per item in request order, "None" for the others.

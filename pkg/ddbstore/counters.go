@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
 	"maps"
 	"slices"
 	"strconv"
@@ -21,18 +20,19 @@ import (
 
 // The counter repair keeps, between reconcile passes, the differences it
 // saw (pk REC#<deployment>, sk COUNTS, attribute "noted": counter name ->
-// "<stored>|<counted>"); a difference is corrected only when the next pass
-// sees it again, unchanged.
+// "<stored>|<counted>|<revision>", where a bucket's "slots#<b>" is its
+// used and granted slots and "n#<b>" its per-state counts); a difference
+// is corrected only when the next pass sees it again, unchanged.
 const countsSK = "COUNTS"
 
-// slotTally is what the state index says one counter should be.
+// slotTally is what the slot holders say each counter kept with the
+// slots should be.
 type slotTally struct {
 	used   [CapacityBuckets]int
 	counts [CapacityBuckets]map[string]int
-	quota  map[string]int      // USR#/TEN# key -> slots counted in it
-	paused [PausedBuckets]int  // records holding a paused slot, by paused bucket
-	pool   int                 // pool places held
-	seen   map[string]observed // the holders tallied, by holder
+	quota  map[string]int     // USR#/TEN# key -> slots counted in it
+	paused [PausedBuckets]int // records holding a paused slot, by paused bucket
+	pool   int                // pool places held
 }
 
 // tallyStates are the states a tally reads: those holding running slots,
@@ -65,116 +65,170 @@ func holdsPoolPlace(st core.State, it item) bool {
 	return false
 }
 
-// tallySlots reads every slot-holding index entry (the whole fleet: for
-// reconcile only), one query of each index key of tallyStates, and
-// returns the tally of every counter kept with the slots and up to
-// maxItems entries an older version stored (not counted per state, or
-// not in the quota counts).
-func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []item, error) {
-	seen := map[string]observed{}
-	if err := s.observeSlots(ctx, slices.All(tallyStates), seen); err != nil {
-		return nil, nil, err
-	}
-	t, legacy := tallyOf(s.deployment, seen, maxItems)
-	return t, legacy, nil
+// holder is what a tally counts of one slot holder, as a read last saw it.
+type holder struct {
+	running      bool // holds a running slot (not a paused record or tombstone)
+	bucket       int
+	counted      string // the state its bucket counts it in
+	quota        bool   // counted in its user's and tenant's slot counts
+	tenant, user string
+	pausedSlot   bool
+	pausedBucket int
+	poolPlace    bool
 }
 
-// confirmTally reads the index again, in the reverse order of the states,
-// over the holders t was tallied from, and tallies the union. Reading the
-// states one after another misses a holder that moves, meanwhile, to a
-// state already read: in the first read one moving back in tallyStates'
-// order, in this one one moving forward. The union misses only a holder
-// missed by both, which moved back during the first read and forward
-// during the second. A holder freed between the two is in the union, but
-// the free moved its counters' revisions, so no repair writes on it.
-func (s *Store) confirmTally(ctx context.Context, t *slotTally) (*slotTally, error) {
-	seen := maps.Clone(t.seen)
-	if err := s.observeSlots(ctx, slices.Backward(tallyStates), seen); err != nil {
-		return nil, err
+// holders are the slot holders a read saw, keyed by holder: a record by
+// its item key, a reservation by its token. A holder that a read sees
+// twice (it moved to a state read later) is kept as last seen, and a
+// record finalized from a reservation (it carries the token) replaces the
+// reservation: without this a tally counts the mover twice, and a repair
+// that trusts it raises a counter above what is held.
+type holders map[string]holder
+
+// see records the entry it, read in state st.
+func (h holders) see(st core.State, it item) {
+	if strings.HasPrefix(it.PK, "SBX#") && it.Reservation != "" {
+		delete(h, reservationPK(it.Reservation))
 	}
-	c, _ := tallyOf(s.deployment, seen, 0)
-	return c, nil
+	h[it.PK] = holder{
+		running: !it.NoRunningSlot && st != core.StatePaused, bucket: min(max(it.Bucket, 0), CapacityBuckets-1),
+		counted: it.Counted, quota: it.Quota, tenant: it.Tenant, user: it.User,
+		pausedSlot: holdsPausedSlot(st, it), pausedBucket: pausedBucketOf(it.PausedBucket), poolPlace: holdsPoolPlace(st, it),
+	}
 }
 
-// tallyOf tallies the holders seen, with up to maxItems of those an older
-// version stored.
-func tallyOf(deployment string, seen map[string]observed, maxItems int) (*slotTally, []item) {
-	t := &slotTally{quota: map[string]int{}, seen: seen}
+// tally counts the holders in every counter they hold a place of.
+func (h holders) tally(deployment string) *slotTally {
+	t := &slotTally{quota: map[string]int{}}
 	for b := range t.counts {
 		t.counts[b] = map[string]int{}
 	}
-	var legacy []item
-	for _, o := range seen {
-		if t.add(deployment, o.state, o.it) && len(legacy) < maxItems {
-			legacy = append(legacy, o.it)
+	for _, o := range h {
+		if o.pausedSlot {
+			t.paused[o.pausedBucket]++
+		}
+		if o.poolPlace {
+			t.pool++
+		}
+		if !o.running {
+			continue
+		}
+		t.used[o.bucket]++
+		if o.counted != "" {
+			t.counts[o.bucket][o.counted]++
+		}
+		k := core.ThreadKey{Tenant: o.tenant, User: o.user}
+		held := 0
+		if o.quota {
+			held = 1
+		}
+		t.quota[tenantPK(deployment, k.Tenant)] += held
+		t.quota[userPK(deployment, k)] += held
+	}
+	return t
+}
+
+// tallySlots reads every slot-holding index entry (the whole fleet: for
+// reconcile only), one query of each index key of tallyStates, one state
+// after another, and returns the tally of every counter kept with the
+// slots and up to maxItems records or reservations an older version
+// stored (not counted per state, or not in the quota counts). The states
+// are not read at one instant: a holder that moves back to a state read
+// already is missed (see exactTally).
+func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []item, error) {
+	h := holders{}
+	legacy := map[string]item{}
+	for _, st := range tallyStates {
+		err := s.eachItemInState(ctx, st, func(it item) {
+			h.see(st, it)
+			_, listed := legacy[it.PK]
+			if old := !it.NoRunningSlot && st != core.StatePaused && (it.Counted == "" || !it.Quota); old && (listed || len(legacy) < maxItems) {
+				legacy[it.PK] = it
+			}
+		})
+		if err != nil {
+			return nil, nil, err
 		}
 	}
-	return t, legacy
+	return h.tally(s.deployment), slices.Collect(maps.Values(legacy)), nil
 }
 
-// observed is one slot holder as the index last showed it.
-type observed struct {
-	state core.State
-	it    item
+// exactTally counts every holder once, as no read of the state index can
+// while holders move: the reservations from the index (its creating
+// entries) first, then the records from the table itself (a Scan of this
+// deployment's records). A record's item key never changes, so the Scan
+// returns each record that exists throughout it exactly once, in the
+// state it is in when read. A reservation finalized after the first read
+// is found again as its record (same token) and counted once; a holder
+// freed or taken meanwhile moved the revisions every correction is
+// conditional on. It reads the whole table: the counter repair runs it
+// only when a correction is due.
+func (s *Store) exactTally(ctx context.Context) (*slotTally, error) {
+	h := holders{}
+	if err := s.eachItemInState(ctx, core.StateCreating, func(it item) { h.see(core.StateCreating, it) }); err != nil {
+		return nil, err
+	}
+	err := s.scanRecords(ctx, func(it item) {
+		if st := core.State(it.State); slices.Contains(tallyStates, st) {
+			h.see(st, it)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return h.tally(s.deployment), nil
 }
 
-// observeSlots reads the index entries of states, one state after
-// another, into seen, keyed by holder: a record by its item key, a
-// reservation by its token. A holder that moves to a state read later
-// shows twice; the later entry is the newer and replaces the first, and
-// a record finalized from a reservation (same token) replaces the
-// reservation. Without this a tally counts the mover twice, and a repair
-// that trusts it raises a counter above what is held.
-func (s *Store) observeSlots(ctx context.Context, states iter.Seq2[int, core.State], seen map[string]observed) error {
-	for _, st := range states {
-		var derr error
-		err := s.eachInState(ctx, st, nil, 0, func(av map[string]types.AttributeValue) bool {
-			var it item
-			if derr = attributevalue.UnmarshalMap(av, &it); derr != nil {
-				return false
-			}
-			if strings.HasPrefix(it.PK, "SBX#") && it.Reservation != "" {
-				delete(seen, reservationPK(it.Reservation))
-			}
-			seen[it.PK] = observed{st, it}
-			return true
-		})
-		if err == nil {
-			err = derr
+// eachItemInState calls fn with every index entry of state st, decoded.
+func (s *Store) eachItemInState(ctx context.Context, st core.State, fn func(item)) error {
+	var derr error
+	err := s.eachInState(ctx, st, nil, 0, func(av map[string]types.AttributeValue) bool {
+		var it item
+		if derr = attributevalue.UnmarshalMap(av, &it); derr != nil {
+			return false
 		}
-		if err != nil {
-			return fmt.Errorf("tally %s: %w", st, err)
-		}
+		fn(it)
+		return true
+	})
+	if err == nil {
+		err = derr
+	}
+	if err != nil {
+		return fmt.Errorf("tally %s: %w", st, err)
 	}
 	return nil
 }
 
-// add counts the entry it of state st in every counter it holds a place
-// of, and reports whether an older version stored it (not counted per
-// state, or not in the quota counts).
-func (t *slotTally) add(deployment string, st core.State, it item) (legacy bool) {
-	if holdsPausedSlot(st, it) {
-		t.paused[pausedBucketOf(it.PausedBucket)]++
+// scanRecords calls fn with every record of the deployment (a Scan of the
+// whole table, page by page, each page under its own deadline).
+func (s *Store) scanRecords(ctx context.Context, fn func(item)) error {
+	filter := expression.And(expression.Name(AttrPK).BeginsWith("SBX#"),
+		expression.Name("deployment").Equal(expression.Value(s.deployment)))
+	expr, err := expression.NewBuilder().WithFilter(filter).Build()
+	if err != nil {
+		return fmt.Errorf("scan records: %w", err)
 	}
-	if holdsPoolPlace(st, it) {
-		t.pool++
+	in := &dynamodb.ScanInput{TableName: &s.table, FilterExpression: expr.Filter(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}
+	for {
+		cctx, cancel := s.ctx(ctx)
+		out, err := s.db.Scan(cctx, in)
+		cancel()
+		if err != nil {
+			return unavailable("scan records", err)
+		}
+		for _, av := range out.Items {
+			var it item
+			if err := attributevalue.UnmarshalMap(av, &it); err != nil {
+				return fmt.Errorf("decode record: %w", err)
+			}
+			fn(it)
+		}
+		if len(out.LastEvaluatedKey) == 0 {
+			return nil
+		}
+		in.ExclusiveStartKey = out.LastEvaluatedKey
 	}
-	if it.NoRunningSlot || st == core.StatePaused {
-		return false // paused (or its tombstone): no running slot, no counts
-	}
-	b := min(max(it.Bucket, 0), CapacityBuckets-1)
-	t.used[b]++
-	if it.Counted != "" {
-		t.counts[b][it.Counted]++
-	}
-	k := core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread}
-	held := 0
-	if it.Quota {
-		held = 1
-	}
-	t.quota[tenantPK(deployment, k.Tenant)] += held
-	t.quota[userPK(deployment, k)] += held
-	return it.Counted == "" || !it.Quota
 }
 
 // RepairCounters implements core.ReconcileStore.
@@ -182,10 +236,11 @@ func (t *slotTally) add(deployment string, st core.State, it item) (legacy bool)
 // A counter is corrected to its tally only when three things agree: the
 // last pass noted the same difference at the same revision (no take or
 // free moved the counter since, so this pass's tally was read while it
-// held still), a confirming read of the index (confirmTally) counts the
-// same, and the revision is still the one read when the correction is
-// written. A tally alone can miss a holder that moves while it reads;
-// the confirming read catches what the first one missed.
+// held still), an exact count of the holders (exactTally) gives the same,
+// and the revision is still the one read when the correction is written.
+// The tally reads the state index one state after another and can miss a
+// holder that moves meanwhile (a reused sandbox going back to active);
+// the exact count cannot, so a miss never lowers a counter.
 func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.CounterRepair, error) {
 	var rep core.CounterRepair
 	r, err := s.readForRepair(ctx, maxItems)
@@ -198,7 +253,7 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	rep.Pool = &r.pool
 	var confirm *slotTally
 	if len(due) > 0 || r.pool.Used != r.pool.Counted {
-		if confirm, err = s.confirmTally(ctx, r.tally); err != nil {
+		if confirm, err = s.exactTally(ctx); err != nil {
 			errs = append(errs, err) // the differences stay noted for the next pass
 			due, rep.Pool = nil, nil
 		} else {

@@ -15,6 +15,9 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
+// toggle moves a record away from the state about to be read.
+const toggle core.State = "toggle"
+
 // boundaryDB passes every call to DynamoDB Local and, when a query of the
 // state index turns to a state other than the last one queried, runs
 // atState with that state first; the queries of that state wait for it.
@@ -61,19 +64,23 @@ func queriedState(in *dynamodb.QueryInput) (core.State, bool) {
 // state read later (it shows twice) it does not raise its tenant's, its
 // user's or its bucket's count, and moving back to a state read already
 // (it shows nowhere in that read) it does not lower them, which would let
-// the tenant past its quota. The counts are right from the start, so no
-// repair may write.
+// the tenant past its quota and the deployment past its limit. The counts
+// are right from the start, so no repair may write.
 func TestRepairCountersCountsAHolderMovingDuringTheTallyOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// to is the state to move the record to when a read turns to a
-		// state (none: leave it).
+		// state (none: leave it; toggle: active to releasing and back).
 		to map[core.State]core.State
 	}{
 		{"moving on to a state read later", map[core.State]core.State{
 			core.StateCreating: core.StateActive, core.StateReleasing: core.StateReleasing}},
 		{"moving back to a state read already", map[core.State]core.State{
 			core.StateCreating: core.StateReleasing, core.StateReleasing: core.StateActive}},
+		// Away from each state just before it is read, whatever the order
+		// of the reads.
+		{"moving back and forth at every read", map[core.State]core.State{
+			core.StateActive: toggle, core.StateReleasing: toggle}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client, table := newTable(t)
@@ -98,7 +105,14 @@ func TestRepairCountersCountsAHolderMovingDuringTheTallyOnce(t *testing.T) {
 				moves++
 			}
 			db := &boundaryDB{API: client, atState: func(st core.State) {
-				if to, ok := tc.to[st]; ok {
+				to, ok := tc.to[st]
+				switch {
+				case !ok:
+				case to == toggle && st == core.StateActive:
+					move(core.StateReleasing)
+				case to == toggle:
+					move(core.StateActive)
+				default:
 					move(to)
 				}
 			}}
@@ -217,5 +231,35 @@ func TestRepairCountersReportsAPoolMemberMovingDuringTheTally(t *testing.T) {
 	}
 	if moves < 4 {
 		t.Fatalf("the member moved %d times during the repairs, want at least 4", moves)
+	}
+}
+
+// A reservation finalized while a tally reads the index shows twice, as
+// the reservation (read first) and as its record (read later): it holds
+// one place, and the tally counts one.
+func TestTallyCountsAReservationFinalizedDuringItOnce(t *testing.T) {
+	client, table := newTable(t)
+	plain := ddbstore.New(client, table, "test")
+	ctx := context.Background()
+	if err := plain.ReservePool(ctx, core.PoolReservation{Token: "res-m1", Limit: 100, Size: 5, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
+		t.Fatalf("ReservePool: %v", err)
+	}
+	finalized := false
+	db := &boundaryDB{API: client, atState: func(st core.State) {
+		if st != core.StateActive || finalized {
+			return
+		}
+		finalized = true
+		if _, err := plain.FinalizePool(ctx, "res-m1", core.Record{SandboxID: "m1", Backend: "e2b", ReservationToken: "res-m1",
+			Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd, URL: "http://envd.invalid", AccessToken: "tok"}, CreatedAt: t0, UpdatedAt: t0}); err != nil {
+			t.Errorf("FinalizePool: %v", err)
+		}
+	}}
+	_, pool, err := ddbstore.New(db, table, "test").CountHolders(ctx)
+	if err != nil {
+		t.Fatalf("CountHolders: %v", err)
+	}
+	if !finalized || pool.Used != 1 || pool.Counted != 1 {
+		t.Errorf("finalized during the tally %v, pool places %+v; want true, 1 held by 1 holder", finalized, pool)
 	}
 }

@@ -135,6 +135,13 @@ func (f *queueFixture) repairsNothing(passes int, why string) {
 
 // counts sums the buckets' raw used and granted counts.
 func (f *queueFixture) counts() (used, granted int) {
+	used, granted, _ = f.bucketSums()
+	return used, granted
+}
+
+// bucketSums sums the buckets' raw used and granted counts and their
+// revisions.
+func (f *queueFixture) bucketSums() (used, granted, revision int) {
 	f.t.Helper()
 	out, err := f.client.Scan(context.Background(), &dynamodb.ScanInput{TableName: aws.String(f.table), ConsistentRead: aws.Bool(true),
 		FilterExpression:          aws.String("begins_with(pk, :cap)"),
@@ -143,14 +150,14 @@ func (f *queueFixture) counts() (used, granted int) {
 		f.t.Fatal(err)
 	}
 	for _, it := range out.Items {
-		for attr, sum := range map[string]*int{"used": &used, "granted": &granted} {
+		for attr, sum := range map[string]*int{"used": &used, "granted": &granted, "revision": &revision} {
 			if n, ok := it[attr].(*types.AttributeValueMemberN); ok {
 				v, _ := strconv.Atoi(n.Value)
 				*sum += v
 			}
 		}
 	}
-	return used, granted
+	return used, granted, revision
 }
 
 func ids(ts []core.Ticket) []string {
@@ -318,11 +325,17 @@ func TestLapsedGrantPassesOnOrFrees(t *testing.T) {
 	if got := ids(res.Granted); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("granted %v, want [a]", got)
 	}
-	// a's invocation died: its grant lapses and passes to b.
+	// a's invocation died: its grant lapses and passes to b. The slot
+	// only changes holder, but the bucket's revision moves (the counter
+	// repair counts grants only while it holds still).
 	later := now.Add(6 * time.Second)
+	_, _, rev := f.bucketSums()
 	res = f.dispatch(core.Dispatch{Now: later, Bucket: -1})
 	if got := ids(res.Granted); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("after a's grant lapsed: granted %v, want [b]", got)
+	}
+	if _, _, after := f.bucketSums(); after <= rev {
+		t.Errorf("the buckets' revisions sum to %d after the grant passed on, want more than %d", after, rev)
 	}
 	if used, granted := f.counts(); used != 1 || granted != 1 {
 		t.Errorf("used %d granted %d, want 1 and 1 (the same slot, passed on)", used, granted)
@@ -331,11 +344,15 @@ func TestLapsedGrantPassesOnOrFrees(t *testing.T) {
 		t.Errorf("a = %+v, want gone", ts)
 	}
 	// b leaves (timed out, say) holding it: c gets it.
+	_, _, rev = f.bucketSums()
 	if err := f.s.LeaveWait(context.Background(), b, later, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if ts := f.poll(c); !ts.Granted {
 		t.Fatalf("c after b left = %+v, want granted", ts)
+	}
+	if _, _, after := f.bucketSums(); after <= rev {
+		t.Errorf("the buckets' revisions sum to %d after b left, want more than %d", after, rev)
 	}
 	// c's grant lapses with nobody waiting: the slot is freed.
 	res = f.dispatch(core.Dispatch{Now: later.Add(6 * time.Second), Bucket: -1})

@@ -475,16 +475,25 @@ func (s *Store) passOn(ctx context.Context, g ticketItem, next *ticketItem, now 
 	if place {
 		items = append(items, s.placeDelete(g.ticket()))
 	}
-	var it types.TransactWriteItem
 	if next != nil {
-		it, err = s.grantUpdate(*next, g.Bucket, ms(now.Add(grantFor)))
-	} else {
-		it, err = s.trustRelease(g.Bucket)
+		// The bucket's counts stay; its revision moves, as with every
+		// change of the grants, so that the counter repair never counts
+		// the grants from a read that straddled this one.
+		grant, err := s.grantUpdate(*next, g.Bucket, ms(now.Add(grantFor)))
+		if err != nil {
+			return nil, fmt.Errorf("pass grant on: %w", err)
+		}
+		bucket, err := s.bucketUpdate(g.Bucket, nil, expression.Add(expression.Name("revision"), expression.Value(1)))
+		if err != nil {
+			return nil, fmt.Errorf("pass grant on: %w", err)
+		}
+		return s.writeTxn(ctx, "pass grant on", append(items, grant, bucket))
 	}
+	release, err := s.trustRelease(g.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("pass grant on: %w", err)
 	}
-	return s.writeTxn(ctx, "pass grant on", append(items, it))
+	return s.writeTxn(ctx, "pass grant on", append(items, release))
 }
 
 // grantIn takes a slot of bucket b into trust for the waiting ticket t,
