@@ -351,7 +351,7 @@ func (s *Store) setLimits(ctx context.Context, buckets []bucketItem, total int) 
 	lims := bucketLimits(buckets, total)
 	items := make([]types.TransactWriteItem, 0, len(buckets))
 	for i, b := range buckets {
-		cond := revisionIs("revision", b.Revision)
+		cond := valueIs("revision", b.Revision)
 		it, err := s.bucketUpdate(b.Index, &cond, expression.Set(expression.Name("lim"), expression.Value(lims[i])).
 			Set(expression.Name("lim_of"), expression.Value(total)).Add(expression.Name("revision"), expression.Value(1)))
 		if err != nil {

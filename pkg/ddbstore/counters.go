@@ -25,6 +25,11 @@ import (
 // is corrected only when the next pass sees it again, unchanged.
 const countsSK = "COUNTS"
 
+// sweepSegments is how many parts the counter repair's sweep splits the
+// table into (sweepCounts): each pass scans one, so every user's and
+// tenant's slot count is read at least once in sweepSegments passes.
+const sweepSegments = 16
+
 // slotTally is what the slot holders say each counter kept with the
 // slots should be.
 type slotTally struct {
@@ -200,7 +205,7 @@ func (s *Store) eachItemInState(ctx context.Context, st core.State, fn func(item
 }
 
 // scanRecords calls fn with every record of the deployment (a Scan of the
-// whole table, page by page, each page under its own deadline).
+// whole table).
 func (s *Store) scanRecords(ctx context.Context, fn func(item)) error {
 	filter := expression.And(expression.Name(AttrPK).BeginsWith("SBX#"),
 		expression.Name("deployment").Equal(expression.Value(s.deployment)))
@@ -208,21 +213,31 @@ func (s *Store) scanRecords(ctx context.Context, fn func(item)) error {
 	if err != nil {
 		return fmt.Errorf("scan records: %w", err)
 	}
-	in := &dynamodb.ScanInput{TableName: &s.table, FilterExpression: expr.Filter(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}
+	return s.scanEach(ctx, "scan records", &dynamodb.ScanInput{TableName: &s.table, FilterExpression: expr.Filter(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}, func(av map[string]types.AttributeValue) error {
+		var it item
+		if err := attributevalue.UnmarshalMap(av, &it); err != nil {
+			return fmt.Errorf("decode record: %w", err)
+		}
+		fn(it)
+		return nil
+	})
+}
+
+// scanEach runs the Scan in page by page, each page under its own
+// deadline, calling fn with every item.
+func (s *Store) scanEach(ctx context.Context, op string, in *dynamodb.ScanInput, fn func(map[string]types.AttributeValue) error) error {
 	for {
 		cctx, cancel := s.ctx(ctx)
 		out, err := s.db.Scan(cctx, in)
 		cancel()
 		if err != nil {
-			return unavailable("scan records", err)
+			return unavailable(op, err)
 		}
 		for _, av := range out.Items {
-			var it item
-			if err := attributevalue.UnmarshalMap(av, &it); err != nil {
-				return fmt.Errorf("decode record: %w", err)
+			if err := fn(av); err != nil {
+				return err
 			}
-			fn(it)
 		}
 		if len(out.LastEvaluatedKey) == 0 {
 			return nil
@@ -282,7 +297,7 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	if rep.Counted > 0 {
 		noted = map[string]string{} // the counts moved under the tally: note afresh next pass
 	}
-	if err := s.saveNotedCounts(ctx, noted); err != nil {
+	if err := s.saveNotedCounts(ctx, notedState{Noted: noted, Sweep: (r.sweep + 1) % s.sweep}); err != nil {
 		errs = append(errs, err)
 	}
 	if rep.Slots == 0 && rep.Counted == 0 {
@@ -314,20 +329,28 @@ type repairRead struct {
 	quotaKeys []string             // the USR#/TEN# counters read
 	stored    map[string]countItem // those that exist
 	prev      map[string]string
+	sweep     int32 // the segment of the table this pass swept (sweepCounts)
 }
 
 // readForRepair reads the buckets, the paused buckets and the pool count
 // before the tally (a take or free between the two moves their
 // revision), then the granted tickets (slots held in trust, in no index)
 // and the users' and tenants' counters: those the index names, those the
-// fair-share sets name, and those noted last time.
+// fair-share sets name, those noted last time, and those this pass's
+// sweep finds not zero.
 func (s *Store) readForRepair(ctx context.Context, maxItems int) (*repairRead, error) {
 	r := &repairRead{}
 	var err error
 	if r.buckets, _, err = s.readBuckets(ctx, "", true); err != nil {
 		return nil, err
 	}
-	if r.prev, err = s.notedCounts(ctx); err != nil {
+	noted, err := s.notedCounts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.prev, r.sweep = noted.Noted, noted.Sweep%s.sweep
+	stray, err := s.sweepCounts(ctx, r.sweep)
+	if err != nil {
 		return nil, err
 	}
 	if r.paused, r.pool, r.tally, r.legacy, err = s.countHolders(ctx, maxItems); err != nil {
@@ -349,6 +372,9 @@ func (s *Store) readForRepair(ctx context.Context, maxItems int) (*repairRead, e
 		if strings.HasPrefix(k, "TEN#") || strings.HasPrefix(k, "USR#") {
 			quotaKeys[k] = true
 		}
+	}
+	for _, k := range stray {
+		quotaKeys[k] = true
 	}
 	r.quotaKeys = slices.Sorted(maps.Keys(quotaKeys))
 	if r.stored, err = s.readCounters(ctx, r.quotaKeys); err != nil {
@@ -390,7 +416,7 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 		note(dueRepair{name: "paused#" + strconv.Itoa(i), want: strconv.Itoa(r.tally.paused[i]),
 			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.paused[i]) },
 			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
-				err := s.repairCount(ctx, "paused slots", pausedPK(s.deployment, i), "used", c.Revision, r.tally.paused[i])
+				err := s.repairCountFrom(ctx, "paused slots", pausedPK(s.deployment, i), "used", c.Revision, c.Used, r.tally.paused[i])
 				if err == nil {
 					rep.PausedSlots += r.tally.paused[i] - c.Used
 				}
@@ -402,7 +428,7 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 		note(dueRepair{name: k, want: strconv.Itoa(r.tally.quota[k]),
 			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.quota[k]) },
 			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
-				return counted(rep, s.repairCount(ctx, "slots", k, "used", c.Revision, r.tally.quota[k]))
+				return counted(rep, s.repairCountFrom(ctx, "slots", k, "used", c.Revision, c.Used, r.tally.quota[k]))
 			}}, strconv.Itoa(c.Used), c.Revision)
 	}
 	return due
@@ -539,28 +565,31 @@ func (s *Store) readCounters(ctx context.Context, keys []string) (map[string]cou
 	return out, nil
 }
 
-// notedCounts reads the differences the last repair noted.
-func (s *Store) notedCounts(ctx context.Context) (map[string]string, error) {
+// notedState is the counter repair's item: the differences the last pass
+// noted, and the segment of the table the next pass sweeps.
+type notedState struct {
+	Noted map[string]string `dynamodbav:"noted"`
+	Sweep int32             `dynamodbav:"sweep"`
+}
+
+// notedCounts reads the counter repair's item.
+func (s *Store) notedCounts(ctx context.Context) (notedState, error) {
+	var n notedState
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
 	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: keySK(reconcilePK(s.deployment), countsSK),
 		ConsistentRead: aws.Bool(true)})
 	if err != nil {
-		return nil, unavailable("get noted counts", err)
+		return n, unavailable("get noted counts", err)
 	}
-	var it struct {
-		Noted map[string]string `dynamodbav:"noted"`
+	if err := attributevalue.UnmarshalMap(out.Item, &n); err != nil {
+		return n, fmt.Errorf("decode noted counts: %w", err)
 	}
-	if err := attributevalue.UnmarshalMap(out.Item, &it); err != nil {
-		return nil, fmt.Errorf("decode noted counts: %w", err)
-	}
-	return it.Noted, nil
+	return n, nil
 }
 
-func (s *Store) saveNotedCounts(ctx context.Context, noted map[string]string) error {
-	av, err := attributevalue.MarshalMap(struct {
-		Noted map[string]string `dynamodbav:"noted"`
-	}{noted})
+func (s *Store) saveNotedCounts(ctx context.Context, n notedState) error {
+	av, err := attributevalue.MarshalMap(n)
 	if err != nil {
 		return fmt.Errorf("save noted counts: %w", err)
 	}
@@ -568,31 +597,62 @@ func (s *Store) saveNotedCounts(ctx context.Context, noted map[string]string) er
 	return s.transact(ctx, "save noted counts", []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: av}}})
 }
 
-// setBucketSlots sets bucket b's used and granted slots if its revision
-// is still the one read (ErrConflict otherwise), moving the revision.
+// sweepCounts returns the keys of the users' and tenants' slot counts
+// that are not zero in segment of the table's sweepSegments (a Scan of
+// that part of the table). A count that no holder names is read only so:
+// one raised above what is held, by a bug or an older version, would
+// refuse its user or tenant for good once they hold nothing.
+func (s *Store) sweepCounts(ctx context.Context, segment int32) ([]string, error) {
+	filter := expression.And(
+		expression.Or(expression.Name(AttrPK).BeginsWith("USR#"+s.deployment+"#"),
+			expression.Name(AttrPK).BeginsWith("TEN#"+s.deployment+"#")),
+		expression.Name("used").NotEqual(expression.Value(0)))
+	expr, err := expression.NewBuilder().WithFilter(filter).Build()
+	if err != nil {
+		return nil, fmt.Errorf("sweep slot counts: %w", err)
+	}
+	var keys []string
+	err = s.scanEach(ctx, "sweep slot counts", &dynamodb.ScanInput{TableName: &s.table, FilterExpression: expr.Filter(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		Segment: aws.Int32(segment), TotalSegments: aws.Int32(s.sweep)}, func(av map[string]types.AttributeValue) error {
+		if pk, _ := av[AttrPK].(*types.AttributeValueMemberS); pk != nil {
+			keys = append(keys, pk.Value)
+		}
+		return nil
+	})
+	return keys, err
+}
+
+// setBucketSlots sets bucket b's used and granted slots if they and its
+// revision are still the ones read (ErrConflict otherwise), moving the
+// revision. (The revision rules out every take and free; the counts, those
+// of a binary of an older version, which does not move it.)
 func (s *Store) setBucketSlots(ctx context.Context, b bucketItem, used, granted int) error {
-	return s.conditionalUpdate(ctx, "repair bucket slots", bucketPK(s.deployment, b.Index), revisionIs("revision", b.Revision),
+	cond := valueIs("revision", b.Revision).And(valueIs("used", b.Used), valueIs("granted", b.Granted))
+	return s.conditionalUpdate(ctx, "repair bucket slots", bucketPK(s.deployment, b.Index), cond,
 		expression.Set(expression.Name("used"), expression.Value(used)).Set(expression.Name("granted"), expression.Value(granted)).
 			Add(expression.Name("revision"), expression.Value(1)))
 }
 
 // setBucketCounts sets bucket b's per-state counts to counts (every state
-// it or counts names) if its moves are still the ones read (ErrConflict
-// otherwise), moving them.
+// it or counts names) if they and its moves are still the ones read
+// (ErrConflict otherwise), moving the moves.
 func (s *Store) setBucketCounts(ctx context.Context, b bucketItem, counts map[string]int) error {
 	upd := expression.Add(expression.Name(movesAttr), expression.Value(1))
+	cond := valueIs(movesAttr, b.Moves)
 	for st := range mergedKeys(b.Counts, counts) {
 		upd = upd.Set(expression.Name(countAttr(core.State(st))), expression.Value(counts[st]))
+		cond = cond.And(valueIs(countAttr(core.State(st)), b.Counts[st]))
 	}
-	return s.conditionalUpdate(ctx, "repair per-state counts", bucketPK(s.deployment, b.Index), revisionIs(movesAttr, b.Moves), upd)
+	return s.conditionalUpdate(ctx, "repair per-state counts", bucketPK(s.deployment, b.Index), cond, upd)
 }
 
-// revisionIs is the condition that attribute rev is still revision
-// (absent counts as 0).
-func revisionIs(rev string, revision int64) expression.ConditionBuilder {
-	cond := expression.Name(rev).Equal(expression.Value(revision))
-	if revision == 0 {
-		cond = expression.Or(expression.AttributeNotExists(expression.Name(rev)), cond)
+// valueIs is the condition that number attribute attr is still v (absent
+// counts as 0).
+func valueIs[N int | int64](attr string, v N) expression.ConditionBuilder {
+	cond := expression.Name(attr).Equal(expression.Value(v))
+	if v == 0 {
+		cond = expression.Or(expression.AttributeNotExists(expression.Name(attr)), cond)
 	}
 	return cond
 }

@@ -2,6 +2,7 @@ package ddbstore_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -261,5 +262,90 @@ func TestTallyCountsAReservationFinalizedDuringItOnce(t *testing.T) {
 	}
 	if !finalized || pool.Used != 1 || pool.Counted != 1 {
 		t.Errorf("finalized during the tally %v, pool places %+v; want true, 1 held by 1 holder", finalized, pool)
+	}
+}
+
+// A user's or tenant's slot count that no holder names (they hold nothing
+// now, yet the count says they do) is found by the repair's sweep of the
+// table, one part a pass, and corrected like any other: within one round
+// of the sweep and the two passes a correction needs.
+func TestRepairCountersFindsCountsNoHolderNames(t *testing.T) {
+	const parts = 4
+	client, table := newTable(t)
+	s := ddbstore.New(client, table, "test")
+	ddbstore.SetSweepSegments(s, parts)
+	ctx := context.Background()
+	stray := []string{"USR#test#acme#u9", "TEN#test#ghost"}
+	for _, pk := range stray {
+		if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+			Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+			UpdateExpression:          aws.String("SET used = :n"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: "2"}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fixed := 0
+	for pass := range parts + 2 {
+		rep, err := s.RepairCounters(ctx, 10, 100)
+		if err != nil {
+			t.Fatalf("repair %d: %v", pass, err)
+		}
+		fixed += rep.Counters
+	}
+	for _, pk := range stray {
+		out, err := client.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true),
+			Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}, "sk": &types.AttributeValueMemberS{Value: "R"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := out.Item["used"].(*types.AttributeValueMemberN); n == nil || n.Value != "0" {
+			t.Errorf("%s used = %v after %d passes, want 0", pk, out.Item["used"], parts+2)
+		}
+	}
+	if fixed != len(stray) {
+		t.Errorf("%d counters corrected, want %d", fixed, len(stray))
+	}
+}
+
+// A binary of an older version takes and frees slots without moving the
+// counts' revisions: a correction that such a take lands just before
+// (while the repair confirms the count) is not written over it.
+func TestSlotCountRepairKeepsAnOlderVersionsTake(t *testing.T) {
+	client, table := newTable(t)
+	plain := ddbstore.New(client, table, "test")
+	ctx := context.Background()
+	activeRecord(t, plain, thread(1), "sbx1")
+	tenant := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "TEN#test#acme"}, "sk": &types.AttributeValueMemberS{Value: "R"}}
+	set := func(expr string, n int) {
+		t.Helper()
+		if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: tenant,
+			UpdateExpression:          aws.String(expr),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: fmt.Sprint(n)}}}); err != nil {
+			t.Error(err)
+		}
+	}
+	set("SET used = :n", 3) // drift: one slot is held
+	// The first pass reads the creating entries once (its tally), the
+	// second twice: its tally, then its confirmation, after which it
+	// writes. The older version's take lands there.
+	creatingReads := 0
+	db := &boundaryDB{API: client, atState: func(st core.State) {
+		if st == core.StateCreating {
+			if creatingReads++; creatingReads == 3 {
+				set("ADD used :n", 1)
+			}
+		}
+	}}
+	s := ddbstore.New(db, table, "test")
+	for pass := range 2 {
+		if _, err := s.RepairCounters(ctx, 10, 100); err != nil {
+			t.Fatalf("repair %d: %v", pass, err)
+		}
+	}
+	if creatingReads != 3 {
+		t.Fatalf("the creating entries were read %d times in two passes, want 3", creatingReads)
+	}
+	if c := countSlots(t, plain, thread(1)); c.tenant != 4 {
+		t.Errorf("the tenant's count is %d, want 4 (the drift and the older version's take, not overwritten)", c.tenant)
 	}
 }

@@ -20,3 +20,11 @@ func SetQueueScan(s *Store, n int) {
 	}
 	s.scan = n
 }
+
+// SetSweepSegments makes s's counter repair sweep the table in n parts.
+func SetSweepSegments(s *Store, n int32) {
+	if n < 1 {
+		panic("SetSweepSegments: at least one part")
+	}
+	s.sweep = n
+}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
@@ -514,28 +513,14 @@ func pausedSum(counts []countItem) countItem {
 // item's revision is still revision (ErrConflict otherwise), moving the
 // revision.
 func (s *Store) repairCount(ctx context.Context, what, pk, attr string, revision int64, counted int) error {
-	return s.repairCountAt(ctx, what, pk, attr, "revision", revision, counted)
+	return s.conditionalUpdate(ctx, "repair "+what, pk, valueIs("revision", revision),
+		revised(expression.Set(expression.Name(attr), expression.Value(counted))))
 }
 
-// repairCountAt is repairCount with the revision kept in attribute rev.
-func (s *Store) repairCountAt(ctx context.Context, what, pk, attr, rev string, revision int64, counted int) error {
-	expr, err := expression.NewBuilder().WithCondition(revisionIs(rev, revision)).
-		WithUpdate(expression.Set(expression.Name(attr), expression.Value(counted)).
-			Add(expression.Name(rev), expression.Value(1))).Build()
-	if err != nil {
-		return fmt.Errorf("repair %s: %w", what, err)
-	}
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err = s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(pk),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
-		return fmt.Errorf("%s count moved since revision %d: %w", what, revision, core.ErrConflict)
-	}
-	if err != nil {
-		return unavailable("repair "+what, err)
-	}
-	return nil
+// repairCountFrom is repairCount also conditional on attr still being
+// have: a binary of an older version takes and frees without moving the
+// revision.
+func (s *Store) repairCountFrom(ctx context.Context, what, pk, attr string, revision int64, have, counted int) error {
+	return s.conditionalUpdate(ctx, "repair "+what, pk, valueIs("revision", revision).And(valueIs(attr, have)),
+		revised(expression.Set(expression.Name(attr), expression.Value(counted))))
 }

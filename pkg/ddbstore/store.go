@@ -42,7 +42,8 @@ type Store struct {
 	deployment string
 	sealer     Sealer // nil: access tokens are stored in plaintext
 	slots      reservationSlots
-	scan       int // tickets a read of the wait queue's head returns (queueScan)
+	scan       int   // tickets a read of the wait queue's head returns (queueScan)
+	sweep      int32 // the parts of the counter repair's sweep (sweepSegments)
 }
 
 var _ core.Store = (*Store)(nil)
@@ -50,7 +51,7 @@ var _ core.Store = (*Store)(nil)
 // New returns a store over table, scoping the capacity ledger and state
 // index to deployment.
 func New(db API, table, deployment string, opts ...Option) *Store {
-	s := &Store{db: db, table: table, deployment: deployment, scan: queueScan}
+	s := &Store{db: db, table: table, deployment: deployment, scan: queueScan, sweep: sweepSegments}
 	for _, o := range opts {
 		o(s)
 	}
