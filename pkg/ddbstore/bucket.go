@@ -257,7 +257,10 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 // freed), and moving "moves", the per-state counts' revision. It leaves
 // "revision" alone: the revision moves with "used" only, so that parks
 // and reclaims do not keep a busy bucket's used count from ever looking
-// settled to reconcile.
+// settled to reconcile. A busy bucket's per-state counts do not look
+// settled, and are corrected only once it is still between two passes:
+// they only inform (the capacity status, whether an eviction looks for a
+// warm sandbox), and a correction made while they move could be wrong.
 func countMove(u expression.UpdateBuilder, from, to core.State) expression.UpdateBuilder {
 	if from == to {
 		return u

@@ -428,7 +428,7 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 		note(dueRepair{name: k, want: strconv.Itoa(r.tally.quota[k]),
 			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.quota[k]) },
 			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
-				return counted(rep, s.repairCountFrom(ctx, "slots", k, "used", c.Revision, c.Used, r.tally.quota[k]))
+				return countFixed(rep, s.repairCountFrom(ctx, "slots", k, "used", c.Revision, c.Used, r.tally.quota[k]))
 			}}, strconv.Itoa(c.Used), c.Revision)
 	}
 	return due
@@ -502,8 +502,9 @@ func mergedKeys(a, b map[string]int) map[string]bool {
 // revisionMark is a counter's revision as a noted difference ends with it.
 func revisionMark(n int64) string { return "|" + strconv.FormatInt(n, 10) }
 
-// counted counts a corrected counter in rep when err is nil, and returns err.
-func counted(rep *core.CounterRepair, err error) error {
+// countFixed counts a corrected counter in rep when err is nil, and
+// returns err.
+func countFixed(rep *core.CounterRepair, err error) error {
 	if err == nil {
 		rep.Counters++
 	}

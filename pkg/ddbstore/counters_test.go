@@ -44,6 +44,19 @@ func (b *boundaryDB) Query(ctx context.Context, in *dynamodb.QueryInput, opts ..
 	return b.API.Query(ctx, in, opts...)
 }
 
+// Scan runs atState with scanned after each page of a Scan.
+func (b *boundaryDB) Scan(ctx context.Context, in *dynamodb.ScanInput, opts ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error) {
+	out, err := b.API.Scan(ctx, in, opts...)
+	b.mu.Lock()
+	b.last = scanned
+	b.atState(scanned)
+	b.mu.Unlock()
+	return out, err
+}
+
+// scanned is what boundaryDB's atState gets after a page of a Scan.
+const scanned core.State = "scanned"
+
 // queriedState is the state whose index key a query of the state index
 // reads ("ST#<deployment>#<state>[#<n>]").
 func queriedState(in *dynamodb.QueryInput) (core.State, bool) {
@@ -58,6 +71,25 @@ func queriedState(in *dynamodb.QueryInput) (core.State, bool) {
 		}
 	}
 	return "", false
+}
+
+// moveRecord moves record id to state to (its count with it) unless it
+// is there, and reports whether it moved; it may run on any goroutine.
+func moveRecord(t *testing.T, s *ddbstore.Store, id string, to core.State) bool {
+	ctx := context.Background()
+	rec, err := s.Get(ctx, id)
+	if err != nil {
+		t.Errorf("Get: %v", err)
+		return false
+	}
+	if rec.State == to {
+		return false
+	}
+	if _, err := s.Apply(ctx, core.Update{SandboxID: id, Fence: rec.Fence, State: to, Now: rec.UpdatedAt.Add(time.Second), Slot: rec.Slot}); err != nil {
+		t.Errorf("move %s to %s: %v", id, to, err)
+		return false
+	}
+	return true
 }
 
 // A record that moves between two states while the counter repair reads
@@ -91,19 +123,9 @@ func TestRepairCountersCountsAHolderMovingDuringTheTallyOnce(t *testing.T) {
 			activeRecord(t, plain, key, "sbx1")
 			moves := 0
 			move := func(to core.State) {
-				rec, err := plain.Get(ctx, "sbx1")
-				if err != nil {
-					t.Errorf("Get: %v", err)
-					return
+				if moveRecord(t, plain, "sbx1", to) {
+					moves++
 				}
-				if rec.State == to {
-					return
-				}
-				if _, err := plain.Apply(ctx, core.Update{SandboxID: "sbx1", Fence: rec.Fence, State: to,
-					Now: t0.Add(time.Duration(moves+1) * time.Second), Slot: rec.Slot}); err != nil {
-					t.Errorf("move to %s: %v", to, err)
-				}
-				moves++
 			}
 			db := &boundaryDB{API: client, atState: func(st core.State) {
 				to, ok := tc.to[st]
@@ -119,7 +141,7 @@ func TestRepairCountersCountsAHolderMovingDuringTheTallyOnce(t *testing.T) {
 			}}
 			s := ddbstore.New(db, table, "test")
 			for pass := range 4 {
-				rep, err := s.RepairCounters(ctx, 10, 100)
+				rep, err := s.RepairCounters(ctx, 100, 100)
 				if err != nil {
 					t.Fatalf("repair %d: %v", pass, err)
 				}
@@ -161,7 +183,7 @@ func TestSlotCountRepairNeedsTheSameRevisionTwice(t *testing.T) {
 	takeAndFree := func() {
 		t.Helper()
 		k := thread(2)
-		if err := s.Reserve(ctx, core.Reservation{Token: "res-2", ThreadKey: k, Limit: 10, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
+		if err := s.Reserve(ctx, core.Reservation{Token: "res-2", ThreadKey: k, Limit: 100, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
 			t.Fatalf("Reserve: %v", err)
 		}
 		if err := s.FreeReservation(ctx, "res-2", k); err != nil {
@@ -179,7 +201,7 @@ func TestSlotCountRepairNeedsTheSameRevisionTwice(t *testing.T) {
 		{"seen again unchanged", func() {}, 2, 1},
 	} {
 		step.before()
-		rep, err := s.RepairCounters(ctx, 10, 100)
+		rep, err := s.RepairCounters(ctx, 100, 100)
 		if err != nil {
 			t.Fatalf("%s: RepairCounters: %v", step.name, err)
 		}
@@ -222,7 +244,7 @@ func TestRepairCountersReportsAPoolMemberMovingDuringTheTally(t *testing.T) {
 	}}
 	s := ddbstore.New(db, table, "test")
 	for pass := range 3 {
-		rep, err := s.RepairCounters(ctx, 10, 100)
+		rep, err := s.RepairCounters(ctx, 100, 100)
 		if err != nil {
 			t.Fatalf("repair %d: %v", pass, err)
 		}
@@ -286,7 +308,7 @@ func TestRepairCountersFindsCountsNoHolderNames(t *testing.T) {
 	}
 	fixed := 0
 	for pass := range parts + 2 {
-		rep, err := s.RepairCounters(ctx, 10, 100)
+		rep, err := s.RepairCounters(ctx, 100, 100)
 		if err != nil {
 			t.Fatalf("repair %d: %v", pass, err)
 		}
@@ -338,7 +360,7 @@ func TestSlotCountRepairKeepsAnOlderVersionsTake(t *testing.T) {
 	}}
 	s := ddbstore.New(db, table, "test")
 	for pass := range 2 {
-		if _, err := s.RepairCounters(ctx, 10, 100); err != nil {
+		if _, err := s.RepairCounters(ctx, 100, 100); err != nil {
 			t.Fatalf("repair %d: %v", pass, err)
 		}
 	}
@@ -347,5 +369,42 @@ func TestSlotCountRepairKeepsAnOlderVersionsTake(t *testing.T) {
 	}
 	if c := countSlots(t, plain, thread(1)); c.tenant != 4 {
 		t.Errorf("the tenant's count is %d, want 4 (the drift and the older version's take, not overwritten)", c.tenant)
+	}
+}
+
+// A bucket's per-state counts are corrected only while no count of it
+// moves: a record that leaves its state after the repair read the counts
+// and comes back after the confirmation leaves the counts as read, yet a
+// correction to what the tally saw in between would be wrong.
+func TestPerStateCountRepairWaitsForTheBucketToHoldStill(t *testing.T) {
+	client, table := newTable(t)
+	plain := ddbstore.New(client, table, "test")
+	ctx := context.Background()
+	activeRecord(t, plain, thread(1), "sbx1")
+	move := func(to core.State) { moveRecord(t, plain, "sbx1", to) }
+	// Read active, tallied and confirmed releasing, active again when
+	// the correction is written.
+	db := &boundaryDB{API: client, atState: func(st core.State) {
+		switch st {
+		case core.StateCreating:
+			move(core.StateReleasing)
+		case scanned:
+			move(core.StateActive)
+		}
+	}}
+	s := ddbstore.New(db, table, "test")
+	for pass := range 4 {
+		move(core.StateActive)
+		rep, err := s.RepairCounters(ctx, 100, 100)
+		if err != nil {
+			t.Fatalf("repair %d: %v", pass, err)
+		}
+		if rep.Counters != 0 {
+			t.Errorf("repair %d corrected %d counters, want none (the counts were right whenever read)", pass, rep.Counters)
+		}
+	}
+	move(core.StateActive)
+	if st, err := plain.Capacity(ctx); err != nil || st.Active != 1 {
+		t.Errorf("capacity %+v, %v; want 1 active", st, err)
 	}
 }

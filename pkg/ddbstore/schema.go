@@ -8,7 +8,9 @@
 //	RES#<token>                   a reservation: a slot taken for an in-flight create
 //	THR#<tenant>#<user>#<thread>  the thread's binding: sandbox_id or reservation
 //	CAP#<deployment>              the capacity ledger: "used" slots, "revision", "draining",
-//	                              "tenants" (string set: tenants holding or lately holding slots)
+//	                              "tenants" (string set: tenants holding or lately holding slots),
+//	                              "granted", "n_<state>", "moves" (CAP#<deployment>#<b>: the
+//	                              other buckets, see bucket.go)
 //	USR#<deployment>#<tenant>#<user>  slots held by one user ("used", "revision"), for SANDBOX_MAX_PER_USER
 //	TEN#<deployment>#<tenant>     slots held by one tenant ("used", "revision"), for SANDBOX_MAX_PER_TENANT
 //	WTR#<deployment>#<tenant>#<n> waiter place n of a tenant ("ticket", "until", "round", "qkey"), for SANDBOX_MAX_WAITERS_PER_TENANT
