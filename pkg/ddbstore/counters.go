@@ -97,7 +97,7 @@ func (h holders) see(st core.State, it item) {
 	}
 	h[it.PK] = holder{
 		running: !it.NoRunningSlot && st != core.StatePaused, bucket: min(max(it.Bucket, 0), CapacityBuckets-1),
-		counted: it.Counted, quota: it.Quota, tenant: it.Tenant, user: it.User,
+		counted: it.Counted, quota: it.Quota && it.Tenant != "", tenant: it.Tenant, user: it.User,
 		pausedSlot: holdsPausedSlot(st, it), pausedBucket: pausedBucketOf(it.PausedBucket), poolPlace: holdsPoolPlace(st, it),
 	}
 }
@@ -147,7 +147,7 @@ func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []ite
 		err := s.eachItemInState(ctx, st, func(it item) {
 			h.see(st, it)
 			_, listed := legacy[it.PK]
-			if old := !it.NoRunningSlot && st != core.StatePaused && (it.Counted == "" || !it.Quota); old && (listed || len(legacy) < maxItems) {
+			if old := !it.NoRunningSlot && st != core.StatePaused && (it.Counted == "" || uncounted(it)); old && (listed || len(legacy) < maxItems) {
 				legacy[it.PK] = it
 			}
 		})
@@ -204,8 +204,8 @@ func (s *Store) eachItemInState(ctx context.Context, st core.State, fn func(item
 	return nil
 }
 
-// scanRecords calls fn with every record of the deployment (a Scan of the
-// whole table).
+// scanRecords calls fn with every record of the deployment (a strongly
+// consistent Scan of the whole table).
 func (s *Store) scanRecords(ctx context.Context, fn func(item)) error {
 	filter := expression.And(expression.Name(AttrPK).BeginsWith("SBX#"),
 		expression.Name("deployment").Equal(expression.Value(s.deployment)))
@@ -214,7 +214,8 @@ func (s *Store) scanRecords(ctx context.Context, fn func(item)) error {
 		return fmt.Errorf("scan records: %w", err)
 	}
 	return s.scanEach(ctx, "scan records", &dynamodb.ScanInput{TableName: &s.table, FilterExpression: expr.Filter(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}, func(av map[string]types.AttributeValue) error {
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ConsistentRead: aws.Bool(true)}, func(av map[string]types.AttributeValue) error {
 		var it item
 		if err := attributevalue.UnmarshalMap(av, &it); err != nil {
 			return fmt.Errorf("decode record: %w", err)
@@ -678,6 +679,12 @@ func (s *Store) conditionalUpdate(ctx context.Context, op, pk string, cond expre
 	return nil
 }
 
+// uncounted reports whether a record or reservation of a thread is in no
+// user's and tenant's slot counts (an older version stored it). One of no
+// thread (a pool member, a refill) is in none by design: no user or
+// tenant holds it.
+func uncounted(it item) bool { return !it.Quota && it.Tenant != "" }
+
 // countLegacy counts a record (or reservation) an older version stored:
 // in its bucket's per-state count and in its user's and tenant's slot
 // counts, with the flags that say so, in one transaction conditional on
@@ -689,9 +696,14 @@ func (s *Store) countLegacy(ctx context.Context, it item) error {
 	}
 	slot := core.Slot{Bucket: it.Bucket, Counted: core.State(it.Counted), Quota: it.Quota}
 	cond = cond.And(slotCondition(slot))
-	upd := expression.Set(expression.Name("quota"), expression.Value(true))
-	var bucketUpd expression.UpdateBuilder
-	moves := it.Counted == ""
+	moves, quota := it.Counted == "", uncounted(it)
+	if !moves && !quota {
+		return nil
+	}
+	var upd, bucketUpd expression.UpdateBuilder
+	if quota {
+		upd = upd.Set(expression.Name("quota"), expression.Value(true))
+	}
 	if moves {
 		upd = upd.Set(expression.Name("counted"), expression.Value(it.State))
 		bucketUpd = countMove(bucketUpd, "", core.State(it.State))
@@ -710,7 +722,7 @@ func (s *Store) countLegacy(ctx context.Context, it item) error {
 		}
 		items = append(items, bucket)
 	}
-	if !it.Quota {
+	if quota {
 		k := core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread}
 		user, err := s.counterTake(userPK(s.deployment, k), 0)
 		if err != nil {

@@ -408,3 +408,39 @@ func TestPerStateCountRepairWaitsForTheBucketToHoldStill(t *testing.T) {
 		t.Errorf("capacity %+v, %v; want 1 active", st, err)
 	}
 }
+
+// Pool members and refills hold no user's or tenant's slot: the repair
+// leaves them as they are (they are not an older version's records to
+// count), so a claim of a member as listed before the repair still
+// succeeds, and a refill between two passes does not keep a real drift
+// from being corrected.
+func TestRepairCountersLeavesPoolMembersAlone(t *testing.T) {
+	client, table := newTable(t)
+	s := ddbstore.New(client, table, "test")
+	ctx := context.Background()
+	activeRecord(t, s, thread(1), "sbx1")
+	listed := pooledMember(t, s, "m0", 10)
+	if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+		Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "TEN#test#acme"}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+		UpdateExpression:          aws.String("SET used = :n"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: "5"}}}); err != nil {
+		t.Fatal(err) // drift: the tenant holds one slot
+	}
+	for pass := range 3 {
+		pooledMember(t, s, fmt.Sprint("m", pass+1), 10) // a refill between every two passes
+		rep, err := s.RepairCounters(ctx, 100, 100)
+		if err != nil {
+			t.Fatalf("repair %d: %v", pass, err)
+		}
+		if rep.Counted != 0 {
+			t.Errorf("repair %d counted %d records as an older version's, want none", pass, rep.Counted)
+		}
+	}
+	if c := countSlots(t, s, thread(1)); c.tenant != 1 {
+		t.Errorf("the tenant's count is %d after three passes, want 1 (the drift corrected)", c.tenant)
+	}
+	claim := core.PoolClaim{Member: listed, ThreadKey: thread(2), Owner: "a", Now: t0, LeaseUntil: t0.Add(time.Minute)}
+	if _, err := s.ClaimPoolMember(ctx, claim); err != nil {
+		t.Errorf("claim of the member as listed before the repairs: %v, want it claimed", err)
+	}
+}
