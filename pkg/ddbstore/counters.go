@@ -8,12 +8,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
@@ -204,8 +207,13 @@ func (s *Store) eachItemInState(ctx context.Context, st core.State, fn func(item
 	return nil
 }
 
-// scanRecords calls fn with every record of the deployment (a strongly
-// consistent Scan of the whole table).
+// recordScanSegments is how many parts of the table the exact count's
+// Scan reads at once (a parallel Scan), so that a large table is read
+// within a reconcile pass.
+const recordScanSegments = 4
+
+// scanRecords calls fn, one call at a time, with every record of the
+// deployment (a strongly consistent parallel Scan of the whole table).
 func (s *Store) scanRecords(ctx context.Context, fn func(item)) error {
 	filter := expression.And(expression.Name(AttrPK).BeginsWith("SBX#"),
 		expression.Name("deployment").Equal(expression.Value(s.deployment)))
@@ -213,16 +221,26 @@ func (s *Store) scanRecords(ctx context.Context, fn func(item)) error {
 	if err != nil {
 		return fmt.Errorf("scan records: %w", err)
 	}
-	return s.scanEach(ctx, "scan records", &dynamodb.ScanInput{TableName: &s.table, FilterExpression: expr.Filter(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ConsistentRead: aws.Bool(true)}, func(av map[string]types.AttributeValue) error {
-		var it item
-		if err := attributevalue.UnmarshalMap(av, &it); err != nil {
-			return fmt.Errorf("decode record: %w", err)
-		}
-		fn(it)
-		return nil
-	})
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	for seg := range int32(recordScanSegments) {
+		g.Go(func() error {
+			in := &dynamodb.ScanInput{TableName: &s.table, FilterExpression: expr.Filter(),
+				ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+				ConsistentRead: aws.Bool(true), Segment: aws.Int32(seg), TotalSegments: aws.Int32(recordScanSegments)}
+			return s.scanEach(gctx, "scan records", in, func(av map[string]types.AttributeValue) error {
+				var it item
+				if err := attributevalue.UnmarshalMap(av, &it); err != nil {
+					return fmt.Errorf("decode record: %w", err)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				fn(it)
+				return nil
+			})
+		})
+	}
+	return g.Wait()
 }
 
 // scanEach runs the Scan in page by page, each page under its own

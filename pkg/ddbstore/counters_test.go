@@ -383,13 +383,17 @@ func TestPerStateCountRepairWaitsForTheBucketToHoldStill(t *testing.T) {
 	activeRecord(t, plain, thread(1), "sbx1")
 	move := func(to core.State) { moveRecord(t, plain, "sbx1", to) }
 	// Read active, tallied and confirmed releasing, active again when
-	// the correction is written.
+	// the correction is written (after the last part of the Scan).
+	pages := 0
 	db := &boundaryDB{API: client, atState: func(st core.State) {
 		switch st {
 		case core.StateCreating:
 			move(core.StateReleasing)
+			pages = 0
 		case scanned:
-			move(core.StateActive)
+			if pages++; pages == ddbstore.RecordScanSegments {
+				move(core.StateActive)
+			}
 		}
 	}}
 	s := ddbstore.New(db, table, "test")

@@ -10,8 +10,11 @@ var (
 	PausedPK     = pausedPK
 )
 
-// QueueShards is queueShards.
-const QueueShards = queueShards
+// QueueShards is queueShards; RecordScanSegments is recordScanSegments.
+const (
+	QueueShards        = queueShards
+	RecordScanSegments = recordScanSegments
+)
 
 // SetQueueScan makes s's reads of the wait queue's head return n tickets.
 func SetQueueScan(s *Store, n int) {
