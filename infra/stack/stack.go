@@ -108,7 +108,8 @@ type Stack struct {
 // the calls of ddbstore.API (TransactWriteItems is authorized per item as
 // PutItem, UpdateItem, DeleteItem and ConditionCheckItem; the store
 // queries the table for reconcile's inventory cycle, and scans it for the
-// counter repair's exact count, which reads no item GetItem could not).
+// counter repair's exact count and sweep, which read no item GetItem
+// could not).
 var DynamoDBActions = []string{
 	"dynamodb:BatchGetItem",
 	"dynamodb:ConditionCheckItem",

@@ -210,12 +210,8 @@ func (p *pass) pool(ctx context.Context, draining bool) error {
 	if draining || set.Size <= 0 || p.outOfTime() {
 		return nil
 	}
-	rctx := ctx
-	if !p.stopAt.IsZero() {
-		var cancel context.CancelFunc
-		rctx, cancel = context.WithDeadline(ctx, p.stopAt)
-		defer cancel()
-	}
+	rctx, cancel := p.workContext(ctx)
+	defer cancel()
 	st, err := e.refill(rctx)
 	p.st.PoolCreated += st.Created
 	if err != nil {

@@ -224,8 +224,9 @@ type CounterRepair struct {
 	// (counted with the running slots, in buckets of their own).
 	PausedSlots int
 	// Pool is the pool place count as this call read it, with the holders
-	// its scan counted (nil when it did not get that far); the reconcile
-	// pass repairs it.
+	// it counted: an exact count when it sees a difference the second time
+	// at the same revision (nil when it did not get that far, or that count
+	// failed); the reconcile pass repairs it on two passes' equal figures.
 	Pool *HolderCount
 }
 
@@ -549,11 +550,8 @@ func (p *pass) syncParked(ctx context.Context, rec Record, what string) (complet
 	if e.sync == nil {
 		return true, false
 	}
-	if !p.stopAt.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, p.stopAt)
-		defer cancel()
-	}
+	ctx, cancel := p.workContext(ctx)
+	defer cancel()
 	// Envd reads only: they do not extend the sandbox's life. A sandbox
 	// the provider already ended answers ErrSandboxGone.
 	res, err := e.sync.Sync(ctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
@@ -1107,7 +1105,11 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 // users' and tenants' slot counts, the buckets' limits and the fair-share
 // tenant sets.
 func (p *pass) ledger(ctx context.Context) error {
-	rep, err := p.rst.RepairCounters(ctx, p.e.s.Limit(), p.rs.MaxItems)
+	// The repair may read the whole table (its exact count): it ends by
+	// the stop time, leaving the reserve for the cursor's save.
+	wctx, cancel := p.workContext(ctx)
+	defer cancel()
+	rep, err := p.rst.RepairCounters(wctx, p.e.s.Limit(), p.rs.MaxItems)
 	p.st.LedgerRepaired = rep.Slots
 	if rep.Slots != 0 || rep.PausedSlots != 0 || rep.Counters != 0 || rep.Counted != 0 || rep.Rebalanced {
 		p.e.log.WarnContext(ctx, "reconcile: slot counters repaired", "slots", rep.Slots, "paused_slots", rep.PausedSlots,

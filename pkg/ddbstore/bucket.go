@@ -27,7 +27,8 @@ import (
 //	lim, lim_of   the bucket's limit, set for the deployment limit lim_of
 //	draining      the deployment drains (written to every bucket at once)
 //	tenants       tenants that reserved in it (fair share; reconcile drops idle ones)
-//	revision      bumped by every write that moves "used" or "granted"
+//	revision      bumped by every write that moves "used" or "granted", and by a
+//	              grant's hand-over to the next ticket (the counts stay)
 //	moves         bumped by every write that moves an n_<state> count
 //
 // The limits of the buckets always sum to the deployment limit: they are
@@ -255,7 +256,7 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 // countMove adds to u the clauses moving one record's count in its bucket
 // from state from to state to ("" or gone for none: a slot taken or
 // freed), and moving "moves", the per-state counts' revision. It leaves
-// "revision" alone: the revision moves with "used" only, so that parks
+// "revision" alone: the revision moves with the slots only, so that parks
 // and reclaims do not keep a busy bucket's used count from ever looking
 // settled to reconcile. A busy bucket's per-state counts do not look
 // settled, and are corrected only once it is still between two passes:

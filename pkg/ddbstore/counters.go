@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
@@ -30,8 +31,21 @@ const countsSK = "COUNTS"
 
 // sweepSegments is how many parts the counter repair's sweep splits the
 // table into (sweepCounts): each pass scans one, so every user's and
-// tenant's slot count is read at least once in sweepSegments passes.
-const sweepSegments = 16
+// tenant's slot count is read at least once in sweepSegments passes. A
+// sweep gets at most sweepBudget of the pass.
+const (
+	sweepSegments = 16
+	sweepBudget   = 20 * time.Second
+)
+
+// maxNoted bounds the differences the repair notes for the next pass (its
+// item stays far below DynamoDB's 400 KB): a drift wider than that is
+// corrected maxNoted counters a pass, the first by name.
+const maxNoted = 2000
+
+// exactRoom is the time an exact count leaves, of its caller's, for the
+// corrections and the noted differences after it.
+const exactRoom = CallTimeout
 
 // slotTally is what the slot holders say each counter kept with the
 // slots should be.
@@ -46,6 +60,12 @@ type slotTally struct {
 // tallyStates are the states a tally reads: those holding running slots,
 // and the paused records (a paused slot only).
 var tallyStates = append(slices.Clone(slotStates), core.StatePaused)
+
+// holdsRunningSlot reports whether an entry of st holds a running slot:
+// every one but a paused record or a paused record's tombstone.
+func holdsRunningSlot(st core.State, it item) bool {
+	return !it.NoRunningSlot && st != core.StatePaused
+}
 
 // holdsPausedSlot reports whether an entry of st holds a paused slot:
 // every record pausing, paused or resuming does; a tombstone, a pool
@@ -78,7 +98,7 @@ type holder struct {
 	running      bool // holds a running slot (not a paused record or tombstone)
 	bucket       int
 	counted      string // the state its bucket counts it in
-	quota        bool   // counted in its user's and tenant's slot counts
+	quota        bool   // counted in its user's and tenant's slot counts (as its flag says: a free takes them down by it)
 	tenant, user string
 	pausedSlot   bool
 	pausedBucket int
@@ -89,18 +109,29 @@ type holder struct {
 // its item key, a reservation by its token. A holder that a read sees
 // twice (it moved to a state read later) is kept as last seen, and a
 // record finalized from a reservation (it carries the token) replaces the
-// reservation: without this a tally counts the mover twice, and a repair
-// that trusts it raises a counter above what is held.
+// reservation, whichever of the two was read first: without this a tally
+// counts the mover twice, and a repair that trusts it raises a counter
+// above what is held. (A finalized token is kept as a holder of nothing
+// under finalizedKey.)
 type holders map[string]holder
+
+// finalizedKey is where holders mark a reservation finalized as a record.
+func finalizedKey(token string) string { return "finalized#" + token }
 
 // see records the entry it, read in state st.
 func (h holders) see(st core.State, it item) {
-	if strings.HasPrefix(it.PK, "SBX#") && it.Reservation != "" {
+	switch {
+	case strings.HasPrefix(it.PK, "SBX#") && it.Reservation != "":
 		delete(h, reservationPK(it.Reservation))
+		h[finalizedKey(it.Reservation)] = holder{}
+	case strings.HasPrefix(it.PK, "RES#"):
+		if _, done := h[finalizedKey(strings.TrimPrefix(it.PK, "RES#"))]; done {
+			return
+		}
 	}
 	h[it.PK] = holder{
-		running: !it.NoRunningSlot && st != core.StatePaused, bucket: min(max(it.Bucket, 0), CapacityBuckets-1),
-		counted: it.Counted, quota: it.Quota && it.Tenant != "", tenant: it.Tenant, user: it.User,
+		running: holdsRunningSlot(st, it), bucket: min(max(it.Bucket, 0), CapacityBuckets-1),
+		counted: it.Counted, quota: it.Quota, tenant: it.Tenant, user: it.User,
 		pausedSlot: holdsPausedSlot(st, it), pausedBucket: pausedBucketOf(it.PausedBucket), poolPlace: holdsPoolPlace(st, it),
 	}
 }
@@ -150,7 +181,8 @@ func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []ite
 		err := s.eachItemInState(ctx, st, func(it item) {
 			h.see(st, it)
 			_, listed := legacy[it.PK]
-			if old := !it.NoRunningSlot && st != core.StatePaused && (it.Counted == "" || uncounted(it)); old && (listed || len(legacy) < maxItems) {
+			old := holdsRunningSlot(st, it) && (it.Counted == "" || uncounted(it))
+			if old && (listed || len(legacy) < maxItems) {
 				legacy[it.PK] = it
 			}
 		})
@@ -163,14 +195,17 @@ func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []ite
 
 // exactTally counts every holder once, as no read of the state index can
 // while holders move: the reservations from the index (its creating
-// entries) first, then the records from the table itself (a Scan of this
-// deployment's records). A record's item key never changes, so the Scan
-// returns each record that exists throughout it exactly once, in the
-// state it is in when read. A reservation finalized after the first read
-// is found again as its record (same token) and counted once; a holder
+// entries) first, then the records and reservations from the table
+// itself (a strongly consistent Scan of this deployment's). An item's key
+// never changes, so the Scan returns each record that exists throughout
+// it exactly once, in the state it is in when read, and each reservation
+// too (whatever the index's lag). A reservation finalized during the Scan
+// may be read neither as itself nor as its record, but the first read
+// found it; found as both, it is counted once (same token). A holder
 // freed or taken meanwhile moved the revisions every correction is
 // conditional on. It reads the whole table: the counter repair runs it
-// only when a correction is due.
+// only when a correction is due, and ends it in time for the writes
+// after it (exactCtx).
 func (s *Store) exactTally(ctx context.Context) (*slotTally, error) {
 	h := holders{}
 	if err := s.eachItemInState(ctx, core.StateCreating, func(it item) { h.see(core.StateCreating, it) }); err != nil {
@@ -212,10 +247,12 @@ func (s *Store) eachItemInState(ctx context.Context, st core.State, fn func(item
 // within a reconcile pass.
 const recordScanSegments = 4
 
-// scanRecords calls fn, one call at a time, with every record of the
-// deployment (a strongly consistent parallel Scan of the whole table).
+// scanRecords calls fn, one call at a time, with every record and
+// reservation of the deployment (a strongly consistent parallel Scan of
+// the whole table).
 func (s *Store) scanRecords(ctx context.Context, fn func(item)) error {
-	filter := expression.And(expression.Name(AttrPK).BeginsWith("SBX#"),
+	filter := expression.And(
+		expression.Or(expression.Name(AttrPK).BeginsWith("SBX#"), expression.Name(AttrPK).BeginsWith("RES#")),
 		expression.Name("deployment").Equal(expression.Value(s.deployment)))
 	expr, err := expression.NewBuilder().WithFilter(filter).Build()
 	if err != nil {
@@ -283,11 +320,14 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	}
 	noted := map[string]string{}
 	due := r.dueRepairs(noted)
-	var errs []error
+	errs := r.errs
 	rep.Pool = &r.pool
 	var confirm *slotTally
-	if len(due) > 0 || r.pool.Used != r.pool.Counted {
-		if confirm, err = s.exactTally(ctx); err != nil {
+	if len(due) > 0 || r.notePool(noted) {
+		ectx, cancel := exactCtx(ctx)
+		confirm, err = s.exactTally(ectx)
+		cancel()
+		if err != nil {
 			errs = append(errs, err) // the differences stay noted for the next pass
 			due, rep.Pool = nil, nil
 		} else {
@@ -335,6 +375,28 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 	return rep, errors.Join(errs...)
 }
 
+// notePool notes the pool place count's difference with the tally and
+// reports whether the last pass noted the same: the pool count is
+// repaired by the caller, on two passes' figures, and the second of two
+// equal ones is then the exact count's.
+func (r *repairRead) notePool(noted map[string]string) bool {
+	if r.pool.Used == r.pool.Counted {
+		return false
+	}
+	v := fmt.Sprintf("%d|%d%s", r.pool.Used, r.pool.Counted, revisionMark(r.pool.Revision))
+	noted["pool"] = v
+	return r.prev["pool"] == v
+}
+
+// exactCtx bounds an exact count to end exactRoom before ctx does, so
+// that what follows it is still written.
+func exactCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(ctx, dl.Add(-exactRoom))
+	}
+	return context.WithCancel(ctx)
+}
+
 // repairRead is what a counter repair reads: every counter with its
 // revision, the tally of the index, and the differences the last pass
 // noted.
@@ -348,7 +410,8 @@ type repairRead struct {
 	quotaKeys []string             // the USR#/TEN# counters read
 	stored    map[string]countItem // those that exist
 	prev      map[string]string
-	sweep     int32 // the segment of the table this pass swept (sweepCounts)
+	sweep     int32   // the segment of the table this pass swept (sweepCounts)
+	errs      []error // what failed without stopping the repair
 }
 
 // readForRepair reads the buckets, the paused buckets and the pool count
@@ -368,9 +431,13 @@ func (s *Store) readForRepair(ctx context.Context, maxItems int) (*repairRead, e
 		return nil, err
 	}
 	r.prev, r.sweep = noted.Noted, noted.Sweep%s.sweep
-	stray, err := s.sweepCounts(ctx, r.sweep)
+	// The sweep is a help, not a need: one that fails or takes too long
+	// leaves its segment to its next turn and the repair goes on.
+	sctx, cancel := context.WithTimeout(ctx, sweepBudget)
+	stray, err := s.sweepCounts(sctx, r.sweep)
+	cancel()
 	if err != nil {
-		return nil, err
+		r.errs = append(r.errs, err)
 	}
 	if r.paused, r.pool, r.tally, r.legacy, err = s.countHolders(ctx, maxItems); err != nil {
 		return nil, err
@@ -418,6 +485,9 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 	// and keeps d when the last pass noted the same.
 	note := func(d dueRepair, have string, rev int64) {
 		if have == d.want {
+			return
+		}
+		if len(noted) >= maxNoted {
 			return
 		}
 		v := have + "|" + d.want + revisionMark(rev)

@@ -332,6 +332,7 @@ func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (co
 // record's with its pool place) and the move of the count in its bucket.
 func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slot, rec core.Record, pool bool) (core.Record, []types.TransactWriteItem, error) {
 	rec.Fence = 1
+	rec.ReservationToken = token // the counter repair counts the record and its reservation once by it
 	rec.Slot = core.Slot{Bucket: slot.Bucket, Counted: rec.State, Quota: slot.Quota}
 	if slot.Counted == "" {
 		rec.Slot.Counted = "" // an older version's reservation: not counted per state

@@ -475,25 +475,23 @@ func (s *Store) passOn(ctx context.Context, g ticketItem, next *ticketItem, now 
 	if place {
 		items = append(items, s.placeDelete(g.ticket()))
 	}
+	var more []types.TransactWriteItem
 	if next != nil {
 		// The bucket's counts stay; its revision moves, as with every
 		// change of the grants, so that the counter repair never counts
 		// the grants from a read that straddled this one.
-		grant, err := s.grantUpdate(*next, g.Bucket, ms(now.Add(grantFor)))
-		if err != nil {
-			return nil, fmt.Errorf("pass grant on: %w", err)
-		}
-		bucket, err := s.bucketUpdate(g.Bucket, nil, expression.Add(expression.Name("revision"), expression.Value(1)))
-		if err != nil {
-			return nil, fmt.Errorf("pass grant on: %w", err)
-		}
-		return s.writeTxn(ctx, "pass grant on", append(items, grant, bucket))
+		grant, gerr := s.grantUpdate(*next, g.Bucket, ms(now.Add(grantFor)))
+		bucket, berr := s.bucketUpdate(g.Bucket, nil, expression.Add(expression.Name("revision"), expression.Value(1)))
+		more, err = []types.TransactWriteItem{grant, bucket}, errors.Join(gerr, berr)
+	} else {
+		var release types.TransactWriteItem
+		release, err = s.trustRelease(g.Bucket)
+		more = []types.TransactWriteItem{release}
 	}
-	release, err := s.trustRelease(g.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("pass grant on: %w", err)
 	}
-	return s.writeTxn(ctx, "pass grant on", append(items, release))
+	return s.writeTxn(ctx, "pass grant on", append(items, more...))
 }
 
 // grantIn takes a slot of bucket b into trust for the waiting ticket t,
