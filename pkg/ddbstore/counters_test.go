@@ -452,3 +452,43 @@ func TestRepairCountersLeavesPoolMembersAlone(t *testing.T) {
 		t.Errorf("claim of the member as listed before the repairs: %v, want it claimed", err)
 	}
 }
+
+// As for the slot counts, a bucket's used slots are not corrected over an
+// older version's take (it moves them without moving the revision).
+func TestBucketSlotsRepairKeepsAnOlderVersionsTake(t *testing.T) {
+	client, table := newTable(t)
+	plain := ddbstore.New(client, table, "test")
+	ctx := context.Background()
+	rec := activeRecord(t, plain, thread(1), "sbx1")
+	bucket := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: capPK(rec.Slot.Bucket)}, "sk": &types.AttributeValueMemberS{Value: "R"}}
+	add := func(n int) {
+		t.Helper()
+		if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: bucket,
+			UpdateExpression:          aws.String("ADD used :n"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: fmt.Sprint(n)}}}); err != nil {
+			t.Error(err)
+		}
+	}
+	add(2) // drift: one slot is held
+	// The first pass sets the buckets' limits for a limit under which the
+	// drifted bucket is within its own (moving its revision), the second
+	// notes the drift, the third confirms it (its second read of the
+	// creating entries), and the older version's take lands then.
+	creatingReads := 0
+	db := &boundaryDB{API: client, atState: func(st core.State) {
+		if st == core.StateCreating {
+			if creatingReads++; creatingReads == 4 {
+				add(1)
+			}
+		}
+	}}
+	s := ddbstore.New(db, table, "test")
+	for pass := range 3 {
+		if _, err := s.RepairCounters(ctx, 100*ddbstore.CapacityBuckets, 100); err != nil {
+			t.Fatalf("repair %d: %v", pass, err)
+		}
+	}
+	if c := countSlots(t, plain, thread(1)); creatingReads != 4 || c.ledger != 4 {
+		t.Errorf("creating entries read %d times, used slots %d; want 4 and 4 (the drift and the older version's take, not overwritten)", creatingReads, c.ledger)
+	}
+}
