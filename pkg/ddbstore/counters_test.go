@@ -492,3 +492,51 @@ func TestBucketSlotsRepairKeepsAnOlderVersionsTake(t *testing.T) {
 		t.Errorf("creating entries read %d times, used slots %d; want 4 and 4 (the drift and the older version's take, not overwritten)", creatingReads, c.ledger)
 	}
 }
+
+// scanFailDB fails every Scan while fail is set.
+type scanFailDB struct {
+	ddbstore.API
+	fail bool
+}
+
+func (d *scanFailDB) Scan(ctx context.Context, in *dynamodb.ScanInput, opts ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error) {
+	if d.fail {
+		return nil, context.DeadlineExceeded
+	}
+	return d.API.Scan(ctx, in, opts...)
+}
+
+// A pass whose exact count fails (its Scan errs, or runs out of time)
+// corrects nothing and keeps what it noted, so the next pass corrects the
+// drift.
+func TestRepairCountersWhoseExactCountFailsCorrectsNothing(t *testing.T) {
+	client, table := newTable(t)
+	db := &scanFailDB{API: client}
+	s := ddbstore.New(db, table, "test")
+	ctx := context.Background()
+	activeRecord(t, s, thread(1), "sbx1")
+	if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+		Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "TEN#test#acme"}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+		UpdateExpression:          aws.String("SET used = :n"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: "3"}}}); err != nil {
+		t.Fatal(err) // drift: one slot is held
+	}
+	for _, step := range []struct {
+		name       string
+		fail, err  bool
+		wantTenant int
+	}{
+		{"first sighting", false, false, 3},
+		{"the exact count fails", true, true, 3},
+		{"seen again, counted", false, false, 1},
+	} {
+		db.fail = step.fail
+		_, err := s.RepairCounters(ctx, 100, 100)
+		if (err != nil) != step.err {
+			t.Errorf("%s: RepairCounters = %v, want an error %v", step.name, err, step.err)
+		}
+		if c := countSlots(t, s, thread(1)); c.tenant != step.wantTenant {
+			t.Errorf("%s: the tenant's count is %d, want %d", step.name, c.tenant, step.wantTenant)
+		}
+	}
+}
