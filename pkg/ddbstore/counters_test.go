@@ -335,44 +335,59 @@ func TestRepairCountersFindsCountsNoHolderNames(t *testing.T) {
 
 // A binary of an older version takes and frees slots without moving the
 // counts' revisions: a correction that such a take lands just before
-// (while the repair confirms the count) is not written over it.
-func TestSlotCountRepairKeepsAnOlderVersionsTake(t *testing.T) {
-	client, table := newTable(t)
-	plain := ddbstore.New(client, table, "test")
-	ctx := context.Background()
-	activeRecord(t, plain, thread(1), "sbx1")
-	tenant := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "TEN#test#acme"}, "sk": &types.AttributeValueMemberS{Value: "R"}}
-	set := func(expr string, n int) {
-		t.Helper()
-		if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: tenant,
-			UpdateExpression:          aws.String(expr),
-			ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: fmt.Sprint(n)}}}); err != nil {
-			t.Error(err)
-		}
-	}
-	set("SET used = :n", 3) // drift: one slot is held
-	// The first pass reads the creating entries once (its tally), the
-	// second twice: its tally, then its confirmation, after which it
-	// writes. The older version's take lands there.
-	creatingReads := 0
-	db := &boundaryDB{API: client, atState: func(st core.State) {
-		if st == core.StateCreating {
-			if creatingReads++; creatingReads == 3 {
-				set("ADD used :n", 1)
+// (while the repair confirms the count) is not written over it, for a
+// tenant's slot count and for a bucket's used slots.
+func TestRepairKeepsAnOlderVersionsTake(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		key  func(rec core.Record) string // the drifted count's item
+		// limit is the repair's; confirmAt the read of the creating
+		// entries that is the confirming one (the take lands then).
+		limit, passes, confirmAt int
+		held                     func(c slotCounts) int
+	}{
+		// Pass 0 notes the drift, pass 1 confirms it (its second read).
+		{"tenant's count", func(core.Record) string { return "TEN#test#acme" }, 100, 2, 3,
+			func(c slotCounts) int { return c.tenant }},
+		// Pass 0 sets the limits for one under which the drifted bucket
+		// is within its own (moving its revision), pass 1 notes, pass 2
+		// confirms.
+		{"bucket's used slots", func(rec core.Record) string { return capPK(rec.Slot.Bucket) }, 100 * ddbstore.CapacityBuckets, 3, 4,
+			func(c slotCounts) int { return c.ledger }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, table := newTable(t)
+			plain := ddbstore.New(client, table, "test")
+			ctx := context.Background()
+			rec := activeRecord(t, plain, thread(1), "sbx1")
+			key := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: tc.key(rec)}, "sk": &types.AttributeValueMemberS{Value: "R"}}
+			add := func(n int) {
+				if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key,
+					UpdateExpression:          aws.String("ADD used :n"),
+					ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: fmt.Sprint(n)}}}); err != nil {
+					t.Error(err)
+				}
 			}
-		}
-	}}
-	s := ddbstore.New(db, table, "test")
-	for pass := range 2 {
-		if _, err := s.RepairCounters(ctx, 100, 100); err != nil {
-			t.Fatalf("repair %d: %v", pass, err)
-		}
-	}
-	if creatingReads != 3 {
-		t.Fatalf("the creating entries were read %d times in two passes, want 3", creatingReads)
-	}
-	if c := countSlots(t, plain, thread(1)); c.tenant != 4 {
-		t.Errorf("the tenant's count is %d, want 4 (the drift and the older version's take, not overwritten)", c.tenant)
+			add(2) // drift: one slot is held
+			creatingReads := 0
+			db := &boundaryDB{API: client, atState: func(st core.State) {
+				if st == core.StateCreating {
+					if creatingReads++; creatingReads == tc.confirmAt {
+						add(1)
+					}
+				}
+			}}
+			s := ddbstore.New(db, table, "test")
+			for pass := range tc.passes {
+				if _, err := s.RepairCounters(ctx, tc.limit, 100); err != nil {
+					t.Fatalf("repair %d: %v", pass, err)
+				}
+			}
+			if got := tc.held(countSlots(t, plain, thread(1))); creatingReads != tc.confirmAt || got != 4 {
+				t.Errorf("creating entries read %d times, the count is %d; want %d and 4 (the drift and the older version's take, not overwritten)",
+					creatingReads, got, tc.confirmAt)
+			}
+		})
 	}
 }
 
@@ -450,46 +465,6 @@ func TestRepairCountersLeavesPoolMembersAlone(t *testing.T) {
 	claim := core.PoolClaim{Member: listed, ThreadKey: thread(2), Owner: "a", Now: t0, LeaseUntil: t0.Add(time.Minute)}
 	if _, err := s.ClaimPoolMember(ctx, claim); err != nil {
 		t.Errorf("claim of the member as listed before the repairs: %v, want it claimed", err)
-	}
-}
-
-// As for the slot counts, a bucket's used slots are not corrected over an
-// older version's take (it moves them without moving the revision).
-func TestBucketSlotsRepairKeepsAnOlderVersionsTake(t *testing.T) {
-	client, table := newTable(t)
-	plain := ddbstore.New(client, table, "test")
-	ctx := context.Background()
-	rec := activeRecord(t, plain, thread(1), "sbx1")
-	bucket := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: capPK(rec.Slot.Bucket)}, "sk": &types.AttributeValueMemberS{Value: "R"}}
-	add := func(n int) {
-		t.Helper()
-		if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: bucket,
-			UpdateExpression:          aws.String("ADD used :n"),
-			ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: fmt.Sprint(n)}}}); err != nil {
-			t.Error(err)
-		}
-	}
-	add(2) // drift: one slot is held
-	// The first pass sets the buckets' limits for a limit under which the
-	// drifted bucket is within its own (moving its revision), the second
-	// notes the drift, the third confirms it (its second read of the
-	// creating entries), and the older version's take lands then.
-	creatingReads := 0
-	db := &boundaryDB{API: client, atState: func(st core.State) {
-		if st == core.StateCreating {
-			if creatingReads++; creatingReads == 4 {
-				add(1)
-			}
-		}
-	}}
-	s := ddbstore.New(db, table, "test")
-	for pass := range 3 {
-		if _, err := s.RepairCounters(ctx, 100*ddbstore.CapacityBuckets, 100); err != nil {
-			t.Fatalf("repair %d: %v", pass, err)
-		}
-	}
-	if c := countSlots(t, plain, thread(1)); creatingReads != 4 || c.ledger != 4 {
-		t.Errorf("creating entries read %d times, used slots %d; want 4 and 4 (the drift and the older version's take, not overwritten)", creatingReads, c.ledger)
 	}
 }
 
