@@ -1132,7 +1132,8 @@ func (p *pass) ledger(ctx context.Context) error {
 // lapsed grants passed on or freed, and the room there is (a slot freed
 // by a repair, a raised limit) granted to the first waiters.
 func (p *pass) waitQueue(ctx context.Context) error {
-	res, err := p.e.store.Dispatch(ctx, Dispatch{Now: p.e.now(), Limit: p.e.s.Limit(), Bucket: -1, Scan: true, GrantFor: grantFor})
+	res, err := p.e.store.Dispatch(ctx, Dispatch{Now: p.e.now(), Limit: p.e.s.Limit(), Bucket: -1, Scan: true,
+		Lanes: p.e.s.WaitLaneCount(), GrantFor: grantFor})
 	if err != nil {
 		return fmt.Errorf("serve the wait queue: %w", err)
 	}

@@ -37,6 +37,9 @@ type Settings struct {
 	// once (RefusalTooManyWaiters). 0 = the most places a tenant can have
 	// (100).
 	MaxWaitersPerTenant int
+	// WaitLanes is how many lanes the wait queue has (see WaitLaneCount):
+	// 0 derives it from the limit, 1 to MaxWaitLanes sets it.
+	WaitLanes int
 	// AcquireTimeout bounds waiting for a slot under PolicyWait (> 0).
 	AcquireTimeout time.Duration
 	// IdleTimeout is how long a released sandbox stays warm; it is set as the
@@ -119,7 +122,6 @@ func (s Settings) FairShare(tenants int) int {
 	return share
 }
 
-// Validate returns every problem, each naming its field.
 // ExpiryLead is how long before the provider's own timer (IdleTimeout after
 // parking) reconcile starts expiring a warm sandbox: a quarter of the idle
 // timeout, at most two minutes (two passes of the one-minute schedule).
@@ -129,6 +131,27 @@ func (s Settings) ExpiryLead() time.Duration {
 	return min(2*time.Minute, s.IdleTimeout/4)
 }
 
+// MaxWaitLanes is the most lanes a wait queue has, and slotsPerLane the
+// slots of the limit a derived lane count gives each lane.
+const (
+	MaxWaitLanes = 8
+	slotsPerLane = 256
+)
+
+// WaitLaneCount is the number of lanes of the wait queue: WaitLanes, or
+// when that is 0 one lane per 256 slots of the limit (at most
+// MaxWaitLanes). Each lane is served in (round, arrival) order by the
+// frees of its own capacity buckets, so that a queue's reads and writes
+// spread over its lanes' partitions; a deployment whose limit is under
+// 257 slots has one lane, and one order.
+func (s Settings) WaitLaneCount() int {
+	if s.WaitLanes > 0 {
+		return min(s.WaitLanes, MaxWaitLanes)
+	}
+	return min(MaxWaitLanes, 1+(max(s.Limit(), 1)-1)/slotsPerLane)
+}
+
+// Validate returns every problem, each naming its field.
 func (s Settings) Validate() error {
 	var errs []error
 	if s.Deployment == "" || !idPattern.MatchString(s.Deployment) {
@@ -147,6 +170,9 @@ func (s Settings) Validate() error {
 	}
 	if s.MaxWaitersPerTenant < 0 {
 		errs = append(errs, fmt.Errorf("MaxWaitersPerTenant: must be >= 0, got %d", s.MaxWaitersPerTenant))
+	}
+	if s.WaitLanes < 0 || s.WaitLanes > MaxWaitLanes {
+		errs = append(errs, fmt.Errorf("WaitLanes: must be 0 to %d, got %d", MaxWaitLanes, s.WaitLanes))
 	}
 	if s.MaxPerTenant < 0 {
 		errs = append(errs, fmt.Errorf("MaxPerTenant: must be >= 0, got %d", s.MaxPerTenant))

@@ -118,20 +118,24 @@ type Waiter struct {
 	Tenant string
 	Ticket string
 	Max    int
-	Now    time.Time
-	Until  time.Time
+	// Lanes is the queue's lane count (Settings.WaitLaneCount; 0: one).
+	Lanes int
+	Now   time.Time
+	Until time.Time
 }
 
 // Ticket is a waiter's entry in the deployment's wait queue. The queue is
-// served in the order of Key: the ticket's round, then its arrival. A
-// tenant's first waiter joins the round of the queue's head; each further
-// waiter it has at once, one round later than the latest round it holds
-// (round-robin across tenants).
+// made of lanes (Settings.WaitLaneCount), each served in the order of Key:
+// the ticket's round, then its arrival. A tenant's first waiter joins the
+// round of its lane's head; each further waiter it has at once, one round
+// later than the latest round it holds (round-robin across tenants).
 type Ticket struct {
 	ID     string
 	Tenant string
 	// Place is the tenant's waiter place the ticket holds.
 	Place int
+	// Lane is the queue lane the ticket is in (0 to MaxWaitLanes-1).
+	Lane  int
 	Round int
 	// Key is the ticket's sort key in the queue: round, arrival, ID.
 	Key string
@@ -180,6 +184,10 @@ type Dispatch struct {
 	// except the head's own turn).
 	Scan bool
 	Self string
+	// Lanes is the queue's lane count (0: one): a free serves the lane of
+	// Bucket. Lane, with Self, is Self's ticket's lane, the one its turn
+	// serves.
+	Lanes, Lane int
 	// GrantFor is how long a grant stays its ticket's before it lapses.
 	GrantFor time.Duration
 }

@@ -66,6 +66,7 @@ type WaitNote struct {
 	Event   WaitEvent
 	Tenant  string
 	Ticket  string
+	Lane    int
 	Round   int
 	SortKey string
 	// Enqueued is when the ticket was queued; Served when it was served
@@ -95,8 +96,9 @@ func (e *Engine) note(w *waiting, ev WaitEvent) {
 	if e.waitObserver == nil {
 		return
 	}
-	n := WaitNote{Event: ev, Tenant: w.ticket.Tenant, Ticket: w.ticket.ID, Round: w.ticket.Round, SortKey: w.ticket.Key,
-		Enqueued: w.ticket.Arrived, GaveUp: ev == WaitGaveUp}
+	t := w.ticket
+	n := WaitNote{Event: ev, Tenant: t.Tenant, Ticket: t.ID, Lane: t.Lane, Round: t.Round, SortKey: t.Key,
+		Enqueued: t.Arrived, GaveUp: ev == WaitGaveUp}
 	if ev != WaitEnqueued {
 		n.Served = e.now()
 	}
@@ -118,8 +120,8 @@ func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, dea
 	if places <= 0 {
 		places = maxWaiterPlaces
 	}
-	t, err := e.store.EnterWait(ctx, Waiter{Tenant: key.Tenant, Ticket: owner + "-" + newOwner()[4:], Max: places, Now: e.now(),
-		Until: deadline.Add(responseMargin)})
+	t, err := e.store.EnterWait(ctx, Waiter{Tenant: key.Tenant, Ticket: owner + "-" + newOwner()[4:], Max: places,
+		Lanes: e.s.WaitLaneCount(), Now: e.now(), Until: deadline.Add(responseMargin)})
 	var ce *CapacityError
 	switch {
 	case errors.As(err, &ce):
@@ -195,7 +197,8 @@ func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, 
 func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *acquireState) error {
 	me := st.wait.ticket.ID
 	tctx, cancel := context.WithTimeout(ctx, dispatchBudget)
-	res, err := e.store.Dispatch(tctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: -1, Self: me, GrantFor: grantFor})
+	res, err := e.store.Dispatch(tctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: -1, Self: me,
+		Lanes: e.s.WaitLaneCount(), Lane: st.wait.ticket.Lane, GrantFor: grantFor})
 	cancel()
 	switch {
 	case err != nil:
@@ -259,7 +262,7 @@ func (e *Engine) dispatchFreed(ctx context.Context, bucket int) {
 	dctx, cancel := context.WithTimeout(ctx, dispatchBudget)
 	defer cancel()
 	if _, err := e.store.Store.Dispatch(dctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: bucket, Scan: bucket < 0,
-		GrantFor: grantFor}); err != nil {
+		Lanes: e.s.WaitLaneCount(), GrantFor: grantFor}); err != nil {
 		e.log.WarnContext(ctx, "dispatch after a free failed", "bucket", bucket, "err", err)
 	}
 }

@@ -1,20 +1,19 @@
 package ddbstore
 
-// ShardOf, HomeBucket, OwnerShard, QueueShardOf and PausedPK expose
-// shardOf, homeBucket, ownerShard, queueShardOf and pausedPK to the tests.
+// ShardOf, HomeBucket, OwnerShard, QueueShardOf, TicketLane and PausedPK
+// expose shardOf, homeBucket, ownerShard, queueShardOf, ticketLane and
+// pausedPK to the tests.
 var (
 	ShardOf      = shardOf
 	HomeBucket   = homeBucket
 	OwnerShard   = ownerShard
 	QueueShardOf = queueShardOf
+	TicketLane   = ticketLane
 	PausedPK     = pausedPK
 )
 
-// QueueShards is queueShards; RecordScanSegments is recordScanSegments.
-const (
-	QueueShards        = queueShards
-	RecordScanSegments = recordScanSegments
-)
+// RecordScanSegments is recordScanSegments.
+const RecordScanSegments = recordScanSegments
 
 // SetQueueScan makes s's reads of the wait queue's head return n tickets.
 func SetQueueScan(s *Store, n int) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -24,14 +25,19 @@ import (
 //	    place lapses then, whoever holds it), "round" and "qkey" (the
 //	    ticket's round and sort key in the queue)
 //	WQ#<deployment>#<n>  (sk = the fair key) one ticket, in queue shard n
-//	    (a hash of the ticket): "tenant", "ticket",
+//	    (lane × queueShards + a hash of the ticket): "tenant", "ticket",
 //	    "place", "until" (Unix ms: a waiting ticket lapses then),
 //	    "state" waiting|granted and, once granted, "bucket" and
 //	    "grant_until" (Unix ms: the grant lapses then)
 //
 // The fair key is "<round, 10 digits>#<arrival, Unix ms, 15 digits>#<ticket>",
-// so the queue's shards, queried in parallel and merged by key, read it in
-// service order. The queue is spread over queueShards partitions because
+// so a lane's shards, queried in parallel and merged by key, read it in
+// service order. The queue has one lane or more (core.Settings.WaitLaneCount):
+// a ticket joins the lane a hash of it picks, and a free serves the lane
+// of its bucket (another lane when its own has no ticket waiting), so each
+// lane is an ordered queue of its own, served by its buckets' slots, and
+// a queue of L lanes spreads its reads and writes over L times the
+// partitions. Each lane is spread over queueShards partitions because
 // every waited acquire writes its ticket three times (queued, granted,
 // taken: six write units in transactions), which one partition takes
 // about 160 times a second; the shards take queueShards times that, and
@@ -47,12 +53,18 @@ func waiterPK(deployment, tenant string, place int) string {
 	return "WTR#" + deployment + "#" + tenant + "#" + strconv.Itoa(place)
 }
 
-// queueShards is how many partitions the wait queue spreads over. Fixed:
-// a ticket is found under the shard it was written to only while this is
-// unchanged (a ticket lives no longer than one acquire's wait, so a change
-// would strand only the tickets of one upgrade's moment, which reconcile
-// still reads through the legacy partition, below).
+// queueShards is how many partitions each lane of the wait queue spreads
+// over: lane l's are shards l×queueShards to (l+1)×queueShards-1, so a
+// one-lane queue is the first queueShards. Fixed: a ticket is found under
+// the shard it was written to only while this is unchanged (a ticket lives
+// no longer than one acquire's wait, so a change would strand only the
+// tickets of one upgrade's moment, which reconcile still reads through the
+// legacy partition, below).
 const queueShards = 8
+
+// QueueShards is queueShards, for the tests outside the package that
+// find a lane's tickets (lane l's shards are l×QueueShards onwards).
+const QueueShards = queueShards
 
 // queuePK is the partition of the wait queue's shard n.
 func queuePK(deployment string, n int) string {
@@ -64,19 +76,39 @@ func queuePK(deployment string, n int) string {
 // ticket an older version queued is served, or its grant passed on.
 func legacyQueuePK(deployment string) string { return "WQ#" + deployment }
 
-// queueShardOf is ticket id's queue shard: FNV-1a of the id, modulo
-// queueShards.
+// queueShardOf is ticket id's shard within its lane: FNV-1a of the id,
+// modulo queueShards.
 func queueShardOf(id string) int { return int(hashOf(id) % queueShards) }
 
-// ticketPK is the partition of ticket id's shard.
-func (s *Store) ticketPK(id string) string { return queuePK(s.deployment, queueShardOf(id)) }
+// ticketLane is the lane ticket id joins in a queue of lanes lanes: the
+// hash's bits above those that pick its shard.
+func ticketLane(id string, lanes int) int {
+	return int(hashOf(id)/queueShards) % min(max(lanes, 1), core.MaxWaitLanes)
+}
 
-// queuePKs lists the queue's partitions: the shards, and with legacy the
-// legacy partition.
-func (s *Store) queuePKs(legacy bool) []string {
-	pks := make([]string, 0, queueShards+1)
-	for n := range queueShards {
-		pks = append(pks, queuePK(s.deployment, n))
+// bucketLane is the lane whose tickets bucket b's frees serve first.
+func bucketLane(b, lanes int) int { return b % min(max(lanes, 1), core.MaxWaitLanes) }
+
+// ticketPK is the partition of ticket t's shard in its lane.
+func (s *Store) ticketPK(t core.Ticket) string {
+	return queuePK(s.deployment, t.Lane*queueShards+queueShardOf(t.ID))
+}
+
+// queuePKs lists the partitions of lanes (nil: of every lane there may be,
+// and with legacy the legacy partition too).
+func (s *Store) queuePKs(lanes []int, legacy bool) []string {
+	if lanes == nil {
+		for l := range core.MaxWaitLanes {
+			lanes = append(lanes, l)
+		}
+	} else {
+		legacy = false
+	}
+	pks := make([]string, 0, len(lanes)*queueShards+1)
+	for _, l := range lanes {
+		for n := range queueShards {
+			pks = append(pks, queuePK(s.deployment, l*queueShards+n))
+		}
 	}
 	if legacy {
 		pks = append(pks, legacyQueuePK(s.deployment))
@@ -139,8 +171,21 @@ type ticketItem struct {
 }
 
 func (t ticketItem) ticket() core.Ticket {
-	return core.Ticket{ID: t.Ticket, Tenant: t.Tenant, Place: t.Place, Round: roundOf(t.SK), Key: t.SK,
+	return core.Ticket{ID: t.Ticket, Tenant: t.Tenant, Place: t.Place, Lane: laneOfPK(t.PK), Round: roundOf(t.SK), Key: t.SK,
 		Arrived: fromMS(t.Arrived), Until: fromMS(t.Until)}
+}
+
+// laneOfPK is the lane of the queue shard pk (0 for the legacy partition).
+func laneOfPK(pk string) int {
+	i := strings.LastIndexByte(pk, '#')
+	if !strings.HasPrefix(pk, "WQ#") || strings.Count(pk, "#") < 2 {
+		return 0
+	}
+	n, err := strconv.Atoi(pk[i+1:])
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n / queueShards
 }
 
 func (t ticketItem) granted() bool { return t.State == ticketGranted }
@@ -165,7 +210,9 @@ type headRead struct {
 	// eventual reads eventually consistent (half the units; may miss the
 	// latest writes, which every write's condition then finds).
 	eventual bool
-	// legacy reads the legacy partition too.
+	// lanes are the lanes read (nil: every lane).
+	lanes []int
+	// legacy reads the legacy partition too (every lane only).
 	legacy bool
 	// after reads only the tickets behind this fair key ("": from the
 	// head).
@@ -195,7 +242,7 @@ func (s *Store) queueHead(ctx context.Context, r headRead) ([]ticketItem, error)
 // eachTicketIn calls fn with the tickets r reads, in service order, until
 // fn returns false.
 func (s *Store) eachTicketIn(ctx context.Context, r headRead, fn func(ticketItem, error) bool) error {
-	pks := s.queuePKs(r.legacy)
+	pks := s.queuePKs(r.lanes, r.legacy)
 	ins := make([]*dynamodb.QueryInput, len(pks))
 	cond := "pk = :pk"
 	if r.after != "" {
@@ -232,11 +279,11 @@ func itemSK(av map[string]types.AttributeValue) string {
 }
 
 // EnterWait reads the tenant's w.Max places (one BatchGetItem) and the
-// queue's head (one Query), then takes a free or lapsed place and queues
-// the ticket in one transaction, trying the next free place when a
-// concurrent waiter took it first. The ticket's round is the round of the
-// first live ticket at the head, or one more than the latest round the
-// tenant's live places hold, whichever is later.
+// head of the ticket's lane (one Query a shard), then takes a free or
+// lapsed place and queues the ticket in one transaction, trying the next
+// free place when a concurrent waiter took it first. The ticket's round is
+// the round of the first live ticket at its lane's head, or one more than
+// the latest round the tenant's live places hold, whichever is later.
 func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, error) {
 	if w.Max <= 0 {
 		return core.Ticket{}, errors.New("enter wait: no places")
@@ -265,7 +312,8 @@ func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, erro
 			latest = max(latest, *p.Round)
 		}
 	}
-	head, err := s.queueHead(ctx, headRead{limit: s.scan})
+	lane := ticketLane(w.Ticket, w.Lanes)
+	head, err := s.queueHead(ctx, headRead{limit: s.scan, lanes: []int{lane}})
 	if err != nil {
 		return core.Ticket{}, err
 	}
@@ -279,7 +327,7 @@ func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, erro
 	if latest >= 0 {
 		round = max(round, latest+1)
 	}
-	t := core.Ticket{ID: w.Ticket, Tenant: w.Tenant, Round: round, Key: fairKey(round, w.Now, w.Ticket),
+	t := core.Ticket{ID: w.Ticket, Tenant: w.Tenant, Lane: lane, Round: round, Key: fairKey(round, w.Now, w.Ticket),
 		Arrived: w.Now.Truncate(time.Millisecond), Until: w.Until.Truncate(time.Millisecond)}
 	// Start at a random place so that concurrent waiters rarely race for
 	// the same one.
@@ -317,7 +365,7 @@ func (s *Store) enqueue(ctx context.Context, w core.Waiter, t core.Ticket) (map[
 	if err != nil {
 		return nil, fmt.Errorf("enter wait: %w", err)
 	}
-	ticket, err := attributevalue.MarshalMap(ticketItem{PK: s.ticketPK(t.ID), SK: t.Key, Tenant: t.Tenant, Ticket: t.ID,
+	ticket, err := attributevalue.MarshalMap(ticketItem{PK: s.ticketPK(t), SK: t.Key, Tenant: t.Tenant, Ticket: t.ID,
 		Place: t.Place, Arrived: ms(w.Now), Until: ms(w.Until), State: ticketWaiting})
 	if err != nil {
 		return nil, fmt.Errorf("enter wait: %w", err)
@@ -339,7 +387,7 @@ func (s *Store) enqueue(ctx context.Context, w core.Waiter, t core.Ticket) (map[
 // grant since passed on; the take, conditional on the grant, then fails
 // with ErrGrantLost.
 func (s *Store) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState, error) {
-	pk := s.ticketPK(t.ID)
+	pk := s.ticketPK(t)
 	item, err := s.getTicket(ctx, pk, t.Key, false)
 	if err == nil && len(item) == 0 {
 		item, err = s.getTicket(ctx, pk, t.Key, true)
@@ -542,9 +590,12 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 	return nil
 }
 
-// Dispatch reads the queue's head (its shards' heads, strongly
-// consistent, merged; with d.Scan the legacy partition too) and
-// serves it in order: lapsed waiting tickets are deleted, lapsed grants
+// Dispatch reads the head of one lane of the queue (its shards' heads,
+// strongly consistent, merged): a free's, the lane of d.Bucket, then,
+// when nobody waits there and its slot is still to give, one other lane
+// picked at random; a waiter's turn, its own lane; with d.Scan, or with
+// neither a bucket nor a ticket, every lane and the legacy partition,
+// merged. It serves what it read in order: lapsed waiting tickets are deleted, lapsed grants
 // passed on to the first live waiting tickets (or their slots freed),
 // then each live waiting ticket in turn is granted a slot of a bucket
 // with room (d.Bucket first; every bucket read, eventually consistent,
@@ -566,7 +617,8 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // a peer (a ticket or grant that moved) reads the head again.
 //
 // The first read of a free's dispatch (d.Bucket set) is eventually
-// consistent: every free reads every shard, at half a read unit each; a
+// consistent: every free reads every shard of its lane, at half a read
+// unit each; a
 // ticket it misses is served by its own dispatch or the head's next turn,
 // and every write is conditional on what it read, so a stale read only
 // loses a race.
@@ -590,18 +642,42 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 	if d.Bucket >= 0 {
 		w.room[d.Bucket] = 1 // a slot was freed there; whether it still is, the take decides
 	}
+	lanes := min(max(d.Lanes, 1), core.MaxWaitLanes)
+	var lane []int // nil: every lane (reconcile, or a dispatch knowing no bucket)
+	switch {
+	case d.Scan:
+	case d.Bucket >= 0:
+		lane = []int{bucketLane(d.Bucket, lanes)}
+	case d.Self != "":
+		lane = []int{d.Lane}
+	}
+	if err := s.serveLanes(ctx, d, lane, &w, &res); err != nil || lane == nil || lanes == 1 || res.Head != "" {
+		return res, err
+	}
+	if _, left := roomIn(w.room); !left {
+		return res, nil
+	}
+	// Nobody waits in the free's own lane: the slot goes to another's.
+	other := (lane[0] + 1 + rand.IntN(lanes-1)) % lanes
+	w.after = ""
+	return res, s.serveLanes(ctx, d, []int{other}, &w, &res)
+}
+
+// serveLanes is Dispatch's reads of lanes (nil: every lane) and its
+// passes over what they read (see dispatch), at most dispatchAttempts.
+func (s *Store) serveLanes(ctx context.Context, d core.Dispatch, lanes []int, w *walk, res *core.DispatchResult) error {
 	for attempt := range dispatchAttempts {
-		r := headRead{limit: s.scan, eventual: attempt == 0 && d.Bucket >= 0, legacy: d.Scan, after: w.after}
+		r := headRead{limit: s.scan, eventual: attempt == 0 && d.Bucket >= 0, lanes: lanes, legacy: d.Scan, after: w.after}
 		q, err := s.queueHead(ctx, r)
 		if err != nil {
-			return res, err
+			return err
 		}
-		again, err := s.dispatch(ctx, d, headView{tickets: q, partial: r.limit > 0 && len(q) >= r.limit}, &w, &res)
+		again, err := s.dispatch(ctx, d, headView{tickets: q, partial: r.limit > 0 && len(q) >= r.limit}, w, res)
 		if err != nil || !again {
-			return res, err
+			return err
 		}
 	}
-	return res, nil
+	return nil
 }
 
 // aheadInShard reads the head of d.Self's shard and returns the first
@@ -610,7 +686,7 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 // ahead, which only a read of the whole head can pass on in order). The
 // lapsed waiting tickets ahead are removed.
 func (s *Store) aheadInShard(ctx context.Context, d core.Dispatch, res *core.DispatchResult) (string, error) {
-	pk := s.ticketPK(d.Self)
+	pk := s.ticketPK(core.Ticket{ID: d.Self, Lane: d.Lane})
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	cond := "pk = :pk"
@@ -846,7 +922,7 @@ func roomIn(room map[int]int) (int, bool) {
 // see firstWaiting; the next ticket holds it for grantFor); a ticket
 // already gone only gives back the place.
 func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, grantFor time.Duration) error {
-	pk := s.ticketPK(t.ID)
+	pk := s.ticketPK(t)
 	for attempt := 0; ; attempt++ {
 		del, err := s.ticketDelete(pk, t.Key, ticketWaiting, 0, 0)
 		if err != nil {
@@ -869,7 +945,7 @@ func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, gra
 		if !it.granted() || attempt >= dispatchAttempts {
 			return fmt.Errorf("leave wait: ticket %s: %w", t.ID, core.ErrConflict)
 		}
-		next, err := s.firstWaiting(ctx, now)
+		next, err := s.firstWaiting(ctx, now, t.Lane)
 		if err != nil {
 			return err
 		}
@@ -885,11 +961,11 @@ func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, gra
 	}
 }
 
-// firstWaiting returns the queue's first live waiting ticket (nil when
+// firstWaiting returns the first live waiting ticket of lane (nil when
 // there is none), reading behind the granted tickets when they fill a
 // read, at most dispatchAttempts reads.
-func (s *Store) firstWaiting(ctx context.Context, now time.Time) (*ticketItem, error) {
-	r := headRead{limit: s.scan}
+func (s *Store) firstWaiting(ctx context.Context, now time.Time, lane int) (*ticketItem, error) {
+	r := headRead{limit: s.scan, lanes: []int{lane}}
 	for range dispatchAttempts {
 		q, err := s.queueHead(ctx, r)
 		if err != nil {
@@ -910,7 +986,7 @@ func (s *Store) firstWaiting(ctx context.Context, now time.Time) (*ticketItem, e
 
 // dropOwnTicket deletes t's ticket if it is still waiting.
 func (s *Store) dropOwnTicket(ctx context.Context, t core.Ticket) error {
-	del, err := s.ticketDelete(s.ticketPK(t.ID), t.Key, ticketWaiting, 0, 0)
+	del, err := s.ticketDelete(s.ticketPK(t), t.Key, ticketWaiting, 0, 0)
 	if err != nil {
 		return fmt.Errorf("leave wait: %w", err)
 	}
@@ -948,7 +1024,7 @@ func (s *Store) slotTake(b, limit int, state core.State, tenant string, g *core.
 	if err != nil {
 		return nil, err
 	}
-	del, err := s.ticketDelete(s.ticketPK(g.Ticket.ID), g.Ticket.Key, ticketGranted, g.Bucket, 0)
+	del, err := s.ticketDelete(s.ticketPK(g.Ticket), g.Ticket.Key, ticketGranted, g.Bucket, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -958,7 +1034,7 @@ func (s *Store) slotTake(b, limit int, state core.State, tenant string, g *core.
 // grantFailed reports whether a take with grant g failed because g's
 // ticket no longer holds it (or its place was taken again).
 func (s *Store) grantFailed(failed map[string]types.CancellationReason, g *core.Grant) bool {
-	return g != nil && (has(failed, ticketID(s.ticketPK(g.Ticket.ID), g.Ticket.Key)) || has(failed, waiterPK(s.deployment, g.Ticket.Tenant, g.Ticket.Place)))
+	return g != nil && (has(failed, ticketID(s.ticketPK(g.Ticket), g.Ticket.Key)) || has(failed, waiterPK(s.deployment, g.Ticket.Tenant, g.Ticket.Place)))
 }
 
 // takeSlotOrGrant is takeSlot, or with a grant one take in the grant's

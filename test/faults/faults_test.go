@@ -73,6 +73,7 @@ type stack struct {
 	s3         *faults.Transport
 	clean      *e2b.Client
 	store      *ddbstore.Store // clean
+	faulty     *ddbstore.Store // the engine's: through the fault layers
 	s3c        *s3.Client      // clean
 	bucket     string
 	pool       bool             // the engine keeps a pool of one member
@@ -101,6 +102,7 @@ type stackConfig struct {
 	acquireTimeout time.Duration
 	waiterPlaces   int
 	maxPaused      int // SANDBOX_MAX_PAUSED (0: the default)
+	waitLanes      int // SANDBOX_WAIT_LANES (0: the default, one lane)
 }
 
 // newStack builds a case's stack over the shared sandbox host, DynamoDB
@@ -151,6 +153,7 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	}
 	s.MaxPerUser = cfg.maxPerUser
 	s.MaxPaused = cfg.maxPaused
+	s.WaitLanes = cfg.waitLanes
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = 0
 	opts := []core.Option{core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs),
@@ -169,7 +172,8 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour, Parked: core.PoolParkedPaused}))
 	}
 	st.pool = cfg.pool != noPool
-	st.eng, err = core.New(s, ddbstore.New(faultyDB, table, st.deployment), prov, syncer, opts...)
+	st.faulty = ddbstore.New(faultyDB, table, st.deployment)
+	st.eng, err = core.New(s, st.faulty, prov, syncer, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -770,6 +774,77 @@ var slowWaiterSteps = []step{
 		`"WQ#`), slowWaiterStep},
 }
 
+// spillLanes is the lane count of the spill steps' stacks, and
+// spillLane maps a spill case's deployment to its waiter's lane.
+const spillLanes = 2
+
+var spillLane sync.Map
+
+// spillSteps are the steps of a free whose own lane of the wait queue is
+// empty (a stack whose queue has two lanes): its dispatch's read of the
+// waiter's lane (eventually consistent, unlike the waiter's own reads),
+// and the grant it makes there.
+var spillSteps = []step{
+	{"wait-lanes/spill-read", ddbLayer, spillRead, spillStep},
+	{"wait-lanes/spill-grant", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `grant_until`), spillStep},
+}
+
+// spillRead matches an eventually consistent Query of a shard of the lane
+// its case's waiter queued in.
+func spillRead(r faults.Request) bool {
+	if !faults.BodyLacks(faults.DynamoDB("Query"), `"ConsistentRead":true`)(r) {
+		return false
+	}
+	hit := false
+	spillLane.Range(func(dep, lane any) bool {
+		for n := range ddbstore.QueueShards {
+			if bytes.Contains(r.Body, fmt.Appendf(nil, `"WQ#%s#%d"`, dep, lane.(int)*ddbstore.QueueShards+n)) {
+				hit = true
+			}
+		}
+		return !hit
+	})
+	return hit
+}
+
+// spillStep fills the deployment and queues the thread's acquire, then
+// frees a holder's slot in a bucket of the other lane (clean store, no
+// dispatch) and runs that free's dispatch under the fault: nobody waits in
+// its own lane, so it reads the waiter's and grants the slot there; a
+// dispatch the fault cut short leaves the slot to the waiter's own turn.
+// Until that dispatch returns, the waiter's reads of the capacity buckets
+// are held, so that its turn does not grant the slot first.
+func spillStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	holders := fill(st, thread)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		st.acquire(thread)
+	}()
+	var n core.WaitNote
+	select {
+	case n = <-st.enqueued:
+	case <-done:
+		st.t.Fatalf("setup: the acquire returned before it queued")
+	}
+	spillLane.Store(st.deployment, n.Lane)
+	i := slices.IndexFunc(holders, func(h core.Record) bool { return h.Slot.Bucket%spillLanes != n.Lane })
+	if i < 0 {
+		st.t.Fatalf("setup: no holder in a bucket outside lane %d", n.Lane)
+	}
+	st.held.Arm(faults.Hold, faults.DynamoDB("BatchGetItem"))
+	arm()
+	st.end(holders[i])
+	ctx, cancel := invocation()
+	_, _ = st.faulty.Dispatch(ctx, core.Dispatch{Now: st.clock.now(), Limit: limit, Bucket: holders[i].Slot.Bucket,
+		Lanes: spillLanes, GrantFor: grantTerm})
+	cancel()
+	st.held.Disarm()
+	<-done
+	disarm()
+	return nil, core.ReleaseResult{}, false
+}
+
 // quotaSteps are the steps of an acquire refused for its user's quota
 // (a stack whose users hold one slot each) that evicts the user's own
 // warm sandbox: the query of the owner index and the eviction's claim.
@@ -904,7 +979,10 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	for _, sp := range pausedFallbackSteps {
 		configs[sp.name] = stackConfig{maxPaused: 2}
 	}
-	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps) {
+	for _, sp := range spillSteps {
+		configs[sp.name] = stackConfig{waitLanes: spillLanes}
+	}
+	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps, spillSteps) {
 		cfg := configs[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++

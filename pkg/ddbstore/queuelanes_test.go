@@ -1,0 +1,111 @@
+package ddbstore_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+)
+
+// idInLane returns the first ticket id with prefix that joins lane of a
+// queue of lanes lanes.
+func idInLane(prefix string, lane, lanes int) string {
+	for i := 0; ; i++ {
+		if id := fmt.Sprintf("%s%03d", prefix, i); ddbstore.TicketLane(id, lanes) == lane {
+			return id
+		}
+	}
+}
+
+// TestLanesServeTheirOwnOrder: in a queue of two lanes, on a limit of two
+// slots (bucket 0's frees serve lane 0, bucket 1's lane 1), each ticket is
+// stored in its lane's shards; a free grants its own lane's first waiting
+// ticket, even when another lane's waited longer, and another lane's
+// first when nobody waits in its own; a waiter's turn serves its own lane
+// only; a reconcile's dispatch serves every lane, in (round, arrival)
+// order; a granted ticket that leaves passes its slot on in its lane.
+func TestLanesServeTheirOwnOrder(t *testing.T) {
+	const lanes = 2
+	f := newQueueFixture(t, 2)
+	recs := f.fill(2)
+	byBucket := map[int]core.Record{}
+	for _, r := range recs {
+		byBucket[r.Slot.Bucket] = r
+	}
+	if len(byBucket) != 2 {
+		t.Fatalf("the two records hold buckets %v, want 0 and 1", byBucket)
+	}
+	enter := func(id string, at time.Time) core.Ticket {
+		t.Helper()
+		tk, err := f.s.EnterWait(context.Background(), core.Waiter{Tenant: "tenant-" + id, Ticket: id, Max: 10, Lanes: lanes,
+			Now: at, Until: at.Add(time.Minute)})
+		if err != nil {
+			t.Fatalf("EnterWait %s: %v", id, err)
+		}
+		if want := ddbstore.TicketLane(id, lanes); tk.Lane != want {
+			t.Fatalf("EnterWait %s: lane %d, want %d", id, tk.Lane, want)
+		}
+		return tk
+	}
+	free := func(b int, now time.Time) []string {
+		t.Helper()
+		return ids(f.dispatch(core.Dispatch{Now: now, Bucket: b, Lanes: lanes}).Granted)
+	}
+	a1 := enter(idInLane("a", 1, lanes), t0)
+	b0 := enter(idInLane("b", 0, lanes), t0.Add(time.Millisecond))
+	c1 := enter(idInLane("c", 1, lanes), t0.Add(2*time.Millisecond))
+	e1 := enter(idInLane("e", 1, lanes), t0.Add(4*time.Millisecond))
+	now := t0.Add(time.Second)
+
+	for pk, n := range f.queuePartitions() {
+		shard, _ := strconv.Atoi(pk[strings.LastIndexByte(pk, '#')+1:])
+		if lane := shard / ddbstore.QueueShards; lane != 0 && lane != 1 {
+			t.Errorf("%d tickets in %s, a shard of lane %d: want lanes 0 and 1 only", n, pk, lane)
+		}
+	}
+	steps := []struct {
+		name string
+		do   func() []string
+		want []string
+	}{
+		{"bucket 0's free", func() []string { f.free(byBucket[0]); return free(0, now) }, []string{b0.ID}},
+		{"bucket 1's free", func() []string { f.free(byBucket[1]); return free(1, now) }, []string{a1.ID}},
+		{"bucket 0's free, lane 0 empty", func() []string { return free(f.takeAndFree(b0, now), now) }, []string{c1.ID}},
+	}
+	for _, st := range steps {
+		if got := st.do(); !slices.Equal(got, st.want) {
+			t.Fatalf("%s granted %v, want %v", st.name, got, st.want)
+		}
+	}
+	// Lane 0 gets a ticket ahead of e1 in (round, arrival) order; a1's
+	// slot is freed without a dispatch. e1's turn serves lane 1: itself.
+	d0 := enter(idInLane("d", 0, lanes), t0.Add(3*time.Millisecond))
+	if d0.Key >= e1.Key {
+		t.Fatalf("d0's key %s is not ahead of e1's %s", d0.Key, e1.Key)
+	}
+	f.takeAndFree(a1, now)
+	res := f.dispatch(core.Dispatch{Now: now, Bucket: -1, Self: e1.ID, Lane: e1.Lane, Lanes: lanes})
+	if got := ids(res.Granted); !slices.Equal(got, []string{e1.ID}) || !res.Read {
+		t.Fatalf("e1's turn granted %v (buckets read %v), want [%s], read", got, res.Read, e1.ID)
+	}
+	if ts := f.poll(d0); ts.Granted || ts.Gone {
+		t.Fatalf("d0 = %+v, want still waiting", ts)
+	}
+	// e1 leaves with its grant: nobody else waits in lane 1, so the slot
+	// is freed, and reconcile's dispatch gives it to d0.
+	if err := f.s.LeaveWait(context.Background(), e1, now, 5*time.Second); err != nil {
+		t.Fatalf("LeaveWait e1: %v", err)
+	}
+	if ts := f.poll(d0); ts.Granted {
+		t.Fatalf("e1's grant passed on to d0 in another lane")
+	}
+	if got := ids(f.dispatch(core.Dispatch{Now: now, Bucket: -1, Scan: true, Lanes: lanes}).Granted); !slices.Equal(got, []string{d0.ID}) {
+		t.Fatalf("reconcile's dispatch granted %v, want [%s]", got, d0.ID)
+	}
+}
