@@ -672,6 +672,15 @@ const (
 	ownTenantCandidates = 50
 )
 
+// releasePauseGrace is how long after it was parked a warm sandbox is
+// left to the pause its release makes under pause at release (PauseAfter
+// 0): that pause frees its running slot for the wait queue within the
+// release, so evicting it would only destroy what the pause keeps, and
+// lose the race to the pause's claim most of the time. One parked longer
+// ago is a sandbox whose pause failed or was never made: it is evicted
+// as any other.
+const releasePauseGrace = 10 * time.Second
+
 // evictOne frees one slot for key's thread: first by retrying a tombstone
 // whose lease lapsed, else a pool member, else by destroying the least
 // recently parked warm sandbox of another thread among a random quarter
@@ -687,7 +696,9 @@ const (
 // fails leaves a tombstone holding the slot and stops the eviction.
 //
 // counts (the refusal's) spares the index queries of a kind the counters
-// say there is none of (each query reads every index shard).
+// say there is none of (each query reads every index shard). Under pause
+// at release, a sandbox parked less than releasePauseGrace ago is not a
+// candidate.
 func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow, counts CapacityStatus) (slot Slot, freed, atShare bool) {
 	now := e.now()
 	if counts.Tombstones > 0 {
@@ -710,7 +721,11 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 		return Slot{}, false, false
 	}
 	ownTenant := below == nil
-	may := func(rec Record) bool { return rec.ThreadKey != key && (!ownTenant || rec.Tenant == key.Tenant) }
+	pausing := e.s.PauseAfter == 0 && e.pauseParking()
+	may := func(rec Record) bool {
+		return rec.ThreadKey != key && (!ownTenant || rec.Tenant == key.Tenant) &&
+			!(pausing && now.Sub(rec.ParkedAt) < releasePauseGrace)
+	}
 	// The least recently parked of a random quarter of the pool (all of
 	// it when small), see Store.Sample.
 	warm, err := e.store.Sample(ctx, StateWarm, evictCandidates)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"regexp"
 	"slices"
@@ -377,6 +378,7 @@ type hotRig struct {
 	acquires, refused atomic.Int64
 	mu                sync.Mutex
 	sources           map[core.Source]int
+	byTenant          map[string]int // acquires by tenant
 	refusals          map[string]int
 	releases          map[string]int // by the state a release left
 }
@@ -389,7 +391,7 @@ func newHotRig(b *testing.B) *hotRig {
 	return &hotRig{load: load, store: ddbstore.New(client, table, "hot"),
 		prov:    coretest.NewFakeProvider(), // one provider: sandbox ids are unique
 		waits:   waitTally{queued: make(chan struct{})},
-		sources: map[core.Source]int{}, refusals: map[string]int{}, releases: map[string]int{}}
+		sources: map[core.Source]int{}, byTenant: map[string]int{}, refusals: map[string]int{}, releases: map[string]int{}}
 }
 
 // waitTally counts the wait queue's tickets (a wait observer).
@@ -458,6 +460,7 @@ func (r *hotRig) acquire(ctx context.Context, eng *core.Engine, k core.ThreadKey
 	}
 	r.acquires.Add(1)
 	r.sources[res.Source]++
+	r.byTenant[k.Tenant]++
 	return res, true
 }
 
@@ -626,6 +629,10 @@ func (r *hotRig) report(b *testing.B) {
 	perOp := func(n int64) float64 { return float64(n) / float64(b.N) }
 	b.ReportMetric(wTop/wTotal, "hottest-write-share")
 	b.ReportMetric(min(partitionWriteUnits*a/wTop, partitionReadUnits*a/max(rTop, 1)), "predicted-acquires/s")
+	_, wShared, _ := hottest(sharedKeys(l.write))
+	_, rShared, _ := hottest(sharedKeys(l.read))
+	b.ReportMetric(min(partitionWriteUnits*a/max(wShared, 1), partitionReadUnits*a/max(rShared, 1)), "shared-keys-acquires/s")
+	b.ReportMetric(r.tenantCeiling(), "tenant-acquires/s")
 	b.ReportMetric(perOp(r.refused.Load()), "refused/op")
 	b.ReportMetric(perOp(r.waits.enqueued.Load()), "waited/op")
 	b.ReportMetric(perOp(r.waits.served.Load()), "served-waiters/op")
@@ -639,6 +646,50 @@ func (r *hotRig) report(b *testing.B) {
 	b.Logf("acquires %d (sources %v), refused %d (%v), releases %v, %d sandboxes killed; per acquire %.1f write units (%.1f in cancelled transactions: %v) and %.1f DynamoDB calls",
 		r.acquires.Load(), r.sources, r.refused.Load(), r.refusals, r.releases, len(r.prov.Killed()), wTotal/a, unitsUnder(l.cancelled, "")/a, l.cancels, float64(l.calls)/a)
 	r.logQueue(b, a)
+}
+
+// ownKinds are the kinds of key of one tenant (its slot count, its waiter
+// places), one user (its slot count), or one thread or sandbox (its
+// binding, record, reservation, owner index entries): each bounds the
+// acquires of its own tenant, user or thread, however many others the
+// deployment serves.
+var ownKinds = []string{"pk=TEN#", "pk=USR#", "pk=WTR#", "pk=THR#", "pk=SBX#", "pk=RES#", "gsi2pk=OW#"}
+
+// sharedKeys is m without the keys of ownKinds: the keys every tenant's
+// acquires share (capacity and paused buckets, the wait queue, the state
+// index), which bound the deployment.
+func sharedKeys(m map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, u := range m {
+		if !slices.ContainsFunc(ownKinds, func(kind string) bool { return strings.HasPrefix(k, kind) }) {
+			out[k] = u
+		}
+	}
+	return out
+}
+
+// tenantCeiling is the acquires a second of the busiest tenant's own
+// (its acquires against its slot count's units) when its slot count
+// throttles: what one tenant sustains, whatever the others do. The
+// caller holds r.load.mu.
+func (r *hotRig) tenantCeiling() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ceiling := math.Inf(1)
+	for tenant, n := range r.byTenant {
+		key := "pk=TEN#hot#" + tenant
+		w, rd := r.load.write[key], r.load.read[key]
+		if w > 0 {
+			ceiling = min(ceiling, partitionWriteUnits*float64(n)/w)
+		}
+		if rd > 0 {
+			ceiling = min(ceiling, partitionReadUnits*float64(n)/rd)
+		}
+	}
+	if math.IsInf(ceiling, 1) {
+		return 0
+	}
+	return ceiling
 }
 
 // topKeys formats the n keys of m with the most units: their units per

@@ -673,3 +673,44 @@ func TestDestroyedFromPausedCountsThePauseAsPaused(t *testing.T) {
 		})
 	}
 }
+
+// TestEvictionLeavesAJustParkedSandboxToItsPause: under pause at release,
+// a warm sandbox parked less than 10 s ago is its release's to pause, so a
+// full deployment's acquire does not evict it; parked longer ago (its
+// pause refused), or when sandboxes pause only after an idle time, it is
+// evicted as usual.
+func TestEvictionLeavesAJustParkedSandboxToItsPause(t *testing.T) {
+	tests := []struct {
+		name       string
+		pauseAfter time.Duration
+		later      time.Duration // between the park and the other thread's acquire
+		evicted    bool
+	}{
+		{"pause at release, just parked", 0, time.Second, false},
+		{"pause at release, parked long ago", 0, 11 * time.Second, true},
+		{"pause when idle, just parked", 300 * time.Second, time.Second, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newPauseHarness(t, func(s *core.Settings) {
+				s.Replicas, s.Policy, s.PauseAfter = 1, core.PolicyReject, tc.pauseAfter
+			})
+			h.prov.Set(func(p *coretest.FakeProvider) {
+				p.PauseErr = &core.ProviderError{Op: "pause", StatusCode: 409, Message: "cannot pause"}
+			})
+			rec := h.park(t, "t1") // its pause refused: it stays warm
+			h.clock.advance(tc.later)
+			_, err := h.eng.Acquire(context.Background(), key("t2"))
+			var ce *core.CapacityError
+			switch {
+			case tc.evicted && err != nil:
+				t.Fatalf("Acquire(t2) = %v, want t1's warm sandbox evicted for it", err)
+			case !tc.evicted && !errors.As(err, &ce):
+				t.Fatalf("Acquire(t2) = %v, want a capacity refusal (t1's sandbox left to its pause)", err)
+			}
+			if got := h.state(t, rec.SandboxID).State == core.StateWarm; got == tc.evicted {
+				t.Errorf("t1's sandbox still warm = %v, want %v", got, !tc.evicted)
+			}
+		})
+	}
+}

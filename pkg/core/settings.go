@@ -140,15 +140,18 @@ const (
 
 // WaitLaneCount is the number of lanes of the wait queue: WaitLanes, or
 // when that is 0 one lane per 256 slots of the limit (at most
-// MaxWaitLanes). Each lane is served in (round, arrival) order by the
-// frees of its own capacity buckets, so that a queue's reads and writes
-// spread over its lanes' partitions; a deployment whose limit is under
-// 257 slots has one lane, and one order.
+// MaxWaitLanes), and never more lanes than slots, so that every lane has
+// a capacity bucket of its own whose frees serve it. Each lane is served
+// in (round, arrival) order by the frees of its own buckets, so that a
+// queue's reads and writes spread over its lanes' partitions; a
+// deployment whose limit is under 257 slots has one lane by default, and
+// one order.
 func (s Settings) WaitLaneCount() int {
+	lanes := 1 + (max(s.Limit(), 1)-1)/slotsPerLane
 	if s.WaitLanes > 0 {
-		return min(s.WaitLanes, MaxWaitLanes)
+		lanes = s.WaitLanes
 	}
-	return min(MaxWaitLanes, 1+(max(s.Limit(), 1)-1)/slotsPerLane)
+	return max(1, min(lanes, MaxWaitLanes, s.Limit()))
 }
 
 // Validate returns every problem, each naming its field.

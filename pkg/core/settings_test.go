@@ -7,9 +7,10 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// TestWaitLaneCount: a lane count set is kept; unset, it is one lane per
-// 256 slots of the limit (burst slots included), at most MaxWaitLanes;
-// one out of range is refused, naming the field.
+// TestWaitLaneCount: a lane count set is kept, but never above the limit
+// (a lane needs a bucket of its own); unset, it is one lane per 256 slots
+// of the limit (burst slots included), at most MaxWaitLanes; one out of
+// range is refused, naming the field.
 func TestWaitLaneCount(t *testing.T) {
 	tests := []struct {
 		name                   string
@@ -22,6 +23,7 @@ func TestWaitLaneCount(t *testing.T) {
 		{"burst slots count", 200, 100, 0, 2},
 		{"huge deployment", 100000, 0, 0, core.MaxWaitLanes},
 		{"set", 3, 0, 3, 3},
+		{"set above the limit", 3, 0, 8, 3},
 	}
 	for _, tt := range tests {
 		s := core.DefaultSettings()

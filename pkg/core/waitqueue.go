@@ -10,8 +10,9 @@ import (
 // Fair waiting. Under PolicyWait an acquire refused for capacity queues a
 // ticket (Store.EnterWait) and then reads only its own ticket until a
 // dispatch grants it a slot, held in trust for it; its next attempt takes
-// that slot over (Reservation.Grant, ResumeClaim.Grant). Tickets are served
-// in (round, arrival) order (see Ticket). Dispatches run after every write
+// that slot over (Reservation.Grant, ResumeClaim.Grant). Each lane of the
+// queue (Settings.WaitLaneCount) is served in (round, arrival) order (see
+// Ticket), by the frees of its own buckets first. Dispatches run after every write
 // that frees a running slot (dispatchFreed), once by each waiter right
 // after it queued (a free that read the queue just before the ticket was
 // written would otherwise leave the slot unused), every waitTurnEvery

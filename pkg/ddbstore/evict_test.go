@@ -2,7 +2,9 @@ package ddbstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -17,21 +19,32 @@ import (
 )
 
 // opCounter counts a client's DynamoDB calls by operation (an
-// Initialize-step middleware).
+// Initialize-step middleware), and runs the hook set for an operation
+// once, after its first call from then on returns.
 type opCounter struct {
-	mu  sync.Mutex
-	ops map[string]int
+	mu    sync.Mutex
+	ops   map[string]int
+	after map[string]func()
 }
 
 func (c *opCounter) middleware(stack *middleware.Stack) error {
 	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("countOps",
 		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-			if op := awsmiddleware.GetOperationName(ctx); op != "" {
+			op := awsmiddleware.GetOperationName(ctx)
+			if op != "" {
 				c.mu.Lock()
 				c.ops[op]++
 				c.mu.Unlock()
 			}
-			return next.HandleInitialize(ctx, in)
+			out, md, err := next.HandleInitialize(ctx, in)
+			c.mu.Lock()
+			hook := c.after[op]
+			delete(c.after, op)
+			c.mu.Unlock()
+			if hook != nil {
+				hook()
+			}
+			return out, md, err
 		}), middleware.After)
 }
 
@@ -48,7 +61,7 @@ func (c *opCounter) counts() map[string]int {
 func countedStore(t *testing.T) (*ddbstore.Store, *opCounter) {
 	t.Helper()
 	base, table := newTable(t)
-	c := &opCounter{ops: map[string]int{}}
+	c := &opCounter{ops: map[string]int{}, after: map[string]func(){}}
 	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, c.middleware) })
 	return ddbstore.New(client, table, "test"), c
 }
@@ -170,5 +183,63 @@ func TestReserveTakesTheFreedSlotsBucketFirst(t *testing.T) {
 	}
 	if got := calls.counts(); len(got) != 1 || got["TransactWriteItems"] != 1 {
 		t.Errorf("Reserve made %v, want one TransactWriteItems (the freed slot's bucket)", got)
+	}
+}
+
+// TestReserveReadsTheBucketsOnce: a reservation whose home bucket is full
+// reads every bucket once and tries the one the read shows with room;
+// when a peer took that slot in between, it is refused for capacity
+// without reading the buckets again.
+func TestReserveReadsTheBucketsOnce(t *testing.T) {
+	const limit = 8 // eight buckets of one slot
+	base, table := newTable(t)
+	calls := &opCounter{ops: map[string]int{}, after: map[string]func(){}}
+	s := ddbstore.New(dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, calls.middleware) }),
+		table, "test")
+	peer := ddbstore.New(base, table, "test")
+	ctx := context.Background()
+	reserve := func(st *ddbstore.Store, token string, k core.ThreadKey) error {
+		return st.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute)})
+	}
+	open := map[int]bool{}
+	for b := range limit {
+		open[b] = true
+	}
+	for i := 0; len(open) > 1; i++ {
+		token := fmt.Sprintf("res-%d", i)
+		if b := ddbstore.HomeBucket(token, limit); open[b] {
+			if err := reserve(peer, token, thread(i)); err != nil {
+				t.Fatalf("fill: Reserve %s: %v", token, err)
+			}
+			delete(open, b)
+		}
+	}
+	var last int
+	for b := range open {
+		last = b
+	}
+	token, peerToken := "", ""
+	for i := 0; token == "" || peerToken == ""; i++ {
+		c := fmt.Sprintf("res-new-%d", i)
+		switch home := ddbstore.HomeBucket(c, limit); {
+		case home != last && token == "":
+			token = c
+		case home == last && peerToken == "":
+			peerToken = c
+		}
+	}
+	calls.counts()
+	calls.after["BatchGetItem"] = func() {
+		if err := reserve(peer, peerToken, thread(200)); err != nil {
+			t.Errorf("the peer's Reserve in bucket %d: %v", last, err)
+		}
+	}
+	err := reserve(s, token, thread(100))
+	var ce *core.CapacityError
+	if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
+		t.Fatalf("Reserve = %v, want a capacity refusal (the one open bucket taken by the peer)", err)
+	}
+	if got, want := calls.counts(), map[string]int{"TransactWriteItems": 2, "BatchGetItem": 1}; !maps.Equal(got, want) {
+		t.Errorf("Reserve made %v, want %v: its home bucket, one read of the buckets, the bucket it showed open", got, want)
 	}
 }

@@ -52,14 +52,19 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 
 // takeSlot runs take (a transaction taking a slot in bucket b, which
 // answers errBucketFull or errLimitsUnset when b refuses it) in the home
-// bucket, or when that one is full in another with room (all of them read
-// with one BatchGetItem), and returns the bucket that gave the slot. It
-// refuses for capacity only when every bucket is full, with the buckets'
-// sums as the refusal's details. Buckets whose limits are not set for
-// limit get them first (setLimits).
+// bucket, or when that one is full in another with room, and returns the
+// bucket that gave the slot. Every bucket is read once (one BatchGetItem),
+// when the home bucket refuses: the other buckets tried are picked from
+// that read, each take deciding whether its room is still there, so that
+// a deployment whose buckets are all busy pays one read of them per
+// acquire rather than one per bucket tried. It refuses for capacity only
+// when every bucket read is full or was tried, with the buckets' sums as
+// the refusal's details. Buckets whose limits are not set for limit get
+// them first (setLimits), and are read again.
 func (s *Store) takeSlot(ctx context.Context, limit, home int, take func(b int) error) (int, error) {
 	b := home
 	var tried []int
+	var buckets []bucketItem // the read of every bucket, once a take failed
 	for limits := 0; ; {
 		err := take(b)
 		if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
@@ -68,12 +73,15 @@ func (s *Store) takeSlot(ctx context.Context, limit, home int, take func(b int) 
 		if errors.Is(err, errBucketFull) {
 			tried = append(tried, b)
 		}
-		buckets, _, rerr := s.readBuckets(ctx, "", false)
-		if rerr == nil && needsLimits(buckets, limit) {
-			buckets, _, rerr = s.readBuckets(ctx, "", true) // setLimits conditions on what it reads
-		}
-		if rerr != nil {
-			return b, fmt.Errorf("reading the capacity buckets: %w", rerr)
+		if buckets == nil || errors.Is(err, errLimitsUnset) {
+			var rerr error
+			buckets, _, rerr = s.readBuckets(ctx, "", false)
+			if rerr == nil && needsLimits(buckets, limit) {
+				buckets, _, rerr = s.readBuckets(ctx, "", true) // setLimits conditions on what it reads
+			}
+			if rerr != nil {
+				return b, fmt.Errorf("reading the capacity buckets: %w", rerr)
+			}
 		}
 		st, tenants := bucketStatus(buckets)
 		st.Limit = limit
@@ -85,7 +93,7 @@ func (s *Store) takeSlot(ctx context.Context, limit, home int, take func(b int) 
 			if lerr := s.setLimits(ctx, buckets, limit); lerr != nil && !errors.Is(lerr, core.ErrConflict) {
 				return b, lerr
 			}
-			tried = nil
+			tried, buckets = nil, nil
 			continue // read again: set by us or by a peer
 		}
 		var open []int
