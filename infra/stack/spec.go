@@ -180,7 +180,7 @@ var Parameters = []Parameter{
 	{Name: "SandboxMaxWaitersPerTenant", Env: config.EnvMaxWaitersPerTenant, Default: "", AllowedPattern: `^([0-9]+)?$`,
 		Description: "Acquires of one tenant that may wait for a slot at once (wait policy); 0 = no bound (empty = the default, 10)."},
 	{Name: "SandboxWaitLanes", Env: config.EnvWaitLanes, Default: "", AllowedPattern: `^([0-8])?$`,
-		Description: "Lanes of the wait queue, each served in order by its own capacity buckets (wait policy); empty or 0 = one per 256 slots, at most 8."},
+		Description: "Lanes of the wait queue, each served in order by its own capacity buckets (wait policy); empty or 0 = one lane; at most 8."},
 	{Name: "SandboxPauseAfterSeconds", Env: config.EnvPauseAfterSeconds, Default: "300", AllowedPattern: `^(-1|[0-9]+)$`,
 		Description: "Idle seconds before a warm sandbox is paused (providers that can pause); 0 = at release, -1 = never."},
 	{Name: "SandboxMaxPaused", Env: config.EnvMaxPaused, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,

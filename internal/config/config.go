@@ -33,8 +33,8 @@ const (
 	EnvMaxPerUser            = "SANDBOX_MAX_PER_USER"
 	EnvMaxPerTenant          = "SANDBOX_MAX_PER_TENANT"
 	EnvMaxWaitersPerTenant   = "SANDBOX_MAX_WAITERS_PER_TENANT"
-	// EnvWaitLanes is the wait queue's lane count (unset or 0: one per 256
-	// slots of the limit, at most core.MaxWaitLanes).
+	// EnvWaitLanes is the wait queue's lane count (unset or 0: one; at
+	// most core.MaxWaitLanes).
 	EnvWaitLanes = "SANDBOX_WAIT_LANES"
 	// Pause-parking (providers that can pause): idle seconds before a warm
 	// sandbox is paused (0: at release, -1: never), the paused slots

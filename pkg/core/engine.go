@@ -674,12 +674,14 @@ const (
 
 // releasePauseGrace is how long after it was parked a warm sandbox is
 // left to the pause its release makes under pause at release (PauseAfter
-// 0): that pause frees its running slot for the wait queue within the
-// release, so evicting it would only destroy what the pause keeps, and
-// lose the race to the pause's claim most of the time. One parked longer
-// ago is a sandbox whose pause failed or was never made: it is evicted
-// as any other.
-const releasePauseGrace = 10 * time.Second
+// 0): the release claims the pause one write after the park, and the
+// pause frees the running slot for the wait queue, so evicting it would
+// only destroy what the pause keeps, and lose the race to the pause's
+// claim most of the time (an eviction reads its candidates from the
+// state index, which lags). One parked longer ago is a sandbox whose
+// pause failed or was never made: it is evicted as any other, so a
+// pause that keeps failing delays evictions by this much at most.
+const releasePauseGrace = 2 * time.Second
 
 // evictOne frees one slot for key's thread: first by retrying a tombstone
 // whose lease lapsed, else a pool member, else by destroying the least

@@ -342,7 +342,7 @@ func byKind(m map[string]float64, a float64) string {
 //   - waiting-wide: the same with 96 callers of 24 tenants on 64 slots,
 //     one in each capacity bucket: the waiting load of a deployment whose
 //     buckets all take part, bounded by the queue rather than by its
-//     limit, in one lane (as its limit gives it);
+//     limit, in one lane (the default);
 //   - waiting-lanes: waiting-wide with the queue in 8 lanes
 //     (SANDBOX_WAIT_LANES), each served by 8 of the buckets.
 func BenchmarkHotKeys(b *testing.B) {
@@ -558,7 +558,7 @@ func mixedThread(rng *rand.Rand, saturated bool) core.ThreadKey {
 
 // waitingShape is the size of a waiting load: its limit, callers and
 // their tenants (each caller's threads are its own), and its queue's
-// lanes (0: as the limit gives).
+// lanes (0: one).
 type waitingShape struct{ slots, callers, tenants, lanes int }
 
 // waitingLoad is the waiting load: see BenchmarkHotKeys.

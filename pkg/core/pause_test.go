@@ -675,7 +675,7 @@ func TestDestroyedFromPausedCountsThePauseAsPaused(t *testing.T) {
 }
 
 // TestEvictionLeavesAJustParkedSandboxToItsPause: under pause at release,
-// a warm sandbox parked less than 10 s ago is its release's to pause, so a
+// a warm sandbox parked less than 2 s ago is its release's to pause, so a
 // full deployment's acquire does not evict it; parked longer ago (its
 // pause refused), or when sandboxes pause only after an idle time, it is
 // evicted as usual.
@@ -687,7 +687,7 @@ func TestEvictionLeavesAJustParkedSandboxToItsPause(t *testing.T) {
 		evicted    bool
 	}{
 		{"pause at release, just parked", 0, time.Second, false},
-		{"pause at release, parked long ago", 0, 11 * time.Second, true},
+		{"pause at release, parked long ago", 0, 3 * time.Second, true},
 		{"pause when idle, just parked", 300 * time.Second, time.Second, true},
 	}
 	for _, tc := range tests {

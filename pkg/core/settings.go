@@ -38,7 +38,7 @@ type Settings struct {
 	// (100).
 	MaxWaitersPerTenant int
 	// WaitLanes is how many lanes the wait queue has (see WaitLaneCount):
-	// 0 derives it from the limit, 1 to MaxWaitLanes sets it.
+	// 0 is one, 1 to MaxWaitLanes sets it.
 	WaitLanes int
 	// AcquireTimeout bounds waiting for a slot under PolicyWait (> 0).
 	AcquireTimeout time.Duration
@@ -131,27 +131,18 @@ func (s Settings) ExpiryLead() time.Duration {
 	return min(2*time.Minute, s.IdleTimeout/4)
 }
 
-// MaxWaitLanes is the most lanes a wait queue has, and slotsPerLane the
-// slots of the limit a derived lane count gives each lane.
-const (
-	MaxWaitLanes = 8
-	slotsPerLane = 256
-)
+// MaxWaitLanes is the most lanes a wait queue has.
+const MaxWaitLanes = 8
 
-// WaitLaneCount is the number of lanes of the wait queue: WaitLanes, or
-// when that is 0 one lane per 256 slots of the limit (at most
-// MaxWaitLanes), and never more lanes than slots, so that every lane has
-// a capacity bucket of its own whose frees serve it. Each lane is served
-// in (round, arrival) order by the frees of its own buckets, so that a
-// queue's reads and writes spread over its lanes' partitions; a
-// deployment whose limit is under 257 slots has one lane by default, and
-// one order.
+// WaitLaneCount is the number of lanes of the wait queue: WaitLanes (one
+// when 0), never more than the limit's slots, so that every lane has a
+// capacity bucket of its own whose frees serve it. Each lane is served in
+// (round, arrival) order by the frees of its own buckets, so that a
+// queue's reads and writes spread over its lanes' partitions. One lane is
+// the default: one order for the whole queue, and the layout every
+// version reads (a version that knows no lanes reads only the first).
 func (s Settings) WaitLaneCount() int {
-	lanes := 1 + (max(s.Limit(), 1)-1)/slotsPerLane
-	if s.WaitLanes > 0 {
-		lanes = s.WaitLanes
-	}
-	return max(1, min(lanes, MaxWaitLanes, s.Limit()))
+	return max(1, min(s.WaitLanes, MaxWaitLanes, s.Limit()))
 }
 
 // Validate returns every problem, each naming its field.

@@ -8,22 +8,21 @@ import (
 )
 
 // TestWaitLaneCount: a lane count set is kept, but never above the limit
-// (a lane needs a bucket of its own); unset, it is one lane per 256 slots
-// of the limit (burst slots included), at most MaxWaitLanes; one out of
-// range is refused, naming the field.
+// (burst slots included: a lane needs a bucket of its own); unset, it is
+// one lane whatever the limit; one out of range is refused, naming the
+// field.
 func TestWaitLaneCount(t *testing.T) {
 	tests := []struct {
 		name                   string
 		replicas, burst, lanes int
 		want                   int
 	}{
-		{"small deployment", 3, 0, 0, 1},
-		{"256 slots", 256, 0, 0, 1},
-		{"257 slots", 257, 0, 0, 2},
-		{"burst slots count", 200, 100, 0, 2},
-		{"huge deployment", 100000, 0, 0, core.MaxWaitLanes},
+		{"unset", 3, 0, 0, 1},
+		{"unset, huge deployment", 100000, 0, 0, 1},
 		{"set", 3, 0, 3, 3},
 		{"set above the limit", 3, 0, 8, 3},
+		{"burst slots count", 2, 2, 8, 4},
+		{"the most", 100000, 0, core.MaxWaitLanes, core.MaxWaitLanes},
 	}
 	for _, tt := range tests {
 		s := core.DefaultSettings()

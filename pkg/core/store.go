@@ -185,9 +185,10 @@ type Dispatch struct {
 	Scan bool
 	Self string
 	// Lanes is the queue's lane count (0: one): a free serves the lane of
-	// Bucket. Lane, with Self, is Self's ticket's lane, the one its turn
-	// serves.
+	// Bucket first, unless ServeLane: then lane Lane (a waiter's turn: its
+	// ticket's lane; a slot freed by a lane head's turn: the head's).
 	Lanes, Lane int
+	ServeLane   bool
 	// GrantFor is how long a grant stays its ticket's before it lapses.
 	GrantFor time.Duration
 }

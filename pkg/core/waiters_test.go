@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -166,5 +167,70 @@ func TestReleaseWhoseDispatchStallsAnswers(t *testing.T) {
 	}
 	if rec, err := eng.Get(context.Background(), "acme", held.SandboxID); err != nil || rec.State != core.StatePaused {
 		t.Fatalf("after Release: %v, %v; want paused", rec.State, err)
+	}
+}
+
+// freeDispatches is the store recording the dispatches of frees (a
+// bucket named).
+type freeDispatches struct {
+	*ddbstore.Store
+	mu    sync.Mutex
+	frees []core.Dispatch
+}
+
+func (s *freeDispatches) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchResult, error) {
+	if d.Bucket >= 0 {
+		s.mu.Lock()
+		s.frees = append(s.frees, d)
+		s.mu.Unlock()
+	}
+	return s.Store.Dispatch(ctx, d)
+}
+
+// In a queue of two lanes, the slot a lane's head frees for itself at its
+// turn (an eviction of a sandbox parked after it queued) is dispatched to
+// the head's lane, whatever the lane of the bucket it was freed in, and
+// the head is served with it.
+func TestHeadsEvictionServesItsOwnLane(t *testing.T) {
+	settings := func(s *core.Settings) {
+		s.Replicas, s.Policy, s.PauseAfter, s.WaitLanes, s.AcquireTimeout = 2, core.PolicyWait, core.PauseNever, 2, 20*time.Second
+	}
+	h := newHarness(t, settings)
+	s := core.DefaultSettings()
+	s.Deployment = "test"
+	settings(&s)
+	store := &freeDispatches{Store: h.store}
+	queued := make(chan core.WaitNote, 1)
+	eng, err := core.New(s, store, h.prov, h.sync, core.WithClock(h.clock.now), core.WithWaitObserver(func(n core.WaitNote) {
+		if n.Event == core.WaitEnqueued {
+			queued <- n
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.acquire(t, key("t0"), core.SourceCreated)
+	t1 := h.acquire(t, key("t1"), core.SourceCreated) // both slots in use: nothing to evict
+	got := make(chan error, 1)
+	go func() {
+		_, err := eng.Acquire(context.Background(), key("t2"))
+		got <- err
+	}()
+	var n core.WaitNote
+	select {
+	case n = <-queued:
+	case err := <-got:
+		t.Fatalf("Acquire(t2) returned %v before it queued", err)
+	}
+	if _, err := eng.Release(context.Background(), "acme", t1.SandboxID); err != nil { // warm: its slot still held
+		t.Fatalf("Release(t1): %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("Acquire(t2) = %v, want served by its turn's eviction of t1's sandbox", err)
+	}
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if len(store.frees) != 1 || !store.frees[0].ServeLane || store.frees[0].Lane != n.Lane {
+		t.Fatalf("the frees' dispatches = %+v, want one, serving lane %d (the evicting head's)", store.frees, n.Lane)
 	}
 }

@@ -188,18 +188,20 @@ func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, 
 	}
 }
 
-// waitTurn is a waiter's own dispatch: it cleans the queue's head and
+// waitTurn is a waiter's own dispatch: it cleans the head of its lane and
 // grants the slots there is room for, reading the capacity buckets only
-// when this waiter is the first live waiting ticket. The head then frees
-// a slot for itself as a refused acquire does (one eviction under its
-// tenant's fair share, else, once per acquire, the slots of sandboxes the
-// provider ended): the free's dispatch grants it to the head. The only error
+// when this waiter is its lane's first live waiting ticket. The head then
+// frees a slot for itself as a refused acquire does (one eviction under
+// its tenant's fair share, else, once per acquire, the slots of sandboxes
+// the provider ended): the free's dispatch serves the head's lane, and so
+// grants it to the head. The only error
 // is the draining refusal, when the head finds the deployment draining.
 func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *acquireState) error {
 	me := st.wait.ticket.ID
 	tctx, cancel := context.WithTimeout(ctx, dispatchBudget)
+	lane := st.wait.ticket.Lane
 	res, err := e.store.Dispatch(tctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: -1, Self: me,
-		Lanes: e.s.WaitLaneCount(), Lane: st.wait.ticket.Lane, GrantFor: grantFor})
+		Lanes: e.s.WaitLaneCount(), Lane: lane, ServeLane: true, GrantFor: grantFor})
 	cancel()
 	switch {
 	case err != nil:
@@ -210,6 +212,9 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 	case res.Head != me || !res.Read:
 		return nil
 	}
+	// The slot freed for the head goes to its lane, whatever the lane of
+	// the bucket it was freed in.
+	ctx = context.WithValue(ctx, servedLane{}, lane)
 	_, ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants), res.Status)
 	if atShare {
 		st.atShare = true // evict only its own from now on
@@ -220,6 +225,10 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 	}
 	return nil
 }
+
+// servedLane is the context key of the lane a lane head's turn frees a
+// slot for (an int): the free's dispatch serves it first.
+type servedLane struct{}
 
 // took returns err, the outcome of a take that was given st's grant (if
 // any): applied, it consumed the grant, and the ticket and its place left
@@ -238,7 +247,7 @@ func (e *Engine) took(st *acquireState, err error) error {
 // grant it holds passes on to the next waiter). Given back even when the
 // caller went away: a short call of its own.
 func (e *Engine) leaveWait(ctx context.Context, st *acquireState) {
-	w := st.wait
+	w, g := st.wait, st.grant
 	st.wait, st.grant = nil, nil
 	if w == nil || w.done {
 		return
@@ -246,10 +255,16 @@ func (e *Engine) leaveWait(ctx context.Context, st *acquireState) {
 	w.done = true
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	if err := e.store.LeaveWait(lctx, w.ticket, e.now(), grantFor); err != nil {
+	err := e.store.LeaveWait(lctx, w.ticket, e.now(), grantFor)
+	if err != nil {
 		e.log.WarnContext(ctx, "leave wait failed; the ticket lapses by itself", "tenant", w.ticket.Tenant, "ticket", w.ticket.ID, "err", err)
 	}
 	e.note(w, WaitGaveUp)
+	if g != nil && err == nil && e.s.WaitLaneCount() > 1 {
+		// The grant went to the next waiter of its lane, or, with nobody
+		// there, its slot was freed: offer it to the other lanes.
+		e.dispatchFreed(lctx, g.Bucket)
+	}
 }
 
 // dispatchFreed serves the wait queue after a write freed a running slot
@@ -262,8 +277,11 @@ func (e *Engine) dispatchFreed(ctx context.Context, bucket int) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, dispatchBudget)
 	defer cancel()
-	if _, err := e.store.Store.Dispatch(dctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: bucket, Scan: bucket < 0,
-		Lanes: e.s.WaitLaneCount(), GrantFor: grantFor}); err != nil {
+	d := Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: bucket, Scan: bucket < 0, Lanes: e.s.WaitLaneCount(), GrantFor: grantFor}
+	if lane, ok := ctx.Value(servedLane{}).(int); ok && bucket >= 0 {
+		d.Lane, d.ServeLane = lane, true
+	}
+	if _, err := e.store.Store.Dispatch(dctx, d); err != nil {
 		e.log.WarnContext(ctx, "dispatch after a free failed", "bucket", bucket, "err", err)
 	}
 }

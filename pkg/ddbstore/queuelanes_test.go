@@ -109,3 +109,45 @@ func TestLanesServeTheirOwnOrder(t *testing.T) {
 		t.Fatalf("reconcile's dispatch granted %v, want [%s]", got, d0.ID)
 	}
 }
+
+// TestFreedSlotsServeTheLaneTheyAreFor: a free whose dispatch names a lane
+// (a lane head's eviction) grants that lane's head, whatever its bucket's
+// lane; a lapsed grant freed in a lane where nobody else waits is given to
+// another lane's head by the same dispatch.
+func TestFreedSlotsServeTheLaneTheyAreFor(t *testing.T) {
+	const lanes = 2
+	f := newQueueFixture(t, 2)
+	recs := f.fill(2)
+	var inLane1 core.Record
+	for _, r := range recs {
+		if r.Slot.Bucket%lanes == 1 {
+			inLane1 = r
+		}
+	}
+	enter := func(id string, at time.Time) core.Ticket {
+		t.Helper()
+		tk, err := f.s.EnterWait(context.Background(), core.Waiter{Tenant: "tenant-" + id, Ticket: id, Max: 10, Lanes: lanes,
+			Now: at, Until: at.Add(time.Minute)})
+		if err != nil {
+			t.Fatalf("EnterWait %s: %v", id, err)
+		}
+		return tk
+	}
+	a1 := enter(idInLane("a", 1, lanes), t0)
+	b0 := enter(idInLane("b", 0, lanes), t0.Add(time.Millisecond))
+	now := t0.Add(time.Second)
+
+	f.free(inLane1)
+	res := f.dispatch(core.Dispatch{Now: now, Bucket: inLane1.Slot.Bucket, Lanes: lanes, Lane: 0, ServeLane: true})
+	if got := ids(res.Granted); !slices.Equal(got, []string{b0.ID}) {
+		t.Fatalf("the free for lane 0's head granted %v, want [%s] (not lane 1's older %s)", got, b0.ID, a1.ID)
+	}
+	later := now.Add(6 * time.Second) // b0's grant lapsed unseen
+	res = f.dispatch(core.Dispatch{Now: later, Bucket: -1, Lanes: lanes, Lane: 0, ServeLane: true})
+	if got := ids(res.Granted); !slices.Equal(got, []string{a1.ID}) || res.Cleaned != 1 {
+		t.Fatalf("lane 0's dispatch after b0's grant lapsed granted %v (cleaned %d), want [%s], 1 cleaned", got, res.Cleaned, a1.ID)
+	}
+	if ts := f.poll(b0); !ts.Gone {
+		t.Errorf("b0 = %+v, want gone (its lapsed grant passed on)", ts)
+	}
+}

@@ -591,11 +591,13 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 }
 
 // Dispatch reads the head of one lane of the queue (its shards' heads,
-// strongly consistent, merged): a free's, the lane of d.Bucket, then,
-// when nobody waits there and its slot is still to give, one other lane
-// picked at random; a waiter's turn, its own lane; with d.Scan, or with
-// neither a bucket nor a ticket, every lane and the legacy partition,
-// merged. It serves what it read in order: lapsed waiting tickets are deleted, lapsed grants
+// strongly consistent, merged): d.Lane with d.ServeLane (a waiter's turn,
+// or a slot a lane head's turn freed), else the lane of d.Bucket (a free),
+// else d.Self's (d.Lane); when nobody waits there and a slot is still to
+// give (a lapsed grant freed among them counts), one other lane picked at
+// random. With d.Scan it reads every lane and the legacy partition, and
+// with neither a bucket nor a ticket every lane, merged. It serves what
+// it read in order: lapsed waiting tickets are deleted, lapsed grants
 // passed on to the first live waiting tickets (or their slots freed),
 // then each live waiting ticket in turn is granted a slot of a bucket
 // with room (d.Bucket first; every bucket read, eventually consistent,
@@ -646,6 +648,8 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 	var lane []int // nil: every lane (reconcile, or a dispatch knowing no bucket)
 	switch {
 	case d.Scan:
+	case d.ServeLane:
+		lane = []int{min(max(d.Lane, 0), core.MaxWaitLanes-1)}
 	case d.Bucket >= 0:
 		lane = []int{bucketLane(d.Bucket, lanes)}
 	case d.Self != "":
@@ -807,10 +811,12 @@ func (s *Store) passLapsed(ctx context.Context, d core.Dispatch, lapsed, waiting
 			return nil, false, err
 		}
 		res.Cleaned++
-		if next != nil {
-			res.Granted = append(res.Granted, next.ticket())
-			waiting = waiting[1:]
+		if next == nil {
+			w.room[g.Bucket]++ // freed: still this dispatch's to give, in another lane
+			continue
 		}
+		res.Granted = append(res.Granted, next.ticket())
+		waiting = waiting[1:]
 	}
 	return waiting, false, nil
 }
