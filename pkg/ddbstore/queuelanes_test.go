@@ -23,6 +23,22 @@ func idInLane(prefix string, lane, lanes int) string {
 	}
 }
 
+// enterLane queues ticket id (its own tenant's) in a queue of lanes
+// lanes, arriving at at and waiting a minute, and checks it joined the
+// lane its hash picks.
+func (f *queueFixture) enterLane(id string, at time.Time, lanes int) core.Ticket {
+	f.t.Helper()
+	tk, err := f.s.EnterWait(context.Background(), core.Waiter{Tenant: "tenant-" + id, Ticket: id, Max: 10, Lanes: lanes,
+		Now: at, Until: at.Add(time.Minute)})
+	if err != nil {
+		f.t.Fatalf("EnterWait %s: %v", id, err)
+	}
+	if want := ddbstore.TicketLane(id, lanes); tk.Lane != want {
+		f.t.Fatalf("EnterWait %s: lane %d, want %d", id, tk.Lane, want)
+	}
+	return tk
+}
+
 // TestLanesServeTheirOwnOrder: in a queue of two lanes, on a limit of two
 // slots (bucket 0's frees serve lane 0, bucket 1's lane 1), each ticket is
 // stored in its lane's shards; a free grants its own lane's first waiting
@@ -41,18 +57,7 @@ func TestLanesServeTheirOwnOrder(t *testing.T) {
 	if len(byBucket) != 2 {
 		t.Fatalf("the two records hold buckets %v, want 0 and 1", byBucket)
 	}
-	enter := func(id string, at time.Time) core.Ticket {
-		t.Helper()
-		tk, err := f.s.EnterWait(context.Background(), core.Waiter{Tenant: "tenant-" + id, Ticket: id, Max: 10, Lanes: lanes,
-			Now: at, Until: at.Add(time.Minute)})
-		if err != nil {
-			t.Fatalf("EnterWait %s: %v", id, err)
-		}
-		if want := ddbstore.TicketLane(id, lanes); tk.Lane != want {
-			t.Fatalf("EnterWait %s: lane %d, want %d", id, tk.Lane, want)
-		}
-		return tk
-	}
+	enter := func(id string, at time.Time) core.Ticket { return f.enterLane(id, at, lanes) }
 	free := func(b int, now time.Time) []string {
 		t.Helper()
 		return ids(f.dispatch(core.Dispatch{Now: now, Bucket: b, Lanes: lanes}).Granted)
@@ -124,15 +129,7 @@ func TestFreedSlotsServeTheLaneTheyAreFor(t *testing.T) {
 			inLane1 = r
 		}
 	}
-	enter := func(id string, at time.Time) core.Ticket {
-		t.Helper()
-		tk, err := f.s.EnterWait(context.Background(), core.Waiter{Tenant: "tenant-" + id, Ticket: id, Max: 10, Lanes: lanes,
-			Now: at, Until: at.Add(time.Minute)})
-		if err != nil {
-			t.Fatalf("EnterWait %s: %v", id, err)
-		}
-		return tk
-	}
+	enter := func(id string, at time.Time) core.Ticket { return f.enterLane(id, at, lanes) }
 	a1 := enter(idInLane("a", 1, lanes), t0)
 	b0 := enter(idInLane("b", 0, lanes), t0.Add(time.Millisecond))
 	now := t0.Add(time.Second)
