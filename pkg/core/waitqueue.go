@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -213,8 +214,9 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 		return nil
 	}
 	// The slot freed for the head goes to its lane, whatever the lane of
-	// the bucket it was freed in.
-	ctx = context.WithValue(ctx, servedLane{}, lane)
+	// the bucket it was freed in; any further slot the turn frees (the
+	// dead sandboxes' of one check) goes to its own bucket's lane.
+	ctx = context.WithValue(ctx, servedLane{}, &laneClaim{lane: lane})
 	_, ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants), res.Status)
 	if atShare {
 		st.atShare = true // evict only its own from now on
@@ -227,8 +229,24 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 }
 
 // servedLane is the context key of the lane a lane head's turn frees a
-// slot for (an int): the free's dispatch serves it first.
+// slot for (a *laneClaim): the first free's dispatch serves it first.
 type servedLane struct{}
+
+// laneClaim is a lane owed one freed slot.
+type laneClaim struct {
+	lane  int
+	taken atomic.Bool
+}
+
+// laneOwed reports the lane the first free made under ctx serves first
+// (false for every later one, and without a claim).
+func laneOwed(ctx context.Context) (int, bool) {
+	c, ok := ctx.Value(servedLane{}).(*laneClaim)
+	if !ok || !c.taken.CompareAndSwap(false, true) {
+		return 0, false
+	}
+	return c.lane, true
+}
 
 // took returns err, the outcome of a take that was given st's grant (if
 // any): applied, it consumed the grant, and the ticket and its place left
@@ -278,8 +296,8 @@ func (e *Engine) dispatchFreed(ctx context.Context, bucket int) {
 	dctx, cancel := context.WithTimeout(ctx, dispatchBudget)
 	defer cancel()
 	d := Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: bucket, Scan: bucket < 0, Lanes: e.s.WaitLaneCount(), GrantFor: grantFor}
-	if lane, ok := ctx.Value(servedLane{}).(int); ok && bucket >= 0 {
-		d.Lane, d.ServeLane = lane, true
+	if bucket >= 0 {
+		d.Lane, d.ServeLane = laneOwed(ctx)
 	}
 	if _, err := e.store.Store.Dispatch(dctx, d); err != nil {
 		e.log.WarnContext(ctx, "dispatch after a free failed", "bucket", bucket, "err", err)

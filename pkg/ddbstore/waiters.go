@@ -34,7 +34,8 @@ import (
 // so a lane's shards, queried in parallel and merged by key, read it in
 // service order. The queue has one lane or more (core.Settings.WaitLaneCount):
 // a ticket joins the lane a hash of it picks, and a free serves the lane
-// of its bucket (another lane when its own has no ticket waiting), so each
+// of its bucket (another lane when its own has no ticket waiting; the
+// slot a lane's head frees for itself, the head's lane), so each
 // lane is an ordered queue of its own, served by its buckets' slots, and
 // a queue of L lanes spreads its reads and writes over L times the
 // partitions. Each lane is spread over queueShards partitions because
