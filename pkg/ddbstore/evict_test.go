@@ -239,6 +239,10 @@ func TestReserveReadsTheBucketsOnce(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
 		t.Fatalf("Reserve = %v, want a capacity refusal (the one open bucket taken by the peer)", err)
 	}
+	if ce.Status.Used != limit {
+		t.Errorf("refusal's used = %d, want %d: the slot the peer took since the read counted (its take found the bucket full)",
+			ce.Status.Used, limit)
+	}
 	if got, want := calls.counts(), map[string]int{"TransactWriteItems": 2, "BatchGetItem": 1}; !maps.Equal(got, want) {
 		t.Errorf("Reserve made %v, want %v: its home bucket, one read of the buckets, the bucket it showed open", got, want)
 	}

@@ -72,6 +72,7 @@ func (s *Store) takeSlot(ctx context.Context, limit, home int, take func(b int) 
 		}
 		if errors.Is(err, errBucketFull) {
 			tried = append(tried, b)
+			updateTried(buckets, b, err)
 		}
 		if buckets == nil || errors.Is(err, errLimitsUnset) {
 			var rerr error
@@ -110,15 +111,43 @@ func (s *Store) takeSlot(ctx context.Context, limit, home int, take func(b int) 
 }
 
 // bucketRefusal says why bucket av (returned by a failed take) refused a
-// slot under limit: draining, limits unset for limit, or full.
+// slot under limit: draining, limits unset for limit, or full (a
+// *fullBucket, carrying av when the take returned it).
 func bucketRefusal(av map[string]types.AttributeValue, limit int) error {
 	switch bk := decodeBucket(av); {
 	case bk.Draining:
 		return &core.CapacityError{Reason: core.RefusalDraining, Status: core.CapacityStatus{Limit: limit, Draining: true}}
 	case bk.LimOf != limit:
 		return errLimitsUnset
+	default:
+		return &fullBucket{bucket: bk, seen: len(av) > 0}
 	}
-	return errBucketFull
+}
+
+// fullBucket is errBucketFull with the bucket as the refused take found it
+// (seen: the take returned it), fresher than a read made before the take.
+type fullBucket struct {
+	bucket bucketItem
+	seen   bool
+}
+
+func (e *fullBucket) Error() string { return errBucketFull.Error() }
+func (e *fullBucket) Unwrap() error { return errBucketFull }
+
+// updateTried replaces bucket b in buckets with what its refused take
+// (err) found, if it returned the bucket: a refusal then reports the
+// slots peers took since the read.
+func updateTried(buckets []bucketItem, b int, err error) {
+	var fb *fullBucket
+	if !errors.As(err, &fb) || !fb.seen {
+		return
+	}
+	for i := range buckets {
+		if buckets[i].Index == b {
+			fb.bucket.Index = b
+			buckets[i] = fb.bucket
+		}
+	}
 }
 
 // takeUpdate is the bucket update taking one slot, counted in state
