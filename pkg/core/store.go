@@ -189,6 +189,12 @@ type Dispatch struct {
 	// ticket's lane; a slot freed by a lane head's turn: the head's).
 	Lanes, Lane int
 	ServeLane   bool
+	// AllLanes (reconcile's backstop) reads every lane there may be,
+	// whatever Lanes says, and the partition the queue had before it was
+	// spread: tickets and grants a change of the lane count stranded, or
+	// an older version queued, are served there. Any other dispatch that
+	// names no lane reads the Lanes lanes.
+	AllLanes bool
 	// GrantFor is how long a grant stays its ticket's before it lapses.
 	GrantFor time.Duration
 }

@@ -110,7 +110,7 @@ func TestLanesServeTheirOwnOrder(t *testing.T) {
 	if ts := f.poll(d0); ts.Granted {
 		t.Fatalf("e1's grant passed on to d0 in another lane")
 	}
-	if got := ids(f.dispatch(core.Dispatch{Now: now, Bucket: -1, Scan: true, Lanes: lanes}).Granted); !slices.Equal(got, []string{d0.ID}) {
+	if got := ids(f.dispatch(core.Dispatch{Now: now, Bucket: -1, Scan: true, AllLanes: true, Lanes: lanes}).Granted); !slices.Equal(got, []string{d0.ID}) {
 		t.Fatalf("reconcile's dispatch granted %v, want [%s]", got, d0.ID)
 	}
 }
@@ -146,5 +146,31 @@ func TestFreedSlotsServeTheLaneTheyAreFor(t *testing.T) {
 	}
 	if ts := f.poll(b0); !ts.Gone {
 		t.Errorf("b0 = %+v, want gone (its lapsed grant passed on)", ts)
+	}
+}
+
+// TestDispatchReadsTheLanesThereAre: a dispatch that names no lane (a free
+// that knows no bucket) reads the shards of the queue's lanes only; only
+// reconcile's (AllLanes) reads every lane there may be and the partition
+// the queue had before it was spread.
+func TestDispatchReadsTheLanesThereAre(t *testing.T) {
+	s, calls := countedStore(t)
+	for _, tc := range []struct {
+		name    string
+		d       core.Dispatch
+		queries int
+	}{
+		{"one lane", core.Dispatch{Bucket: -1, Scan: true, Lanes: 1}, ddbstore.QueueShards},
+		{"two lanes", core.Dispatch{Bucket: -1, Scan: true, Lanes: 2}, 2 * ddbstore.QueueShards},
+		{"reconcile", core.Dispatch{Bucket: -1, Scan: true, AllLanes: true, Lanes: 1}, core.MaxWaitLanes*ddbstore.QueueShards + 1},
+	} {
+		tc.d.Now, tc.d.Limit, tc.d.GrantFor = t0, 4, 5*time.Second
+		calls.counts()
+		if _, err := s.Dispatch(context.Background(), tc.d); err != nil {
+			t.Fatalf("%s: Dispatch: %v", tc.name, err)
+		}
+		if got := calls.counts()["Query"]; got != tc.queries {
+			t.Errorf("%s: the dispatch of an empty queue made %d Queries, want %d", tc.name, got, tc.queries)
+		}
 	}
 }

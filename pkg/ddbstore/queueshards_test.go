@@ -134,13 +134,13 @@ func TestLegacyQueueTicketIsServedByReconcile(t *testing.T) {
 	next := f.enter("n", "next", t0.Add(time.Millisecond))
 	now := t0.Add(time.Second)
 	f.free(recs[0])
-	res := f.dispatch(core.Dispatch{Now: now, Bucket: -1, Scan: true})
+	res := f.dispatch(core.Dispatch{Now: now, Bucket: -1, Scan: true, AllLanes: true})
 	if got := ids(res.Granted); !slices.Equal(got, []string{"old"}) || res.Head != "next" {
 		t.Fatalf("reconcile's dispatch granted %v, head %q; want [old] and next", got, res.Head)
 	}
 	f.repairsNothing(2, "the legacy grant counted, ")
 	// The older version's waiter died: its grant lapses and passes on.
-	res = f.dispatch(core.Dispatch{Now: now.Add(6 * time.Second), Bucket: -1, Scan: true})
+	res = f.dispatch(core.Dispatch{Now: now.Add(6 * time.Second), Bucket: -1, Scan: true, AllLanes: true})
 	if got := ids(res.Granted); !slices.Equal(got, []string{"next"}) {
 		t.Fatalf("after the legacy grant lapsed: granted %v, want [next]", got)
 	}

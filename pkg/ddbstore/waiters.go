@@ -596,8 +596,9 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // or a slot a lane head's turn freed), else the lane of d.Bucket (a free),
 // else d.Self's (d.Lane); when nobody waits there and a slot is still to
 // give (a lapsed grant freed among them counts), one other lane picked at
-// random. With d.Scan it reads every lane and the legacy partition, and
-// with neither a bucket nor a ticket every lane, merged. It serves what
+// random. With d.AllLanes (reconcile) it reads every lane there may be and
+// the legacy partition, and with neither a bucket nor a ticket the
+// d.Lanes lanes, merged. It serves what
 // it read in order: lapsed waiting tickets are deleted, lapsed grants
 // passed on to the first live waiting tickets (or their slots freed),
 // then each live waiting ticket in turn is granted a slot of a bucket
@@ -646,17 +647,19 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 		w.room[d.Bucket] = 1 // a slot was freed there; whether it still is, the take decides
 	}
 	lanes := min(max(d.Lanes, 1), core.MaxWaitLanes)
-	var lane []int // nil: every lane (reconcile, or a dispatch knowing no bucket)
+	var lane []int // nil: every lane there may be (reconcile)
 	switch {
-	case d.Scan:
-	case d.ServeLane:
+	case d.AllLanes:
+	case d.ServeLane || (d.Self != "" && d.Bucket < 0 && !d.Scan):
 		lane = []int{min(max(d.Lane, 0), core.MaxWaitLanes-1)}
 	case d.Bucket >= 0:
 		lane = []int{bucketLane(d.Bucket, lanes)}
-	case d.Self != "":
-		lane = []int{d.Lane}
+	default: // a free that knows no bucket: the lanes there are
+		for l := range lanes {
+			lane = append(lane, l)
+		}
 	}
-	if err := s.serveLanes(ctx, d, lane, &w, &res); err != nil || lane == nil || lanes == 1 || res.Head != "" {
+	if err := s.serveLanes(ctx, d, lane, &w, &res); err != nil || len(lane) != 1 || lanes == 1 || res.Head != "" {
 		return res, err
 	}
 	if _, left := roomIn(w.room); !left {
@@ -672,7 +675,7 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 // passes over what they read (see dispatch), at most dispatchAttempts.
 func (s *Store) serveLanes(ctx context.Context, d core.Dispatch, lanes []int, w *walk, res *core.DispatchResult) error {
 	for attempt := range dispatchAttempts {
-		r := headRead{limit: s.scan, eventual: attempt == 0 && d.Bucket >= 0, lanes: lanes, legacy: d.Scan, after: w.after}
+		r := headRead{limit: s.scan, eventual: attempt == 0 && d.Bucket >= 0, lanes: lanes, legacy: d.AllLanes, after: w.after}
 		q, err := s.queueHead(ctx, r)
 		if err != nil {
 			return err
