@@ -249,22 +249,19 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		wait := backoff(attempt)
 		var ce *CapacityError
 		if errors.As(err, &ce) {
-			if e.s.Policy != PolicyWait || ce.Reason != RefusalCapacity {
-				return AcquireResult{}, err
-			}
-			if !e.now().Add(waitPoll).Before(deadline) {
-				return AcquireResult{}, err
+			if e.s.Policy != PolicyWait || ce.Reason != RefusalCapacity || !e.now().Add(waitPoll).Before(deadline) {
+				return AcquireResult{}, e.wholeStatus(ctx, err)
 			}
 			if st.grant != nil {
 				// Refused holding a grant: a take that could not use it.
 				// Pass it on rather than wait for it again.
 				e.leaveWait(ctx, st)
 			}
-			switch werr := e.waitForGrant(ctx, key, owner, st, deadline, ce.Status); {
+			switch werr := e.waitForGrant(ctx, key, owner, st, deadline, ce); {
 			case werr == nil:
 				continue // granted: the next attempt takes the slot
 			case errors.Is(werr, errWaitTimedOut):
-				return AcquireResult{}, err
+				return AcquireResult{}, e.wholeStatus(ctx, err)
 			case errors.Is(werr, errTicketGone):
 				continue // look again (and queue again if still full)
 			default:
@@ -305,6 +302,8 @@ type acquireState struct {
 	// atShare: an eviction found it holding its fair share since.
 	tenantUsed int
 	atShare    bool
+	// homeFull is the lookup's Lookup.HomeFull, for the takes.
+	homeFull bool
 	// freed is the slot the last eviction freed, for the next take
 	// (Reservation.Freed); nil when none.
 	freed *Slot
@@ -315,10 +314,11 @@ type acquireState struct {
 // acquireOnce makes one attempt. retry reports whether waiting and trying
 // again may succeed (lease held, capacity full, a concurrent create).
 func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, st *acquireState) (res AcquireResult, retry bool, err error) {
-	look, err := e.store.Lookup(ctx, key)
+	look, err := e.store.Lookup(ctx, key, e.s.Limit())
 	if err != nil {
 		return res, false, fmt.Errorf("lookup thread: %w", err)
 	}
+	st.homeFull = look.HomeFull
 	if look.Draining {
 		return res, false, e.drainingError()
 	}
@@ -580,7 +580,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 		token = "res-" + newOwner()[4:]
 		return e.took(st, e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, Grant: st.grant}))
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, HomeFull: st.homeFull, Lanes: e.takeLanes(), Grant: st.grant}))
 	})
 	if err != nil {
 		return AcquireResult{}, retry, err
@@ -606,6 +606,10 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			return true, fmt.Errorf("take slot: %w", err)
 		case errors.As(err, &ce) && ce.Reason == RefusalDraining:
 			return false, e.drainingError()
+		case errors.As(err, &ce) && ce.Partial:
+			// None of the lane's buckets had room or anything to evict:
+			// wait in the queue, whose turns read every bucket.
+			return true, e.refused(ce)
 		case errors.As(err, &ce):
 			if quotaRefusal(ce.Reason) && evictions < maxEvictions {
 				// The quota counts the caller's warm sandboxes too: evict
@@ -641,12 +645,7 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 					continue
 				}
 			}
-			ce.Status.Policy = string(e.s.Policy)
-			ce.Status.Limit = e.s.Limit()
-			if ce.RetryAfter == 0 {
-				ce.RetryAfter = 5 * time.Second
-			}
-			return true, ce
+			return true, e.refused(ce)
 		case errors.Is(err, ErrThreadBound), errors.Is(err, ErrLeaseHeld), errors.Is(err, ErrConflict), errors.Is(err, ErrNotFound):
 			// The binding or the record moved under us: look again.
 			return true, fmt.Errorf("take slot: %w", err)
@@ -661,6 +660,44 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			return false, fmt.Errorf("take slot: %w", err)
 		}
 	}
+}
+
+// refused is ce, a capacity refusal of a take, with the deployment's
+// policy and limit and a retry time.
+func (e *Engine) refused(ce *CapacityError) *CapacityError {
+	ce.Status.Policy = string(e.s.Policy)
+	ce.Status.Limit = e.s.Limit()
+	if ce.RetryAfter == 0 {
+		ce.RetryAfter = 5 * time.Second
+	}
+	return ce
+}
+
+// takeLanes is Reservation.Lanes for the engine's takes: the wait lanes
+// under the wait policy with more than one, else 0 (every bucket read).
+func (e *Engine) takeLanes() int {
+	if e.s.Policy != PolicyWait || e.s.WaitLaneCount() < 2 {
+		return 0
+	}
+	return e.s.WaitLaneCount()
+}
+
+// wholeStatus makes err's capacity refusal, if partial (CapacityError.Partial),
+// carry the whole deployment's status, before an acquire answers with it.
+// A failed read leaves the lane's figures.
+func (e *Engine) wholeStatus(ctx context.Context, err error) error {
+	var ce *CapacityError
+	if !errors.As(err, &ce) || !ce.Partial {
+		return err
+	}
+	st, rerr := e.store.Capacity(ctx)
+	if rerr != nil {
+		e.log.WarnContext(ctx, "read capacity for a refusal failed", "err", rerr)
+		return err
+	}
+	st.Policy, st.Limit = ce.Status.Policy, ce.Status.Limit
+	ce.Status, ce.Tenants, ce.Partial = st, nil, false
+	return err
 }
 
 // evictCandidates is how many of the least recently parked warm sandboxes

@@ -61,6 +61,11 @@ type CapacityError struct {
 	// Tenants names the tenants holding slots, as the store read them with
 	// a RefusalCapacity (fair share); not part of the reply.
 	Tenants []string
+	// Partial: Status and Tenants sum only the buckets of the acquire's
+	// wait lane (Reservation.Lanes), none of which had room or held a
+	// sandbox an eviction could free. The engine waits without evicting,
+	// and reads the whole status before it answers with one.
+	Partial bool
 }
 
 func (e *CapacityError) Error() string {

@@ -18,8 +18,10 @@ type ResumeClaim struct {
 	Limit        int
 	MaxPerUser   int
 	MaxPerTenant int
-	// Grant is Reservation's.
-	Grant *Grant
+	// Grant, HomeFull and Lanes are Reservation's.
+	Grant    *Grant
+	HomeFull bool
+	Lanes    int
 }
 
 // PauseStore is the store access pause-parking needs beyond Store

@@ -351,7 +351,7 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	}
 	var errs []error
 	draining := false
-	if look, err := e.store.Lookup(ctx, ThreadKey{}); err == nil {
+	if look, err := e.store.Lookup(ctx, ThreadKey{}, e.s.Limit()); err == nil {
 		draining = look.Draining
 	} else {
 		// Expiry then runs as if not draining; the pass reports the error.

@@ -199,7 +199,7 @@ func (h *recHarness) used(t *testing.T) int {
 
 func (h *recHarness) binding(t *testing.T, thread string) core.Binding {
 	t.Helper()
-	look, err := h.store.Lookup(context.Background(), key(thread))
+	look, err := h.store.Lookup(context.Background(), key(thread), 10)
 	if err != nil {
 		t.Fatalf("Lookup: %v", err)
 	}

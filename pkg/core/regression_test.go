@@ -58,8 +58,8 @@ type hookStore struct {
 	afterLookup func()
 }
 
-func (s *hookStore) Lookup(ctx context.Context, k core.ThreadKey) (core.Lookup, error) {
-	look, err := s.Store.Lookup(ctx, k)
+func (s *hookStore) Lookup(ctx context.Context, k core.ThreadKey, limit int) (core.Lookup, error) {
+	look, err := s.Store.Lookup(ctx, k, limit)
 	s.mu.Lock()
 	hook := s.afterLookup
 	s.afterLookup = nil

@@ -102,6 +102,18 @@ type Reservation struct {
 	// reservation (an eviction): the store tries its bucket first, where
 	// a slot is free unless a peer took it.
 	Freed *Slot
+	// HomeFull is the lookup's Lookup.HomeFull: the store skips the take
+	// in the thread's home bucket and picks one with room from a read of
+	// every bucket (ignored with Freed).
+	HomeFull bool
+	// Lanes, when > 1, is the wait queue's lane count under the wait
+	// policy: the store reads only the buckets of the thread's lane (those
+	// whose frees serve that lane first) for a slot, and when none has
+	// room and none holds a sandbox an eviction could free, it refuses
+	// with a partial CapacityError, without reading the others. The
+	// acquire then waits: its ticket's turns read every bucket. Fewer
+	// acquires race for each freed slot, and each read costs an eighth.
+	Lanes int
 	// Grant, when set, is the slot a dispatch holds in trust for this
 	// acquire's ticket: the reservation takes it over (its bucket's used
 	// count unchanged, Limit not checked) and the ticket and its place
@@ -228,6 +240,11 @@ type Lookup struct {
 	Draining bool
 	// TenantUsed is the number of slots the thread's tenant holds.
 	TenantUsed int
+	// HomeFull: the capacity bucket the thread's takes try first had no
+	// room under the limit at the lookup. The engine hands it back to the
+	// take (Reservation.HomeFull, ResumeClaim.HomeFull), which then starts
+	// from a read of every bucket instead of a transaction bound to fail.
+	HomeFull bool
 }
 
 // Store is the durable state of the broker (DynamoDB in production).
@@ -238,9 +255,10 @@ type Lookup struct {
 // means it may have; any other error (a bug or a misconfiguration, such as
 // a missing table) certainly did not apply.
 type Store interface {
-	// Lookup reads the thread's binding, the draining flag and the tenant's
-	// slot count (strongly consistent).
-	Lookup(ctx context.Context, key ThreadKey) (Lookup, error)
+	// Lookup reads the thread's binding, the draining flag, the tenant's
+	// slot count and whether the thread's home capacity bucket is full
+	// under limit (strongly consistent).
+	Lookup(ctx context.Context, key ThreadKey, limit int) (Lookup, error)
 	// Get reads a record (strongly consistent); ErrNotFound if none.
 	Get(ctx context.Context, sandboxID string) (Record, error)
 	// Claim applies c if the record belongs to c.Tenant (else ErrNotFound),

@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -232,5 +233,51 @@ func TestHeadsEvictionServesItsOwnLane(t *testing.T) {
 	defer store.mu.Unlock()
 	if len(store.frees) != 1 || !store.frees[0].ServeLane || store.frees[0].Lane != n.Lane {
 		t.Fatalf("the frees' dispatches = %+v, want one, serving lane %d (the evicting head's)", store.frees, n.Lane)
+	}
+}
+
+// TestALaneRefusalAnswersWithTheWholeStatus: with wait lanes, an acquire
+// reads only its lane's buckets for a slot (half of them here), yet the
+// capacity refusal it answers with when its wait runs out counts every
+// bucket, as a refusal does without lanes, and one past its tenant's
+// waiter places too.
+func TestALaneRefusalAnswersWithTheWholeStatus(t *testing.T) {
+	const limit = 4
+	for _, tc := range []struct {
+		name string
+		// placeTaken: the tenant's one waiter place is held by another
+		// ticket of its own.
+		placeTaken bool
+		reason     core.RefusalReason
+	}{
+		{"its wait ran out", false, core.RefusalCapacity},
+		{"no waiter place", true, core.RefusalTooManyWaiters},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h *harness
+			h = newHarness(t, func(s *core.Settings) {
+				s.Replicas, s.Policy, s.WaitLanes, s.AcquireTimeout, s.MaxWaitersPerTenant = limit, core.PolicyWait, 2, time.Second, 1
+			}, core.WithSleep(func(ctx context.Context, d time.Duration) error {
+				h.clock.advance(d)
+				return ctx.Err()
+			}))
+			for n := range limit {
+				h.acquire(t, tenantKey("hold", fmt.Sprint("t", n)), core.SourceCreated) // in use: nothing to evict
+			}
+			if tc.placeTaken {
+				if _, err := h.store.EnterWait(context.Background(), core.Waiter{Tenant: "acme", Ticket: "other", Max: 1, Lanes: 2,
+					Now: h.clock.now(), Until: h.clock.now().Add(time.Hour)}); err != nil {
+					t.Fatalf("EnterWait: %v", err)
+				}
+			}
+			_, err := h.eng.Acquire(context.Background(), key("late"))
+			var ce *core.CapacityError
+			if !errors.As(err, &ce) || ce.Reason != tc.reason {
+				t.Fatalf("Acquire = %v, want a %s refusal", err, tc.reason)
+			}
+			if ce.Status.Used != limit || ce.Status.Active != limit || ce.Status.Limit != limit || ce.Partial {
+				t.Errorf("refusal's status = %+v (partial %v), want every bucket's: used and active %d of %d", ce.Status, ce.Partial, limit, limit)
+			}
+		})
 	}
 }

@@ -103,10 +103,14 @@ func homeOf(token string, limit, n int) int {
 	return int(hashOf(token) % uint32(n))
 }
 
-// threadBucket is the bucket Lookup reads for the draining flag: spread by
-// thread so that no one item is read by every acquire.
-func threadBucket(k core.ThreadKey) int {
-	return int(hashOf(k.Tenant+"\x00"+k.User+"\x00"+k.Thread) % CapacityBuckets)
+// threadHome is the first bucket the running-slot takes of thread k try
+// under limit (its reservations, resume claims and paused pool members'
+// claims): one of those with a share of limit, by a hash of the thread.
+// Lookup reads it, for the draining flag and to tell the take whether it
+// is full (Lookup.HomeFull); a thread's takes spread over the buckets as
+// the threads do, and no one bucket is read by every acquire.
+func threadHome(k core.ThreadKey, limit int) int {
+	return homeOf(k.Tenant+"\x00"+k.User+"\x00"+k.Thread, max(limit, 1), CapacityBuckets)
 }
 
 // countAttr is a bucket's count attribute for records counted in state.
@@ -173,41 +177,44 @@ func bucketIndex(deployment, pk string) int {
 // readBuckets reads every bucket (one BatchGetItem; strongly consistent
 // only when consistent: an eventually consistent read costs half the
 // read units, and picking a bucket or reporting counts needs no more, the
-// take's own condition deciding) and, when tenant is not empty, the
-// tenant's slot count.
-func (s *Store) readBuckets(ctx context.Context, tenant string, consistent bool) ([]bucketItem, int, error) {
-	keys := make([]map[string]types.AttributeValue, 0, CapacityBuckets+1)
-	for b := range CapacityBuckets {
-		keys = append(keys, s.key(bucketPK(s.deployment, b)))
+// take's own condition deciding).
+func (s *Store) readBuckets(ctx context.Context, consistent bool) ([]bucketItem, error) {
+	all := make([]int, CapacityBuckets)
+	for b := range all {
+		all[b] = b
 	}
-	if tenant != "" {
-		keys = append(keys, s.key(tenantPK(s.deployment, tenant)))
+	return s.readBucketsIn(ctx, all, consistent)
+}
+
+// readBucketsIn reads buckets idx (one BatchGetItem), in idx's order; a
+// bucket never written reads as empty.
+func (s *Store) readBucketsIn(ctx context.Context, idx []int, consistent bool) ([]bucketItem, error) {
+	keys := make([]map[string]types.AttributeValue, 0, len(idx))
+	for _, b := range idx {
+		keys = append(keys, s.key(bucketPK(s.deployment, b)))
 	}
 	items, err := s.batchGet(ctx, keys, consistent)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	out := make([]bucketItem, CapacityBuckets)
-	for b := range out {
-		out[b] = bucketItem{Index: b, Counts: map[string]int{}}
+	out := make([]bucketItem, len(idx))
+	at := make(map[int]int, len(idx))
+	for i, b := range idx {
+		out[i] = bucketItem{Index: b, Counts: map[string]int{}}
+		at[b] = i
 	}
-	tenantUsed := 0
 	for _, av := range items {
 		pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
 		if pk == nil {
 			continue
 		}
-		if tenant != "" && pk.Value == tenantPK(s.deployment, tenant) {
-			tenantUsed = decodeCounter(av)
-			continue
-		}
-		if b := bucketIndex(s.deployment, pk.Value); b >= 0 {
+		if i, ok := at[bucketIndex(s.deployment, pk.Value)]; ok {
 			it := decodeBucket(av)
-			it.Index = b
-			out[b] = it
+			it.Index = idx[i]
+			out[i] = it
 		}
 	}
-	return out, tenantUsed, nil
+	return out, nil
 }
 
 // bucketStatus sums the buckets into the deployment's capacity status and
@@ -240,7 +247,7 @@ func bucketStatus(buckets []bucketItem) (core.CapacityStatus, []string) {
 // Capacity sums the capacity buckets and the paused buckets (two
 // BatchGetItems, whatever the fleet's size).
 func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
-	buckets, _, err := s.readBuckets(ctx, "", false)
+	buckets, err := s.readBuckets(ctx, false)
 	if err != nil {
 		return core.CapacityStatus{}, err
 	}

@@ -140,7 +140,7 @@ func TestRecordsOfOlderVersionsAreCountedOnce(t *testing.T) {
 	}
 	tenantUsed := func() int {
 		t.Helper()
-		look, err := s.Lookup(ctx, key)
+		look, err := s.Lookup(ctx, key, 10)
 		if err != nil {
 			t.Fatal(err)
 		}

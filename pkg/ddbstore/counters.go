@@ -423,7 +423,7 @@ type repairRead struct {
 func (s *Store) readForRepair(ctx context.Context, maxItems int) (*repairRead, error) {
 	r := &repairRead{}
 	var err error
-	if r.buckets, _, err = s.readBuckets(ctx, "", true); err != nil {
+	if r.buckets, err = s.readBuckets(ctx, true); err != nil {
 		return nil, err
 	}
 	noted, err := s.notedCounts(ctx)

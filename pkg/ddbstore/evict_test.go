@@ -169,15 +169,15 @@ func TestReserveTakesTheFreedSlotsBucketFirst(t *testing.T) {
 	if err := s.Free(ctx, freed, t0); err != nil {
 		t.Fatalf("Free: %v", err)
 	}
-	// A token whose home bucket is another (full) one.
-	token := ""
-	for i := 0; token == ""; i++ {
-		if c := fmt.Sprintf("res-new-%d", i); ddbstore.HomeBucket(c, limit) != freed.Slot.Bucket {
-			token = c
+	// A thread whose home bucket is another (full) one.
+	var key core.ThreadKey
+	for i := 100; key == (core.ThreadKey{}); i++ {
+		if ddbstore.ThreadHome(thread(i), limit) != freed.Slot.Bucket {
+			key = thread(i)
 		}
 	}
 	calls.counts()
-	if err := s.Reserve(ctx, core.Reservation{Token: token, ThreadKey: thread(100), Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+	if err := s.Reserve(ctx, core.Reservation{Token: "res-new", ThreadKey: key, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
 		Freed: &freed.Slot}); err != nil {
 		t.Fatalf("Reserve with the freed slot: %v", err)
 	}
@@ -206,10 +206,9 @@ func TestReserveReadsTheBucketsOnce(t *testing.T) {
 		open[b] = true
 	}
 	for i := 0; len(open) > 1; i++ {
-		token := fmt.Sprintf("res-%d", i)
-		if b := ddbstore.HomeBucket(token, limit); open[b] {
-			if err := reserve(peer, token, thread(i)); err != nil {
-				t.Fatalf("fill: Reserve %s: %v", token, err)
+		if b := ddbstore.ThreadHome(thread(i), limit); open[b] {
+			if err := reserve(peer, fmt.Sprintf("res-%d", i), thread(i)); err != nil {
+				t.Fatalf("fill: Reserve for %v: %v", thread(i), err)
 			}
 			delete(open, b)
 		}
@@ -218,23 +217,22 @@ func TestReserveReadsTheBucketsOnce(t *testing.T) {
 	for b := range open {
 		last = b
 	}
-	token, peerToken := "", ""
-	for i := 0; token == "" || peerToken == ""; i++ {
-		c := fmt.Sprintf("res-new-%d", i)
-		switch home := ddbstore.HomeBucket(c, limit); {
-		case home != last && token == "":
-			token = c
-		case home == last && peerToken == "":
-			peerToken = c
+	var key, peerKey core.ThreadKey
+	for i := 100; key == (core.ThreadKey{}) || peerKey == (core.ThreadKey{}); i++ {
+		switch home := ddbstore.ThreadHome(thread(i), limit); {
+		case home != last && key == (core.ThreadKey{}):
+			key = thread(i)
+		case home == last && peerKey == (core.ThreadKey{}):
+			peerKey = thread(i)
 		}
 	}
 	calls.counts()
 	calls.after["BatchGetItem"] = func() {
-		if err := reserve(peer, peerToken, thread(200)); err != nil {
+		if err := reserve(peer, "res-peer", peerKey); err != nil {
 			t.Errorf("the peer's Reserve in bucket %d: %v", last, err)
 		}
 	}
-	err := reserve(s, token, thread(100))
+	err := reserve(s, "res-new", key)
 	var ce *core.CapacityError
 	if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
 		t.Fatalf("Reserve = %v, want a capacity refusal (the one open bucket taken by the peer)", err)
@@ -245,5 +243,137 @@ func TestReserveReadsTheBucketsOnce(t *testing.T) {
 	}
 	if got, want := calls.counts(), map[string]int{"TransactWriteItems": 2, "BatchGetItem": 1}; !maps.Equal(got, want) {
 		t.Errorf("Reserve made %v, want %v: its home bucket, one read of the buckets, the bucket it showed open", got, want)
+	}
+}
+
+// TestLookupTellsTheTakeItsHomeIsFull: Lookup reports whether the
+// thread's home bucket has room under the limit, and a reservation handed
+// that report starts from one read of every bucket: it makes no
+// transaction in the full home bucket, and takes the slot the read shows.
+func TestLookupTellsTheTakeItsHomeIsFull(t *testing.T) {
+	const limit = 8 // eight buckets of one slot
+	s, calls := countedStore(t)
+	ctx := context.Background()
+	reserve := func(token string, k core.ThreadKey, homeFull bool) error {
+		return s.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+			HomeFull: homeFull})
+	}
+	// Every bucket but one full.
+	const open, full = 0, 1
+	for b := range limit {
+		if b != open {
+			if err := reserve(fmt.Sprint("res-", b), threadIn(t, "filler", b, limit), false); err != nil {
+				t.Fatalf("fill bucket %d: %v", b, err)
+			}
+		}
+	}
+	key := threadIn(t, "u1", full, limit)
+	for _, tc := range []struct {
+		name  string
+		key   core.ThreadKey
+		limit int
+		want  bool
+	}{
+		{"home full", key, limit, true},
+		{"home open", threadIn(t, "u1", open, limit), limit, false},
+		{"limits set for another limit", key, limit + 1, false},
+	} {
+		look, err := s.Lookup(ctx, tc.key, tc.limit)
+		if err != nil {
+			t.Fatalf("%s: Lookup: %v", tc.name, err)
+		}
+		if look.HomeFull != tc.want {
+			t.Errorf("%s: HomeFull = %v, want %v", tc.name, look.HomeFull, tc.want)
+		}
+	}
+	calls.counts()
+	if err := reserve("res-new", key, true); err != nil {
+		t.Fatalf("Reserve with its home full: %v", err)
+	}
+	if got, want := calls.counts(), map[string]int{"BatchGetItem": 1, "TransactWriteItems": 1}; !maps.Equal(got, want) {
+		t.Errorf("Reserve made %v, want %v: one read of the buckets, one take in the open one", got, want)
+	}
+	st, err := s.Capacity(ctx)
+	if err != nil {
+		t.Fatalf("Capacity: %v", err)
+	}
+	if st.Used != limit {
+		t.Errorf("used = %d, want %d: every bucket full", st.Used, limit)
+	}
+}
+
+// threadIn returns a thread of user whose home bucket under limit is b.
+func threadIn(t *testing.T, user string, b, limit int) core.ThreadKey {
+	t.Helper()
+	for i := range 100000 {
+		if k := (core.ThreadKey{Tenant: "acme", User: user, Thread: fmt.Sprint("t", i)}); ddbstore.ThreadHome(k, limit) == b {
+			return k
+		}
+	}
+	t.Fatalf("no thread has home bucket %d", b)
+	return core.ThreadKey{}
+}
+
+// TestALaneTakeReadsItsLane: a take with wait lanes reads only its
+// thread's lane's buckets and, when none has room and none holds a
+// sandbox an eviction could free, is refused with the lane's figures
+// (Partial) without reading the others, though they have room. When one
+// of them holds a warm sandbox, or the take has no lanes, it reads every
+// bucket and takes the room there is.
+func TestALaneTakeReadsItsLane(t *testing.T) {
+	const limit, lanes = 16, 2 // sixteen buckets of one slot, eight a lane
+	for _, tc := range []struct {
+		name      string
+		lanes     int
+		warm      bool
+		partial   bool
+		wantCalls map[string]int
+	}{
+		{"its lane full", lanes, false, true, map[string]int{"BatchGetItem": 1}},
+		{"its lane full, a sandbox warm", lanes, true, false, map[string]int{"BatchGetItem": 2, "TransactWriteItems": 1}},
+		{"no lanes", 0, false, false, map[string]int{"BatchGetItem": 1, "TransactWriteItems": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, calls := countedStore(t)
+			ctx := context.Background()
+			reserve := func(token string, k core.ThreadKey, homeFull bool, lanes int) error {
+				return s.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+					HomeFull: homeFull, Lanes: lanes})
+			}
+			// Lane 0's buckets (the even ones) full, one of them by a
+			// sandbox parked warm when the case says so.
+			for b := 0; b < limit; b += lanes {
+				k := threadIn(t, "filler", b, limit)
+				token := fmt.Sprint("res-", b)
+				if err := reserve(token, k, false, 0); err != nil {
+					t.Fatalf("fill bucket %d: %v", b, err)
+				}
+				rec, err := s.Finalize(ctx, token, core.Record{SandboxID: fmt.Sprint("sbx", b), ThreadKey: k, State: core.StateActive,
+					Backend: "e2b", CreatedAt: t0, UpdatedAt: t0})
+				if err != nil {
+					t.Fatalf("Finalize %d: %v", b, err)
+				}
+				if b == 0 && tc.warm {
+					if _, err := s.Apply(ctx, core.Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0, Slot: rec.Slot}); err != nil {
+						t.Fatalf("park warm: %v", err)
+					}
+				}
+			}
+			calls.counts()
+			err := reserve("res-new", threadIn(t, "u1", 2, limit), true, tc.lanes)
+			got := calls.counts()
+			var ce *core.CapacityError
+			switch {
+			case tc.partial && (!errors.As(err, &ce) || ce.Reason != core.RefusalCapacity || !ce.Partial):
+				t.Fatalf("Reserve = %v, want a partial capacity refusal", err)
+			case tc.partial && ce.Status.Used != limit/lanes:
+				t.Errorf("refusal's used = %d, want %d: its lane's buckets only", ce.Status.Used, limit/lanes)
+			case !tc.partial && err != nil:
+				t.Fatalf("Reserve = %v, want the slot of another lane's bucket", err)
+			}
+			if !maps.Equal(got, tc.wantCalls) {
+				t.Errorf("Reserve made %v, want %v", got, tc.wantCalls)
+			}
+		})
 	}
 }

@@ -1,11 +1,11 @@
 package ddbstore
 
-// ShardOf, HomeBucket, OwnerShard, QueueShardOf, TicketLane and PausedPK
-// expose shardOf, homeBucket, ownerShard, queueShardOf, ticketLane and
+// ShardOf, ThreadHome, OwnerShard, QueueShardOf, TicketLane and PausedPK
+// expose shardOf, threadHome, ownerShard, queueShardOf, ticketLane and
 // pausedPK to the tests.
 var (
 	ShardOf      = shardOf
-	HomeBucket   = homeBucket
+	ThreadHome   = threadHome
 	OwnerShard   = ownerShard
 	QueueShardOf = queueShardOf
 	TicketLane   = ticketLane

@@ -377,7 +377,7 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
 	}
 	c.Tenant = r.Key.Tenant
-	_, err := s.takeSlotOrGrant(ctx, r.Limit, homeBucket(c.SandboxID, r.Limit), r.Grant, func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit, r.HomeFull, r.Lanes), r.Grant, func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
 	if err != nil {
 		return core.Record{}, err
 	}

@@ -56,7 +56,7 @@ func countSlots(t *testing.T, s *ddbstore.Store, key core.ThreadKey) slotCounts 
 	if err != nil {
 		t.Fatalf("PausedUsed: %v", err)
 	}
-	look, err := s.Lookup(ctx, key)
+	look, err := s.Lookup(ctx, key, 10)
 	if err != nil {
 		t.Fatalf("Lookup: %v", err)
 	}

@@ -45,7 +45,7 @@ func (s *Store) poolCount(delta int) types.TransactWriteItem {
 // ReservePool takes a slot (in a capacity bucket, as Reserve) and a pool
 // place and writes the pool reservation, in one transaction.
 func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
-	b, err := s.takeSlot(ctx, r.Limit, homeBucket(r.Token, r.Limit), func(b int) error { return s.reservePoolIn(ctx, r, b) })
+	b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit)}, func(b int) error { return s.reservePoolIn(ctx, r, b) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating})
 	}
@@ -142,7 +142,7 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 		return s.claimPoolMemberIn(ctx, c, c.Member.Slot.Bucket)
 	}
 	var rec core.Record
-	_, err := s.takeSlotOrGrant(ctx, c.Limit, homeBucket(c.Member.SandboxID, c.Limit), c.Grant, func(b int) error {
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(c.ThreadKey, c.Limit, false, 0), c.Grant, func(b int) error {
 		var err error
 		rec, err = s.claimPoolMemberIn(ctx, c, b)
 		return err

@@ -72,7 +72,7 @@ func TestPausedPoolMemberMovesItsSlots(t *testing.T) {
 			claimed.Slots, claimed.Slot, claimed.Fence)
 	}
 	check("claiming", poolSlots{used: 1, paused: 1, places: 0, pausedHolders: 1, placeHolders: 0})
-	if look, err := s.Lookup(ctx, thread(1)); err != nil || look.TenantUsed != 1 || look.Binding.SandboxID != "m1" {
+	if look, err := s.Lookup(ctx, thread(1), 10); err != nil || look.TenantUsed != 1 || look.Binding.SandboxID != "m1" {
 		t.Errorf("lookup = %+v, %v; want bound to m1, the tenant holding 1", look, err)
 	}
 	active, err := s.SettleResume(ctx, claimed, t0, t0.Add(time.Hour))

@@ -100,7 +100,7 @@ func TestClaimPoolMemberOnceAndItsConditions(t *testing.T) {
 		stored.Endpoint.AccessToken != "tok" {
 		t.Errorf("stored = %+v, returned %+v; want claiming for t1 under inv-a's lease", stored, rec)
 	}
-	look, err := s.Lookup(ctx, thread(1))
+	look, err := s.Lookup(ctx, thread(1), 5)
 	if err != nil || look.Binding.SandboxID != "m1" || look.TenantUsed != 1 {
 		t.Errorf("lookup = %+v, %v; want bound to m1 with the tenant's slot", look, err)
 	}
@@ -113,7 +113,7 @@ func TestClaimPoolMemberOnceAndItsConditions(t *testing.T) {
 	if err != nil || again.Fence != rec.Fence || again.State != core.StateClaiming {
 		t.Errorf("repeated claim = %+v, %v; want the applied claim (fence %d)", again, err, rec.Fence)
 	}
-	if look, _ := s.Lookup(ctx, thread(1)); look.TenantUsed != 1 {
+	if look, _ := s.Lookup(ctx, thread(1), 5); look.TenantUsed != 1 {
 		t.Errorf("tenant slots after a repeated claim = %d, want 1", look.TenantUsed)
 	}
 	claim2 := claim

@@ -16,13 +16,16 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// reserveFallbacks bounds the other buckets one Reserve tries once its
-// home bucket is full (each try is one transaction; a bucket that fills
-// meanwhile is a lost race, and the deployment is nearly full anyway),
+// reserveFallbacks bounds the other buckets one take tries after its
+// first, from its one read of the buckets (each try is one transaction of
+// four or five items, all charged when it is cancelled; a bucket the read
+// showed with room that fills meanwhile is a lost race, and a deployment
+// that loses two is nearly full anyway: trying more cost the tenant's
+// count and the buckets more cancelled units than the slots they found),
 // and limitAttempts the times it sets the buckets' limits for its limit
 // (a concurrent reservation doing the same wins the race).
 const (
-	reserveFallbacks = 3
+	reserveFallbacks = 1
 	limitAttempts    = 3
 )
 
@@ -39,49 +42,102 @@ var (
 // Reserve takes a slot and binds the thread to the reservation,
 // atomically (see takeSlot for the bucket it takes).
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
-	home := homeBucket(r.Token, r.Limit)
+	p := threadPlan(r.ThreadKey, r.Limit, r.HomeFull, r.Lanes)
 	if f := r.Freed; f != nil && f.Counted != "" && f.Bucket < min(CapacityBuckets, max(r.Limit, 1)) {
-		home = f.Bucket // where a slot was just freed for it
+		p.home = f.Bucket // where a slot was just freed for it
 	}
-	b, err := s.takeSlotOrGrant(ctx, r.Limit, home, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
+	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating, Quota: true})
 	}
 	return err
 }
 
+// noHome is the home bucket of a take that starts from the read of every
+// bucket: its lookup found its home full (Lookup.HomeFull).
+const noHome = -1
+
+// slotPlan is where a take of a running slot looks for one.
+type slotPlan struct {
+	// limit is the deployment limit the take enforces.
+	limit int
+	// home is the bucket tried first (noHome: none, the read comes first).
+	home int
+	// lane, when not nil, is the buckets of the take's wait lane: they are
+	// read instead of every bucket, and when none of them has room and
+	// none holds a sandbox an eviction could free, the take is refused
+	// with a partial CapacityError without reading the others (see
+	// core.Reservation.Lanes).
+	lane []int
+}
+
+// threadPlan is the plan of a take for thread k under limit: its home
+// (threadHome, or noHome when its lookup found that one full) and, with
+// lanes > 1, its home's lane.
+func threadPlan(k core.ThreadKey, limit int, homeFull bool, lanes int) slotPlan {
+	home := threadHome(k, limit)
+	p := slotPlan{limit: limit, home: home}
+	if homeFull {
+		p.home = noHome
+	}
+	if lanes > 1 {
+		p.lane = laneBuckets(bucketLane(home, lanes), lanes, limit)
+	}
+	return p
+}
+
+// laneBuckets lists the buckets with a share of limit that serve lane of
+// lanes first (bucketLane).
+func laneBuckets(lane, lanes, limit int) []int {
+	var out []int
+	for b := range min(CapacityBuckets, max(limit, 1)) {
+		if bucketLane(b, lanes) == lane {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // takeSlot runs take (a transaction taking a slot in bucket b, which
-// answers errBucketFull or errLimitsUnset when b refuses it) in the home
-// bucket, or when that one is full in another with room, and returns the
-// bucket that gave the slot. Every bucket is read once (one BatchGetItem),
-// when the home bucket refuses: the other buckets tried are picked from
-// that read, each take deciding whether its room is still there, so that
-// a deployment whose buckets are all busy pays one read of them per
-// acquire rather than one per bucket tried. It refuses for capacity only
-// when every bucket read is full or was tried, with the buckets' sums as
-// the refusal's details. Buckets whose limits are not set for limit get
-// them first (setLimits), and are read again.
-func (s *Store) takeSlot(ctx context.Context, limit, home int, take func(b int) error) (int, error) {
-	b := home
+// answers errBucketFull or errLimitsUnset when b refuses it) in the plan's
+// home bucket, or when that one is full (or there is none) in another with
+// room, and returns the bucket that gave the slot. The buckets are read
+// once (one BatchGetItem), when the home bucket refuses or first thing
+// without one: the buckets tried are picked from that read, each take
+// deciding whether its room is still there, so that a deployment whose
+// buckets are all busy pays one read of them per acquire rather than one
+// per bucket tried, and a take its lookup knew bound to fail costs no
+// cancelled transaction (its write units on the bucket and on the
+// tenant's count). It refuses for capacity only when every bucket read is
+// full or was tried, with the buckets' sums as the refusal's details:
+// every bucket's, unless the plan has a lane and none of its buckets
+// holds an evictable sandbox (readForTake). Buckets whose limits are not
+// set for the limit get them first (setLimits), and are read again.
+func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(b int) error) (int, error) {
+	b, limit := p.home, p.limit
 	var tried []int
-	var buckets []bucketItem // the read of every bucket, once a take failed
+	var buckets []bucketItem // the read of the buckets, once a take failed
 	for limits := 0; ; {
-		err := take(b)
-		if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
-			return b, err
-		}
-		if errors.Is(err, errBucketFull) {
-			tried = append(tried, b)
-			updateTried(buckets, b, err)
-		}
-		if buckets == nil || errors.Is(err, errLimitsUnset) {
-			var rerr error
-			buckets, _, rerr = s.readBuckets(ctx, "", false)
-			if rerr == nil && needsLimits(buckets, limit) {
-				buckets, _, rerr = s.readBuckets(ctx, "", true) // setLimits conditions on what it reads
+		if b != noHome {
+			err := take(b)
+			if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
+				return b, err
 			}
-			if rerr != nil {
-				return b, fmt.Errorf("reading the capacity buckets: %w", rerr)
+			if errors.Is(err, errBucketFull) {
+				tried = append(tried, b)
+				updateTried(buckets, b, err)
+			} else {
+				buckets, p.lane = nil, nil // read every bucket again
+			}
+		}
+		if buckets == nil {
+			var whole bool
+			var err error
+			if buckets, whole, err = s.readForTake(ctx, p); err != nil {
+				return b, fmt.Errorf("reading the capacity buckets: %w", err)
+			}
+			if whole {
+				p.lane = nil
 			}
 		}
 		st, tenants := bucketStatus(buckets)
@@ -104,11 +160,42 @@ func (s *Store) takeSlot(ctx context.Context, limit, home int, take func(b int) 
 			}
 		}
 		if len(open) == 0 || len(tried) > reserveFallbacks {
-			return b, &core.CapacityError{Reason: core.RefusalCapacity, Status: st, Tenants: tenants}
+			if p.lane == nil {
+				return b, &core.CapacityError{Reason: core.RefusalCapacity, Status: st, Tenants: tenants}
+			}
+			if !evictable(st) {
+				return b, &core.CapacityError{Reason: core.RefusalCapacity, Status: st, Tenants: tenants, Partial: true}
+			}
+			// An eviction may free a slot: its fair share, and the
+			// refusal's details, need every bucket.
+			b, buckets, p.lane = noHome, nil, nil
+			continue
 		}
 		b = open[rand.IntN(len(open))]
 	}
 }
+
+// readForTake reads the buckets a take picks from: the plan's lane's when
+// it has one, else every bucket (whole); every bucket, strongly
+// consistent, when those read have limits to set (setLimits conditions on
+// what it read, and writes every bucket).
+func (s *Store) readForTake(ctx context.Context, p slotPlan) (buckets []bucketItem, whole bool, err error) {
+	if p.lane != nil {
+		buckets, err = s.readBucketsIn(ctx, p.lane, false)
+	} else {
+		buckets, err = s.readBuckets(ctx, false)
+		whole = true
+	}
+	if err == nil && needsLimits(buckets, p.limit) {
+		buckets, err = s.readBuckets(ctx, true)
+		whole = true
+	}
+	return buckets, whole, err
+}
+
+// evictable reports whether buckets summed to st hold a sandbox an
+// eviction could free a slot of: a warm sandbox, a tombstone, a pool member.
+func evictable(st core.CapacityStatus) bool { return st.Warm+st.Tombstones+st.Pool > 0 }
 
 // bucketRefusal says why bucket av (returned by a failed take) refused a
 // slot under limit: draining, limits unset for limit, or full (a

@@ -69,12 +69,12 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, CallTimeout)
 }
 
-// Lookup reads the thread's binding, one capacity bucket (for the
-// draining flag: the thread's, so that no one item is read by every
-// acquire) and the tenant's slot count in one BatchGetItem (strongly
-// consistent), retrying unprocessed keys.
-func (s *Store) Lookup(ctx context.Context, key core.ThreadKey) (core.Lookup, error) {
-	bucket := bucketPK(s.deployment, threadBucket(key))
+// Lookup reads the thread's binding, its home capacity bucket under limit
+// (threadHome: the draining flag, and whether it is full) and the tenant's
+// slot count in one BatchGetItem (strongly consistent), retrying
+// unprocessed keys.
+func (s *Store) Lookup(ctx context.Context, key core.ThreadKey, limit int) (core.Lookup, error) {
+	bucket := bucketPK(s.deployment, threadHome(key, limit))
 	items, err := s.batchGet(ctx, []map[string]types.AttributeValue{s.key(bindingPK(key)), s.key(bucket),
 		s.key(tenantPK(s.deployment, key.Tenant))}, true)
 	if err != nil {
@@ -88,7 +88,9 @@ func (s *Store) Lookup(ctx context.Context, key core.ThreadKey) (core.Lookup, er
 		}
 		switch pk.Value {
 		case bucket:
-			look.Draining = decodeBucket(av).Draining
+			bk := decodeBucket(av)
+			look.Draining = bk.Draining
+			look.HomeFull = bk.LimOf == limit && bk.room(limit) <= 0
 			continue
 		case tenantPK(s.deployment, key.Tenant):
 			look.TenantUsed = decodeCounter(av)

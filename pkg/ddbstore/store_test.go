@@ -63,7 +63,7 @@ func TestReserveFinalizeBindsThread(t *testing.T) {
 	ctx := context.Background()
 	key := thread(1)
 	rec := activeRecord(t, s, key, "sbx1")
-	look, err := s.Lookup(ctx, key)
+	look, err := s.Lookup(ctx, key, 100)
 	if err != nil {
 		t.Fatalf("Lookup: %v", err)
 	}
@@ -278,7 +278,7 @@ func TestFreeReservationReturnsSlot(t *testing.T) {
 	if err := s.FreeReservation(ctx, "res-1", key); err != nil {
 		t.Fatalf("FreeReservation: %v", err)
 	}
-	if look, err := s.Lookup(ctx, key); err != nil || look.Bound {
+	if look, err := s.Lookup(ctx, key, 1); err != nil || look.Bound {
 		t.Errorf("binding after free = %+v, %v; want none", look, err)
 	}
 	if err := s.FreeReservation(ctx, "res-1", key); !errors.Is(err, core.ErrNotFound) {
@@ -328,7 +328,7 @@ func TestDrainingRefusesReservationsAndParking(t *testing.T) {
 		t.Errorf("record after refused park = %s fence %d, want unchanged active fence %d", got.State, got.Fence, rec.Fence)
 	}
 	for n := range 20 { // every thread's lookup reads one of the buckets
-		if look, _ := s.Lookup(ctx, thread(n)); !look.Draining {
+		if look, _ := s.Lookup(ctx, thread(n), 10); !look.Draining {
 			t.Errorf("lookup of %s = %+v, want draining", thread(n), look)
 		}
 	}

@@ -64,7 +64,7 @@ func TestTenantQuotaHoldsUnderConcurrentReserves(t *testing.T) {
 	if st.Used != 2*quota {
 		t.Errorf("ledger used = %d, want %d (refused reservations take nothing)", st.Used, 2*quota)
 	}
-	look, err := s.Lookup(ctx, core.ThreadKey{Tenant: "acme", User: "u0", Thread: "t"})
+	look, err := s.Lookup(ctx, core.ThreadKey{Tenant: "acme", User: "u0", Thread: "t"}, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestTenantCountMovesWithEverySlot(t *testing.T) {
 	}
 	tenantUsed := func() int {
 		t.Helper()
-		look, err := s.Lookup(ctx, k("x", 0))
+		look, err := s.Lookup(ctx, k("x", 0), 10)
 		if err != nil {
 			t.Fatal(err)
 		}

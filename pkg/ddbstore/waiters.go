@@ -884,7 +884,7 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 // readRoom reads every bucket (once per Dispatch) into w.room and res.
 func (s *Store) readRoom(ctx context.Context, d core.Dispatch, w *walk, res *core.DispatchResult) error {
 	w.read = true
-	buckets, _, err := s.readBuckets(ctx, "", false)
+	buckets, err := s.readBuckets(ctx, false)
 	if err != nil {
 		return err
 	}
@@ -1049,11 +1049,11 @@ func (s *Store) grantFailed(failed map[string]types.CancellationReason, g *core.
 
 // takeSlotOrGrant is takeSlot, or with a grant one take in the grant's
 // bucket: the slot is the one held there in trust (slotTake).
-func (s *Store) takeSlotOrGrant(ctx context.Context, limit, home int, g *core.Grant, take func(b int) error) (int, error) {
+func (s *Store) takeSlotOrGrant(ctx context.Context, p slotPlan, g *core.Grant, take func(b int) error) (int, error) {
 	if g != nil {
 		return g.Bucket, take(g.Bucket)
 	}
-	return s.takeSlot(ctx, limit, home, take)
+	return s.takeSlot(ctx, p, take)
 }
 
 // eachTicket calls fn with every ticket of the queue (its shards and

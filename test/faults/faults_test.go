@@ -789,6 +789,16 @@ var spillSteps = []step{
 	{"wait-lanes/spill-grant", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `grant_until`), spillStep},
 }
 
+// laneTakeSteps are the steps of an acquire whose home bucket is full on
+// a stack whose queue has two lanes: its take's read of its lane's
+// buckets (eventually consistent, and not every bucket: the lookup's
+// and the counter repair's reads are strongly consistent, a dispatch's
+// reads all 64), after which it queues.
+var laneTakeSteps = []step{
+	{"wait-lanes/lane-read", ddbLayer, faults.BodyLacks(faults.BodyLacks(faults.BodyContains(faults.DynamoDB("BatchGetItem"),
+		`"S":"CAP#`), `"ConsistentRead":true`), fmt.Sprintf(`#%d"`, ddbstore.CapacityBuckets-1)), waitStep},
+}
+
 // spillRead matches an eventually consistent Query of a shard of the lane
 // its case's waiter queued in.
 func spillRead(r faults.Request) bool {
@@ -979,10 +989,10 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	for _, sp := range pausedFallbackSteps {
 		configs[sp.name] = stackConfig{maxPaused: 2}
 	}
-	for _, sp := range spillSteps {
+	for _, sp := range slices.Concat(spillSteps, laneTakeSteps) {
 		configs[sp.name] = stackConfig{waitLanes: spillLanes}
 	}
-	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps, spillSteps) {
+	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps, spillSteps, laneTakeSteps) {
 		cfg := configs[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++
