@@ -59,7 +59,8 @@ import (
 // which hand a sandbox back in one conditional write (reuse, reclaim), do
 // not touch the bucket; the engine's next fenced write (the reclaim's
 // expiry, the park) moves the count. A record whose invocation died between
-// is counted in its former state until reconcile recounts.
+// is counted in its former state until reconcile recounts. A resume claim,
+// which takes a slot, counts it active at once (ClaimResume).
 const CapacityBuckets = 64
 
 // bucketPK is the key of capacity bucket b.

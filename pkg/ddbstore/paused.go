@@ -369,7 +369,10 @@ func (s *Store) abortPause(ctx context.Context, op string, rec core.Record, now 
 // ClaimResume implements core.PauseStore: one transaction of the record
 // (paused to resuming, leased, holding a running slot again in a capacity
 // bucket, as a reservation takes one: see takeSlot), the bucket and the
-// user's and tenant's counters, then a read of the record.
+// user's and tenant's counters, then a read of the record. The bucket
+// counts the slot active from the claim on, so that the settle that
+// activates the sandbox writes no bucket (a resume is one provider call;
+// one that fails is discarded, which moves the count as any tombstone).
 func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Record, error) {
 	c := r.Claim
 	c.From = []core.State{core.StatePaused}
@@ -388,14 +391,14 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Claim, b int) error {
 	upd := s.claimUpdate(c, core.StateResuming, c.Now).Remove(expression.Name("no_running_slot")).
 		Set(expression.Name("bucket"), expression.Value(b)).
-		Set(expression.Name("counted"), expression.Value(string(core.StateResuming))).
+		Set(expression.Name("counted"), expression.Value(string(core.StateActive))).
 		Set(expression.Name("quota"), expression.Value(true))
 	cond := claimCondition(c).And(expression.Name("user_id").Equal(expression.Value(r.Key.User)))
 	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}
-	take, err := s.slotTake(b, r.Limit, core.StateResuming, c.Tenant, r.Grant)
+	take, err := s.slotTake(b, r.Limit, core.StateActive, c.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}

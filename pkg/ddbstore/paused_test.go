@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go/middleware"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
@@ -434,4 +436,81 @@ func TestPausedSlotsFillEveryBucketBeforeRefusing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAResumeIsCountedActiveFromItsClaim: the claim that takes a paused
+// sandbox's running slot counts it active in its bucket, so that the
+// settle that activates it writes no capacity bucket.
+func TestAResumeIsCountedActiveFromItsClaim(t *testing.T) {
+	base, table := newTable(t)
+	var txnBodies []string
+	var mu sync.Mutex
+	s := ddbstore.New(dynamodb.New(base.Options(), func(o *dynamodb.Options) {
+		o.APIOptions = append(o.APIOptions, func(stack *middleware.Stack) error {
+			return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("txnKeys",
+				func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+					if tx, ok := in.Parameters.(*dynamodb.TransactWriteItemsInput); ok {
+						var keys []string
+						for _, it := range tx.TransactItems {
+							keys = append(keys, txnItemPK(it))
+						}
+						mu.Lock()
+						txnBodies = append(txnBodies, strings.Join(keys, " "))
+						mu.Unlock()
+					}
+					return next.HandleInitialize(ctx, in)
+				}), middleware.After)
+		})
+	}), table, "test")
+	ctx := context.Background()
+	key := thread(1)
+	warmAt(t, s, key, "sbx1")
+	rec, err := s.ClaimPause(ctx, pauseClaim("sbx1", "p", t0), 5)
+	if err != nil {
+		t.Fatalf("ClaimPause: %v", err)
+	}
+	if _, err := s.SettlePause(ctx, rec, t0); err != nil {
+		t.Fatalf("SettlePause: %v", err)
+	}
+	claimed, err := s.ClaimResume(ctx, core.ResumeClaim{Claim: pauseClaim("sbx1", "r", t0.Add(time.Hour)), Key: key, Limit: 5})
+	if err != nil {
+		t.Fatalf("ClaimResume: %v", err)
+	}
+	if st, err := s.Capacity(ctx); err != nil || st.Active != 1 || st.Transitioning != 0 || st.Used != 1 {
+		t.Errorf("capacity after the resume claim = %+v, %v; want one slot, counted active", st, err)
+	}
+	mu.Lock()
+	txnBodies = nil
+	mu.Unlock()
+	if _, err := s.SettleResume(ctx, claimed, t0, t0.Add(time.Hour)); err != nil {
+		t.Fatalf("SettleResume: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(txnBodies) != 1 || strings.Contains(txnBodies[0], "CAP#") {
+		t.Errorf("the settle's transactions wrote %q, want one that writes no capacity bucket", txnBodies)
+	}
+	if st, err := s.Capacity(ctx); err != nil || st.Active != 1 || st.Transitioning != 0 || st.Used != 1 {
+		t.Errorf("capacity after the settle = %+v, %v; want one slot, counted active", st, err)
+	}
+}
+
+// txnItemPK is the partition key a transaction item writes.
+func txnItemPK(it types.TransactWriteItem) string {
+	var key map[string]types.AttributeValue
+	switch {
+	case it.Update != nil:
+		key = it.Update.Key
+	case it.Put != nil:
+		key = it.Put.Item
+	case it.Delete != nil:
+		key = it.Delete.Key
+	case it.ConditionCheck != nil:
+		key = it.ConditionCheck.Key
+	}
+	pk, _ := key[ddbstore.AttrPK].(*types.AttributeValueMemberS)
+	if pk == nil {
+		return ""
+	}
+	return pk.Value
 }
