@@ -1,9 +1,10 @@
 package ddbstore
 
-// ShardOf, ThreadHome, OwnerShard, QueueShardOf, TicketLane and PausedPK
-// expose shardOf, threadHome, ownerShard, queueShardOf, ticketLane and
-// pausedPK to the tests.
+// ShardOf, ThreadHome, OwnerShard, QueueShardOf, TicketLane, PausedPK and
+// ItemPK expose shardOf, threadHome, ownerShard, queueShardOf, ticketLane,
+// pausedPK and itemPK to the tests.
 var (
+	ItemPK       = itemPK
 	ShardOf      = shardOf
 	ThreadHome   = threadHome
 	OwnerShard   = ownerShard

@@ -18,6 +18,21 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
+// pausedAt makes key's sandbox id paused (warm, its pause claimed and
+// settled at t0, its running slot freed).
+func pausedAt(t *testing.T, s *ddbstore.Store, key core.ThreadKey, id string) {
+	t.Helper()
+	ctx := context.Background()
+	warmAt(t, s, key, id)
+	rec, err := s.ClaimPause(ctx, pauseClaim(id, "p", t0), 5)
+	if err != nil {
+		t.Fatalf("ClaimPause: %v", err)
+	}
+	if _, err := s.SettlePause(ctx, rec, t0); err != nil {
+		t.Fatalf("SettlePause: %v", err)
+	}
+}
+
 // warmAt makes a fresh active record for key and parks it warm at t0.
 func warmAt(t *testing.T, s *ddbstore.Store, key core.ThreadKey, id string) core.Record {
 	t.Helper()
@@ -224,14 +239,7 @@ func TestClaimResumeTakesARunningSlotLikeAReservation(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
 	key := thread(1)
-	warmAt(t, s, key, "sbx1")
-	rec, err := s.ClaimPause(ctx, pauseClaim("sbx1", "p", t0), 5)
-	if err != nil {
-		t.Fatalf("ClaimPause: %v", err)
-	}
-	if _, err := s.SettlePause(ctx, rec, t0); err != nil {
-		t.Fatalf("SettlePause: %v", err)
-	}
+	pausedAt(t, s, key, "sbx1")
 	activeRecord(t, s, thread(2), "sbx2") // holds the one running slot
 	resume := func(limit, perUser int, user string) error {
 		k := key
@@ -452,7 +460,7 @@ func TestAResumeIsCountedActiveFromItsClaim(t *testing.T) {
 					if tx, ok := in.Parameters.(*dynamodb.TransactWriteItemsInput); ok {
 						var keys []string
 						for _, it := range tx.TransactItems {
-							keys = append(keys, txnItemPK(it))
+							keys = append(keys, ddbstore.ItemPK(it))
 						}
 						mu.Lock()
 						txnBodies = append(txnBodies, strings.Join(keys, " "))
@@ -464,14 +472,7 @@ func TestAResumeIsCountedActiveFromItsClaim(t *testing.T) {
 	}), table, "test")
 	ctx := context.Background()
 	key := thread(1)
-	warmAt(t, s, key, "sbx1")
-	rec, err := s.ClaimPause(ctx, pauseClaim("sbx1", "p", t0), 5)
-	if err != nil {
-		t.Fatalf("ClaimPause: %v", err)
-	}
-	if _, err := s.SettlePause(ctx, rec, t0); err != nil {
-		t.Fatalf("SettlePause: %v", err)
-	}
+	pausedAt(t, s, key, "sbx1")
 	claimed, err := s.ClaimResume(ctx, core.ResumeClaim{Claim: pauseClaim("sbx1", "r", t0.Add(time.Hour)), Key: key, Limit: 5})
 	if err != nil {
 		t.Fatalf("ClaimResume: %v", err)
@@ -493,24 +494,4 @@ func TestAResumeIsCountedActiveFromItsClaim(t *testing.T) {
 	if st, err := s.Capacity(ctx); err != nil || st.Active != 1 || st.Transitioning != 0 || st.Used != 1 {
 		t.Errorf("capacity after the settle = %+v, %v; want one slot, counted active", st, err)
 	}
-}
-
-// txnItemPK is the partition key a transaction item writes.
-func txnItemPK(it types.TransactWriteItem) string {
-	var key map[string]types.AttributeValue
-	switch {
-	case it.Update != nil:
-		key = it.Update.Key
-	case it.Put != nil:
-		key = it.Put.Item
-	case it.Delete != nil:
-		key = it.Delete.Key
-	case it.ConditionCheck != nil:
-		key = it.ConditionCheck.Key
-	}
-	pk, _ := key[ddbstore.AttrPK].(*types.AttributeValueMemberS)
-	if pk == nil {
-		return ""
-	}
-	return pk.Value
 }
