@@ -250,20 +250,25 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		var ce *CapacityError
 		if errors.As(err, &ce) {
 			if e.s.Policy != PolicyWait || ce.Reason != RefusalCapacity || !e.now().Add(waitPoll).Before(deadline) {
-				return AcquireResult{}, e.wholeStatus(ctx, err)
+				if lookWhole(st, ce) {
+					continue
+				}
+				return AcquireResult{}, err
 			}
 			if st.grant != nil {
 				// Refused holding a grant: a take that could not use it.
 				// Pass it on rather than wait for it again.
 				e.leaveWait(ctx, st)
 			}
-			switch werr := e.waitForGrant(ctx, key, owner, st, deadline, ce); {
+			switch werr := e.waitForGrant(ctx, key, owner, st, deadline, ce.Status); {
 			case werr == nil:
 				continue // granted: the next attempt takes the slot
-			case errors.Is(werr, errWaitTimedOut):
-				return AcquireResult{}, e.wholeStatus(ctx, err)
 			case errors.Is(werr, errTicketGone):
 				continue // look again (and queue again if still full)
+			case cannotWait(werr) && lookWhole(st, ce):
+				continue // every bucket first
+			case errors.Is(werr, errWaitTimedOut):
+				return AcquireResult{}, err
 			default:
 				return AcquireResult{}, werr
 			}
@@ -304,6 +309,9 @@ type acquireState struct {
 	atShare    bool
 	// homeFull is the lookup's Lookup.HomeFull, for the takes.
 	homeFull bool
+	// whole: the takes read every bucket, not only their wait lane's
+	// (see lookWhole).
+	whole bool
 	// freed is the slot the last eviction freed, for the next take
 	// (Reservation.Freed); nil when none.
 	freed *Slot
@@ -580,7 +588,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 		token = "res-" + newOwner()[4:]
 		return e.took(st, e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, HomeFull: st.homeFull, Lanes: e.takeLanes(), Grant: st.grant}))
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, HomeFull: st.homeFull, Lanes: e.takeLanes(st), Grant: st.grant}))
 	})
 	if err != nil {
 		return AcquireResult{}, retry, err
@@ -673,31 +681,36 @@ func (e *Engine) refused(ce *CapacityError) *CapacityError {
 	return ce
 }
 
-// takeLanes is Reservation.Lanes for the engine's takes: the wait lanes
-// under the wait policy with more than one, else 0 (every bucket read).
-func (e *Engine) takeLanes() int {
-	if e.s.Policy != PolicyWait || e.s.WaitLaneCount() < 2 {
+// takeLanes is Reservation.Lanes for st's takes: the wait lanes under
+// the wait policy with more than one, else (or once st reads every
+// bucket) 0.
+func (e *Engine) takeLanes(st *acquireState) int {
+	if st.whole || e.s.Policy != PolicyWait || e.s.WaitLaneCount() < 2 {
 		return 0
 	}
 	return e.s.WaitLaneCount()
 }
 
-// wholeStatus makes err's capacity refusal, if partial (CapacityError.Partial),
-// carry the whole deployment's status, before an acquire answers with it.
-// A failed read leaves the lane's figures.
-func (e *Engine) wholeStatus(ctx context.Context, err error) error {
+// cannotWait reports whether werr, a wait's end, says the acquire cannot
+// wait for a slot: its wait ran out, or it could not queue (no waiter
+// place, the queue unavailable).
+func cannotWait(werr error) bool {
 	var ce *CapacityError
-	if !errors.As(err, &ce) || !ce.Partial {
-		return err
+	return errors.Is(werr, errWaitTimedOut) || errors.As(werr, &ce) && ce.Reason != RefusalDraining
+}
+
+// lookWhole reports whether the acquire should try again reading every
+// bucket before it answers with ce: ce is partial (its lane's buckets
+// were full, CapacityError.Partial) and the acquire cannot wait (no time
+// left, no waiter place, its wait ran out), so other lanes' buckets may
+// still have room, and a refusal must mean that every bucket was full.
+// Once per acquire: its takes read every bucket from then on.
+func lookWhole(st *acquireState, ce *CapacityError) bool {
+	if !ce.Partial || st.whole {
+		return false
 	}
-	st, rerr := e.store.Capacity(ctx)
-	if rerr != nil {
-		e.log.WarnContext(ctx, "read capacity for a refusal failed", "err", rerr)
-		return err
-	}
-	st.Policy, st.Limit = ce.Status.Policy, ce.Status.Limit
-	ce.Status, ce.Tenants, ce.Partial = st, nil, false
-	return err
+	st.whole = true
+	return true
 }
 
 // evictCandidates is how many of the least recently parked warm sandboxes

@@ -63,8 +63,8 @@ type CapacityError struct {
 	Tenants []string
 	// Partial: Status and Tenants sum only the buckets of the acquire's
 	// wait lane (Reservation.Lanes), none of which had room or held a
-	// sandbox an eviction could free. The engine waits without evicting,
-	// and reads the whole status before it answers with one.
+	// sandbox an eviction could free. The engine waits without evicting;
+	// it never answers with one, but looks again at every bucket first.
 	Partial bool
 }
 

@@ -103,8 +103,9 @@ type Reservation struct {
 	// a slot is free unless a peer took it.
 	Freed *Slot
 	// HomeFull is the lookup's Lookup.HomeFull: the store skips the take
-	// in the thread's home bucket and picks one with room from a read of
-	// every bucket (ignored with Freed).
+	// in the thread's home bucket and picks one with room from its read of
+	// the buckets (every bucket, or with Lanes its lane's; ignored with
+	// Freed).
 	HomeFull bool
 	// Lanes, when > 1, is the wait queue's lane count under the wait
 	// policy: the store reads only the buckets of the thread's lane (those

@@ -216,7 +216,7 @@ type CapacityStatus struct {
 	Active        int `json:"active"`
 	Warm          int `json:"warm"`
 	Reserved      int `json:"reserved"`
-	Transitioning int `json:"transitioning"` // releasing, reclaiming, pausing, resuming, claiming
+	Transitioning int `json:"transitioning"` // releasing, reclaiming, pausing, claiming (a resume counts active from its claim)
 	Tombstones    int `json:"tombstones"`    // destroying: kill not yet confirmed
 	// Pool counts the pre-warmed pool's members waiting to be claimed
 	// (their running slots are in Used).

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -237,40 +239,74 @@ func TestHeadsEvictionServesItsOwnLane(t *testing.T) {
 }
 
 // TestALaneRefusalAnswersWithTheWholeStatus: with wait lanes, an acquire
-// reads only its lane's buckets for a slot (half of them here), yet the
-// capacity refusal it answers with when its wait runs out counts every
-// bucket, as a refusal does without lanes, and one past its tenant's
-// waiter places too.
+// reads only its lane's buckets for a slot (half of them here). One that
+// cannot wait (its wait ran out, no waiter place, no time to wait) looks
+// at every bucket before it answers: it takes a slot another lane's
+// bucket has, and when there is none its refusal counts every bucket, as
+// a refusal does without lanes.
 func TestALaneRefusalAnswersWithTheWholeStatus(t *testing.T) {
-	const limit = 4
+	const limit, lanes = 4, 2
+	late := key("late")
 	for _, tc := range []struct {
 		name string
 		// placeTaken: the tenant's one waiter place is held by another
 		// ticket of its own.
 		placeTaken bool
-		reason     core.RefusalReason
+		timeout    time.Duration
+		// otherLaneOpen: a bucket of the other lane than late's home's
+		// has room.
+		otherLaneOpen bool
+		reason        core.RefusalReason // "": served
 	}{
-		{"its wait ran out", false, core.RefusalCapacity},
-		{"no waiter place", true, core.RefusalTooManyWaiters},
+		{"its wait ran out", false, time.Second, false, core.RefusalCapacity},
+		{"no waiter place", true, time.Second, false, core.RefusalTooManyWaiters},
+		{"no waiter place, another lane open", true, time.Second, true, ""},
+		{"no time to wait, another lane open", false, 100 * time.Millisecond, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var h *harness
 			h = newHarness(t, func(s *core.Settings) {
-				s.Replicas, s.Policy, s.WaitLanes, s.AcquireTimeout, s.MaxWaitersPerTenant = limit, core.PolicyWait, 2, time.Second, 1
+				s.Replicas, s.Policy, s.WaitLanes, s.AcquireTimeout, s.MaxWaitersPerTenant = limit, core.PolicyWait, lanes, tc.timeout, 1
 			}, core.WithSleep(func(ctx context.Context, d time.Duration) error {
 				h.clock.advance(d)
 				return ctx.Err()
 			}))
+			ctx := context.Background()
+			var holders []core.Record
 			for n := range limit {
-				h.acquire(t, tenantKey("hold", fmt.Sprint("t", n)), core.SourceCreated) // in use: nothing to evict
+				holders = append(holders, h.acquire(t, tenantKey("hold", fmt.Sprint("t", n)), core.SourceCreated)) // in use: nothing to evict
+			}
+			if first := tenantKey("hold", "t0"); holders[0].Slot.Bucket != homeBucket(first, limit) {
+				t.Fatalf("setup: the first create took bucket %d, want its home %d: homeBucket is not the store's", holders[0].Slot.Bucket, homeBucket(first, limit))
+			}
+			if tc.otherLaneOpen {
+				i := slices.IndexFunc(holders, func(r core.Record) bool { return r.Slot.Bucket%lanes != homeBucket(late, limit)%lanes })
+				if i < 0 {
+					t.Fatalf("setup: no holder outside the lane of bucket %d", homeBucket(late, limit))
+				}
+				if err := h.store.Free(ctx, holders[i], h.clock.now()); err != nil { // no dispatch: the slot stays open
+					t.Fatalf("free holder: %v", err)
+				}
+			}
+			if look, err := h.store.Lookup(ctx, late, limit); err != nil || !look.HomeFull {
+				t.Fatalf("setup: lookup = %+v, %v; want late's home full", look, err)
 			}
 			if tc.placeTaken {
-				if _, err := h.store.EnterWait(context.Background(), core.Waiter{Tenant: "acme", Ticket: "other", Max: 1, Lanes: 2,
+				if _, err := h.store.EnterWait(ctx, core.Waiter{Tenant: "acme", Ticket: "other", Max: 1, Lanes: lanes,
 					Now: h.clock.now(), Until: h.clock.now().Add(time.Hour)}); err != nil {
 					t.Fatalf("EnterWait: %v", err)
 				}
 			}
-			_, err := h.eng.Acquire(context.Background(), key("late"))
+			res, err := h.eng.Acquire(ctx, late)
+			if tc.reason == "" {
+				if err != nil {
+					t.Fatalf("Acquire = %v, want the other lane's slot", err)
+				}
+				if res.Source != core.SourceCreated {
+					t.Errorf("source = %s, want created", res.Source)
+				}
+				return
+			}
 			var ce *core.CapacityError
 			if !errors.As(err, &ce) || ce.Reason != tc.reason {
 				t.Fatalf("Acquire = %v, want a %s refusal", err, tc.reason)
@@ -280,4 +316,13 @@ func TestALaneRefusalAnswersWithTheWholeStatus(t *testing.T) {
 			}
 		})
 	}
+}
+
+// homeBucket is the capacity bucket k's takes try first under limit (at
+// most 64): the store's FNV-1a hash of the thread. Were the store to pick
+// otherwise, the tests that use it fail their setup check of the lookup.
+func homeBucket(k core.ThreadKey, limit int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(k.Tenant + "\x00" + k.User + "\x00" + k.Thread))
+	return int(h.Sum32() % uint32(min(limit, 64)))
 }

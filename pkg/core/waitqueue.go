@@ -116,9 +116,10 @@ func (e *Engine) note(w *waiting, ev WaitEvent) {
 // would have waited.
 //
 // A refusal here carries the figures of the capacity refusal that sent
-// the acquire to wait (refused, made whole: see wholeStatus): the
-// deployment was full as it says.
-func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, deadline time.Time, st *acquireState, refused *CapacityError) error {
+// the acquire to wait (refused): the deployment was full as it says (a
+// partial refusal's figures are the lane's, and the acquire then looks
+// again at every bucket before it answers: see lookWhole).
+func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, deadline time.Time, st *acquireState, refused CapacityStatus) error {
 	places := e.s.MaxWaitersPerTenant
 	if places <= 0 {
 		places = maxWaiterPlaces
@@ -128,13 +129,11 @@ func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, dea
 	var ce *CapacityError
 	switch {
 	case errors.As(err, &ce):
-		_ = e.wholeStatus(ctx, refused)
-		ce.Status = refused.Status
+		ce.Status = refused
 		return ce
 	case err != nil:
 		e.log.WarnContext(ctx, "enter wait failed; refusing", "tenant", key.Tenant, "err", err)
-		_ = e.wholeStatus(ctx, refused)
-		return &CapacityError{Reason: RefusalCapacityBackend, RetryAfter: 2 * time.Second, Status: refused.Status}
+		return &CapacityError{Reason: RefusalCapacityBackend, RetryAfter: 2 * time.Second, Status: refused}
 	}
 	st.wait = &waiting{ticket: t}
 	e.note(st.wait, WaitEnqueued)
@@ -151,7 +150,7 @@ const maxWaiterPlaces = 100
 // (errWaitTimedOut) or the ticket is gone (errTicketGone). Every
 // waitTurnEvery polls, and right after queueing, it takes its turn
 // (waitTurn).
-func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, st *acquireState, deadline time.Time, refused *CapacityError) error {
+func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, st *acquireState, deadline time.Time, refused CapacityStatus) error {
 	if st.wait == nil {
 		if err := e.enterWait(ctx, key, owner, deadline, st, refused); err != nil {
 			return err
