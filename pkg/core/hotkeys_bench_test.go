@@ -56,11 +56,14 @@ type keyLoad struct {
 	// failed, or only contention (DynamoDB's TransactionConflict).
 	cancels map[string]int
 	calls   int
+	// index knows each item's index entries, so that an applied write
+	// is charged the index writes it causes (see indexShadow).
+	index indexShadow
 }
 
 func newKeyLoad() *keyLoad {
 	return &keyLoad{write: map[string]float64{}, read: map[string]float64{}, cancelled: map[string]float64{},
-		queueReads: map[string]float64{}, cancels: map[string]int{}}
+		queueReads: map[string]float64{}, cancels: map[string]int{}, index: indexShadow{}}
 }
 
 // cancelCause is why a transaction was cancelled: the kinds of its
@@ -89,6 +92,11 @@ func (l *keyLoad) middleware(stack *middleware.Stack) error {
 		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
 			l.record(in.Parameters)
 			out, md, err := next.HandleInitialize(ctx, in)
+			if err == nil {
+				l.mu.Lock()
+				l.index.applied(in.Parameters, l.write)
+				l.mu.Unlock()
+			}
 			var tce *types.TransactionCanceledException
 			if txn, ok := in.Parameters.(*dynamodb.TransactWriteItemsInput); ok && errors.As(err, &tce) {
 				l.mu.Lock()
@@ -135,63 +143,24 @@ func pkOf(key map[string]types.AttributeValue) string {
 	return "pk=?"
 }
 
-// setClause finds "#name = :value" pairs of an update expression,
-// keyClause those of a key condition, whose name may be written out.
-var (
-	setClause = regexp.MustCompile(`(#\w+)\s*=\s*(:\w+)`)
-	keyClause = regexp.MustCompile(`(#?\w+)\s*=\s*(:\w+)`)
-)
-
-// indexKeys are the index partition keys an update or put writes: its
-// gsi1pk (the state index) and gsi2pk (the owner index), each as
-// "<attribute>=<value>".
-func indexKeys(expr *string, names map[string]string, values map[string]types.AttributeValue, item map[string]types.AttributeValue) []string {
-	var keys []string
-	for _, attr := range []string{ddbstore.AttrGSI1PK, ddbstore.AttrGSI2PK} {
-		if v, ok := item[attr].(*types.AttributeValueMemberS); ok {
-			keys = append(keys, attr+"="+v.Value)
-		}
-		if expr == nil {
-			continue
-		}
-		for _, m := range setClause.FindAllStringSubmatch(*expr, -1) {
-			if names[m[1]] == attr {
-				if v, ok := values[m[2]].(*types.AttributeValueMemberS); ok {
-					keys = append(keys, attr+"="+v.Value)
-				}
-			}
-		}
-	}
-	return keys
-}
+// keyClause finds the "name = :value" pairs of a key condition, whose
+// name may be written out.
+var keyClause = regexp.MustCompile(`(#?\w+)\s*=\s*(:\w+)`)
 
 func (l *keyLoad) record(params any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.calls++
-	w := func(units float64, key string, gsis []string) {
-		l.write[key] += units
-		for _, gsi := range gsis {
-			l.write[gsi]++ // an index write is a plain write of the index entry
-		}
-	}
 	switch in := params.(type) {
 	case *dynamodb.UpdateItemInput:
-		w(1, pkOf(in.Key), indexKeys(in.UpdateExpression, in.ExpressionAttributeNames, in.ExpressionAttributeValues, nil))
+		l.write[pkOf(in.Key)]++
 	case *dynamodb.PutItemInput:
-		w(1, pkOf(in.Item), indexKeys(nil, nil, nil, in.Item))
+		l.write[pkOf(in.Item)]++
 	case *dynamodb.DeleteItemInput:
-		w(1, pkOf(in.Key), nil)
+		l.write[pkOf(in.Key)]++
 	case *dynamodb.TransactWriteItemsInput:
 		for _, it := range in.TransactItems {
-			var gsis []string
-			switch {
-			case it.Update != nil:
-				gsis = indexKeys(it.Update.UpdateExpression, it.Update.ExpressionAttributeNames, it.Update.ExpressionAttributeValues, nil)
-			case it.Put != nil:
-				gsis = indexKeys(nil, nil, nil, it.Put.Item)
-			}
-			w(txnWriteFactor, pkOf(txnItemKey(it)), gsis)
+			l.write[pkOf(txnItemKey(it))] += txnWriteFactor
 		}
 	case *dynamodb.GetItemInput:
 		l.read[pkOf(in.Key)] += readUnits(in.ConsistentRead)
