@@ -178,7 +178,7 @@ var Parameters = []Parameter{
 	{Name: "SandboxMaxPerTenant", Env: config.EnvMaxPerTenant, Default: "", AllowedPattern: `^([0-9]+)?$`,
 		Description: "Slots one tenant may hold across its users; 0 = no cap (empty = the default)."},
 	{Name: "SandboxMaxWaitersPerTenant", Env: config.EnvMaxWaitersPerTenant, Default: "", AllowedPattern: `^([0-9]+)?$`,
-		Description: "Acquires of one tenant that may wait for a slot at once (wait policy); 0 = no bound (empty = the default, 10)."},
+		Description: "Acquires of one tenant that may wait for a slot at once (wait policy), 0 to 100; 0 = the most, 100 (empty = the default, 10)."},
 	{Name: "SandboxWaitLanes", Env: config.EnvWaitLanes, Default: "", AllowedPattern: `^([0-8])?$`,
 		Description: "Lanes of the wait queue, each served in order by its own capacity buckets (wait policy); empty or 0 = one lane; at most 8."},
 	{Name: "SandboxPauseAfterSeconds", Env: config.EnvPauseAfterSeconds, Default: "300", AllowedPattern: `^(-1|[0-9]+)$`,

@@ -103,7 +103,7 @@ func (f *fleet) cycle(t testing.TB, rs core.ReconcileSettings, maxPasses int) cy
 }
 
 // fleetSize is 300 by default (bounded for `go test ./pkg/core`);
-// SBX_RECONCILE_FLEET=10000 runs the issue's 10,000-sandbox pass.
+// SBX_RECONCILE_FLEET=10000 runs a pass over 10,000 sandboxes.
 func fleetSize(t testing.TB) int {
 	if v := os.Getenv("SBX_RECONCILE_FLEET"); v != "" {
 		n, err := strconv.Atoi(v)

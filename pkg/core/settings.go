@@ -162,8 +162,8 @@ func (s Settings) Validate() error {
 	if s.MaxPerUser < 0 {
 		errs = append(errs, fmt.Errorf("MaxPerUser: must be >= 0, got %d", s.MaxPerUser))
 	}
-	if s.MaxWaitersPerTenant < 0 {
-		errs = append(errs, fmt.Errorf("MaxWaitersPerTenant: must be >= 0, got %d", s.MaxWaitersPerTenant))
+	if s.MaxWaitersPerTenant < 0 || s.MaxWaitersPerTenant > maxWaiterPlaces {
+		errs = append(errs, fmt.Errorf("MaxWaitersPerTenant: must be 0 to %d, got %d", maxWaiterPlaces, s.MaxWaitersPerTenant))
 	}
 	if s.WaitLanes < 0 || s.WaitLanes > MaxWaitLanes {
 		errs = append(errs, fmt.Errorf("WaitLanes: must be 0 to %d, got %d", MaxWaitLanes, s.WaitLanes))

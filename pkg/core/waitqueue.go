@@ -141,7 +141,8 @@ func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, dea
 }
 
 // maxWaiterPlaces is the places a tenant has when MaxWaitersPerTenant is
-// 0 (no bound of its own): the most one read of them fetches.
+// 0 (no bound of its own), and the most it may be set to: the most one
+// read of them fetches.
 const maxWaiterPlaces = 100
 
 // waitForGrant waits for a slot for key's acquire: it queues a ticket
