@@ -1253,11 +1253,11 @@ func (e *Engine) Sync(ctx context.Context, tenant, sandboxID string) (SyncResult
 	return res, nil
 }
 
-// deadBatch bounds the dead sandboxes one acquire frees, and
-// deadScanLimit the records it examines per state to find them.
+// deadBatch bounds the dead sandboxes one acquire frees, and deadSample
+// the active records it examines to find them.
 const (
-	deadBatch     = 5
-	deadScanLimit = 500
+	deadBatch  = 5
+	deadSample = 50
 )
 
 // confirmedGone reports whether the provider says the sandbox no longer
@@ -1300,15 +1300,16 @@ func (e *Engine) freeDead(ctx context.Context, owner string) int {
 	if warm, err := e.store.WarmParkedBefore(ctx, now.Add(-e.s.IdleTimeout), deadBatch); err == nil {
 		cands = append(cands, warm...)
 	}
-	if rst := e.inventoryStore(); rst != nil {
-		examined := 0
-		_ = rst.ScanState(ctx, StateActive, func(r Record) bool {
-			examined++
-			if !r.ExpiresAt.IsZero() && r.ExpiresAt.Before(now) {
+	// The active ones: the least recently updated of a random part of the
+	// active index (see Store.Sample), a read bounded whatever the fleet's
+	// size. One the sample misses is found by a later refusal's sample, or
+	// freed by reconcile's pass.
+	if active, err := e.store.Sample(ctx, StateActive, deadSample); err == nil {
+		for _, r := range active {
+			if !r.ExpiresAt.IsZero() && r.ExpiresAt.Before(now) && len(cands) < 2*deadBatch {
 				cands = append(cands, r)
 			}
-			return examined < deadScanLimit && len(cands) < 2*deadBatch
-		})
+		}
 	}
 	freed := 0
 	for _, r := range cands {

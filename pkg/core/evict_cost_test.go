@@ -5,11 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go/middleware"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
@@ -150,5 +155,59 @@ func TestSampledEvictionKeepsTheFairShareRule(t *testing.T) {
 	var ce *core.CapacityError
 	if _, err := h.eng.Acquire(ctx, tenantKey("hog", "one-more")); !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
 		t.Errorf("hog's next acquire = %v, want a capacity refusal (only another tenant's warm sandboxes are left)", err)
+	}
+}
+
+// activeReads counts the active state's index entries that Query calls
+// return.
+type activeReads struct{ n atomic.Int64 }
+
+func (a *activeReads) middleware(stack *middleware.Stack) error {
+	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("countActiveReads",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			out, md, err := next.HandleInitialize(ctx, in)
+			q, isQuery := in.Parameters.(*dynamodb.QueryInput)
+			res, ok := out.Result.(*dynamodb.QueryOutput)
+			if err != nil || !isQuery || !ok || aws.ToString(q.IndexName) != ddbstore.IndexGSI1 {
+				return out, md, err
+			}
+			for _, v := range q.ExpressionAttributeValues {
+				if s, ok := v.(*types.AttributeValueMemberS); ok && strings.Contains(s.Value+"#", "#"+string(core.StateActive)+"#") {
+					a.n.Add(int64(len(res.Items)))
+				}
+			}
+			return out, md, err
+		}), middleware.After)
+}
+
+// A refusal with nothing to evict looks for sandboxes past their end among
+// a bounded sample of the active records, not the whole active index, so
+// what it reads does not grow with the fleet.
+func TestDeadSlotCheckReadsASampleOfTheActive(t *testing.T) {
+	const limit = 200
+	reads := &activeReads{}
+	client := dynamodb.New(testenv.DynamoClient(t).Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, reads.middleware) })
+	table := freshTable(t, client, "deadsample")
+	s := core.DefaultSettings()
+	s.Deployment, s.Replicas, s.Policy = "test", limit, core.PolicyReject
+	clk := &clock{}
+	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment), coretest.NewFakeProvider(), &fakeSyncer{},
+		core.WithClock(clk.now), core.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range limit {
+		if _, err := eng.Acquire(ctx, key(fmt.Sprint("a", i))); err != nil {
+			t.Fatalf("Acquire a%d: %v", i, err)
+		}
+	}
+	reads.n.Store(0)
+	var ce *core.CapacityError
+	if _, err := eng.Acquire(ctx, key("new")); !errors.As(err, &ce) {
+		t.Fatalf("Acquire in a deployment full of sandboxes in use = %v, want a capacity refusal", err)
+	}
+	if got := reads.n.Load(); got == 0 || got > limit/2 {
+		t.Errorf("the refusal read %d active index entries, want some and at most %d of the %d (a sample)", got, limit/2, limit)
 	}
 }
