@@ -22,14 +22,20 @@ import (
 // IndexShards is how many partition keys the state index spreads one
 // state over: an entry's gsi1pk is "ST#<deployment>#<state>#<n>" with n =
 // shardOf(sandbox id or reservation token). A DynamoDB partition takes
-// about 1,000 write units a second; with one key per state every park,
-// reclaim and release of the whole deployment wrote the same index
-// partition. Sixteen keys take sixteen times that, and a query over a
-// state costs sixteen small queries (run in parallel), which only
-// eviction, the dead-slot check and reconcile make. Changing the constant
-// re-files nothing: entries are found under the key they were written
-// with only while it is unchanged, so it is fixed.
-const IndexShards = 16
+// about 1,000 write units a second, and every change of a record writes
+// the index under its state's key: a state change twice (the entry
+// deleted under the state it leaves, put under the one it enters), any
+// other update once (the index projects every attribute). With one key
+// per state every reuse, reclaim, park and release of the whole
+// deployment wrote the same few partitions; 32 keys a state keep the
+// busiest (active, warm, releasing: each written about twice per acquire)
+// under a quarter of a unit per acquire at 5,000 acquires a second. A
+// query over a state costs 32 small queries (run in parallel), which only
+// reconcile, the dead-slot check and (a quarter of them) eviction make.
+// The constant may grow, never shrink: queries read shards 0 to
+// IndexShards-1, so an entry filed under a smaller count (16 before) is
+// still found, and its record's next change files it under its new shard.
+const IndexShards = 32
 
 // queryParallel bounds the shard queries one fan-out runs at once: every
 // index key of a state (its shards and the legacy key) in one round, so
@@ -187,10 +193,11 @@ func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expres
 }
 
 // sampleShards is how many index shards, picked at random, a sampled
-// query reads first; sampleEnough is how many entries it must find there,
-// else it reads the other shards and the legacy key too.
+// query reads first (a quarter of them); sampleEnough is how many entries
+// it must find there, else it reads the other shards and the legacy key
+// too.
 const (
-	sampleShards = 4
+	sampleShards = IndexShards / 4
 	sampleEnough = 4
 )
 
