@@ -22,6 +22,28 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
+// costEngine builds an engine of deployment "test" with limit slots (reject
+// policy) on a fresh table, its DynamoDB calls through mw and its store
+// wrapped by wrap (when not nil).
+func costEngine(t *testing.T, table string, limit int, mw func(*middleware.Stack) error, wrap func(core.Store) core.Store) (*core.Engine, *coretest.FakeProvider, *clock) {
+	t.Helper()
+	client := dynamodb.New(testenv.DynamoClient(t).Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, mw) })
+	table = freshTable(t, client, table)
+	s := core.DefaultSettings()
+	s.Deployment, s.Replicas, s.Policy = "test", limit, core.PolicyReject
+	var store core.Store = ddbstore.New(client, table, s.Deployment)
+	if wrap != nil {
+		store = wrap(store)
+	}
+	clk := &clock{}
+	prov := coretest.NewFakeProvider()
+	eng, err := core.New(s, store, prov, &fakeSyncer{}, core.WithClock(clk.now), core.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng, prov, clk
+}
+
 // reserveSpy records the reservations made through a real store.
 type reserveSpy struct {
 	core.Store
@@ -43,17 +65,11 @@ func (s *reserveSpy) Reserve(ctx context.Context, r core.Reservation) error {
 func TestEvictionSkipsTheDeadSlotScanAndReservesTheFreedSlot(t *testing.T) {
 	const limit = 16
 	counter := &callCounter{}
-	client := dynamodb.New(testenv.DynamoClient(t).Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, counter.middleware) })
-	table := freshTable(t, client, "evictcost")
-	s := core.DefaultSettings()
-	s.Deployment, s.Replicas, s.Policy = "test", limit, core.PolicyReject
-	clk := &clock{}
-	store := &reserveSpy{Store: ddbstore.New(client, table, s.Deployment)}
-	prov := coretest.NewFakeProvider()
-	eng, err := core.New(s, store, prov, &fakeSyncer{}, core.WithClock(clk.now), core.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	var store *reserveSpy
+	eng, prov, clk := costEngine(t, "evictcost", limit, counter.middleware, func(s core.Store) core.Store {
+		store = &reserveSpy{Store: s}
+		return store
+	})
 	ctx := context.Background()
 	parked := map[string]core.Record{}
 	for i := range limit {
@@ -186,16 +202,7 @@ func (a *activeReads) middleware(stack *middleware.Stack) error {
 func TestDeadSlotCheckReadsASampleOfTheActive(t *testing.T) {
 	const limit = 200
 	reads := &activeReads{}
-	client := dynamodb.New(testenv.DynamoClient(t).Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, reads.middleware) })
-	table := freshTable(t, client, "deadsample")
-	s := core.DefaultSettings()
-	s.Deployment, s.Replicas, s.Policy = "test", limit, core.PolicyReject
-	clk := &clock{}
-	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment), coretest.NewFakeProvider(), &fakeSyncer{},
-		core.WithClock(clk.now), core.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	eng, _, _ := costEngine(t, "deadsample", limit, reads.middleware, nil)
 	ctx := context.Background()
 	for i := range limit {
 		if _, err := eng.Acquire(ctx, key(fmt.Sprint("a", i))); err != nil {
