@@ -331,6 +331,7 @@ func BenchmarkHotKeys(b *testing.B) {
 			r := newHotRig(b)
 			bm.load(b, r)
 			b.StopTimer()
+			r.checkInvariants(b)
 			r.report(b)
 		})
 	}
@@ -339,10 +340,12 @@ func BenchmarkHotKeys(b *testing.B) {
 // hotRig is one sub-benchmark's store (on a fresh table, its calls
 // recorded by load), provider, and the tallies of its load.
 type hotRig struct {
-	load  *keyLoad
-	store *ddbstore.Store
-	prov  *coretest.FakeProvider
-	waits waitTally
+	load     *keyLoad
+	store    *ddbstore.Store
+	table    string
+	settings core.Settings // the load's engine's (the last built)
+	prov     *coretest.FakeProvider
+	waits    waitTally
 
 	acquires, refused atomic.Int64
 	mu                sync.Mutex
@@ -357,7 +360,7 @@ func newHotRig(b *testing.B) *hotRig {
 	load := newKeyLoad()
 	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, load.middleware) })
 	table := freshTable(b, client, "hotkeys")
-	return &hotRig{load: load, store: ddbstore.New(client, table, "hot"),
+	return &hotRig{load: load, store: ddbstore.New(client, table, "hot"), table: table,
 		prov:    coretest.NewFakeProvider(), // one provider: sandbox ids are unique
 		waits:   waitTally{queued: make(chan struct{})},
 		sources: map[core.Source]int{}, byTenant: map[string]int{}, refusals: map[string]int{}, releases: map[string]int{}}
@@ -388,6 +391,7 @@ func (r *hotRig) engine(b *testing.B, set func(*core.Settings)) *core.Engine {
 	s := core.DefaultSettings()
 	s.Deployment = "hot"
 	set(&s)
+	r.settings = s
 	eng, err := core.New(s, r.store, r.prov, &fakeSyncer{}, core.WithLogger(slog.New(slog.DiscardHandler)),
 		core.WithWaitObserver(r.waits.observe))
 	if err != nil {
@@ -579,6 +583,46 @@ func waitingLoad(b *testing.B, r *hotRig, shape waitingShape) {
 	if r.waits.enqueued.Load() == 0 {
 		b.Fatal("the waiting load queued no ticket: it measured nothing of the wait queue")
 	}
+}
+
+// checkInvariants reads the table once the load is over (nothing writes
+// then) and fails the benchmark when the load broke what its figures
+// assume: the running slots held (by records and reservations) within the
+// limit and each tenant's quota, and every tenant's and user's slot count
+// equal to the slots its records and reservations hold.
+func (r *hotRig) checkInvariants(b *testing.B) {
+	l := readLedger(b, testenv.DynamoClient(b), r.table, r.settings.Deployment)
+	if n, limit := len(l.holders), r.settings.Limit(); n > limit {
+		b.Errorf("after the load %d running slots are held, limit %d", n, limit)
+	}
+	byTenant, byUser := l.byTenant(), l.byUser()
+	for tenant, n := range byTenant {
+		if q := r.settings.MaxPerTenant; q > 0 && n > q {
+			b.Errorf("after the load tenant %s holds %d slots, quota %d", tenant, n, q)
+		}
+	}
+	for _, c := range []struct {
+		what            string
+		counts, holders map[string]int
+	}{{"tenant", l.tenantUsed, byTenant}, {"user", l.userUsed, byUser}} {
+		for k := range mergedKeys(c.counts, c.holders) {
+			if c.counts[k] != c.holders[k] {
+				b.Errorf("after the load %s %s's slot count is %d, its records and reservations hold %d", c.what, k, c.counts[k], c.holders[k])
+			}
+		}
+	}
+}
+
+// mergedKeys is the set of the keys of a and b.
+func mergedKeys(a, b map[string]int) map[string]bool {
+	keys := map[string]bool{}
+	for k := range a {
+		keys[k] = true
+	}
+	for k := range b {
+		keys[k] = true
+	}
+	return keys
 }
 
 // report reports the load's metrics and logs its hottest keys and the

@@ -433,7 +433,7 @@ func (l ledger) byUser() map[string]int {
 // while nothing writes: the checks call it between phases. A reservation
 // and the record finalized from it are one slot (the record keeps the
 // token).
-func readLedger(t *testing.T, ddb *dynamodb.Client, table, deployment string) ledger {
+func readLedger(t testing.TB, ddb *dynamodb.Client, table, deployment string) ledger {
 	t.Helper()
 	l := ledger{holders: map[string]core.ThreadKey{}, live: map[string]bool{}, tenantUsed: map[string]int{}, userUsed: map[string]int{}}
 	p := dynamodb.NewScanPaginator(ddb, &dynamodb.ScanInput{TableName: &table, ConsistentRead: aws.Bool(true)})
