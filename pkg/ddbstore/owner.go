@@ -22,8 +22,9 @@ import (
 // tenant's warm records are spread over, by a hash of their user: one
 // user's are all under one key, in park order (one query finds its least
 // recently parked), and one tenant's parks and take-backs write sixteen
-// index partitions, not one. Fixed, as IndexShards: entries are found
-// only under the key they were written with.
+// index partitions, not one. Fixed: a user's entries are looked for
+// only under the one key its hash names, so another count would miss the
+// entries filed under the old one.
 const OwnerShards = 16
 
 // Reads of the owner index: ownerPage entries per page of a tenant's
