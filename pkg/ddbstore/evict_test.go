@@ -84,9 +84,9 @@ func parkWarm(t *testing.T, s *ddbstore.Store, n int) []string {
 	return ids
 }
 
-// TestSample: a large warm pool is sampled in four index queries, and the
-// answer is exactly the least recently parked records of the shards it
-// drew from, oldest first; a small pool (fewer than four entries in the
+// TestSample: a large warm pool is sampled in one index query per sampled
+// shard, and the answer is exactly the least recently parked records of the
+// shards it drew from, oldest first; a small pool (fewer than four entries in the
 // sampled shards) is read whole and answered in the pool's exact order,
 // so a lone warm record is always found.
 func TestSample(t *testing.T) {
@@ -136,8 +136,8 @@ func TestSample(t *testing.T) {
 				if !slices.Equal(gotIDs, want) {
 					t.Errorf("Sample = %v, want the least recently parked of its shards %v", gotIDs, want)
 				}
-				if len(shards) > 4 || queries != 4 {
-					t.Errorf("Sample drew from %d shards in %d queries, want at most 4 shards in 4 queries", len(shards), queries)
+				if want := ddbstore.SampleShards; len(shards) > want || queries != want {
+					t.Errorf("Sample drew from %d shards in %d queries, want at most %d shards in %d queries", len(shards), queries, want, want)
 				}
 			}
 		})

@@ -13,8 +13,11 @@ var (
 	PausedPK     = pausedPK
 )
 
-// RecordScanSegments is recordScanSegments.
-const RecordScanSegments = recordScanSegments
+// RecordScanSegments is recordScanSegments; SampleShards is sampleShards.
+const (
+	RecordScanSegments = recordScanSegments
+	SampleShards       = sampleShards
+)
 
 // SetQueueScan makes s's reads of the wait queue's head return n tickets.
 func SetQueueScan(s *Store, n int) {
