@@ -79,14 +79,11 @@ func startInstance(ctx context.Context, fn Function, i int, l fnLaunch) (*rieIns
 	name := fmt.Sprintf("%s-%d", fn.Name, i)
 	var last error
 	for attempt := 0; attempt < 3; attempt++ { // a port picked as free may be taken meanwhile
-		addr, err := freeAddr()
+		addrs, err := freeAddrs(2)
 		if err != nil {
 			return nil, err
 		}
-		apiAddr, err := freeAddr()
-		if err != nil {
-			return nil, err
-		}
+		addr, apiAddr := addrs[0], addrs[1]
 		c, err := startChild("aws-lambda-rie "+name, filepath.Dir(bootstrap), rie,
 			[]string{"--runtime-interface-emulator-address", addr, "--runtime-api-address", apiAddr, "--log-level", "warn", bootstrap},
 			env, filepath.Join(logDir, "fn-"+name+".log"))
@@ -97,8 +94,13 @@ func startInstance(ctx context.Context, fn Function, i int, l fnLaunch) (*rieIns
 			if err := dialable(ctx, addr); err != nil {
 				return err
 			}
-			if !ownsListener(c.cmd.Process.Pid, addr) {
-				return fmt.Errorf("%s is served by another process", addr)
+			// The emulator binds its runtime API in the background and
+			// panics if that port was taken meanwhile: it is ready only
+			// once it holds both.
+			for _, a := range []string{addr, apiAddr} {
+				if !ownsListener(c.cmd.Process.Pid, a) {
+					return fmt.Errorf("%s is served by another process", a)
+				}
 			}
 			return nil
 		})

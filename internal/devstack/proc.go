@@ -97,12 +97,27 @@ func (c *child) waitReady(ctx context.Context, timeout time.Duration, ready func
 
 // freeAddr returns a 127.0.0.1 address whose port was free a moment ago.
 func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addrs, err := freeAddrs(1)
 	if err != nil {
-		return "", fmt.Errorf("pick a free port: %w", err)
+		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return addrs[0], nil
+}
+
+// freeAddrs returns n distinct 127.0.0.1 addresses whose ports were free a
+// moment ago: every port stays bound until all are picked, so two picks
+// cannot return the same port.
+func freeAddrs(n int) ([]string, error) {
+	addrs := make([]string, 0, n)
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("pick a free port: %w", err)
+		}
+		defer l.Close()
+		addrs = append(addrs, l.Addr().String())
+	}
+	return addrs, nil
 }
 
 // loopbackAddr resolves a configured address: "" or port 0 picks a free
