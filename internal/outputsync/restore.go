@@ -338,17 +338,18 @@ func (s *Syncer) restoreOne(ctx context.Context, ref core.SandboxRef, key, abs s
 		want = "" // a composite (per-part) checksum, not the CRC32 of the bytes
 	}
 	body := &sizedReader{r: out.Body, left: o.Size, sum: crc32.NewIEEE(), want: want}
-	if err := s.sb.WriteFile(ctx, ref, abs, body); err != nil {
-		if body.err != nil {
-			err = errors.Join(body.err, err)
-		}
-		return restoredFile{}, true, fmt.Errorf("write file: %w", err)
+	werr := s.sb.WriteFile(ctx, ref, abs, body)
+	// An HTTP client may go on reading the body after WriteFile returned
+	// (net/http closes it from its own goroutine): end reads first.
+	read := body.finish()
+	if werr != nil {
+		return restoredFile{}, true, fmt.Errorf("write file: %w", errors.Join(read.err, werr))
 	}
-	if body.err != nil || body.left != 0 {
+	if read.err != nil || read.left != 0 {
 		// WriteFile did not read the body to its end.
-		return restoredFile{}, true, errors.Join(errChanged, body.err)
+		return restoredFile{}, true, errors.Join(errChanged, read.err)
 	}
-	sum := crcString(body.sum)
+	sum := read.sum
 	if want != "" && want != sum {
 		return restoredFile{}, true, fmt.Errorf("crc32 %s, object says %s: %w", sum, want, errChecksum)
 	}
@@ -370,23 +371,47 @@ func nonEmpty(s string) *string {
 // bytes, or an early end, fail with errChanged (the object changed after
 // it was listed); at the end, a CRC32 other than want (when set) fails
 // with errChecksum instead of io.EOF, so the writer never completes a
-// corrupt file. The first error is kept in err.
+// corrupt file. The first error is kept. Read may run on an HTTP
+// client's goroutine while the caller reads the outcome, so the state is
+// guarded, and finish ends the reads.
 type sizedReader struct {
 	r    io.Reader
-	left int64
-	sum  hash.Hash32
 	want string // base64 CRC32 the bytes must have ("" = unchecked)
-	err  error
+
+	mu       sync.Mutex
+	left     int64
+	sum      hash.Hash32
+	err      error
+	finished bool
 }
 
+// readOutcome is what a sizedReader read: the first error, the bytes
+// short of the size, and the CRC32 of the bytes read.
+type readOutcome struct {
+	err  error
+	left int64
+	sum  string
+}
+
+// errReadAfterWrite fails a read that comes after the write gave up.
+var errReadAfterWrite = errors.New("read after the write ended")
+
 func (r *sizedReader) Read(b []byte) (int, error) {
-	if r.err != nil {
-		return 0, r.err
+	r.mu.Lock()
+	left, err := r.left, r.err
+	if err == nil && r.finished {
+		err = errReadAfterWrite
 	}
-	if int64(len(b)) > r.left+1 {
-		b = b[:r.left+1]
+	r.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	if int64(len(b)) > left+1 {
+		b = b[:left+1]
 	}
 	n, err := r.r.Read(b)
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if int64(n) > r.left {
 		r.err = errChanged
 		return 0, r.err
@@ -404,6 +429,14 @@ func (r *sizedReader) Read(b []byte) (int, error) {
 		r.err = err
 	}
 	return n, err
+}
+
+// finish ends the reads (a later one fails) and reports what was read.
+func (r *sizedReader) finish() readOutcome {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.finished = true
+	return readOutcome{err: r.err, left: r.left, sum: crcString(r.sum)}
 }
 
 // restoreReason classifies a failed restore of one file.
