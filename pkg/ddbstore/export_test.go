@@ -1,11 +1,14 @@
 package ddbstore
 
-// ShardOf, ThreadHome, OwnerShard, QueueShardOf, TicketLane, PausedPK and
-// ItemPK expose shardOf, threadHome, ownerShard, queueShardOf, ticketLane,
-// pausedPK and itemPK to the tests.
+// ShardOf, ShardsOf, SampleShards, ThreadHome, OwnerShard, QueueShardOf,
+// TicketLane, PausedPK and ItemPK expose shardOf, shardsOf, sampleShards,
+// threadHome, ownerShard, queueShardOf, ticketLane, pausedPK and itemPK to
+// the tests.
 var (
 	ItemPK       = itemPK
 	ShardOf      = shardOf
+	ShardsOf     = shardsOf
+	SampleShards = sampleShards
 	ThreadHome   = threadHome
 	OwnerShard   = ownerShard
 	QueueShardOf = queueShardOf
@@ -13,11 +16,8 @@ var (
 	PausedPK     = pausedPK
 )
 
-// RecordScanSegments is recordScanSegments; SampleShards is sampleShards.
-const (
-	RecordScanSegments = recordScanSegments
-	SampleShards       = sampleShards
-)
+// RecordScanSegments is recordScanSegments.
+const RecordScanSegments = recordScanSegments
 
 // SetQueueScan makes s's reads of the wait queue's head return n tickets.
 func SetQueueScan(s *Store, n int) {

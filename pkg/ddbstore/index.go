@@ -19,35 +19,54 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// IndexShards is how many partition keys the state index spreads one
-// state over: an entry's gsi1pk is "ST#<deployment>#<state>#<n>" with n =
-// shardOf(sandbox id or reservation token). A DynamoDB partition takes
-// about 1,000 write units a second, and every change of a record writes
-// the index under its state's key: a state change twice (the entry
+// IndexShards is how many partition keys the state index spreads each of
+// the busiest states over (hotStates); the others are spread over
+// coldShards. An entry's gsi1pk is "ST#<deployment>#<state>#<n>" with n =
+// shardOf(state, sandbox id or reservation token). A DynamoDB partition
+// takes about 1,000 write units a second, and every change of a record
+// writes the index under its state's key: a state change twice (the entry
 // deleted under the state it leaves, put under the one it enters), any
 // other update once (the index projects every attribute). With one key
 // per state every reuse, reclaim, park and release of the whole
-// deployment wrote the same few partitions; 32 keys a state keep the
-// busiest (active, warm, releasing: each written about twice per acquire)
-// under a quarter of a unit per acquire at 5,000 acquires a second. A
-// query over a state costs 32 small queries (run in parallel), which only
-// reconcile, the dead-slot check and (a quarter of them) eviction make.
-// The constant may grow, never shrink: queries read shards 0 to
-// IndexShards-1, so an entry filed under a smaller count (16 before) is
-// still found, and its record's next change files it under its new shard.
-const IndexShards = 32
+// deployment wrote the same few partitions. Active, releasing and warm
+// are each written about twice per acquire: 32 keys keep their busiest
+// under a quarter of a unit per acquire at 5,000 acquires a second (16
+// bounded the steady load near 4,000). Every other state is written at
+// most about once per acquire and stays on 16 keys, which it sustains,
+// because a query over a state costs one small query per key (run in
+// parallel) and reconcile reads every state's keys each pass: 32 keys for
+// every state nearly doubled a pass's queries. A state's count may grow,
+// never shrink: queries read shards 0 to its count-1, so an entry filed
+// under a smaller count (16 for every state before) is still found, and
+// its record's next change files it under its new shard.
+const (
+	IndexShards = 32
+	coldShards  = 16
+)
+
+// hotStates are the states spread over IndexShards keys.
+var hotStates = []core.State{core.StateActive, core.StateReleasing, core.StateWarm}
+
+// shardsOf is how many index keys state st is spread over.
+func shardsOf(st core.State) int {
+	if slices.Contains(hotStates, st) {
+		return IndexShards
+	}
+	return coldShards
+}
 
 // queryParallel bounds the shard queries one fan-out runs at once: every
 // index key of a state (its shards and the legacy key) in one round, so
 // a fan-out costs one query's latency, not three.
 const queryParallel = IndexShards + 1
 
-// shardOf is the index shard of a sandbox id or reservation token: FNV-1a
-// of the id, modulo IndexShards (stable across versions and processes).
-func shardOf(id string) int {
+// shardOf is the index shard of a sandbox id or reservation token in
+// state st: FNV-1a of the id, modulo shardsOf(st) (stable across versions
+// and processes).
+func shardOf(st core.State, id string) int {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(id))
-	return int(h.Sum32() % IndexShards)
+	return int(h.Sum32() % uint32(shardsOf(st)))
 }
 
 // statePK is the index partition key of id's entry in state. Pool
@@ -56,7 +75,7 @@ func statePK(deployment string, s core.State, id string) string {
 	if s == core.StatePooled {
 		return legacyStatePK(deployment, s) + "#" + strconv.Itoa(poolShard)
 	}
-	return legacyStatePK(deployment, s) + "#" + strconv.Itoa(shardOf(id))
+	return legacyStatePK(deployment, s) + "#" + strconv.Itoa(shardOf(s, id))
 }
 
 // poolShard is the one index shard pool members are filed under, so that
@@ -76,8 +95,8 @@ func legacyStatePK(deployment string, s core.State) string {
 // statePKs lists every partition key a query over state reads: the shards
 // and the legacy key.
 func statePKs(deployment string, s core.State) []string {
-	pks := make([]string, 0, IndexShards+1)
-	for n := range IndexShards {
+	pks := make([]string, 0, shardsOf(s)+1)
+	for n := range shardsOf(s) {
 		pks = append(pks, legacyStatePK(deployment, s)+"#"+strconv.Itoa(n))
 	}
 	return append(pks, legacyStatePK(deployment, s))
@@ -192,17 +211,16 @@ func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expres
 	return recs, derr
 }
 
-// sampleShards is how many index shards, picked at random, a sampled
-// query reads first (a quarter of them); sampleEnough is how many entries
-// it must find there, else it reads the other shards and the legacy key
-// too.
-const (
-	sampleShards = IndexShards / 4
-	sampleEnough = 4
-)
+// sampleShards is how many index shards of state st, picked at random, a
+// sampled query reads first (a quarter of them); sampleEnough is how many
+// entries it must find there, else it reads the other shards and the
+// legacy key too.
+func sampleShards(st core.State) int { return shardsOf(st) / 4 }
+
+const sampleEnough = 4
 
 // sampleInState lists up to limit records in state (sk narrowing the sort
-// key), oldest first, of sampleShards random index shards: a random
+// key), oldest first, of sampleShards(state) random index shards: a random
 // quarter of the state's entries, since an entry's shard is a hash of its
 // id. When those hold fewer than sampleEnough entries (or than limit, if
 // smaller) it reads every other key too and merges, so the answer is then
@@ -210,7 +228,7 @@ const (
 // entry). Entries under the legacy key are read only then.
 func (s *Store) sampleInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, limit int) ([]core.Record, error) {
 	pks := statePKs(s.deployment, state)
-	shards := pks[:IndexShards]
+	shards := pks[:shardsOf(state)]
 	rand.Shuffle(len(shards), func(i, j int) { shards[i], shards[j] = shards[j], shards[i] })
 	collect := func(keys []string) ([]map[string]types.AttributeValue, error) {
 		var avs []map[string]types.AttributeValue
@@ -220,12 +238,13 @@ func (s *Store) sampleInState(ctx context.Context, state core.State, sk *express
 		})
 		return avs, err
 	}
-	avs, err := collect(pks[:sampleShards])
+	n := sampleShards(state)
+	avs, err := collect(pks[:n])
 	if err != nil {
 		return nil, err
 	}
 	if len(avs) < min(sampleEnough, limit) {
-		rest, err := collect(pks[sampleShards:])
+		rest, err := collect(pks[n:])
 		if err != nil {
 			return nil, err
 		}

@@ -529,7 +529,7 @@ func (s *Store) WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([
 }
 
 // Sample lists up to limit records in state, oldest first, of a random
-// quarter of them (IndexShards/4 of the index shards); when those hold
+// quarter of them (a quarter of the state's index shards); when those hold
 // fewer than four, of all of them (see sampleInState).
 func (s *Store) Sample(ctx context.Context, state core.State, limit int) ([]core.Record, error) {
 	return s.sampleInState(ctx, state, nil, limit)
