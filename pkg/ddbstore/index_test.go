@@ -116,12 +116,12 @@ func TestStateIndexIsShardedAndMergedInParkOrder(t *testing.T) {
 // releasing, warm) spread over IndexShards keys; every other state stays
 // on the 16 keys each state had before, so an entry an older version
 // filed is where a query looks, and a state's entries use every one of
-// its keys and no other.
+// its keys and no other (pool members, all filed under one key, aside).
 func TestIndexShardsPerState(t *testing.T) {
 	hot := []core.State{core.StateActive, core.StateReleasing, core.StateWarm}
 	for _, st := range []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
 		core.StateReclaiming, core.StatePausing, core.StatePaused, core.StateResuming, core.StateDestroying,
-		core.StateClaiming, core.StatePooled} {
+		core.StateClaiming} {
 		want := 16
 		if slices.Contains(hot, st) {
 			want = ddbstore.IndexShards
