@@ -46,3 +46,21 @@ func TestOwnsListener(t *testing.T) {
 		}
 	}
 }
+
+// TestFreeAddrsAreDistinct: the ports of one pick differ (an emulator
+// given the same port twice could not bind its second listener).
+func TestFreeAddrsAreDistinct(t *testing.T) {
+	for range 20 {
+		addrs, err := freeAddrs(4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, a := range addrs {
+			if seen[a] {
+				t.Fatalf("freeAddrs(4) = %v: %s twice", addrs, a)
+			}
+			seen[a] = true
+		}
+	}
+}
