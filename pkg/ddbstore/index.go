@@ -31,11 +31,13 @@ import (
 // deployment wrote the same few partitions. Active, releasing and warm
 // are each written about twice per acquire: 32 keys keep their busiest
 // under a quarter of a unit per acquire at 5,000 acquires a second (16
-// bounded the steady load near 4,000). Every other state is written at
-// most about once per acquire and stays on 16 keys, which it sustains,
-// because a query over a state costs one small query per key (run in
-// parallel) and reconcile reads every state's keys each pass: 32 keys for
-// every state nearly doubled a pass's queries. A state's count may grow,
+// bounded the steady load near 4,000). Every other state is written by
+// only some acquires (reclaiming twice per reclaim, the pause states twice
+// per pause or resume) and stays on 16 keys: BenchmarkHotKeys finds none
+// of their keys among the hottest in any of its loads, while a query over
+// a state costs one small query per key (run in parallel) and reconcile
+// reads every state's keys each pass, so 32 keys for every state nearly
+// doubled a pass's queries. A state's count may grow,
 // never shrink: queries read shards 0 to its count-1, so an entry filed
 // under a smaller count (16 for every state before) is still found, and
 // its record's next change files it under its new shard.
