@@ -790,7 +790,7 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
 		return Slot{}, false, false
 	}
-	return e.evictParked(ctx, key, owner, warm, may, below, EventReasonCapacity)
+	return e.evictParked(ctx, key, owner, warm, may, evictGuard{below: below}, EventReasonCapacity)
 }
 
 // quotaRefusal reports whether reason is a refusal for one of the
@@ -823,19 +823,26 @@ func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string,
 		return Slot{}, false
 	}
 	may := func(rec Record) bool { return rec.Tenant == key.Tenant && (user == "" || rec.User == user) }
-	slot, evicted, _ := e.evictParked(ctx, key, owner, warm, may, nil, EventReasonQuota)
+	slot, evicted, _ := e.evictParked(ctx, key, owner, warm, may, evictGuard{}, EventReasonQuota)
 	return slot, evicted
+}
+
+// evictGuard is what the claim of another tenant's record carries in an
+// eviction (Claim.Below, Claim.PausedBelow); the zero value, nothing.
+type evictGuard struct {
+	below  *TenantBelow
+	paused *PausedBelow
 }
 
 // evictParked destroys the first of parked (warm or paused records, least
 // recently parked first) that belongs to another thread than key's and
 // that may passes, for key's thread; the claim of another tenant's record
-// carries below when set (a claim finding key's tenant at its share
-// reports atShare, and the other tenants' records are then skipped). It
-// reports whether one was destroyed (a peer that moved a record first
-// wins it; a kill that fails leaves a tombstone holding its slot and
-// stops the eviction), and its slot. reason (one of EventReasons) is why.
-func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, below *TenantBelow, reason string) (slot Slot, evicted, atShare bool) {
+// carries guard (a claim finding key's tenant at its share reports
+// atShare, and the other tenants' records are then skipped). It reports
+// whether one was destroyed (a peer that moved a record first wins it; a
+// kill that fails leaves a tombstone holding its slot and stops the
+// eviction), and its slot. reason (one of EventReasons) is why.
+func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, guard evictGuard, reason string) (slot Slot, evicted, atShare bool) {
 	for _, rec := range parked {
 		other := rec.Tenant != key.Tenant
 		if rec.ThreadKey == key || !may(rec) || (other && atShare) {
@@ -844,7 +851,7 @@ func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, p
 		c := Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{rec.State},
 			To: StateDestroying, Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)}
 		if other {
-			c.Below = below // nil: paused evictions, which no share limits
+			c.Below, c.PausedBelow = guard.below, guard.paused
 		}
 		claimed, err := e.store.Claim(ctx, c)
 		if errors.Is(err, ErrAtFairShare) {

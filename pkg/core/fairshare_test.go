@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -224,5 +225,56 @@ func TestReconcileDropsIdleTenantsFromFairShare(t *testing.T) {
 	h.pass(t)
 	if got := tenants(); len(got) != 1 || got[0] != "acme" {
 		t.Errorf("after the pass the ledger names %v, want [acme]", got)
+	}
+}
+
+// A pause that finds the paused slots full takes one from another tenant
+// only when that tenant holds at least two more than the pausing tenant
+// (afterwards it still holds no fewer): a tenant cannot pause its way
+// into another's share. Otherwise it takes its own tenant's least
+// recently paused, or none.
+func TestPausedEvictionKeepsToTheTenantsShare(t *testing.T) {
+	h := newPauseHarness(t, func(s *core.Settings) { s.MaxPaused = 2 })
+	ctx := context.Background()
+	parkFor := func(k core.ThreadKey) core.Record {
+		t.Helper()
+		rec := h.acquire(t, k, core.SourceCreated)
+		if _, err := h.eng.Release(ctx, k.Tenant, rec.SandboxID); err != nil {
+			t.Fatalf("Release %s: %v", rec.SandboxID, err)
+		}
+		return rec
+	}
+	pausePass := func() {
+		t.Helper()
+		h.clock.advance(301 * time.Second) // past SANDBOX_PAUSE_AFTER_SECONDS's default
+		h.reconcile(t)
+	}
+	recs := map[string]core.Record{}
+	// step parks the named threads' sandboxes, runs a pass that pauses
+	// them, and checks which sandboxes are then paused (every other one
+	// parked so far is destroyed).
+	step := func(name string, park []core.ThreadKey, paused ...string) {
+		t.Helper()
+		for _, k := range park {
+			recs[k.Thread] = parkFor(k)
+		}
+		pausePass()
+		for thread, rec := range recs {
+			want := slices.Contains(paused, thread)
+			if got := h.prov.Paused(rec.SandboxID); got != want {
+				t.Errorf("%s: %s paused %v, want %v", name, thread, got, want)
+			}
+			if !want && h.prov.Alive(rec.SandboxID) {
+				t.Errorf("%s: %s alive, want destroyed", name, thread)
+			}
+		}
+	}
+	step("acme pauses two", []core.ThreadKey{tenantKey("acme", "a1"), tenantKey("acme", "a2")}, "a1", "a2")
+	step("beta, holding none, takes acme's least recently paused", []core.ThreadKey{tenantKey("beta", "b1")}, "a2", "b1")
+	step("beta, holding one as acme does, takes its own", []core.ThreadKey{tenantKey("beta", "b2")}, "a2", "b2")
+	step("acme, holding one as beta does, takes its own", []core.ThreadKey{tenantKey("acme", "a3")}, "b2", "a3")
+	held, err := h.store.TenantsPaused(ctx, []string{"acme", "beta"})
+	if err != nil || held["acme"] != 1 || held["beta"] != 1 {
+		t.Errorf("paused counts = %v, %v; want acme 1, beta 1", held, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -219,18 +220,51 @@ func (e *Engine) abortPause(ctx context.Context, rec Record, abort func(context.
 
 // evictPaused frees a paused slot for key's thread: it gives up a pool
 // member parked paused, else destroys the least recently paused sandbox
-// of another thread (its outputs were copied before it was paused). It reports whether a slot was freed.
+// of key's tenant or of a tenant holding at least two more paused slots
+// than key's (its outputs were copied before it was paused). The claim of
+// another tenant's sandbox checks both counts (PausedBelow), so that
+// after the eviction and the pause it makes room for, key's tenant holds
+// no more paused slots than the tenant it took one from: a tenant never
+// pauses its way past another's share of the paused slots. It reports
+// whether a slot was freed.
 func (e *Engine) evictPaused(ctx context.Context, key ThreadKey, owner string) bool {
 	if e.evictPoolMember(ctx, owner, true) {
 		return true
 	}
-	paused, err := e.pauseStore().PausedParkedBefore(ctx, e.now().Add(time.Millisecond), evictCandidates)
+	ps := e.pauseStore()
+	paused, err := ps.PausedParkedBefore(ctx, e.now().Add(time.Millisecond), evictCandidates)
 	if err != nil {
 		e.log.WarnContext(ctx, "list paused sandboxes for eviction failed", "err", err)
 		return false
 	}
-	_, freed, _ := e.evictParked(ctx, key, owner, paused, func(Record) bool { return true }, nil, EventReasonCapacity)
+	may, guard := e.pausedShare(ctx, key, paused)
+	_, freed, _ := e.evictParked(ctx, key, owner, paused, may, guard, EventReasonCapacity)
 	return freed
+}
+
+// pausedShare reads the paused counts of key's tenant and of the tenants
+// of paused (one read) and returns which of paused key's thread may evict
+// and the guard of another tenant's claim. When the counts cannot be
+// read, only key's tenant's own may be.
+func (e *Engine) pausedShare(ctx context.Context, key ThreadKey, paused []Record) (func(Record) bool, evictGuard) {
+	own := func(rec Record) bool { return rec.Tenant == key.Tenant }
+	tenants := []string{key.Tenant}
+	for _, rec := range paused {
+		if rec.Tenant != "" && !slices.Contains(tenants, rec.Tenant) {
+			tenants = append(tenants, rec.Tenant)
+		}
+	}
+	if len(tenants) == 1 {
+		return own, evictGuard{}
+	}
+	held, err := e.pauseStore().TenantsPaused(ctx, tenants)
+	if err != nil {
+		e.log.WarnContext(ctx, "read tenants' paused counts failed; evicting the tenant's own only", "err", err)
+		return own, evictGuard{}
+	}
+	mine := held[key.Tenant]
+	may := func(rec Record) bool { return own(rec) || held[rec.Tenant] >= mine+2 }
+	return may, evictGuard{paused: &PausedBelow{Tenant: key.Tenant, Held: mine}}
 }
 
 // resumeParked hands the thread its parked sandbox back: a paused one

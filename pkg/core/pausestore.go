@@ -56,6 +56,9 @@ type PauseStore interface {
 	// PausedParkedBefore lists up to limit paused records paused before t,
 	// oldest first.
 	PausedParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)
+	// TenantsPaused reads how many paused slots each of tenants holds
+	// (those of records with Slots.TenantPaused; absent tenants hold 0).
+	TenantsPaused(ctx context.Context, tenants []string) (map[string]int, error)
 }
 
 // pauseStore is the metered PauseStore, when the store is one: each of

@@ -34,6 +34,19 @@ type Claim struct {
 	// Below, when set, makes the claim also conditional on a tenant's slot
 	// count (ErrAtFairShare when it is not below).
 	Below *TenantBelow
+	// PausedBelow, when set, makes the claim also conditional on two
+	// tenants' paused counts (ErrAtFairShare when they are not as it says).
+	PausedBelow *PausedBelow
+}
+
+// PausedBelow is a condition on paused counts: Tenant holds at most Held
+// paused slots and the claimed record's tenant (Claim.Tenant) at least
+// Held+2. A pause that evicts another tenant's paused sandbox carries it,
+// so that after the eviction and the pause the evicting tenant still
+// holds no more paused slots than the tenant it took one from.
+type PausedBelow struct {
+	Tenant string
+	Held   int
 }
 
 // TenantBelow is a condition on a tenant's slot count: Tenant holds fewer

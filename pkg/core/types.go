@@ -186,6 +186,10 @@ type Slots struct {
 	// PausedBucket is where the store counts the paused slot (when Paused;
 	// zero for records of older versions).
 	PausedBucket int
+	// TenantPaused reports that the paused slot is counted in its
+	// tenant's paused count (PauseStore.TenantsPaused): false for a pool
+	// member's and for records paused before that count existed.
+	TenantPaused bool
 }
 
 // Running reports whether the record holds a running slot.

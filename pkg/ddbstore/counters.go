@@ -54,7 +54,9 @@ type slotTally struct {
 	counts [CapacityBuckets]map[string]int
 	quota  map[string]int     // USR#/TEN# key -> slots counted in it
 	paused [PausedBuckets]int // records holding a paused slot, by paused bucket
-	pool   int                // pool places held
+	// tenantPaused: TEN# key -> paused slots counted in its "paused"
+	tenantPaused map[string]int
+	pool         int // pool places held
 }
 
 // tallyStates are the states a tally reads: those holding running slots,
@@ -102,6 +104,7 @@ type holder struct {
 	tenant, user string
 	pausedSlot   bool
 	pausedBucket int
+	tenantPaused bool // its paused slot is counted in its tenant's paused count
 	poolPlace    bool
 }
 
@@ -133,18 +136,22 @@ func (h holders) see(st core.State, it item) {
 		running: holdsRunningSlot(st, it), bucket: min(max(it.Bucket, 0), CapacityBuckets-1),
 		counted: it.Counted, quota: it.Quota, tenant: it.Tenant, user: it.User,
 		pausedSlot: holdsPausedSlot(st, it), pausedBucket: pausedBucketOf(it.PausedBucket), poolPlace: holdsPoolPlace(st, it),
+		tenantPaused: holdsPausedSlot(st, it) && it.TenantPaused && it.Tenant != "",
 	}
 }
 
 // tally counts the holders in every counter they hold a place of.
 func (h holders) tally(deployment string) *slotTally {
-	t := &slotTally{quota: map[string]int{}}
+	t := &slotTally{quota: map[string]int{}, tenantPaused: map[string]int{}}
 	for b := range t.counts {
 		t.counts[b] = map[string]int{}
 	}
 	for _, o := range h {
 		if o.pausedSlot {
 			t.paused[o.pausedBucket]++
+		}
+		if o.tenantPaused {
+			t.tenantPaused[tenantPK(deployment, o.tenant)]++
 		}
 		if o.poolPlace {
 			t.pool++
@@ -449,12 +456,16 @@ func (s *Store) readForRepair(ctx context.Context, maxItems int) (*repairRead, e
 	for k := range r.tally.quota {
 		quotaKeys[k] = true
 	}
+	for k := range r.tally.tenantPaused {
+		quotaKeys[k] = true
+	}
 	for _, b := range r.buckets {
 		for _, t := range b.Tenants {
 			quotaKeys[tenantPK(s.deployment, t)] = true
 		}
 	}
 	for k := range r.prev {
+		k = strings.TrimPrefix(k, tenantPausedNote)
 		if strings.HasPrefix(k, "TEN#") || strings.HasPrefix(k, "USR#") {
 			quotaKeys[k] = true
 		}
@@ -519,9 +530,21 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
 				return countFixed(rep, s.repairCountFrom(ctx, "slots", k, "used", c.Revision, c.Used, r.tally.quota[k]))
 			}}, strconv.Itoa(c.Used), c.Revision)
+		if !strings.HasPrefix(k, "TEN#") {
+			continue
+		}
+		note(dueRepair{name: tenantPausedNote + k, want: strconv.Itoa(r.tally.tenantPaused[k]),
+			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.tenantPaused[k]) },
+			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
+				return countFixed(rep, s.repairCountFrom(ctx, "paused slots", k, "paused", c.Revision, c.Paused, r.tally.tenantPaused[k]))
+			}}, strconv.Itoa(c.Paused), c.Revision)
 	}
 	return due
 }
+
+// tenantPausedNote prefixes the noted name of a tenant's paused count
+// (its slot count's is the counter's key).
+const tenantPausedNote = "paused-of#"
 
 // bucketCheck is a bucket's counters as stored (have, at revision rev)
 // with their repair.
@@ -688,7 +711,7 @@ func (s *Store) saveNotedCounts(ctx context.Context, n notedState) error {
 }
 
 // sweepCounts returns the keys of the users' and tenants' slot counts
-// that are not zero in segment of the table's sweepSegments (a Scan of
+// (and tenants' paused counts) that are not zero in segment of the table's sweepSegments (a Scan of
 // that part of the table). A count that no holder names is read only so:
 // one raised above what is held, by a bug or an older version, would
 // refuse its user or tenant for good once they hold nothing.
@@ -696,7 +719,7 @@ func (s *Store) sweepCounts(ctx context.Context, segment int32) ([]string, error
 	filter := expression.And(
 		expression.Or(expression.Name(AttrPK).BeginsWith("USR#"+s.deployment+"#"),
 			expression.Name(AttrPK).BeginsWith("TEN#"+s.deployment+"#")),
-		expression.Name("used").NotEqual(expression.Value(0)))
+		expression.Or(expression.Name("used").NotEqual(expression.Value(0)), expression.Name("paused").NotEqual(expression.Value(0))))
 	expr, err := expression.NewBuilder().WithFilter(filter).Build()
 	if err != nil {
 		return nil, fmt.Errorf("sweep slot counts: %w", err)

@@ -48,12 +48,14 @@ type item struct {
 	MeteredAt     int64  `dynamodbav:"metered_at,omitempty"`
 	PrevMeteredAt int64  `dynamodbav:"prev_metered_at,omitempty"`
 	MeteredState  string `dynamodbav:"metered_state,omitempty"`
-	// NoRunningSlot, PausedSlot and PausedBucket are core.Slots (absent: a
-	// running slot only; a paused slot of an older version is bucket 0's);
+	// NoRunningSlot, PausedSlot, PausedBucket and TenantPaused are
+	// core.Slots (absent: a running slot only; a paused slot of an older
+	// version is bucket 0's, and not in its tenant's paused count);
 	// PausedMS is core.Record.PausedFor in milliseconds.
 	NoRunningSlot bool  `dynamodbav:"no_running_slot,omitempty"`
 	PausedSlot    bool  `dynamodbav:"paused_slot,omitempty"`
 	PausedBucket  int   `dynamodbav:"paused_bucket,omitempty"`
+	TenantPaused  bool  `dynamodbav:"paused_tenant,omitempty"`
 	PausedMS      int64 `dynamodbav:"paused_ms,omitempty"`
 	// Bucket, Counted and Quota are the record's core.Slot (absent on
 	// items of older versions: bucket 0, not counted per state, not in the
@@ -151,7 +153,7 @@ func (it item) record() core.Record {
 		MeteredAt:        fromMS(it.MeteredAt),
 		PrevMeteredAt:    fromMS(it.PrevMeteredAt),
 		MeteredState:     core.State(it.MeteredState),
-		Slots:            core.Slots{NoRunning: it.NoRunningSlot, Paused: it.PausedSlot, PausedBucket: it.PausedBucket},
+		Slots:            core.Slots{NoRunning: it.NoRunningSlot, Paused: it.PausedSlot, PausedBucket: it.PausedBucket, TenantPaused: it.TenantPaused},
 		PausedFor:        time.Duration(it.PausedMS) * time.Millisecond,
 		Slot:             core.Slot{Bucket: it.Bucket, Counted: core.State(it.Counted), Quota: it.Quota},
 	}
@@ -166,8 +168,9 @@ func recordItem(r core.Record, deployment string) item {
 		CreatedAt: ms(r.CreatedAt), UpdatedAt: ms(r.UpdatedAt), ParkedAt: ms(r.ParkedAt), ExpiresAt: ms(r.ExpiresAt),
 		KillAttempts: r.KillAttempts, DestroyingAt: ms(r.DestroyingSince),
 		MeteredAt: ms(r.MeteredAt), PrevMeteredAt: ms(r.PrevMeteredAt), MeteredState: string(r.MeteredState),
-		NoRunningSlot: r.Slots.NoRunning, PausedSlot: r.Slots.Paused, PausedBucket: r.Slots.PausedBucket, PausedMS: r.PausedFor.Milliseconds(),
-		Bucket: r.Slot.Bucket, Counted: string(r.Slot.Counted), Quota: r.Slot.Quota,
+		NoRunningSlot: r.Slots.NoRunning, PausedSlot: r.Slots.Paused, PausedBucket: r.Slots.PausedBucket, TenantPaused: r.Slots.TenantPaused,
+		PausedMS: r.PausedFor.Milliseconds(),
+		Bucket:   r.Slot.Bucket, Counted: string(r.Slot.Counted), Quota: r.Slot.Quota,
 	}
 	if r.State != core.StateGone {
 		it.GSI1PK = statePK(deployment, r.State, r.SandboxID)

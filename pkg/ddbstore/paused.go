@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
@@ -151,16 +152,40 @@ func (s *Store) takePaused(ctx context.Context, limit, home int, take func(b int
 // counts when it is in them) and its paused slot.
 func (s *Store) slotsRelease(rec core.Record) ([]types.TransactWriteItem, error) {
 	var items []types.TransactWriteItem
+	tenantUsed, tenantPaused := 0, 0
 	if rec.Slots.Running() {
+		slot := rec.Slot
+		slot.Quota = false // the tenant's count is written once, below
 		var err error
-		if items, err = s.slotRelease(nil, rec.ThreadKey, rec.Slot); err != nil {
+		if items, err = s.slotRelease(nil, rec.ThreadKey, slot); err != nil {
 			return nil, err
+		}
+		if rec.Slot.Quota {
+			items = append(items, s.counterRelease(userPK(s.deployment, rec.ThreadKey)))
+			tenantUsed = -1
 		}
 	}
 	if rec.Slots.Paused {
 		items = append(items, s.pausedRelease(rec.Slots.PausedBucket))
+		if rec.Slots.TenantPaused && rec.Tenant != "" {
+			tenantPaused = -1
+		}
+	}
+	if tenantUsed != 0 || tenantPaused != 0 {
+		items = append(items, s.counterMove(tenantPK(s.deployment, rec.Tenant), tenantUsed, tenantPaused))
 	}
 	return items, nil
+}
+
+// tenantPausedRelease is the transaction items that free rec's paused
+// slot: its paused bucket's, and its tenant's paused count when counted
+// in it.
+func (s *Store) tenantPausedRelease(rec core.Record) []types.TransactWriteItem {
+	items := []types.TransactWriteItem{s.pausedRelease(rec.Slots.PausedBucket)}
+	if rec.Slots.TenantPaused && rec.Tenant != "" {
+		items = append(items, s.counterMove(tenantPK(s.deployment, rec.Tenant), 0, -1))
+	}
+	return items
 }
 
 // claimUpdate is the record update of a claim into to under c's lease
@@ -244,6 +269,9 @@ func (s *Store) claimPause(ctx context.Context, op string, c core.Claim, limit i
 func (s *Store) claimPauseIn(ctx context.Context, op string, c core.Claim, limit, b int, cond expression.ConditionBuilder) (core.Record, error) {
 	upd := s.claimUpdate(c, core.StatePausing, c.Now).Set(expression.Name("paused_slot"), expression.Value(true)).
 		Set(expression.Name("paused_bucket"), expression.Value(b))
+	if c.Tenant != "" {
+		upd = upd.Set(expression.Name("paused_tenant"), expression.Value(true))
+	}
 	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("%s: %w", op, err)
@@ -252,7 +280,13 @@ func (s *Store) claimPauseIn(ctx context.Context, op string, c core.Claim, limit
 	if err != nil {
 		return core.Record{}, fmt.Errorf("%s: %w", op, err)
 	}
-	failed, err := s.writeTxn(ctx, op, []types.TransactWriteItem{rec, take})
+	items := []types.TransactWriteItem{rec, take}
+	if c.Tenant != "" {
+		// The tenant's paused count, which a pause evicting another
+		// tenant's paused sandbox compares (core.PausedBelow).
+		items = append(items, s.counterMove(tenantPK(s.deployment, c.Tenant), 0, 1))
+	}
+	failed, err := s.writeTxn(ctx, op, items)
 	if r, ok := failed[sandboxPK(c.SandboxID)]; ok {
 		return core.Record{}, s.claimRefusal(ctx, c, "", r)
 	}
@@ -340,7 +374,7 @@ func (s *Store) settlePause(ctx context.Context, op string, rec core.Record, now
 	}
 	rec = settled(rec, to, now)
 	rec.ParkedAt, rec.ExpiresAt, rec.Slot = now, time.Time{}, core.Slot{}
-	rec.Slots = core.Slots{NoRunning: true, Paused: true, PausedBucket: rec.Slots.PausedBucket}
+	rec.Slots = core.Slots{NoRunning: true, Paused: true, PausedBucket: rec.Slots.PausedBucket, TenantPaused: rec.Slots.TenantPaused}
 	return rec, nil
 }
 
@@ -355,10 +389,9 @@ func (s *Store) AbortPause(ctx context.Context, rec core.Record, now time.Time) 
 func (s *Store) abortPause(ctx context.Context, op string, rec core.Record, now time.Time, to core.State, at time.Time, upd expression.UpdateBuilder) (core.Record, error) {
 	upd = upd.Set(expression.Name("state"), expression.Value(string(to))).
 		Set(expression.Name("updated_at"), expression.Value(ms(now))).
-		Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket"))
+		Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket")).Remove(expression.Name("paused_tenant"))
 	upd = s.stateIndex(upd, to, at, rec.SandboxID, rec.ThreadKey)
-	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing}, upd,
-		s.pausedRelease(rec.Slots.PausedBucket)); err != nil {
+	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing}, upd, s.tenantPausedRelease(rec)...); err != nil {
 		return core.Record{}, err
 	}
 	rec = settled(rec, to, now)
@@ -437,9 +470,9 @@ func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresA
 		Set(expression.Name("expires_at"), expression.Value(ms(expiresAt))).
 		Set(expression.Name("paused_ms"), expression.Value(rec.PausedFor.Milliseconds())).
 		Remove(expression.Name("parked_at")).Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket")).
-		Remove(expression.Name("no_running_slot"))
+		Remove(expression.Name("paused_tenant")).Remove(expression.Name("no_running_slot"))
 	upd = s.stateIndex(upd, core.StateActive, now, rec.SandboxID, core.ThreadKey{})
-	slots := []types.TransactWriteItem{s.pausedRelease(rec.Slots.PausedBucket)}
+	slots := s.tenantPausedRelease(rec)
 	if rec.Slot.Counted != "" && rec.Slot.Counted != core.StateActive {
 		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateActive)))
 		bucket, err := s.bucketUpdate(rec.Slot.Bucket, nil, countMove(expression.UpdateBuilder{}, rec.Slot.Counted, core.StateActive))
@@ -463,6 +496,36 @@ func (s *Store) PausedParkedBefore(ctx context.Context, t time.Time, limit int) 
 	return s.recordsInState(ctx, core.StatePaused, &sk, limit)
 }
 
+// TenantsPaused implements core.PauseStore: one read of the tenants'
+// counts, eventually consistent (the claim that acts on them checks them
+// again).
+func (s *Store) TenantsPaused(ctx context.Context, tenants []string) (map[string]int, error) {
+	keys := make([]map[string]types.AttributeValue, len(tenants))
+	for i, t := range tenants {
+		keys[i] = s.key(tenantPK(s.deployment, t))
+	}
+	held := make(map[string]int, len(tenants))
+	for len(keys) > 0 {
+		n := min(len(keys), batchGetMax)
+		items, err := s.batchGet(ctx, keys[:n], false)
+		if err != nil {
+			return nil, fmt.Errorf("read tenants' paused counts: %w", err)
+		}
+		for _, av := range items {
+			var c struct {
+				PK     string `dynamodbav:"pk"`
+				Paused int    `dynamodbav:"paused"`
+			}
+			if err := attributevalue.UnmarshalMap(av, &c); err != nil {
+				return nil, fmt.Errorf("read tenants' paused counts: %w", err)
+			}
+			held[strings.TrimPrefix(c.PK, tenantPK(s.deployment, ""))] = c.Paused
+		}
+		keys = keys[n:]
+	}
+	return held, nil
+}
+
 // PausedUsed reads the number of paused slots held (strongly consistent).
 func (s *Store) PausedUsed(ctx context.Context) (int, error) {
 	counts, err := s.readPaused(ctx, true)
@@ -473,6 +536,8 @@ func (s *Store) PausedUsed(ctx context.Context) (int, error) {
 type countItem struct {
 	Used     int   `dynamodbav:"used"`
 	Revision int64 `dynamodbav:"revision"`
+	// Paused is a tenant's paused count (TEN# items only).
+	Paused int `dynamodbav:"paused"`
 }
 
 // readPaused reads every paused bucket (one BatchGetItem; strongly

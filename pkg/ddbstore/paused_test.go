@@ -46,9 +46,9 @@ func warmAt(t *testing.T, s *ddbstore.Store, key core.ThreadKey, id string) core
 }
 
 // slots reads the running slots (the capacity buckets), the running slots
-// the records hold (the state index), the paused slots, and the tenant's
-// count as Lookup sees it.
-type slotCounts struct{ ledger, counted, paused, tenant int }
+// the records hold (the state index), the paused slots, the tenant's
+// count as Lookup sees it, and the tenant's paused count.
+type slotCounts struct{ ledger, counted, paused, tenant, tenantPaused int }
 
 func countSlots(t *testing.T, s *ddbstore.Store, key core.ThreadKey) slotCounts {
 	t.Helper()
@@ -77,7 +77,11 @@ func countSlots(t *testing.T, s *ddbstore.Store, key core.ThreadKey) slotCounts 
 	if err != nil {
 		t.Fatalf("Lookup: %v", err)
 	}
-	return slotCounts{ledger: st.Used, counted: counted, paused: paused, tenant: look.TenantUsed}
+	held, err := s.TenantsPaused(ctx, []string{key.Tenant})
+	if err != nil {
+		t.Fatalf("TenantsPaused: %v", err)
+	}
+	return slotCounts{ledger: st.Used, counted: counted, paused: paused, tenant: look.TenantUsed, tenantPaused: held[key.Tenant]}
 }
 
 func pauseClaim(id, owner string, now time.Time) core.Claim {
@@ -98,13 +102,13 @@ func TestPauseAndResumeMoveTheSlots(t *testing.T) {
 	}{
 		{"claim pause", func(core.Record) (core.Record, error) {
 			return s.ClaimPause(ctx, pauseClaim("sbx1", "p", t0.Add(time.Minute)), 5)
-		}, core.StatePausing, slotCounts{ledger: 1, counted: 1, paused: 1, tenant: 1}, core.Slots{Paused: true}},
+		}, core.StatePausing, slotCounts{ledger: 1, counted: 1, paused: 1, tenant: 1, tenantPaused: 1}, core.Slots{Paused: true, TenantPaused: true}},
 		{"settle pause", func(r core.Record) (core.Record, error) {
 			return s.SettlePause(ctx, r, t0.Add(2*time.Minute))
-		}, core.StatePaused, slotCounts{ledger: 0, counted: 0, paused: 1, tenant: 0}, core.Slots{NoRunning: true, Paused: true}},
+		}, core.StatePaused, slotCounts{ledger: 0, counted: 0, paused: 1, tenant: 0, tenantPaused: 1}, core.Slots{NoRunning: true, Paused: true, TenantPaused: true}},
 		{"claim resume", func(core.Record) (core.Record, error) {
 			return s.ClaimResume(ctx, core.ResumeClaim{Claim: pauseClaim("sbx1", "r", t0.Add(time.Hour)), Key: key, Limit: 1})
-		}, core.StateResuming, slotCounts{ledger: 1, counted: 1, paused: 1, tenant: 1}, core.Slots{Paused: true}},
+		}, core.StateResuming, slotCounts{ledger: 1, counted: 1, paused: 1, tenant: 1, tenantPaused: 1}, core.Slots{Paused: true, TenantPaused: true}},
 		{"settle resume", func(r core.Record) (core.Record, error) {
 			r.PausedFor = 58 * time.Minute
 			return s.SettleResume(ctx, r, t0.Add(time.Hour), t0.Add(2*time.Hour))
@@ -266,7 +270,7 @@ func TestClaimResumeTakesARunningSlotLikeAReservation(t *testing.T) {
 	if got, _ := s.Get(ctx, "sbx1"); got.State != core.StatePaused || got.LeaseOwner != "" {
 		t.Errorf("record after refused resumes = %s lease %q, want paused, no lease", got.State, got.LeaseOwner)
 	}
-	if c := countSlots(t, s, key); c != (slotCounts{ledger: 1, counted: 1, paused: 1, tenant: 1}) {
+	if c := countSlots(t, s, key); c != (slotCounts{ledger: 1, counted: 1, paused: 1, tenant: 1, tenantPaused: 1}) {
 		t.Errorf("slots after refused resumes = %+v, want unchanged", c)
 	}
 }

@@ -245,7 +245,7 @@ func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
 			upd = upd.Remove(expression.Name("parked_at"))
 		}
 	}
-	if c.Below != nil {
+	if c.Below != nil || c.PausedBelow != nil {
 		return s.claimBelow(ctx, c, cond, upd)
 	}
 	rec, old, err := s.update(ctx, "claim", sandboxPK(c.SandboxID), cond, upd)
@@ -271,25 +271,23 @@ func claimRefused(c core.Claim, old core.Record) (core.Record, error) {
 	return old, fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
 }
 
-// claimBelow is Claim with c.Below: the record's update and a check of the
-// tenant's slot count, in one transaction, then a read of the record (a
-// transaction returns no item).
+// claimBelow is Claim with c.Below or c.PausedBelow: the record's update
+// and checks of the tenants' counts, in one transaction, then a read of
+// the record (a transaction returns no item).
 func (s *Store) claimBelow(ctx context.Context, c core.Claim, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, error) {
 	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim: build expression: %w", err)
 	}
-	below, err := s.conditionCheck(tenantPK(s.deployment, c.Below.Tenant), expression.Or(
-		expression.AttributeNotExists(expression.Name(AttrPK)),
-		expression.Name("used").LessThan(expression.Value(c.Below.Slots))))
+	checks, err := s.claimChecks(c)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim: %w", err)
 	}
 	pk := sandboxPK(c.SandboxID)
-	failed, err := s.writeTxn(ctx, "claim", []types.TransactWriteItem{{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
+	failed, err := s.writeTxn(ctx, "claim", append([]types.TransactWriteItem{{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
 		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
 		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, below})
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}}, checks...))
 	switch r, recordFailed := failed[pk]; {
 	case recordFailed && len(r.Item) == 0:
 		return core.Record{}, core.ErrNotFound
@@ -300,7 +298,7 @@ func (s *Store) claimBelow(ctx context.Context, c core.Claim, cond expression.Co
 		}
 		return claimRefused(c, old)
 	case len(failed) > 0:
-		return core.Record{}, fmt.Errorf("claim sandbox %s: tenant %s holds %d slots or more: %w", c.SandboxID, c.Below.Tenant, c.Below.Slots, core.ErrAtFairShare)
+		return core.Record{}, fmt.Errorf("claim sandbox %s: a tenant's count is not as the claim requires: %w", c.SandboxID, core.ErrAtFairShare)
 	case err != nil:
 		return core.Record{}, err
 	}
@@ -311,6 +309,44 @@ func (s *Store) claimBelow(ctx context.Context, c core.Claim, cond expression.Co
 		return core.Record{}, fmt.Errorf("claim applied, record not read: %w: %w", core.ErrStoreUnavailable, err)
 	}
 	return rec, nil
+}
+
+// claimChecks are the checks of the tenants' counts a claim carries:
+// c.Below's tenant holds fewer than c.Below.Slots slots; c.PausedBelow's
+// tenant holds at most Held paused slots and the record's tenant at least
+// Held+2 (absent counts are zero).
+func (s *Store) claimChecks(c core.Claim) ([]types.TransactWriteItem, error) {
+	var checks []types.TransactWriteItem
+	if b := c.Below; b != nil {
+		it, err := s.conditionCheck(tenantPK(s.deployment, b.Tenant), expression.Or(
+			expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThan(expression.Value(b.Slots))))
+		if err != nil {
+			return nil, err
+		}
+		checks = append(checks, it)
+	}
+	if p := c.PausedBelow; p != nil {
+		if p.Tenant == c.Tenant {
+			return nil, fmt.Errorf("a paused share check of tenant %s against itself", p.Tenant)
+		}
+		mine, err := s.conditionCheck(tenantPK(s.deployment, p.Tenant), expression.Or(
+			expression.AttributeNotExists(expression.Name("paused")),
+			expression.Name("paused").LessThanEqual(expression.Value(p.Held))))
+		if err != nil {
+			return nil, err
+		}
+		theirs, err := s.conditionCheck(tenantPK(s.deployment, c.Tenant),
+			expression.Name("paused").GreaterThanEqual(expression.Value(p.Held+2)))
+		if err != nil {
+			return nil, err
+		}
+		if c.Below != nil && c.Below.Tenant == p.Tenant {
+			return nil, fmt.Errorf("a claim checks tenant %s's counts twice", p.Tenant)
+		}
+		checks = append(checks, mine, theirs)
+	}
+	return checks, nil
 }
 
 // update runs a conditional UpdateItem returning the new record; on a
@@ -447,11 +483,25 @@ func (s *Store) dropBinding(ctx context.Context, key core.ThreadKey, attr, value
 // counterRelease is the transaction item that returns one slot of a user
 // or tenant counter (pk), moving its revision (see RepairCounters).
 func (s *Store) counterRelease(pk string) types.TransactWriteItem {
-	u := "ADD #used :minus, #revision :one"
+	return s.counterMove(pk, -1, 0)
+}
+
+// counterMove is the transaction item that adds used to a user's or
+// tenant's slot count (pk) and paused to a tenant's paused count, moving
+// its revision: one item, since a transaction writes an item at most once.
+func (s *Store) counterMove(pk string, used, paused int) types.TransactWriteItem {
+	u := revised(expression.Add(expression.Name("used"), expression.Value(used)))
+	if used == 0 {
+		u = revised(expression.Add(expression.Name("paused"), expression.Value(paused)))
+	} else if paused != 0 {
+		u = u.Add(expression.Name("paused"), expression.Value(paused))
+	}
+	expr, err := expression.NewBuilder().WithUpdate(u).Build()
+	if err != nil {
+		panic(err) // a constant expression: cannot fail
+	}
 	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
-		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#used": "used", "#revision": "revision"},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": &types.AttributeValueMemberN{Value: "-1"},
-			":one": &types.AttributeValueMemberN{Value: "1"}}}}
+		UpdateExpression: expr.Update(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}
 }
 
 // counterTake is the transaction item that takes one slot of a user or
