@@ -285,8 +285,8 @@ func TestInterruptedPauseIsFinished(t *testing.T) {
 			if st := h.reconcile(t); st.Paused != 0 || st.Deferred == 0 {
 				t.Fatalf("pass with a failing pause: paused %d deferred %d, want 0 and a deferral", st.Paused, st.Deferred)
 			}
-			if got := h.state(t, rec.SandboxID); got.State != core.StatePausing || got.Slots != (core.Slots{Paused: true, PausedBucket: got.Slots.PausedBucket}) {
-				t.Fatalf("record = %s %+v, want pausing holding both slots", got.State, got.Slots)
+			if got := h.state(t, rec.SandboxID); got.State != core.StatePausing || got.Slots != (core.Slots{Paused: true, PausedBucket: got.Slots.PausedBucket, TenantPaused: true}) {
+				t.Fatalf("record = %s %+v, want pausing holding both slots, counted for its tenant", got.State, got.Slots)
 			}
 			h.prov.Set(func(p *coretest.FakeProvider) { p.PauseErr = nil })
 			if c := h.capacity(t); c.Used != 1 || c.Paused != 1 {
@@ -371,7 +371,7 @@ func TestReconcileAdoptsAnUntrackedPausedSandboxPaused(t *testing.T) {
 	if st.Adopted != 1 {
 		t.Fatalf("adopted %d, want the paused sandbox adopted (stats %+v)", st.Adopted, st)
 	}
-	if got := h.state(t, ref.ID); got.State != core.StatePaused || got.Slots != (core.Slots{NoRunning: true, Paused: true, PausedBucket: got.Slots.PausedBucket}) {
+	if got := h.state(t, ref.ID); got.State != core.StatePaused || got.Slots != (core.Slots{NoRunning: true, Paused: true, PausedBucket: got.Slots.PausedBucket, TenantPaused: true}) {
 		t.Errorf("adopted record = %s %+v, want paused holding a paused slot", got.State, got.Slots)
 	}
 	if c := h.capacity(t); c.Used != 0 || c.Paused != 1 {

@@ -52,11 +52,9 @@ const exactRoom = CallTimeout
 type slotTally struct {
 	used   [CapacityBuckets]int
 	counts [CapacityBuckets]map[string]int
-	quota  map[string]int     // USR#/TEN# key -> slots counted in it
+	quota  map[string]int     // USR#/TEN#/TPA# key -> slots counted in it
 	paused [PausedBuckets]int // records holding a paused slot, by paused bucket
-	// tenantPaused: TEN# key -> paused slots counted in its "paused"
-	tenantPaused map[string]int
-	pool         int // pool places held
+	pool   int                // pool places held
 }
 
 // tallyStates are the states a tally reads: those holding running slots,
@@ -142,7 +140,7 @@ func (h holders) see(st core.State, it item) {
 
 // tally counts the holders in every counter they hold a place of.
 func (h holders) tally(deployment string) *slotTally {
-	t := &slotTally{quota: map[string]int{}, tenantPaused: map[string]int{}}
+	t := &slotTally{quota: map[string]int{}}
 	for b := range t.counts {
 		t.counts[b] = map[string]int{}
 	}
@@ -151,7 +149,7 @@ func (h holders) tally(deployment string) *slotTally {
 			t.paused[o.pausedBucket]++
 		}
 		if o.tenantPaused {
-			t.tenantPaused[tenantPK(deployment, o.tenant)]++
+			t.quota[tenantPausedPK(deployment, o.tenant)]++
 		}
 		if o.poolPlace {
 			t.pool++
@@ -456,17 +454,13 @@ func (s *Store) readForRepair(ctx context.Context, maxItems int) (*repairRead, e
 	for k := range r.tally.quota {
 		quotaKeys[k] = true
 	}
-	for k := range r.tally.tenantPaused {
-		quotaKeys[k] = true
-	}
 	for _, b := range r.buckets {
 		for _, t := range b.Tenants {
 			quotaKeys[tenantPK(s.deployment, t)] = true
 		}
 	}
 	for k := range r.prev {
-		k = strings.TrimPrefix(k, tenantPausedNote)
-		if strings.HasPrefix(k, "TEN#") || strings.HasPrefix(k, "USR#") {
+		if isQuotaKey(k) {
 			quotaKeys[k] = true
 		}
 	}
@@ -530,21 +524,15 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
 				return countFixed(rep, s.repairCountFrom(ctx, "slots", k, "used", c.Revision, c.Used, r.tally.quota[k]))
 			}}, strconv.Itoa(c.Used), c.Revision)
-		if !strings.HasPrefix(k, "TEN#") {
-			continue
-		}
-		note(dueRepair{name: tenantPausedNote + k, want: strconv.Itoa(r.tally.tenantPaused[k]),
-			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.tenantPaused[k]) },
-			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
-				return countFixed(rep, s.repairCountFrom(ctx, "paused slots", k, "paused", c.Revision, c.Paused, r.tally.tenantPaused[k]))
-			}}, strconv.Itoa(c.Paused), c.Revision)
 	}
 	return due
 }
 
-// tenantPausedNote prefixes the noted name of a tenant's paused count
-// (its slot count's is the counter's key).
-const tenantPausedNote = "paused-of#"
+// isQuotaKey reports whether pk is a user's or tenant's slot count or a
+// tenant's paused count.
+func isQuotaKey(pk string) bool {
+	return strings.HasPrefix(pk, "TEN#") || strings.HasPrefix(pk, "USR#") || strings.HasPrefix(pk, "TPA#")
+}
 
 // bucketCheck is a bucket's counters as stored (have, at revision rev)
 // with their repair.
@@ -718,8 +706,9 @@ func (s *Store) saveNotedCounts(ctx context.Context, n notedState) error {
 func (s *Store) sweepCounts(ctx context.Context, segment int32) ([]string, error) {
 	filter := expression.And(
 		expression.Or(expression.Name(AttrPK).BeginsWith("USR#"+s.deployment+"#"),
-			expression.Name(AttrPK).BeginsWith("TEN#"+s.deployment+"#")),
-		expression.Or(expression.Name("used").NotEqual(expression.Value(0)), expression.Name("paused").NotEqual(expression.Value(0))))
+			expression.Name(AttrPK).BeginsWith("TEN#"+s.deployment+"#"),
+			expression.Name(AttrPK).BeginsWith("TPA#"+s.deployment+"#")),
+		expression.Name("used").NotEqual(expression.Value(0)))
 	expr, err := expression.NewBuilder().WithFilter(filter).Build()
 	if err != nil {
 		return nil, fmt.Errorf("sweep slot counts: %w", err)

@@ -99,6 +99,14 @@ func tenantPK(deployment, tenant string) string {
 	return "TEN#" + deployment + "#" + tenant
 }
 
+// tenantPausedPK is the per-tenant paused slot counter (the paused slots'
+// share: core.PausedBelow). It is an item of its own, not an attribute of
+// the tenant's slot count, so that pauses and resumes add no writes to
+// the item every acquire of the tenant writes.
+func tenantPausedPK(deployment, tenant string) string {
+	return "TPA#" + deployment + "#" + tenant
+}
+
 // parkedState reports whether records in st are filed in gsi1 by park
 // time (the LRU order of eviction and idle expiry) rather than by the time
 // of their last write.

@@ -152,27 +152,14 @@ func (s *Store) takePaused(ctx context.Context, limit, home int, take func(b int
 // counts when it is in them) and its paused slot.
 func (s *Store) slotsRelease(rec core.Record) ([]types.TransactWriteItem, error) {
 	var items []types.TransactWriteItem
-	tenantUsed, tenantPaused := 0, 0
 	if rec.Slots.Running() {
-		slot := rec.Slot
-		slot.Quota = false // the tenant's count is written once, below
 		var err error
-		if items, err = s.slotRelease(nil, rec.ThreadKey, slot); err != nil {
+		if items, err = s.slotRelease(nil, rec.ThreadKey, rec.Slot); err != nil {
 			return nil, err
-		}
-		if rec.Slot.Quota {
-			items = append(items, s.counterRelease(userPK(s.deployment, rec.ThreadKey)))
-			tenantUsed = -1
 		}
 	}
 	if rec.Slots.Paused {
-		items = append(items, s.pausedRelease(rec.Slots.PausedBucket))
-		if rec.Slots.TenantPaused && rec.Tenant != "" {
-			tenantPaused = -1
-		}
-	}
-	if tenantUsed != 0 || tenantPaused != 0 {
-		items = append(items, s.counterMove(tenantPK(s.deployment, rec.Tenant), tenantUsed, tenantPaused))
+		items = append(items, s.tenantPausedRelease(rec)...)
 	}
 	return items, nil
 }
@@ -183,7 +170,7 @@ func (s *Store) slotsRelease(rec core.Record) ([]types.TransactWriteItem, error)
 func (s *Store) tenantPausedRelease(rec core.Record) []types.TransactWriteItem {
 	items := []types.TransactWriteItem{s.pausedRelease(rec.Slots.PausedBucket)}
 	if rec.Slots.TenantPaused && rec.Tenant != "" {
-		items = append(items, s.counterMove(tenantPK(s.deployment, rec.Tenant), 0, -1))
+		items = append(items, s.counterRelease(tenantPausedPK(s.deployment, rec.Tenant)))
 	}
 	return items
 }
@@ -284,7 +271,11 @@ func (s *Store) claimPauseIn(ctx context.Context, op string, c core.Claim, limit
 	if c.Tenant != "" {
 		// The tenant's paused count, which a pause evicting another
 		// tenant's paused sandbox compares (core.PausedBelow).
-		items = append(items, s.counterMove(tenantPK(s.deployment, c.Tenant), 0, 1))
+		count, err := s.counterTake(tenantPausedPK(s.deployment, c.Tenant), 0)
+		if err != nil {
+			return core.Record{}, fmt.Errorf("%s: %w", op, err)
+		}
+		items = append(items, count)
 	}
 	failed, err := s.writeTxn(ctx, op, items)
 	if r, ok := failed[sandboxPK(c.SandboxID)]; ok {
@@ -502,7 +493,7 @@ func (s *Store) PausedParkedBefore(ctx context.Context, t time.Time, limit int) 
 func (s *Store) TenantsPaused(ctx context.Context, tenants []string) (map[string]int, error) {
 	keys := make([]map[string]types.AttributeValue, len(tenants))
 	for i, t := range tenants {
-		keys[i] = s.key(tenantPK(s.deployment, t))
+		keys[i] = s.key(tenantPausedPK(s.deployment, t))
 	}
 	held := make(map[string]int, len(tenants))
 	for len(keys) > 0 {
@@ -513,13 +504,13 @@ func (s *Store) TenantsPaused(ctx context.Context, tenants []string) (map[string
 		}
 		for _, av := range items {
 			var c struct {
-				PK     string `dynamodbav:"pk"`
-				Paused int    `dynamodbav:"paused"`
+				PK   string `dynamodbav:"pk"`
+				Used int    `dynamodbav:"used"`
 			}
 			if err := attributevalue.UnmarshalMap(av, &c); err != nil {
 				return nil, fmt.Errorf("read tenants' paused counts: %w", err)
 			}
-			held[strings.TrimPrefix(c.PK, tenantPK(s.deployment, ""))] = c.Paused
+			held[strings.TrimPrefix(c.PK, tenantPausedPK(s.deployment, ""))] = c.Used
 		}
 		keys = keys[n:]
 	}
@@ -536,8 +527,6 @@ func (s *Store) PausedUsed(ctx context.Context) (int, error) {
 type countItem struct {
 	Used     int   `dynamodbav:"used"`
 	Revision int64 `dynamodbav:"revision"`
-	// Paused is a tenant's paused count (TEN# items only).
-	Paused int `dynamodbav:"paused"`
 }
 
 // readPaused reads every paused bucket (one BatchGetItem; strongly

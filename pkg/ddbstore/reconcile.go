@@ -240,6 +240,14 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 			return core.Record{}, fmt.Errorf("adopt: %w", err)
 		}
 		bindItems = append(bindItems, take)
+		if a.Record.Tenant != "" && !pool {
+			a.Record.Slots.TenantPaused = true
+			count, err := s.counterTake(tenantPausedPK(s.deployment, a.Record.Tenant), 0)
+			if err != nil {
+				return core.Record{}, fmt.Errorf("adopt: %w", err)
+			}
+			bindItems = append(bindItems, count)
+		}
 	}
 	if !a.Record.Slots.Running() {
 		return s.adoptPaused(ctx, op, a, bindItems)

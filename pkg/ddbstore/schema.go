@@ -13,6 +13,7 @@
 //	                              other buckets, see bucket.go)
 //	USR#<deployment>#<tenant>#<user>  slots held by one user ("used", "revision"), for SANDBOX_MAX_PER_USER
 //	TEN#<deployment>#<tenant>     slots held by one tenant ("used", "revision"), for SANDBOX_MAX_PER_TENANT
+//	TPA#<deployment>#<tenant>     paused slots held by one tenant ("used", "revision"), for the paused slots' share
 //	WTR#<deployment>#<tenant>#<n> waiter place n of a tenant ("ticket", "until", "round", "qkey"), for SANDBOX_MAX_WAITERS_PER_TENANT
 //	WQ#<deployment>#<n>           wait queue shard n (n = 8 × lane + FNV-1a(ticket) mod 8): one item per ticket,
 //	                              sk = "<round>#<arrival ms>#<ticket>" ("state" waiting|granted, "until",

@@ -330,19 +330,16 @@ func (s *Store) claimChecks(c core.Claim) ([]types.TransactWriteItem, error) {
 		if p.Tenant == c.Tenant {
 			return nil, fmt.Errorf("a paused share check of tenant %s against itself", p.Tenant)
 		}
-		mine, err := s.conditionCheck(tenantPK(s.deployment, p.Tenant), expression.Or(
-			expression.AttributeNotExists(expression.Name("paused")),
-			expression.Name("paused").LessThanEqual(expression.Value(p.Held))))
+		mine, err := s.conditionCheck(tenantPausedPK(s.deployment, p.Tenant), expression.Or(
+			expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThanEqual(expression.Value(p.Held))))
 		if err != nil {
 			return nil, err
 		}
-		theirs, err := s.conditionCheck(tenantPK(s.deployment, c.Tenant),
-			expression.Name("paused").GreaterThanEqual(expression.Value(p.Held+2)))
+		theirs, err := s.conditionCheck(tenantPausedPK(s.deployment, c.Tenant),
+			expression.Name("used").GreaterThanEqual(expression.Value(p.Held+2)))
 		if err != nil {
 			return nil, err
-		}
-		if c.Below != nil && c.Below.Tenant == p.Tenant {
-			return nil, fmt.Errorf("a claim checks tenant %s's counts twice", p.Tenant)
 		}
 		checks = append(checks, mine, theirs)
 	}
@@ -483,25 +480,11 @@ func (s *Store) dropBinding(ctx context.Context, key core.ThreadKey, attr, value
 // counterRelease is the transaction item that returns one slot of a user
 // or tenant counter (pk), moving its revision (see RepairCounters).
 func (s *Store) counterRelease(pk string) types.TransactWriteItem {
-	return s.counterMove(pk, -1, 0)
-}
-
-// counterMove is the transaction item that adds used to a user's or
-// tenant's slot count (pk) and paused to a tenant's paused count, moving
-// its revision: one item, since a transaction writes an item at most once.
-func (s *Store) counterMove(pk string, used, paused int) types.TransactWriteItem {
-	u := revised(expression.Add(expression.Name("used"), expression.Value(used)))
-	if used == 0 {
-		u = revised(expression.Add(expression.Name("paused"), expression.Value(paused)))
-	} else if paused != 0 {
-		u = u.Add(expression.Name("paused"), expression.Value(paused))
-	}
-	expr, err := expression.NewBuilder().WithUpdate(u).Build()
-	if err != nil {
-		panic(err) // a constant expression: cannot fail
-	}
+	u := "ADD #used :minus, #revision :one"
 	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
-		UpdateExpression: expr.Update(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}
+		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#used": "used", "#revision": "revision"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": &types.AttributeValueMemberN{Value: "-1"},
+			":one": &types.AttributeValueMemberN{Value: "1"}}}}
 }
 
 // counterTake is the transaction item that takes one slot of a user or

@@ -164,8 +164,8 @@ func TestTenantPausedCountIsRepaired(t *testing.T) {
 	ctx := context.Background()
 	pauseFor(t, s, "acme", 1)
 	if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
-		Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "TEN#test#acme"}, "sk": &types.AttributeValueMemberS{Value: "R"}},
-		UpdateExpression:          aws.String("SET paused = :n"),
+		Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "TPA#test#acme"}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+		UpdateExpression:          aws.String("SET used = :n"),
 		ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: "4"}}}); err != nil {
 		t.Fatal(err) // drift, as a bug would leave it
 	}

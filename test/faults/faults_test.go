@@ -338,6 +338,17 @@ func (st *stack) checkInvariants() {
 	if capa.Paused != len(paused) {
 		st.t.Errorf("paused slots = %d, paused sandboxes = %d (%v)", capa.Paused, len(paused), paused)
 	}
+	if !st.pool {
+		// Every paused sandbox is a tenant's: the tenants' paused counts
+		// add up to the paused slots.
+		held, err := st.store.TenantsPaused(ctx, []string{"acme", rival})
+		if err != nil {
+			st.t.Fatalf("tenants' paused counts: %v", err)
+		}
+		if held["acme"]+held[rival] != capa.Paused {
+			st.t.Errorf("tenants' paused counts = %v, paused slots = %d; want them to add up", held, capa.Paused)
+		}
+	}
 	st.withinLimit()
 }
 
@@ -366,19 +377,28 @@ func pauseStep(st *stack, thread string, arm, disarm func()) (map[string][]byte,
 	return nil, core.ReleaseResult{}, false
 }
 
-// paused leaves the thread with a paused sandbox.
-func paused(st *stack, thread string) {
-	warm(st, thread)
+// pauseIdle runs the reconcile pass that pauses the idle warm sandboxes
+// (faults off) and checks that want sandboxes (whose) are then paused.
+func (st *stack) pauseIdle(want int, whose string) {
+	st.t.Helper()
 	st.idle()
 	st.reconcile()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, p := st.liveByState(ctx); len(p) != 1 {
-		st.t.Fatalf("setup: paused sandboxes %v, want the thread's", p)
+	if _, p := st.liveByState(ctx); len(p) != want {
+		st.t.Fatalf("setup: paused sandboxes %v, want %s", p, whose)
 	}
+}
+
+// paused leaves the thread with a paused sandbox.
+func paused(st *stack, thread string) {
+	warm(st, thread)
+	st.pauseIdle(1, "the thread's")
 	if !st.pool {
 		return
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	// The pool's places are its members: no reservation or tombstone
 	// of a refill is left.
 	members, err := st.store.PoolMembers(ctx, 100)
@@ -904,6 +924,46 @@ var pausedFallbackSteps = []step{
 	{name: "reconcile/pause-fallback-take", layer: ddbLayer, run: pauseFallbackStep, match: fallbackTake},
 }
 
+// pausedShareSteps are the steps of a pause that finds every paused slot
+// held (SANDBOX_MAX_PAUSED 2), both by another tenant's sandboxes: the
+// read of the two tenants' paused counts (eventually consistent, unlike
+// the counter repair's) and the claim of the other tenant's least
+// recently paused sandbox, which checks both counts.
+var pausedShareSteps = []step{
+	{name: "reconcile/pause-share-read", layer: ddbLayer, run: pauseShareStep,
+		match: faults.BodyLacks(faults.BodyContains(faults.DynamoDB("BatchGetItem"), `"S":"TPA#`), `"ConsistentRead":true`)},
+	{name: "reconcile/pause-share-evict", layer: ddbLayer, run: pauseShareStep,
+		match: faults.BodyContains(faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"TPA#`), `"S":"destroying"`)},
+}
+
+// rival is the tenant whose paused sandboxes fill the paused slots of
+// the pausedShareSteps.
+const rival = "rival"
+
+// pauseShareStep fills the paused slots with two paused sandboxes of the
+// rival tenant, then runs the reconcile pass that pauses the thread's
+// warm sandbox under the fault: the thread's tenant holds none, so the
+// pause evicts the rival's least recently paused one.
+func pauseShareStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	for i := range 2 {
+		k := core.ThreadKey{Tenant: rival, User: "bob", Thread: fmt.Sprintf("%s-%d", thread, i)}
+		ctx, cancel := invocation()
+		res, err := st.eng.Acquire(ctx, k)
+		cancel()
+		if err != nil {
+			st.t.Fatalf("setup acquire for %s: %v", k, err)
+		}
+		ctx, cancel = invocation()
+		_, err = st.eng.Release(ctx, rival, res.Record.SandboxID)
+		cancel()
+		if err != nil {
+			st.t.Fatalf("setup release for %s: %v", k, err)
+		}
+	}
+	st.pauseIdle(2, "the rival's two")
+	return pauseStep(st, thread, arm, disarm)
+}
+
 // fullPaused maps a fallback case's deployment to the key of the paused
 // bucket it counted full.
 var fullPaused sync.Map
@@ -986,13 +1046,14 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	for _, sp := range slowWaiterSteps {
 		configs[sp.name] = stackConfig{acquireTimeout: slowWaitTimeout, waiterPlaces: 1}
 	}
-	for _, sp := range pausedFallbackSteps {
+	for _, sp := range slices.Concat(pausedFallbackSteps, pausedShareSteps) {
 		configs[sp.name] = stackConfig{maxPaused: 2}
 	}
 	for _, sp := range slices.Concat(spillSteps, laneTakeSteps) {
 		configs[sp.name] = stackConfig{waitLanes: spillLanes}
 	}
-	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps, spillSteps, laneTakeSteps) {
+	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps, pausedShareSteps,
+		spillSteps, laneTakeSteps) {
 		cfg := configs[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++
