@@ -217,6 +217,22 @@ func (st *stack) liveByState(ctx context.Context) (running, paused []string) {
 	return running, paused
 }
 
+// pausedByTenant counts the deployment's paused sandboxes by the tenant
+// their metadata names.
+func (st *stack) pausedByTenant(ctx context.Context) map[string]int {
+	st.t.Helper()
+	infos, err := st.clean.List(ctx, core.ListFilter{Metadata: map[string]string{core.MetaDeployment: st.deployment},
+		States: []string{core.SandboxPaused}})
+	if err != nil {
+		st.t.Fatalf("list paused sandboxes: %v", err)
+	}
+	n := map[string]int{}
+	for _, in := range infos {
+		n[in.Metadata[core.MetaTenant]]++
+	}
+	return n
+}
+
 // acquire acquires for thread and checks that a sandbox handed out
 // answers (through the clean client). ok is false when acquire failed.
 func (st *stack) acquire(thread string) (core.AcquireResult, bool) {
@@ -347,6 +363,10 @@ func (st *stack) checkInvariants() {
 		}
 		if held["acme"]+held[rival] != capa.Paused {
 			st.t.Errorf("tenants' paused counts = %v, paused slots = %d; want them to add up", held, capa.Paused)
+		}
+		// And each tenant's count is its own paused sandboxes.
+		if mine := st.pausedByTenant(ctx); held["acme"] != mine["acme"] || held[rival] != mine[rival] {
+			st.t.Errorf("tenants' paused counts = %v, paused sandboxes by tenant = %v", held, mine)
 		}
 	}
 	st.withinLimit()
