@@ -40,6 +40,13 @@ const (
 
 	// maxReplyBytes caps a control-plane reply read into memory.
 	maxReplyBytes = 16 << 20
+
+	// idleConnsPerHost is how many idle connections the default client
+	// keeps to each host (net/http's default keeps 2): an output sync
+	// reads several files of a sandbox at once, and many goroutines of
+	// one process (a reconcile pass beside acquires, a test's workers)
+	// call the one API host.
+	idleConnsPerHost = 32
 )
 
 // Timeouts bound every call. Zero fields take the defaults.
@@ -81,7 +88,8 @@ type Options struct {
 	// once more with the new key (a refused request did not apply).
 	Keys KeySource
 	// HTTPClient is used for every call. Nil means a client on a clone of
-	// http.DefaultTransport. Its Timeout should be 0: streams are bounded by
+	// http.DefaultTransport keeping idleConnsPerHost idle connections per
+	// host. Its Timeout should be 0: streams are bounded by
 	// ctx and Timeouts.
 	HTTPClient *http.Client
 	Timeouts   Timeouts
@@ -163,7 +171,9 @@ func New(opts Options) (*Client, error) {
 		log:        opts.Logger,
 	}
 	if c.http == nil {
-		c.http = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = idleConnsPerHost
+		c.http = &http.Client{Transport: tr}
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)

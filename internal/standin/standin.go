@@ -46,9 +46,20 @@ func DynamoDBClient(endpoint, region, accessKey string, timeout time.Duration) *
 		Region:       region,
 		BaseEndpoint: aws.String(endpoint),
 		Credentials:  credentials.NewStaticCredentialsProvider(accessKey, accessKey, ""),
-		HTTPClient:   &http.Client{Timeout: timeout},
+		HTTPClient:   &http.Client{Timeout: timeout, Transport: Loopback},
 	})
 }
+
+// Loopback is the transport of every stand-in client, and for the
+// clients tests build around one (a fault layer's next hop): http's
+// default keeps 2 idle connections per host, so many concurrent calls to
+// one local server (a store's fan-out of 33 queries, dozens of test
+// workers) would dial a new connection for nearly every call.
+var Loopback = func() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 0, 256
+	return tr
+}()
 
 // DynamoDBReady reports whether the DynamoDB behind c answers a call.
 func DynamoDBReady(ctx context.Context, c *dynamodb.Client) error {
@@ -93,7 +104,7 @@ func S3Client(endpoint, region string, keys S3Keys, timeout time.Duration) *s3.C
 		BaseEndpoint: aws.String(endpoint),
 		Credentials:  credentials.NewStaticCredentialsProvider(keys.AccessKey, keys.SecretKey, ""),
 		UsePathStyle: true,
-		HTTPClient:   &http.Client{Timeout: timeout},
+		HTTPClient:   &http.Client{Timeout: timeout, Transport: Loopback},
 	})
 }
 

@@ -7,11 +7,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
@@ -83,6 +86,23 @@ func NewBroker(ctx context.Context, cfg config.Config, logger *slog.Logger) (*co
 	return NewBrokerFor(ctx, cfg, logger, "http")
 }
 
+// keepIdle returns c keeping at least idle idle connections per host, so
+// that the store's fan-outs reuse their connections (see
+// ddbstore.ConcurrentCalls). The SDK's default client is a BuildableClient
+// (any custom CA bundle kept); another client is returned as it is.
+func keepIdle(c aws.HTTPClient, idle int) aws.HTTPClient {
+	b, ok := c.(*awshttp.BuildableClient)
+	if !ok {
+		return c
+	}
+	return b.WithTransportOptions(func(tr *http.Transport) {
+		tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, idle)
+		if tr.MaxIdleConns != 0 {
+			tr.MaxIdleConns = max(tr.MaxIdleConns, tr.MaxIdleConnsPerHost)
+		}
+	})
+}
+
 // NewBrokerFor builds the engine of function: DynamoDB store, the provider
 // SANDBOX_PROVIDER selects (internal/providers: E2B or the provisioner) and S3
 // output syncer (caps from cfg.Sync, deadline from SyncDeadline) and the
@@ -106,7 +126,9 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 		}
 		registry[config.ProviderE2B] = providers.E2BWithKeys(keys)
 	}
-	ddb := dynamodb.NewFromConfig(awsCfg)
+	ddb := dynamodb.NewFromConfig(awsCfg, func(o *dynamodb.Options) {
+		o.HTTPClient = keepIdle(o.HTTPClient, ddbstore.ConcurrentCalls)
+	})
 	s3c := s3.NewFromConfig(awsCfg, func(o *s3.Options) {
 		o.UsePathStyle = cfg.S3PathStyle
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
 	"github.com/sandbox-broker/sandbox-broker/internal/faults"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
+	"github.com/sandbox-broker/sandbox-broker/internal/standin"
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
@@ -154,7 +155,7 @@ func newStressRig(t *testing.T, deployment string, seed uint64) *stressRig {
 	}
 	ddb := testenv.DynamoClient(t)
 	table := freshTable(t, ddb, deployment)
-	r := &stressRig{client: client, table: table, store: ddbstore.New(ddb, table, deployment), ddbFaults: &faults.Transport{}}
+	r := &stressRig{client: client, table: table, store: ddbstore.New(ddb, table, deployment), ddbFaults: &faults.Transport{Next: standin.Loopback}}
 	r.faultyDB = dynamodb.New(ddb.Options(), func(o *dynamodb.Options) { o.HTTPClient = &http.Client{Transport: r.ddbFaults} })
 	var mu sync.Mutex
 	rng := rand.New(rand.NewPCG(seed, seed+1))

@@ -62,6 +62,14 @@ func shardsOf(st core.State) int {
 // a fan-out costs one query's latency, not three.
 const queryParallel = IndexShards + 1
 
+// ConcurrentCalls is the most DynamoDB calls one store operation runs at
+// once (a fan-out over a state's index keys). The HTTP transport of a
+// store's client should keep at least that many idle connections per
+// host: with fewer (the SDK's default keeps 10, net/http's 2) every
+// fan-out opens, and in AWS handshakes TLS on, the connections beyond its
+// pool, and closes them again.
+const ConcurrentCalls = queryParallel
+
 // shardOf is the index shard of a sandbox id or reservation token in
 // state st: FNV-1a of the id, modulo shardsOf(st) (stable across versions
 // and processes).

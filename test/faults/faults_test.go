@@ -41,6 +41,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/internal/faults"
 	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
+	"github.com/sandbox-broker/sandbox-broker/internal/standin"
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
@@ -110,9 +111,9 @@ type stackConfig struct {
 // says.
 func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	t.Helper()
-	held := &faults.Transport{}
+	held := &faults.Transport{Next: standin.Loopback}
 	st := &stack{t: t, deployment: testenv.UniqueName(t, "f"), clock: &offsetClock{},
-		prov: &faults.Transport{}, ddb: &faults.Transport{Next: held}, held: held, s3: &faults.Transport{},
+		prov: &faults.Transport{Next: standin.Loopback}, ddb: &faults.Transport{Next: held}, held: held, s3: &faults.Transport{Next: standin.Loopback},
 		enqueued: make(chan core.WaitNote, 16)}
 	var err error
 	st.clean, err = e2b.New(e2b.Options{APIURL: host.APIURL, SandboxURL: host.EnvdURL, APIKey: apiKey})
