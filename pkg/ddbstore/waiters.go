@@ -244,7 +244,7 @@ func (s *Store) queueHead(ctx context.Context, r headRead) ([]ticketItem, error)
 // fn returns false.
 func (s *Store) eachTicketIn(ctx context.Context, r headRead, fn func(ticketItem, error) bool) error {
 	pks := s.queuePKs(r.lanes, r.legacy)
-	ins := make([]*dynamodb.QueryInput, len(pks))
+	kqs := make([]keyQuery, len(pks))
 	cond := "pk = :pk"
 	if r.after != "" {
 		cond += " AND sk > :after"
@@ -254,15 +254,23 @@ func (s *Store) eachTicketIn(ctx context.Context, r headRead, fn func(ticketItem
 		if r.after != "" {
 			values[":after"] = &types.AttributeValueMemberS{Value: r.after}
 		}
-		ins[i] = &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
+		in := &dynamodb.QueryInput{TableName: &s.table, KeyConditionExpression: &cond,
 			ExpressionAttributeValues: values, ConsistentRead: aws.Bool(!r.eventual)}
 		if r.limit > 0 {
 			// A shard's share of the head, and a little more: the merge
 			// reads a further page of a shard only when it gets that far.
-			ins[i].Limit = aws.Int32(int32(r.limit/queueShards + 2))
+			in.Limit = aws.Int32(int32(r.limit/queueShards + 2))
 		}
+		kqs[i] = keyQuery{pk: pk, in: in}
 	}
-	return s.eachMerged(ctx, "query wait queue", ins, itemSK, func(av map[string]types.AttributeValue) bool {
+	// Only a walk of the whole queue (the repair's) uses a pass's memo: a
+	// read of the head serves tickets in order, and a ticket filed since
+	// under a key the memo skipped could be one to serve first.
+	use := memoNone
+	if r.limit == 0 && r.after == "" {
+		use = memoSkipMark
+	}
+	return s.eachMerged(ctx, "query wait queue", kqs, use, itemSK, func(av map[string]types.AttributeValue) bool {
 		var t ticketItem
 		if err := attributevalue.UnmarshalMap(av, &t); err != nil {
 			return fn(t, fmt.Errorf("decode ticket: %w", err))
