@@ -16,8 +16,8 @@ import (
 )
 
 // keyQueries records the partition key of every Query of the state index
-// or the wait queue, split into whole-key reads (no sort-key condition)
-// and the others (narrowed, COUNT, or a read of the queue's head).
+// or the wait queue, split into whole-key reads of the state index (no
+// sort-key condition) and the others (narrowed, COUNT, or of the queue).
 type keyQueries struct {
 	mu     sync.Mutex
 	whole  map[string]int
@@ -46,8 +46,7 @@ func (k *keyQueries) add(q *dynamodb.QueryInput) {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	head := strings.HasPrefix(pk, "WQ#") && q.Limit != nil // a dispatch's read of the queue's head
-	if strings.Contains(aws.ToString(q.KeyConditionExpression), " AND ") || q.Select == types.SelectCount || head {
+	if strings.Contains(aws.ToString(q.KeyConditionExpression), " AND ") || q.Select == types.SelectCount || strings.HasPrefix(pk, "WQ#") {
 		k.others++
 		return
 	}
@@ -70,7 +69,7 @@ type unscoped struct{ *ddbstore.Store }
 func (unscoped) WithPass(ctx context.Context) context.Context { return ctx }
 
 // A reconcile pass over an idle deployment (nothing held, nothing queued)
-// reads each empty index and queue key with at most one whole-key query,
+// reads each empty state index key with at most one whole-key query,
 // however many of its steps read the key's state, and so makes fewer
 // queries than the same pass over a store that cannot scope its reads to
 // the pass.

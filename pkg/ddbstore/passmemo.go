@@ -7,23 +7,27 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
-// passMemo remembers, for the length of one reconcile pass, the index and
-// queue partition keys a whole-key read found empty. A pass reads every
-// key of every state several times (the expiry walks, the dead-slot check
-// of each walk that completes, the counters' tally twice, the queue's
-// repair and its free-dispatches); on an idle deployment nearly all of
-// those keys are empty, and each read of one is still a query. Within the
-// pass the next read of a key found empty skips it.
+// passMemo remembers, for the length of one reconcile pass, the state
+// index keys a read of the whole key (no sort-key condition) found empty.
+// A pass reads every key of every state several times (the expiry walks,
+// the dead-slot check of each walk that completes, the counters' tally);
+// on an idle deployment nearly all of those keys are empty, and each read
+// of one is still a query. Within the pass the next read of a key found
+// empty skips it.
 //
-// Only emptiness is remembered, and only from a read of the whole key (no
-// sort-key condition, no limit), so a remembered key held nothing when it
-// was read. An entry filed under it later in the pass is missed by the
-// pass's later reads and found by the next pass's: every use the pass
-// makes of an index read tolerates that, since none acts on an entry's
-// absence (the tally takes a count only when two tallies agree and the
-// exact count confirms it; an expiry or a free only acts on what it
-// reads; the inventory looks sandboxes up by id). Entries filed before
-// the pass that stay filed throughout are always seen.
+// An entry filed under such a key later in the pass (by an acquire, or by
+// the pass itself: a tombstone, a pool member, a release), or still on its
+// way into the index when the key was read (the index is eventually
+// consistent), is missed by the pass's later reads and found by the next
+// pass's. Every use the pass makes of an index read allows that, since
+// none acts on an entry's absence: an expiry, a free or a retried kill
+// acts only on what it reads; the inventory looks sandboxes up by id; the
+// counter repair corrects a count only when two passes found the same
+// difference at the same revision of the count, and a holder filed since
+// moved that revision (its exact count, which confirms a correction,
+// reads every key: withoutPass). The wait queue's reads do not use the
+// memo: a dispatch serves tickets in order, and a ticket filed under a
+// skipped key could be one to serve first.
 type passMemo struct {
 	mu    sync.Mutex
 	empty map[string]bool
@@ -39,6 +43,11 @@ func (s *Store) WithPass(ctx context.Context) context.Context {
 }
 
 var _ core.PassScoped = (*Store)(nil)
+
+// withoutPass is ctx with no pass memo: its reads read every key.
+func withoutPass(ctx context.Context) context.Context {
+	return context.WithValue(ctx, passMemoKey{}, (*passMemo)(nil))
+}
 
 // memoOf is ctx's pass memo, or nil outside a pass.
 func memoOf(ctx context.Context) *passMemo {

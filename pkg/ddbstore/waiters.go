@@ -263,14 +263,7 @@ func (s *Store) eachTicketIn(ctx context.Context, r headRead, fn func(ticketItem
 		}
 		kqs[i] = keyQuery{pk: pk, in: in}
 	}
-	// Only a walk of the whole queue (the repair's) uses a pass's memo: a
-	// read of the head serves tickets in order, and a ticket filed since
-	// under a key the memo skipped could be one to serve first.
-	use := memoNone
-	if r.limit == 0 && r.after == "" {
-		use = memoSkipMark
-	}
-	return s.eachMerged(ctx, "query wait queue", kqs, use, itemSK, func(av map[string]types.AttributeValue) bool {
+	return s.eachMerged(ctx, "query wait queue", kqs, memoNone, itemSK, func(av map[string]types.AttributeValue) bool {
 		var t ticketItem
 		if err := attributevalue.UnmarshalMap(av, &t); err != nil {
 			return fn(t, fmt.Errorf("decode ticket: %w", err))
