@@ -259,8 +259,10 @@ func TestALaneRefusalAnswersWithTheWholeStatus(t *testing.T) {
 		reason        core.RefusalReason // "": served
 	}{
 		{"its wait ran out", false, time.Second, false, core.RefusalCapacity},
-		{"no waiter place", true, time.Second, false, core.RefusalTooManyWaiters},
-		{"no waiter place, another lane open", true, time.Second, true, ""},
+		// Time enough to wait however slow the first attempt (a wait must
+		// have a poll's time left): the waiter place is what refuses.
+		{"no waiter place", true, time.Minute, false, core.RefusalTooManyWaiters},
+		{"no waiter place, another lane open", true, time.Minute, true, ""},
 		{"no time to wait, another lane open", false, 100 * time.Millisecond, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
