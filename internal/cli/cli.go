@@ -171,8 +171,8 @@ Configuration, per setting: flags > environment (SBX_API_URL, SBX_TOKEN, SBX_TEN
 SBX_STACK) > .run/stack.json (written by ` + "`make run`" + `, searched in this directory and its parents).
 Without --token/--tenant, sbx uses the stack's default tenant: the first one of BROKER_DEV_TOKENS.
 
-Exit codes: 0 ok, 1 error, 2 usage, 3 capacity refused (HTTP 429);
-sbx exec exits with the command's exit code.`,
+Exit codes: 0 ok, 1 error, 2 usage, 3 capacity refused (HTTP 429, or 503
+while the deployment drains); sbx exec exits with the command's exit code.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
