@@ -846,14 +846,13 @@ func (a *App) configCmd(g *globals) *cobra.Command {
 				return writeJSON(a.Stdout, out)
 			}
 			tw := tabwriter.NewWriter(a.Stdout, 0, 4, 2, ' ', 0)
-			for _, k := range []string{"api_url", "token", "tenant"} {
+			for _, k := range []string{"api_url", "token", "tenant", "stack"} {
 				src := cfg.Sources[k]
 				if src == "" {
 					src = "unset"
 				}
 				fmt.Fprintf(tw, "%s\t%v\t(%s)\n", k, out[k], src)
 			}
-			fmt.Fprintf(tw, "stack\t%s\t\n", stack)
 			fmt.Fprintf(tw, "state_dir\t%s\t\n", cfg.StateDir)
 			return tw.Flush()
 		}),

@@ -175,7 +175,8 @@ type Config struct {
 	// StateDir holds per-sandbox connection files (<root>/.run/sbx).
 	StateDir string
 	// Sources says where APIURL, Token and Tenant came from ("flag", "env",
-	// "stack", or "" for unset), for `sbx config` and error messages.
+	// "stack", or "" for unset), and the stack file ("flag", "env", or
+	// "found" by searching), for `sbx config` and error messages.
 	Sources map[string]string
 }
 
@@ -195,11 +196,14 @@ var (
 // that only read the stack, such as ls-outputs).
 func Resolve(s Settings, getenv func(string) string, cwd string, needAPI bool) (Config, error) {
 	cfg := Config{Sources: map[string]string{}}
-	st, err := resolveStack(s, getenv, cwd)
+	st, src, err := resolveStack(s, getenv, cwd)
 	if err != nil {
 		return cfg, err
 	}
 	cfg.Stack = st
+	if st != nil {
+		cfg.Sources["stack"] = src
+	}
 
 	pick := func(name, flag, env string, stack string) string {
 		switch {
@@ -245,29 +249,29 @@ func Resolve(s Settings, getenv func(string) string, cwd string, needAPI bool) (
 }
 
 // resolveStack loads the stack file: --stack, else SBX_STACK (relative to
-// cwd), else the one FindStack finds. A stack file named explicitly must
-// load; one found by searching may be absent (nil, no error).
-func resolveStack(s Settings, getenv func(string) string, cwd string) (*Stack, error) {
-	stackPath, explicit := s.Stack, s.Stack != ""
-	if !explicit {
-		if v := getenv(EnvStack); v != "" {
-			stackPath, explicit = v, true
-		}
+// cwd), else the one FindStack finds, and says which ("flag", "env" or
+// "found"). A stack file named explicitly must load; one found by
+// searching may be absent (nil, no error).
+func resolveStack(s Settings, getenv func(string) string, cwd string) (*Stack, string, error) {
+	stackPath, src := s.Stack, "flag"
+	if stackPath == "" {
+		stackPath, src = getenv(EnvStack), "env"
 	}
+	explicit := stackPath != ""
 	if explicit && !filepath.IsAbs(stackPath) {
 		stackPath = filepath.Join(cwd, stackPath)
 	}
 	if !explicit {
-		stackPath = FindStack(cwd)
+		stackPath, src = FindStack(cwd), "found"
 	}
 	if stackPath == "" {
-		return nil, nil
+		return nil, "", nil
 	}
 	st, err := LoadStack(stackPath)
 	if err != nil && (explicit || !errors.Is(err, fs.ErrNotExist)) {
-		return nil, err
+		return nil, "", err
 	}
-	return st, nil
+	return st, src, nil
 }
 
 // credentialsFromStack completes the token and tenant from the stack file:

@@ -47,7 +47,20 @@ func TestResolvePrecedence(t *testing.T) {
 		{
 			name: "stack only: first token in file order",
 			cwd:  dir, wantURL: "http://127.0.0.1:8787", wantTok: "z-token", wantTn: "zeta",
-			wantSrc: map[string]string{"api_url": "stack", "token": "stack", "tenant": "stack"},
+			wantSrc: map[string]string{"api_url": "stack", "token": "stack", "tenant": "stack", "stack": "found"},
+		},
+		{
+			name: "stack named by SBX_STACK",
+			cwd:  t.TempDir(), env: map[string]string{EnvStack: filepath.Join(dir, ".run", "stack.json")},
+			wantURL: "http://127.0.0.1:8787", wantTok: "z-token", wantTn: "zeta",
+			wantSrc: map[string]string{"api_url": "stack", "stack": "env"},
+		},
+		{
+			name: "stack named by --stack over SBX_STACK",
+			cwd:  t.TempDir(), flags: Settings{Stack: filepath.Join(dir, ".run", "stack.json")},
+			env:     map[string]string{EnvStack: filepath.Join(t.TempDir(), "missing.json")},
+			wantURL: "http://127.0.0.1:8787", wantTok: "z-token", wantTn: "zeta",
+			wantSrc: map[string]string{"api_url": "stack", "stack": "flag"},
 		},
 		{
 			name: "stack found from a subdirectory",
@@ -83,7 +96,7 @@ func TestResolvePrecedence(t *testing.T) {
 			name: "no stack: env only",
 			cwd:  t.TempDir(), env: map[string]string{EnvAPIURL: "http://env:1", EnvToken: "env-token"},
 			wantURL: "http://env:1", wantTok: "env-token", wantTn: "",
-			wantSrc: map[string]string{"api_url": "env", "token": "env"},
+			wantSrc: map[string]string{"api_url": "env", "token": "env", "stack": ""},
 		},
 	}
 	for _, tt := range tests {
