@@ -310,9 +310,9 @@ func isLive(s State) bool {
 // PassScoped is a store that can scope its reads to one reconcile pass:
 // WithPass returns a context under which the store may skip re-reading
 // an index key an earlier read of the pass found empty. An entry filed
-// before the pass that stays filed throughout is still seen by every
-// read; one filed during the pass may be left to the next pass, which
-// the pass's uses of index reads allow (none acts on an entry's absence).
+// under such a key since (or not yet in the index when it was read) may
+// be left to the next pass, which the pass's uses of index reads allow:
+// none acts on an entry's absence.
 type PassScoped interface {
 	WithPass(ctx context.Context) context.Context
 }
