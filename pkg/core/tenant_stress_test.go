@@ -227,32 +227,26 @@ func (w *tenantWatch) Reserve(ctx context.Context, r core.Reservation) error {
 		note.counts, note.marks = counts, marks
 		note.mu.Unlock()
 	}
-	err := w.Store.Reserve(ctx, r)
-	if err == nil {
-		w.tookGrant(r.Grant)
-	}
-	return err
+	w.takingGrant(r.Grant)
+	return w.Store.Reserve(ctx, r)
 }
 
 func (w *tenantWatch) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Record, error) {
-	rec, err := w.Store.ClaimResume(ctx, r)
-	if err == nil {
-		w.tookGrant(r.Grant)
-	}
-	return rec, err
+	w.takingGrant(r.Grant)
+	return w.Store.ClaimResume(ctx, r)
 }
 
 func (w *tenantWatch) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Record, error) {
-	rec, err := w.Store.ClaimPoolMember(ctx, c)
-	if err == nil {
-		w.tookGrant(c.Grant)
-	}
-	return rec, err
+	w.takingGrant(c.Grant)
+	return w.Store.ClaimPoolMember(ctx, c)
 }
 
-// tookGrant notes a take that applied with grant g (if any): g's ticket
-// and place left the queue with it.
-func (w *tenantWatch) tookGrant(g *core.Grant) {
+// takingGrant notes a take with grant g (if any) about to be made: g's
+// ticket and place may leave the queue with it from the moment its
+// transaction applies, which may be before the call returns (and whatever
+// the call returns: a lost answer), so the place counts as given back from
+// now on, as a LeaveWait's does.
+func (w *tenantWatch) takingGrant(g *core.Grant) {
 	if g == nil {
 		return
 	}
@@ -812,9 +806,12 @@ func TestStressTenantsUnderFaults(t *testing.T) {
 	// The flood: the bound on the hostile tenant's waiters, exercised
 	// whatever the machine's speed (the phases above leave it to timing).
 	emptied("before the flood")
-	refused := flood{s: s, rs: rs, store: watch, prov: prov, clk: clk, hog: "hog",
-		fill: fillThreads(tenants, limit, perTenant, perUser)}.run(t)
+	fl := flood{s: s, rs: rs, store: watch, prov: prov, clk: clk, hog: "hog", fill: fillThreads(tenants, limit, perTenant, perUser)}
+	refused := fl.run(t)
 	converge("after the flood")
+	emptied("before the quota")
+	quotaRefusals := fl.quotaRefused(t)
+	converge("after the quota")
 
 	reasonsMu.Lock()
 	defer reasonsMu.Unlock()
@@ -824,7 +821,6 @@ func TestStressTenantsUnderFaults(t *testing.T) {
 		t.Errorf("the hostile tenant never filled its %d waiter places (most %d) nor was refused too_many_waiters (%d): the bound was not exercised",
 			maxWaiters, watch.maxHeld["hog"], refused+reasons["hog"][core.RefusalTooManyWaiters])
 	}
-	quotaRefusals := 0
 	for _, r := range reasons {
 		quotaRefusals += r[core.RefusalTenantQuota]
 	}
@@ -961,6 +957,44 @@ func (f flood) run(t *testing.T) int {
 		}
 	}
 	return refused
+}
+
+// quotaRefused is the stress test's check of the tenant quota whatever
+// the machine's speed (the phases leave it to timing): on an empty
+// deployment the hostile tenant takes its quota's worth of sandboxes and
+// keeps them in use (none warm to evict for it), and one more acquire of
+// its must be refused tenant_quota at once. It returns the refusals.
+func (f flood) quotaRefused(t *testing.T) int {
+	t.Helper()
+	ctx := context.Background()
+	eng, err := core.New(f.s, f.store, f.prov, &fakeSyncer{}, core.WithClock(f.clk.now), core.WithReconcileSettings(f.rs))
+	if err != nil {
+		t.Fatalf("quota: core.New: %v", err)
+	}
+	var held []core.Record
+	defer func() {
+		for _, rec := range held {
+			if _, err := eng.Release(ctx, f.hog, rec.SandboxID); err != nil {
+				t.Errorf("quota: release %s: %v", rec.SandboxID, err)
+			}
+		}
+	}()
+	for n := range f.s.MaxPerTenant {
+		k := core.ThreadKey{Tenant: f.hog, User: agentUser(f.hog, n), Thread: "quota"}
+		res, err := eng.Acquire(ctx, k)
+		if err != nil {
+			t.Fatalf("quota: acquire %s on an empty deployment: %v", k, err)
+		}
+		held = append(held, res.Record)
+	}
+	extra := core.ThreadKey{Tenant: f.hog, User: agentUser(f.hog, f.s.MaxPerTenant), Thread: "quota"}
+	_, err = eng.Acquire(ctx, extra)
+	if ce := (*core.CapacityError)(nil); !errors.As(err, &ce) || ce.Reason != core.RefusalTenantQuota {
+		t.Errorf("quota: acquire of %s with %d of %s's sandboxes in use, its quota = %v, want a %s refusal",
+			extra, len(held), f.hog, err, core.RefusalTenantQuota)
+		return 0
+	}
+	return 1
 }
 
 // converged lists what still differs between the counters, the records

@@ -293,8 +293,9 @@ func (w *ticketLog) ended(at time.Time) bool {
 	return !w.note.returned.IsZero() && w.note.returned.Before(at)
 }
 
-// TestStressWaitOrderUnderFaults keeps the wait queue busy: four tenants
-// (one with eight agents, three with two) share three running slots under
+// TestStressWaitOrderUnderFaults keeps the wait queue busy: five tenants
+// (one with eight agents, three with two, one with one) share three
+// running slots under
 // the wait policy, each agent acquiring one of its threads, using it
 // briefly and releasing it, which pauses the sandbox (pause at release)
 // and so frees its running slot for the queue's next waiter (a returning
@@ -325,6 +326,10 @@ func stressWaitOrder(t *testing.T, lanes int) {
 		{name: "acme", agents: 2, threads: 2},
 		{name: "globex", agents: 2, threads: 2},
 		{name: "initech", agents: 2, threads: 2},
+		// One agent: each of its waiters is its tenant's first, so the
+		// rule for a tenant's first waiter is checked however busy the
+		// others keep their queues.
+		{name: "solo", agents: 1, threads: 2},
 	}}
 	rig := newStressRig(t, deployment, 21)
 	rig.ddbFaults.ArmFunc(rig.fault)
