@@ -58,6 +58,17 @@ func (c *opCounter) counts() map[string]int {
 }
 
 // countedStore is a store over a fresh table whose calls c counts.
+// racedStores returns two stores on one fresh table: s, whose calls are
+// counted (with hooks run after them), and peer, which races it.
+func racedStores(t *testing.T) (s, peer *ddbstore.Store, calls *opCounter) {
+	t.Helper()
+	base, table := newTable(t)
+	calls = &opCounter{ops: map[string]int{}, after: map[string]func(){}}
+	s = ddbstore.New(dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, calls.middleware) }),
+		table, "test")
+	return s, ddbstore.New(base, table, "test"), calls
+}
+
 func countedStore(t *testing.T) (*ddbstore.Store, *opCounter) {
 	t.Helper()
 	base, table := newTable(t)
@@ -192,11 +203,7 @@ func TestReserveTakesTheFreedSlotsBucketFirst(t *testing.T) {
 // without reading the buckets again.
 func TestReserveReadsTheBucketsOnce(t *testing.T) {
 	const limit = 8 // eight buckets of one slot
-	base, table := newTable(t)
-	calls := &opCounter{ops: map[string]int{}, after: map[string]func(){}}
-	s := ddbstore.New(dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, calls.middleware) }),
-		table, "test")
-	peer := ddbstore.New(base, table, "test")
+	s, peer, calls := racedStores(t)
 	ctx := context.Background()
 	reserve := func(st *ddbstore.Store, token string, k core.ThreadKey) error {
 		return st.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute)})
@@ -243,6 +250,61 @@ func TestReserveReadsTheBucketsOnce(t *testing.T) {
 	}
 	if got, want := calls.counts(), map[string]int{"TransactWriteItems": 2, "BatchGetItem": 1}; !maps.Equal(got, want) {
 		t.Errorf("Reserve made %v, want %v: its home bucket, one read of the buckets, the bucket it showed open", got, want)
+	}
+}
+
+// TestALaneTakeGivesUpAfterOneLostRace: a reservation whose home is
+// full reads the buckets and tries one the read shows with room; when
+// peers took every such slot meanwhile, a take of the whole deployment
+// loses a second race before it is refused, and one confined to its wait
+// lane (Reservation.Lanes) is refused after the first.
+func TestALaneTakeGivesUpAfterOneLostRace(t *testing.T) {
+	const limit = 8 // eight buckets of one slot
+	// Buckets 0, 2, 4 and 6 serve lane 0 of two, the home's.
+	const openA, openB, full = 0, 4, 2
+	for _, tc := range []struct {
+		lanes int
+		takes int // transactions made: lost races
+	}{
+		{lanes: 0, takes: 2},
+		{lanes: 2, takes: 1},
+	} {
+		t.Run(fmt.Sprintf("lanes=%d", tc.lanes), func(t *testing.T) {
+			s, peer, calls := racedStores(t)
+			ctx := context.Background()
+			reserve := func(st *ddbstore.Store, token string, k core.ThreadKey, homeFull bool) error {
+				return st.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+					HomeFull: homeFull, Lanes: tc.lanes})
+			}
+			for b := range limit {
+				if b != openA && b != openB {
+					if err := reserve(peer, fmt.Sprint("res-", b), threadIn(t, "filler", b, limit), false); err != nil {
+						t.Fatalf("fill bucket %d: %v", b, err)
+					}
+				}
+			}
+			calls.counts()
+			raced := false
+			calls.after["BatchGetItem"] = func() { // the take's read of the buckets: peers take both open slots
+				if raced {
+					return
+				}
+				raced = true
+				for _, b := range []int{openA, openB} {
+					if err := reserve(peer, fmt.Sprint("res-peer-", b), threadIn(t, "peer", b, limit), false); err != nil {
+						t.Errorf("the peer's Reserve in bucket %d: %v", b, err)
+					}
+				}
+			}
+			err := reserve(s, "res-new", threadIn(t, "u1", full, limit), true)
+			var ce *core.CapacityError
+			if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
+				t.Fatalf("Reserve = %v, want a capacity refusal (both open slots taken by peers)", err)
+			}
+			if got, want := calls.counts(), map[string]int{"BatchGetItem": 1, "TransactWriteItems": tc.takes}; !maps.Equal(got, want) {
+				t.Errorf("Reserve made %v, want %v", got, want)
+			}
+		})
 	}
 }
 
