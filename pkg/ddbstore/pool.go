@@ -45,7 +45,7 @@ func (s *Store) poolCount(delta int) types.TransactWriteItem {
 // ReservePool takes a slot (in a capacity bucket, as Reserve) and a pool
 // place and writes the pool reservation, in one transaction.
 func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
-	b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit), fallbacks: reserveFallbacks}, func(b int) error { return s.reservePoolIn(ctx, r, b) })
+	b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit)}, func(b int) error { return s.reservePoolIn(ctx, r, b) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating})
 	}

@@ -63,9 +63,6 @@ type slotPlan struct {
 	limit int
 	// home is the bucket tried first (noHome: none, the read comes first).
 	home int
-	// fallbacks is how many other buckets the take tries after losing a
-	// race (reserveFallbacks; 0 in a lane: see core.Reservation.Lanes).
-	fallbacks int
 	// lane, when not nil, is the buckets of the take's wait lane: they are
 	// read instead of every bucket, and when none of them has room and
 	// none holds a sandbox an eviction could free, the take is refused
@@ -74,18 +71,27 @@ type slotPlan struct {
 	lane []int
 }
 
+// fallbacks is how many other buckets the take tries after losing a race:
+// reserveFallbacks, none while it reads only its wait lane's buckets (see
+// core.Reservation.Lanes).
+func (p slotPlan) fallbacks() int {
+	if p.lane != nil {
+		return 0
+	}
+	return reserveFallbacks
+}
+
 // threadPlan is the plan of a take for thread k under limit: its home
 // (threadHome, or noHome when its lookup found that one full) and, with
 // lanes > 1, its home's lane, and no fallback after a lost race.
 func threadPlan(k core.ThreadKey, limit int, homeFull bool, lanes int) slotPlan {
 	home := threadHome(k, limit)
-	p := slotPlan{limit: limit, home: home, fallbacks: reserveFallbacks}
+	p := slotPlan{limit: limit, home: home}
 	if homeFull {
 		p.home = noHome
 	}
 	if lanes > 1 {
 		p.lane = laneBuckets(bucketLane(home, lanes), lanes, limit)
-		p.fallbacks = 0
 	}
 	return p
 }
@@ -163,7 +169,7 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(b int) error
 				open = append(open, bk.Index)
 			}
 		}
-		if len(open) == 0 || len(tried) > p.fallbacks {
+		if len(open) == 0 || len(tried) > p.fallbacks() {
 			if p.lane == nil {
 				return b, &core.CapacityError{Reason: core.RefusalCapacity, Status: st, Tenants: tenants}
 			}
