@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -55,7 +56,10 @@ type keyLoad struct {
 	// cancels counts the cancelled transactions by cause: a condition
 	// failed, or only contention (DynamoDB's TransactionConflict).
 	cancels map[string]int
-	calls   int
+	// cancelledBy counts the cancelled transactions by the broker's
+	// functions that sent them (see callerChain) and cause.
+	cancelledBy map[string]int
+	calls       int
 	// index knows each item's index entries, so that an applied write
 	// is charged the index writes it causes (see indexShadow).
 	index indexShadow
@@ -63,12 +67,14 @@ type keyLoad struct {
 
 func newKeyLoad() *keyLoad {
 	return &keyLoad{write: map[string]float64{}, read: map[string]float64{}, cancelled: map[string]float64{},
-		queueReads: map[string]float64{}, cancels: map[string]int{}, index: indexShadow{}}
+		queueReads: map[string]float64{}, cancels: map[string]int{}, cancelledBy: map[string]int{}, index: indexShadow{}}
 }
 
 // cancelCause is why a transaction was cancelled: the kinds of its
 // items' keys and of those whose condition failed ("CAP+WQ failed WQ"),
-// or "conflict" for contention alone.
+// or "conflict" for contention alone. A capacity bucket that failed while
+// it held slots in trust for wait tickets is "CAP(granted)": with one slot
+// a bucket, a grant took the room the transaction raced for.
 func cancelCause(tce *types.TransactionCanceledException, items []types.TransactWriteItem) string {
 	kindOf := func(it types.TransactWriteItem) string {
 		kind, _, _ := strings.Cut(strings.TrimPrefix(pkOf(txnItemKey(it)), "pk="), "#")
@@ -78,7 +84,11 @@ func cancelCause(tce *types.TransactionCanceledException, items []types.Transact
 	for i, it := range items {
 		all = append(all, kindOf(it))
 		if i < len(tce.CancellationReasons) && aws.ToString(tce.CancellationReasons[i].Code) == "ConditionalCheckFailed" {
-			failed = append(failed, kindOf(it))
+			kind := kindOf(it)
+			if g, ok := tce.CancellationReasons[i].Item["granted"].(*types.AttributeValueMemberN); ok && kind == "CAP" && g.Value != "0" {
+				kind += "(granted)"
+			}
+			failed = append(failed, kind)
 		}
 	}
 	if len(failed) == 0 {
@@ -103,11 +113,35 @@ func (l *keyLoad) middleware(stack *middleware.Stack) error {
 				for _, it := range txn.TransactItems {
 					l.cancelled[pkOf(txnItemKey(it))] += txnWriteFactor
 				}
-				l.cancels[cancelCause(tce, txn.TransactItems)]++
+				cause := cancelCause(tce, txn.TransactItems)
+				l.cancels[cause]++
+				l.cancelledBy[callerChain()+": "+cause]++
 				l.mu.Unlock()
 			}
 			return out, md, err
 		}), middleware.After)
+}
+
+// callerChain names the broker's functions (of pkg/core and
+// pkg/ddbstore) on the calling goroutine's stack, outermost first, joined
+// by ">": which path sent a call, told apart from the SDK's frames.
+func callerChain() string {
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	var chain []string
+	for {
+		f, more := frames.Next()
+		for _, pkg := range []string{"/pkg/core.", "/pkg/ddbstore."} {
+			if _, name, ok := strings.Cut(f.Function, pkg); ok {
+				chain = append(chain, name)
+			}
+		}
+		if !more {
+			break
+		}
+	}
+	slices.Reverse(chain)
+	return strings.Join(chain, ">")
 }
 
 // txnItemKey is the key (or item) a transaction item writes or checks.
@@ -133,6 +167,7 @@ func (l *keyLoad) reset() {
 	clear(l.cancelled)
 	clear(l.queueReads)
 	clear(l.cancels)
+	clear(l.cancelledBy)
 	l.calls = 0
 }
 
@@ -658,7 +693,19 @@ func (r *hotRig) report(b *testing.B) {
 	b.Logf("units per acquire by key kind: write %s; read %s", byKind(l.write, a), byKind(l.read, a))
 	b.Logf("acquires %d (sources %v), refused %d (%v), releases %v, %d sandboxes killed; per acquire %.1f write units (%.1f in cancelled transactions: %v) and %.1f DynamoDB calls",
 		r.acquires.Load(), r.sources, r.refused.Load(), r.refusals, r.releases, len(r.prov.Killed()), wTotal/a, unitsUnder(l.cancelled, "")/a, l.cancels, float64(l.calls)/a)
+	b.Logf("cancelled transactions by caller: %s", topCounts(l.cancelledBy, 12))
 	r.logQueue(b, a)
+}
+
+// topCounts is m's n largest counts, largest first, on one line (a
+// benchmark's log keeps only its first lines).
+func topCounts(m map[string]int, n int) string {
+	keys := slices.SortedFunc(maps.Keys(m), func(a, b string) int { return cmp.Or(m[b]-m[a], strings.Compare(a, b)) })
+	var lines []string
+	for _, k := range keys[:min(n, len(keys))] {
+		lines = append(lines, fmt.Sprintf("%d %s", m[k], k))
+	}
+	return strings.Join(lines, "; ")
 }
 
 // ownKinds are the kinds of key of one tenant (its slot count, its waiter
