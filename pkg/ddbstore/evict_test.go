@@ -439,3 +439,61 @@ func TestALaneTakeReadsItsLane(t *testing.T) {
 		})
 	}
 }
+
+// TestAnEscalatedLaneTakeGivesUpAfterOneLostRace: a take confined to its
+// wait lane whose lane is full but holds a warm sandbox reads every
+// bucket; when peers took every slot that read showed open, it is still
+// refused after the first race it loses, as in its lane (a second try
+// there mostly loses too, each a cancelled transaction on the tenant's
+// count and a bucket).
+func TestAnEscalatedLaneTakeGivesUpAfterOneLostRace(t *testing.T) {
+	const limit, lanes = 8, 2 // eight buckets of one slot; lane 0 is the even ones
+	open := []int{1, 5}       // in lane 1
+	s, peer, calls := racedStores(t)
+	ctx := context.Background()
+	reserve := func(st *ddbstore.Store, token string, k core.ThreadKey, homeFull bool, lanes int) error {
+		return st.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+			HomeFull: homeFull, Lanes: lanes})
+	}
+	for b := range limit {
+		if slices.Contains(open, b) {
+			continue
+		}
+		k, token := threadIn(t, "filler", b, limit), fmt.Sprint("res-", b)
+		if err := reserve(peer, token, k, false, 0); err != nil {
+			t.Fatalf("fill bucket %d: %v", b, err)
+		}
+		rec, err := peer.Finalize(ctx, token, core.Record{SandboxID: fmt.Sprint("sbx", b), ThreadKey: k, State: core.StateActive,
+			Backend: "e2b", CreatedAt: t0, UpdatedAt: t0})
+		if err != nil {
+			t.Fatalf("Finalize %d: %v", b, err)
+		}
+		if b == 0 { // in the take's lane: something an eviction could free
+			if _, err := peer.Apply(ctx, core.Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0, Slot: rec.Slot}); err != nil {
+				t.Fatalf("park warm: %v", err)
+			}
+		}
+	}
+	calls.counts()
+	// The first read is the lane's; after the second, of every bucket,
+	// peers take both open slots.
+	calls.after["BatchGetItem"] = func() {
+		calls.mu.Lock()
+		defer calls.mu.Unlock()
+		calls.after["BatchGetItem"] = func() {
+			for _, b := range open {
+				if err := reserve(peer, fmt.Sprint("res-peer-", b), threadIn(t, "peer", b, limit), false, 0); err != nil {
+					t.Errorf("the peer's Reserve in bucket %d: %v", b, err)
+				}
+			}
+		}
+	}
+	err := reserve(s, "res-new", threadIn(t, "u1", 2, limit), true, lanes)
+	var ce *core.CapacityError
+	if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity || ce.Partial {
+		t.Fatalf("Reserve = %v, want a capacity refusal of the whole deployment (both open slots taken by peers)", err)
+	}
+	if got, want := calls.counts(), map[string]int{"BatchGetItem": 2, "TransactWriteItems": 1}; !maps.Equal(got, want) {
+		t.Errorf("Reserve made %v, want %v: its lane's read, every bucket's, one lost race", got, want)
+	}
+}
