@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -701,4 +702,65 @@ func TestLapsedGrantsPassOnBehindGrantedTickets(t *testing.T) {
 			}
 		})
 	}
+}
+
+// turnDB passes every call to DynamoDB Local, counting the transactions
+// and running afterRead once, after the first BatchGetItem.
+type turnDB struct {
+	ddbstore.API
+	afterRead func()
+	txns      atomic.Int32
+}
+
+func (d *turnDB) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	out, err := d.API.BatchGetItem(ctx, in, opts...)
+	if hook := d.afterRead; hook != nil {
+		d.afterRead = nil
+		hook()
+	}
+	return out, err
+}
+
+func (d *turnDB) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, opts ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
+	d.txns.Add(1)
+	return d.API.TransactWriteItems(ctx, in, opts...)
+}
+
+// TestATurnReadsItsTicketBeforeGrantingItself: the head's turn reads the
+// buckets for room; when a free's dispatch granted its ticket meanwhile,
+// the turn sees it in a read of its ticket and sends no grant (which
+// would be cancelled), leaving the other freed slot free and nothing to
+// repair.
+func TestATurnReadsItsTicketBeforeGrantingItself(t *testing.T) {
+	const limit = 4
+	f := newQueueFixture(t, limit)
+	recs := f.fill(limit)
+	w0 := f.enter("a", "w0", t0)
+	freed := f.free(recs[0])
+	f.free(recs[1])
+	now := t0.Add(time.Second)
+	db := &turnDB{API: f.client}
+	db.afterRead = func() { // a free's dispatch grants the head the slot it freed
+		if res := f.dispatch(core.Dispatch{Now: now, Bucket: freed}); !slices.Equal(ids(res.Granted), []string{w0.ID}) {
+			t.Errorf("the free's dispatch granted %v, want [%s]", ids(res.Granted), w0.ID)
+		}
+	}
+	turn := ddbstore.New(db, f.table, "test")
+	res, err := turn.Dispatch(context.Background(), core.Dispatch{Now: now, Limit: limit, Bucket: -1, Self: w0.ID, GrantFor: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("the turn's Dispatch: %v", err)
+	}
+	if res.Head == w0.ID || len(res.Granted) != 0 || !res.Read {
+		t.Errorf("turn: head %q, granted %v, read the buckets %v; want no head, no grant, read", res.Head, ids(res.Granted), res.Read)
+	}
+	if n := db.txns.Load(); n != 0 {
+		t.Errorf("the turn sent %d transactions, want none", n)
+	}
+	if used, granted := f.counts(); used != limit-1 || granted != 1 {
+		t.Errorf("used %d granted %d, want %d and 1: the other freed slot still free", used, granted, limit-1)
+	}
+	if ts := f.poll(w0); !ts.Granted || ts.Grant.Bucket != freed {
+		t.Errorf("w0 = %+v, want granted in bucket %d", ts, freed)
+	}
+	f.repairsNothing(1, "")
 }

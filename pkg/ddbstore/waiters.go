@@ -628,6 +628,13 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // and every write is conditional on what it read, so a stale read only
 // loses a race.
 //
+// A waiter's turn that read the buckets reads each ticket strongly before
+// it grants it room, as a dispatch that lost a race does (without the
+// pause): the turn's reads take a few calls, during which the lane's
+// frees grant the same tickets, and a grant that finds its ticket granted
+// costs a cancelled transaction on a bucket and the ticket. Once its own
+// ticket is granted the turn stops.
+//
 // A waiter's turn (d.Self set, no bucket, no scan) first reads only its
 // own shard: when a live waiting ticket is ahead of it there, it is not
 // the queue's head, and the turn only removes the lapsed tickets it saw
@@ -843,7 +850,12 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 			}
 			continue
 		}
-		if w.lost > 0 {
+		// A waiter's turn grants room it read in the buckets after reads
+		// of the queue and of the buckets, while the lane's frees grant
+		// the tickets it read: like a dispatch that lost a race to a peer,
+		// it reads each ticket first, and stops once its own is granted.
+		turn := w.read && d.Self != ""
+		if w.lost > 0 || turn {
 			// Peers are granting the tickets read: read the next one
 			// (a read unit) before trying it (a transaction's write units).
 			still, err := s.stillWaitingAfter(ctx, t, w)
@@ -852,6 +864,9 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 			}
 			if !still {
 				*waiting = (*waiting)[1:]
+				if turn && t.Ticket == d.Self {
+					return false, nil // served: the turn is done
+				}
 				continue
 			}
 		}
