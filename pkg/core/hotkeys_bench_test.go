@@ -126,7 +126,7 @@ func (l *keyLoad) middleware(stack *middleware.Stack) error {
 // pkg/ddbstore) on the calling goroutine's stack, outermost first, joined
 // by ">": which path sent a call, told apart from the SDK's frames.
 func callerChain() string {
-	pcs := make([]uintptr, 64)
+	pcs := make([]uintptr, 256) // deep enough for the SDK's middleware stack under any broker path
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
 	var chain []string
 	for {

@@ -129,11 +129,12 @@ type Reservation struct {
 	// acquires race for each freed slot, and each read costs an eighth.
 	// Such a take also stops at the first race it loses for a slot (its
 	// home, or the bucket it tried from its read, of its lane or, when it
-	// read every bucket, of any) rather than trying another: each lost race is a cancelled transaction charged on the
-	// tenant's count and a bucket, the keys that bound a deployment's
-	// acquires a second, while a wait costs the lanes' spread queue keys,
-	// and the slot raced for was about to go to the queue anyway. (With
-	// one lane the queue's own keys bind first, so a take tries one more.)
+	// read every bucket, of any) rather than trying another: each lost
+	// race is a cancelled transaction charged on the tenant's count and a
+	// bucket, the keys that bound a deployment's acquires a second, while
+	// a wait costs the lanes' spread queue keys, and the slot raced for
+	// was about to go to the queue anyway. (With one lane the queue's own
+	// keys bind first, so a take tries one more.)
 	Lanes int
 	// Grant, when set, is the slot a dispatch holds in trust for this
 	// acquire's ticket: the reservation takes it over (its bucket's used

@@ -193,8 +193,9 @@ func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, 
 }
 
 // waitTurn is a waiter's own dispatch: it cleans the head of its lane and
-// grants the slots there is room for, reading the capacity buckets only
-// when this waiter is its lane's first live waiting ticket. The head then
+// grants the slots there is room for (reading each ticket first), reading
+// the capacity buckets only when this waiter is its lane's first live
+// waiting ticket. The head then
 // frees a slot for itself as a refused acquire does (one eviction under
 // its tenant's fair share, else, once per acquire, the slots of sandboxes
 // the provider ended): the free's dispatch serves the head's lane, and so

@@ -729,13 +729,14 @@ func (d *turnDB) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWr
 // TestATurnReadsItsTicketBeforeGrantingItself: the head's turn reads the
 // buckets for room; when a free's dispatch granted its ticket meanwhile,
 // the turn sees it in a read of its ticket and sends no grant (which
-// would be cancelled), leaving the other freed slot free and nothing to
-// repair.
+// would be cancelled), and stops there: the ticket behind it is left to
+// the lane's frees, the other freed slot free, and nothing to repair.
 func TestATurnReadsItsTicketBeforeGrantingItself(t *testing.T) {
 	const limit = 4
 	f := newQueueFixture(t, limit)
 	recs := f.fill(limit)
 	w0 := f.enter("a", "w0", t0)
+	w1 := f.enter("b", "w1", t0.Add(time.Millisecond))
 	freed := f.free(recs[0])
 	f.free(recs[1])
 	now := t0.Add(time.Second)
@@ -750,8 +751,8 @@ func TestATurnReadsItsTicketBeforeGrantingItself(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the turn's Dispatch: %v", err)
 	}
-	if res.Head == w0.ID || len(res.Granted) != 0 || !res.Read {
-		t.Errorf("turn: head %q, granted %v, read the buckets %v; want no head, no grant, read", res.Head, ids(res.Granted), res.Read)
+	if res.Head != w1.ID || len(res.Granted) != 0 || !res.Read {
+		t.Errorf("turn: head %q, granted %v, read the buckets %v; want %s, no grant, read", res.Head, ids(res.Granted), res.Read, w1.ID)
 	}
 	if n := db.txns.Load(); n != 0 {
 		t.Errorf("the turn sent %d transactions, want none", n)
@@ -761,6 +762,9 @@ func TestATurnReadsItsTicketBeforeGrantingItself(t *testing.T) {
 	}
 	if ts := f.poll(w0); !ts.Granted || ts.Grant.Bucket != freed {
 		t.Errorf("w0 = %+v, want granted in bucket %d", ts, freed)
+	}
+	if ts := f.poll(w1); ts.Granted || ts.Gone {
+		t.Errorf("w1 = %+v, want still waiting", ts)
 	}
 	f.repairsNothing(1, "")
 }

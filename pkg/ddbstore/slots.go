@@ -73,12 +73,10 @@ type slotPlan struct {
 
 // fallbacks is how many other buckets the take tries after losing a race:
 // reserveFallbacks, none when it was planned in a wait lane (see
-// core.Reservation.Lanes), even once it reads every bucket (its lane
-// full, something elsewhere to evict): under BenchmarkHotKeys' waiting
-// lanes a second try there lost most of its races, each a cancelled
-// transaction on the tenant's count and a bucket: 0.8 more write units
-// per acquire on the tenants' counts, which then bound the deployment,
-// for a fifth fewer queued acquires.
+// core.Reservation.Lanes), whatever it reads later (every bucket, when
+// its lane is full with something elsewhere to evict, or when limits had
+// to be set): a second try there mostly loses too, and each lost race is
+// a cancelled transaction on the tenant's count and a bucket.
 func (p slotPlan) fallbacks() int {
 	if p.lane != nil {
 		return 0

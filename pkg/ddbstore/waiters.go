@@ -629,11 +629,12 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // loses a race.
 //
 // A waiter's turn that read the buckets reads each ticket strongly before
-// it grants it room, as a dispatch that lost a race does (without the
-// pause): the turn's reads take a few calls, during which the lane's
-// frees grant the same tickets, and a grant that finds its ticket granted
-// costs a cancelled transaction on a bucket and the ticket. Once its own
-// ticket is granted the turn stops.
+// it grants it room, as a dispatch that lost a race does (pausing only
+// once it lost one): the turn's reads take a few calls, during which the
+// lane's frees grant the same tickets, and a grant that finds its ticket
+// granted costs a cancelled transaction on a bucket and the ticket. A
+// turn that finds its own ticket granted by a peer stops there: the
+// tickets behind it are the frees' (and their own turns', once heads).
 //
 // A waiter's turn (d.Self set, no bucket, no scan) first reads only its
 // own shard: when a live waiting ticket is ahead of it there, it is not
@@ -850,10 +851,8 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 			}
 			continue
 		}
-		// A waiter's turn grants room it read in the buckets after reads
-		// of the queue and of the buckets, while the lane's frees grant
-		// the tickets it read: like a dispatch that lost a race to a peer,
-		// it reads each ticket first, and stops once its own is granted.
+		// A turn granting room it read in the buckets reads each ticket
+		// first too (see Dispatch).
 		turn := w.read && d.Self != ""
 		if w.lost > 0 || turn {
 			// Peers are granting the tickets read: read the next one
@@ -865,7 +864,8 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 			if !still {
 				*waiting = (*waiting)[1:]
 				if turn && t.Ticket == d.Self {
-					return false, nil // served: the turn is done
+					clear(w.room) // served by a peer: the turn is done
+					return false, nil
 				}
 				continue
 			}
