@@ -195,12 +195,12 @@ func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, 
 // waitTurn is a waiter's own dispatch: it cleans the head of its lane and
 // grants the slots there is room for (reading each ticket first), reading
 // the capacity buckets only when this waiter is its lane's first live
-// waiting ticket. The head then
-// frees a slot for itself as a refused acquire does (one eviction under
-// its tenant's fair share, else, once per acquire, the slots of sandboxes
-// the provider ended): the free's dispatch serves the head's lane, and so
-// grants it to the head. The only error
-// is the draining refusal, when the head finds the deployment draining.
+// waiting ticket. The head then frees a slot for itself as a refused
+// acquire does (one eviction under its tenant's fair share, else, once
+// per acquire, the slots of sandboxes the provider ended): the free's
+// dispatch serves the head's lane, and so grants it to the head. The
+// only error is the draining refusal, when the head finds the deployment
+// draining.
 func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *acquireState) error {
 	me := st.wait.ticket.ID
 	tctx, cancel := context.WithTimeout(ctx, dispatchBudget)

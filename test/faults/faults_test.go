@@ -800,6 +800,9 @@ var steps = []step{
 	// its place), the one that grants it a slot held in trust, and the
 	// reservation that takes the grant over.
 	{"wait/enqueue", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `qkey`), waitStep},
+	// The turn's strongly consistent read of its ticket before it grants
+	// itself the room it read.
+	{"wait/turn-read", ddbLayer, faults.BodyContains(faults.BodyContains(faults.DynamoDB("GetItem"), `"ConsistentRead":true`), `WQ#`), waitStep},
 	{"wait/grant", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `grant_until`), waitStep},
 	{"wait/take-grant", ddbLayer, faults.BodyContains(faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"creating"`),
 		`"S":"granted"`), waitStep},
