@@ -722,17 +722,6 @@ const (
 	ownTenantCandidates = 50
 )
 
-// releasePauseGrace is how long after it was parked a warm sandbox is
-// left to the pause its release makes under pause at release (PauseAfter
-// 0): the release claims the pause one write after the park, and the
-// pause frees the running slot for the wait queue, so evicting it would
-// only destroy what the pause keeps, and lose the race to the pause's
-// claim most of the time (an eviction reads its candidates from the
-// state index, which lags). One parked longer ago is a sandbox whose
-// pause failed or was never made: it is evicted as any other, so a
-// pause that keeps failing delays evictions by this much at most.
-const releasePauseGrace = 2 * time.Second
-
 // evictOne frees one slot for key's thread: first by retrying a tombstone
 // whose lease lapsed, else a pool member, else by destroying the least
 // recently parked warm sandbox of another thread among a random quarter
@@ -748,9 +737,7 @@ const releasePauseGrace = 2 * time.Second
 // fails leaves a tombstone holding the slot and stops the eviction.
 //
 // counts (the refusal's) spares the index queries of a kind the counters
-// say there is none of (each query reads every index shard). Under pause
-// at release, a sandbox parked less than releasePauseGrace ago is not a
-// candidate.
+// say there is none of (each query reads every index shard).
 func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow, counts CapacityStatus) (slot Slot, freed, atShare bool) {
 	now := e.now()
 	if counts.Tombstones > 0 {
@@ -773,10 +760,8 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 		return Slot{}, false, false
 	}
 	ownTenant := below == nil
-	pausing := e.s.PauseAfter == 0 && e.pauseParking()
 	may := func(rec Record) bool {
-		return rec.ThreadKey != key && (!ownTenant || rec.Tenant == key.Tenant) &&
-			!(pausing && now.Sub(rec.ParkedAt) < releasePauseGrace)
+		return rec.ThreadKey != key && (!ownTenant || rec.Tenant == key.Tenant)
 	}
 	// The least recently parked of a random quarter of the pool (all of
 	// it when small), see Store.Sample.
@@ -1127,6 +1112,9 @@ func (e *Engine) Release(ctx context.Context, tenant, sandboxID string) (Release
 			switch cur.State {
 			case StateWarm:
 				return ReleaseResult{SandboxID: sandboxID, State: string(StateWarm)}, nil
+			case StatePausing, StatePaused:
+				// Released already, and parked paused (or being paused).
+				return ReleaseResult{SandboxID: sandboxID, State: string(StatePaused)}, nil
 			case StateDestroying, StateGone:
 				return ReleaseResult{SandboxID: sandboxID, State: releaseDestroyed}, nil
 			}
@@ -1190,6 +1178,13 @@ func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (Re
 		out.State = releaseDestroyed
 		return out, nil
 	}
+	if e.s.PauseAfter == 0 && e.pauseParking() && (out.Sync == nil || out.Sync.Complete) && out.SyncError == "" {
+		// Pause at release, the outputs just copied (an incomplete copy
+		// parks it warm: reconcile copies the rest before pausing it).
+		if done, err := e.pauseAtRelease(ctx, rec, &out); done {
+			return out, err
+		}
+	}
 	now := e.now()
 	pctx, cancel := settle(ctx)
 	_, err := e.store.Apply(pctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: StateWarm, Now: now,
@@ -1206,13 +1201,6 @@ func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (Re
 	}
 	e.emit(ctx, rec, rec.PrevState, StateWarm, EventReleased, "")
 	out.State = string(StateWarm)
-	if e.s.PauseAfter == 0 && e.pauseParking() && (out.Sync == nil || out.Sync.Complete) && out.SyncError == "" {
-		// Pause at release, the outputs just copied (an incomplete copy
-		// leaves it warm: reconcile copies the rest before pausing it).
-		if e.pauseWarm(ctx, rec, newOwner(), nil) == pauseDone {
-			out.State = string(StatePaused)
-		}
-	}
 	return out, nil
 }
 

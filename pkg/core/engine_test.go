@@ -298,29 +298,47 @@ func TestCapacityKeepsSlotWhenWarmEvictionKillFails(t *testing.T) {
 }
 
 func TestDrainingRefusesAcquireAndDestroysOnRelease(t *testing.T) {
-	h := newHarness(t, nil)
-	ctx := context.Background()
-	rec := h.acquire(t, key("t1"), core.SourceCreated)
-	if err := h.eng.SetDraining(ctx, true); err != nil {
-		t.Fatalf("SetDraining: %v", err)
+	tests := []struct {
+		name    string
+		harness func(t *testing.T) *harness
+	}{
+		{"parked warm", func(t *testing.T) *harness { return newHarness(t, nil) }},
+		// The release's claim into pausing finds the drain in its paused
+		// bucket.
+		{"paused at release", func(t *testing.T) *harness {
+			return newPauseHarness(t, func(s *core.Settings) { s.PauseAfter = 0 })
+		}},
 	}
-	var ce *core.CapacityError
-	for _, k := range []string{"t1", "t2"} {
-		if _, err := h.eng.Acquire(ctx, key(k)); !errors.As(err, &ce) || ce.Reason != "draining" {
-			t.Errorf("Acquire(%s) while draining = %v, want reason draining", k, err)
-		}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := tc.harness(t)
+			ctx := context.Background()
+			rec := h.acquire(t, key("t1"), core.SourceCreated)
+			if err := h.eng.SetDraining(ctx, true); err != nil {
+				t.Fatalf("SetDraining: %v", err)
+			}
+			var ce *core.CapacityError
+			for _, k := range []string{"t1", "t2"} {
+				if _, err := h.eng.Acquire(ctx, key(k)); !errors.As(err, &ce) || ce.Reason != "draining" {
+					t.Errorf("Acquire(%s) while draining = %v, want reason draining", k, err)
+				}
+			}
+			res, err := h.eng.Release(ctx, "acme", rec.SandboxID)
+			if err != nil || res.State != "destroyed" {
+				t.Fatalf("Release while draining = %+v, %v; want destroyed", res, err)
+			}
+			if res.Sync == nil {
+				t.Error("release while draining skipped the output sync")
+			}
+			if h.prov.Alive(rec.SandboxID) {
+				t.Errorf("sandbox %s still exists after its release while draining", rec.SandboxID)
+			}
+			if err := h.eng.SetDraining(ctx, false); err != nil {
+				t.Fatalf("undrain: %v", err)
+			}
+			h.acquire(t, key("t1"), core.SourceCreated)
+		})
 	}
-	res, err := h.eng.Release(ctx, "acme", rec.SandboxID)
-	if err != nil || res.State != "destroyed" {
-		t.Fatalf("Release while draining = %+v, %v; want destroyed", res, err)
-	}
-	if res.Sync == nil {
-		t.Error("release while draining skipped the output sync")
-	}
-	if err := h.eng.SetDraining(ctx, false); err != nil {
-		t.Fatalf("undrain: %v", err)
-	}
-	h.acquire(t, key("t1"), core.SourceCreated)
 }
 
 func TestPerUserQuota(t *testing.T) {

@@ -93,26 +93,83 @@ func (e *Engine) pauseWarm(ctx context.Context, rec Record, owner string, check 
 		}
 		leased = &held
 	}
-	ps := e.pauseStore()
-	var claimed Record
-	for evictions := 0; ; evictions++ {
-		now := e.now()
-		var err error
-		claimed, err = ps.ClaimPause(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, Owner: owner, Now: now,
+	claimed, err := e.claimPauseEvicting(ctx, rec.ThreadKey, owner, func() (Record, error) {
+		return e.pauseStore().ClaimPause(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, Owner: owner, Now: e.now(),
 			LeaseUntil: e.leaseUntil(ctx)}, e.s.PausedLimit())
-		if errors.Is(err, ErrPausedFull) && evictions < maxEvictions && e.evictPaused(ctx, rec.ThreadKey, owner) {
-			continue
+	})
+	if err != nil {
+		e.log.InfoContext(ctx, "pause not claimed", "sandbox_id", rec.SandboxID, "err", err)
+		if leased != nil {
+			e.unleaseWarm(ctx, *leased)
 		}
-		if err != nil {
-			e.log.InfoContext(ctx, "pause not claimed", "sandbox_id", rec.SandboxID, "err", err)
-			if leased != nil {
-				e.unleaseWarm(ctx, *leased)
-			}
-			return pauseSkipped
-		}
-		break
+		return pauseSkipped
 	}
 	return e.finishPause(ctx, claimed)
+}
+
+// claimPauseEvicting runs claim (a claim into pausing for key's thread)
+// and, while it finds the paused slots full, evicts the least recently
+// paused sandbox of another thread (evictPaused) and claims again, at most
+// maxEvictions times.
+func (e *Engine) claimPauseEvicting(ctx context.Context, key ThreadKey, owner string, claim func() (Record, error)) (Record, error) {
+	for evictions := 0; ; evictions++ {
+		rec, err := claim()
+		if errors.Is(err, ErrPausedFull) && evictions < maxEvictions && e.evictPaused(ctx, key, owner) {
+			continue
+		}
+		return rec, err
+	}
+}
+
+// pauseAtRelease pauses rec (releasing under this invocation's lease, its
+// outputs copied and its idle timeout set) straight from its release: the
+// claim moves it to pausing under the release's lease, with no park warm
+// before it, so that its capacity bucket is written once, by the settle
+// that frees the slot (see PauseStore.ClaimReleasePause). It sets
+// out.State. done is false when the claim certainly changed nothing and
+// the sandbox is to be parked warm instead (the paused slots full, or the
+// record no longer the release's: the park's fence tells); a claim that
+// may have been applied is settled from a read of the record, and when
+// that read fails too the release fails retryable: the record is pausing
+// or releasing under the lease, and the release's retry, the thread's
+// next acquire or reconcile finishes it once the lease lapses.
+func (e *Engine) pauseAtRelease(ctx context.Context, rec Record, out *ReleaseResult) (done bool, err error) {
+	owner, now := rec.LeaseOwner, e.now()
+	claimed, err := e.claimPauseEvicting(ctx, rec.ThreadKey, owner, func() (Record, error) {
+		return e.pauseStore().ClaimReleasePause(ctx, ReleasePause{Claim: Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant,
+			Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)}, Fence: rec.Fence, ExpiresAt: now.Add(e.s.IdleTimeout), Limit: e.s.PausedLimit()})
+	})
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrDraining):
+		// A draining deployment keeps nothing parked.
+		e.destroyClaimed(ctx, rec, EventReasonDraining)
+		out.State = releaseDestroyed
+		return true, nil
+	case errors.Is(err, ErrPausedFull), errors.Is(err, ErrConflict), errors.Is(err, ErrLeaseHeld), errors.Is(err, ErrNotFound):
+		e.log.InfoContext(ctx, "pause at release not claimed; parking warm", "sandbox_id", rec.SandboxID, "err", err)
+		return false, nil
+	default:
+		cur, gerr := e.store.Get(ctx, rec.SandboxID)
+		switch {
+		case gerr == nil && cur.State == StatePausing && cur.LeaseOwner == owner:
+			claimed = cur
+		case gerr == nil && cur.State == StateReleasing && cur.Fence == rec.Fence:
+			return false, nil
+		default:
+			return true, unavailable(fmt.Errorf("pause at release: %w", err))
+		}
+	}
+	e.emit(ctx, rec, rec.PrevState, StatePausing, EventReleased, "")
+	switch e.finishPause(ctx, claimed) {
+	case pauseDone:
+		out.State = string(StatePaused)
+	case pauseDestroyed:
+		out.State = releaseDestroyed
+	default: // given up (warm again) or left pausing: parked for the thread either way
+		out.State = string(StateWarm)
+	}
+	return true, nil
 }
 
 // checkWarm leases the warm record rec for owner, its state unchanged, and
@@ -184,7 +241,11 @@ func (e *Engine) finishPause(ctx context.Context, rec Record) pauseResult {
 			return pauseDone
 		}
 		e.log.InfoContext(ctx, "sandbox paused", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
-		e.emit(ctx, paused, StateWarm, StatePaused, EventPaused, "")
+		from := StateWarm
+		if rec.PrevState == StateReleasing {
+			from = StateReleasing // paused at its release
+		}
+		e.emit(ctx, paused, from, StatePaused, EventPaused, "")
 		return pauseDone
 	case errors.Is(err, ErrSandboxGone):
 		e.log.InfoContext(ctx, "sandbox to pause was gone", "sandbox_id", rec.SandboxID)

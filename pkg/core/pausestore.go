@@ -35,6 +35,14 @@ type PauseStore interface {
 	// paused slot: ErrPausedFull when limit paused slots are held;
 	// ErrNotFound, ErrConflict or ErrLeaseHeld as Claim.
 	ClaimPause(ctx context.Context, c Claim, limit int) (Record, error)
+	// ClaimReleasePause moves a record its release holds (releasing under
+	// r.Claim's lease at r.Fence) straight to StatePausing, parked at
+	// r.Claim.Now and ending at r.ExpiresAt should the pause be given up,
+	// and takes a paused slot as ClaimPause does, so that the release
+	// writes its capacity bucket once (when the settle frees the running
+	// slot) rather than also when it parks warm. ErrDraining when the
+	// deployment drains; otherwise as ClaimPause.
+	ClaimReleasePause(ctx context.Context, r ReleasePause) (Record, error)
 	// SettlePause moves rec (pausing or resuming, fenced by rec.Fence:
 	// else ErrStaleFence) to StatePaused, parked at now, with no provider
 	// end time (ExpiresAt: the provider does not end a paused sandbox),
@@ -59,6 +67,19 @@ type PauseStore interface {
 	// TenantsPaused reads how many paused slots each of tenants holds
 	// (those of records with Slots.TenantPaused; absent tenants hold 0).
 	TenantsPaused(ctx context.Context, tenants []string) (map[string]int, error)
+}
+
+// ReleasePause is a release's claim into pausing: see
+// PauseStore.ClaimReleasePause. Claim.From and Claim.To are implied.
+type ReleasePause struct {
+	Claim Claim
+	// Fence is the fence the release's claim left on the record.
+	Fence int64
+	// ExpiresAt is when the provider ends the sandbox should it stay
+	// running (the idle timeout the release set).
+	ExpiresAt time.Time
+	// Limit is the paused slots' limit (Settings.PausedLimit).
+	Limit int
 }
 
 // pauseStore is the metered PauseStore, when the store is one: each of
@@ -89,6 +110,12 @@ func (m meteredPauseStore) metered(ctx context.Context, rec Record, err error) (
 // ClaimPause meters the warm time before the pause.
 func (m meteredPauseStore) ClaimPause(ctx context.Context, c Claim, limit int) (Record, error) {
 	rec, err := m.PauseStore.ClaimPause(ctx, c, limit)
+	return m.metered(ctx, rec, err)
+}
+
+// ClaimReleasePause meters the releasing time before the pause.
+func (m meteredPauseStore) ClaimReleasePause(ctx context.Context, r ReleasePause) (Record, error) {
+	rec, err := m.PauseStore.ClaimReleasePause(ctx, r)
 	return m.metered(ctx, rec, err)
 }
 

@@ -77,14 +77,33 @@ func keepsParkTime(st core.State) bool {
 }
 
 // pausedTake is the transaction item that takes one paused slot in
-// bucket b, within b's share of limit when limit > 0.
-func (s *Store) pausedTake(b, limit int) (types.TransactWriteItem, error) {
-	eb := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(1))))
+// bucket b, within b's share of limit when limit > 0, and, for a pause
+// (pausing), unless the deployment drains: SetDraining flags the paused
+// buckets as it does the capacity buckets, so that a pause (a release's
+// above all) checks the drain in the item it writes anyway. Reconcile's
+// adoption takes a slot whatever: the paused sandbox exists.
+func (s *Store) pausedTake(b, limit int, pausing bool) (types.TransactWriteItem, error) {
+	var conds []expression.ConditionBuilder
 	if limit > 0 {
-		eb = eb.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
+		conds = append(conds, expression.Or(expression.AttributeNotExists(expression.Name("used")),
 			expression.Name("used").LessThan(expression.Value(evenShare(limit, PausedBuckets, b)))))
 	}
-	return s.pausedCountItem(b, eb)
+	if pausing {
+		conds = append(conds, notDraining())
+	}
+	eb := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(1))))
+	switch len(conds) {
+	case 1:
+		eb = eb.WithCondition(conds[0])
+	case 2:
+		eb = eb.WithCondition(conds[0].And(conds[1]))
+	}
+	it, err := s.pausedCountItem(b, eb)
+	if err == nil && it.Update.ConditionExpression != nil {
+		// A refusal returns the bucket: full, or draining.
+		it.Update.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+	}
+	return it, err
 }
 
 // pausedRelease is the transaction item that frees one paused slot of
@@ -226,44 +245,75 @@ func (s *Store) claimRefusal(ctx context.Context, c core.Claim, user string, r t
 // record.
 func (s *Store) ClaimPause(ctx context.Context, c core.Claim, limit int) (core.Record, error) {
 	c.From = []core.State{core.StateWarm}
-	return s.claimPause(ctx, "claim pause", c, limit, nil)
+	return s.claimPause(ctx, pauseClaim{op: "claim pause", c: c, limit: limit})
 }
 
-// claimPause is ClaimPause from c.From, the record also meeting extra
-// when set.
-func (s *Store) claimPause(ctx context.Context, op string, c core.Claim, limit int, extra *expression.ConditionBuilder) (core.Record, error) {
-	if c.LeaseUntil.IsZero() {
-		return core.Record{}, fmt.Errorf("%s: a lease is required", op)
-	}
-	cond := claimCondition(c)
-	if extra != nil {
-		cond = cond.And(*extra)
+// ClaimReleasePause implements core.PauseStore: ClaimPause of a releasing
+// record at the release's fence, parked now and ending at r.ExpiresAt.
+// Its capacity bucket is not written: the bucket goes on counting the
+// slot active until the settle frees it (or the abort counts it warm).
+func (s *Store) ClaimReleasePause(ctx context.Context, r core.ReleasePause) (core.Record, error) {
+	c := r.Claim
+	c.From = []core.State{core.StateReleasing}
+	fence := expression.Name("fence").Equal(expression.Value(r.Fence))
+	return s.claimPause(ctx, pauseClaim{op: "claim pause at release", c: c, limit: r.Limit, cond: &fence,
+		set: func(u expression.UpdateBuilder) expression.UpdateBuilder {
+			return u.Set(expression.Name("parked_at"), expression.Value(ms(c.Now))).
+				Set(expression.Name("expires_at"), expression.Value(ms(r.ExpiresAt)))
+		}})
+}
+
+// pauseClaim is a claim into pausing: c from c.From, taking a paused slot
+// within limit, the record also meeting cond and updated by set when
+// they are set; op names it in errors.
+type pauseClaim struct {
+	op    string
+	c     core.Claim
+	limit int
+	cond  *expression.ConditionBuilder
+	set   func(expression.UpdateBuilder) expression.UpdateBuilder
+}
+
+// claimPause runs p in the paused bucket a hash of the sandbox picks, or
+// another with room (takePaused).
+func (s *Store) claimPause(ctx context.Context, p pauseClaim) (core.Record, error) {
+	if p.c.LeaseUntil.IsZero() {
+		return core.Record{}, fmt.Errorf("%s: a lease is required", p.op)
 	}
 	var out core.Record
-	_, err := s.takePaused(ctx, limit, homeOf(c.SandboxID, limit, PausedBuckets), func(b int) error {
+	_, err := s.takePaused(ctx, p.limit, homeOf(p.c.SandboxID, p.limit, PausedBuckets), func(b int) error {
 		var err error
-		out, err = s.claimPauseIn(ctx, op, c, limit, b, cond)
+		out, err = s.claimPauseIn(ctx, p, b)
 		return err
 	})
 	if errors.Is(err, core.ErrPausedFull) {
-		return core.Record{}, fmt.Errorf("%s %s: %w", op, c.SandboxID, err)
+		return core.Record{}, fmt.Errorf("%s %s: %w", p.op, p.c.SandboxID, err)
 	}
 	return out, err
 }
 
-// claimPauseIn is claimPause's transaction (the record under cond), its
-// paused slot in bucket b: errBucketFull when b has no room.
-func (s *Store) claimPauseIn(ctx context.Context, op string, c core.Claim, limit, b int, cond expression.ConditionBuilder) (core.Record, error) {
+// claimPauseIn is claimPause's transaction, its paused slot in bucket b:
+// errBucketFull when b has no room, ErrDraining when it says the
+// deployment drains.
+func (s *Store) claimPauseIn(ctx context.Context, p pauseClaim, b int) (core.Record, error) {
+	c, op := p.c, p.op
+	cond := claimCondition(c)
+	if p.cond != nil {
+		cond = cond.And(*p.cond)
+	}
 	upd := s.claimUpdate(c, core.StatePausing, c.Now).Set(expression.Name("paused_slot"), expression.Value(true)).
 		Set(expression.Name("paused_bucket"), expression.Value(b))
 	if c.Tenant != "" {
 		upd = upd.Set(expression.Name("paused_tenant"), expression.Value(true))
 	}
+	if p.set != nil {
+		upd = p.set(upd)
+	}
 	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("%s: %w", op, err)
 	}
-	take, err := s.pausedTake(b, limit)
+	take, err := s.pausedTake(b, p.limit, true)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("%s: %w", op, err)
 	}
@@ -281,7 +331,10 @@ func (s *Store) claimPauseIn(ctx context.Context, op string, c core.Claim, limit
 	if r, ok := failed[sandboxPK(c.SandboxID)]; ok {
 		return core.Record{}, s.claimRefusal(ctx, c, "", r)
 	}
-	if has(failed, pausedPK(s.deployment, b)) {
+	if r, ok := failed[pausedPK(s.deployment, pausedBucketOf(b))]; ok {
+		if decodeBucket(r.Item).Draining {
+			return core.Record{}, fmt.Errorf("%s: %w", op, core.ErrDraining)
+		}
 		return core.Record{}, errBucketFull
 	}
 	if err != nil {
@@ -382,11 +435,22 @@ func (s *Store) abortPause(ctx context.Context, op string, rec core.Record, now 
 		Set(expression.Name("updated_at"), expression.Value(ms(now))).
 		Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket")).Remove(expression.Name("paused_tenant"))
 	upd = s.stateIndex(upd, to, at, rec.SandboxID, rec.ThreadKey)
-	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing}, upd, s.tenantPausedRelease(rec)...); err != nil {
+	slots := s.tenantPausedRelease(rec)
+	if to == core.StateWarm {
+		// A pause at release left the slot counted active.
+		var err error
+		if upd, slots, err = s.recount(upd, slots, rec.Slot, to); err != nil {
+			return core.Record{}, fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing}, upd, slots...); err != nil {
 		return core.Record{}, err
 	}
 	rec = settled(rec, to, now)
 	rec.Slots = core.Slots{}
+	if rec.Slot.Counted != "" {
+		rec.Slot.Counted = to
+	}
 	return rec, nil
 }
 
@@ -454,6 +518,19 @@ func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Cl
 	return err
 }
 
+// recount adds to upd and items the move of slot's count in its bucket to
+// st, when the bucket counts it in another state.
+func (s *Store) recount(upd expression.UpdateBuilder, items []types.TransactWriteItem, slot core.Slot, st core.State) (expression.UpdateBuilder, []types.TransactWriteItem, error) {
+	if slot.Counted == "" || slot.Counted == st {
+		return upd, items, nil
+	}
+	bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, slot.Counted, st))
+	if err != nil {
+		return upd, items, err
+	}
+	return upd.Set(expression.Name("counted"), expression.Value(string(st))), append(items, bucket), nil
+}
+
 // SettleResume implements core.PauseStore.
 func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresAt time.Time) (core.Record, error) {
 	upd := expression.Set(expression.Name("state"), expression.Value(string(core.StateActive))).
@@ -463,14 +540,11 @@ func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresA
 		Remove(expression.Name("parked_at")).Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket")).
 		Remove(expression.Name("paused_tenant")).Remove(expression.Name("no_running_slot"))
 	upd = s.stateIndex(upd, core.StateActive, now, rec.SandboxID, core.ThreadKey{})
-	slots := s.tenantPausedRelease(rec)
-	if rec.Slot.Counted != "" && rec.Slot.Counted != core.StateActive {
-		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateActive)))
-		bucket, err := s.bucketUpdate(rec.Slot.Bucket, nil, countMove(expression.UpdateBuilder{}, rec.Slot.Counted, core.StateActive))
-		if err != nil {
-			return core.Record{}, fmt.Errorf("settle resume: %w", err)
-		}
-		slots = append(slots, bucket)
+	upd, slots, err := s.recount(upd, s.tenantPausedRelease(rec), rec.Slot, core.StateActive)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("settle resume: %w", err)
+	}
+	if rec.Slot.Counted != "" {
 		rec.Slot.Counted = core.StateActive
 	}
 	if err := s.settle(ctx, "settle resume", rec, now, []core.State{core.StateResuming, core.StateClaiming}, upd, slots...); err != nil {

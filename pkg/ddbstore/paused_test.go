@@ -499,3 +499,92 @@ func TestAResumeIsCountedActiveFromItsClaim(t *testing.T) {
 		t.Errorf("capacity after the settle = %+v, %v; want one slot, counted active", st, err)
 	}
 }
+
+// releasing makes a fresh active record for key and claims it releasing
+// for owner "rel", as a release does.
+func releasing(t *testing.T, s *ddbstore.Store, key core.ThreadKey, id string) core.Record {
+	t.Helper()
+	activeRecord(t, s, key, id)
+	rec, err := s.Claim(context.Background(), core.Claim{SandboxID: id, Tenant: key.Tenant, From: []core.State{core.StateActive},
+		To: core.StateReleasing, Owner: "rel", Now: t0, LeaseUntil: t0.Add(time.Minute)})
+	if err != nil {
+		t.Fatalf("claim for release: %v", err)
+	}
+	return rec
+}
+
+func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	key := thread(1)
+	rec := releasing(t, s, key, "sbx1")
+	at := t0.Add(time.Second)
+	claim := func(fence int64) (core.Record, error) {
+		return s.ClaimReleasePause(ctx, core.ReleasePause{Claim: core.Claim{SandboxID: "sbx1", Tenant: key.Tenant, Owner: "rel",
+			Now: at, LeaseUntil: at.Add(time.Minute)}, Fence: fence, ExpiresAt: at.Add(30 * time.Minute), Limit: 5})
+	}
+	capacity := func(step string, want core.CapacityStatus) {
+		t.Helper()
+		st, err := s.Capacity(ctx)
+		if err != nil {
+			t.Fatalf("%s: Capacity: %v", step, err)
+		}
+		if got := (core.CapacityStatus{Used: st.Used, Active: st.Active, Warm: st.Warm, Paused: st.Paused}); got != want {
+			t.Errorf("%s: capacity %+v, want %+v", step, got, want)
+		}
+	}
+	refusals := []struct {
+		name  string
+		fence int64
+		drain bool
+		want  error
+	}{
+		{"another fence", rec.Fence - 1, false, core.ErrLeaseHeld},
+		{"draining", rec.Fence, true, core.ErrDraining},
+	}
+	for _, tc := range refusals {
+		if tc.drain {
+			if err := s.SetDraining(ctx, true); err != nil {
+				t.Fatalf("SetDraining: %v", err)
+			}
+		}
+		if _, err := claim(tc.fence); !errors.Is(err, tc.want) {
+			t.Errorf("%s: ClaimReleasePause = %v, want %v", tc.name, err, tc.want)
+		}
+		if got, _ := s.Get(ctx, "sbx1"); got.State != core.StateReleasing || got.Fence != rec.Fence {
+			t.Errorf("%s: record %s fence %d, want releasing fence %d: nothing written", tc.name, got.State, got.Fence, rec.Fence)
+		}
+		capacity(tc.name, core.CapacityStatus{Used: 1, Active: 1})
+		if err := s.SetDraining(ctx, false); err != nil {
+			t.Fatalf("SetDraining(false): %v", err)
+		}
+	}
+	pausing, err := claim(rec.Fence)
+	if err != nil {
+		t.Fatalf("ClaimReleasePause: %v", err)
+	}
+	if pausing.State != core.StatePausing || pausing.LeaseOwner != "rel" || !pausing.ParkedAt.Equal(at) || !pausing.ExpiresAt.Equal(at.Add(30*time.Minute)) {
+		t.Errorf("claimed = %s lease %q parked %s expires %s; want pausing, rel's, parked %s, expiring %s",
+			pausing.State, pausing.LeaseOwner, pausing.ParkedAt, pausing.ExpiresAt, at, at.Add(30*time.Minute))
+	}
+	// The bucket counts it active until its pause settles or is given up.
+	capacity("claimed", core.CapacityStatus{Used: 1, Active: 1, Paused: 1})
+	if _, err := s.AbortPause(ctx, pausing, at.Add(time.Second)); err != nil {
+		t.Fatalf("AbortPause: %v", err)
+	}
+	capacity("given up", core.CapacityStatus{Used: 1, Warm: 1})
+	if got, _ := s.Get(ctx, "sbx1"); got.State != core.StateWarm || got.Slot.Counted != core.StateWarm || !got.ParkedAt.Equal(at) {
+		t.Errorf("given up: record %s counted %s parked %s, want warm, counted warm, parked %s", got.State, got.Slot.Counted, got.ParkedAt, at)
+	}
+
+	rec2 := releasing(t, s, thread(2), "sbx2")
+	p2, err := s.ClaimReleasePause(ctx, core.ReleasePause{Claim: core.Claim{SandboxID: "sbx2", Tenant: "acme", Owner: "rel",
+		Now: at, LeaseUntil: at.Add(time.Minute)}, Fence: rec2.Fence, ExpiresAt: at.Add(30 * time.Minute), Limit: 5})
+	if err != nil {
+		t.Fatalf("ClaimReleasePause(sbx2): %v", err)
+	}
+	if _, err := s.SettlePause(ctx, p2, at.Add(time.Second)); err != nil {
+		t.Fatalf("SettlePause(sbx2): %v", err)
+	}
+	capacity("sbx2 paused", core.CapacityStatus{Used: 1, Warm: 1, Paused: 1})
+}

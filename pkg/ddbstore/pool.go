@@ -277,7 +277,7 @@ func (s *Store) ClaimPoolPause(ctx context.Context, c core.Claim, limit int) (co
 	c.From, c.Tenant = []core.State{core.StatePooled}, ""
 	running := expression.AttributeExists(expression.Name(attrPoolPlace)).
 		And(expression.AttributeNotExists(expression.Name("no_running_slot")))
-	return s.claimPause(ctx, "claim pool pause", c, limit, &running)
+	return s.claimPause(ctx, pauseClaim{op: "claim pool pause", c: c, limit: limit, cond: &running})
 }
 
 // SettlePoolPause implements core.PoolStore: the member is pooled again

@@ -235,7 +235,7 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 	}
 	if a.Record.Slots.Paused {
 		a.Record.Slots.PausedBucket = homeOf(a.Record.SandboxID, 0, PausedBuckets)
-		take, err := s.pausedTake(a.Record.Slots.PausedBucket, 0) // as the running slot: the sandbox exists whatever the count says
+		take, err := s.pausedTake(a.Record.Slots.PausedBucket, 0, false) // as the running slot: the sandbox exists whatever the count says
 		if err != nil {
 			return core.Record{}, fmt.Errorf("adopt: %w", err)
 		}

@@ -118,13 +118,24 @@ func decodeCounter(av map[string]types.AttributeValue) int {
 }
 
 // SetDraining marks the deployment draining (or not): every capacity
-// bucket, in one transaction; then, starting a drain, every waiting
+// bucket and paused bucket, in one transaction (96 items, within
+// DynamoDB's 100 a transaction); then, starting a drain, every waiting
 // ticket of the wait queue.
 func (s *Store) SetDraining(ctx context.Context, draining bool) error {
-	items := make([]types.TransactWriteItem, 0, CapacityBuckets)
+	items := make([]types.TransactWriteItem, 0, CapacityBuckets+PausedBuckets)
 	for b := range CapacityBuckets {
 		it, err := s.bucketUpdate(b, nil, expression.Set(expression.Name("draining"), expression.Value(draining)).
 			Add(expression.Name("revision"), expression.Value(1)))
+		if err != nil {
+			return fmt.Errorf("set draining: %w", err)
+		}
+		items = append(items, it)
+	}
+	for b := range PausedBuckets {
+		// A pause checks the drain in the paused bucket it takes (see
+		// pausedTake). No revision: the flag moves no count.
+		it, err := s.pausedCountItem(b, expression.NewBuilder().WithUpdate(
+			expression.Set(expression.Name("draining"), expression.Value(draining))))
 		if err != nil {
 			return fmt.Errorf("set draining: %w", err)
 		}

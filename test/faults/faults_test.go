@@ -2,7 +2,7 @@
 // repository's sandbox host driven through the E2B client, DynamoDB Local,
 // versitygw) with a fault layer in front of each of them, and injects one
 // fault at each step of acquire, release, pause-parking (the pause of
-// an idle warm sandbox, the resume of a paused one) and the pre-warmed
+// an idle warm sandbox or at release, the resume of a paused one) and the pre-warmed
 // pool (members parked running and paused: refill, pause, claim, resume),
 // fair waiting (queueing, the grant, its take, and the give-back of a
 // slow waiter's place), and the eviction of a user's own warm sandbox for
@@ -104,6 +104,9 @@ type stackConfig struct {
 	waiterPlaces   int
 	maxPaused      int // SANDBOX_MAX_PAUSED (0: the default)
 	waitLanes      int // SANDBOX_WAIT_LANES (0: the default, one lane)
+	// pauseAtRelease pauses a sandbox at its release
+	// (SANDBOX_PAUSE_AFTER_SECONDS=0) rather than when idle.
+	pauseAtRelease bool
 }
 
 // newStack builds a case's stack over the shared sandbox host, DynamoDB
@@ -155,6 +158,9 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	s.MaxPerUser = cfg.maxPerUser
 	s.MaxPaused = cfg.maxPaused
 	s.WaitLanes = cfg.waitLanes
+	if cfg.pauseAtRelease {
+		s.PauseAfter = 0
+	}
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = 0
 	opts := []core.Option{core.WithClock(st.clock.now), core.WithLogger(logger), core.WithReconcileSettings(rs),
@@ -808,6 +814,18 @@ var steps = []step{
 		`"S":"granted"`), waitStep},
 }
 
+// pauseAtReleaseSteps are the steps of a release that pauses its sandbox
+// (a stack pausing at release): the claim from releasing straight to
+// pausing, with the deployment draining too (the claim's paused bucket
+// refuses it: the release destroys the sandbox), the provider's pause,
+// and the settle that frees the running slot.
+var pauseAtReleaseSteps = []step{
+	{"release/pause-claim", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"pausing"`), releaseStep(false)},
+	{"release/pause-claim-draining", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"pausing"`), releaseStep(true)},
+	{"release/pause", provLayer, faults.PathSuffix("POST", "/pause"), releaseStep(false)},
+	{"release/pause-settle", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"paused"`), releaseStep(false)},
+}
+
 // slowWaiterSteps are the steps of a waiter too slow to see its grant (a
 // stack whose waits outlast a grant's term, with one waiter place a
 // tenant): giving back the place of the ticket it finds gone, in a
@@ -1076,8 +1094,11 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	for _, sp := range slices.Concat(spillSteps, laneTakeSteps) {
 		configs[sp.name] = stackConfig{waitLanes: spillLanes}
 	}
+	for _, sp := range pauseAtReleaseSteps {
+		configs[sp.name] = stackConfig{pauseAtRelease: true}
+	}
 	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps, pausedShareSteps,
-		spillSteps, laneTakeSteps) {
+		spillSteps, laneTakeSteps, pauseAtReleaseSteps) {
 		cfg := configs[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++
