@@ -307,8 +307,9 @@ type acquireState struct {
 	// atShare: an eviction found it holding its fair share since.
 	tenantUsed int
 	atShare    bool
-	// homeFull is the lookup's Lookup.HomeFull, for the takes.
-	homeFull bool
+	// homeFull and homeLast are the lookup's Lookup.HomeFull and
+	// Lookup.HomeLast, for the takes.
+	homeFull, homeLast bool
 	// whole: the takes read every bucket, not only their wait lane's
 	// (see lookWhole).
 	whole bool
@@ -326,7 +327,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 	if err != nil {
 		return res, false, fmt.Errorf("lookup thread: %w", err)
 	}
-	st.homeFull = look.HomeFull
+	st.homeFull, st.homeLast = look.HomeFull, look.HomeLast
 	if look.Draining {
 		return res, false, e.drainingError()
 	}
@@ -588,7 +589,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 		token = "res-" + newOwner()[4:]
 		return e.took(st, e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, HomeFull: st.homeFull, Lanes: e.takeLanes(st), Grant: st.grant}))
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, HomeFull: st.homeFull, HomeLast: st.homeLast, Lanes: e.takeLanes(st), Grant: st.grant}))
 	})
 	if err != nil {
 		return AcquireResult{}, retry, err

@@ -18,9 +18,10 @@ type ResumeClaim struct {
 	Limit        int
 	MaxPerUser   int
 	MaxPerTenant int
-	// Grant, HomeFull and Lanes are Reservation's.
+	// Grant, HomeFull, HomeLast and Lanes are Reservation's.
 	Grant    *Grant
 	HomeFull bool
+	HomeLast bool
 	Lanes    int
 }
 

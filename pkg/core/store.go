@@ -120,6 +120,11 @@ type Reservation struct {
 	// the buckets (every bucket, or with Lanes its lane's; ignored with
 	// Freed).
 	HomeFull bool
+	// HomeLast is the lookup's Lookup.HomeLast: with Lanes, the store first
+	// holds the home bucket's last slot with a write of the bucket alone,
+	// so that a take that loses its race for it cancels no transaction
+	// (on the tenant's count above all).
+	HomeLast bool
 	// Lanes, when > 1, is the wait queue's lane count under the wait
 	// policy: the store reads only the buckets of the thread's lane (those
 	// whose frees serve that lane first) for a slot, and when none has
@@ -267,6 +272,9 @@ type Lookup struct {
 	// take (Reservation.HomeFull, ResumeClaim.HomeFull), which then starts
 	// from a read of every bucket instead of a transaction bound to fail.
 	HomeFull bool
+	// HomeLast: that bucket had one slot left, which the take holds before
+	// it sends its transaction (Reservation.HomeLast).
+	HomeLast bool
 }
 
 // Store is the durable state of the broker (DynamoDB in production).

@@ -248,8 +248,8 @@ func TestReserveReadsTheBucketsOnce(t *testing.T) {
 		t.Errorf("refusal's used = %d, want %d: the slot the peer took since the read counted (its take found the bucket full)",
 			ce.Status.Used, limit)
 	}
-	if got, want := calls.counts(), map[string]int{"TransactWriteItems": 2, "BatchGetItem": 1}; !maps.Equal(got, want) {
-		t.Errorf("Reserve made %v, want %v: its home bucket, one read of the buckets, the bucket it showed open", got, want)
+	if got, want := calls.counts(), map[string]int{"TransactWriteItems": 1, "BatchGetItem": 1, "UpdateItem": 1}; !maps.Equal(got, want) {
+		t.Errorf("Reserve made %v, want %v: its home bucket, one read of the buckets, a hold on the last slot it showed open (refused)", got, want)
 	}
 }
 
@@ -264,10 +264,10 @@ func TestALaneTakeGivesUpAfterOneLostRace(t *testing.T) {
 	const openA, openB, full = 0, 4, 2
 	for _, tc := range []struct {
 		lanes int
-		takes int // transactions made: lost races
+		holds int // holds tried on the last slot of a bucket: lost races
 	}{
-		{lanes: 0, takes: 2},
-		{lanes: 2, takes: 1},
+		{lanes: 0, holds: 2},
+		{lanes: 2, holds: 1},
 	} {
 		t.Run(fmt.Sprintf("lanes=%d", tc.lanes), func(t *testing.T) {
 			s, peer, calls := racedStores(t)
@@ -301,7 +301,7 @@ func TestALaneTakeGivesUpAfterOneLostRace(t *testing.T) {
 			if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity {
 				t.Fatalf("Reserve = %v, want a capacity refusal (both open slots taken by peers)", err)
 			}
-			if got, want := calls.counts(), map[string]int{"BatchGetItem": 1, "TransactWriteItems": tc.takes}; !maps.Equal(got, want) {
+			if got, want := calls.counts(), map[string]int{"BatchGetItem": 1, "UpdateItem": tc.holds}; !maps.Equal(got, want) {
 				t.Errorf("Reserve made %v, want %v", got, want)
 			}
 		})
@@ -331,29 +331,29 @@ func TestLookupTellsTheTakeItsHomeIsFull(t *testing.T) {
 	}
 	key := threadIn(t, "u1", full, limit)
 	for _, tc := range []struct {
-		name  string
-		key   core.ThreadKey
-		limit int
-		want  bool
+		name           string
+		key            core.ThreadKey
+		limit          int
+		wantFull, last bool
 	}{
-		{"home full", key, limit, true},
-		{"home open", threadIn(t, "u1", open, limit), limit, false},
-		{"limits set for another limit", key, limit + 1, false},
+		{"home full", key, limit, true, false},
+		{"home open, its last slot", threadIn(t, "u1", open, limit), limit, false, true},
+		{"limits set for another limit", key, limit + 1, false, false},
 	} {
 		look, err := s.Lookup(ctx, tc.key, tc.limit)
 		if err != nil {
 			t.Fatalf("%s: Lookup: %v", tc.name, err)
 		}
-		if look.HomeFull != tc.want {
-			t.Errorf("%s: HomeFull = %v, want %v", tc.name, look.HomeFull, tc.want)
+		if look.HomeFull != tc.wantFull || look.HomeLast != tc.last {
+			t.Errorf("%s: HomeFull, HomeLast = %v, %v, want %v, %v", tc.name, look.HomeFull, look.HomeLast, tc.wantFull, tc.last)
 		}
 	}
 	calls.counts()
 	if err := reserve("res-new", key, true); err != nil {
 		t.Fatalf("Reserve with its home full: %v", err)
 	}
-	if got, want := calls.counts(), map[string]int{"BatchGetItem": 1, "TransactWriteItems": 1}; !maps.Equal(got, want) {
-		t.Errorf("Reserve made %v, want %v: one read of the buckets, one take in the open one", got, want)
+	if got, want := calls.counts(), map[string]int{"BatchGetItem": 1, "UpdateItem": 1, "TransactWriteItems": 1}; !maps.Equal(got, want) {
+		t.Errorf("Reserve made %v, want %v: one read of the buckets, a hold on the open one's last slot, one take there", got, want)
 	}
 	st, err := s.Capacity(ctx)
 	if err != nil {
@@ -392,8 +392,9 @@ func TestALaneTakeReadsItsLane(t *testing.T) {
 		wantCalls map[string]int
 	}{
 		{"its lane full", lanes, false, true, map[string]int{"BatchGetItem": 1}},
-		{"its lane full, a sandbox warm", lanes, true, false, map[string]int{"BatchGetItem": 2, "TransactWriteItems": 1}},
-		{"no lanes", 0, false, false, map[string]int{"BatchGetItem": 1, "TransactWriteItems": 1}},
+		// A hold on the last slot of the bucket it picks, then the take.
+		{"its lane full, a sandbox warm", lanes, true, false, map[string]int{"BatchGetItem": 2, "UpdateItem": 1, "TransactWriteItems": 1}},
+		{"no lanes", 0, false, false, map[string]int{"BatchGetItem": 1, "UpdateItem": 1, "TransactWriteItems": 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, calls := countedStore(t)
@@ -493,7 +494,7 @@ func TestAnEscalatedLaneTakeGivesUpAfterOneLostRace(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Reason != core.RefusalCapacity || ce.Partial {
 		t.Fatalf("Reserve = %v, want a capacity refusal of the whole deployment (both open slots taken by peers)", err)
 	}
-	if got, want := calls.counts(), map[string]int{"BatchGetItem": 2, "TransactWriteItems": 1}; !maps.Equal(got, want) {
-		t.Errorf("Reserve made %v, want %v: its lane's read, every bucket's, one lost race", got, want)
+	if got, want := calls.counts(), map[string]int{"BatchGetItem": 2, "UpdateItem": 1}; !maps.Equal(got, want) {
+		t.Errorf("Reserve made %v, want %v: its lane's read, every bucket's, one lost race (a hold refused)", got, want)
 	}
 }

@@ -1,5 +1,10 @@
 package ddbstore
 
+import (
+	"context"
+	"time"
+)
+
 // ShardOf, ShardsOf, SampleShards, ThreadHome, OwnerShard, QueueShardOf,
 // TicketLane, PausedPK and ItemPK expose shardOf, shardsOf, sampleShards,
 // threadHome, ownerShard, queueShardOf, ticketLane, pausedPK and itemPK to
@@ -34,3 +39,11 @@ func SetSweepSegments(s *Store, n int32) {
 	}
 	s.sweep = n
 }
+
+// HoldRoom is holdRoom: by holds a slot of bucket b at now.
+func HoldRoom(ctx context.Context, s *Store, b, limit int, by string, now time.Time) error {
+	return s.holdRoom(ctx, b, limit, roomHold{by: by, now: now})
+}
+
+// ErrBucketFull is errBucketFull.
+var ErrBucketFull = errBucketFull

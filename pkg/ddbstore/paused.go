@@ -468,7 +468,7 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
 	}
 	c.Tenant = r.Key.Tenant
-	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit, r.HomeFull, r.Lanes), r.Grant, func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit, homeSeen{r.HomeFull, r.HomeLast}, r.Lanes, c.Now), r.Grant, func(t slotTry) error { return s.claimResumeIn(ctx, r, c, t) })
 	if err != nil {
 		return core.Record{}, err
 	}
@@ -476,7 +476,8 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 }
 
 // claimResumeIn is ClaimResume's transaction, its running slot in bucket b.
-func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Claim, b int) error {
+func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Claim, t slotTry) error {
+	b := t.b
 	upd := s.claimUpdate(c, core.StateResuming, c.Now).Remove(expression.Name("no_running_slot")).
 		Set(expression.Name("bucket"), expression.Value(b)).
 		Set(expression.Name("counted"), expression.Value(string(core.StateActive))).
@@ -486,7 +487,7 @@ func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Cl
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}
-	take, err := s.slotTake(b, r.Limit, core.StateActive, c.Tenant, r.Grant)
+	take, err := s.slotTake(t, r.Limit, core.StateActive, c.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}

@@ -42,11 +42,11 @@ var (
 // Reserve takes a slot and binds the thread to the reservation,
 // atomically (see takeSlot for the bucket it takes).
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
-	p := threadPlan(r.ThreadKey, r.Limit, r.HomeFull, r.Lanes)
+	p := threadPlan(r.ThreadKey, r.Limit, homeSeen{r.HomeFull, r.HomeLast}, r.Lanes, r.Now)
 	if f := r.Freed; f != nil && f.Counted != "" && f.Bucket < min(CapacityBuckets, max(r.Limit, 1)) {
-		p.home = f.Bucket // where a slot was just freed for it
+		p.home, p.homeLast = f.Bucket, false // where a slot was just freed for it
 	}
-	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
+	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(t slotTry) error { return s.reserveIn(ctx, r, t) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating, Quota: true})
 	}
@@ -69,6 +69,22 @@ type slotPlan struct {
 	// with a partial CapacityError without reading the others (see
 	// core.Reservation.Lanes).
 	lane []int
+	// homeLast: the lookup saw the home bucket's last slot free; the take
+	// holds it first (see holdRoom).
+	homeLast bool
+	// now is the caller's clock, for the holds.
+	now time.Time
+}
+
+// homeSeen is what a thread's lookup saw of its home bucket: full
+// (Lookup.HomeFull), or its last slot free (Lookup.HomeLast).
+type homeSeen struct{ full, last bool }
+
+// slotTry is one try of a take: its bucket, and its view of the bucket's
+// holds (hold.by set when the take holds a slot there).
+type slotTry struct {
+	b    int
+	hold roomHold
 }
 
 // fallbacks is how many other buckets the take tries after losing a race:
@@ -84,17 +100,26 @@ func (p slotPlan) fallbacks() int {
 	return reserveFallbacks
 }
 
-// threadPlan is the plan of a take for thread k under limit: its home
-// (threadHome, or noHome when its lookup found that one full) and, with
-// lanes > 1, its home's lane, and no fallback after a lost race.
-func threadPlan(k core.ThreadKey, limit int, homeFull bool, lanes int) slotPlan {
+// threadPlan is the plan of a take for thread k under limit at now: its
+// home (threadHome, or noHome when its lookup found that one full) and,
+// with lanes > 1, its home's lane, no fallback after a lost race, and a
+// hold on the home's last slot when the lookup saw it free.
+func threadPlan(k core.ThreadKey, limit int, seen homeSeen, lanes int, now time.Time) slotPlan {
 	home := threadHome(k, limit)
-	p := slotPlan{limit: limit, home: home}
-	if homeFull {
+	p := slotPlan{limit: limit, home: home, now: now}
+	if seen.full {
 		p.home = noHome
 	}
 	if lanes > 1 {
+		// A deployment with wait lanes is one whose acquires race for
+		// every slot freed: a last slot seen free at the lookup is held
+		// first. Elsewhere the home's take goes first with no hold (one
+		// call less for the create and resume of a deployment whose
+		// buckets hold a slot each), and only a take picked from the read
+		// of the buckets after its home refused, a race already lost,
+		// holds its slot.
 		p.lane = laneBuckets(bucketLane(home, lanes), lanes, limit)
+		p.homeLast = seen.last
 	}
 	return p
 }
@@ -125,14 +150,18 @@ func laneBuckets(lane, lanes, limit int) []int {
 // full or was tried, with the buckets' sums as the refusal's details:
 // every bucket's, unless the plan has a lane and none of its buckets
 // holds an evictable sandbox (readForTake). Buckets whose limits are not
-// set for the limit get them first (setLimits), and are read again.
-func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(b int) error) (int, error) {
+// set for the limit get them first (setLimits), and are read again. A
+// bucket whose last slot the take saw free (the home's at the lookup, or
+// any in the read) is held before its transaction (tryTake).
+func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) error) (int, error) {
 	b, limit, fallbacks := p.home, p.limit, p.fallbacks()
+	holder := roomHold{by: newHolder(), now: p.now}
+	hold := p.homeLast && b != noHome // b's last slot was seen free: hold it first
 	var tried []int
 	var buckets []bucketItem // the read of the buckets, once a take failed
 	for limits := 0; ; {
 		if b != noHome {
-			err := take(b)
+			err := s.tryTake(ctx, slotTry{b: b, hold: roomHold{now: p.now}}, limit, hold, holder, take)
 			if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
 				return b, err
 			}
@@ -167,9 +196,11 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(b int) error
 			continue // read again: set by us or by a peer
 		}
 		var open []int
+		last := map[int]bool{}
 		for _, bk := range buckets {
-			if bk.room(limit) > 0 && !slices.Contains(tried, bk.Index) {
+			if r := bk.openTo(limit, p.now); r > 0 && !slices.Contains(tried, bk.Index) {
 				open = append(open, bk.Index)
+				last[bk.Index] = r == 1
 			}
 		}
 		if len(open) == 0 || len(tried) > fallbacks {
@@ -185,7 +216,27 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(b int) error
 			continue
 		}
 		b = open[rand.IntN(len(open))]
+		hold = last[b]
 	}
+}
+
+// tryTake runs take in t's bucket; with hold, it first holds the slot for
+// holder (holdRoom), and a take that then fails for another reason than
+// the room clears its hold. A hold refused is the take's lost race
+// (errBucketFull), at the cost of one write unit on the bucket alone; a
+// hold that may have been made counts as made.
+func (s *Store) tryTake(ctx context.Context, t slotTry, limit int, hold bool, holder roomHold, take func(slotTry) error) error {
+	if hold {
+		if err := s.holdRoom(ctx, t.b, limit, holder); errors.Is(err, errBucketFull) {
+			return err
+		}
+		t.hold = holder
+	}
+	err := take(t)
+	if hold && err != nil && !errors.Is(err, errBucketFull) {
+		_ = s.releaseHold(ctx, t.b, holder) // a hold not cleared lapses
+	}
+	return err
 }
 
 // readForTake reads the buckets a take picks from: the plan's lane's when
@@ -250,20 +301,25 @@ func updateTried(buckets []bucketItem, b int, err error) {
 	}
 }
 
-// takeUpdate is the bucket update taking one slot, counted in state
-// (tenant, when not empty, joins the bucket's tenant set).
-func (s *Store) takeUpdate(b, limit int, state core.State, tenant string) (types.TransactWriteItem, error) {
-	take := takeCondition(limit)
+// takeUpdate is the bucket update taking one slot of t's bucket, counted
+// in state (tenant, when not empty, joins the bucket's tenant set), and
+// clearing t's hold when it has one.
+func (s *Store) takeUpdate(t slotTry, limit int, state core.State, tenant string) (types.TransactWriteItem, error) {
+	take := takeCondition(limit, t.hold)
 	u := expression.Add(expression.Name("used"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1))
 	if tenant != "" {
 		u = u.Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))
 	}
-	return s.bucketUpdate(b, &take, countMove(u, "", state))
+	if t.hold.by != "" {
+		u = clearHold(u)
+	}
+	return s.bucketUpdate(t.b, &take, countMove(u, "", state))
 }
 
 // reserveIn is Reserve in bucket b: errBucketFull when b has no room.
-func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error {
-	take, err := s.slotTake(b, r.Limit, core.StateCreating, r.Tenant, r.Grant)
+func (s *Store) reserveIn(ctx context.Context, r core.Reservation, t slotTry) error {
+	b := t.b
+	take, err := s.slotTake(t, r.Limit, core.StateCreating, r.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
