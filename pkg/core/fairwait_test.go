@@ -150,17 +150,24 @@ func (deadLeaver) LeaveWait(context.Context, core.Ticket, time.Time, time.Durati
 // its grant lapses and passes to the next waiter; never granted, its
 // ticket lapses at the end of its wait and the next waiter becomes the
 // head and frees a slot for itself.
+//
+// Both waits are far longer than the steps between the clock's jumps take
+// on a loaded machine: the dead waiter's ticket is still queued when the
+// dispatch grants it, and the live waiter still waits when the clock has
+// jumped past the dead one's grant or wait. Only the jumps end them.
 func TestDeadWaiterDoesNotBlockTheQueue(t *testing.T) {
+	const deadWait, liveWait = time.Minute, 3 * time.Minute
 	for _, granted := range []bool{true, false} {
 		t.Run(fmt.Sprint("granted=", granted), func(t *testing.T) {
 			notes := newWaitNotes()
 			settings := func(s *core.Settings) {
-				s.Replicas, s.Policy, s.AcquireTimeout, s.MaxWaitersPerTenant = 1, core.PolicyWait, 10*time.Second, 10
+				s.Replicas, s.Policy, s.AcquireTimeout, s.MaxWaitersPerTenant = 1, core.PolicyWait, liveWait, 10
 			}
 			h := newHarness(t, settings, core.WithSleep(pollSleep), core.WithWaitObserver(notes.observe))
 			s := core.DefaultSettings()
 			s.Deployment = "test"
 			settings(&s)
+			s.AcquireTimeout = deadWait
 			dying, err := core.New(s, deadLeaver{h.store}, h.prov, h.sync, core.WithClock(h.clock.now), core.WithSleep(pollSleep),
 				core.WithWaitObserver(notes.observe))
 			if err != nil {
@@ -177,7 +184,7 @@ func TestDeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 			if err := <-dead; !errors.Is(err, context.Canceled) {
 				t.Fatalf("dying waiter = %v, want cancelled", err)
 			}
-			h.clock.advance(5 * time.Second) // the live waiter's wait ends 5 s after the dead one's
+			h.clock.advance(5 * time.Second) // the live waiter queues 5 s after the dead one
 			live := make(chan error, 1)
 			go func() { _, err := h.eng.Acquire(ctx, tenantKey("b", "live")); live <- err }()
 			liveNote := notes.next(t, core.WaitEnqueued)
@@ -208,7 +215,9 @@ func TestDeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 				if _, err := h.eng.Release(ctx, "x", holder.SandboxID); err != nil {
 					t.Fatal(err)
 				}
-				h.clock.advance(7 * time.Second) // past the dead waiter's wait, not the live one's
+				// Past the dead waiter's wait and its ticket's margin, not
+				// the live one's.
+				h.clock.advance(deadWait + 2*time.Second)
 			}
 			if err := <-live; err != nil {
 				t.Fatalf("live waiter: %v", err)
