@@ -248,13 +248,18 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		}
 		wait := backoff(attempt)
 		var ce *CapacityError
-		if errors.As(err, &ce) {
-			if e.s.Policy != PolicyWait || ce.Reason != RefusalCapacity || !e.now().Add(waitPoll).Before(deadline) {
-				if lookWhole(st, ce) {
-					continue
-				}
+		switch {
+		case !errors.As(err, &ce):
+		case e.s.Policy != PolicyWait || ce.Reason != RefusalCapacity || !e.now().Add(waitPoll).Before(deadline):
+			if lookWhole(st, ce) {
+				continue
+			}
+			if !ce.Raced {
 				return AcquireResult{}, err
 			}
+			// Lost races, not a full deployment: try again while time
+			// allows.
+		default:
 			if st.grant != nil {
 				// Refused holding a grant: a take that could not use it.
 				// Pass it on rather than wait for it again.
@@ -267,6 +272,8 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 				continue // look again (and queue again if still full)
 			case cannotWait(werr) && lookWhole(st, ce):
 				continue // every bucket first
+			case cannotWait(werr) && ce.Raced && e.now().Add(wait).Before(deadline):
+				// No waiter place, but the deployment had room: try again.
 			case errors.Is(werr, errWaitTimedOut):
 				return AcquireResult{}, err
 			default:
@@ -615,9 +622,11 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			return true, fmt.Errorf("take slot: %w", err)
 		case errors.As(err, &ce) && ce.Reason == RefusalDraining:
 			return false, e.drainingError()
-		case errors.As(err, &ce) && ce.Partial:
-			// None of the lane's buckets had room or anything to evict:
-			// wait in the queue, whose turns read every bucket.
+		case errors.As(err, &ce) && (ce.Partial || ce.Raced):
+			// None of the lane's buckets had room or anything to evict,
+			// or peers took the room there was: nothing to evict for;
+			// wait in the queue, whose turns read every bucket, or try
+			// again.
 			return true, e.refused(ce)
 		case errors.As(err, &ce):
 			if quotaRefusal(ce.Reason) && evictions < maxEvictions {

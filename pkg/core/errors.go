@@ -66,6 +66,11 @@ type CapacityError struct {
 	// sandbox an eviction could free. The engine waits without evicting;
 	// it never answers with one, but looks again at every bucket first.
 	Partial bool
+	// Raced: the buckets read had room, but peers took every slot the
+	// take tried first. The deployment is not full: the engine evicts
+	// nothing for it, and rather than answer with it, waits (under wait)
+	// or tries again while its time allows.
+	Raced bool
 }
 
 func (e *CapacityError) Error() string {

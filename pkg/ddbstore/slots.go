@@ -205,7 +205,8 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) err
 		}
 		if len(open) == 0 || len(tried) > fallbacks {
 			if p.lane == nil {
-				return b, &core.CapacityError{Reason: core.RefusalCapacity, Status: st, Tenants: tenants}
+				// Raced: room was left, which peers took first.
+				return b, &core.CapacityError{Reason: core.RefusalCapacity, Status: st, Tenants: tenants, Raced: len(open) > 0}
 			}
 			if !evictable(st) {
 				return b, &core.CapacityError{Reason: core.RefusalCapacity, Status: st, Tenants: tenants, Partial: true}
