@@ -254,11 +254,10 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 			if lookWhole(st, ce) {
 				continue
 			}
-			if !ce.Raced {
+			if !ce.Raced || st.raced >= maxRacedRetries {
 				return AcquireResult{}, err
 			}
-			// Lost races, not a full deployment: try again while time
-			// allows.
+			st.raced++ // lost races, not a full deployment: try again
 		default:
 			if st.grant != nil {
 				// Refused holding a grant: a take that could not use it.
@@ -272,8 +271,8 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 				continue // look again (and queue again if still full)
 			case cannotWait(werr) && lookWhole(st, ce):
 				continue // every bucket first
-			case cannotWait(werr) && ce.Raced && e.now().Add(wait).Before(deadline):
-				// No waiter place, but the deployment had room: try again.
+			case cannotWait(werr) && ce.Raced && st.raced < maxRacedRetries && e.now().Add(wait).Before(deadline):
+				st.raced++ // no waiter place, but the deployment had room: try again
 			case errors.Is(werr, errWaitTimedOut):
 				return AcquireResult{}, err
 			default:
@@ -325,7 +324,16 @@ type acquireState struct {
 	freed *Slot
 	// poolTries counts the pool members this acquire claimed.
 	poolTries int
+	// raced counts the attempts tried again after lost races
+	// (CapacityError.Raced), at most maxRacedRetries.
+	raced int
 }
+
+// maxRacedRetries is how many times an acquire that cannot wait tries
+// again after its takes lost their races for the room there was, before
+// it answers with the refusal: a few tries find the room a burst of
+// peers left, and more would only add load to a nearly full deployment.
+const maxRacedRetries = 3
 
 // acquireOnce makes one attempt. retry reports whether waiting and trying
 // again may succeed (lease held, capacity full, a concurrent create).

@@ -134,9 +134,16 @@ func (e *Engine) claimPauseEvicting(ctx context.Context, key ThreadKey, owner st
 // or releasing under the lease, and the release's retry, the thread's
 // next acquire or reconcile finishes it once the lease lapses.
 func (e *Engine) pauseAtRelease(ctx context.Context, rec Record, out *ReleaseResult) (done bool, err error) {
+	if ctx.Err() != nil {
+		return false, nil // the work time is spent: park warm, under the settle reserve
+	}
 	owner, now := rec.LeaseOwner, e.now()
 	claimed, err := e.claimPauseEvicting(ctx, rec.ThreadKey, owner, func() (Record, error) {
-		return e.pauseStore().ClaimReleasePause(ctx, ReleasePause{Claim: Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant,
+		// Under the settle reserve, as the park it replaces: the sync and
+		// the idle timeout may have used the work time up.
+		sctx, cancel := settle(ctx)
+		defer cancel()
+		return e.pauseStore().ClaimReleasePause(sctx, ReleasePause{Claim: Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant,
 			Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)}, Fence: rec.Fence, ExpiresAt: now.Add(e.s.IdleTimeout), Limit: e.s.PausedLimit()})
 	})
 	switch {
@@ -150,7 +157,9 @@ func (e *Engine) pauseAtRelease(ctx context.Context, rec Record, out *ReleaseRes
 		e.log.InfoContext(ctx, "pause at release not claimed; parking warm", "sandbox_id", rec.SandboxID, "err", err)
 		return false, nil
 	default:
-		cur, gerr := e.store.Get(ctx, rec.SandboxID)
+		sctx, cancel := settle(ctx)
+		cur, gerr := e.store.Get(sctx, rec.SandboxID)
+		cancel()
 		switch {
 		case gerr == nil && cur.State == StatePausing && cur.LeaseOwner == owner:
 			claimed = cur

@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 
@@ -21,7 +22,8 @@ type racedStore struct {
 
 func (s *racedStore) Reserve(ctx context.Context, r core.Reservation) error {
 	if s.losses.Add(-1) >= 0 {
-		return &core.CapacityError{Reason: core.RefusalCapacity, Raced: true, Status: core.CapacityStatus{Limit: r.Limit}}
+		// Its read counted the warm sandbox: an eviction would look.
+		return &core.CapacityError{Reason: core.RefusalCapacity, Raced: true, Status: core.CapacityStatus{Limit: r.Limit, Used: 1, Warm: 1}}
 	}
 	return s.Store.Reserve(ctx, r)
 }
@@ -57,6 +59,19 @@ func TestARaceLostIsNotAFullDeployment(t *testing.T) {
 			got, err := store.Get(ctx, res.Record.SandboxID)
 			if err != nil || got.State != core.StateWarm {
 				t.Errorf("t1's sandbox = %s, %v; want it still warm (nothing evicted for a lost race)", got.State, err)
+			}
+			if policy != core.PolicyReject {
+				return
+			}
+			// Races lost every time: a few tries, then the refusal.
+			store.losses.Store(100)
+			_, err = eng.Acquire(ctx, key("t3"))
+			var ce *core.CapacityError
+			if !errors.As(err, &ce) || !ce.Raced {
+				t.Errorf("Acquire(t3) losing every race = %v, want its last refusal", err)
+			}
+			if tries := 100 - store.losses.Load(); tries > 5 {
+				t.Errorf("Acquire(t3) tried %d reservations, want a few", tries)
 			}
 		})
 	}

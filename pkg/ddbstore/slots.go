@@ -195,14 +195,7 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) err
 			tried, buckets = nil, nil
 			continue // read again: set by us or by a peer
 		}
-		var open []int
-		last := map[int]bool{}
-		for _, bk := range buckets {
-			if r := bk.openTo(limit, p.now); r > 0 && !slices.Contains(tried, bk.Index) {
-				open = append(open, bk.Index)
-				last[bk.Index] = r == 1
-			}
-		}
+		open, last := openBuckets(buckets, limit, p.now, tried)
 		if len(open) == 0 || len(tried) > fallbacks {
 			if p.lane == nil {
 				// Raced: room was left, which peers took first.
@@ -219,6 +212,21 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) err
 		b = open[rand.IntN(len(open))]
 		hold = last[b]
 	}
+}
+
+// openBuckets lists the buckets with room (limits set for limit) at now
+// that were not tried, and those of them whose last slot is free and not
+// held (a take holds it first; one already held leaves a slot besides it,
+// taken without a hold).
+func openBuckets(buckets []bucketItem, limit int, now time.Time, tried []int) (open []int, last map[int]bool) {
+	last = map[int]bool{}
+	for _, bk := range buckets {
+		if r := bk.openTo(limit, now); r > 0 && !slices.Contains(tried, bk.Index) {
+			open = append(open, bk.Index)
+			last[bk.Index] = r == 1 && bk.HoldUntil <= ms(now)
+		}
+	}
+	return open, last
 }
 
 // tryTake runs take in t's bucket; with hold, it first holds the slot for

@@ -118,6 +118,10 @@ func decodeCounter(av map[string]types.AttributeValue) int {
 	return c.Used
 }
 
+// SetDraining writes every bucket in one transaction, which DynamoDB
+// bounds to 100 items: this fails to compile when the buckets outgrow it.
+const _ = uint(100 - CapacityBuckets - PausedBuckets)
+
 // SetDraining marks the deployment draining (or not): every capacity
 // bucket and paused bucket, in one transaction (96 items, within
 // DynamoDB's 100 a transaction); then, starting a drain, every waiting

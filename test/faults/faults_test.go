@@ -881,6 +881,9 @@ func holdStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, 
 	defer cancel()
 	other := ""
 	for n := 0; other == ""; n++ {
+		if n == 100 {
+			st.t.Fatalf("setup: no thread of a hundred has a full home bucket")
+		}
 		k := core.ThreadKey{Tenant: "acme", User: "alice", Thread: fmt.Sprint(thread, "-x", n)}
 		look, err := st.store.Lookup(ctx, k, limit)
 		if err != nil {
