@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -141,5 +142,28 @@ func TestATakeSeeingItsHomesLastSlotHoldsItFirst(t *testing.T) {
 				t.Errorf("Reserve made %v, want %v", got, tc.wantCalls)
 			}
 		})
+	}
+}
+
+// TestAGrantHonoursAHold: a free's dispatch does not grant a waiter the
+// slot a take holds (the holder takes it); once the hold lapses, the
+// slot goes to the waiter.
+func TestAGrantHonoursAHold(t *testing.T) {
+	f := newQueueFixture(t, 2) // two buckets of one slot
+	recs := f.fill(2)
+	a1 := f.enter("a", "a1", t0)
+	now := t0.Add(time.Second)
+	b := f.free(recs[0])
+	if err := ddbstore.HoldRoom(context.Background(), f.s, b, f.limit, "holder", now); err != nil {
+		t.Fatalf("HoldRoom: %v", err)
+	}
+	if res := f.dispatch(core.Dispatch{Now: now, Bucket: b}); len(res.Granted) != 0 {
+		t.Errorf("dispatch under a live hold granted %v, want none", ids(res.Granted))
+	}
+	if ts := f.poll(a1); ts.Granted {
+		t.Fatalf("a1 = %+v, want still waiting", ts)
+	}
+	if res := f.dispatch(core.Dispatch{Now: now.Add(3 * time.Second), Bucket: b}); !slices.Equal(ids(res.Granted), []string{"a1"}) {
+		t.Errorf("dispatch after the hold lapsed granted %v, want [a1]", ids(res.Granted))
 	}
 }

@@ -519,8 +519,8 @@ func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
 	key := thread(1)
 	rec := releasing(t, s, key, "sbx1")
 	at := t0.Add(time.Second)
-	claim := func(fence int64) (core.Record, error) {
-		return s.ClaimReleasePause(ctx, core.ReleasePause{Claim: core.Claim{SandboxID: "sbx1", Tenant: key.Tenant, Owner: "rel",
+	claim := func(id string, fence int64) (core.Record, error) {
+		return s.ClaimReleasePause(ctx, core.ReleasePause{Claim: core.Claim{SandboxID: id, Tenant: key.Tenant, Owner: "rel",
 			Now: at, LeaseUntil: at.Add(time.Minute)}, Fence: fence, ExpiresAt: at.Add(30 * time.Minute), Limit: 5})
 	}
 	capacity := func(step string, want core.CapacityStatus) {
@@ -548,7 +548,7 @@ func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
 				t.Fatalf("SetDraining: %v", err)
 			}
 		}
-		if _, err := claim(tc.fence); !errors.Is(err, tc.want) {
+		if _, err := claim("sbx1", tc.fence); !errors.Is(err, tc.want) {
 			t.Errorf("%s: ClaimReleasePause = %v, want %v", tc.name, err, tc.want)
 		}
 		if got, _ := s.Get(ctx, "sbx1"); got.State != core.StateReleasing || got.Fence != rec.Fence {
@@ -559,7 +559,7 @@ func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
 			t.Fatalf("SetDraining(false): %v", err)
 		}
 	}
-	pausing, err := claim(rec.Fence)
+	pausing, err := claim("sbx1", rec.Fence)
 	if err != nil {
 		t.Fatalf("ClaimReleasePause: %v", err)
 	}
@@ -578,8 +578,7 @@ func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
 	}
 
 	rec2 := releasing(t, s, thread(2), "sbx2")
-	p2, err := s.ClaimReleasePause(ctx, core.ReleasePause{Claim: core.Claim{SandboxID: "sbx2", Tenant: "acme", Owner: "rel",
-		Now: at, LeaseUntil: at.Add(time.Minute)}, Fence: rec2.Fence, ExpiresAt: at.Add(30 * time.Minute), Limit: 5})
+	p2, err := claim("sbx2", rec2.Fence)
 	if err != nil {
 		t.Fatalf("ClaimReleasePause(sbx2): %v", err)
 	}
