@@ -11,9 +11,9 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/httpapi"
 	"github.com/sandbox-broker/sandbox-broker/internal/wiring"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // publishingMethods are the engine's calls that publish lifecycle events

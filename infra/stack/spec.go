@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // Route is one HTTP API route: an upper-case method (or ANY) and a path in
@@ -274,8 +274,8 @@ const (
 
 // Embedded metrics (CloudWatch embedded metric format) the alarms and the
 // dashboard read, in core's namespace with the Deployment dimension set to
-// SANDBOX_DEPLOYMENT_ID. Reconcile emits its pass stats (pkg/core
-// ReconcileStats.EMFAttrs); the others are core's (pkg/core/metrics.go),
+// SANDBOX_DEPLOYMENT_ID. Reconcile emits its pass stats (internal/core
+// ReconcileStats.EMFAttrs); the others are core's (internal/core/metrics.go),
 // written by internal/httpapi and by reconcile. PendingMetrics lists those no
 // function emits yet.
 const (

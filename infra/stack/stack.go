@@ -28,9 +28,9 @@ import (
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 	"github.com/sandbox-broker/sandbox-broker/internal/tokenseal"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
 // Props configures the stack at synthesis time. Deploy-time settings are

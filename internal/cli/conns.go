@@ -14,7 +14,7 @@ import (
 )
 
 // sandboxIDPattern bounds ids used as file names (the API's own bound,
-// pkg/core ValidateSandboxID).
+// internal/core ValidateSandboxID).
 var sandboxIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 
 // ErrNoConnection means no connection is stored for a sandbox.

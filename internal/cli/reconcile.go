@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // EnvReconcileURL is the reconcile function's invoke URL (a Lambda

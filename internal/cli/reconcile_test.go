@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // fakeFunction is a reconcile function's invoke endpoint (as the Lambda

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // Environment variable names read by Load.

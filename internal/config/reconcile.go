@@ -3,7 +3,7 @@ package config
 import (
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // Reconcile pass budgets and periods; unset means

@@ -35,9 +35,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/google/uuid"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/internal/standin"
-	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
 // Defaults.

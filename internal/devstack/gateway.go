@@ -19,7 +19,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/httpapi"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
 // maxRequestBody is the largest body the local gateway passes to a
@@ -74,7 +74,7 @@ func readBody(r *http.Request) ([]byte, error) {
 // machine-readable code whichever refused it.
 func tooLarge(w http.ResponseWriter) {
 	b, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"code": core.CodeRequestTooLarge, "message": errBodyTooLarge.Error(), "reason": "",
+		"code": api.CodeRequestTooLarge, "message": errBodyTooLarge.Error(), "reason": "",
 		"retryable": false, "retry_after_seconds": 0,
 	}})
 	w.Header().Set("Content-Type", "application/json")

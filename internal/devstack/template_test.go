@@ -11,7 +11,7 @@ import (
 
 	"github.com/awslabs/goformation/v7"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 )
 
 func repoTemplate(t *testing.T) string {

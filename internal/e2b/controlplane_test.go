@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 const testKey = "test-api-key"

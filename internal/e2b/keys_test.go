@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // rotatingKeys is a KeySource whose cached key is stale until a refresh

@@ -8,9 +8,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 var _ core.PagedLister = (*Client)(nil)

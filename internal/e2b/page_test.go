@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // TestListPageWalksTheInventoryWithACursor: ListPage reads one page per

@@ -8,8 +8,8 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 var _ core.Pauser = (*Client)(nil)

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core/providertest"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core/providertest"
 )
 
 // startHost runs the repository's local E2B-compatible sandbox host on

@@ -18,12 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core/coretest"
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 	"github.com/sandbox-broker/sandbox-broker/internal/eventpub"
 	"github.com/sandbox-broker/sandbox-broker/internal/standin"
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core/coretest"
-	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
 // delivered reads the events the bus wrote to file.

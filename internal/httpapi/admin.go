@@ -7,7 +7,6 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // Option configures the handler.
@@ -49,7 +48,7 @@ func WithTenantClaim(claim string) Option {
 // {"draining": bool}; 403 FORBIDDEN for a tenant that is not an admin.
 func (h *handler) setDraining(ctx context.Context, r *request, draining bool) events.APIGatewayV2HTTPResponse {
 	if !h.admins[r.tenant] {
-		return r.errorResponse(http.StatusForbidden, apiError{Code: core.CodeForbidden, Message: "admin route: this tenant is not an administrator", Reason: core.ReasonNotAdmin}, 0)
+		return r.errorResponse(http.StatusForbidden, apiError{Code: api.CodeForbidden, Message: "admin route: this tenant is not an administrator", Reason: api.ReasonNotAdmin}, 0)
 	}
 	if err := h.broker.SetDraining(ctx, draining); err != nil {
 		return r.fail(err)

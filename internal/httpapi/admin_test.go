@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 func TestAdminDrainRoutes(t *testing.T) {

@@ -12,7 +12,8 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
 // errorRow is one (status, code, reason, retryable) the adapter answers
@@ -78,13 +79,13 @@ func readmeErrorRows(t *testing.T) []errorRow {
 // TestErrorTableIsWhatTheAdapterAnswers drives the handler into every
 // error answer it has and compares what it answered with the README's
 // table, row for row, and the table's codes and reasons with the
-// constants of pkg/core: a code or reason added, removed or documented
+// constants of internal/core: a code or reason added, removed or documented
 // without being produced fails here.
 func TestErrorTableIsWhatTheAdapterAnswers(t *testing.T) {
 	acquire := func(err error) (core.Broker, events.APIGatewayV2HTTPRequest) {
 		return &fakeBroker{err: err}, event(RouteAcquire, "/v1/sandboxes/acquire", `{"user_id":"u","thread_id":"t"}`, "acme", nil)
 	}
-	capErr := func(r core.RefusalReason) error {
+	capErr := func(r api.RefusalReason) error {
 		return &core.CapacityError{Reason: r, Status: core.CapacityStatus{Limit: 1}}
 	}
 	cases := []struct {
@@ -125,16 +126,16 @@ func TestErrorTableIsWhatTheAdapterAnswers(t *testing.T) {
 		{"too large", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
 			return &fakeBroker{}, event(RouteAcquire, "/v1/sandboxes/acquire", strings.Repeat(" ", MaxBodyBytes+1), "acme", nil)
 		}},
-		{"capacity", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(core.RefusalCapacity)) }},
-		{"user quota", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(core.RefusalUserQuota)) }},
-		{"tenant quota", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(core.RefusalTenantQuota)) }},
+		{"capacity", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(api.RefusalCapacity)) }},
+		{"user quota", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(api.RefusalUserQuota)) }},
+		{"tenant quota", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(api.RefusalTenantQuota)) }},
 		{"too many waiters", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
-			return acquire(capErr(core.RefusalTooManyWaiters))
+			return acquire(capErr(api.RefusalTooManyWaiters))
 		}},
 		{"ledger failed", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
-			return acquire(capErr(core.RefusalCapacityBackend))
+			return acquire(capErr(api.RefusalCapacityBackend))
 		}},
-		{"draining", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(core.RefusalDraining)) }},
+		{"draining", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(capErr(api.RefusalDraining)) }},
 		{"bug", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(fmt.Errorf("boom")) }},
 		{"store", func() (core.Broker, events.APIGatewayV2HTTPRequest) { return acquire(core.ErrStoreUnavailable) }},
 		{"provider", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
@@ -182,37 +183,37 @@ func TestErrorTableIsWhatTheAdapterAnswers(t *testing.T) {
 			codes = append(codes, r.code)
 		}
 		switch {
-		case r.code == string(core.CodeCapacityExceeded):
+		case r.code == string(api.CodeCapacityExceeded):
 			refusals[r.reason] = true
-		case r.code != string(core.CodeValidation) && r.reason != "":
+		case r.code != string(api.CodeValidation) && r.reason != "":
 			reasons[r.reason] = true
 		}
 	}
 	var consts []string
-	for _, c := range core.ErrorCodes() {
+	for _, c := range api.ErrorCodes() {
 		consts = append(consts, string(c))
 	}
 	slices.Sort(codes)
 	slices.Sort(consts)
 	if !slices.Equal(codes, consts) {
-		t.Errorf("README codes %v, core.ErrorCodes %v", codes, consts)
+		t.Errorf("README codes %v, api.ErrorCodes %v", codes, consts)
 	}
-	for _, r := range core.RefusalReasons() {
+	for _, r := range api.RefusalReasons() {
 		if !refusals[string(r)] {
-			t.Errorf("core.RefusalReasons has %q; the README does not list it", r)
+			t.Errorf("api.RefusalReasons has %q; the README does not list it", r)
 		}
 		delete(refusals, string(r))
 	}
 	for r := range refusals {
-		t.Errorf("the README lists refusal reason %q; core.RefusalReasons lacks it", r)
+		t.Errorf("the README lists refusal reason %q; api.RefusalReasons lacks it", r)
 	}
-	for _, r := range core.ErrorReasons() {
-		if r != core.ReasonBody && !reasons[r] {
-			t.Errorf("core.ErrorReasons has %q; the README does not list it", r)
+	for _, r := range api.ErrorReasons() {
+		if r != api.ReasonBody && !reasons[r] {
+			t.Errorf("api.ErrorReasons has %q; the README does not list it", r)
 		}
 		delete(reasons, r)
 	}
 	for r := range reasons {
-		t.Errorf("the README lists reason %q; core.ErrorReasons lacks it", r)
+		t.Errorf("the README lists reason %q; api.ErrorReasons lacks it", r)
 	}
 }

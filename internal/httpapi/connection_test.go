@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // The connection's keys follow the endpoint's protocol, whatever the

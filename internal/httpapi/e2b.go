@@ -9,8 +9,9 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
 // The E2B-compatible face, under /e2b: with E2B_API_URL=<api_url>/e2b and
@@ -49,7 +50,7 @@ func e2bRoute(segs []string) (want, id string, ok bool) {
 	return RouteE2BOther, "", true
 }
 
-func (r *request) e2bError(status int, code core.ErrorCode, msg string, retryAfter int) events.APIGatewayV2HTTPResponse {
+func (r *request) e2bError(status int, code api.ErrorCode, msg string, retryAfter int) events.APIGatewayV2HTTPResponse {
 	r.code = code
 	resp := r.json(status, e2bapi.Error{Code: status, Message: msg})
 	if retryAfter > 0 {
@@ -66,10 +67,10 @@ const e2bRefusal = "sandbox-broker serves only Sandbox.connect under /e2b: the b
 // serveE2B answers the /e2b routes for tenant.
 func (h *handler) serveE2B(ctx context.Context, r *request, route, id string) events.APIGatewayV2HTTPResponse {
 	if route == RouteE2BOther {
-		return r.e2bError(http.StatusForbidden, core.CodeForbidden, e2bRefusal, 0)
+		return r.e2bError(http.StatusForbidden, api.CodeForbidden, e2bRefusal, 0)
 	}
 	if err := core.ValidateSandboxID(id); err != nil {
-		return r.e2bError(http.StatusBadRequest, core.CodeValidation, "sandbox id: "+err.Error(), 0)
+		return r.e2bError(http.StatusBadRequest, api.CodeValidation, "sandbox id: "+err.Error(), 0)
 	}
 	// Get reads the record only: connect neither extends the sandbox's
 	// life nor resumes it, and reaches no provider.
@@ -77,7 +78,7 @@ func (h *handler) serveE2B(ctx context.Context, r *request, route, id string) ev
 	switch {
 	case errors.Is(err, core.ErrNotFound) || (err == nil && rec.State != core.StateActive):
 		// Released (warm), another tenant's, or unknown: E2B's not-found.
-		return r.e2bError(http.StatusNotFound, core.CodeSandboxNotFound,
+		return r.e2bError(http.StatusNotFound, api.CodeSandboxNotFound,
 			fmt.Sprintf("sandbox %q not found: acquire it with POST /v1/sandboxes/acquire first (connect works while the tenant holds it)", id), 0)
 	case err != nil:
 		resp := r.fail(err)
@@ -85,7 +86,7 @@ func (h *handler) serveE2B(ctx context.Context, r *request, route, id string) ev
 		return r.e2bError(resp.StatusCode, r.code, "sandbox-broker could not read the sandbox, retry later", atoi(resp.Headers["Retry-After"]))
 	}
 	if rec.Endpoint.Protocol != core.ProtocolEnvd {
-		return r.e2bError(http.StatusBadRequest, core.CodeValidation, fmt.Sprintf(
+		return r.e2bError(http.StatusBadRequest, api.CodeValidation, fmt.Sprintf(
 			"sandbox %q runs on backend %q, reached by the %s protocol, not E2B's envd: the E2B SDK cannot work in it; "+
 				"use the connection of POST /v1/sandboxes/acquire", id, rec.Backend, rec.Endpoint.Protocol), 0)
 	}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 func e2bRecord(state core.State, protocol, url string) core.Record {

@@ -25,8 +25,8 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/google/uuid"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // MaxBodyBytes is the largest request body accepted (decoded), in bytes.
@@ -37,7 +37,7 @@ import (
 // APIs have no request validation and take no AWS WAF ACL), and a
 // synchronous Lambda invocation carries at most 6 MB. So the handler checks
 // the size first, before decoding and before any store or provider call,
-// and answers 413 core.CodeRequestTooLarge; bodies between 6 MB and 10 MB fail
+// and answers 413 api.CodeRequestTooLarge; bodies between 6 MB and 10 MB fail
 // at Lambda's invoke limit and API Gateway answers them itself.
 const MaxBodyBytes = 16 << 10
 
@@ -101,7 +101,7 @@ type request struct {
 	route  string
 	// detail is the internal error text for the log line (never sent).
 	detail string
-	code   core.ErrorCode
+	code   api.ErrorCode
 	// metrics collects the EMF metrics of this request, written as one
 	// line when it is answered (WithMetrics).
 	metrics []core.Metric
@@ -116,7 +116,7 @@ func (h *handler) serve(ctx context.Context, ev events.APIGatewayV2HTTPRequest) 
 	defer func() {
 		if p := recover(); p != nil {
 			r.detail = fmt.Sprintf("panic: %v", p)
-			resp = r.errorResponse(http.StatusInternalServerError, apiError{Code: core.CodeInternal, Message: "internal error", Reason: core.ReasonInternal}, 0)
+			resp = r.errorResponse(http.StatusInternalServerError, apiError{Code: api.CodeInternal, Message: "internal error", Reason: api.ReasonInternal}, 0)
 		}
 		if resp.Headers == nil {
 			resp.Headers = map[string]string{}
@@ -220,17 +220,17 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 	r.route = route
 	if route == "" {
 		if exists {
-			return r.errorResponse(http.StatusMethodNotAllowed, apiError{Code: core.CodeMethodNotAllowed, Message: "method not allowed on this path"}, 0)
+			return r.errorResponse(http.StatusMethodNotAllowed, apiError{Code: api.CodeMethodNotAllowed, Message: "method not allowed on this path"}, 0)
 		}
-		return r.errorResponse(http.StatusNotFound, apiError{Code: core.CodeRouteNotFound, Message: "no such route"}, 0)
+		return r.errorResponse(http.StatusNotFound, apiError{Code: api.CodeRouteNotFound, Message: "no such route"}, 0)
 	}
 	tenant, ok := tenantOf(r.ev, h.tenantClaim)
 	e2b := route == RouteE2BConnect || route == RouteE2BConnectV2 || route == RouteE2BOther
 	if !ok {
 		if e2b {
-			return r.e2bError(http.StatusUnauthorized, core.CodeUnauthorized, "missing or invalid API key (X-API-Key: the tenant's broker token)", 0)
+			return r.e2bError(http.StatusUnauthorized, api.CodeUnauthorized, "missing or invalid API key (X-API-Key: the tenant's broker token)", 0)
 		}
-		return r.errorResponse(http.StatusUnauthorized, apiError{Code: core.CodeUnauthorized, Message: "missing or invalid caller identity"}, 0)
+		return r.errorResponse(http.StatusUnauthorized, apiError{Code: api.CodeUnauthorized, Message: "missing or invalid caller identity"}, 0)
 	}
 	r.tenant = tenant
 	body, err := bodyOf(r.ev)
@@ -304,7 +304,7 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		r.metrics = append(r.metrics, core.SyncMetrics(res)...)
 		return r.json(http.StatusOK, syncBody(res))
 	}
-	return r.errorResponse(http.StatusNotFound, apiError{Code: core.CodeRouteNotFound, Message: "no such route"}, 0)
+	return r.errorResponse(http.StatusNotFound, apiError{Code: api.CodeRouteNotFound, Message: "no such route"}, 0)
 }
 
 // DefaultTenantClaim is the JWT claim read for the tenant unless
@@ -349,16 +349,16 @@ var errTooLarge = errors.New("request body too large")
 // bodyError answers a body bodyOf refused (too large: 413; bad base64:
 // 400), in E2B's error shape on the /e2b routes.
 func (r *request) bodyError(err error, e2b bool) events.APIGatewayV2HTTPResponse {
-	status, code, msg := http.StatusBadRequest, core.CodeValidation, err.Error()
+	status, code, msg := http.StatusBadRequest, api.CodeValidation, err.Error()
 	if errors.Is(err, errTooLarge) {
-		status, code, msg = http.StatusRequestEntityTooLarge, core.CodeRequestTooLarge, fmt.Sprintf("request body exceeds %d bytes", MaxBodyBytes)
+		status, code, msg = http.StatusRequestEntityTooLarge, api.CodeRequestTooLarge, fmt.Sprintf("request body exceeds %d bytes", MaxBodyBytes)
 	}
 	if e2b {
 		return r.e2bError(status, code, msg, 0)
 	}
 	e := apiError{Code: code, Message: msg}
 	if status == http.StatusBadRequest {
-		e.Reason = core.ReasonBody
+		e.Reason = api.ReasonBody
 	}
 	return r.errorResponse(status, e, 0)
 }
@@ -531,7 +531,7 @@ func capacityBody(st core.CapacityStatus) api.Capacity {
 
 // apiError is an error reply before its Retry-After is set.
 type apiError struct {
-	Code      core.ErrorCode
+	Code      api.ErrorCode
 	Message   string
 	Reason    string
 	Retryable bool
@@ -548,10 +548,10 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 	)
 	switch {
 	case errors.As(err, &ve):
-		return r.errorResponse(http.StatusBadRequest, apiError{Code: core.CodeValidation, Message: ve.Error(), Reason: ve.Field}, 0)
+		return r.errorResponse(http.StatusBadRequest, apiError{Code: api.CodeValidation, Message: ve.Error(), Reason: ve.Field}, 0)
 	case errors.As(err, &ce):
 		status := http.StatusTooManyRequests
-		if ce.Reason == core.RefusalDraining {
+		if ce.Reason == api.RefusalDraining {
 			status = http.StatusServiceUnavailable // draining is an outage, not a full pool
 		}
 		secs := int(math.Ceil(ce.RetryAfter.Seconds()))
@@ -560,16 +560,16 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 		}
 		reason := ce.Reason
 		if reason == "" {
-			reason = core.RefusalCapacity
+			reason = api.RefusalCapacity
 		}
 		if status == http.StatusTooManyRequests {
 			r.metrics = append(r.metrics, core.RejectedMetric())
-			if reason == core.RefusalCapacity { // the ledger was read: its figures are real
+			if reason == api.RefusalCapacity { // the ledger was read: its figures are real
 				r.metrics = append(r.metrics, core.CapacityMetrics(ce.Status)...)
 			}
 		}
 		details := map[string]any{"limit": ce.Status.Limit}
-		if reason == core.RefusalCapacity { // other refusals carry no counts: zeros would mislead
+		if reason == api.RefusalCapacity { // other refusals carry no counts: zeros would mislead
 			details["used"], details["active"], details["warm"] = ce.Status.Used, ce.Status.Active, ce.Status.Warm
 			details["reserved"], details["tombstones"] = ce.Status.Reserved, ce.Status.Tombstones
 			details["paused"] = ce.Status.Paused
@@ -578,35 +578,35 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 			details["draining"] = true
 		}
 		return r.errorResponse(status, apiError{
-			Code: core.CodeCapacityExceeded, Message: "sandbox capacity exceeded", Reason: string(reason), Retryable: true,
+			Code: api.CodeCapacityExceeded, Message: "sandbox capacity exceeded", Reason: string(reason), Retryable: true,
 			Details: details,
 		}, secs)
 	case errors.Is(err, core.ErrNotFound), errors.Is(err, core.ErrSandboxGone):
-		return r.errorResponse(http.StatusNotFound, apiError{Code: core.CodeSandboxNotFound, Message: "sandbox not found", Reason: core.ReasonNotFound}, 0)
+		return r.errorResponse(http.StatusNotFound, apiError{Code: api.CodeSandboxNotFound, Message: "sandbox not found", Reason: api.ReasonNotFound}, 0)
 	case errors.Is(err, core.ErrLeaseHeld):
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusConflict, apiError{Code: core.CodeConflict, Message: "the sandbox is being changed by another request", Reason: core.ReasonLeaseHeld, Retryable: true}, 1)
+		return r.errorResponse(http.StatusConflict, apiError{Code: api.CodeConflict, Message: "the sandbox is being changed by another request", Reason: api.ReasonLeaseHeld, Retryable: true}, 1)
 	case errors.Is(err, core.ErrConflict), errors.Is(err, core.ErrStaleFence), errors.Is(err, core.ErrThreadBound):
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusConflict, apiError{Code: core.CodeConflict, Message: "the sandbox is not in a state that allows this operation", Reason: core.ReasonConflict}, 0)
+		return r.errorResponse(http.StatusConflict, apiError{Code: api.CodeConflict, Message: "the sandbox is not in a state that allows this operation", Reason: api.ReasonConflict}, 0)
 	case errors.Is(err, core.ErrStoreUnavailable):
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: core.CodeStoreUnavailable, Message: "state store unavailable, retry later", Reason: core.ReasonStoreUnavailable, Retryable: true}, outageRetryAfter)
+		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: api.CodeStoreUnavailable, Message: "state store unavailable, retry later", Reason: api.ReasonStoreUnavailable, Retryable: true}, outageRetryAfter)
 	case errors.As(err, &pe) && (pe.StatusCode == http.StatusUnauthorized || pe.StatusCode == http.StatusForbidden):
 		// The provider refused the deployment's credentials (a rotated or
 		// placeholder key): an outage of this deployment, not the caller's
 		// fault nor an internal error.
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: core.CodeProviderUnavailable,
-			Message: "the sandbox provider refused this deployment's credentials, retry later", Reason: core.ReasonProviderAuth, Retryable: true}, authRetryAfter)
+		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: api.CodeProviderUnavailable,
+			Message: "the sandbox provider refused this deployment's credentials, retry later", Reason: api.ReasonProviderAuth, Retryable: true}, authRetryAfter)
 	case errors.Is(err, core.ErrProviderUnavailable),
 		errors.As(err, &pe) && (pe.Ambiguous || pe.StatusCode == 0 || pe.StatusCode >= 500 || pe.StatusCode == http.StatusTooManyRequests),
 		errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne):
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: core.CodeProviderUnavailable, Message: "sandbox provider unavailable, retry later", Reason: core.ReasonProviderUnavailable, Retryable: true}, outageRetryAfter)
+		return r.errorResponse(http.StatusServiceUnavailable, apiError{Code: api.CodeProviderUnavailable, Message: "sandbox provider unavailable, retry later", Reason: api.ReasonProviderUnavailable, Retryable: true}, outageRetryAfter)
 	default:
 		r.detail = err.Error()
-		return r.errorResponse(http.StatusInternalServerError, apiError{Code: core.CodeInternal, Message: "internal error (request " + r.id + ")", Reason: core.ReasonInternal}, 0)
+		return r.errorResponse(http.StatusInternalServerError, apiError{Code: api.CodeInternal, Message: "internal error (request " + r.id + ")", Reason: api.ReasonInternal}, 0)
 	}
 }
 

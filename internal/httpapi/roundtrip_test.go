@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 	"github.com/sandbox-broker/sandbox-broker/pkg/client"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // Every reply the handler encodes decodes into the type the Go client
@@ -51,7 +51,7 @@ func TestRepliesRoundTripThroughTheClientTypes(t *testing.T) {
 		{"sync", &fakeBroker{sync: sync}, RouteSync, "/v1/sandboxes/sbx1/sync", new(client.SyncResult)},
 		{"sync continuing a restore", &fakeBroker{sync: core.SyncResult{Uploaded: 1, Remaining: 4}}, RouteSync, "/v1/sandboxes/sbx1/sync", new(client.SyncResult)},
 		{"empty sync", &fakeBroker{sync: core.SyncResult{Complete: true}}, RouteSync, "/v1/sandboxes/sbx1/sync", new(client.SyncResult)},
-		{"capacity refusal", &fakeBroker{err: &core.CapacityError{Reason: core.RefusalCapacity, RetryAfter: 2 * time.Second,
+		{"capacity refusal", &fakeBroker{err: &core.CapacityError{Reason: api.RefusalCapacity, RetryAfter: 2 * time.Second,
 			Status: core.CapacityStatus{Limit: 1, Used: 1, Active: 1}}}, RouteAcquire, "", new(api.ErrorReply)},
 		{"validation error", &fakeBroker{err: &core.ValidationError{Field: "user_id", Message: "bad"}}, RouteAcquire, "", new(api.ErrorReply)},
 		{"not found", &fakeBroker{err: core.ErrNotFound}, RouteGet, "/v1/sandboxes/sbx1", new(api.ErrorReply)},

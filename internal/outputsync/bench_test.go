@@ -18,8 +18,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // The sync benchmark: throughput of syncing 1 GiB in one file and in

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 var _ Sandbox = (*e2b.Client)(nil)

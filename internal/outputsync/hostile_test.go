@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // startSandbox starts the repository's sandbox host on loopback and one

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // bashSandbox is a test double of Sandbox that is honest about the sandbox

@@ -12,7 +12,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // WithCause returns pe that also unwraps to cause: its text is pe's (which

@@ -16,9 +16,9 @@ import (
 	"slices"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
 	"github.com/sandbox-broker/sandbox-broker/internal/provisioner"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // Constructor builds a backend's provider from the configuration. The

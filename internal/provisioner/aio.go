@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
 	"github.com/sandbox-broker/sandbox-broker/pkg/aio"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // AIO client errors.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // aioFixture is a scripted AIO sandbox plus a provisioner that reports the

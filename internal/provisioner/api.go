@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // Sentinel errors of the provisioner API client.

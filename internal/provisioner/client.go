@@ -14,8 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/providerhttp"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 var _ core.Provider = (*Client)(nil)

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/provisioner"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 const hostKey = "host-provisioner-key"

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core/providertest"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
 	"github.com/sandbox-broker/sandbox-broker/internal/provisioner"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core/providertest"
 )
 
 const (

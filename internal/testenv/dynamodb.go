@@ -12,8 +12,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 	"github.com/sandbox-broker/sandbox-broker/internal/standin"
-	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
 // DynamoEndpoint addresses a DynamoDB-compatible server.

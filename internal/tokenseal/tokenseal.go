@@ -25,7 +25,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/kms"
 	"github.com/aws/aws-sdk-go-v2/service/kms/types"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 )
 
 const version = 1

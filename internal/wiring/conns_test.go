@@ -8,7 +8,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 )
 
 // TestKeepIdleKeepsAFanOutsConnections: the store's client keeps enough

@@ -10,8 +10,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	lambdatypes "github.com/aws/aws-sdk-go-v2/service/lambda/types"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/eventpub"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // PoolRefillDetailType is the detail-type of the event a pool claim sends

@@ -24,13 +24,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 	"github.com/sandbox-broker/sandbox-broker/internal/eventpub"
 	"github.com/sandbox-broker/sandbox-broker/internal/httpapi"
 	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
 	"github.com/sandbox-broker/sandbox-broker/internal/providers"
 	"github.com/sandbox-broker/sandbox-broker/internal/tokenseal"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
 )
 
 // initTimeout bounds building the clients at cold start (reading AWS

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Protocols of a Connection (the endpoint protocols of pkg/core).
+// Protocols of a Connection (the endpoint protocols of internal/core).
 const (
 	ProtocolEnvd = "envd" // E2B's in-sandbox daemon (pkg/envd)
 	ProtocolAIO  = "aio"  // the AIO sandbox API (pkg/aio)

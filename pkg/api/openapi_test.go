@@ -1,4 +1,4 @@
-package api
+package api_test
 
 import (
 	"context"
@@ -9,7 +9,8 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
 func load(t *testing.T, data []byte) *openapi3.T {
@@ -28,11 +29,11 @@ func load(t *testing.T, data []byte) *openapi3.T {
 // TestDocumentIsValid: the YAML and the JSON served at /v1/openapi.json
 // are valid OpenAPI 3.1 and the same document.
 func TestDocumentIsValid(t *testing.T) {
-	doc := load(t, OpenAPIYAML)
+	doc := load(t, api.OpenAPIYAML)
 	if !doc.IsOpenAPI31OrLater() {
 		t.Errorf("openapi %q, want 3.1", doc.OpenAPI)
 	}
-	js, err := OpenAPIJSON()
+	js, err := api.OpenAPIJSON()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,12 +72,12 @@ func sorted[S ~string](vs ...S) []string {
 // the document lists are exactly the broker's constants, plus the fields a
 // VALIDATION_ERROR names and the empty reason of errors that carry none.
 func TestEnumsMatchConstants(t *testing.T) {
-	doc := load(t, OpenAPIYAML)
-	if got, want := enum(t, doc, "ErrorCode"), sorted(core.ErrorCodes()...); !slices.Equal(got, want) {
+	doc := load(t, api.OpenAPIYAML)
+	if got, want := enum(t, doc, "ErrorCode"), sorted(api.ErrorCodes()...); !slices.Equal(got, want) {
 		t.Errorf("ErrorCode enum %q\nconstants        %q", got, want)
 	}
 	validationFields := []string{"user_id", "thread_id", "sandbox_id", "tenant"}
-	reasons := append(append(append([]string{""}, core.ErrorReasons()...), sorted(core.RefusalReasons()...)...), validationFields...)
+	reasons := append(append(append([]string{""}, api.ErrorReasons()...), sorted(api.RefusalReasons()...)...), validationFields...)
 	if got, want := enum(t, doc, "ErrorReason"), sorted(reasons...); !slices.Equal(got, want) {
 		t.Errorf("ErrorReason enum %q\nconstants          %q", got, want)
 	}
@@ -89,7 +90,7 @@ func TestEnumsMatchConstants(t *testing.T) {
 // unknown properties, so a reply field the document does not list fails
 // the end-to-end tests that check replies against it.
 func TestRepliesAreClosed(t *testing.T) {
-	doc := load(t, OpenAPIYAML)
+	doc := load(t, api.OpenAPIYAML)
 	seen := map[*openapi3.Schema]bool{}
 	var walk func(where string, s *openapi3.SchemaRef)
 	walk = func(where string, s *openapi3.SchemaRef) {

@@ -33,7 +33,6 @@ import (
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
 )
 
 // DefaultTimeout bounds every API call unless WithTimeout says otherwise. It
@@ -136,7 +135,7 @@ const (
 type Record = json.RawMessage
 
 // ErrorCodeCapacity is the API error code of a refused acquire (HTTP 429).
-const ErrorCodeCapacity = string(core.CodeCapacityExceeded)
+const ErrorCodeCapacity = string(api.CodeCapacityExceeded)
 
 // APIError is a non-2xx answer from the broker, decoded from
 // {"error":{"code","message","reason","retryable","retry_after_seconds"}}.
@@ -144,11 +143,11 @@ const ErrorCodeCapacity = string(core.CodeCapacityExceeded)
 // "HTTP_<status>" and Message holds the start of the body.
 type APIError struct {
 	Status  int    // HTTP status code
-	Code    string // one of core.ErrorCodes, e.g. SANDBOX_CAPACITY_EXCEEDED
+	Code    string // one of api.ErrorCodes, e.g. SANDBOX_CAPACITY_EXCEEDED
 	Message string
-	// Reason is one of core.RefusalReasons for SANDBOX_CAPACITY_EXCEEDED,
+	// Reason is one of api.RefusalReasons for SANDBOX_CAPACITY_EXCEEDED,
 	// the offending field's name for VALIDATION_ERROR, else one of
-	// core.ErrorReasons (or empty).
+	// api.ErrorReasons (or empty).
 	Reason    string
 	Retryable bool
 	// RetryAfter is how long to wait before retrying: retry_after_seconds,
@@ -185,7 +184,7 @@ func IsCapacity(err error) bool {
 
 // ErrorCodeForbidden is the API error code of an admin route called by a
 // tenant that is not in BROKER_ADMIN_TENANTS (HTTP 403).
-const ErrorCodeForbidden = string(core.CodeForbidden)
+const ErrorCodeForbidden = string(api.CodeForbidden)
 
 // IsForbidden reports whether err is a 403 (e.g. a non-admin tenant on an
 // admin route).

@@ -37,14 +37,15 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
 	"github.com/sandbox-broker/sandbox-broker/internal/faults"
 	"github.com/sandbox-broker/sandbox-broker/internal/outputsync"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/internal/standin"
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
-	"github.com/sandbox-broker/sandbox-broker/pkg/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
 // invocationTime is each acquire's and release's deadline (a short
@@ -703,7 +704,7 @@ func (st *stack) lapseGrant(holder core.Record, ticket core.Ticket) {
 func (st *stack) checkSlowWaiter(err error, first core.WaitNote) {
 	st.t.Helper()
 	var ce *core.CapacityError
-	refused := errors.As(err, &ce) && ce.Reason == core.RefusalTooManyWaiters
+	refused := errors.As(err, &ce) && ce.Reason == api.RefusalTooManyWaiters
 	if err != nil && !refused {
 		st.t.Errorf("slow waiter = %v; want it served, or refused too_many_waiters (its place not given back)", err)
 	}
@@ -729,7 +730,7 @@ func (st *stack) placeFree() bool {
 	t, err := st.store.EnterWait(ctx, core.Waiter{Tenant: "acme", Ticket: testenv.UniqueName(st.t, "probe"), Max: 1,
 		Now: now, Until: now.Add(time.Minute)})
 	var ce *core.CapacityError
-	if errors.As(err, &ce) && ce.Reason == core.RefusalTooManyWaiters {
+	if errors.As(err, &ce) && ce.Reason == api.RefusalTooManyWaiters {
 		return false
 	}
 	if err != nil {

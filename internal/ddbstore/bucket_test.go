@@ -1,0 +1,186 @@
+package ddbstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
+)
+
+// countingAPI counts the DynamoDB calls made through it.
+type countingAPI struct {
+	*dynamodb.Client
+	calls atomic.Int64
+}
+
+func (c *countingAPI) GetItem(ctx context.Context, in *dynamodb.GetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
+	c.calls.Add(1)
+	return c.Client.GetItem(ctx, in, o...)
+}
+
+func (c *countingAPI) Query(ctx context.Context, in *dynamodb.QueryInput, o ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error) {
+	c.calls.Add(1)
+	return c.Client.Query(ctx, in, o...)
+}
+
+func (c *countingAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	c.calls.Add(1)
+	return c.Client.BatchGetItem(ctx, in, o...)
+}
+
+// TestCapacityCostsOneCallWhateverTheFleet: the capacity figures come from
+// the counters kept with the slots (one BatchGetItem of the buckets), and
+// agree with the records whatever the fleet's size; the slots spread over
+// the buckets.
+func TestCapacityCostsOneCallWhateverTheFleet(t *testing.T) {
+	client, table := newTable(t)
+	api := &countingAPI{Client: client}
+	s := ddbstore.New(api, table, "test")
+	ctx := context.Background()
+	for _, fleet := range []int{1, 24} {
+		for i := range fleet {
+			activeRecord(t, s, thread(fleet*100+i), fmt.Sprintf("sbx-%d-%d", fleet, i))
+		}
+		api.calls.Store(0)
+		st, err := s.Capacity(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := api.calls.Load(); n != 2 {
+			t.Errorf("Capacity with %d records made %d calls, want 2 (the capacity buckets, the paused buckets)", fleet, n)
+		}
+		if want := map[int]int{1: 1, 24: 25}[fleet]; st.Used != want || st.Active != want {
+			t.Errorf("capacity = %+v, want used and active %d", st, want)
+		}
+	}
+	out, err := client.Scan(ctx, &dynamodb.ScanInput{TableName: aws.String(table),
+		FilterExpression:          aws.String("begins_with(pk, :cap) AND used > :zero"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":cap": &types.AttributeValueMemberS{Value: "CAP#"}, ":zero": &types.AttributeValueMemberN{Value: "0"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Items) < 25/2 {
+		t.Errorf("25 slots held in %d of the %d buckets, want them spread", len(out.Items), ddbstore.CapacityBuckets)
+	}
+}
+
+// TestLoweredLimitHoldsAcrossBuckets: slots taken under one limit, spread
+// over the buckets, count against a lower limit at once (the buckets'
+// limits are reset for it), and a freed slot is taken again only below it.
+func TestLoweredLimitHoldsAcrossBuckets(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	for i := range 12 {
+		if err := s.Reserve(ctx, core.Reservation{Token: fmt.Sprint("res-", i), ThreadKey: thread(i), Limit: 100, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reserve := func(n int) error {
+		return s.Reserve(ctx, core.Reservation{Token: fmt.Sprint("res-", n), ThreadKey: thread(n), Limit: 10, Now: t0, ExpiresAt: t0.Add(time.Minute)})
+	}
+	var ce *core.CapacityError
+	if err := reserve(100); !errors.As(err, &ce) || ce.Reason != api.RefusalCapacity || ce.Status.Used != 12 {
+		t.Fatalf("Reserve under limit 10 with 12 held = %v, want a capacity refusal naming used 12", err)
+	}
+	for i := range 3 {
+		if err := s.FreeReservation(ctx, fmt.Sprint("res-", i), thread(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ok := 0
+	for n := 101; n < 110; n++ {
+		if reserve(n) == nil {
+			ok++
+		}
+	}
+	if st, _ := s.Capacity(ctx); ok != 1 || st.Used != 10 {
+		t.Errorf("after freeing to 9 of limit 10: %d reserved, used %d; want 1 and 10", ok, st.Used)
+	}
+}
+
+// TestRecordsOfOlderVersionsAreCountedOnce: a record stored before the
+// slot counters knew it (no bucket, no per-state count, not in its
+// tenant's count; its slot in the single ledger, bucket 0's key) never
+// drives its tenant's count negative when freed, and reconcile counts it.
+func TestRecordsOfOlderVersionsAreCountedOnce(t *testing.T) {
+	client, table := newTable(t)
+	s := ddbstore.New(client, table, "test")
+	ctx := context.Background()
+	key := thread(1)
+	legacy := func(id string) core.Record {
+		t.Helper()
+		for _, it := range []map[string]types.AttributeValue{
+			{"pk": str("SBX#" + id), "sk": str("R"), "sandbox_id": str(id), "tenant": str(key.Tenant), "user_id": str(key.User),
+				"thread_id": str(key.Thread), "state": str("active"), "fence": num(1), "deployment": str("test"),
+				"created_at": num(1), "updated_at": num(1), "gsi1pk": str("ST#test#active"), "gsi1sk": str("000000000000001#" + id)},
+		} {
+			if _, err := client.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: it}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+			Key: map[string]types.AttributeValue{"pk": str("CAP#test"), "sk": str("R")}, UpdateExpression: aws.String("ADD used :one, revision :one"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":one": num(1)}}); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := s.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	tenantUsed := func() int {
+		t.Helper()
+		look, err := s.Lookup(ctx, key, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return look.TenantUsed
+	}
+
+	old := legacy("old1")
+	if err := s.Free(ctx, old, t0); err != nil {
+		t.Fatalf("Free: %v", err)
+	}
+	if got := tenantUsed(); got != 0 {
+		t.Errorf("tenant count after freeing an older version's record = %d, want 0", got)
+	}
+	if st, _ := s.Capacity(ctx); st.Used != 0 {
+		t.Errorf("used = %d, want 0", st.Used)
+	}
+
+	legacy("old2")
+	rep, err := s.RepairCounters(ctx, 10, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Counted != 1 || tenantUsed() != 1 {
+		t.Errorf("repair counted %d, tenant count %d; want 1 and 1", rep.Counted, tenantUsed())
+	}
+	if st, _ := s.Capacity(ctx); st.Used != 1 || st.Active != 1 {
+		t.Errorf("capacity = %+v, want used 1, active 1", st)
+	}
+	counted, err := s.Get(ctx, "old2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Free(ctx, counted, t0); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Capacity(ctx); tenantUsed() != 0 || st.Used != 0 || st.Active != 0 {
+		t.Errorf("after free: tenant count %d, capacity %+v; want all 0", tenantUsed(), st)
+	}
+}
+
+func str(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
+func num(v int) types.AttributeValue    { return &types.AttributeValueMemberN{Value: fmt.Sprint(v)} }

@@ -1,0 +1,504 @@
+package ddbstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
+)
+
+// opCounter counts a client's DynamoDB calls by operation (an
+// Initialize-step middleware), and runs the hook set for an operation
+// once, after its first call from then on returns.
+type opCounter struct {
+	mu    sync.Mutex
+	ops   map[string]int
+	after map[string]func()
+}
+
+func (c *opCounter) middleware(stack *middleware.Stack) error {
+	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("countOps",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			op := awsmiddleware.GetOperationName(ctx)
+			if op != "" {
+				c.mu.Lock()
+				c.ops[op]++
+				c.mu.Unlock()
+			}
+			out, md, err := next.HandleInitialize(ctx, in)
+			c.mu.Lock()
+			hook := c.after[op]
+			delete(c.after, op)
+			c.mu.Unlock()
+			if hook != nil {
+				hook()
+			}
+			return out, md, err
+		}), middleware.After)
+}
+
+// counts returns the calls by operation since the last call, and resets.
+func (c *opCounter) counts() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.ops
+	c.ops = map[string]int{}
+	return out
+}
+
+// countedStore is a store over a fresh table whose calls c counts.
+// racedStores returns two stores on one fresh table: s, whose calls are
+// counted (with hooks run after them), and peer, which races it.
+func racedStores(t *testing.T) (s, peer *ddbstore.Store, calls *opCounter) {
+	t.Helper()
+	base, table := newTable(t)
+	calls = &opCounter{ops: map[string]int{}, after: map[string]func(){}}
+	s = ddbstore.New(dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, calls.middleware) }),
+		table, "test")
+	return s, ddbstore.New(base, table, "test"), calls
+}
+
+func countedStore(t *testing.T) (*ddbstore.Store, *opCounter) {
+	t.Helper()
+	base, table := newTable(t)
+	c := &opCounter{ops: map[string]int{}, after: map[string]func(){}}
+	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, c.middleware) })
+	return ddbstore.New(client, table, "test"), c
+}
+
+// parkWarm makes n warm records, the i-th parked at t0 + i s, and returns
+// their ids in park order.
+func parkWarm(t *testing.T, s *ddbstore.Store, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("sbx%03d", i)
+		rec := activeRecord(t, s, thread(i), id)
+		parked := t0.Add(time.Duration(i) * time.Second)
+		if _, err := s.Apply(ctx, core.Update{SandboxID: id, Fence: rec.Fence, State: core.StateWarm, Now: parked, ParkedAt: parked}); err != nil {
+			t.Fatalf("Apply warm %s: %v", id, err)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// TestSample: a large warm pool is sampled in one index query per sampled
+// shard, and the answer is exactly the least recently parked records of the
+// shards it drew from, oldest first; a small pool (fewer than four entries in the
+// sampled shards) is read whole and answered in the pool's exact order,
+// so a lone warm record is always found.
+func TestSample(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		warm  int
+		exact bool // the answer is the whole pool's order
+	}{
+		{"empty", 0, true},
+		{"one", 1, true},
+		{"three", 3, true},
+		{"large", 96, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const limit = 10
+			s, calls := countedStore(t)
+			ids := parkWarm(t, s, tc.warm)
+			for range 5 {
+				calls.counts()
+				got, err := s.Sample(context.Background(), core.StateWarm, limit)
+				if err != nil {
+					t.Fatalf("Sample: %v", err)
+				}
+				var gotIDs []string
+				shards := map[int]bool{}
+				for _, r := range got {
+					gotIDs = append(gotIDs, r.SandboxID)
+					shards[ddbstore.ShardOf(core.StateWarm, r.SandboxID)] = true
+				}
+				queries := calls.counts()["Query"]
+				if tc.exact {
+					if want := ids[:min(len(ids), limit)]; !slices.Equal(gotIDs, want) && len(want)+len(gotIDs) > 0 {
+						t.Errorf("Sample = %v, want the pool's order %v", gotIDs, want)
+					}
+					if want := ddbstore.ShardsOf(core.StateWarm) + 1; queries != want {
+						t.Errorf("queries = %d, want %d (every shard and the legacy key)", queries, want)
+					}
+					continue
+				}
+				// The oldest of the shards drawn from, in park order.
+				var want []string
+				for _, id := range ids {
+					if shards[ddbstore.ShardOf(core.StateWarm, id)] && len(want) < limit {
+						want = append(want, id)
+					}
+				}
+				if !slices.Equal(gotIDs, want) {
+					t.Errorf("Sample = %v, want the least recently parked of its shards %v", gotIDs, want)
+				}
+				if want := ddbstore.SampleShards(core.StateWarm); len(shards) > want || queries != want {
+					t.Errorf("Sample drew from %d shards in %d queries, want at most %d shards in %d queries", len(shards), queries, want, want)
+				}
+			}
+		})
+	}
+}
+
+// TestReserveTakesTheFreedSlotsBucketFirst: a reservation naming the slot
+// just freed for it (an eviction's) takes that bucket's slot in one call,
+// where its own home bucket is full.
+func TestReserveTakesTheFreedSlotsBucketFirst(t *testing.T) {
+	const limit = 8 // eight buckets of one slot
+	s, calls := countedStore(t)
+	ctx := context.Background()
+	var recs []core.Record
+	for i := range limit {
+		token := fmt.Sprintf("res-%d", i)
+		k := thread(i)
+		if err := s.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
+			t.Fatalf("Reserve %d: %v", i, err)
+		}
+		rec, err := s.Finalize(ctx, token, core.Record{SandboxID: fmt.Sprintf("sbx%d", i), ThreadKey: k, State: core.StateActive,
+			Backend: "e2b", CreatedAt: t0, UpdatedAt: t0})
+		if err != nil {
+			t.Fatalf("Finalize %d: %v", i, err)
+		}
+		recs = append(recs, rec)
+	}
+	freed := recs[3]
+	if err := s.Free(ctx, freed, t0); err != nil {
+		t.Fatalf("Free: %v", err)
+	}
+	// A thread whose home bucket is another (full) one.
+	var key core.ThreadKey
+	for i := 100; key == (core.ThreadKey{}); i++ {
+		if ddbstore.ThreadHome(thread(i), limit) != freed.Slot.Bucket {
+			key = thread(i)
+		}
+	}
+	calls.counts()
+	if err := s.Reserve(ctx, core.Reservation{Token: "res-new", ThreadKey: key, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+		Freed: &freed.Slot}); err != nil {
+		t.Fatalf("Reserve with the freed slot: %v", err)
+	}
+	if got := calls.counts(); len(got) != 1 || got["TransactWriteItems"] != 1 {
+		t.Errorf("Reserve made %v, want one TransactWriteItems (the freed slot's bucket)", got)
+	}
+}
+
+// TestReserveReadsTheBucketsOnce: a reservation whose home bucket is full
+// reads every bucket once and tries the one the read shows with room;
+// when a peer took that slot in between, it is refused for capacity
+// without reading the buckets again.
+func TestReserveReadsTheBucketsOnce(t *testing.T) {
+	const limit = 8 // eight buckets of one slot
+	s, peer, calls := racedStores(t)
+	ctx := context.Background()
+	reserve := func(st *ddbstore.Store, token string, k core.ThreadKey) error {
+		return st.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute)})
+	}
+	open := map[int]bool{}
+	for b := range limit {
+		open[b] = true
+	}
+	for i := 0; len(open) > 1; i++ {
+		if b := ddbstore.ThreadHome(thread(i), limit); open[b] {
+			if err := reserve(peer, fmt.Sprintf("res-%d", i), thread(i)); err != nil {
+				t.Fatalf("fill: Reserve for %v: %v", thread(i), err)
+			}
+			delete(open, b)
+		}
+	}
+	var last int
+	for b := range open {
+		last = b
+	}
+	var key, peerKey core.ThreadKey
+	for i := 100; key == (core.ThreadKey{}) || peerKey == (core.ThreadKey{}); i++ {
+		switch home := ddbstore.ThreadHome(thread(i), limit); {
+		case home != last && key == (core.ThreadKey{}):
+			key = thread(i)
+		case home == last && peerKey == (core.ThreadKey{}):
+			peerKey = thread(i)
+		}
+	}
+	calls.counts()
+	calls.after["BatchGetItem"] = func() {
+		if err := reserve(peer, "res-peer", peerKey); err != nil {
+			t.Errorf("the peer's Reserve in bucket %d: %v", last, err)
+		}
+	}
+	err := reserve(s, "res-new", key)
+	var ce *core.CapacityError
+	if !errors.As(err, &ce) || ce.Reason != api.RefusalCapacity {
+		t.Fatalf("Reserve = %v, want a capacity refusal (the one open bucket taken by the peer)", err)
+	}
+	if ce.Status.Used != limit {
+		t.Errorf("refusal's used = %d, want %d: the slot the peer took since the read counted (its take found the bucket full)",
+			ce.Status.Used, limit)
+	}
+	if ce.Raced {
+		t.Error("refusal is Raced, want a full deployment's: every bucket the read showed open was tried")
+	}
+	if got, want := calls.counts(), map[string]int{"TransactWriteItems": 1, "BatchGetItem": 1, "UpdateItem": 1}; !maps.Equal(got, want) {
+		t.Errorf("Reserve made %v, want %v: its home bucket, one read of the buckets, a hold on the last slot it showed open (refused)", got, want)
+	}
+}
+
+// TestALaneTakeGivesUpAfterOneLostRace: a reservation whose home is
+// full reads the buckets and tries one the read shows with room; when
+// peers took every such slot meanwhile, a take of the whole deployment
+// loses a second race before it is refused, and one confined to its wait
+// lane (Reservation.Lanes) is refused after the first.
+func TestALaneTakeGivesUpAfterOneLostRace(t *testing.T) {
+	const limit = 8 // eight buckets of one slot
+	// Buckets 0, 2, 4 and 6 serve lane 0 of two, the home's.
+	const openA, openB, full = 0, 4, 2
+	for _, tc := range []struct {
+		lanes int
+		holds int // holds tried on the last slot of a bucket: lost races
+	}{
+		{lanes: 0, holds: 2},
+		{lanes: 2, holds: 1},
+	} {
+		t.Run(fmt.Sprintf("lanes=%d", tc.lanes), func(t *testing.T) {
+			s, peer, calls := racedStores(t)
+			ctx := context.Background()
+			reserve := func(st *ddbstore.Store, token string, k core.ThreadKey, homeFull bool) error {
+				return st.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+					HomeFull: homeFull, Lanes: tc.lanes})
+			}
+			for b := range limit {
+				if b != openA && b != openB {
+					if err := reserve(peer, fmt.Sprint("res-", b), threadIn(t, "filler", b, limit), false); err != nil {
+						t.Fatalf("fill bucket %d: %v", b, err)
+					}
+				}
+			}
+			calls.counts()
+			raced := false
+			calls.after["BatchGetItem"] = func() { // the take's read of the buckets: peers take both open slots
+				if raced {
+					return
+				}
+				raced = true
+				for _, b := range []int{openA, openB} {
+					if err := reserve(peer, fmt.Sprint("res-peer-", b), threadIn(t, "peer", b, limit), false); err != nil {
+						t.Errorf("the peer's Reserve in bucket %d: %v", b, err)
+					}
+				}
+			}
+			err := reserve(s, "res-new", threadIn(t, "u1", full, limit), true)
+			var ce *core.CapacityError
+			if !errors.As(err, &ce) || ce.Reason != api.RefusalCapacity {
+				t.Fatalf("Reserve = %v, want a capacity refusal (both open slots taken by peers)", err)
+			}
+			if got, want := calls.counts(), map[string]int{"BatchGetItem": 1, "UpdateItem": tc.holds}; !maps.Equal(got, want) {
+				t.Errorf("Reserve made %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestLookupTellsTheTakeItsHomeIsFull: Lookup reports whether the
+// thread's home bucket has room under the limit, and a reservation handed
+// that report starts from one read of every bucket: it makes no
+// transaction in the full home bucket, and takes the slot the read shows.
+func TestLookupTellsTheTakeItsHomeIsFull(t *testing.T) {
+	const limit = 8 // eight buckets of one slot
+	s, calls := countedStore(t)
+	ctx := context.Background()
+	reserve := func(token string, k core.ThreadKey, homeFull bool) error {
+		return s.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+			HomeFull: homeFull})
+	}
+	// Every bucket but one full.
+	const open, full = 0, 1
+	for b := range limit {
+		if b != open {
+			if err := reserve(fmt.Sprint("res-", b), threadIn(t, "filler", b, limit), false); err != nil {
+				t.Fatalf("fill bucket %d: %v", b, err)
+			}
+		}
+	}
+	key := threadIn(t, "u1", full, limit)
+	for _, tc := range []struct {
+		name           string
+		key            core.ThreadKey
+		limit          int
+		wantFull, last bool
+	}{
+		{"home full", key, limit, true, false},
+		{"home open, its last slot", threadIn(t, "u1", open, limit), limit, false, true},
+		{"limits set for another limit", key, limit + 1, false, false},
+	} {
+		look, err := s.Lookup(ctx, tc.key, tc.limit)
+		if err != nil {
+			t.Fatalf("%s: Lookup: %v", tc.name, err)
+		}
+		if look.HomeFull != tc.wantFull || look.HomeLast != tc.last {
+			t.Errorf("%s: HomeFull, HomeLast = %v, %v, want %v, %v", tc.name, look.HomeFull, look.HomeLast, tc.wantFull, tc.last)
+		}
+	}
+	calls.counts()
+	if err := reserve("res-new", key, true); err != nil {
+		t.Fatalf("Reserve with its home full: %v", err)
+	}
+	if got, want := calls.counts(), map[string]int{"BatchGetItem": 1, "UpdateItem": 1, "TransactWriteItems": 1}; !maps.Equal(got, want) {
+		t.Errorf("Reserve made %v, want %v: one read of the buckets, a hold on the open one's last slot, one take there", got, want)
+	}
+	st, err := s.Capacity(ctx)
+	if err != nil {
+		t.Fatalf("Capacity: %v", err)
+	}
+	if st.Used != limit {
+		t.Errorf("used = %d, want %d: every bucket full", st.Used, limit)
+	}
+}
+
+// threadIn returns a thread of user whose home bucket under limit is b.
+func threadIn(t *testing.T, user string, b, limit int) core.ThreadKey {
+	t.Helper()
+	for i := range 100000 {
+		if k := (core.ThreadKey{Tenant: "acme", User: user, Thread: fmt.Sprint("t", i)}); ddbstore.ThreadHome(k, limit) == b {
+			return k
+		}
+	}
+	t.Fatalf("no thread has home bucket %d", b)
+	return core.ThreadKey{}
+}
+
+// TestALaneTakeReadsItsLane: a take with wait lanes reads only its
+// thread's lane's buckets and, when none has room and none holds a
+// sandbox an eviction could free, is refused with the lane's figures
+// (Partial) without reading the others, though they have room. When one
+// of them holds a warm sandbox, or the take has no lanes, it reads every
+// bucket and takes the room there is.
+func TestALaneTakeReadsItsLane(t *testing.T) {
+	const limit, lanes = 16, 2 // sixteen buckets of one slot, eight a lane
+	for _, tc := range []struct {
+		name      string
+		lanes     int
+		warm      bool
+		partial   bool
+		wantCalls map[string]int
+	}{
+		{"its lane full", lanes, false, true, map[string]int{"BatchGetItem": 1}},
+		// A hold on the last slot of the bucket it picks, then the take.
+		{"its lane full, a sandbox warm", lanes, true, false, map[string]int{"BatchGetItem": 2, "UpdateItem": 1, "TransactWriteItems": 1}},
+		{"no lanes", 0, false, false, map[string]int{"BatchGetItem": 1, "UpdateItem": 1, "TransactWriteItems": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, calls := countedStore(t)
+			ctx := context.Background()
+			reserve := func(token string, k core.ThreadKey, homeFull bool, lanes int) error {
+				return s.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+					HomeFull: homeFull, Lanes: lanes})
+			}
+			// Lane 0's buckets (the even ones) full, one of them by a
+			// sandbox parked warm when the case says so.
+			for b := 0; b < limit; b += lanes {
+				k := threadIn(t, "filler", b, limit)
+				token := fmt.Sprint("res-", b)
+				if err := reserve(token, k, false, 0); err != nil {
+					t.Fatalf("fill bucket %d: %v", b, err)
+				}
+				rec, err := s.Finalize(ctx, token, core.Record{SandboxID: fmt.Sprint("sbx", b), ThreadKey: k, State: core.StateActive,
+					Backend: "e2b", CreatedAt: t0, UpdatedAt: t0})
+				if err != nil {
+					t.Fatalf("Finalize %d: %v", b, err)
+				}
+				if b == 0 && tc.warm {
+					if _, err := s.Apply(ctx, core.Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0, Slot: rec.Slot}); err != nil {
+						t.Fatalf("park warm: %v", err)
+					}
+				}
+			}
+			calls.counts()
+			err := reserve("res-new", threadIn(t, "u1", 2, limit), true, tc.lanes)
+			got := calls.counts()
+			var ce *core.CapacityError
+			switch {
+			case tc.partial && (!errors.As(err, &ce) || ce.Reason != api.RefusalCapacity || !ce.Partial):
+				t.Fatalf("Reserve = %v, want a partial capacity refusal", err)
+			case tc.partial && ce.Status.Used != limit/lanes:
+				t.Errorf("refusal's used = %d, want %d: its lane's buckets only", ce.Status.Used, limit/lanes)
+			case !tc.partial && err != nil:
+				t.Fatalf("Reserve = %v, want the slot of another lane's bucket", err)
+			}
+			if !maps.Equal(got, tc.wantCalls) {
+				t.Errorf("Reserve made %v, want %v", got, tc.wantCalls)
+			}
+		})
+	}
+}
+
+// TestAnEscalatedLaneTakeGivesUpAfterOneLostRace: a take confined to its
+// wait lane whose lane is full but holds a warm sandbox reads every
+// bucket; when peers took every slot that read showed open, it is still
+// refused after the first race it loses, as in its lane (a second try
+// there mostly loses too, each a cancelled transaction on the tenant's
+// count and a bucket).
+func TestAnEscalatedLaneTakeGivesUpAfterOneLostRace(t *testing.T) {
+	const limit, lanes = 8, 2 // eight buckets of one slot; lane 0 is the even ones
+	open := []int{1, 5}       // in lane 1
+	s, peer, calls := racedStores(t)
+	ctx := context.Background()
+	reserve := func(st *ddbstore.Store, token string, k core.ThreadKey, homeFull bool, lanes int) error {
+		return st.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+			HomeFull: homeFull, Lanes: lanes})
+	}
+	for b := range limit {
+		if slices.Contains(open, b) {
+			continue
+		}
+		k, token := threadIn(t, "filler", b, limit), fmt.Sprint("res-", b)
+		if err := reserve(peer, token, k, false, 0); err != nil {
+			t.Fatalf("fill bucket %d: %v", b, err)
+		}
+		rec, err := peer.Finalize(ctx, token, core.Record{SandboxID: fmt.Sprint("sbx", b), ThreadKey: k, State: core.StateActive,
+			Backend: "e2b", CreatedAt: t0, UpdatedAt: t0})
+		if err != nil {
+			t.Fatalf("Finalize %d: %v", b, err)
+		}
+		if b == 0 { // in the take's lane: something an eviction could free
+			if _, err := peer.Apply(ctx, core.Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0, Slot: rec.Slot}); err != nil {
+				t.Fatalf("park warm: %v", err)
+			}
+		}
+	}
+	calls.counts()
+	// The first read is the lane's; after the second, of every bucket,
+	// peers take both open slots.
+	calls.after["BatchGetItem"] = func() {
+		calls.mu.Lock()
+		defer calls.mu.Unlock()
+		calls.after["BatchGetItem"] = func() {
+			for _, b := range open {
+				if err := reserve(peer, fmt.Sprint("res-peer-", b), threadIn(t, "peer", b, limit), false, 0); err != nil {
+					t.Errorf("the peer's Reserve in bucket %d: %v", b, err)
+				}
+			}
+		}
+	}
+	err := reserve(s, "res-new", threadIn(t, "u1", 2, limit), true, lanes)
+	var ce *core.CapacityError
+	if !errors.As(err, &ce) || ce.Reason != api.RefusalCapacity || ce.Partial {
+		t.Fatalf("Reserve = %v, want a capacity refusal of the whole deployment (both open slots taken by peers)", err)
+	}
+	if got, want := calls.counts(), map[string]int{"BatchGetItem": 2, "UpdateItem": 1}; !maps.Equal(got, want) {
+		t.Errorf("Reserve made %v, want %v: its lane's read, every bucket's, one lost race (a hold refused)", got, want)
+	}
+}

@@ -1,0 +1,425 @@
+package ddbstore
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+)
+
+// IndexShards is how many partition keys the state index spreads each of
+// the busiest states over (hotStates); the others are spread over
+// coldShards. An entry's gsi1pk is "ST#<deployment>#<state>#<n>" with n =
+// shardOf(state, sandbox id or reservation token). A DynamoDB partition
+// takes about 1,000 write units a second, and every change of a record
+// writes the index under its state's key: a state change twice (the entry
+// deleted under the state it leaves, put under the one it enters), any
+// other update once (the index projects every attribute). With one key
+// per state every reuse, reclaim, park and release of the whole
+// deployment wrote the same few partitions. Active, releasing and warm
+// are each written about twice per acquire: 32 keys keep their busiest
+// under a quarter of a unit per acquire at 5,000 acquires a second (16
+// bounded the steady load near 4,000). Every other state is written by
+// only some acquires (reclaiming twice per reclaim, the pause states twice
+// per pause or resume) and stays on 16 keys: BenchmarkHotKeys finds none
+// of their keys among the hottest in any of its loads, while a query over
+// a state costs one small query per key (run in parallel) and reconcile
+// reads every state's keys each pass, so 32 keys for every state nearly
+// doubled a pass's queries. A state's count may grow,
+// never shrink: queries read shards 0 to its count-1, so an entry filed
+// under a smaller count (16 for every state before) is still found, and
+// its record's next change files it under its new shard.
+const (
+	IndexShards = 32
+	coldShards  = 16
+)
+
+// hotStates are the states spread over IndexShards keys.
+var hotStates = []core.State{core.StateActive, core.StateReleasing, core.StateWarm}
+
+// shardsOf is how many index keys state st is spread over.
+func shardsOf(st core.State) int {
+	if slices.Contains(hotStates, st) {
+		return IndexShards
+	}
+	return coldShards
+}
+
+// queryParallel bounds the shard queries one fan-out runs at once: every
+// index key of a state (its shards and the legacy key) in one round, so
+// a fan-out costs one query's latency, not three.
+const queryParallel = IndexShards + 1
+
+// ConcurrentCalls is the most DynamoDB calls one store operation runs at
+// once (a fan-out over a state's index keys). The HTTP transport of a
+// store's client should keep at least that many idle connections per
+// host: with fewer (the SDK's default keeps 10, net/http's 2) every
+// fan-out opens, and in AWS handshakes TLS on, the connections beyond its
+// pool, and closes them again.
+const ConcurrentCalls = queryParallel
+
+// shardOf is the index shard of a sandbox id or reservation token in
+// state st: FNV-1a of the id, modulo shardsOf(st) (stable across versions
+// and processes).
+func shardOf(st core.State, id string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum32() % uint32(shardsOf(st)))
+}
+
+// statePK is the index partition key of id's entry in state. Pool
+// members are all filed under the first shard (poolShard).
+func statePK(deployment string, s core.State, id string) string {
+	if s == core.StatePooled {
+		return legacyStatePK(deployment, s) + "#" + strconv.Itoa(poolShard)
+	}
+	return legacyStatePK(deployment, s) + "#" + strconv.Itoa(shardOf(s, id))
+}
+
+// poolShard is the one index shard pool members are filed under, so that
+// an acquire finds some in one query however few there are (queries over
+// every shard still find members an older version spread). A pool is
+// small, and every write that files or unfiles a member also writes the
+// pool's one count item (POOL#), so the one key bounds nothing further.
+const poolShard = 0
+
+// legacyStatePK is the unsharded key entries had before the index was
+// spread; queries still read it, so entries written by an older version
+// (until their record's next transition re-files them) are found.
+func legacyStatePK(deployment string, s core.State) string {
+	return "ST#" + deployment + "#" + string(s)
+}
+
+// statePKs lists every partition key a query over state reads: the shards
+// and the legacy key.
+func statePKs(deployment string, s core.State) []string {
+	pks := make([]string, 0, shardsOf(s)+1)
+	for n := range shardsOf(s) {
+		pks = append(pks, legacyStatePK(deployment, s)+"#"+strconv.Itoa(n))
+	}
+	return append(pks, legacyStatePK(deployment, s))
+}
+
+// keyQuery is a query over one partition key, pk.
+type keyQuery struct {
+	pk string
+	in *dynamodb.QueryInput
+}
+
+// memoUse is how a read uses the reconcile pass's memo of empty keys
+// (passMemo).
+type memoUse int
+
+const (
+	// memoNone reads every key.
+	memoNone memoUse = iota
+	// memoSkip skips the keys the pass found empty: for reads that may
+	// miss an entry filed since (see passMemo).
+	memoSkip
+	// memoSkipMark also remembers the keys it finds empty; only for reads
+	// of whole keys (no sort-key condition), whose empty answer means the
+	// key held nothing.
+	memoSkipMark
+)
+
+// shardQuery pages one partition key's items in sort-key order.
+type shardQuery struct {
+	pk  string
+	p   *dynamodb.QueryPaginator
+	buf []map[string]types.AttributeValue
+}
+
+func (q *shardQuery) fill(ctx context.Context, s *Store, what string) error {
+	for len(q.buf) == 0 && q.p.HasMorePages() {
+		cctx, cancel := s.ctx(ctx)
+		out, err := q.p.NextPage(cctx)
+		cancel()
+		if err != nil {
+			return unavailable(what, err)
+		}
+		q.buf = out.Items
+	}
+	return nil
+}
+
+// eachMerged runs the queries kqs (each over one partition key, in
+// sort-key order) and calls fn with their items merged in the order of
+// key, until fn returns false or every query is done. Every query's first
+// page is read in parallel; later pages as the merge reaches them. use
+// says how the reads use a reconcile pass's memo of empty keys.
+func (s *Store) eachMerged(ctx context.Context, what string, kqs []keyQuery, use memoUse, key func(map[string]types.AttributeValue) string, fn func(map[string]types.AttributeValue) bool) error {
+	memo := memoOf(ctx)
+	qs := make([]*shardQuery, 0, len(kqs))
+	for _, kq := range kqs {
+		if use != memoNone && memo.known(kq.pk) {
+			continue
+		}
+		qs = append(qs, &shardQuery{pk: kq.pk, p: dynamodb.NewQueryPaginator(s.db, kq.in)})
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(queryParallel)
+	for _, q := range qs {
+		g.Go(func() error {
+			if err := q.fill(gctx, s, what); err != nil {
+				return err
+			}
+			if use == memoSkipMark && len(q.buf) == 0 {
+				memo.found(q.pk)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for {
+		var next *shardQuery
+		for _, q := range qs {
+			if len(q.buf) > 0 && (next == nil || cmp.Less(key(q.buf[0]), key(next.buf[0]))) {
+				next = q
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		av := next.buf[0]
+		next.buf = next.buf[1:]
+		if !fn(av) {
+			return nil
+		}
+		if err := next.fill(ctx, s, what); err != nil {
+			return err
+		}
+	}
+}
+
+// eachInState calls fn with every index entry in state (sk, when not nil,
+// narrows the sort key) in sort-key order across the shards (oldest first:
+// the warm pool's LRU order), until fn returns false. Every shard's first
+// page is read in parallel; later pages as the merge reaches them. page,
+// when > 0, bounds the entries a page reads (a caller wanting few).
+func (s *Store) eachInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, page int32, fn func(map[string]types.AttributeValue) bool) error {
+	return s.eachInKeys(ctx, statePKs(s.deployment, state), state, sk, page, fn)
+}
+
+// eachInKeys is eachInState over the index partition keys pks (of state)
+// only.
+func (s *Store) eachInKeys(ctx context.Context, pks []string, state core.State, sk *expression.KeyConditionBuilder, page int32, fn func(map[string]types.AttributeValue) bool) error {
+	kqs := make([]keyQuery, len(pks))
+	use := memoSkipMark
+	if sk != nil {
+		use = memoSkip
+	}
+	for i, pk := range pks {
+		kc := expression.Key(AttrGSI1PK).Equal(expression.Value(pk))
+		if sk != nil {
+			kc = kc.And(*sk)
+		}
+		expr, err := expression.NewBuilder().WithKeyCondition(kc).Build()
+		if err != nil {
+			return err
+		}
+		in := &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+			KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+			ExpressionAttributeValues: expr.Values()}
+		if page > 0 {
+			in.Limit = aws.Int32(page)
+		}
+		kqs[i] = keyQuery{pk: pk, in: in}
+	}
+	return s.eachMerged(ctx, "query "+string(state), kqs, use, entrySK, fn)
+}
+
+// recordsInState lists up to limit records in state (sk narrowing the
+// sort key), oldest first.
+func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, limit int) ([]core.Record, error) {
+	var recs []core.Record
+	var derr error
+	err := s.eachInState(ctx, state, sk, int32(limit), func(av map[string]types.AttributeValue) bool {
+		rec, err := s.decodeRecord(ctx, av)
+		if err != nil {
+			derr = err
+			return false
+		}
+		recs = append(recs, rec)
+		return len(recs) < limit
+	})
+	if err != nil {
+		return nil, err
+	}
+	return recs, derr
+}
+
+// sampleShards is how many index shards of state st, picked at random, a
+// sampled query reads first (a quarter of them); sampleEnough is how many
+// entries it must find there, else it reads the other shards and the
+// legacy key too.
+func sampleShards(st core.State) int { return shardsOf(st) / 4 }
+
+const sampleEnough = 4
+
+// sampleInState lists up to limit records in state (sk narrowing the sort
+// key), oldest first, of sampleShards(state) random index shards: a random
+// quarter of the state's entries, since an entry's shard is a hash of its
+// id. When those hold fewer than sampleEnough entries (or than limit, if
+// smaller) it reads every other key too and merges, so the answer is then
+// exactly recordsInState's (and it is empty only when the state has no
+// entry). Entries under the legacy key are read only then.
+func (s *Store) sampleInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, limit int) ([]core.Record, error) {
+	pks := statePKs(s.deployment, state)
+	shards := pks[:shardsOf(state)]
+	rand.Shuffle(len(shards), func(i, j int) { shards[i], shards[j] = shards[j], shards[i] })
+	collect := func(keys []string) ([]map[string]types.AttributeValue, error) {
+		var avs []map[string]types.AttributeValue
+		err := s.eachInKeys(ctx, keys, state, sk, int32(limit), func(av map[string]types.AttributeValue) bool {
+			avs = append(avs, av)
+			return len(avs) < limit
+		})
+		return avs, err
+	}
+	n := sampleShards(state)
+	avs, err := collect(pks[:n])
+	if err != nil {
+		return nil, err
+	}
+	if len(avs) < min(sampleEnough, limit) {
+		rest, err := collect(pks[n:])
+		if err != nil {
+			return nil, err
+		}
+		avs = append(avs, rest...)
+		slices.SortFunc(avs, func(a, b map[string]types.AttributeValue) int { return cmp.Compare(entrySK(a), entrySK(b)) })
+		avs = avs[:min(len(avs), limit)]
+	}
+	recs := make([]core.Record, 0, len(avs))
+	for _, av := range avs {
+		rec, err := s.decodeRecord(ctx, av)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec)
+	}
+	return recs, nil
+}
+
+// entrySK is an index entry's sort key.
+func entrySK(av map[string]types.AttributeValue) string {
+	if sk, ok := av[AttrGSI1SK].(*types.AttributeValueMemberS); ok {
+		return sk.Value
+	}
+	return ""
+}
+
+// inKey lists up to limit records of one index key (one query), the
+// oldest first, or the newest first when newest.
+func (s *Store) inKey(ctx context.Context, state core.State, pk string, limit int, newest bool) ([]core.Record, error) {
+	expr, err := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk))).Build()
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := s.ctx(ctx)
+	out, err := s.db.Query(cctx, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+		ExpressionAttributeValues: expr.Values(), Limit: aws.Int32(int32(limit)), ScanIndexForward: aws.Bool(!newest)})
+	cancel()
+	if err != nil {
+		return nil, unavailable("query "+string(state), err)
+	}
+	recs := make([]core.Record, 0, len(out.Items))
+	for _, av := range out.Items {
+		rec, err := s.decodeRecord(ctx, av)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec)
+	}
+	return recs, nil
+}
+
+// ScanState calls fn for each record (or reservation) in state, oldest
+// first, until fn returns false.
+func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Record) bool) error {
+	var derr error
+	err := s.eachInState(ctx, state, nil, 0, func(av map[string]types.AttributeValue) bool {
+		var it item
+		if derr = attributevalue.UnmarshalMap(av, &it); derr != nil {
+			derr = fmt.Errorf("decode %s item: %w", state, derr)
+			return false
+		}
+		rec, err := s.recordOf(ctx, it)
+		if err != nil {
+			derr = err
+			return false
+		}
+		return fn(rec)
+	})
+	if err != nil {
+		return err
+	}
+	return derr
+}
+
+// maxCountPages bounds one COUNT query's pages (each covers up to 1 MB of
+// index data); a count that would need more fails rather than come back
+// short, since a short count could let the ledger repair admit too many.
+const maxCountPages = 1000
+
+// countState counts state's index entries: one COUNT query per shard (and
+// the legacy key), in parallel.
+func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
+	pks := statePKs(s.deployment, state)
+	counts := make([]int, len(pks))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(queryParallel)
+	for i, pk := range pks {
+		g.Go(func() error {
+			n, err := s.countKey(gctx, state, pk)
+			counts[i] = n
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, c := range counts {
+		n += c
+	}
+	return n, nil
+}
+
+func (s *Store) countKey(ctx context.Context, state core.State, pk string) (int, error) {
+	expr, err := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk))).Build()
+	if err != nil {
+		return 0, err
+	}
+	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
+		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+		ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
+	n := 0
+	for pages := 0; p.HasMorePages(); pages++ {
+		if pages == maxCountPages {
+			return 0, fmt.Errorf("count %s: more than %d pages", state, maxCountPages)
+		}
+		cctx, cancel := s.ctx(ctx)
+		out, err := p.NextPage(cctx)
+		cancel()
+		if err != nil {
+			return 0, unavailable("count "+string(state), err)
+		}
+		n += int(out.Count)
+	}
+	return n, nil
+}

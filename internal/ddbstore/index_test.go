@@ -1,0 +1,147 @@
+package ddbstore_test
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
+)
+
+// TestStateIndexIsShardedAndMergedInParkOrder parks records out of id
+// order across the shards, files one under the unsharded key an older
+// version wrote and one under the shard the 16-shard version computed,
+// and checks that the warm pool still lists every record
+// in park order (the LRU order eviction relies on), that counts include
+// the legacy entry, and that the sharded entries use more than one key.
+func TestStateIndexIsShardedAndMergedInParkOrder(t *testing.T) {
+	client, table := newTable(t)
+	s := ddbstore.New(client, table, "test")
+	ctx := context.Background()
+	const n = 40
+	var want []string
+	for i := range n {
+		id := fmt.Sprintf("sbx%02d", i)
+		rec := activeRecord(t, s, thread(i), id)
+		// Park times run backwards with the ids, so merge order is not id order.
+		parked := t0.Add(time.Duration(n-i) * time.Second)
+		if _, err := s.Apply(ctx, core.Update{SandboxID: id, Fence: rec.Fence, State: core.StateWarm, Now: parked, ParkedAt: parked}); err != nil {
+			t.Fatalf("Apply warm %s: %v", id, err)
+		}
+		want = append([]string{id}, want...)
+	}
+	// An entry as an older version filed it: under "ST#<deployment>#warm".
+	legacy := activeRecord(t, s, thread(n), "legacy")
+	if _, err := s.Apply(ctx, core.Update{SandboxID: "legacy", Fence: legacy.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0}); err != nil {
+		t.Fatalf("Apply warm legacy: %v", err)
+	}
+	if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+		Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "SBX#legacy"}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+		UpdateExpression:          aws.String("SET gsi1pk = :pk"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: "ST#test#warm"}}}); err != nil {
+		t.Fatalf("file legacy entry: %v", err)
+	}
+	want = append([]string{"legacy"}, want...) // parked first of all
+
+	// An entry as the 16-shard version filed it: under FNV-1a(id) mod 16,
+	// for an id whose shard is another now.
+	old := ""
+	for i := 0; old == ""; i++ {
+		h := fnv.New32a()
+		id := fmt.Sprintf("old%d", i)
+		_, _ = h.Write([]byte(id))
+		if sum := h.Sum32(); sum%ddbstore.IndexShards != sum%16 {
+			old = id
+			rec := activeRecord(t, s, thread(n+1), id)
+			parked := t0.Add(-time.Second) // parked before the legacy entry
+			if _, err := s.Apply(ctx, core.Update{SandboxID: id, Fence: rec.Fence, State: core.StateWarm, Now: parked, ParkedAt: parked}); err != nil {
+				t.Fatalf("Apply warm %s: %v", id, err)
+			}
+			if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+				Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "SBX#" + id}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+				UpdateExpression:          aws.String("SET gsi1pk = :pk"),
+				ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: fmt.Sprintf("ST#test#warm#%d", sum%16)}}}); err != nil {
+				t.Fatalf("file 16-shard entry: %v", err)
+			}
+		}
+	}
+	want = append([]string{old}, want...)
+
+	got, err := s.WarmParkedBefore(ctx, t0.Add(time.Hour), 100)
+	if err != nil {
+		t.Fatalf("WarmParkedBefore: %v", err)
+	}
+	var ids []string
+	for _, r := range got {
+		ids = append(ids, r.SandboxID)
+	}
+	if !slices.Equal(ids, want) {
+		t.Errorf("warm pool order = %v, want %v", ids, want)
+	}
+	first, err := s.WarmParkedBefore(ctx, t0.Add(time.Hour), 3)
+	if err != nil || len(first) != 3 || first[0].SandboxID != want[0] || first[2].SandboxID != want[2] {
+		t.Errorf("WarmParkedBefore(limit 3) = %v, %v; want the 3 least recently parked %v", first, err, want[:3])
+	}
+	counts, err := s.CountStates(ctx, core.StateWarm)
+	if err != nil || counts[core.StateWarm] != n+2 {
+		t.Errorf("CountStates(warm) = %v, %v; want %d", counts, err, n+2)
+	}
+	var scanned int
+	if err := s.ScanState(ctx, core.StateWarm, func(core.Record) bool { scanned++; return true }); err != nil || scanned != n+2 {
+		t.Errorf("ScanState(warm) saw %d, %v; want %d", scanned, err, n+2)
+	}
+
+	keys := map[string]bool{}
+	out, err := client.Scan(ctx, &dynamodb.ScanInput{TableName: aws.String(table), IndexName: aws.String(ddbstore.IndexGSI1)})
+	if err != nil {
+		t.Fatalf("Scan: %v", err)
+	}
+	for _, it := range out.Items {
+		keys[it["gsi1pk"].(*types.AttributeValueMemberS).Value] = true
+	}
+	if len(keys) < ddbstore.IndexShards/2 {
+		t.Errorf("%d records filed under %d index keys %v, want them spread over most of the %d shards", n, len(keys), keys, ddbstore.IndexShards)
+	}
+}
+
+// TestIndexShardsPerState: the states every acquire writes twice (active,
+// releasing, warm) spread over IndexShards keys; every other state stays
+// on the 16 keys each state had before, so an entry an older version
+// filed is where a query looks, and a state's entries use every one of
+// its keys and no other (pool members, all filed under one key, aside).
+func TestIndexShardsPerState(t *testing.T) {
+	hot := []core.State{core.StateActive, core.StateReleasing, core.StateWarm}
+	for _, st := range []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
+		core.StateReclaiming, core.StatePausing, core.StatePaused, core.StateResuming, core.StateDestroying,
+		core.StateClaiming} {
+		want := 16
+		if slices.Contains(hot, st) {
+			want = ddbstore.IndexShards
+		}
+		if got := ddbstore.ShardsOf(st); got != want {
+			t.Errorf("ShardsOf(%s) = %d, want %d", st, got, want)
+		}
+		used := map[int]bool{}
+		for i := range 2000 {
+			id := fmt.Sprintf("sbx-%d", i)
+			got := ddbstore.ShardOf(st, id)
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(id))
+			if wantShard := int(h.Sum32() % uint32(want)); got != wantShard {
+				t.Fatalf("ShardOf(%s, %s) = %d, want FNV-1a mod %d = %d", st, id, got, want, wantShard)
+			}
+			used[got] = true
+		}
+		if len(used) != want {
+			t.Errorf("%s entries used %d keys, want all %d", st, len(used), want)
+		}
+	}
+}

@@ -1,0 +1,659 @@
+package ddbstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
+)
+
+// Paused slots (pause-parking). A record pausing, paused or resuming
+// holds a paused slot, counted in one of PausedBuckets items
+//
+//	PAU#<deployment>     paused bucket 0 (the key the single count had, so
+//	                     a record of an older version, naming no bucket, is its)
+//	PAU#<deployment>#<b> paused bucket b, for b = 1..PausedBuckets-1
+//
+// each holding "used" (the paused slots of the records naming it,
+// "paused_bucket") and "revision" (moved by every take, free and repair,
+// so that a repair can tell a count that moved and came back from one
+// that never moved). Every transition taking or freeing a paused slot
+// moves its bucket in the same transaction as the record; reconcile's
+// counter repair compares each bucket with its holders. The record says
+// which slots it holds (no_running_slot, paused_slot, paused_bucket), so
+// Free returns exactly those.
+//
+// A bucket's limit is its even share of SANDBOX_MAX_PAUSED (evenShare),
+// computed by each take from the limit it enforces rather than stored:
+// every take checks its bucket's count against its share, so the paused
+// slots never exceed the limit (and two versions enforcing two limits
+// during a deploy, never the larger). A take tries its home bucket (a
+// hash of the sandbox id), and only when that one is full reads every
+// paused bucket (one BatchGetItem) and tries those with room:
+// ErrPausedFull means every bucket was full. Why 32: a pause and its
+// resume write their bucket in two transactions (about 4 write units);
+// under BenchmarkHotKeys' waiting load one item took 3.9 units per
+// acquire, 32 take about 0.12 each on average.
+const PausedBuckets = 32
+
+var _ core.PauseStore = (*Store)(nil)
+
+// pausedPK is the key of paused bucket b.
+func pausedPK(deployment string, b int) string {
+	if b == 0 {
+		return "PAU#" + deployment
+	}
+	return "PAU#" + deployment + "#" + strconv.Itoa(b)
+}
+
+// pausedBucketOf is the paused bucket a record names, bounded (an item
+// naming none, or one out of range, counts in bucket 0).
+func pausedBucketOf(b int) int {
+	if b < 0 || b >= PausedBuckets {
+		return 0
+	}
+	return b
+}
+
+// keepsParkTime reports whether a claim into st keeps the record's park
+// time: the paused-slot states keep the warm park time (a pause given up
+// returns to warm parked when it was) until the pause settles.
+func keepsParkTime(st core.State) bool {
+	switch st {
+	case core.StateWarm, core.StatePausing, core.StatePaused, core.StateResuming:
+		return true
+	}
+	return false
+}
+
+// pausedTake is the transaction item that takes one paused slot in
+// bucket b, within b's share of limit when limit > 0, and, for a pause
+// (pausing), unless the deployment drains: SetDraining flags the paused
+// buckets as it does the capacity buckets, so that a pause (a release's
+// above all) checks the drain in the item it writes anyway. Reconcile's
+// adoption takes a slot whatever: the paused sandbox exists.
+func (s *Store) pausedTake(b, limit int, pausing bool) (types.TransactWriteItem, error) {
+	var conds []expression.ConditionBuilder
+	if limit > 0 {
+		conds = append(conds, expression.Or(expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThan(expression.Value(evenShare(limit, PausedBuckets, b)))))
+	}
+	if pausing {
+		conds = append(conds, notDraining())
+	}
+	eb := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(1))))
+	switch len(conds) {
+	case 1:
+		eb = eb.WithCondition(conds[0])
+	case 2:
+		eb = eb.WithCondition(conds[0].And(conds[1]))
+	}
+	it, err := s.pausedCountItem(b, eb)
+	if err == nil && it.Update.ConditionExpression != nil {
+		// A refusal returns the bucket: full, or draining.
+		it.Update.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+	}
+	return it, err
+}
+
+// pausedRelease is the transaction item that frees one paused slot of
+// bucket b.
+func (s *Store) pausedRelease(b int) types.TransactWriteItem {
+	it, err := s.pausedCountItem(b, expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(-1)))))
+	if err != nil {
+		panic(err) // a constant expression: cannot fail
+	}
+	return it
+}
+
+// revised makes a count update also move the count's revision, so that a
+// repair can tell a count that moved and came back from one that never
+// moved.
+func revised(u expression.UpdateBuilder) expression.UpdateBuilder {
+	return u.Add(expression.Name("revision"), expression.Value(1))
+}
+
+// pausedCountItem is the transaction item of b on paused bucket pb.
+func (s *Store) pausedCountItem(pb int, b expression.Builder) (types.TransactWriteItem, error) {
+	expr, err := b.Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pausedPK(s.deployment, pausedBucketOf(pb))),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+}
+
+// takePaused runs take (a transaction taking a paused slot in bucket b,
+// answering errBucketFull when b has no room) in the home bucket, or when
+// that one is full in another with room (every paused bucket read with
+// one BatchGetItem), and returns the bucket that gave the slot.
+// ErrPausedFull when every bucket with a share of limit is full (or
+// reserveFallbacks more refused it: the paused slots are nearly all held).
+func (s *Store) takePaused(ctx context.Context, limit, home int, take func(b int) error) (int, error) {
+	b := home
+	var tried []int
+	for {
+		err := take(b)
+		if !errors.Is(err, errBucketFull) {
+			return b, err
+		}
+		tried = append(tried, b)
+		counts, err := s.readPaused(ctx, false)
+		if err != nil {
+			return b, fmt.Errorf("reading the paused buckets: %w", err)
+		}
+		var open []int
+		for i, c := range counts {
+			if c.Used < evenShare(limit, PausedBuckets, i) && !slices.Contains(tried, i) {
+				open = append(open, i)
+			}
+		}
+		if len(open) == 0 || len(tried) > reserveFallbacks {
+			return b, core.ErrPausedFull
+		}
+		b = open[rand.IntN(len(open))]
+	}
+}
+
+// slotsRelease are the transaction items that free the slots rec holds:
+// its running slot (in its bucket, rec.Slot, with its user's and tenant's
+// counts when it is in them) and its paused slot.
+func (s *Store) slotsRelease(rec core.Record) ([]types.TransactWriteItem, error) {
+	var items []types.TransactWriteItem
+	if rec.Slots.Running() {
+		var err error
+		if items, err = s.slotRelease(nil, rec.ThreadKey, rec.Slot); err != nil {
+			return nil, err
+		}
+	}
+	if rec.Slots.Paused {
+		items = append(items, s.tenantPausedRelease(rec)...)
+	}
+	return items, nil
+}
+
+// tenantPausedRelease is the transaction items that free rec's paused
+// slot: its paused bucket's, and its tenant's paused count when counted
+// in it.
+func (s *Store) tenantPausedRelease(rec core.Record) []types.TransactWriteItem {
+	items := []types.TransactWriteItem{s.pausedRelease(rec.Slots.PausedBucket)}
+	if rec.Slots.TenantPaused && rec.Tenant != "" {
+		items = append(items, s.counterRelease(tenantPausedPK(s.deployment, rec.Tenant)))
+	}
+	return items
+}
+
+// claimUpdate is the record update of a claim into to under c's lease
+// (keeping the park time).
+func (s *Store) claimUpdate(c core.Claim, to core.State, at time.Time) expression.UpdateBuilder {
+	u := expression.Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
+		Add(expression.Name("fence"), expression.Value(1)).
+		Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
+		Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil))).
+		Set(expression.Name("prev_state"), expression.Name("state")).
+		Set(expression.Name("state"), expression.Value(string(to)))
+	return meter(s.stateIndex(u, to, at, c.SandboxID, core.ThreadKey{}), c.Now)
+}
+
+// recordTxnItem is a conditional update of the record in a transaction,
+// returning the old item when its condition fails.
+func (s *Store) recordTxnItem(id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (types.TransactWriteItem, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(id)),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+}
+
+// claimRefusal says why a claim's record condition failed, from the item
+// as it was (ErrNotFound, ErrConflict or ErrLeaseHeld, as Claim); user,
+// when set, must own the record too.
+func (s *Store) claimRefusal(ctx context.Context, c core.Claim, user string, r types.CancellationReason) error {
+	if len(r.Item) == 0 {
+		return core.ErrNotFound
+	}
+	old, err := s.decodeRecord(ctx, r.Item)
+	if err != nil {
+		return err
+	}
+	switch {
+	case old.Tenant != c.Tenant, user != "" && old.User != user:
+		return core.ErrNotFound
+	case old.State != c.From[0]:
+		return fmt.Errorf("sandbox %s is %s: %w", c.SandboxID, old.State, core.ErrConflict)
+	}
+	return fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
+}
+
+// ClaimPause implements core.PauseStore: one transaction of the record
+// (warm to pausing, leased, holding a paused slot) and a paused bucket
+// (another when that one is full: see takePaused), then a read of the
+// record.
+func (s *Store) ClaimPause(ctx context.Context, c core.Claim, limit int) (core.Record, error) {
+	c.From = []core.State{core.StateWarm}
+	return s.claimPause(ctx, pauseClaim{op: "claim pause", c: c, limit: limit})
+}
+
+// ClaimReleasePause implements core.PauseStore: ClaimPause of a releasing
+// record at the release's fence, parked now and ending at r.ExpiresAt.
+// Its capacity bucket is not written: the bucket goes on counting the
+// slot active until the settle frees it (or the abort counts it warm).
+func (s *Store) ClaimReleasePause(ctx context.Context, r core.ReleasePause) (core.Record, error) {
+	c := r.Claim
+	c.From = []core.State{core.StateReleasing}
+	fence := expression.Name("fence").Equal(expression.Value(r.Fence))
+	return s.claimPause(ctx, pauseClaim{op: "claim pause at release", c: c, limit: r.Limit, cond: &fence,
+		set: func(u expression.UpdateBuilder) expression.UpdateBuilder {
+			return u.Set(expression.Name("parked_at"), expression.Value(ms(c.Now))).
+				Set(expression.Name("expires_at"), expression.Value(ms(r.ExpiresAt)))
+		}})
+}
+
+// pauseClaim is a claim into pausing: c from c.From, taking a paused slot
+// within limit, the record also meeting cond and updated by set when
+// they are set; op names it in errors.
+type pauseClaim struct {
+	op    string
+	c     core.Claim
+	limit int
+	cond  *expression.ConditionBuilder
+	set   func(expression.UpdateBuilder) expression.UpdateBuilder
+}
+
+// claimPause runs p in the paused bucket a hash of the sandbox picks, or
+// another with room (takePaused).
+func (s *Store) claimPause(ctx context.Context, p pauseClaim) (core.Record, error) {
+	if p.c.LeaseUntil.IsZero() {
+		return core.Record{}, fmt.Errorf("%s: a lease is required", p.op)
+	}
+	var out core.Record
+	_, err := s.takePaused(ctx, p.limit, homeOf(p.c.SandboxID, p.limit, PausedBuckets), func(b int) error {
+		var err error
+		out, err = s.claimPauseIn(ctx, p, b)
+		return err
+	})
+	if errors.Is(err, core.ErrPausedFull) {
+		return core.Record{}, fmt.Errorf("%s %s: %w", p.op, p.c.SandboxID, err)
+	}
+	return out, err
+}
+
+// claimPauseIn is claimPause's transaction, its paused slot in bucket b:
+// errBucketFull when b has no room, ErrDraining when it says the
+// deployment drains.
+func (s *Store) claimPauseIn(ctx context.Context, p pauseClaim, b int) (core.Record, error) {
+	c, op := p.c, p.op
+	cond := claimCondition(c)
+	if p.cond != nil {
+		cond = cond.And(*p.cond)
+	}
+	upd := s.claimUpdate(c, core.StatePausing, c.Now).Set(expression.Name("paused_slot"), expression.Value(true)).
+		Set(expression.Name("paused_bucket"), expression.Value(b))
+	if c.Tenant != "" {
+		upd = upd.Set(expression.Name("paused_tenant"), expression.Value(true))
+	}
+	if p.set != nil {
+		upd = p.set(upd)
+	}
+	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("%s: %w", op, err)
+	}
+	take, err := s.pausedTake(b, p.limit, true)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("%s: %w", op, err)
+	}
+	items := []types.TransactWriteItem{rec, take}
+	if c.Tenant != "" {
+		// The tenant's paused count, which a pause evicting another
+		// tenant's paused sandbox compares (core.PausedBelow).
+		count, err := s.counterTake(tenantPausedPK(s.deployment, c.Tenant), 0)
+		if err != nil {
+			return core.Record{}, fmt.Errorf("%s: %w", op, err)
+		}
+		items = append(items, count)
+	}
+	failed, err := s.writeTxn(ctx, op, items)
+	if r, ok := failed[sandboxPK(c.SandboxID)]; ok {
+		return core.Record{}, s.claimRefusal(ctx, c, "", r)
+	}
+	if r, ok := failed[pausedPK(s.deployment, pausedBucketOf(b))]; ok {
+		if decodeBucket(r.Item).Draining {
+			return core.Record{}, fmt.Errorf("%s: %w", op, core.ErrDraining)
+		}
+		return core.Record{}, errBucketFull
+	}
+	if err != nil {
+		return core.Record{}, err
+	}
+	return s.Get(ctx, c.SandboxID)
+}
+
+// fenced is the condition that the record's fence is still fence and its
+// state one of states.
+func fenced(fence int64, states ...core.State) expression.ConditionBuilder {
+	cond := expression.AttributeExists(expression.Name(AttrPK)).
+		And(expression.Name("fence").Equal(expression.Value(fence)))
+	if len(states) > 0 {
+		rest := make([]expression.OperandBuilder, 0, len(states)-1)
+		for _, st := range states[1:] {
+			rest = append(rest, expression.Value(string(st)))
+		}
+		cond = cond.And(expression.Name("state").In(expression.Value(string(states[0])), rest...))
+	}
+	return cond
+}
+
+// settle runs a fenced transition of rec (in one of from) with the slot
+// items that go with it; a failed record condition is ErrStaleFence.
+func (s *Store) settle(ctx context.Context, op string, rec core.Record, now time.Time, from []core.State, upd expression.UpdateBuilder, slots ...types.TransactWriteItem) error {
+	upd = meter(upd, now).Add(expression.Name("fence"), expression.Value(1)).
+		Set(expression.Name("prev_state"), expression.Name("state")).
+		Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires"))
+	it, err := s.recordTxnItem(rec.SandboxID, fenced(rec.Fence, from...), upd)
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	failed, err := s.writeTxn(ctx, op, append([]types.TransactWriteItem{it}, slots...))
+	if has(failed, sandboxPK(rec.SandboxID)) {
+		return fmt.Errorf("%s %s fence %d: %w", op, rec.SandboxID, rec.Fence, core.ErrStaleFence)
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%s: condition failed on an unexpected item: %w", op, core.ErrConflict)
+	}
+	return err
+}
+
+// settled is rec as a settle leaves it (metered as meter does).
+func settled(rec core.Record, st core.State, now time.Time) core.Record {
+	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = rec.MeteredAt, now, rec.State
+	if rec.PrevMeteredAt.IsZero() {
+		rec.PrevMeteredAt = now
+	}
+	rec.PrevState, rec.State = rec.State, st
+	rec.Fence++
+	rec.LeaseOwner, rec.LeaseExpiresAt = "", time.Time{}
+	rec.UpdatedAt = now
+	return rec
+}
+
+// SettlePause implements core.PauseStore.
+func (s *Store) SettlePause(ctx context.Context, rec core.Record, now time.Time) (core.Record, error) {
+	return s.settlePause(ctx, "settle pause", rec, now, core.StatePaused, now)
+}
+
+// settlePause moves rec (pausing or resuming) to state to, indexed at at,
+// holding its paused slot only: its running slot is freed.
+func (s *Store) settlePause(ctx context.Context, op string, rec core.Record, now time.Time, to core.State, at time.Time) (core.Record, error) {
+	upd := expression.Set(expression.Name("state"), expression.Value(string(to))).
+		Set(expression.Name("updated_at"), expression.Value(ms(now))).
+		Set(expression.Name("parked_at"), expression.Value(ms(now))).
+		Set(expression.Name("no_running_slot"), expression.Value(true)).
+		Set(expression.Name("paused_slot"), expression.Value(true)).
+		Remove(expression.Name("expires_at")) // the provider does not end a paused sandbox: reconcile does (its TTL)
+	upd = s.stateIndex(upd, to, at, rec.SandboxID, core.ThreadKey{}).
+		Remove(expression.Name("bucket")).Remove(expression.Name("counted")).Remove(expression.Name("quota"))
+	running := rec
+	running.Slots = core.Slots{} // the running slot and its counters only
+	release, err := s.slotsRelease(running)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("%s: %w", op, err)
+	}
+	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing, core.StateResuming}, upd, release...); err != nil {
+		return core.Record{}, err
+	}
+	rec = settled(rec, to, now)
+	rec.ParkedAt, rec.ExpiresAt, rec.Slot = now, time.Time{}, core.Slot{}
+	rec.Slots = core.Slots{NoRunning: true, Paused: true, PausedBucket: rec.Slots.PausedBucket, TenantPaused: rec.Slots.TenantPaused}
+	return rec, nil
+}
+
+// AbortPause implements core.PauseStore.
+func (s *Store) AbortPause(ctx context.Context, rec core.Record, now time.Time) (core.Record, error) {
+	upd := expression.Set(expression.Name("parked_at"), expression.Value(ms(rec.ParkedAt)))
+	return s.abortPause(ctx, "abort pause", rec, now, core.StateWarm, rec.ParkedAt, upd)
+}
+
+// abortPause moves rec (pausing) back to state to, indexed at at, with
+// upd, and frees its paused slot.
+func (s *Store) abortPause(ctx context.Context, op string, rec core.Record, now time.Time, to core.State, at time.Time, upd expression.UpdateBuilder) (core.Record, error) {
+	upd = upd.Set(expression.Name("state"), expression.Value(string(to))).
+		Set(expression.Name("updated_at"), expression.Value(ms(now))).
+		Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket")).Remove(expression.Name("paused_tenant"))
+	upd = s.stateIndex(upd, to, at, rec.SandboxID, rec.ThreadKey)
+	slots := s.tenantPausedRelease(rec)
+	if to == core.StateWarm {
+		// A pause at release left the slot counted active.
+		var err error
+		if upd, slots, err = s.recount(upd, slots, rec.Slot, to); err != nil {
+			return core.Record{}, fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing}, upd, slots...); err != nil {
+		return core.Record{}, err
+	}
+	rec = settled(rec, to, now)
+	rec.Slots = core.Slots{}
+	if rec.Slot.Counted != "" {
+		rec.Slot.Counted = to
+	}
+	return rec, nil
+}
+
+// ClaimResume implements core.PauseStore: one transaction of the record
+// (paused to resuming, leased, holding a running slot again in a capacity
+// bucket, as a reservation takes one: see takeSlot), the bucket and the
+// user's and tenant's counters, then a read of the record. The bucket
+// counts the slot active from the claim on, so that the settle that
+// activates the sandbox writes no bucket (a resume is one provider call;
+// one that fails is discarded, which moves the count as any tombstone).
+func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Record, error) {
+	c := r.Claim
+	c.From = []core.State{core.StatePaused}
+	if c.LeaseUntil.IsZero() {
+		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
+	}
+	c.Tenant = r.Key.Tenant
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit, homeSeen{r.HomeFull, r.HomeLast}, r.Lanes, c.Now), r.Grant, func(t slotTry) error { return s.claimResumeIn(ctx, r, c, t) })
+	if err != nil {
+		return core.Record{}, err
+	}
+	return s.Get(ctx, c.SandboxID)
+}
+
+// claimResumeIn is ClaimResume's transaction, its running slot in bucket b.
+func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Claim, t slotTry) error {
+	b := t.b
+	upd := s.claimUpdate(c, core.StateResuming, c.Now).Remove(expression.Name("no_running_slot")).
+		Set(expression.Name("bucket"), expression.Value(b)).
+		Set(expression.Name("counted"), expression.Value(string(core.StateActive))).
+		Set(expression.Name("quota"), expression.Value(true))
+	cond := claimCondition(c).And(expression.Name("user_id").Equal(expression.Value(r.Key.User)))
+	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
+	if err != nil {
+		return fmt.Errorf("claim resume: %w", err)
+	}
+	take, err := s.slotTake(t, r.Limit, core.StateActive, c.Tenant, r.Grant)
+	if err != nil {
+		return fmt.Errorf("claim resume: %w", err)
+	}
+	key := r.Key
+	user, err := s.counterTake(userPK(s.deployment, key), r.MaxPerUser)
+	if err != nil {
+		return fmt.Errorf("claim resume: %w", err)
+	}
+	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), r.MaxPerTenant)
+	if err != nil {
+		return fmt.Errorf("claim resume: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "claim resume", append([]types.TransactWriteItem{rec, user, tenant}, take...))
+	if f, ok := failed[sandboxPK(c.SandboxID)]; ok {
+		return s.claimRefusal(ctx, c, key.User, f)
+	}
+	switch {
+	case s.grantFailed(failed, r.Grant):
+		return fmt.Errorf("claim resume: %w", core.ErrGrantLost)
+	case has(failed, userPK(s.deployment, key)):
+		return &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second, Status: core.CapacityStatus{Limit: r.Limit}}
+	case has(failed, tenantPK(s.deployment, key.Tenant)):
+		return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second, Status: core.CapacityStatus{Limit: r.Limit}}
+	case has(failed, bucketPK(s.deployment, b)):
+		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, r.Limit)
+	case len(failed) > 0:
+		return fmt.Errorf("claim resume: condition failed on an unexpected item: %w", core.ErrConflict)
+	}
+	return err
+}
+
+// recount adds to upd and items the move of slot's count in its bucket to
+// st, when the bucket counts it in another state.
+func (s *Store) recount(upd expression.UpdateBuilder, items []types.TransactWriteItem, slot core.Slot, st core.State) (expression.UpdateBuilder, []types.TransactWriteItem, error) {
+	if slot.Counted == "" || slot.Counted == st {
+		return upd, items, nil
+	}
+	bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, slot.Counted, st))
+	if err != nil {
+		return upd, items, err
+	}
+	return upd.Set(expression.Name("counted"), expression.Value(string(st))), append(items, bucket), nil
+}
+
+// SettleResume implements core.PauseStore.
+func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresAt time.Time) (core.Record, error) {
+	upd := expression.Set(expression.Name("state"), expression.Value(string(core.StateActive))).
+		Set(expression.Name("updated_at"), expression.Value(ms(now))).
+		Set(expression.Name("expires_at"), expression.Value(ms(expiresAt))).
+		Set(expression.Name("paused_ms"), expression.Value(rec.PausedFor.Milliseconds())).
+		Remove(expression.Name("parked_at")).Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket")).
+		Remove(expression.Name("paused_tenant")).Remove(expression.Name("no_running_slot"))
+	upd = s.stateIndex(upd, core.StateActive, now, rec.SandboxID, core.ThreadKey{})
+	upd, slots, err := s.recount(upd, s.tenantPausedRelease(rec), rec.Slot, core.StateActive)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("settle resume: %w", err)
+	}
+	if rec.Slot.Counted != "" {
+		rec.Slot.Counted = core.StateActive
+	}
+	if err := s.settle(ctx, "settle resume", rec, now, []core.State{core.StateResuming, core.StateClaiming}, upd, slots...); err != nil {
+		return core.Record{}, err
+	}
+	rec = settled(rec, core.StateActive, now)
+	rec.ParkedAt, rec.ExpiresAt, rec.Slots = time.Time{}, expiresAt, core.Slots{}
+	return rec, nil
+}
+
+// PausedParkedBefore implements core.PauseStore.
+func (s *Store) PausedParkedBefore(ctx context.Context, t time.Time, limit int) ([]core.Record, error) {
+	sk := expression.Key(AttrGSI1SK).LessThan(expression.Value(stateSK(t, "")))
+	return s.recordsInState(ctx, core.StatePaused, &sk, limit)
+}
+
+// TenantsPaused implements core.PauseStore: one read of the tenants'
+// counts, eventually consistent (the claim that acts on them checks them
+// again).
+func (s *Store) TenantsPaused(ctx context.Context, tenants []string) (map[string]int, error) {
+	keys := make([]map[string]types.AttributeValue, len(tenants))
+	for i, t := range tenants {
+		keys[i] = s.key(tenantPausedPK(s.deployment, t))
+	}
+	held := make(map[string]int, len(tenants))
+	for len(keys) > 0 {
+		n := min(len(keys), batchGetMax)
+		items, err := s.batchGet(ctx, keys[:n], false)
+		if err != nil {
+			return nil, fmt.Errorf("read tenants' paused counts: %w", err)
+		}
+		for _, av := range items {
+			var c struct {
+				PK   string `dynamodbav:"pk"`
+				Used int    `dynamodbav:"used"`
+			}
+			if err := attributevalue.UnmarshalMap(av, &c); err != nil {
+				return nil, fmt.Errorf("read tenants' paused counts: %w", err)
+			}
+			held[strings.TrimPrefix(c.PK, tenantPausedPK(s.deployment, ""))] = c.Used
+		}
+		keys = keys[n:]
+	}
+	return held, nil
+}
+
+// PausedUsed reads the number of paused slots held (strongly consistent).
+func (s *Store) PausedUsed(ctx context.Context) (int, error) {
+	counts, err := s.readPaused(ctx, true)
+	return pausedSum(counts).Used, err
+}
+
+// countItem is a count kept with its holders, as stored.
+type countItem struct {
+	Used     int   `dynamodbav:"used"`
+	Revision int64 `dynamodbav:"revision"`
+}
+
+// readPaused reads every paused bucket (one BatchGetItem; strongly
+// consistent only when consistent), absent ones as zero.
+func (s *Store) readPaused(ctx context.Context, consistent bool) ([]countItem, error) {
+	keys := make([]map[string]types.AttributeValue, PausedBuckets)
+	for b := range keys {
+		keys[b] = s.key(pausedPK(s.deployment, b))
+	}
+	items, err := s.batchGet(ctx, keys, consistent)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]countItem, PausedBuckets)
+	for _, av := range items {
+		pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
+		if pk == nil {
+			continue
+		}
+		for b := range out {
+			if pk.Value == pausedPK(s.deployment, b) {
+				_ = attributevalue.UnmarshalMap(av, &out[b]) // absent attributes stay zero
+			}
+		}
+	}
+	return out, nil
+}
+
+// pausedSum is the paused buckets together: the slots held, and a
+// revision that moves whenever one of theirs does.
+func pausedSum(counts []countItem) countItem {
+	var sum countItem
+	for _, c := range counts {
+		sum.Used += c.Used
+		sum.Revision += c.Revision
+	}
+	return sum
+}
+
+// repairCount sets attribute attr of the count item pk to counted if the
+// item's revision is still revision (ErrConflict otherwise), moving the
+// revision.
+func (s *Store) repairCount(ctx context.Context, what, pk, attr string, revision int64, counted int) error {
+	return s.conditionalUpdate(ctx, "repair "+what, pk, valueIs("revision", revision),
+		revised(expression.Set(expression.Name(attr), expression.Value(counted))))
+}
+
+// repairCountFrom is repairCount also conditional on attr still being
+// have: a binary of an older version takes and frees without moving the
+// revision.
+func (s *Store) repairCountFrom(ctx context.Context, what, pk, attr string, revision int64, have, counted int) error {
+	return s.conditionalUpdate(ctx, "repair "+what, pk, valueIs("revision", revision).And(valueIs(attr, have)),
+		revised(expression.Set(expression.Name(attr), expression.Value(counted))))
+}

@@ -1,0 +1,408 @@
+package ddbstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
+)
+
+// The pre-warmed pool. Pool records and reservations name no thread
+// (empty tenant, user and thread). The pool's places are counted in
+//
+//	POOL#<deployment>  "members": pool reservations (refills in flight),
+//	                   pooled records, and thread-less records being paused
+//	                   or destroyed; "revision": moved by every change of it
+//	                   and every repair (see RepairPoolPlaces)
+//
+// Every write that adds or removes one of those moves the count in the
+// same transaction: ReservePool takes a place, ClaimPoolMember gives it
+// back (the member becomes the thread's), and freeing a thread-less
+// record or reservation (Free, FreeReservation) gives it back with the
+// slot.
+
+var _ core.PoolStore = (*Store)(nil)
+
+func poolPK(deployment string) string { return "POOL#" + deployment }
+
+// poolCount is the transaction item that moves the pool's count by delta.
+func (s *Store) poolCount(delta int) types.TransactWriteItem {
+	u := "ADD #members :delta, #revision :one"
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
+		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#members": "members", "#revision": "revision"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: fmt.Sprint(delta)},
+			":one": &types.AttributeValueMemberN{Value: "1"}}}}
+}
+
+// ReservePool takes a slot (in a capacity bucket, as Reserve) and a pool
+// place and writes the pool reservation, in one transaction.
+func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
+	b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit), now: r.Now}, func(t slotTry) error { return s.reservePoolIn(ctx, r, t) })
+	if err == nil {
+		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating})
+	}
+	return err
+}
+
+// reservePoolIn is ReservePool in bucket b.
+func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, t slotTry) error {
+	b := t.b
+	bucket, err := s.takeUpdate(t, r.Limit, core.StateCreating, "")
+	if err != nil {
+		return fmt.Errorf("reserve pool: %w", err)
+	}
+	poolExpr, err := expression.NewBuilder().
+		WithCondition(expression.Or(
+			expression.AttributeNotExists(expression.Name("members")),
+			expression.Name("members").LessThan(expression.Value(r.Size)))).
+		WithUpdate(revised(expression.Add(expression.Name("members"), expression.Value(1)))).
+		Build()
+	if err != nil {
+		return fmt.Errorf("reserve pool: %w", err)
+	}
+	resItem, err := attributevalue.MarshalMap(item{
+		PK: reservationPK(r.Token), SK: sortKey, State: string(core.StateCreating), Reservation: r.Token,
+		Deployment: s.deployment, CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
+		Bucket: b, Counted: string(core.StateCreating),
+		GSI1PK: statePK(s.deployment, core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
+	})
+	if err != nil {
+		return fmt.Errorf("reserve pool: %w", err)
+	}
+	notExists := "attribute_not_exists(pk)"
+	failed, err := s.writeTxn(ctx, "reserve pool", []types.TransactWriteItem{
+		bucket,
+		{Update: &types.Update{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
+			ConditionExpression: poolExpr.Condition(), UpdateExpression: poolExpr.Update(),
+			ExpressionAttributeNames: poolExpr.Names(), ExpressionAttributeValues: poolExpr.Values()}},
+		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
+	})
+	switch {
+	case len(failed) == 0:
+		return err
+	case has(failed, poolPK(s.deployment)):
+		return core.ErrPoolFull
+	case has(failed, reservationPK(r.Token)):
+		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
+	}
+	return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, r.Limit)
+}
+
+// FinalizePool turns a pool reservation into a pooled record (its slot and
+// place carry over, its bucket counting it pooled), in one transaction.
+func (s *Store) FinalizePool(ctx context.Context, token string, rec core.Record) (core.Record, error) {
+	rec.Fence = 1
+	rec.ThreadKey = core.ThreadKey{}
+	rec.State = core.StatePooled
+	var final core.Record
+	failed, err := s.withReservationSlot(ctx, "finalize pool", token, false, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		var items []types.TransactWriteItem
+		var err error
+		final, items, err = s.fromReservation(ctx, token, slot, rec, true)
+		return items, err
+	})
+	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
+		return core.Record{}, fmt.Errorf("finalize pool reservation %s: %w", token, core.ErrConflict)
+	}
+	if err != nil {
+		return core.Record{}, err
+	}
+	return final, nil
+}
+
+// SomePoolMembers lists up to limit pooled records, the newest first
+// (the oldest may be past their age, awaiting recycling): one query of
+// the index key every member is filed under (poolShard).
+func (s *Store) SomePoolMembers(ctx context.Context, limit int) ([]core.Record, error) {
+	return s.inKey(ctx, core.StatePooled, statePK(s.deployment, core.StatePooled, ""), limit, true)
+}
+
+// PoolMembers lists pooled records, oldest first.
+func (s *Store) PoolMembers(ctx context.Context, limit int) ([]core.Record, error) {
+	return s.recordsInState(ctx, core.StatePooled, nil, limit)
+}
+
+// ClaimPoolMember binds a pooled member to a thread in one transaction:
+// the record (pooled, thread-less -> claiming for the thread, under the
+// claimer's lease), the binding, the ledger (not draining; the tenant
+// joins its tenant set), the user's and tenant's counts (within their
+// caps) and the pool's count (one place given back). A member parked
+// paused takes a running slot in a capacity bucket (as a reservation
+// does, see takeSlot) and keeps its paused slot until its activation
+// (SettleResume).
+func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Record, error) {
+	if !c.Member.Slots.Paused {
+		return s.claimPoolMemberIn(ctx, c, slotTry{b: c.Member.Slot.Bucket, hold: roomHold{now: c.Now}})
+	}
+	var rec core.Record
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(c.ThreadKey, c.Limit, homeSeen{}, 0, c.Now), c.Grant, func(t slotTry) error {
+		var err error
+		rec, err = s.claimPoolMemberIn(ctx, c, t)
+		return err
+	})
+	return rec, err
+}
+
+// claimPoolMemberIn is ClaimPoolMember, the thread's running slot in
+// bucket b (a running member's own slot, or one a paused member takes).
+func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, t slotTry) (core.Record, error) {
+	b := t.b
+	m := c.Member
+	paused := m.Slots.Paused
+	slot := core.Slot{Bucket: b, Quota: true}
+	upd := expression.Set(expression.Name("quota"), expression.Value(true))
+	if m.Slot.Counted != "" || paused {
+		slot.Counted = core.StateClaiming
+		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateClaiming)))
+	}
+	// A running member's slot is the one listed; a paused member holds
+	// none yet.
+	held := slotCondition(m.Slot)
+	if paused {
+		held = expression.Name("paused_slot").Equal(expression.Value(true)).
+			And(expression.Name("no_running_slot").Equal(expression.Value(true)))
+		upd = upd.Set(expression.Name("bucket"), expression.Value(b)).Remove(expression.Name("no_running_slot"))
+	}
+	recExpr, err := expression.NewBuilder().
+		WithCondition(expression.Name("state").Equal(expression.Value(string(core.StatePooled))).
+			And(expression.AttributeExists(expression.Name(attrPoolPlace))).And(held)).
+		WithUpdate(s.stateIndex(upd.Set(expression.Name("state"), expression.Value(string(core.StateClaiming))).
+			Set(expression.Name("prev_state"), expression.Value(string(core.StatePooled))).
+			Set(expression.Name("tenant"), expression.Value(c.Tenant)).
+			Set(expression.Name("user_id"), expression.Value(c.User)).
+			Set(expression.Name("thread_id"), expression.Value(c.Thread)).
+			Set(expression.Name("seed"), expression.Value(c.Seed())).
+			Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
+			Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil))).
+			Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
+			Set(expression.Name("prev_metered_at"), expression.Value(ms(poolMetered(m, c.Now)))).
+			Set(expression.Name("metered_at"), expression.Value(ms(c.Now))).
+			Set(expression.Name("metered_state"), expression.Value(string(core.StatePooled))).
+			Remove(expression.Name(attrPoolPlace)).
+			Add(expression.Name("fence"), expression.Value(1)), core.StateClaiming, c.Now, m.SandboxID, core.ThreadKey{})).
+		Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	bind, err := s.bindingPut(c.ThreadKey, m.SandboxID, c.Now, replaceCondition(c.ReplaceSandboxID, c.ReplaceReservation))
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	var capItems []types.TransactWriteItem
+	if paused {
+		capItems, err = s.slotTake(t, c.Limit, core.StateClaiming, c.Tenant, c.Grant)
+	} else {
+		notDrain := notDraining()
+		var capItem types.TransactWriteItem
+		capItem, err = s.bucketUpdate(b, &notDrain, countMove(
+			expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))), m.Slot.Counted, slot.Counted))
+		capItems = []types.TransactWriteItem{capItem}
+	}
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	user, err := s.counterTake(userPK(s.deployment, c.ThreadKey), c.MaxPerUser)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), c.MaxPerTenant)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "claim pool member", append([]types.TransactWriteItem{
+		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(m.SandboxID)),
+			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
+			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values(),
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
+		bind,
+		user,
+		tenant,
+		s.poolCount(-1),
+	}, capItems...))
+	// A lost race for the member first (the caller tries the next one),
+	// then the thread's binding, then the quotas, draining (or, for a
+	// paused member, a full bucket) last.
+	if r, ok := failed[sandboxPK(m.SandboxID)]; ok && len(r.Item) > 0 {
+		// The SDK sends a transaction again when a reply is lost: the
+		// member already claimed for this thread under this claimer's
+		// lease is this claim, applied.
+		if old, derr := s.decodeRecord(ctx, r.Item); derr == nil && old.State == core.StateClaiming &&
+			old.ThreadKey == c.ThreadKey && old.LeaseOwner == c.Owner {
+			return old, nil
+		}
+	}
+	switch {
+	case has(failed, sandboxPK(m.SandboxID)):
+		return core.Record{}, fmt.Errorf("pool member %s: %w", m.SandboxID, core.ErrConflict)
+	case has(failed, bindingPK(c.ThreadKey)):
+		return core.Record{}, fmt.Errorf("thread %s: %w", c.ThreadKey, core.ErrThreadBound)
+	case s.grantFailed(failed, c.Grant):
+		return core.Record{}, fmt.Errorf("claim pool member: %w", core.ErrGrantLost)
+	case has(failed, userPK(s.deployment, c.ThreadKey)):
+		return core.Record{}, &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second}
+	case has(failed, tenantPK(s.deployment, c.Tenant)):
+		return core.Record{}, &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second}
+	case has(failed, bucketPK(s.deployment, b)) && paused:
+		return core.Record{}, bucketRefusal(failed[bucketPK(s.deployment, b)].Item, c.Limit)
+	case has(failed, bucketPK(s.deployment, b)):
+		return core.Record{}, &core.CapacityError{Reason: api.RefusalDraining, Status: core.CapacityStatus{Draining: true}}
+	case len(failed) > 0:
+		return core.Record{}, fmt.Errorf("claim pool member: condition failed on an unexpected item: %w", core.ErrConflict)
+	case err != nil:
+		return core.Record{}, err
+	}
+	rec := m
+	rec.ThreadKey, rec.Seed = c.ThreadKey, c.Seed()
+	rec.State, rec.PrevState = core.StateClaiming, core.StatePooled
+	rec.Fence++
+	rec.LeaseOwner, rec.LeaseExpiresAt = c.Owner, c.LeaseUntil
+	rec.UpdatedAt = c.Now
+	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = poolMetered(m, c.Now), c.Now, core.StatePooled
+	rec.Slot = slot
+	if paused {
+		rec.Slots = core.Slots{Paused: true, PausedBucket: m.Slots.PausedBucket}
+	}
+	return rec, nil
+}
+
+// ClaimPoolPause implements core.PoolStore: ClaimPause of a pooled member
+// holding a running slot.
+func (s *Store) ClaimPoolPause(ctx context.Context, c core.Claim, limit int) (core.Record, error) {
+	c.From, c.Tenant = []core.State{core.StatePooled}, ""
+	running := expression.AttributeExists(expression.Name(attrPoolPlace)).
+		And(expression.AttributeNotExists(expression.Name("no_running_slot")))
+	return s.claimPause(ctx, pauseClaim{op: "claim pool pause", c: c, limit: limit, cond: &running})
+}
+
+// SettlePoolPause implements core.PoolStore: the member is pooled again
+// (indexed by its creation, as FinalizePool has it), holding its paused
+// slot only.
+func (s *Store) SettlePoolPause(ctx context.Context, rec core.Record, now time.Time) (core.Record, error) {
+	return s.settlePause(ctx, "settle pool pause", rec, now, core.StatePooled, rec.CreatedAt)
+}
+
+// AbortPoolPause implements core.PoolStore: the member is pooled again,
+// running, its paused slot freed.
+func (s *Store) AbortPoolPause(ctx context.Context, rec core.Record, now time.Time) (core.Record, error) {
+	return s.abortPause(ctx, "abort pool pause", rec, now, core.StatePooled, rec.CreatedAt, expression.UpdateBuilder{})
+}
+
+// poolMetered is when member m's usage was last metered (its time in the
+// pool starts there), now for a member written before metering.
+func poolMetered(m core.Record, now time.Time) time.Time {
+	if m.MeteredAt.IsZero() {
+		return now
+	}
+	return m.MeteredAt
+}
+
+// AdoptPoolSandbox records an untracked pool sandbox (a refill that died
+// after its create, or a sandbox whose record is gone) as rec, thread-less: consuming the reservation when
+// given (its slot and place carry over), else taking a slot and a place
+// without a limit check (the sandbox exists whatever the counts say).
+func (s *Store) AdoptPoolSandbox(ctx context.Context, rec core.Record, reservation string) (core.Record, error) {
+	rec.ThreadKey = core.ThreadKey{}
+	rec.Slots = core.Slots{}
+	return s.adopt(ctx, "adopt pool sandbox "+rec.SandboxID, core.Adoption{Record: rec, Reservation: reservation}, true)
+}
+
+// notLivePut is the put of a pool record that replaces no record, or a
+// gone one (a sandbox whose kill did not take: it holds no slot and no
+// place).
+func notLivePut(table *string, item map[string]types.AttributeValue) types.TransactWriteItem {
+	notLive := "attribute_not_exists(pk) OR #state = :gone"
+	return types.TransactWriteItem{Put: &types.Put{TableName: table, Item: item, ConditionExpression: &notLive,
+		ExpressionAttributeNames:  map[string]string{"#state": "state"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":gone": &types.AttributeValueMemberS{Value: string(core.StateGone)}}}}
+}
+
+// PoolCount reads the pool's taken places (strongly consistent; 0 if none).
+func (s *Store) PoolCount(ctx context.Context) (int, error) {
+	n, _, err := s.poolPlaces(ctx, true)
+	return n, err
+}
+
+// poolPlaces reads the pool's place count and its revision.
+func (s *Store) poolPlaces(ctx context.Context, consistent bool) (int, int64, error) {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(poolPK(s.deployment)), ConsistentRead: aws.Bool(consistent)})
+	if err != nil {
+		return 0, 0, unavailable("get pool count", err)
+	}
+	var c struct {
+		Members  int   `dynamodbav:"members"`
+		Revision int64 `dynamodbav:"revision"`
+	}
+	if err := attributevalue.UnmarshalMap(out.Item, &c); err != nil {
+		return 0, 0, fmt.Errorf("decode pool count: %w", err)
+	}
+	return c.Members, c.Revision, nil
+}
+
+// RepairPoolPlaces implements core.PoolStore (a conditional write on the
+// count, compared with the revision the caller read).
+func (s *Store) RepairPoolPlaces(ctx context.Context, revision int64, counted int) error {
+	return s.repairCount(ctx, "pool places", poolPK(s.deployment), "members", revision, counted)
+}
+
+// attrPoolPlace marks a thread-less record holding a pool place (a
+// pooled member, or a leftover adopted for its kill); a claim removes it.
+const attrPoolPlace = "pool_place"
+
+// errNotPoolRecord: the record holds no pool place (Free goes on as for
+// any record).
+var errNotPoolRecord = errors.New("not a pool record")
+
+// freePoolRecord marks a record holding a pool place gone and gives back
+// its slot and place (Free of a pool member), in one transaction;
+// errNotPoolRecord when the record holds no place.
+func (s *Store) freePoolRecord(ctx context.Context, rec core.Record, now time.Time) error {
+	recUpdate, err := s.goneUpdate(rec, now, true)
+	if err != nil {
+		return fmt.Errorf("free pool member: %w", err)
+	}
+	release, err := s.slotsRelease(rec) // a running slot, a paused one, or both (a member being paused)
+	items := append([]types.TransactWriteItem{recUpdate, s.poolCount(-1)}, release...)
+	if err != nil {
+		return fmt.Errorf("free pool member: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "free pool member", items)
+	if r, ok := failed[sandboxPK(rec.SandboxID)]; ok {
+		if old := r.Item; old != nil && old[attrPoolPlace] == nil {
+			if f, _ := old["fence"].(*types.AttributeValueMemberN); f != nil && f.Value == fmt.Sprint(rec.Fence) {
+				return errNotPoolRecord
+			}
+		}
+		return fmt.Errorf("free sandbox %s fence %d: %w", rec.SandboxID, rec.Fence, core.ErrStaleFence)
+	}
+	return err
+}
+
+// freePoolReservation drops a pool reservation and gives back its slot and
+// place (FreeReservation of a refill whose create failed or crashed).
+func (s *Store) freePoolReservation(ctx context.Context, token string) error {
+	failed, err := s.withReservationSlot(ctx, "free pool reservation", token, false, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		del, err := s.reservationDelete(token, slot)
+		if err != nil {
+			return nil, err
+		}
+		return s.slotRelease([]types.TransactWriteItem{del, s.poolCount(-1)}, core.ThreadKey{}, slot)
+	})
+	if err != nil {
+		return err
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("free pool reservation %s: %w", token, core.ErrConflict)
+	}
+	return nil
+}

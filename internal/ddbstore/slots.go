@@ -1,0 +1,638 @@
+package ddbstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
+)
+
+// reserveFallbacks bounds the other buckets one take tries after its
+// first, from its one read of the buckets (each try is one transaction of
+// four or five items, all charged when it is cancelled; a bucket the read
+// showed with room that fills meanwhile is a lost race, and a deployment
+// that loses two is nearly full anyway: trying more cost the tenant's
+// count and the buckets more cancelled units than the slots they found),
+// and limitAttempts the times it sets the buckets' limits for its limit
+// (a concurrent reservation doing the same wins the race).
+const (
+	reserveFallbacks = 1
+	limitAttempts    = 3
+)
+
+// errBucketFull: the bucket a reservation tried has no room;
+// errLimitsUnset: its limit is not set for the reservation's limit.
+var (
+	errBucketFull  = errors.New("capacity bucket full")
+	errLimitsUnset = errors.New("capacity bucket limits not set for this limit")
+	// errGrantedElsewhere: a grant found its ticket granted by a peer's
+	// dispatch since the grant read it waiting.
+	errGrantedElsewhere = fmt.Errorf("ticket granted by a peer: %w", core.ErrConflict)
+)
+
+// Reserve takes a slot and binds the thread to the reservation,
+// atomically (see takeSlot for the bucket it takes).
+func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
+	p := threadPlan(r.ThreadKey, r.Limit, homeSeen{r.HomeFull, r.HomeLast}, r.Lanes, r.Now)
+	if f := r.Freed; f != nil && f.Counted != "" && f.Bucket < min(CapacityBuckets, max(r.Limit, 1)) {
+		p.home, p.homeLast = f.Bucket, false // where a slot was just freed for it
+	}
+	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(t slotTry) error { return s.reserveIn(ctx, r, t) })
+	if err == nil {
+		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating, Quota: true})
+	}
+	return err
+}
+
+// noHome is the home bucket of a take that starts from the read of every
+// bucket: its lookup found its home full (Lookup.HomeFull).
+const noHome = -1
+
+// slotPlan is where a take of a running slot looks for one.
+type slotPlan struct {
+	// limit is the deployment limit the take enforces.
+	limit int
+	// home is the bucket tried first (noHome: none, the read comes first).
+	home int
+	// lane, when not nil, is the buckets of the take's wait lane: they are
+	// read instead of every bucket, and when none of them has room and
+	// none holds a sandbox an eviction could free, the take is refused
+	// with a partial CapacityError without reading the others (see
+	// core.Reservation.Lanes).
+	lane []int
+	// homeLast: the lookup saw the home bucket's last slot free; the take
+	// holds it first (see holdRoom).
+	homeLast bool
+	// now is the caller's clock, for the holds.
+	now time.Time
+}
+
+// homeSeen is what a thread's lookup saw of its home bucket: full
+// (Lookup.HomeFull), or its last slot free (Lookup.HomeLast).
+type homeSeen struct{ full, last bool }
+
+// slotTry is one try of a take: its bucket, and its view of the bucket's
+// holds (hold.by set when the take holds a slot there).
+type slotTry struct {
+	b    int
+	hold roomHold
+}
+
+// fallbacks is how many other buckets the take tries after losing a race:
+// reserveFallbacks, none when it was planned in a wait lane (see
+// core.Reservation.Lanes), whatever it reads later (every bucket, when
+// its lane is full with something elsewhere to evict, or when limits had
+// to be set): a second try there mostly loses too, and each lost race is
+// a cancelled transaction on the tenant's count and a bucket.
+func (p slotPlan) fallbacks() int {
+	if p.lane != nil {
+		return 0
+	}
+	return reserveFallbacks
+}
+
+// threadPlan is the plan of a take for thread k under limit at now: its
+// home (threadHome, or noHome when its lookup found that one full) and,
+// with lanes > 1, its home's lane, no fallback after a lost race, and a
+// hold on the home's last slot when the lookup saw it free.
+func threadPlan(k core.ThreadKey, limit int, seen homeSeen, lanes int, now time.Time) slotPlan {
+	home := threadHome(k, limit)
+	p := slotPlan{limit: limit, home: home, now: now}
+	if seen.full {
+		p.home = noHome
+	}
+	if lanes > 1 {
+		// A deployment with wait lanes is one whose acquires race for
+		// every slot freed: a last slot seen free at the lookup is held
+		// first. Elsewhere the home's take goes first with no hold (one
+		// call less for the create and resume of a deployment whose
+		// buckets hold a slot each), and only a take picked from the read
+		// of the buckets after its home refused, a race already lost,
+		// holds its slot.
+		p.lane = laneBuckets(bucketLane(home, lanes), lanes, limit)
+		p.homeLast = seen.last
+	}
+	return p
+}
+
+// laneBuckets lists the buckets with a share of limit that serve lane of
+// lanes first (bucketLane).
+func laneBuckets(lane, lanes, limit int) []int {
+	var out []int
+	for b := range min(CapacityBuckets, max(limit, 1)) {
+		if bucketLane(b, lanes) == lane {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// takeSlot runs take (a transaction taking a slot in bucket b, which
+// answers errBucketFull or errLimitsUnset when b refuses it) in the plan's
+// home bucket, or when that one is full (or there is none) in another with
+// room, and returns the bucket that gave the slot. The buckets are read
+// once (one BatchGetItem), when the home bucket refuses or first thing
+// without one: the buckets tried are picked from that read, each take
+// deciding whether its room is still there, so that a deployment whose
+// buckets are all busy pays one read of them per acquire rather than one
+// per bucket tried, and a take its lookup knew bound to fail costs no
+// cancelled transaction (its write units on the bucket and on the
+// tenant's count). It refuses for capacity only when every bucket read is
+// full or was tried, with the buckets' sums as the refusal's details:
+// every bucket's, unless the plan has a lane and none of its buckets
+// holds an evictable sandbox (readForTake). Buckets whose limits are not
+// set for the limit get them first (setLimits), and are read again. A
+// bucket whose last slot the take saw free (the home's at the lookup, or
+// any in the read) is held before its transaction (tryTake).
+func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) error) (int, error) {
+	b, limit, fallbacks := p.home, p.limit, p.fallbacks()
+	holder := roomHold{by: newHolder(), now: p.now}
+	hold := p.homeLast && b != noHome // b's last slot was seen free: hold it first
+	var tried []int
+	var buckets []bucketItem // the read of the buckets, once a take failed
+	for limits := 0; ; {
+		if b != noHome {
+			err := s.tryTake(ctx, slotTry{b: b, hold: roomHold{now: p.now}}, limit, hold, holder, take)
+			if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
+				return b, err
+			}
+			if errors.Is(err, errBucketFull) {
+				tried = append(tried, b)
+				updateTried(buckets, b, err)
+			} else {
+				buckets, p.lane = nil, nil // read every bucket again
+			}
+		}
+		if buckets == nil {
+			var whole bool
+			var err error
+			if buckets, whole, err = s.readForTake(ctx, p); err != nil {
+				return b, fmt.Errorf("reading the capacity buckets: %w", err)
+			}
+			if whole {
+				p.lane = nil
+			}
+		}
+		st, tenants := bucketStatus(buckets)
+		st.Limit = limit
+		if st.Draining {
+			return b, &core.CapacityError{Reason: api.RefusalDraining, Status: st, Tenants: tenants}
+		}
+		if needsLimits(buckets, limit) && limits < limitAttempts {
+			limits++
+			if lerr := s.setLimits(ctx, buckets, limit); lerr != nil && !errors.Is(lerr, core.ErrConflict) {
+				return b, lerr
+			}
+			tried, buckets = nil, nil
+			continue // read again: set by us or by a peer
+		}
+		open, last := openBuckets(buckets, limit, p.now, tried)
+		if len(open) == 0 || len(tried) > fallbacks {
+			if p.lane == nil {
+				// Raced: room was left, which peers took first.
+				return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants, Raced: len(open) > 0}
+			}
+			if !evictable(st) {
+				return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants, Partial: true}
+			}
+			// An eviction may free a slot: its fair share, and the
+			// refusal's details, need every bucket.
+			b, buckets, p.lane = noHome, nil, nil
+			continue
+		}
+		b = open[rand.IntN(len(open))]
+		hold = last[b]
+	}
+}
+
+// openBuckets lists the buckets with room (limits set for limit) at now
+// that were not tried, and those of them whose last slot is free and not
+// held (a take holds it first; one already held leaves a slot besides it,
+// taken without a hold).
+func openBuckets(buckets []bucketItem, limit int, now time.Time, tried []int) (open []int, last map[int]bool) {
+	last = map[int]bool{}
+	for _, bk := range buckets {
+		if r := bk.openTo(limit, now); r > 0 && !slices.Contains(tried, bk.Index) {
+			open = append(open, bk.Index)
+			last[bk.Index] = r == 1 && bk.HoldUntil <= ms(now)
+		}
+	}
+	return open, last
+}
+
+// tryTake runs take in t's bucket; with hold, it first holds the slot for
+// holder (holdRoom), and a take that then fails for another reason than
+// the room clears its hold. A hold refused is the take's lost race
+// (errBucketFull), at the cost of one write unit on the bucket alone; a
+// hold that may have been made counts as made.
+func (s *Store) tryTake(ctx context.Context, t slotTry, limit int, hold bool, holder roomHold, take func(slotTry) error) error {
+	if hold {
+		if err := s.holdRoom(ctx, t.b, limit, holder); errors.Is(err, errBucketFull) {
+			return err
+		}
+		t.hold = holder
+	}
+	err := take(t)
+	if hold && err != nil && !errors.Is(err, errBucketFull) {
+		_ = s.releaseHold(ctx, t.b, holder) // a hold not cleared lapses
+	}
+	return err
+}
+
+// readForTake reads the buckets a take picks from: the plan's lane's when
+// it has one, else every bucket (whole); every bucket, strongly
+// consistent, when those read have limits to set (setLimits conditions on
+// what it read, and writes every bucket).
+func (s *Store) readForTake(ctx context.Context, p slotPlan) (buckets []bucketItem, whole bool, err error) {
+	if p.lane != nil {
+		buckets, err = s.readBucketsIn(ctx, p.lane, false)
+	} else {
+		buckets, err = s.readBuckets(ctx, false)
+		whole = true
+	}
+	if err == nil && needsLimits(buckets, p.limit) {
+		buckets, err = s.readBuckets(ctx, true)
+		whole = true
+	}
+	return buckets, whole, err
+}
+
+// evictable reports whether buckets summed to st hold a sandbox an
+// eviction could free a slot of: a warm sandbox, a tombstone, a pool member.
+func evictable(st core.CapacityStatus) bool { return st.Warm+st.Tombstones+st.Pool > 0 }
+
+// bucketRefusal says why bucket av (returned by a failed take) refused a
+// slot under limit: draining, limits unset for limit, or full (a
+// *fullBucket, carrying av when the take returned it).
+func bucketRefusal(av map[string]types.AttributeValue, limit int) error {
+	switch bk := decodeBucket(av); {
+	case bk.Draining:
+		return &core.CapacityError{Reason: api.RefusalDraining, Status: core.CapacityStatus{Limit: limit, Draining: true}}
+	case bk.LimOf != limit:
+		return errLimitsUnset
+	default:
+		return &fullBucket{bucket: bk, seen: len(av) > 0}
+	}
+}
+
+// fullBucket is errBucketFull with the bucket as the refused take found it
+// (seen: the take returned it), fresher than a read made before the take.
+type fullBucket struct {
+	bucket bucketItem
+	seen   bool
+}
+
+func (e *fullBucket) Error() string { return errBucketFull.Error() }
+func (e *fullBucket) Unwrap() error { return errBucketFull }
+
+// updateTried replaces bucket b in buckets with what its refused take
+// (err) found, if it returned the bucket: a refusal then reports the
+// slots peers took since the read.
+func updateTried(buckets []bucketItem, b int, err error) {
+	var fb *fullBucket
+	if !errors.As(err, &fb) || !fb.seen {
+		return
+	}
+	for i := range buckets {
+		if buckets[i].Index == b {
+			fb.bucket.Index = b
+			buckets[i] = fb.bucket
+		}
+	}
+}
+
+// takeUpdate is the bucket update taking one slot of t's bucket, counted
+// in state (tenant, when not empty, joins the bucket's tenant set), and
+// clearing t's hold when it has one.
+func (s *Store) takeUpdate(t slotTry, limit int, state core.State, tenant string) (types.TransactWriteItem, error) {
+	take := takeCondition(limit, t.hold)
+	u := expression.Add(expression.Name("used"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1))
+	if tenant != "" {
+		u = u.Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))
+	}
+	if t.hold.by != "" {
+		u = clearHold(u)
+	}
+	return s.bucketUpdate(t.b, &take, countMove(u, "", state))
+}
+
+// reserveIn is Reserve in bucket b: errBucketFull when b has no room.
+func (s *Store) reserveIn(ctx context.Context, r core.Reservation, t slotTry) error {
+	b := t.b
+	take, err := s.slotTake(t, r.Limit, core.StateCreating, r.Tenant, r.Grant)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	resItem, err := attributevalue.MarshalMap(item{
+		PK: reservationPK(r.Token), SK: sortKey, Tenant: r.Tenant, User: r.User, Thread: r.Thread, Seed: r.Seed,
+		State: string(core.StateCreating), Reservation: r.Token, Deployment: s.deployment,
+		CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
+		Bucket: b, Counted: string(core.StateCreating), Quota: true,
+		GSI1PK: statePK(s.deployment, core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
+	})
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	bindItem, err := attributevalue.MarshalMap(bindingItem{PK: bindingPK(r.ThreadKey), SK: sortKey,
+		Reservation: r.Token, ReservationExpires: ms(r.ExpiresAt), UpdatedAt: ms(r.Now)})
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	bindExpr, err := expression.NewBuilder().WithCondition(replaceCondition(r.ReplaceSandboxID, r.ReplaceReservation)).Build()
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	userItem, err := s.counterTake(userPK(s.deployment, r.ThreadKey), r.MaxPerUser)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	tenantItem, err := s.counterTake(tenantPK(s.deployment, r.Tenant), r.MaxPerTenant)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	notExists := "attribute_not_exists(pk)"
+	failed, err := s.writeTxn(ctx, "reserve", append([]types.TransactWriteItem{
+		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
+		{Put: &types.Put{TableName: &s.table, Item: bindItem, ConditionExpression: bindExpr.Condition(),
+			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
+		userItem,
+		tenantItem,
+	}, take...))
+	if len(failed) == 0 {
+		return err
+	}
+	// Several conditions may fail at once: report what the caller can act
+	// on first (a binding race, then the user's and the tenant's quota),
+	// capacity last, so neither a lost race nor a tenant at its quota ever
+	// triggers an eviction.
+	full, bucketFailed := failed[bucketPK(s.deployment, b)]
+	switch {
+	case has(failed, bindingPK(r.ThreadKey)):
+		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
+	case has(failed, reservationPK(r.Token)):
+		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
+	case s.grantFailed(failed, r.Grant):
+		return fmt.Errorf("reserve: %w", core.ErrGrantLost)
+	case has(failed, userPK(s.deployment, r.ThreadKey)):
+		return &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second,
+			Status: core.CapacityStatus{Limit: r.Limit}}
+	case has(failed, tenantPK(s.deployment, r.Tenant)):
+		return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second,
+			Status: core.CapacityStatus{Limit: r.Limit}}
+	case bucketFailed:
+		return bucketRefusal(full.Item, r.Limit)
+	}
+	return fmt.Errorf("reserve: condition failed on an unexpected item: %w", core.ErrConflict)
+}
+
+// reservationSlots remembers the bucket of the reservations this process
+// took, so that Finalize and FreeReservation name the right bucket at the
+// first try. It is a hint: both check the reservation's slot in their
+// transaction and, when the hint is missing or wrong, take the slot from
+// the refused reservation and try once more.
+type reservationSlots struct {
+	mu sync.Mutex
+	m  map[string]core.Slot
+}
+
+// maxRememberedSlots bounds the hints kept (a reservation whose create
+// stays ambiguous is never finalized here; its hint is dropped in bulk).
+const maxRememberedSlots = 4096
+
+func (r *reservationSlots) remember(token string, slot core.Slot) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil || len(r.m) >= maxRememberedSlots {
+		r.m = map[string]core.Slot{}
+	}
+	r.m[token] = slot
+}
+
+// guess returns the slot token's reservation most likely has (quota: in
+// its user's and tenant's counts, as a thread's reservation is and a pool
+// reservation is not), and forgets it.
+func (r *reservationSlots) guess(token string, quota bool) core.Slot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if slot, ok := r.m[token]; ok {
+		delete(r.m, token)
+		return slot
+	}
+	return core.Slot{Bucket: int(hashOf(token) % CapacityBuckets), Counted: core.StateCreating, Quota: quota}
+}
+
+// slotCondition is the condition that an item's stored slot is slot.
+func slotCondition(slot core.Slot) expression.ConditionBuilder {
+	cond := expression.AttributeExists(expression.Name(AttrPK))
+	if slot.Bucket == 0 {
+		cond = cond.And(expression.AttributeNotExists(expression.Name("bucket")))
+	} else {
+		cond = cond.And(expression.Name("bucket").Equal(expression.Value(slot.Bucket)))
+	}
+	if slot.Counted == "" {
+		cond = cond.And(expression.AttributeNotExists(expression.Name("counted")))
+	} else {
+		cond = cond.And(expression.Name("counted").Equal(expression.Value(string(slot.Counted))))
+	}
+	if slot.Quota {
+		cond = cond.And(expression.Name("quota").Equal(expression.Value(true)))
+	} else {
+		cond = cond.And(expression.AttributeNotExists(expression.Name("quota")))
+	}
+	return cond
+}
+
+// withReservationSlot runs the transaction build(slot) makes, whose first
+// item deletes token's reservation under slotCondition(slot): with the
+// remembered slot first and, when the reservation exists with another
+// slot, once more with the one it has. It returns the failed items as
+// writeTxn does, and ErrNotFound when the reservation does not exist.
+func (s *Store) withReservationSlot(ctx context.Context, op, token string, quota bool, build func(core.Slot) ([]types.TransactWriteItem, error)) (map[string]types.CancellationReason, error) {
+	slot := s.slots.guess(token, quota)
+	for attempt := 0; ; attempt++ {
+		items, err := build(slot)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		failed, err := s.writeTxn(ctx, op, items)
+		r, ok := failed[reservationPK(token)]
+		if !ok {
+			return failed, err
+		}
+		if len(r.Item) == 0 {
+			return nil, fmt.Errorf("%s: reservation %s: %w", op, token, core.ErrNotFound)
+		}
+		var it item
+		if derr := attributevalue.UnmarshalMap(r.Item, &it); derr != nil {
+			return nil, fmt.Errorf("%s: decode reservation: %w", op, derr)
+		}
+		stored := core.Slot{Bucket: it.Bucket, Counted: core.State(it.Counted), Quota: it.Quota}
+		if stored == slot || attempt > 0 {
+			return failed, err
+		}
+		slot = stored
+	}
+}
+
+// reservationDelete is the transaction item deleting token's reservation
+// if it still has slot (the old item is returned when it does not).
+func (s *Store) reservationDelete(token string, slot core.Slot) (types.TransactWriteItem, error) {
+	expr, err := expression.NewBuilder().WithCondition(slotCondition(slot)).Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)),
+		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+}
+
+// Finalize turns a reservation into an active record and rebinds the
+// thread; the record keeps the reservation's slot, and its bucket counts
+// it active instead of creating, in the same transaction.
+func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (core.Record, error) {
+	rec.Fence = 1
+	bindExpr, err := expression.NewBuilder().
+		WithCondition(expression.Name("reservation").Equal(expression.Value(token))).
+		WithUpdate(expression.Set(expression.Name("sandbox_id"), expression.Value(rec.SandboxID)).
+			Set(expression.Name("updated_at"), expression.Value(ms(rec.UpdatedAt))).
+			Remove(expression.Name("reservation")).Remove(expression.Name("reservation_expires"))).
+		Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("finalize: %w", err)
+	}
+	var final core.Record
+	failed, err := s.withReservationSlot(ctx, "finalize", token, true, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		var items []types.TransactWriteItem
+		var err error
+		final, items, err = s.fromReservation(ctx, token, slot, rec, false)
+		return append(items, types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(bindingPK(rec.ThreadKey)),
+			ConditionExpression: bindExpr.Condition(), UpdateExpression: bindExpr.Update(),
+			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}}), err
+	})
+	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) { // the reservation is gone, the record exists or the binding moved
+		return core.Record{}, fmt.Errorf("finalize reservation %s: %w", token, core.ErrConflict)
+	}
+	if err != nil {
+		return core.Record{}, err
+	}
+	return final, nil
+}
+
+// fromReservation returns rec (fence 1) holding the slot of token's
+// reservation (counted in rec.State, or not counted per state when the
+// reservation was not), and the transaction items that make it so: the
+// reservation's delete (conditional on its slot), the record's put (a pool
+// record's with its pool place) and the move of the count in its bucket.
+func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slot, rec core.Record, pool bool) (core.Record, []types.TransactWriteItem, error) {
+	rec.Fence = 1
+	rec.ReservationToken = token // the counter repair counts the record and its reservation once by it
+	rec.Slot = core.Slot{Bucket: slot.Bucket, Counted: rec.State, Quota: slot.Quota}
+	if slot.Counted == "" {
+		rec.Slot.Counted = "" // an older version's reservation: not counted per state
+	}
+	ri := recordItem(rec, s.deployment)
+	ri.PoolPlace = pool
+	if err := s.seal(ctx, &ri); err != nil {
+		return rec, nil, err
+	}
+	recItem, err := attributevalue.MarshalMap(ri)
+	if err != nil {
+		return rec, nil, err
+	}
+	del, err := s.reservationDelete(token, slot)
+	if err != nil {
+		return rec, nil, err
+	}
+	notExists := "attribute_not_exists(pk)"
+	put := types.TransactWriteItem{Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}}
+	if pool {
+		put = notLivePut(&s.table, recItem)
+	}
+	items := []types.TransactWriteItem{del, put}
+	if rec.Slot.Counted != "" {
+		bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, core.StateCreating, rec.State))
+		if err != nil {
+			return rec, nil, err
+		}
+		items = append(items, bucket)
+	}
+	return rec, items, nil
+}
+
+// FreeReservation drops a reservation and its slot (in its bucket, and its
+// user's and tenant's counts when it is in them), then (best effort) the
+// binding if it still names the reservation.
+func (s *Store) FreeReservation(ctx context.Context, token string, key core.ThreadKey) error {
+	if key == (core.ThreadKey{}) {
+		return s.freePoolReservation(ctx, token)
+	}
+	failed, err := s.withReservationSlot(ctx, "free reservation", token, true, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		del, err := s.reservationDelete(token, slot)
+		if err != nil {
+			return nil, err
+		}
+		return s.slotRelease([]types.TransactWriteItem{del}, key, slot)
+	})
+	if err != nil {
+		return err
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("free reservation %s: %w", token, core.ErrConflict)
+	}
+	s.dropBinding(ctx, key, "reservation", token)
+	return nil
+}
+
+// slotRelease appends to items the writes that return a slot: its
+// bucket's used count (and its per-state count), and its user's and
+// tenant's counts when the slot is in them.
+func (s *Store) slotRelease(items []types.TransactWriteItem, key core.ThreadKey, slot core.Slot) ([]types.TransactWriteItem, error) {
+	bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.Add(expression.Name("used"), expression.Value(-1)).
+		Add(expression.Name("revision"), expression.Value(1)), slot.Counted, ""))
+	if err != nil {
+		return nil, err
+	}
+	items = append(items, bucket)
+	if slot.Quota {
+		items = append(items, s.counterRelease(userPK(s.deployment, key)), s.counterRelease(tenantPK(s.deployment, key.Tenant)))
+	}
+	return items, nil
+}
+
+// Free marks a record gone and frees its slots (its running slot, rec.Slot,
+// with its user's and tenant's, and its paused slot: current since the
+// write is fenced by rec.Fence), atomically.
+func (s *Store) Free(ctx context.Context, rec core.Record, now time.Time) error {
+	id, fence := rec.SandboxID, rec.Fence
+	if rec.Tenant == "" {
+		// A pool member's record (or an adopted orphan naming no tenant).
+		if err := s.freePoolRecord(ctx, rec, now); !errors.Is(err, errNotPoolRecord) {
+			return err
+		}
+	}
+	recUpdate, err := s.goneUpdate(rec, now, false)
+	if err != nil {
+		return fmt.Errorf("free: %w", err)
+	}
+	// The fence makes rec's slots the record's own: free exactly those.
+	release, err := s.slotsRelease(rec)
+	items := append([]types.TransactWriteItem{recUpdate}, release...)
+	if err != nil {
+		return fmt.Errorf("free: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "free", items)
+	if has(failed, sandboxPK(id)) {
+		return fmt.Errorf("free sandbox %s fence %d: %w", id, fence, core.ErrStaleFence)
+	}
+	return err
+}

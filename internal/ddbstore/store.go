@@ -1,0 +1,590 @@
+package ddbstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+)
+
+// API lists the DynamoDB calls the store makes (*dynamodb.Client fits).
+type API interface {
+	GetItem(ctx context.Context, in *dynamodb.GetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
+	UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
+	DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
+	TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, opts ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
+	Query(ctx context.Context, in *dynamodb.QueryInput, opts ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
+	BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
+	// Scan is reconcile's only: the counter repair's exact count of the
+	// records and its sweep of the slot counts (RepairCounters).
+	Scan(ctx context.Context, in *dynamodb.ScanInput, opts ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error)
+}
+
+// CallTimeout bounds each DynamoDB call (SDK retries included).
+const CallTimeout = 10 * time.Second
+
+// goneTTL is how long a gone record is kept for inspection before DynamoDB
+// TTL may delete it.
+const goneTTL = 7 * 24 * time.Hour
+
+// Store implements core.Store on one DynamoDB table.
+type Store struct {
+	db         API
+	table      string
+	deployment string
+	sealer     Sealer // nil: access tokens are stored in plaintext
+	slots      reservationSlots
+	scan       int   // tickets a read of the wait queue's head returns (queueScan)
+	sweep      int32 // the parts of the counter repair's sweep (sweepSegments)
+}
+
+var _ core.Store = (*Store)(nil)
+
+// New returns a store over table, scoping the capacity ledger and state
+// index to deployment.
+func New(db API, table, deployment string, opts ...Option) *Store {
+	s := &Store{db: db, table: table, deployment: deployment, scan: queueScan, sweep: sweepSegments}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+func (s *Store) key(pk string) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{
+		AttrPK: &types.AttributeValueMemberS{Value: pk},
+		AttrSK: &types.AttributeValueMemberS{Value: sortKey},
+	}
+}
+
+func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, CallTimeout)
+}
+
+// Lookup reads the thread's binding, its home capacity bucket under limit
+// (threadHome: the draining flag, and whether it is full) and the tenant's
+// slot count in one BatchGetItem (strongly consistent), retrying
+// unprocessed keys.
+func (s *Store) Lookup(ctx context.Context, key core.ThreadKey, limit int) (core.Lookup, error) {
+	bucket := bucketPK(s.deployment, threadHome(key, limit))
+	items, err := s.batchGet(ctx, []map[string]types.AttributeValue{s.key(bindingPK(key)), s.key(bucket),
+		s.key(tenantPK(s.deployment, key.Tenant))}, true)
+	if err != nil {
+		return core.Lookup{}, fmt.Errorf("lookup: %w", err)
+	}
+	look := core.Lookup{Binding: core.Binding{ThreadKey: key}}
+	for _, av := range items {
+		pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
+		if pk == nil {
+			continue
+		}
+		switch pk.Value {
+		case bucket:
+			bk := decodeBucket(av)
+			look.Draining = bk.Draining
+			look.HomeFull = bk.LimOf == limit && bk.room(limit) <= 0
+			look.HomeLast = bk.LimOf == limit && bk.room(limit) == 1
+			continue
+		case tenantPK(s.deployment, key.Tenant):
+			look.TenantUsed = decodeCounter(av)
+			continue
+		}
+		var b bindingItem
+		if err := attributevalue.UnmarshalMap(av, &b); err != nil {
+			return core.Lookup{}, fmt.Errorf("decode binding: %w", err)
+		}
+		look.Bound = true
+		look.Binding.SandboxID = b.SandboxID
+		look.Binding.Reservation = b.Reservation
+		look.Binding.ReservationExpiresAt = fromMS(b.ReservationExpires)
+	}
+	return look, nil
+}
+
+// decodeCounter reads a slot counter item's "used" (0 if absent).
+func decodeCounter(av map[string]types.AttributeValue) int {
+	var c struct {
+		Used int `dynamodbav:"used"`
+	}
+	_ = attributevalue.UnmarshalMap(av, &c)
+	return c.Used
+}
+
+// SetDraining writes every bucket in one transaction, which DynamoDB
+// bounds to 100 items: this fails to compile when the buckets outgrow it.
+const _ = uint(100 - CapacityBuckets - PausedBuckets)
+
+// SetDraining marks the deployment draining (or not): every capacity
+// bucket and paused bucket, in one transaction (96 items, within
+// DynamoDB's 100 a transaction); then, starting a drain, every waiting
+// ticket of the wait queue.
+func (s *Store) SetDraining(ctx context.Context, draining bool) error {
+	items := make([]types.TransactWriteItem, 0, CapacityBuckets+PausedBuckets)
+	for b := range CapacityBuckets {
+		it, err := s.bucketUpdate(b, nil, expression.Set(expression.Name("draining"), expression.Value(draining)).
+			Add(expression.Name("revision"), expression.Value(1)))
+		if err != nil {
+			return fmt.Errorf("set draining: %w", err)
+		}
+		items = append(items, it)
+	}
+	for b := range PausedBuckets {
+		// A pause checks the drain in the paused bucket it takes (see
+		// pausedTake). No revision: the flag moves no count.
+		it, err := s.pausedCountItem(b, expression.NewBuilder().WithUpdate(
+			expression.Set(expression.Name("draining"), expression.Value(draining))))
+		if err != nil {
+			return fmt.Errorf("set draining: %w", err)
+		}
+		items = append(items, it)
+	}
+	if _, err := s.writeTxn(ctx, "set draining", items); err != nil {
+		return err
+	}
+	if draining {
+		return s.markDraining(ctx)
+	}
+	return nil
+}
+
+// replaceCondition is the condition on a thread's binding for a
+// reservation or a pool claim: it still names replaceID, or
+// replaceReservation, or (both empty) there is none.
+func replaceCondition(replaceID, replaceReservation string) expression.ConditionBuilder {
+	switch {
+	case replaceID != "":
+		return expression.Name("sandbox_id").Equal(expression.Value(replaceID))
+	case replaceReservation != "":
+		return expression.Name("reservation").Equal(expression.Value(replaceReservation))
+	default:
+		return expression.AttributeNotExists(expression.Name(AttrPK))
+	}
+}
+
+// notDraining is the condition that the ledger does not say draining.
+func notDraining() expression.ConditionBuilder {
+	return expression.Or(expression.AttributeNotExists(expression.Name("draining")),
+		expression.Name("draining").Equal(expression.Value(false)))
+}
+
+// Get reads a sandbox record.
+func (s *Store) Get(ctx context.Context, id string) (core.Record, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(sandboxPK(id)), ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return core.Record{}, unavailable("get record", err)
+	}
+	if out.Item == nil {
+		return core.Record{}, core.ErrNotFound
+	}
+	return s.decodeRecord(ctx, out.Item)
+}
+
+func (s *Store) decodeRecord(ctx context.Context, av map[string]types.AttributeValue) (core.Record, error) {
+	var it item
+	if err := attributevalue.UnmarshalMap(av, &it); err != nil {
+		return core.Record{}, fmt.Errorf("decode record: %w", err)
+	}
+	return s.recordOf(ctx, it)
+}
+
+// stateIndex returns the clauses that file a record under state in gsi1,
+// and in the owner index (gsi2) when state is warm and its thread, owner,
+// is given (out of it otherwise; see ownerIndex).
+func (s *Store) stateIndex(u expression.UpdateBuilder, st core.State, at time.Time, id string, owner core.ThreadKey) expression.UpdateBuilder {
+	u = ownerIndex(u, s.deployment, st, at, id, owner)
+	if st == core.StateGone {
+		return u.Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK))
+	}
+	return u.Set(expression.Name(AttrGSI1PK), expression.Value(statePK(s.deployment, st, id))).
+		Set(expression.Name(AttrGSI1SK), expression.Value(stateSK(at, id)))
+}
+
+// markDestroying records when a record first became a tombstone; later
+// writes (kill retries) keep the first time.
+func markDestroying(u expression.UpdateBuilder, st core.State, now time.Time) expression.UpdateBuilder {
+	if st != core.StateDestroying {
+		return u
+	}
+	return u.Set(expression.Name("destroying_since"),
+		expression.IfNotExists(expression.Name("destroying_since"), expression.Value(ms(now))))
+}
+
+// claimCondition is Claim's condition: the record exists, belongs to
+// c.Tenant, is in one of c.From, and carries no live lease of another owner.
+func claimCondition(c core.Claim) expression.ConditionBuilder {
+	states := make([]expression.OperandBuilder, 0, len(c.From))
+	for _, st := range c.From[1:] {
+		states = append(states, expression.Value(string(st)))
+	}
+	return expression.AttributeExists(expression.Name(AttrPK)).
+		And(expression.Name("tenant").Equal(expression.Value(c.Tenant))).
+		And(expression.Name("state").In(expression.Value(string(c.From[0])), states...)).
+		And(expression.Or(
+			expression.AttributeNotExists(expression.Name("lease_owner")),
+			expression.Name("lease_expires").LessThanEqual(expression.Value(ms(c.Now))),
+			expression.Name("lease_owner").Equal(expression.Value(c.Owner)),
+		))
+}
+
+// Claim takes a lease on a record (and optionally moves its state).
+func (s *Store) Claim(ctx context.Context, c core.Claim) (core.Record, error) {
+	if len(c.From) == 0 {
+		return core.Record{}, errors.New("claim: no source states")
+	}
+	cond := claimCondition(c)
+	upd := expression.Set(expression.Name("updated_at"), expression.Value(ms(c.Now))).
+		Add(expression.Name("fence"), expression.Value(1))
+	if c.LeaseUntil.IsZero() {
+		upd = upd.Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires"))
+	} else {
+		upd = upd.Set(expression.Name("lease_owner"), expression.Value(c.Owner)).
+			Set(expression.Name("lease_expires"), expression.Value(ms(c.LeaseUntil)))
+	}
+	if c.To != "" {
+		// SET evaluates right-hand sides against the item before the update.
+		upd = upd.Set(expression.Name("prev_state"), expression.Name("state")).
+			Set(expression.Name("state"), expression.Value(string(c.To)))
+		upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID, core.ThreadKey{})
+		upd = markDestroying(upd, c.To, c.Now)
+		upd = meter(upd, c.Now)
+		if !keepsParkTime(c.To) {
+			upd = upd.Remove(expression.Name("parked_at"))
+		}
+	}
+	if c.Below != nil || c.PausedBelow != nil {
+		return s.claimBelow(ctx, c, cond, upd)
+	}
+	rec, old, err := s.update(ctx, "claim", sandboxPK(c.SandboxID), cond, upd)
+	if err == nil || old == nil {
+		return rec, err
+	}
+	return claimRefused(c, *old)
+}
+
+// claimRefused says which part of c's condition the record, as it was
+// found, failed.
+func claimRefused(c core.Claim, old core.Record) (core.Record, error) {
+	if old.Tenant != c.Tenant {
+		return core.Record{}, core.ErrNotFound
+	}
+	inFrom := false
+	for _, st := range c.From {
+		inFrom = inFrom || old.State == st
+	}
+	if !inFrom {
+		return old, fmt.Errorf("sandbox %s is %s: %w", c.SandboxID, old.State, core.ErrConflict)
+	}
+	return old, fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
+}
+
+// claimBelow is Claim with c.Below or c.PausedBelow: the record's update
+// and checks of the tenants' counts, in one transaction, then a read of
+// the record (a transaction returns no item).
+func (s *Store) claimBelow(ctx context.Context, c core.Claim, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim: build expression: %w", err)
+	}
+	checks, err := s.claimChecks(c)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim: %w", err)
+	}
+	pk := sandboxPK(c.SandboxID)
+	failed, err := s.writeTxn(ctx, "claim", append([]types.TransactWriteItem{{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}}, checks...))
+	switch r, recordFailed := failed[pk]; {
+	case recordFailed && len(r.Item) == 0:
+		return core.Record{}, core.ErrNotFound
+	case recordFailed:
+		old, derr := s.decodeRecord(ctx, r.Item)
+		if derr != nil {
+			return core.Record{}, derr
+		}
+		return claimRefused(c, old)
+	case len(failed) > 0:
+		return core.Record{}, fmt.Errorf("claim sandbox %s: a tenant's count is not as the claim requires: %w", c.SandboxID, core.ErrAtFairShare)
+	case err != nil:
+		return core.Record{}, err
+	}
+	rec, err := s.Get(ctx, c.SandboxID)
+	if err != nil {
+		// Applied: the caller holds the claim, whose lease lapses if it
+		// cannot go on without the record.
+		return core.Record{}, fmt.Errorf("claim applied, record not read: %w: %w", core.ErrStoreUnavailable, err)
+	}
+	return rec, nil
+}
+
+// claimChecks are the checks of the tenants' counts a claim carries:
+// c.Below's tenant holds fewer than c.Below.Slots slots; c.PausedBelow's
+// tenant holds at most Held paused slots and the record's tenant at least
+// Held+2 (absent counts are zero).
+func (s *Store) claimChecks(c core.Claim) ([]types.TransactWriteItem, error) {
+	var checks []types.TransactWriteItem
+	if b := c.Below; b != nil {
+		it, err := s.conditionCheck(tenantPK(s.deployment, b.Tenant), expression.Or(
+			expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThan(expression.Value(b.Slots))))
+		if err != nil {
+			return nil, err
+		}
+		checks = append(checks, it)
+	}
+	if p := c.PausedBelow; p != nil {
+		if p.Tenant == c.Tenant {
+			return nil, fmt.Errorf("a paused share check of tenant %s against itself", p.Tenant)
+		}
+		mine, err := s.conditionCheck(tenantPausedPK(s.deployment, p.Tenant), expression.Or(
+			expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThanEqual(expression.Value(p.Held))))
+		if err != nil {
+			return nil, err
+		}
+		theirs, err := s.conditionCheck(tenantPausedPK(s.deployment, c.Tenant),
+			expression.Name("used").GreaterThanEqual(expression.Value(p.Held+2)))
+		if err != nil {
+			return nil, err
+		}
+		checks = append(checks, mine, theirs)
+	}
+	return checks, nil
+}
+
+// update runs a conditional UpdateItem returning the new record; on a
+// condition failure it returns the old record (nil when the item does not
+// exist, with core.ErrNotFound).
+func (s *Store) update(ctx context.Context, op, pk string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, *core.Record, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return core.Record{}, nil, fmt.Errorf("%s: build expression: %w", op, err)
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName: &s.table, Key: s.key(pk),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		if len(ccf.Item) == 0 {
+			return core.Record{}, nil, core.ErrNotFound
+		}
+		old, derr := s.decodeRecord(ctx, ccf.Item)
+		if derr != nil {
+			return core.Record{}, nil, derr
+		}
+		return core.Record{}, &old, fmt.Errorf("%s: condition failed", op)
+	}
+	if err != nil {
+		return core.Record{}, nil, unavailable(op, err)
+	}
+	rec, err := s.decodeRecord(ctx, out.Attributes)
+	return rec, nil, err
+}
+
+// Apply makes a fenced update.
+func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
+	cond := expression.AttributeExists(expression.Name(AttrPK)).
+		And(expression.Name("fence").Equal(expression.Value(u.Fence)))
+	at := u.Now
+	if parkedState(u.State) {
+		at = u.ParkedAt
+	}
+	upd := expression.Set(expression.Name("state"), expression.Value(string(u.State))).
+		Set(expression.Name("updated_at"), expression.Value(ms(u.Now))).
+		Add(expression.Name("fence"), expression.Value(1))
+	upd = s.stateIndex(upd, u.State, at, u.SandboxID, u.Owner)
+	upd = markDestroying(upd, u.State, u.Now)
+	if parkedState(u.State) {
+		upd = upd.Set(expression.Name("parked_at"), expression.Value(ms(u.ParkedAt)))
+	} else {
+		upd = upd.Remove(expression.Name("parked_at"))
+	}
+	if !u.ExpiresAt.IsZero() {
+		upd = upd.Set(expression.Name("expires_at"), expression.Value(ms(u.ExpiresAt)))
+	}
+	if !u.KeepLease {
+		upd = upd.Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires"))
+	}
+	if u.KillAttempt {
+		upd = upd.Add(expression.Name("kill_attempts"), expression.Value(1))
+	}
+	moves := u.Slot.Counted != "" && u.Slot.Counted != u.State
+	if moves {
+		upd = upd.Set(expression.Name("counted"), expression.Value(string(u.State)))
+	}
+	if u.UnlessDraining || moves {
+		// Not metered: a transaction returns no record to meter from (the
+		// record's next write meters the interval).
+		return s.applyWithBucket(ctx, u, cond, upd, moves)
+	}
+	rec, old, err := s.update(ctx, "apply", sandboxPK(u.SandboxID), cond, meter(upd, u.Now))
+	if err != nil && old != nil {
+		return *old, fmt.Errorf("sandbox %s fence %d, now %d: %w", u.SandboxID, u.Fence, old.Fence, core.ErrStaleFence)
+	}
+	return rec, err
+}
+
+// applyWithBucket makes a fenced update in a transaction with the record's
+// capacity bucket: a check that the deployment is not draining
+// (UnlessDraining) and/or the move of the record's count from
+// u.Slot.Counted to u.State. Transactions return no item: it returns the
+// zero Record on success (its callers need none), saving a read.
+func (s *Store) applyWithBucket(ctx context.Context, u core.Update, cond expression.ConditionBuilder, upd expression.UpdateBuilder, moves bool) (core.Record, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return core.Record{}, fmt.Errorf("apply: %w", err)
+	}
+	var bucketCond *expression.ConditionBuilder
+	if u.UnlessDraining {
+		c := notDraining()
+		bucketCond = &c
+	}
+	var bucket types.TransactWriteItem
+	if moves {
+		bucket, err = s.bucketUpdate(u.Slot.Bucket, bucketCond, countMove(expression.UpdateBuilder{}, u.Slot.Counted, u.State))
+	} else {
+		bucket, err = s.conditionCheck(bucketPK(s.deployment, u.Slot.Bucket), *bucketCond)
+	}
+	if err != nil {
+		return core.Record{}, fmt.Errorf("apply: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "apply", []types.TransactWriteItem{
+		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(u.SandboxID)),
+			ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}},
+		bucket,
+	})
+	if has(failed, sandboxPK(u.SandboxID)) {
+		return core.Record{}, fmt.Errorf("sandbox %s fence %d: %w", u.SandboxID, u.Fence, core.ErrStaleFence)
+	}
+	if has(failed, bucketPK(s.deployment, u.Slot.Bucket)) {
+		return core.Record{}, core.ErrDraining
+	}
+	return core.Record{}, err
+}
+
+// dropBinding deletes the thread's binding if attr still equals value.
+// Best effort: a binding left behind names a reservation or record that no
+// longer exists, which acquire treats as no binding.
+func (s *Store) dropBinding(ctx context.Context, key core.ThreadKey, attr, value string) {
+	expr, err := expression.NewBuilder().WithCondition(expression.Name(attr).Equal(expression.Value(value))).Build()
+	if err != nil {
+		return
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, _ = s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: &s.table, Key: s.key(bindingPK(key)),
+		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
+}
+
+// counterRelease is the transaction item that returns one slot of a user
+// or tenant counter (pk), moving its revision (see RepairCounters).
+func (s *Store) counterRelease(pk string) types.TransactWriteItem {
+	u := "ADD #used :minus, #revision :one"
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
+		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#used": "used", "#revision": "revision"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": &types.AttributeValueMemberN{Value: "-1"},
+			":one": &types.AttributeValueMemberN{Value: "1"}}}}
+}
+
+// counterTake is the transaction item that takes one slot of a user or
+// tenant counter (pk), conditional on the count staying within max when
+// max > 0, moving its revision.
+func (s *Store) counterTake(pk string, max int) (types.TransactWriteItem, error) {
+	b := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(1))))
+	if max > 0 {
+		b = b.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThan(expression.Value(max))))
+	}
+	expr, err := b.Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+}
+
+// tenantSet is the string set {tenant}, added to the ledger's "tenants".
+func tenantSet(tenant string) *types.AttributeValueMemberSS {
+	return &types.AttributeValueMemberSS{Value: []string{tenant}}
+}
+
+// goneUpdate is the transaction item marking rec gone, fenced by rec.Fence
+// (and, when pool, only if the record holds a pool place; the old item is
+// then returned on a failed condition).
+func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.TransactWriteItem, error) {
+	cond := expression.Name("fence").Equal(expression.Value(rec.Fence)).
+		And(expression.Name("state").NotEqual(expression.Value(string(core.StateGone))))
+	if pool {
+		cond = cond.And(expression.AttributeExists(expression.Name(attrPoolPlace)))
+	}
+	recExpr, err := expression.NewBuilder().WithCondition(cond).
+		WithUpdate(expression.Set(expression.Name("state"), expression.Value(string(core.StateGone))).
+			Set(expression.Name("updated_at"), expression.Value(ms(now))).
+			Set(expression.Name(AttrTTL), expression.Value(now.Add(goneTTL).Unix())).
+			Add(expression.Name("fence"), expression.Value(1)).
+			Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
+			Remove(expression.Name(AttrGSI2PK)).Remove(expression.Name(AttrGSI2SK)).
+			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
+			Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
+			Remove(expression.Name(attrPoolPlace)).Remove(expression.Name("counted"))).
+		Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	u := &types.Update{TableName: &s.table, Key: s.key(sandboxPK(rec.SandboxID)),
+		ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
+		ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}
+	if pool {
+		u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
+	}
+	return types.TransactWriteItem{Update: u}, nil
+}
+
+// CountStates counts the deployment's records in each of states.
+func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core.State]int, error) {
+	out := make(map[core.State]int, len(states))
+	for _, st := range states {
+		n, err := s.countState(ctx, st)
+		if err != nil {
+			return nil, err
+		}
+		out[st] = n
+	}
+	return out, nil
+}
+
+// WarmParkedBefore lists warm records parked before t, oldest first.
+func (s *Store) WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([]core.Record, error) {
+	sk := expression.Key(AttrGSI1SK).LessThan(expression.Value(stateSK(t, "")))
+	return s.recordsInState(ctx, core.StateWarm, &sk, limit)
+}
+
+// Sample lists up to limit records in state, oldest first, of a random
+// quarter of them (a quarter of the state's index shards); when those hold
+// fewer than four, of all of them (see sampleInState).
+func (s *Store) Sample(ctx context.Context, state core.State, limit int) ([]core.Record, error) {
+	return s.sampleInState(ctx, state, nil, limit)
+}
+
+// Tombstones lists records in StateDestroying, oldest first.
+func (s *Store) Tombstones(ctx context.Context, limit int) ([]core.Record, error) {
+	return s.recordsInState(ctx, core.StateDestroying, nil, limit)
+}
