@@ -128,7 +128,7 @@ type Info struct {
 	// Events addresses the EventBridge stand-in and the file of the
 	// events it received (.run/events.jsonl).
 	Events    EventsInfo        `json:"events"`
-	Functions map[string]string `json:"functions"` // name -> emulator invoke URL
+	Functions map[string]string `json:"functions"` // name -> its Lambda Invoke API URL (queued as the stack's own invocations are)
 	StartedAt time.Time         `json:"started_at"`
 	PID       int               `json:"pid"`
 	LogDir    string            `json:"log_dir"`
@@ -568,13 +568,14 @@ func (s *Stack) startFunctions(ctx context.Context, o Options, rie, logDir strin
 			defer wg.Done()
 			lf, err := startFunction(ctx, f, n, fnLaunch{rie: rie, bootstrap: filepath.Join(o.BuildDir, f.Name, "bootstrap"), logDir: logDir, env: env})
 			if err == nil {
+				lf.log = s.log
 				err = warmUp(ctx, lf)
 			}
 			mu.Lock()
 			defer mu.Unlock()
 			if lf != nil {
 				s.fns[f.Name] = lf
-				s.Info.Functions[f.Name] = lf.url()
+				s.Info.Functions[f.Name] = s.functionURL(f.Name)
 			}
 			if err != nil {
 				errs = append(errs, err)
@@ -589,7 +590,7 @@ func (s *Stack) startFunctions(ctx context.Context, o Options, rie, logDir strin
 func (s *Stack) serveAPI(ln net.Listener, o Options) {
 	s.Info.APIURL = "http://" + ln.Addr().String()
 	gw := &gateway{app: s.app, fns: s.fns, tokens: o.Tokens, log: o.Logger, region: DefaultRegion, apiHost: ln.Addr().String()}
-	s.srv = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
+	s.srv = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 4 * maxRequestHead}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -705,7 +706,11 @@ func (s *Stack) schedule(ctx context.Context, lf *lambdaFn, rate time.Duration) 
 	}
 }
 
-// watch reports the first child that dies.
+// watch reports the first of the stack's own services (DynamoDB Local,
+// versitygw, the sandbox host) that dies: the stack cannot go on without
+// it. A function's emulator is not watched: the next invocation that
+// finds it dead starts it again (lambdaFn.invoke), as Lambda replaces a
+// crashed execution environment.
 func (s *Stack) watch(ctx context.Context) {
 	defer s.wg.Done()
 	t := time.NewTicker(500 * time.Millisecond)
@@ -722,12 +727,6 @@ func (s *Stack) watch(ctx context.Context) {
 				s.fail(fmt.Errorf("%s exited (%v)", c.name, c.cmd.ProcessState))
 				return
 			default:
-			}
-		}
-		for _, lf := range s.fns {
-			if err := lf.exited(); err != nil {
-				s.fail(err)
-				return
 			}
 		}
 	}

@@ -1,6 +1,8 @@
 package devstack
 
 import (
+	"cmp"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -18,6 +20,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/google/uuid"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
 	"github.com/sandbox-broker/sandbox-broker/internal/httpapi"
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
@@ -30,6 +33,34 @@ import (
 // function itself refuses what lies between (httpapi.MaxBodyBytes).
 const maxRequestBody = httpapi.MaxBodyBytes
 
+// Quotas of an API Gateway HTTP API that AWS enforces and the local
+// gateway enforces the same way, so that local runs see what AWS would do.
+const (
+	// maxRequestHead bounds the request line and the header values
+	// together, in bytes; a larger request is refused (431) unread.
+	maxRequestHead = 10240
+	// integrationTimeout is the most the gateway waits for a function's
+	// answer, counted from the request's arrival: reading the body,
+	// waiting for a free instance and the invocation itself. Past it the
+	// caller gets 503 while the invocation, once started, runs on.
+	integrationTimeout = 30 * time.Second
+)
+
+// errIntegrationTimeout: the function did not answer within integrationTimeout.
+var errIntegrationTimeout = errors.New("the integration did not answer within 30 s")
+
+// headSize is the size of r's request line and header values, as
+// API Gateway counts it.
+func headSize(r *http.Request) int {
+	n := len(r.Method) + len(r.RequestURI) + len(r.Proto) + 2
+	for _, vs := range r.Header {
+		for _, v := range vs {
+			n += len(v)
+		}
+	}
+	return n
+}
+
 // gateway serves the template's routes like an API Gateway HTTP API with
 // payload format 2.0 and a static-token Lambda authorizer.
 type gateway struct {
@@ -39,6 +70,8 @@ type gateway struct {
 	log     *slog.Logger
 	region  string
 	apiHost string
+	// timeout is the integration timeout (0: integrationTimeout).
+	timeout time.Duration
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
@@ -69,14 +102,17 @@ func readBody(r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
-// tooLarge answers 413 in the broker's error shape, with the code the
-// function answers for the same body, so clients branch on one
-// machine-readable code whichever refused it.
-func tooLarge(w http.ResponseWriter) {
+// tooLarge answers 413 in the error shape the function answers for the
+// same body (E2B's {code, message} under /e2b, the broker's elsewhere),
+// so clients branch on one shape whichever refused it.
+func tooLarge(w http.ResponseWriter, e2b bool) {
 	b, _ := json.Marshal(map[string]any{"error": map[string]any{
 		"code": api.CodeRequestTooLarge, "message": errBodyTooLarge.Error(), "reason": "",
 		"retryable": false, "retry_after_seconds": 0,
 	}})
+	if e2b {
+		b, _ = json.Marshal(e2bapi.Error{Code: http.StatusRequestEntityTooLarge, Message: errBodyTooLarge.Error()})
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusRequestEntityTooLarge)
 	_, _ = w.Write(b)
@@ -94,6 +130,12 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"duration_ms", time.Since(start).Milliseconds())
 	}()
 
+	if headSize(r) > maxRequestHead {
+		status = http.StatusRequestHeaderFieldsTooLarge
+		apiMessage(w, status, "Request Header Fields Too Large")
+		return
+	}
+	deadline := start.Add(cmp.Or(g.timeout, integrationTimeout))
 	rawPath := r.URL.EscapedPath()
 	route, params, found := g.app.match(r.Method, rawPath)
 	if route.Path == "" {
@@ -111,7 +153,13 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		apiMessage(w, status, "Unauthorized")
 		return
 	}
+	// A slow body ends with the integration. The deadline is lifted once
+	// the body is read: a read deadline passing later would cancel the
+	// request's context.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(deadline)
 	body, err := readBody(r)
+	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		w.Header().Set("Connection", "close") // do not drain the rest of the body
 		if !errors.Is(err, errBodyTooLarge) {
@@ -120,7 +168,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		status = http.StatusRequestEntityTooLarge
-		tooLarge(w)
+		tooLarge(w, strings.HasPrefix(rawPath, "/e2b/"))
 		return
 	}
 	ev := g.event(inbound{r: r, reqID: reqID, route: route, params: params, tenant: tenant, rawPath: rawPath, body: body, at: start})
@@ -137,7 +185,15 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		apiMessage(w, status, "Internal Server Error")
 		return
 	}
-	out, err := fn.invoke(r.Context(), payload)
+	ictx, cancel := context.WithDeadline(r.Context(), deadline)
+	defer cancel()
+	out, err := fn.invokeWithin(ictx, payload)
+	if errors.Is(err, errIntegrationTimeout) {
+		status = http.StatusServiceUnavailable
+		g.log.Error("gateway", "request_id", reqID, "route", route.Key(), "error", err.Error())
+		apiMessage(w, status, "Service Unavailable")
+		return
+	}
 	if err != nil {
 		// As API Gateway: a function error, crash or timeout is a 500 with
 		// its own JSON message; the function's output is not passed on.

@@ -57,6 +57,17 @@ func (s *Stack) invokeURL() string {
 	return "http://" + s.invokeLn.Addr().String()
 }
 
+// functionURL is the Invoke API URL of function name ("" before
+// listenInvoke): what the stack file gives callers from outside the
+// stack (sbx reconcile), so that their invocations queue on the
+// function's instances as the schedule's and the gateway's do.
+func (s *Stack) functionURL(name string) string {
+	if base := s.invokeURL(); base != "" {
+		return base + invokePrefix + name + invokeSuffix
+	}
+	return ""
+}
+
 // refillFunction is the function a pool claim invokes to refill the pool:
 // the scheduled one (the reconcile pass), as in the templates.
 func (s *Stack) refillFunction() string {

@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -29,9 +31,17 @@ type lambdaFn struct {
 	instances []*rieInstance
 	free      chan *rieInstance
 	client    *http.Client
+	// restart starts instance i again when it died (nil: never).
+	restart func(ctx context.Context, i int) (*rieInstance, error)
+	log     *slog.Logger
 }
 
+// rieInstance is one emulator process. An invocation holds it
+// exclusively (it is out of the free channel), and only that invocation
+// replaces a dead one's process; mu guards url and child against stop.
 type rieInstance struct {
+	index int
+	mu    sync.Mutex
 	url   string // invoke URL
 	child *child
 }
@@ -51,7 +61,7 @@ func startFunction(ctx context.Context, fn Function, n int, l fnLaunch) (*lambda
 	if _, err := os.Stat(bootstrap); err != nil {
 		return nil, fmt.Errorf("function %s: %w (run make build)", fn.Name, err)
 	}
-	lf := &lambdaFn{fn: fn, free: make(chan *rieInstance, n), client: &http.Client{}}
+	lf := &lambdaFn{fn: fn, free: make(chan *rieInstance, n), client: &http.Client{}, log: slog.Default()}
 	// The template's values first: the stack's and the caller's override
 	// them (os/exec keeps the last of duplicate keys).
 	fnEnv := append(append(append([]string{}, fn.Env...), env...),
@@ -60,8 +70,10 @@ func startFunction(ctx context.Context, fn Function, n int, l fnLaunch) (*lambda
 		"AWS_LAMBDA_FUNCTION_MEMORY_SIZE="+strconv.Itoa(fn.MemoryMB),
 		"_HANDLER=bootstrap",
 	)
+	launch := fnLaunch{rie: l.rie, bootstrap: bootstrap, logDir: l.logDir, env: fnEnv}
+	lf.restart = func(ctx context.Context, i int) (*rieInstance, error) { return startInstance(ctx, fn, i, launch) }
 	for i := 0; i < n; i++ {
-		inst, err := startInstance(ctx, fn, i, fnLaunch{rie: l.rie, bootstrap: bootstrap, logDir: l.logDir, env: fnEnv})
+		inst, err := startInstance(ctx, fn, i, launch)
 		if err != nil {
 			lf.stop()
 			return nil, err
@@ -105,7 +117,7 @@ func startInstance(ctx context.Context, fn Function, i int, l fnLaunch) (*rieIns
 			return nil
 		})
 		if err == nil {
-			return &rieInstance{url: "http://" + addr + InvokePath, child: c}, nil
+			return &rieInstance{index: i, url: "http://" + addr + InvokePath, child: c}, nil
 		}
 		c.stop(time.Second)
 		last = err
@@ -138,17 +150,18 @@ func (f *lambdaFn) invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		return nil, ctx.Err()
 	}
 	defer func() { f.free <- inst }()
-	select {
-	case <-inst.child.exited:
-		return nil, fmt.Errorf("function %s: emulator exited (%v)", f.fn.Name, inst.child.cmd.ProcessState)
-	default:
+	if err := f.revive(ctx, inst); err != nil {
+		return nil, err
 	}
 	// Once sent, an invocation runs to its end even if the caller goes away
 	// (as in Lambda): the emulator would refuse the next one meanwhile, so
 	// the instance returns to the pool only when it is done.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.fn.Timeout+10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, inst.url, bytes.NewReader(payload))
+	inst.mu.Lock()
+	url := inst.url
+	inst.mu.Unlock()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
 		return nil, err
 	}
@@ -173,6 +186,33 @@ func (f *lambdaFn) invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	return body, nil
 }
 
+// invokeWithin is invoke bounded by ctx: when ctx ends first it returns
+// errIntegrationTimeout (ctx's deadline) or ctx's error, and an
+// invocation already sent runs on to its end, as in Lambda.
+func (f *lambdaFn) invokeWithin(ctx context.Context, payload []byte) ([]byte, error) {
+	type reply struct {
+		out []byte
+		err error
+	}
+	done := make(chan reply, 1)
+	go func() {
+		out, err := f.invoke(ctx, payload)
+		done <- reply{out, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, errIntegrationTimeout // it ended waiting for a free instance
+		}
+		return r.out, r.err
+	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, errIntegrationTimeout
+		}
+		return nil, ctx.Err()
+	}
+}
+
 // isHandlerError recognises Lambda's error reply {"errorMessage", "errorType"}.
 func isHandlerError(body []byte) bool {
 	var v struct {
@@ -182,29 +222,41 @@ func isHandlerError(body []byte) bool {
 	return jsonUnmarshal(body, &v) == nil && v.ErrorMessage != nil && v.StatusCode == nil
 }
 
-func (f *lambdaFn) url() string {
-	if len(f.instances) == 0 {
-		return ""
+// revive starts inst's emulator again when it died (a crash, or a
+// concurrent invocation sent to it from outside the stack, which the
+// emulator answers by exiting). The function's other instances and the
+// rest of the stack go on meanwhile.
+func (f *lambdaFn) revive(ctx context.Context, inst *rieInstance) error {
+	inst.mu.Lock()
+	old := inst.child
+	inst.mu.Unlock()
+	select {
+	case <-old.exited:
+	default:
+		return nil
 	}
-	return f.instances[0].url
+	if f.restart == nil {
+		return fmt.Errorf("function %s: emulator exited (%v)", f.fn.Name, old.cmd.ProcessState)
+	}
+	f.log.Warn("function emulator exited; starting it again", "function", f.fn.Name, "instance", inst.index,
+		"state", fmt.Sprint(old.cmd.ProcessState))
+	ni, err := f.restart(ctx, inst.index)
+	if err != nil {
+		return fmt.Errorf("function %s: restart emulator %d: %w", f.fn.Name, inst.index, err)
+	}
+	inst.mu.Lock()
+	inst.url, inst.child = ni.url, ni.child
+	inst.mu.Unlock()
+	return nil
 }
 
 func (f *lambdaFn) stop() {
 	for _, inst := range f.instances {
-		inst.child.stop(3 * time.Second)
+		inst.mu.Lock()
+		c := inst.child
+		inst.mu.Unlock()
+		c.stop(3 * time.Second)
 	}
-}
-
-// exited reports the first instance found dead, if any.
-func (f *lambdaFn) exited() error {
-	for _, inst := range f.instances {
-		select {
-		case <-inst.child.exited:
-			return fmt.Errorf("function %s: emulator exited (%v)", f.fn.Name, inst.child.cmd.ProcessState)
-		default:
-		}
-	}
-	return nil
 }
 
 var errNoFunction = errors.New("no such function")
