@@ -19,10 +19,30 @@ const (
 )
 
 // AcquireRequest is the body of POST /v1/sandboxes/acquire. The server
-// reads it strictly: exactly these two names, each once.
+// reads it strictly: these names, each at most once, user_id and
+// thread_id required.
 type AcquireRequest struct {
 	UserID   string `json:"user_id"`
 	ThreadID string `json:"thread_id"`
+	// Ticket is the ticket of an earlier AcquireWaiting answer for the
+	// same thread: the acquire keeps its place in the wait queue instead
+	// of joining at the back. Empty on a first acquire.
+	Ticket string `json:"ticket,omitempty"`
+}
+
+// AcquireWaiting is the 202 answer of an acquire that waits for a slot
+// under the overflow policy wait. The caller repeats the acquire with
+// Ticket after RetryAfterSeconds, until it gets the sandbox (200) or a
+// refusal; a waiter that stops asking loses its place by itself. Waiting
+// holds a place in the queue, never a function invocation.
+type AcquireWaiting struct {
+	// Ticket is the waiter's place in the queue: opaque, valid for the
+	// thread that got it until WaitUntil.
+	Ticket            string `json:"ticket"`
+	RetryAfterSeconds int    `json:"retry_after_seconds"`
+	// WaitUntil is when the wait ends (the deployment's acquire timeout
+	// after the first acquire): an acquire still waiting then is refused.
+	WaitUntil time.Time `json:"wait_until"`
 }
 
 // Connection is how to reach a sandbox, as the acquire reply carries it.

@@ -54,6 +54,8 @@ type Client struct {
 	http    *http.Client
 	timeout time.Duration
 	agent   string
+	// sleep waits between the polls of a waiting acquire.
+	sleep func(ctx context.Context, d time.Duration) error
 }
 
 // Option configures a Client.
@@ -70,6 +72,23 @@ func WithTimeout(d time.Duration) Option {
 		if d > 0 {
 			c.timeout = d
 		}
+	}
+}
+
+// WithSleep replaces how a waiting acquire waits between its polls (tests).
+func WithSleep(sleep func(ctx context.Context, d time.Duration) error) Option {
+	return func(c *Client) { c.sleep = sleep }
+}
+
+// sleepCtx waits d, or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -90,7 +109,7 @@ func New(baseURL, token string, opts ...Option) (*Client, error) {
 	}
 	u.Path = strings.TrimRight(u.Path, "/")
 	u.RawQuery, u.Fragment = "", ""
-	c := &Client{base: u, token: token, http: &http.Client{}, timeout: DefaultTimeout, agent: "sandbox-broker-client"}
+	c := &Client{base: u, token: token, http: &http.Client{}, timeout: DefaultTimeout, agent: "sandbox-broker-client", sleep: sleepCtx}
 	for _, o := range opts {
 		o(c)
 	}
@@ -201,13 +220,36 @@ func IsNotFound(err error) bool {
 
 // Acquire asks for the thread's sandbox: POST /v1/sandboxes/acquire with
 // {"user_id","thread_id"}. ids must match ^[A-Za-z0-9_-]{1,64}$ (the server
-// checks). Errors: *APIError (429 capacity, 400 validation, 503 outage), or
+// checks). When the broker answers 202 (waiting for a slot under the
+// overflow policy wait), Acquire asks again with the ticket after the
+// answer's retry_after_seconds, until it gets the sandbox or a refusal:
+// the broker bounds the whole wait (its acquire timeout), ctx may end it
+// sooner. Errors: *APIError (429 capacity, 400 validation, 503 outage), or
 // a transport error.
 func (c *Client) Acquire(ctx context.Context, userID, threadID string) (Sandbox, error) {
-	var out Sandbox
 	body := api.AcquireRequest{UserID: userID, ThreadID: threadID}
-	err := c.do(ctx, http.MethodPost, "/v1/sandboxes/acquire", body, &out)
-	return out, err
+	for {
+		var raw json.RawMessage
+		status, err := c.send(ctx, http.MethodPost, "/v1/sandboxes/acquire", body, &raw)
+		if err != nil {
+			return Sandbox{}, err
+		}
+		if status != http.StatusAccepted {
+			var out Sandbox
+			if err := json.Unmarshal(raw, &out); err != nil {
+				return Sandbox{}, fmt.Errorf("acquire: decode response: %w", err)
+			}
+			return out, nil
+		}
+		var w api.AcquireWaiting
+		if err := json.Unmarshal(raw, &w); err != nil || w.Ticket == "" {
+			return Sandbox{}, fmt.Errorf("acquire: decode waiting answer %q: %v", raw, err)
+		}
+		body.Ticket = w.Ticket
+		if err := c.sleep(ctx, time.Duration(max(w.RetryAfterSeconds, 1))*time.Second); err != nil {
+			return Sandbox{}, fmt.Errorf("acquire: waiting for a slot: %w", err)
+		}
+	}
 }
 
 // Release ends the thread's use of a sandbox: outputs are copied to S3, then
@@ -262,6 +304,12 @@ func (c *Client) Undrain(ctx context.Context) (DrainStatus, error) {
 // do sends one request bounded by c.timeout and decodes a 2xx JSON body into
 // out, or the error body into an *APIError.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	_, err := c.send(ctx, method, path, in, out)
+	return err
+}
+
+// send is do, also returning the 2xx status.
+func (c *Client) send(ctx context.Context, method, path string, in, out any) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 
@@ -269,14 +317,14 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
-			return fmt.Errorf("encode request: %w", err)
+			return 0, fmt.Errorf("encode request: %w", err)
 		}
 		body = bytes.NewReader(b)
 	}
 	// path is already escaped (ids go through url.PathEscape).
 	req, err := http.NewRequestWithContext(ctx, method, c.base.String()+path, body)
 	if err != nil {
-		return fmt.Errorf("build request: %w", err)
+		return 0, fmt.Errorf("build request: %w", err)
 	}
 	req.Header.Set("Accept", "application/json")
 	if in != nil {
@@ -290,20 +338,20 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return 0, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return decodeError(resp)
+		return resp.StatusCode, decodeError(resp)
 	}
 	if out == nil {
-		return nil
+		return resp.StatusCode, nil
 	}
 	dec := json.NewDecoder(io.LimitReader(resp.Body, maxResponseBody))
 	if err := dec.Decode(out); err != nil {
-		return fmt.Errorf("%s %s: decode response (HTTP %d): %w", method, path, resp.StatusCode, err)
+		return resp.StatusCode, fmt.Errorf("%s %s: decode response (HTTP %d): %w", method, path, resp.StatusCode, err)
 	}
-	return nil
+	return resp.StatusCode, nil
 }
 
 // errorBody is the wire shape of an API error, or of an error of the

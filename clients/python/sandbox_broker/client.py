@@ -230,10 +230,20 @@ class Client:
     def acquire(self, user_id: str, thread_id: str) -> Lease:
         """Get the thread's sandbox (reused, reclaimed from warm, resumed
         from paused, claimed from the pre-warmed pool, or created). Idempotent for a thread: it answers the same sandbox
-        while the thread holds it."""
+        while the thread holds it. Under the overflow policy ``wait`` it
+        waits for a slot, asking again with the broker's ticket until it is
+        served or refused."""
         _check(_KEY_PATTERN, "user_id", user_id)
         _check(_KEY_PATTERN, "thread_id", thread_id)
-        body = self._call("POST", "/v1/sandboxes/acquire", {"user_id": user_id, "thread_id": thread_id})
+        payload: dict[str, Any] = {"user_id": user_id, "thread_id": thread_id}
+        while True:
+            body = self._call("POST", "/v1/sandboxes/acquire", payload)
+            if "sandbox_id" in body or not body.get("ticket"):
+                break
+            # 202: waiting for a slot. Ask again with the ticket; the broker
+            # bounds the whole wait and answers a refusal when it ends.
+            payload["ticket"] = str(body["ticket"])
+            self._sleep(max(float(body.get("retry_after_seconds") or 1), 1.0))
         conn = body.get("connection") or {}
         return Lease(
             sandbox_id=str(body.get("sandbox_id", "")),

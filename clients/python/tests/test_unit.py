@@ -192,6 +192,19 @@ class ClientErrorTests(unittest.TestCase):
         self.assertEqual(headers.get("Authorization"), "Bearer tok")
         self.assertEqual(json.loads(body), {"user_id": "alice", "thread_id": "t-1"})
 
+    def test_acquire_waits_with_its_ticket(self) -> None:
+        waiting = {"ticket": "tk-1", "retry_after_seconds": 3, "wait_until": "2026-01-01T00:00:00Z"}
+        self.server.script.extend([  # type: ignore[attr-defined]
+            (202, {"Retry-After": "3"}, waiting),
+            (202, {"Retry-After": "3"}, dict(waiting, ticket="tk-2")),
+            (200, {}, {"sandbox_id": "sb1", "state": "active", "source": "created", "backend": "e2b", "connection": {}, "expires_at": ""}),
+        ])
+        lease = self.client().acquire("alice", "t-1")
+        self.assertEqual(lease.sandbox_id, "sb1")
+        sent = [json.loads(r[3]) for r in self.server.requests]  # type: ignore[attr-defined]
+        self.assertEqual([b.get("ticket") for b in sent], [None, "tk-1", "tk-2"])
+        self.assertEqual(self.slept, [3.0, 3.0])
+
     def test_bad_arguments_fail_before_any_request(self) -> None:
         c = self.client()
         for call in (lambda: c.acquire("a b", "t"), lambda: c.acquire("a", "x" * 65), lambda: c.release("../x"), lambda: c.get("")):
