@@ -179,8 +179,6 @@ var Parameters = []Parameter{
 		Description: "Slots one tenant may hold across its users; 0 = no cap (empty = the default)."},
 	{Name: "SandboxMaxWaitersPerTenant", Env: config.EnvMaxWaitersPerTenant, Default: "", AllowedPattern: `^([0-9]+)?$`,
 		Description: "Acquires of one tenant that may wait for a slot at once (wait policy), 0 to 100; 0 = the most, 100 (empty = the default, 10)."},
-	{Name: "SandboxWaitLanes", Env: config.EnvWaitLanes, Default: "", AllowedPattern: `^([0-8])?$`,
-		Description: "Lanes of the wait queue, each served in order by its own capacity buckets (wait policy); empty or 0 = one lane; at most 8."},
 	{Name: "SandboxPauseAfterSeconds", Env: config.EnvPauseAfterSeconds, Default: "300", AllowedPattern: `^(-1|[0-9]+)$`,
 		Description: "Idle seconds before a warm sandbox is paused (providers that can pause); 0 = at release, -1 = never."},
 	{Name: "SandboxMaxPaused", Env: config.EnvMaxPaused, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,

@@ -33,9 +33,6 @@ const (
 	EnvMaxPerUser            = "SANDBOX_MAX_PER_USER"
 	EnvMaxPerTenant          = "SANDBOX_MAX_PER_TENANT"
 	EnvMaxWaitersPerTenant   = "SANDBOX_MAX_WAITERS_PER_TENANT"
-	// EnvWaitLanes is the wait queue's lane count (unset or 0: one; at
-	// most core.MaxWaitLanes).
-	EnvWaitLanes = "SANDBOX_WAIT_LANES"
 	// Pause-parking (providers that can pause): idle seconds before a warm
 	// sandbox is paused (0: at release, -1: never), the paused slots
 	// (default 10 × SANDBOX_REPLICAS) and how long one stays paused.
@@ -121,7 +118,7 @@ var deploymentPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 var knownSandboxVars = map[string]bool{
 	EnvReplicas: true, EnvOverflowPolicy: true, EnvAcquireTimeoutSeconds: true,
 	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true,
-	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvWaitLanes: true, EnvSandboxProvider: true,
+	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
 	EnvPoolSize: true, EnvPoolMaxAgeSeconds: true, EnvPoolParked: true,
 	EnvPauseAfterSeconds: true, EnvMaxPaused: true, EnvPausedTTLSeconds: true,
 }
@@ -293,10 +290,6 @@ func Parse(environ []string) (Config, []string, error) {
 	s.MaxPerUser = p.intVar(EnvMaxPerUser, s.MaxPerUser, 0)
 	s.MaxPerTenant = p.intVar(EnvMaxPerTenant, s.MaxPerTenant, 0)
 	s.MaxWaitersPerTenant = p.intVar(EnvMaxWaitersPerTenant, s.MaxWaitersPerTenant, 0)
-	if s.WaitLanes = p.intVar(EnvWaitLanes, s.WaitLanes, 0); s.WaitLanes > core.MaxWaitLanes {
-		p.fail(EnvWaitLanes, "must be <= %d, got %d", core.MaxWaitLanes, s.WaitLanes)
-		s.WaitLanes = 0
-	}
 	s.PauseAfter = p.pauseAfter(s.PauseAfter)
 	s.MaxPaused = p.intVar(EnvMaxPaused, 0, 1) // unset: 10 × replicas (core.Settings.PausedLimit)
 	s.PausedTTL = p.seconds(EnvPausedTTLSeconds, s.PausedTTL)

@@ -50,7 +50,6 @@ func TestParseOverrides(t *testing.T) {
 		"SANDBOX_REPLICAS=1", "SANDBOX_OVERFLOW_POLICY=reject", "SANDBOX_ACQUIRE_TIMEOUT_SECONDS=5",
 		"SANDBOX_BURST_LIMIT=2", "SANDBOX_IDLE_TIMEOUT_SECONDS=60", "SANDBOX_ACTIVE_TIMEOUT_SECONDS=120",
 		"SANDBOX_TEMPLATE=python", "SANDBOX_DEPLOYMENT_ID=dev-1", "SANDBOX_MAX_PER_TENANT=7", "SANDBOX_MAX_WAITERS_PER_TENANT=4",
-		"SANDBOX_WAIT_LANES=3",
 		"E2B_API_URL=http://127.0.0.1:3000/", "E2B_SANDBOX_URL=http://127.0.0.1:3001",
 		"OUTPUT_PREFIX=/outputs/", "LOG_LEVEL=debug", "AWS_ENDPOINT_URL_S3=http://127.0.0.1:9000",
 	))
@@ -59,9 +58,9 @@ func TestParseOverrides(t *testing.T) {
 	}
 	s := c.Settings
 	got := []any{s.Replicas, s.Policy, s.AcquireTimeout, s.BurstLimit, s.IdleTimeout, s.ActiveTimeout, s.Template, s.Deployment,
-		s.MaxPerTenant, s.MaxWaitersPerTenant, s.WaitLanes, c.E2B.APIURL, c.E2B.SandboxURL, c.OutputPrefix, c.LogLevel, c.S3PathStyle}
+		s.MaxPerTenant, s.MaxWaitersPerTenant, c.E2B.APIURL, c.E2B.SandboxURL, c.OutputPrefix, c.LogLevel, c.S3PathStyle}
 	want := []any{1, core.PolicyReject, 5 * time.Second, 2, 60 * time.Second, 120 * time.Second, "python", "dev-1",
-		7, 4, 3, "http://127.0.0.1:3000", "http://127.0.0.1:3001", "outputs", slog.LevelDebug, true}
+		7, 4, "http://127.0.0.1:3000", "http://127.0.0.1:3001", "outputs", slog.LevelDebug, true}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v\nwant %v", got, want)
 	}
@@ -81,8 +80,6 @@ func TestParseInvalidNamesVariable(t *testing.T) {
 		{"burst negative", base("SANDBOX_BURST_LIMIT=-2"), "SANDBOX_BURST_LIMIT"},
 		{"tenant quota negative", base("SANDBOX_MAX_PER_TENANT=-1"), "SANDBOX_MAX_PER_TENANT"},
 		{"waiters not int", base("SANDBOX_MAX_WAITERS_PER_TENANT=ten"), "SANDBOX_MAX_WAITERS_PER_TENANT"},
-		{"lanes over eight", base("SANDBOX_WAIT_LANES=9"), "SANDBOX_WAIT_LANES"},
-		{"lanes negative", base("SANDBOX_WAIT_LANES=-1"), "SANDBOX_WAIT_LANES"},
 		{"idle zero", base("SANDBOX_IDLE_TIMEOUT_SECONDS=0"), "SANDBOX_IDLE_TIMEOUT_SECONDS"},
 		{"active huge", base("SANDBOX_ACTIVE_TIMEOUT_SECONDS=999999999"), "SANDBOX_ACTIVE_TIMEOUT_SECONDS"},
 		{"deployment bad", base("SANDBOX_DEPLOYMENT_ID=a/b"), "SANDBOX_DEPLOYMENT_ID"},

@@ -21,7 +21,7 @@ func VariableNames() []string {
 		EnvPoolMaxAgeSeconds,
 		EnvPoolRefillFunction,
 		EnvPoolParked,
-		EnvDeploymentID, EnvMaxPerUser, EnvMaxPerTenant, EnvMaxWaitersPerTenant, EnvWaitLanes, EnvAdminTenants, EnvTenantClaim,
+		EnvDeploymentID, EnvMaxPerUser, EnvMaxPerTenant, EnvMaxWaitersPerTenant, EnvAdminTenants, EnvTenantClaim,
 		EnvPauseAfterSeconds, EnvMaxPaused, EnvPausedTTLSeconds,
 		EnvE2BAPIURL,
 		EnvE2BSandboxURL,

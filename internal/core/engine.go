@@ -253,9 +253,6 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		switch {
 		case !errors.As(err, &ce):
 		case e.s.Policy != PolicyWait || ce.Reason != api.RefusalCapacity || !e.now().Add(waitPoll).Before(deadline):
-			if lookWhole(st, ce) {
-				continue
-			}
 			if !ce.Raced || st.raced >= maxRacedRetries {
 				return AcquireResult{}, err
 			}
@@ -271,8 +268,6 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 				continue // granted: the next attempt takes the slot
 			case errors.Is(werr, errTicketGone):
 				continue // look again (and queue again if still full)
-			case cannotWait(werr) && lookWhole(st, ce):
-				continue // every bucket first
 			case cannotWait(werr) && ce.Raced && st.raced < maxRacedRetries && e.now().Add(wait).Before(deadline):
 				st.raced++ // no waiter place, but the deployment had room: try again
 			case errors.Is(werr, errWaitTimedOut):
@@ -315,12 +310,8 @@ type acquireState struct {
 	// atShare: an eviction found it holding its fair share since.
 	tenantUsed int
 	atShare    bool
-	// homeFull and homeLast are the lookup's Lookup.HomeFull and
-	// Lookup.HomeLast, for the takes.
-	homeFull, homeLast bool
-	// whole: the takes read every bucket, not only their wait lane's
-	// (see lookWhole).
-	whole bool
+	// homeFull is the lookup's Lookup.HomeFull, for the takes.
+	homeFull bool
 	// freed is the slot the last eviction freed, for the next take
 	// (Reservation.Freed); nil when none.
 	freed *Slot
@@ -344,7 +335,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 	if err != nil {
 		return res, false, fmt.Errorf("lookup thread: %w", err)
 	}
-	st.homeFull, st.homeLast = look.HomeFull, look.HomeLast
+	st.homeFull = look.HomeFull
 	if look.Draining {
 		return res, false, e.drainingError()
 	}
@@ -606,7 +597,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 		token = "res-" + newOwner()[4:]
 		return e.took(st, e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, HomeFull: st.homeFull, HomeLast: st.homeLast, Lanes: e.takeLanes(st), Grant: st.grant}))
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, HomeFull: st.homeFull, Grant: st.grant}))
 	})
 	if err != nil {
 		return AcquireResult{}, retry, err
@@ -632,11 +623,9 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			return true, fmt.Errorf("take slot: %w", err)
 		case errors.As(err, &ce) && ce.Reason == api.RefusalDraining:
 			return false, e.drainingError()
-		case errors.As(err, &ce) && (ce.Partial || ce.Raced):
-			// None of the lane's buckets had room or anything to evict,
-			// or peers took the room there was: nothing to evict for;
-			// wait in the queue, whose turns read every bucket, or try
-			// again.
+		case errors.As(err, &ce) && ce.Raced:
+			// Peers took the room there was: nothing to evict for; wait
+			// in the queue, or try again.
 			return true, e.refused(ce)
 		case errors.As(err, &ce):
 			if quotaRefusal(ce.Reason) && evictions < maxEvictions {
@@ -701,36 +690,12 @@ func (e *Engine) refused(ce *CapacityError) *CapacityError {
 	return ce
 }
 
-// takeLanes is Reservation.Lanes for st's takes: the wait lanes under
-// the wait policy with more than one, else (or once st reads every
-// bucket) 0.
-func (e *Engine) takeLanes(st *acquireState) int {
-	if st.whole || e.s.Policy != PolicyWait || e.s.WaitLaneCount() < 2 {
-		return 0
-	}
-	return e.s.WaitLaneCount()
-}
-
 // cannotWait reports whether werr, a wait's end, says the acquire cannot
 // wait for a slot: its wait ran out, or it could not queue (no waiter
 // place, the queue unavailable).
 func cannotWait(werr error) bool {
 	var ce *CapacityError
 	return errors.Is(werr, errWaitTimedOut) || errors.As(werr, &ce) && ce.Reason != api.RefusalDraining
-}
-
-// lookWhole reports whether the acquire should try again reading every
-// bucket before it answers with ce: ce is partial (its lane's buckets
-// were full, CapacityError.Partial) and the acquire cannot wait (no time
-// left, no waiter place, its wait ran out), so other lanes' buckets may
-// still have room, and a refusal must mean that every bucket was full.
-// Once per acquire: its takes read every bucket from then on.
-func lookWhole(st *acquireState, ce *CapacityError) bool {
-	if !ce.Partial || st.whole {
-		return false
-	}
-	st.whole = true
-	return true
 }
 
 // evictCandidates is how many of the least recently parked warm sandboxes

@@ -63,11 +63,6 @@ type CapacityError struct {
 	// Tenants names the tenants holding slots, as the store read them with
 	// a RefusalCapacity (fair share); not part of the reply.
 	Tenants []string
-	// Partial: Status and Tenants sum only the buckets of the acquire's
-	// wait lane (Reservation.Lanes), none of which had room or held a
-	// sandbox an eviction could free. The engine waits without evicting;
-	// it never answers with one, but looks again at every bucket first.
-	Partial bool
 	// Raced: the buckets read had room, but peers took every slot the
 	// take tried first. The deployment is not full: the engine evicts
 	// nothing for it, and rather than answer with it, waits (under wait)

@@ -346,9 +346,7 @@ func byKind(m map[string]float64, a float64) string {
 //   - waiting-wide: the same with 96 callers of 24 tenants on 64 slots,
 //     one in each capacity bucket: the waiting load of a deployment whose
 //     buckets all take part, bounded by the queue rather than by its
-//     limit, in one lane (the default);
-//   - waiting-lanes: waiting-wide with the queue in 8 lanes
-//     (SANDBOX_WAIT_LANES), each served by 8 of the buckets.
+//     limit.
 func BenchmarkHotKeys(b *testing.B) {
 	for _, bm := range []struct {
 		name string
@@ -358,9 +356,6 @@ func BenchmarkHotKeys(b *testing.B) {
 		{"saturated", func(b *testing.B, r *hotRig) { mixedLoad(b, r, true) }},
 		{"waiting", func(b *testing.B, r *hotRig) { waitingLoad(b, r, waitingShape{slots: 8, callers: 24, tenants: 6}) }},
 		{"waiting-wide", func(b *testing.B, r *hotRig) { waitingLoad(b, r, waitingShape{slots: 64, callers: 96, tenants: 24}) }},
-		{"waiting-lanes", func(b *testing.B, r *hotRig) {
-			waitingLoad(b, r, waitingShape{slots: 64, callers: 96, tenants: 24, lanes: core.MaxWaitLanes})
-		}},
 	} {
 		b.Run(bm.name, func(b *testing.B) {
 			r := newHotRig(b)
@@ -565,9 +560,8 @@ func mixedThread(rng *rand.Rand, saturated bool) core.ThreadKey {
 }
 
 // waitingShape is the size of a waiting load: its limit, callers and
-// their tenants (each caller's threads are its own), and its queue's
-// lanes (0: one).
-type waitingShape struct{ slots, callers, tenants, lanes int }
+// their tenants (each caller's threads are its own).
+type waitingShape struct{ slots, callers, tenants int }
 
 // waitingLoad is the waiting load: see BenchmarkHotKeys.
 func waitingLoad(b *testing.B, r *hotRig, shape waitingShape) {
@@ -575,7 +569,7 @@ func waitingLoad(b *testing.B, r *hotRig, shape waitingShape) {
 	slots, callers, tenants := shape.slots, shape.callers, shape.tenants
 	r.prov.Pausable = true // before the engine is built
 	eng := r.engine(b, func(s *core.Settings) {
-		s.Replicas, s.Policy, s.PauseAfter, s.WaitLanes = slots, core.PolicyWait, 0, shape.lanes
+		s.Replicas, s.Policy, s.PauseAfter = slots, core.PolicyWait, 0
 		s.MaxPaused = 4096 // room for every thread's paused sandbox: no pause evicts
 		s.AcquireTimeout = 20 * time.Second
 	})

@@ -352,7 +352,7 @@ func (e *Engine) resumeParked(ctx context.Context, key ThreadKey, rec Record, ow
 			var err error
 			claimed, err = ps.ClaimResume(ctx, ResumeClaim{Claim: Claim{SandboxID: rec.SandboxID, Tenant: key.Tenant, Owner: owner,
 				Now: now, LeaseUntil: e.leaseUntil(ctx)}, Key: key, Limit: e.s.Limit(), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant,
-				Grant: st.grant, HomeFull: st.homeFull, HomeLast: st.homeLast, Lanes: e.takeLanes(st)})
+				Grant: st.grant, HomeFull: st.homeFull})
 			return e.took(st, err)
 		})
 		if err != nil {

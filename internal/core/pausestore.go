@@ -18,11 +18,9 @@ type ResumeClaim struct {
 	Limit        int
 	MaxPerUser   int
 	MaxPerTenant int
-	// Grant, HomeFull, HomeLast and Lanes are Reservation's.
+	// Grant and HomeFull are Reservation's.
 	Grant    *Grant
 	HomeFull bool
-	HomeLast bool
-	Lanes    int
 }
 
 // PauseStore is the store access pause-parking needs beyond Store

@@ -1146,7 +1146,7 @@ func (p *pass) ledger(ctx context.Context) error {
 // by a repair, a raised limit) granted to the first waiters.
 func (p *pass) waitQueue(ctx context.Context) error {
 	res, err := p.e.store.Dispatch(ctx, Dispatch{Now: p.e.now(), Limit: p.e.s.Limit(), Bucket: -1, Scan: true,
-		AllLanes: true, Lanes: p.e.s.WaitLaneCount(), GrantFor: grantFor})
+		GrantFor: grantFor})
 	if err != nil {
 		return fmt.Errorf("serve the wait queue: %w", err)
 	}

@@ -37,9 +37,6 @@ type Settings struct {
 	// once (RefusalTooManyWaiters). 0 = the most places a tenant can have
 	// (100).
 	MaxWaitersPerTenant int
-	// WaitLanes is how many lanes the wait queue has (see WaitLaneCount):
-	// 0 is one, 1 to MaxWaitLanes sets it.
-	WaitLanes int
 	// AcquireTimeout bounds waiting for a slot under PolicyWait (> 0).
 	AcquireTimeout time.Duration
 	// IdleTimeout is how long a released sandbox stays warm; it is set as the
@@ -131,20 +128,6 @@ func (s Settings) ExpiryLead() time.Duration {
 	return min(2*time.Minute, s.IdleTimeout/4)
 }
 
-// MaxWaitLanes is the most lanes a wait queue has.
-const MaxWaitLanes = 8
-
-// WaitLaneCount is the number of lanes of the wait queue: WaitLanes (one
-// when 0), never more than the limit's slots, so that every lane has a
-// capacity bucket of its own whose frees serve it. Each lane is served in
-// (round, arrival) order by the frees of its own buckets, so that a
-// queue's reads and writes spread over its lanes' partitions. One lane is
-// the default: one order for the whole queue, and the layout every
-// version reads (a version that knows no lanes reads only the first).
-func (s Settings) WaitLaneCount() int {
-	return max(1, min(s.WaitLanes, MaxWaitLanes, s.Limit()))
-}
-
 // Validate returns every problem, each naming its field.
 func (s Settings) Validate() error {
 	var errs []error
@@ -164,9 +147,6 @@ func (s Settings) Validate() error {
 	}
 	if s.MaxWaitersPerTenant < 0 || s.MaxWaitersPerTenant > maxWaiterPlaces {
 		errs = append(errs, fmt.Errorf("MaxWaitersPerTenant: must be 0 to %d, got %d", maxWaiterPlaces, s.MaxWaitersPerTenant))
-	}
-	if s.WaitLanes < 0 || s.WaitLanes > MaxWaitLanes {
-		errs = append(errs, fmt.Errorf("WaitLanes: must be 0 to %d, got %d", MaxWaitLanes, s.WaitLanes))
 	}
 	if s.MaxPerTenant < 0 {
 		errs = append(errs, fmt.Errorf("MaxPerTenant: must be >= 0, got %d", s.MaxPerTenant))

@@ -117,30 +117,8 @@ type Reservation struct {
 	Freed *Slot
 	// HomeFull is the lookup's Lookup.HomeFull: the store skips the take
 	// in the thread's home bucket and picks one with room from its read of
-	// the buckets (every bucket, or with Lanes its lane's; ignored with
-	// Freed).
+	// every bucket (ignored with Freed).
 	HomeFull bool
-	// HomeLast is the lookup's Lookup.HomeLast: with Lanes, the store first
-	// holds the home bucket's last slot with a write of the bucket alone,
-	// so that a take that loses its race for it cancels no transaction
-	// (on the tenant's count above all).
-	HomeLast bool
-	// Lanes, when > 1, is the wait queue's lane count under the wait
-	// policy: the store reads only the buckets of the thread's lane (those
-	// whose frees serve that lane first) for a slot, and when none has
-	// room and none holds a sandbox an eviction could free, it refuses
-	// with a partial CapacityError, without reading the others. The
-	// acquire then waits: its ticket's turns read every bucket. Fewer
-	// acquires race for each freed slot, and each read costs an eighth.
-	// Such a take also stops at the first race it loses for a slot (its
-	// home, or the bucket it tried from its read, of its lane or, when it
-	// read every bucket, of any) rather than trying another: each lost
-	// race is a cancelled transaction charged on the tenant's count and a
-	// bucket, the keys that bound a deployment's acquires a second, while
-	// a wait costs the lanes' spread queue keys, and the slot raced for
-	// was about to go to the queue anyway. (With one lane the queue's own
-	// keys bind first, so a take tries one more.)
-	Lanes int
 	// Grant, when set, is the slot a dispatch holds in trust for this
 	// acquire's ticket: the reservation takes it over (its bucket's used
 	// count unchanged, Limit not checked) and the ticket and its place
@@ -157,24 +135,20 @@ type Waiter struct {
 	Tenant string
 	Ticket string
 	Max    int
-	// Lanes is the queue's lane count (Settings.WaitLaneCount; 0: one).
-	Lanes int
-	Now   time.Time
-	Until time.Time
+	Now    time.Time
+	Until  time.Time
 }
 
 // Ticket is a waiter's entry in the deployment's wait queue. The queue is
-// made of lanes (Settings.WaitLaneCount), each served in the order of Key:
-// the ticket's round, then its arrival. A tenant's first waiter joins the
-// round of its lane's head; each further waiter it has at once, one round
-// later than the latest round it holds (round-robin across tenants).
+// served in the order of Key: the ticket's round, then its arrival. A
+// tenant's first waiter joins the round of the queue's head; each further
+// waiter it has at once, one round later than the latest round it holds
+// (round-robin across tenants).
 type Ticket struct {
 	ID     string
 	Tenant string
 	// Place is the tenant's waiter place the ticket holds.
 	Place int
-	// Lane is the queue lane the ticket is in (0 to MaxWaitLanes-1).
-	Lane  int
 	Round int
 	// Key is the ticket's sort key in the queue: round, arrival, ID.
 	Key string
@@ -223,17 +197,6 @@ type Dispatch struct {
 	// except the head's own turn).
 	Scan bool
 	Self string
-	// Lanes is the queue's lane count (0: one): a free serves the lane of
-	// Bucket first, unless ServeLane: then lane Lane (a waiter's turn: its
-	// ticket's lane; a slot freed by a lane head's turn: the head's).
-	Lanes, Lane int
-	ServeLane   bool
-	// AllLanes (reconcile's backstop) reads every lane there may be,
-	// whatever Lanes says, and the partition the queue had before it was
-	// spread: tickets and grants a change of the lane count stranded, or
-	// an older version queued, are served there. Any other dispatch that
-	// names no lane reads the Lanes lanes.
-	AllLanes bool
 	// GrantFor is how long a grant stays its ticket's before it lapses.
 	GrantFor time.Duration
 }
@@ -272,9 +235,6 @@ type Lookup struct {
 	// take (Reservation.HomeFull, ResumeClaim.HomeFull), which then starts
 	// from a read of every bucket instead of a transaction bound to fail.
 	HomeFull bool
-	// HomeLast: that bucket had one slot left, which the take holds before
-	// it sends its transaction (Reservation.HomeLast).
-	HomeLast bool
 }
 
 // Store is the durable state of the broker (DynamoDB in production).

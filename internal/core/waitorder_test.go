@@ -162,8 +162,6 @@ type orderCounts struct {
 	contested int // of them, made while a later ticket provably waited too
 	rounds    int // tickets queued while another of their tenant's provably held a place
 	newcomers int // tickets queued while none of their tenant's held one (complete checks only)
-	// laneGrants are the grants checked by their ticket's lane.
-	laneGrants [core.MaxWaitLanes]int
 }
 
 func (n *orderCounts) add(m orderCounts) {
@@ -171,23 +169,20 @@ func (n *orderCounts) add(m orderCounts) {
 	n.contested += m.contested
 	n.rounds += m.rounds
 	n.newcomers += m.newcomers
-	for l, g := range m.laneGrants {
-		n.laneGrants[l] += g
-	}
 }
 
 // check returns the breaches of the fairness rule the README states:
 //
-//   - Grants follow each lane's order: a dispatch that granted ticket T
-//     left no ticket of T's lane with a smaller key waiting, ungranted
-//     and live, from before the dispatch to after it.
+//   - Grants follow the queue's order: a dispatch that granted ticket T
+//     left no ticket with a smaller key waiting, ungranted and live,
+//     from before the dispatch to after it.
 //   - A tenant's further waiter joins a later round: a ticket queued
 //     while another ticket of its tenant held a place (provably, from
 //     before its EnterWait to after it) has a larger round.
 //   - With complete, a tenant's first waiter joins the head's round: a
 //     ticket queued when every other ticket of its tenant queued before
 //     its EnterWait returned had ended with its acquire has a round no
-//     larger than that of any ticket live in its lane throughout its
+//     larger than that of any ticket live in the queue throughout its
 //     EnterWait. Only where every call's outcome is known (complete: no
 //     faults) is "no place held" proved.
 func (o *waitOrder) check(complete bool) ([]string, orderCounts) {
@@ -211,11 +206,10 @@ func (o *waitOrder) checkGrants(n *orderCounts) []string {
 	for _, d := range o.dispatches {
 		for _, g := range d.granted {
 			n.grants++
-			n.laneGrants[g.Lane]++
 			contested := false
 			for _, w := range o.tickets {
 				switch {
-				case w.t.ID == g.ID || w.t.Lane != g.Lane || !w.waitingThrough(d.now, d.done):
+				case w.t.ID == g.ID || !w.waitingThrough(d.now, d.done):
 				case w.t.Key < g.Key:
 					bad = append(bad, fmt.Sprintf("dispatch at %s granted %s (key %s) while %s (key %s) waited ahead of it",
 						d.now.Format(time.RFC3339Nano), g.ID, g.Key, w.t.ID, w.t.Key))
@@ -258,7 +252,7 @@ func (o *waitOrder) checkRounds(complete bool, n *orderCounts) []string {
 		}
 		n.newcomers++
 		for _, w := range o.tickets {
-			if w != t && w.t.Lane == t.t.Lane && w.liveThrough(t.called, t.queued) && t.t.Round > w.t.Round {
+			if w != t && w.liveThrough(t.called, t.queued) && t.t.Round > w.t.Round {
 				bad = append(bad, fmt.Sprintf("%s's first waiter %s joined round %d behind %s's live ticket %s in round %d",
 					t.t.Tenant, t.t.ID, t.t.Round, w.t.Tenant, w.t.ID, w.t.Round))
 			}
@@ -305,22 +299,12 @@ func (w *ticketLog) ended(at time.Time) bool {
 // checked (waitOrder.check), and reconcile must converge: the slots
 // counted equal the records and reservations holding them, every running
 // sandbox is a live record's, and no waiter place is held.
-//
-// It runs with one lane, and with two: then each lane's order is checked
-// (lane 0 gets two of the slots, lane 1 one), and both must be served.
 func TestStressWaitOrderUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stress test: skipped in -short mode")
 	}
-	for _, lanes := range []int{1, 2} {
-		t.Run(fmt.Sprint("lanes=", lanes), func(t *testing.T) { stressWaitOrder(t, lanes) })
-	}
-}
-
-// stressWaitOrder is TestStressWaitOrderUnderFaults with lanes lanes.
-func stressWaitOrder(t *testing.T, lanes int) {
 	const limit = 3
-	deployment := fmt.Sprint("waitorder", lanes)
+	const deployment = "waitorder"
 	r := &waitOrderRun{t: t, clk: &clock{}, failed: map[string]int{}, tenants: []stressTenant{
 		{name: "hog", agents: 8, threads: 2, hostile: true},
 		{name: "acme", agents: 2, threads: 2},
@@ -338,7 +322,7 @@ func stressWaitOrder(t *testing.T, lanes int) {
 	prov.faults.Store(true)
 	s := core.DefaultSettings()
 	s.Deployment, s.Replicas, s.Policy = deployment, limit, core.PolicyWait
-	s.MaxWaitersPerTenant, s.WaitLanes = 3, lanes
+	s.MaxWaitersPerTenant = 3
 	s.AcquireTimeout, s.LeaseDuration = 8*time.Second, 3*time.Second
 	s.PauseAfter, s.MaxPaused = 0, 12
 	rs := core.DefaultReconcileSettings()
@@ -375,11 +359,6 @@ func stressWaitOrder(t *testing.T, lanes int) {
 	converge("after the clean phase")
 	if total.grants == 0 || total.contested == 0 || total.rounds == 0 || total.newcomers == 0 {
 		t.Errorf("wait order: checked %+v: some rule was not exercised", total)
-	}
-	for l, g := range total.laneGrants[:lanes] {
-		if g == 0 {
-			t.Errorf("wait order: no grant in lane %d of %d was checked", l, lanes)
-		}
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
@@ -13,9 +12,8 @@ import (
 // Fair waiting. Under PolicyWait an acquire refused for capacity queues a
 // ticket (Store.EnterWait) and then reads only its own ticket until a
 // dispatch grants it a slot, held in trust for it; its next attempt takes
-// that slot over (Reservation.Grant, ResumeClaim.Grant). Each lane of the
-// queue (Settings.WaitLaneCount) is served in (round, arrival) order (see
-// Ticket), by the frees of its own buckets first. Dispatches run after every write
+// that slot over (Reservation.Grant, ResumeClaim.Grant). The queue is
+// served in (round, arrival) order (see Ticket). Dispatches run after every write
 // that frees a running slot (dispatchFreed), once by each waiter right
 // after it queued (a free that read the queue just before the ticket was
 // written would otherwise leave the slot unused), every waitTurnEvery
@@ -70,7 +68,6 @@ type WaitNote struct {
 	Event   WaitEvent
 	Tenant  string
 	Ticket  string
-	Lane    int
 	Round   int
 	SortKey string
 	// Enqueued is when the ticket was queued; Served when it was served
@@ -101,7 +98,7 @@ func (e *Engine) note(w *waiting, ev WaitEvent) {
 		return
 	}
 	t := w.ticket
-	n := WaitNote{Event: ev, Tenant: t.Tenant, Ticket: t.ID, Lane: t.Lane, Round: t.Round, SortKey: t.Key,
+	n := WaitNote{Event: ev, Tenant: t.Tenant, Ticket: t.ID, Round: t.Round, SortKey: t.Key,
 		Enqueued: t.Arrived, GaveUp: ev == WaitGaveUp}
 	if ev != WaitEnqueued {
 		n.Served = e.now()
@@ -118,16 +115,14 @@ func (e *Engine) note(w *waiting, ev WaitEvent) {
 // would have waited.
 //
 // A refusal here carries the figures of the capacity refusal that sent
-// the acquire to wait (refused): the deployment was full as it says (a
-// partial refusal's figures are the lane's, and the acquire then looks
-// again at every bucket before it answers: see lookWhole).
+// the acquire to wait (refused): the deployment was full as it says.
 func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, deadline time.Time, st *acquireState, refused CapacityStatus) error {
 	places := e.s.MaxWaitersPerTenant
 	if places <= 0 {
 		places = maxWaiterPlaces
 	}
 	t, err := e.store.EnterWait(ctx, Waiter{Tenant: key.Tenant, Ticket: owner + "-" + newOwner()[4:], Max: places,
-		Lanes: e.s.WaitLaneCount(), Now: e.now(), Until: deadline.Add(responseMargin)})
+		Now: e.now(), Until: deadline.Add(responseMargin)})
 	var ce *CapacityError
 	switch {
 	case errors.As(err, &ce):
@@ -194,21 +189,19 @@ func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, 
 	}
 }
 
-// waitTurn is a waiter's own dispatch: it cleans the head of its lane and
+// waitTurn is a waiter's own dispatch: it cleans the head of the queue and
 // grants the slots there is room for (reading each ticket first), reading
-// the capacity buckets only when this waiter is its lane's first live
-// waiting ticket. The head then frees a slot for itself as a refused
-// acquire does (one eviction under its tenant's fair share, else, once
-// per acquire, the slots of sandboxes the provider ended): the free's
-// dispatch serves the head's lane, and so grants it to the head. The
+// the capacity buckets only when this waiter is the first live waiting
+// ticket. The head then frees a slot for itself as a refused acquire does
+// (one eviction under its tenant's fair share, else, once per acquire,
+// the slots of sandboxes the provider ended): the free's dispatch serves
+// the queue in order, and so grants it to the head. The
 // only error is the draining refusal, when the head finds the deployment
 // draining.
 func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *acquireState) error {
 	me := st.wait.ticket.ID
 	tctx, cancel := context.WithTimeout(ctx, dispatchBudget)
-	lane := st.wait.ticket.Lane
-	res, err := e.store.Dispatch(tctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: -1, Self: me,
-		Lanes: e.s.WaitLaneCount(), Lane: lane, ServeLane: true, GrantFor: grantFor})
+	res, err := e.store.Dispatch(tctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: -1, Self: me, GrantFor: grantFor})
 	cancel()
 	switch {
 	case err != nil:
@@ -219,10 +212,6 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 	case res.Head != me || !res.Read:
 		return nil
 	}
-	// The slot freed for the head goes to its lane, whatever the lane of
-	// the bucket it was freed in; any further slot the turn frees (the
-	// dead sandboxes' of one check) goes to its own bucket's lane.
-	ctx = context.WithValue(ctx, servedLane{}, &laneClaim{lane: lane})
 	_, ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants), res.Status)
 	if atShare {
 		st.atShare = true // evict only its own from now on
@@ -232,26 +221,6 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 		e.freeDead(ctx, owner)
 	}
 	return nil
-}
-
-// servedLane is the context key of the lane a lane head's turn frees a
-// slot for (a *laneClaim): the first free's dispatch serves it first.
-type servedLane struct{}
-
-// laneClaim is a lane owed one freed slot.
-type laneClaim struct {
-	lane  int
-	taken atomic.Bool
-}
-
-// laneOwed reports the lane the first free made under ctx serves first
-// (false for every later one, and without a claim).
-func laneOwed(ctx context.Context) (int, bool) {
-	c, ok := ctx.Value(servedLane{}).(*laneClaim)
-	if !ok || !c.taken.CompareAndSwap(false, true) {
-		return 0, false
-	}
-	return c.lane, true
 }
 
 // took returns err, the outcome of a take that was given st's grant (if
@@ -271,7 +240,7 @@ func (e *Engine) took(st *acquireState, err error) error {
 // grant it holds passes on to the next waiter). Given back even when the
 // caller went away: a short call of its own.
 func (e *Engine) leaveWait(ctx context.Context, st *acquireState) {
-	w, g := st.wait, st.grant
+	w := st.wait
 	st.wait, st.grant = nil, nil
 	if w == nil || w.done {
 		return
@@ -284,11 +253,6 @@ func (e *Engine) leaveWait(ctx context.Context, st *acquireState) {
 		e.log.WarnContext(ctx, "leave wait failed; the ticket lapses by itself", "tenant", w.ticket.Tenant, "ticket", w.ticket.ID, "err", err)
 	}
 	e.note(w, WaitGaveUp)
-	if g != nil && err == nil && e.s.WaitLaneCount() > 1 {
-		// The grant went to the next waiter of its lane, or, with nobody
-		// there, its slot was freed: offer it to the other lanes.
-		e.dispatchFreed(lctx, g.Bucket)
-	}
 }
 
 // dispatchFreed serves the wait queue after a write freed a running slot
@@ -301,10 +265,7 @@ func (e *Engine) dispatchFreed(ctx context.Context, bucket int) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, dispatchBudget)
 	defer cancel()
-	d := Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: bucket, Scan: bucket < 0, Lanes: e.s.WaitLaneCount(), GrantFor: grantFor}
-	if bucket >= 0 {
-		d.Lane, d.ServeLane = laneOwed(ctx)
-	}
+	d := Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: bucket, Scan: bucket < 0, GrantFor: grantFor}
 	if _, err := e.store.Store.Dispatch(dctx, d); err != nil {
 		e.log.WarnContext(ctx, "dispatch after a free failed", "bucket", bucket, "err", err)
 	}

@@ -182,17 +182,12 @@ func bucketIndex(deployment, pk string) int {
 // only when consistent: an eventually consistent read costs half the
 // read units, and picking a bucket or reporting counts needs no more, the
 // take's own condition deciding).
+// A bucket never written reads as empty.
 func (s *Store) readBuckets(ctx context.Context, consistent bool) ([]bucketItem, error) {
-	all := make([]int, CapacityBuckets)
-	for b := range all {
-		all[b] = b
+	idx := make([]int, CapacityBuckets)
+	for b := range idx {
+		idx[b] = b
 	}
-	return s.readBucketsIn(ctx, all, consistent)
-}
-
-// readBucketsIn reads buckets idx (one BatchGetItem), in idx's order; a
-// bucket never written reads as empty.
-func (s *Store) readBucketsIn(ctx context.Context, idx []int, consistent bool) ([]bucketItem, error) {
 	keys := make([]map[string]types.AttributeValue, 0, len(idx))
 	for _, b := range idx {
 		keys = append(keys, s.key(bucketPK(s.deployment, b)))

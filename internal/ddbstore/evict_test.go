@@ -257,58 +257,46 @@ func TestReserveReadsTheBucketsOnce(t *testing.T) {
 	}
 }
 
-// TestALaneTakeGivesUpAfterOneLostRace: a reservation whose home is
-// full reads the buckets and tries one the read shows with room; when
-// peers took every such slot meanwhile, a take of the whole deployment
-// loses a second race before it is refused, and one confined to its wait
-// lane (Reservation.Lanes) is refused after the first.
-func TestALaneTakeGivesUpAfterOneLostRace(t *testing.T) {
+// TestATakeGivesUpAfterTwoLostRaces: a reservation whose home is full
+// reads the buckets and tries one the read shows with room; when peers
+// took every such slot meanwhile, it loses a second race before it is
+// refused.
+func TestATakeGivesUpAfterTwoLostRaces(t *testing.T) {
 	const limit = 8 // eight buckets of one slot
-	// Buckets 0, 2, 4 and 6 serve lane 0 of two, the home's.
 	const openA, openB, full = 0, 4, 2
-	for _, tc := range []struct {
-		lanes int
-		holds int // holds tried on the last slot of a bucket: lost races
-	}{
-		{lanes: 0, holds: 2},
-		{lanes: 2, holds: 1},
-	} {
-		t.Run(fmt.Sprintf("lanes=%d", tc.lanes), func(t *testing.T) {
-			s, peer, calls := racedStores(t)
-			ctx := context.Background()
-			reserve := func(st *ddbstore.Store, token string, k core.ThreadKey, homeFull bool) error {
-				return st.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
-					HomeFull: homeFull, Lanes: tc.lanes})
+	s, peer, calls := racedStores(t)
+	ctx := context.Background()
+	reserve := func(st *ddbstore.Store, token string, k core.ThreadKey, homeFull bool) error {
+		return st.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
+			HomeFull: homeFull})
+	}
+	for b := range limit {
+		if b != openA && b != openB {
+			if err := reserve(peer, fmt.Sprint("res-", b), threadIn(t, "filler", b, limit), false); err != nil {
+				t.Fatalf("fill bucket %d: %v", b, err)
 			}
-			for b := range limit {
-				if b != openA && b != openB {
-					if err := reserve(peer, fmt.Sprint("res-", b), threadIn(t, "filler", b, limit), false); err != nil {
-						t.Fatalf("fill bucket %d: %v", b, err)
-					}
-				}
+		}
+	}
+	calls.counts()
+	raced := false
+	calls.after["BatchGetItem"] = func() { // the take's read of the buckets: peers take both open slots
+		if raced {
+			return
+		}
+		raced = true
+		for _, b := range []int{openA, openB} {
+			if err := reserve(peer, fmt.Sprint("res-peer-", b), threadIn(t, "peer", b, limit), false); err != nil {
+				t.Errorf("the peer's Reserve in bucket %d: %v", b, err)
 			}
-			calls.counts()
-			raced := false
-			calls.after["BatchGetItem"] = func() { // the take's read of the buckets: peers take both open slots
-				if raced {
-					return
-				}
-				raced = true
-				for _, b := range []int{openA, openB} {
-					if err := reserve(peer, fmt.Sprint("res-peer-", b), threadIn(t, "peer", b, limit), false); err != nil {
-						t.Errorf("the peer's Reserve in bucket %d: %v", b, err)
-					}
-				}
-			}
-			err := reserve(s, "res-new", threadIn(t, "u1", full, limit), true)
-			var ce *core.CapacityError
-			if !errors.As(err, &ce) || ce.Reason != api.RefusalCapacity {
-				t.Fatalf("Reserve = %v, want a capacity refusal (both open slots taken by peers)", err)
-			}
-			if got, want := calls.counts(), map[string]int{"BatchGetItem": 1, "UpdateItem": tc.holds}; !maps.Equal(got, want) {
-				t.Errorf("Reserve made %v, want %v", got, want)
-			}
-		})
+		}
+	}
+	err := reserve(s, "res-new", threadIn(t, "u1", full, limit), true)
+	var ce *core.CapacityError
+	if !errors.As(err, &ce) || ce.Reason != api.RefusalCapacity {
+		t.Fatalf("Reserve = %v, want a capacity refusal (both open slots taken by peers)", err)
+	}
+	if got, want := calls.counts(), map[string]int{"BatchGetItem": 1, "UpdateItem": 2}; !maps.Equal(got, want) {
+		t.Errorf("Reserve made %v, want %v", got, want)
 	}
 }
 
@@ -335,21 +323,21 @@ func TestLookupTellsTheTakeItsHomeIsFull(t *testing.T) {
 	}
 	key := threadIn(t, "u1", full, limit)
 	for _, tc := range []struct {
-		name           string
-		key            core.ThreadKey
-		limit          int
-		wantFull, last bool
+		name     string
+		key      core.ThreadKey
+		limit    int
+		wantFull bool
 	}{
-		{"home full", key, limit, true, false},
-		{"home open, its last slot", threadIn(t, "u1", open, limit), limit, false, true},
-		{"limits set for another limit", key, limit + 1, false, false},
+		{"home full", key, limit, true},
+		{"home open", threadIn(t, "u1", open, limit), limit, false},
+		{"limits set for another limit", key, limit + 1, false},
 	} {
 		look, err := s.Lookup(ctx, tc.key, tc.limit)
 		if err != nil {
 			t.Fatalf("%s: Lookup: %v", tc.name, err)
 		}
-		if look.HomeFull != tc.wantFull || look.HomeLast != tc.last {
-			t.Errorf("%s: HomeFull, HomeLast = %v, %v, want %v, %v", tc.name, look.HomeFull, look.HomeLast, tc.wantFull, tc.last)
+		if look.HomeFull != tc.wantFull {
+			t.Errorf("%s: HomeFull = %v, want %v", tc.name, look.HomeFull, tc.wantFull)
 		}
 	}
 	calls.counts()
@@ -378,127 +366,4 @@ func threadIn(t *testing.T, user string, b, limit int) core.ThreadKey {
 	}
 	t.Fatalf("no thread has home bucket %d", b)
 	return core.ThreadKey{}
-}
-
-// TestALaneTakeReadsItsLane: a take with wait lanes reads only its
-// thread's lane's buckets and, when none has room and none holds a
-// sandbox an eviction could free, is refused with the lane's figures
-// (Partial) without reading the others, though they have room. When one
-// of them holds a warm sandbox, or the take has no lanes, it reads every
-// bucket and takes the room there is.
-func TestALaneTakeReadsItsLane(t *testing.T) {
-	const limit, lanes = 16, 2 // sixteen buckets of one slot, eight a lane
-	for _, tc := range []struct {
-		name      string
-		lanes     int
-		warm      bool
-		partial   bool
-		wantCalls map[string]int
-	}{
-		{"its lane full", lanes, false, true, map[string]int{"BatchGetItem": 1}},
-		// A hold on the last slot of the bucket it picks, then the take.
-		{"its lane full, a sandbox warm", lanes, true, false, map[string]int{"BatchGetItem": 2, "UpdateItem": 1, "TransactWriteItems": 1}},
-		{"no lanes", 0, false, false, map[string]int{"BatchGetItem": 1, "UpdateItem": 1, "TransactWriteItems": 1}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s, calls := countedStore(t)
-			ctx := context.Background()
-			reserve := func(token string, k core.ThreadKey, homeFull bool, lanes int) error {
-				return s.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
-					HomeFull: homeFull, Lanes: lanes})
-			}
-			// Lane 0's buckets (the even ones) full, one of them by a
-			// sandbox parked warm when the case says so.
-			for b := 0; b < limit; b += lanes {
-				k := threadIn(t, "filler", b, limit)
-				token := fmt.Sprint("res-", b)
-				if err := reserve(token, k, false, 0); err != nil {
-					t.Fatalf("fill bucket %d: %v", b, err)
-				}
-				rec, err := s.Finalize(ctx, token, core.Record{SandboxID: fmt.Sprint("sbx", b), ThreadKey: k, State: core.StateActive,
-					Backend: "e2b", CreatedAt: t0, UpdatedAt: t0})
-				if err != nil {
-					t.Fatalf("Finalize %d: %v", b, err)
-				}
-				if b == 0 && tc.warm {
-					if _, err := s.Apply(ctx, core.Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0, Slot: rec.Slot}); err != nil {
-						t.Fatalf("park warm: %v", err)
-					}
-				}
-			}
-			calls.counts()
-			err := reserve("res-new", threadIn(t, "u1", 2, limit), true, tc.lanes)
-			got := calls.counts()
-			var ce *core.CapacityError
-			switch {
-			case tc.partial && (!errors.As(err, &ce) || ce.Reason != api.RefusalCapacity || !ce.Partial):
-				t.Fatalf("Reserve = %v, want a partial capacity refusal", err)
-			case tc.partial && ce.Status.Used != limit/lanes:
-				t.Errorf("refusal's used = %d, want %d: its lane's buckets only", ce.Status.Used, limit/lanes)
-			case !tc.partial && err != nil:
-				t.Fatalf("Reserve = %v, want the slot of another lane's bucket", err)
-			}
-			if !maps.Equal(got, tc.wantCalls) {
-				t.Errorf("Reserve made %v, want %v", got, tc.wantCalls)
-			}
-		})
-	}
-}
-
-// TestAnEscalatedLaneTakeGivesUpAfterOneLostRace: a take confined to its
-// wait lane whose lane is full but holds a warm sandbox reads every
-// bucket; when peers took every slot that read showed open, it is still
-// refused after the first race it loses, as in its lane (a second try
-// there mostly loses too, each a cancelled transaction on the tenant's
-// count and a bucket).
-func TestAnEscalatedLaneTakeGivesUpAfterOneLostRace(t *testing.T) {
-	const limit, lanes = 8, 2 // eight buckets of one slot; lane 0 is the even ones
-	open := []int{1, 5}       // in lane 1
-	s, peer, calls := racedStores(t)
-	ctx := context.Background()
-	reserve := func(st *ddbstore.Store, token string, k core.ThreadKey, homeFull bool, lanes int) error {
-		return st.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
-			HomeFull: homeFull, Lanes: lanes})
-	}
-	for b := range limit {
-		if slices.Contains(open, b) {
-			continue
-		}
-		k, token := threadIn(t, "filler", b, limit), fmt.Sprint("res-", b)
-		if err := reserve(peer, token, k, false, 0); err != nil {
-			t.Fatalf("fill bucket %d: %v", b, err)
-		}
-		rec, err := peer.Finalize(ctx, token, core.Record{SandboxID: fmt.Sprint("sbx", b), ThreadKey: k, State: core.StateActive,
-			Backend: "e2b", CreatedAt: t0, UpdatedAt: t0})
-		if err != nil {
-			t.Fatalf("Finalize %d: %v", b, err)
-		}
-		if b == 0 { // in the take's lane: something an eviction could free
-			if _, err := peer.Apply(ctx, core.Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0, Slot: rec.Slot}); err != nil {
-				t.Fatalf("park warm: %v", err)
-			}
-		}
-	}
-	calls.counts()
-	// The first read is the lane's; after the second, of every bucket,
-	// peers take both open slots.
-	calls.after["BatchGetItem"] = func() {
-		calls.mu.Lock()
-		defer calls.mu.Unlock()
-		calls.after["BatchGetItem"] = func() {
-			for _, b := range open {
-				if err := reserve(peer, fmt.Sprint("res-peer-", b), threadIn(t, "peer", b, limit), false, 0); err != nil {
-					t.Errorf("the peer's Reserve in bucket %d: %v", b, err)
-				}
-			}
-		}
-	}
-	err := reserve(s, "res-new", threadIn(t, "u1", 2, limit), true, lanes)
-	var ce *core.CapacityError
-	if !errors.As(err, &ce) || ce.Reason != api.RefusalCapacity || ce.Partial {
-		t.Fatalf("Reserve = %v, want a capacity refusal of the whole deployment (both open slots taken by peers)", err)
-	}
-	if got, want := calls.counts(), map[string]int{"BatchGetItem": 2, "UpdateItem": 1}; !maps.Equal(got, want) {
-		t.Errorf("Reserve made %v, want %v: its lane's read, every bucket's, one lost race (a hold refused)", got, want)
-	}
 }

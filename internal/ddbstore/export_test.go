@@ -6,9 +6,8 @@ import (
 )
 
 // ShardOf, ShardsOf, SampleShards, ThreadHome, OwnerShard, QueueShardOf,
-// TicketLane, PausedPK and ItemPK expose shardOf, shardsOf, sampleShards,
-// threadHome, ownerShard, queueShardOf, ticketLane, pausedPK and itemPK to
-// the tests.
+// PausedPK and ItemPK expose shardOf, shardsOf, sampleShards, threadHome,
+// ownerShard, queueShardOf, pausedPK and itemPK to the tests.
 var (
 	ItemPK       = itemPK
 	ShardOf      = shardOf
@@ -17,7 +16,6 @@ var (
 	ThreadHome   = threadHome
 	OwnerShard   = ownerShard
 	QueueShardOf = queueShardOf
-	TicketLane   = ticketLane
 	PausedPK     = pausedPK
 )
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -94,55 +93,6 @@ func TestATakeRefusedForAQuotaClearsItsHold(t *testing.T) {
 	}
 	if err := ddbstore.HoldRoom(ctx, s, open, limit, "next", t0); err != nil {
 		t.Errorf("a hold of the open slot after the refusal = %v, want it free of the refused take's hold", err)
-	}
-}
-
-// TestATakeSeeingItsHomesLastSlotHoldsItFirst: with wait lanes, a take
-// whose lookup saw its home bucket's last slot free (Reservation.HomeLast)
-// holds it before its transaction; when a rival holds it meanwhile, the
-// take's hold is refused, a lost race that cancels no transaction (it
-// then reads its lane and, the lane's take stopping at its first lost
-// race, is refused). Without lanes the home's take holds nothing.
-func TestATakeSeeingItsHomesLastSlotHoldsItFirst(t *testing.T) {
-	const limit, home = 8, 2 // eight buckets of one slot
-	for _, tc := range []struct {
-		name      string
-		lanes     int
-		rival     bool
-		wantCalls map[string]int
-	}{
-		{"lanes", 2, false, map[string]int{"UpdateItem": 1, "TransactWriteItems": 1}},
-		{"lanes, a rival's hold", 2, true, map[string]int{"UpdateItem": 1, "BatchGetItem": 1}},
-		{"no lanes", 0, false, map[string]int{"TransactWriteItems": 1}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s, calls := countedStore(t)
-			ctx := context.Background()
-			reserve := func(token string, k core.ThreadKey, homeLast bool) error {
-				return s.Reserve(ctx, core.Reservation{Token: token, ThreadKey: k, Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute),
-					HomeLast: homeLast, Lanes: tc.lanes})
-			}
-			if err := reserve("setup", threadIn(t, "setup", home+1, limit), false); err != nil {
-				t.Fatalf("setup Reserve: %v", err)
-			}
-			if tc.rival {
-				if err := ddbstore.HoldRoom(ctx, s, home, limit, "rival", t0); err != nil {
-					t.Fatalf("the rival's hold: %v", err)
-				}
-			}
-			calls.counts()
-			err := reserve("take", threadIn(t, "u1", home, limit), true)
-			var ce *core.CapacityError
-			switch {
-			case tc.rival && (!errors.As(err, &ce) || ce.Reason != api.RefusalCapacity):
-				t.Fatalf("Reserve = %v, want a capacity refusal after the lost race", err)
-			case !tc.rival && err != nil:
-				t.Fatalf("Reserve: %v", err)
-			}
-			if got := calls.counts(); !maps.Equal(got, tc.wantCalls) {
-				t.Errorf("Reserve made %v, want %v", got, tc.wantCalls)
-			}
-		})
 	}
 }
 

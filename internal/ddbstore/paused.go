@@ -469,7 +469,7 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
 	}
 	c.Tenant = r.Key.Tenant
-	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit, homeSeen{r.HomeFull, r.HomeLast}, r.Lanes, c.Now), r.Grant, func(t slotTry) error { return s.claimResumeIn(ctx, r, c, t) })
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit, r.HomeFull, c.Now), r.Grant, func(t slotTry) error { return s.claimResumeIn(ctx, r, c, t) })
 	if err != nil {
 		return core.Record{}, err
 	}

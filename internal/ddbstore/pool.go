@@ -144,7 +144,7 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 		return s.claimPoolMemberIn(ctx, c, slotTry{b: c.Member.Slot.Bucket, hold: roomHold{now: c.Now}})
 	}
 	var rec core.Record
-	_, err := s.takeSlotOrGrant(ctx, threadPlan(c.ThreadKey, c.Limit, homeSeen{}, 0, c.Now), c.Grant, func(t slotTry) error {
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(c.ThreadKey, c.Limit, false, c.Now), c.Grant, func(t slotTry) error {
 		var err error
 		rec, err = s.claimPoolMemberIn(ctx, c, t)
 		return err

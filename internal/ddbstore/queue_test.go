@@ -731,7 +731,7 @@ func (d *turnDB) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWr
 // buckets for room; when a free's dispatch granted its ticket meanwhile,
 // the turn sees it in a read of its ticket and sends no grant (which
 // would be cancelled), and stops there: the ticket behind it is left to
-// the lane's frees, the other freed slot free, and nothing to repair.
+// the frees, the other freed slot free, and nothing to repair.
 func TestATurnReadsItsTicketBeforeGrantingItself(t *testing.T) {
 	const limit = 4
 	f := newQueueFixture(t, limit)

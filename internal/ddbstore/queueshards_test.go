@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go/middleware"
@@ -113,47 +112,6 @@ func interleave(a, b []string) []string {
 		}
 	}
 	return out
-}
-
-// TestLegacyQueueTicketIsServedByReconcile: a ticket an older version
-// queued in the unsharded partition is granted by reconcile's dispatch in
-// its turn, its grant is counted by the counter repair, and when the grant
-// lapses it passes on to the next ticket, in a shard.
-func TestLegacyQueueTicketIsServedByReconcile(t *testing.T) {
-	f := newQueueFixture(t, 2)
-	recs := f.fill(2)
-	old := core.Ticket{ID: "old", Tenant: "o", Key: fmt.Sprintf("%010d#%015d#old", 0, t0.UnixMilli())}
-	item, err := attributevalue.MarshalMap(map[string]any{"pk": "WQ#test", "sk": old.Key, "tenant": "o", "ticket": "old",
-		"place": 0, "arrived": t0.UnixMilli(), "until": t0.Add(time.Minute).UnixMilli(), "state": "waiting"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.client.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: aws.String(f.table), Item: item}); err != nil {
-		t.Fatal(err)
-	}
-	next := f.enter("n", "next", t0.Add(time.Millisecond))
-	now := t0.Add(time.Second)
-	f.free(recs[0])
-	res := f.dispatch(core.Dispatch{Now: now, Bucket: -1, Scan: true, AllLanes: true})
-	if got := ids(res.Granted); !slices.Equal(got, []string{"old"}) || res.Head != "next" {
-		t.Fatalf("reconcile's dispatch granted %v, head %q; want [old] and next", got, res.Head)
-	}
-	f.repairsNothing(2, "the legacy grant counted, ")
-	// The older version's waiter died: its grant lapses and passes on.
-	res = f.dispatch(core.Dispatch{Now: now.Add(6 * time.Second), Bucket: -1, Scan: true, AllLanes: true})
-	if got := ids(res.Granted); !slices.Equal(got, []string{"next"}) {
-		t.Fatalf("after the legacy grant lapsed: granted %v, want [next]", got)
-	}
-	if ts := f.poll(next); !ts.Granted {
-		t.Errorf("next = %+v, want granted", ts)
-	}
-	pks := f.queuePartitions()
-	if pks["WQ#test"] != 0 || len(pks) != 1 {
-		t.Errorf("tickets by partition %v, want only next's shard", pks)
-	}
-	if used, granted := f.counts(); used != 2 || granted != 1 {
-		t.Errorf("used %d granted %d, want 2 and 1 (the slot passed on)", used, granted)
-	}
 }
 
 // TestWaiterTurnReadsItsShardFirst: a waiter's turn that finds a live

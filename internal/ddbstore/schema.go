@@ -15,10 +15,9 @@
 //	TEN#<deployment>#<tenant>     slots held by one tenant ("used", "revision"), for SANDBOX_MAX_PER_TENANT
 //	TPA#<deployment>#<tenant>     paused slots held by one tenant ("used", "revision"), for the paused slots' share
 //	WTR#<deployment>#<tenant>#<n> waiter place n of a tenant ("ticket", "until", "round", "qkey"), for SANDBOX_MAX_WAITERS_PER_TENANT
-//	WQ#<deployment>#<n>           wait queue shard n (n = 8 × lane + FNV-1a(ticket) mod 8): one item per ticket,
+//	WQ#<deployment>#<n>           wait queue shard n (n = FNV-1a(ticket) mod 8): one item per ticket,
 //	                              sk = "<round>#<arrival ms>#<ticket>" ("state" waiting|granted, "until",
-//	                              "bucket", "grant_until"; see waiters.go); WQ#<deployment>, the
-//	                              unsharded queue older versions wrote, is still read by reconcile
+//	                              "bucket", "grant_until"; see waiters.go)
 //	PAU#<deployment>[#<b>]        paused bucket b (none for b = 0) of PausedBuckets: paused slots held
 //	                              ("used", "revision"), for SANDBOX_MAX_PAUSED (paused.go)
 //

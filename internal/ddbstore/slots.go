@@ -43,9 +43,9 @@ var (
 // Reserve takes a slot and binds the thread to the reservation,
 // atomically (see takeSlot for the bucket it takes).
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
-	p := threadPlan(r.ThreadKey, r.Limit, homeSeen{r.HomeFull, r.HomeLast}, r.Lanes, r.Now)
+	p := threadPlan(r.ThreadKey, r.Limit, r.HomeFull, r.Now)
 	if f := r.Freed; f != nil && f.Counted != "" && f.Bucket < min(CapacityBuckets, max(r.Limit, 1)) {
-		p.home, p.homeLast = f.Bucket, false // where a slot was just freed for it
+		p.home = f.Bucket // where a slot was just freed for it
 	}
 	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(t slotTry) error { return s.reserveIn(ctx, r, t) })
 	if err == nil {
@@ -64,22 +64,9 @@ type slotPlan struct {
 	limit int
 	// home is the bucket tried first (noHome: none, the read comes first).
 	home int
-	// lane, when not nil, is the buckets of the take's wait lane: they are
-	// read instead of every bucket, and when none of them has room and
-	// none holds a sandbox an eviction could free, the take is refused
-	// with a partial CapacityError without reading the others (see
-	// core.Reservation.Lanes).
-	lane []int
-	// homeLast: the lookup saw the home bucket's last slot free; the take
-	// holds it first (see holdRoom).
-	homeLast bool
 	// now is the caller's clock, for the holds.
 	now time.Time
 }
-
-// homeSeen is what a thread's lookup saw of its home bucket: full
-// (Lookup.HomeFull), or its last slot free (Lookup.HomeLast).
-type homeSeen struct{ full, last bool }
 
 // slotTry is one try of a take: its bucket, and its view of the bucket's
 // holds (hold.by set when the take holds a slot there).
@@ -88,53 +75,14 @@ type slotTry struct {
 	hold roomHold
 }
 
-// fallbacks is how many other buckets the take tries after losing a race:
-// reserveFallbacks, none when it was planned in a wait lane (see
-// core.Reservation.Lanes), whatever it reads later (every bucket, when
-// its lane is full with something elsewhere to evict, or when limits had
-// to be set): a second try there mostly loses too, and each lost race is
-// a cancelled transaction on the tenant's count and a bucket.
-func (p slotPlan) fallbacks() int {
-	if p.lane != nil {
-		return 0
-	}
-	return reserveFallbacks
-}
-
 // threadPlan is the plan of a take for thread k under limit at now: its
-// home (threadHome, or noHome when its lookup found that one full) and,
-// with lanes > 1, its home's lane, no fallback after a lost race, and a
-// hold on the home's last slot when the lookup saw it free.
-func threadPlan(k core.ThreadKey, limit int, seen homeSeen, lanes int, now time.Time) slotPlan {
-	home := threadHome(k, limit)
-	p := slotPlan{limit: limit, home: home, now: now}
-	if seen.full {
+// home (threadHome, or noHome when its lookup found that one full).
+func threadPlan(k core.ThreadKey, limit int, homeFull bool, now time.Time) slotPlan {
+	p := slotPlan{limit: limit, home: threadHome(k, limit), now: now}
+	if homeFull {
 		p.home = noHome
 	}
-	if lanes > 1 {
-		// A deployment with wait lanes is one whose acquires race for
-		// every slot freed: a last slot seen free at the lookup is held
-		// first. Elsewhere the home's take goes first with no hold (one
-		// call less for the create and resume of a deployment whose
-		// buckets hold a slot each), and only a take picked from the read
-		// of the buckets after its home refused, a race already lost,
-		// holds its slot.
-		p.lane = laneBuckets(bucketLane(home, lanes), lanes, limit)
-		p.homeLast = seen.last
-	}
 	return p
-}
-
-// laneBuckets lists the buckets with a share of limit that serve lane of
-// lanes first (bucketLane).
-func laneBuckets(lane, lanes, limit int) []int {
-	var out []int
-	for b := range min(CapacityBuckets, max(limit, 1)) {
-		if bucketLane(b, lanes) == lane {
-			out = append(out, b)
-		}
-	}
-	return out
 }
 
 // takeSlot runs take (a transaction taking a slot in bucket b, which
@@ -148,16 +96,15 @@ func laneBuckets(lane, lanes, limit int) []int {
 // per bucket tried, and a take its lookup knew bound to fail costs no
 // cancelled transaction (its write units on the bucket and on the
 // tenant's count). It refuses for capacity only when every bucket read is
-// full or was tried, with the buckets' sums as the refusal's details:
-// every bucket's, unless the plan has a lane and none of its buckets
-// holds an evictable sandbox (readForTake). Buckets whose limits are not
+// full or was tried, with every bucket's sums as the refusal's details.
+// Buckets whose limits are not
 // set for the limit get them first (setLimits), and are read again. A
-// bucket whose last slot the take saw free (the home's at the lookup, or
-// any in the read) is held before its transaction (tryTake).
+// bucket picked from the read whose last slot it showed free is held
+// before its transaction (tryTake).
 func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) error) (int, error) {
-	b, limit, fallbacks := p.home, p.limit, p.fallbacks()
+	b, limit := p.home, p.limit
 	holder := roomHold{by: newHolder(), now: p.now}
-	hold := p.homeLast && b != noHome // b's last slot was seen free: hold it first
+	var hold bool // b's last slot was seen free in the read: hold it first
 	var tried []int
 	var buckets []bucketItem // the read of the buckets, once a take failed
 	for limits := 0; ; {
@@ -170,17 +117,13 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) err
 				tried = append(tried, b)
 				updateTried(buckets, b, err)
 			} else {
-				buckets, p.lane = nil, nil // read every bucket again
+				buckets = nil // read them again
 			}
 		}
 		if buckets == nil {
-			var whole bool
 			var err error
-			if buckets, whole, err = s.readForTake(ctx, p); err != nil {
+			if buckets, err = s.readForTake(ctx, limit); err != nil {
 				return b, fmt.Errorf("reading the capacity buckets: %w", err)
-			}
-			if whole {
-				p.lane = nil
 			}
 		}
 		st, tenants := bucketStatus(buckets)
@@ -197,18 +140,9 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) err
 			continue // read again: set by us or by a peer
 		}
 		open, last := openBuckets(buckets, limit, p.now, tried)
-		if len(open) == 0 || len(tried) > fallbacks {
-			if p.lane == nil {
-				// Raced: room was left, which peers took first.
-				return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants, Raced: len(open) > 0}
-			}
-			if !evictable(st) {
-				return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants, Partial: true}
-			}
-			// An eviction may free a slot: its fair share, and the
-			// refusal's details, need every bucket.
-			b, buckets, p.lane = noHome, nil, nil
-			continue
+		if len(open) == 0 || len(tried) > reserveFallbacks {
+			// Raced: room was left, which peers took first.
+			return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants, Raced: len(open) > 0}
 		}
 		b = open[rand.IntN(len(open))]
 		hold = last[b]
@@ -249,27 +183,16 @@ func (s *Store) tryTake(ctx context.Context, t slotTry, limit int, hold bool, ho
 	return err
 }
 
-// readForTake reads the buckets a take picks from: the plan's lane's when
-// it has one, else every bucket (whole); every bucket, strongly
-// consistent, when those read have limits to set (setLimits conditions on
-// what it read, and writes every bucket).
-func (s *Store) readForTake(ctx context.Context, p slotPlan) (buckets []bucketItem, whole bool, err error) {
-	if p.lane != nil {
-		buckets, err = s.readBucketsIn(ctx, p.lane, false)
-	} else {
-		buckets, err = s.readBuckets(ctx, false)
-		whole = true
-	}
-	if err == nil && needsLimits(buckets, p.limit) {
+// readForTake reads every bucket for a take to pick from: strongly
+// consistent when they have limits to set for limit (setLimits conditions
+// on what it read, and writes every bucket).
+func (s *Store) readForTake(ctx context.Context, limit int) ([]bucketItem, error) {
+	buckets, err := s.readBuckets(ctx, false)
+	if err == nil && needsLimits(buckets, limit) {
 		buckets, err = s.readBuckets(ctx, true)
-		whole = true
 	}
-	return buckets, whole, err
+	return buckets, err
 }
-
-// evictable reports whether buckets summed to st hold a sandbox an
-// eviction could free a slot of: a warm sandbox, a tombstone, a pool member.
-func evictable(st core.CapacityStatus) bool { return st.Warm+st.Tombstones+st.Pool > 0 }
 
 // bucketRefusal says why bucket av (returned by a failed take) refused a
 // slot under limit: draining, limits unset for limit, or full (a

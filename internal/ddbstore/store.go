@@ -91,7 +91,6 @@ func (s *Store) Lookup(ctx context.Context, key core.ThreadKey, limit int) (core
 			bk := decodeBucket(av)
 			look.Draining = bk.Draining
 			look.HomeFull = bk.LimOf == limit && bk.room(limit) <= 0
-			look.HomeLast = bk.LimOf == limit && bk.room(limit) == 1
 			continue
 		case tenantPK(s.deployment, key.Tenant):
 			look.TenantUsed = decodeCounter(av)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -26,24 +25,19 @@ import (
 //	    place lapses then, whoever holds it), "round" and "qkey" (the
 //	    ticket's round and sort key in the queue)
 //	WQ#<deployment>#<n>  (sk = the fair key) one ticket, in queue shard n
-//	    (lane × queueShards + a hash of the ticket): "tenant", "ticket",
+//	    (a hash of the ticket): "tenant", "ticket",
 //	    "place", "until" (Unix ms: a waiting ticket lapses then),
 //	    "state" waiting|granted and, once granted, "bucket" and
 //	    "grant_until" (Unix ms: the grant lapses then)
 //
 // The fair key is "<round, 10 digits>#<arrival, Unix ms, 15 digits>#<ticket>",
-// so a lane's shards, queried in parallel and merged by key, read it in
-// service order. The queue has one lane or more (core.Settings.WaitLaneCount):
-// a ticket joins the lane a hash of it picks, and a free serves the lane
-// of its bucket (another lane when its own has no ticket waiting; the
-// slot a lane's head frees for itself, the head's lane), so each
-// lane is an ordered queue of its own, served by its buckets' slots, and
-// a queue of L lanes spreads its reads and writes over L times the
-// partitions. Each lane is spread over queueShards partitions because
+// so the shards, queried in parallel and merged by key, read the queue in
+// service order. The queue is spread over queueShards partitions because
 // every waited acquire writes its ticket three times (queued, granted,
 // taken: six write units in transactions), which one partition takes
 // about 160 times a second; the shards take queueShards times that, and
-// cost a read of the head queueShards small Queries instead of one. A granted ticket's slot is held in trust in its bucket
+// cost a read of the head queueShards small Queries instead of one. A
+// granted ticket's slot is held in trust in its bucket
 // ("used" and "granted" count it), so no other acquire takes it; the
 // waiter's reservation (or resume claim) takes it over, deleting the
 // ticket and its place, in one transaction. Queue items carry no TTL:
@@ -55,65 +49,34 @@ func waiterPK(deployment, tenant string, place int) string {
 	return "WTR#" + deployment + "#" + tenant + "#" + strconv.Itoa(place)
 }
 
-// queueShards is how many partitions each lane of the wait queue spreads
-// over: lane l's are shards l×queueShards to (l+1)×queueShards-1, so a
-// one-lane queue is the first queueShards. Fixed: a ticket is found under
-// the shard it was written to only while this is unchanged (a ticket lives
-// no longer than one acquire's wait, so a change would strand only the
-// tickets of one upgrade's moment, which reconcile still reads through the
-// legacy partition, below).
+// queueShards is how many partitions the wait queue spreads over. Fixed:
+// a ticket is found under the shard it was written to only while this is
+// unchanged.
 const queueShards = 8
 
 // QueueShards is queueShards, for the tests outside the package that
-// find a lane's tickets (lane l's shards are l×QueueShards onwards).
+// find the queue's tickets.
 const QueueShards = queueShards
 
 // queuePK is the partition of the wait queue's shard n.
 func queuePK(deployment string, n int) string {
-	return legacyQueuePK(deployment) + "#" + strconv.Itoa(n)
+	return "WQ#" + deployment + "#" + strconv.Itoa(n)
 }
 
-// legacyQueuePK is the one partition the queue had before it was spread:
-// reconcile's dispatch and the whole-queue walks still read it, so a
-// ticket an older version queued is served, or its grant passed on.
-func legacyQueuePK(deployment string) string { return "WQ#" + deployment }
-
-// queueShardOf is ticket id's shard within its lane: FNV-1a of the id,
-// modulo queueShards.
+// queueShardOf is ticket id's shard: FNV-1a of the id, modulo
+// queueShards.
 func queueShardOf(id string) int { return int(hashOf(id) % queueShards) }
 
-// ticketLane is the lane ticket id joins in a queue of lanes lanes: the
-// hash's bits above those that pick its shard.
-func ticketLane(id string, lanes int) int {
-	return int(hashOf(id)/queueShards) % min(max(lanes, 1), core.MaxWaitLanes)
-}
-
-// bucketLane is the lane whose tickets bucket b's frees serve first.
-func bucketLane(b, lanes int) int { return b % min(max(lanes, 1), core.MaxWaitLanes) }
-
-// ticketPK is the partition of ticket t's shard in its lane.
+// ticketPK is the partition of ticket t's shard.
 func (s *Store) ticketPK(t core.Ticket) string {
-	return queuePK(s.deployment, t.Lane*queueShards+queueShardOf(t.ID))
+	return queuePK(s.deployment, queueShardOf(t.ID))
 }
 
-// queuePKs lists the partitions of lanes (nil: of every lane there may be,
-// and with legacy the legacy partition too).
-func (s *Store) queuePKs(lanes []int, legacy bool) []string {
-	if lanes == nil {
-		for l := range core.MaxWaitLanes {
-			lanes = append(lanes, l)
-		}
-	} else {
-		legacy = false
-	}
-	pks := make([]string, 0, len(lanes)*queueShards+1)
-	for _, l := range lanes {
-		for n := range queueShards {
-			pks = append(pks, queuePK(s.deployment, l*queueShards+n))
-		}
-	}
-	if legacy {
-		pks = append(pks, legacyQueuePK(s.deployment))
+// queuePKs lists the partitions of the queue's shards.
+func (s *Store) queuePKs() []string {
+	pks := make([]string, queueShards)
+	for n := range queueShards {
+		pks[n] = queuePK(s.deployment, n)
 	}
 	return pks
 }
@@ -173,21 +136,8 @@ type ticketItem struct {
 }
 
 func (t ticketItem) ticket() core.Ticket {
-	return core.Ticket{ID: t.Ticket, Tenant: t.Tenant, Place: t.Place, Lane: laneOfPK(t.PK), Round: roundOf(t.SK), Key: t.SK,
+	return core.Ticket{ID: t.Ticket, Tenant: t.Tenant, Place: t.Place, Round: roundOf(t.SK), Key: t.SK,
 		Arrived: fromMS(t.Arrived), Until: fromMS(t.Until)}
-}
-
-// laneOfPK is the lane of the queue shard pk (0 for the legacy partition).
-func laneOfPK(pk string) int {
-	i := strings.LastIndexByte(pk, '#')
-	if !strings.HasPrefix(pk, "WQ#") || strings.Count(pk, "#") < 2 {
-		return 0
-	}
-	n, err := strconv.Atoi(pk[i+1:])
-	if err != nil || n < 0 {
-		return 0
-	}
-	return n / queueShards
 }
 
 func (t ticketItem) granted() bool { return t.State == ticketGranted }
@@ -212,10 +162,6 @@ type headRead struct {
 	// eventual reads eventually consistent (half the units; may miss the
 	// latest writes, which every write's condition then finds).
 	eventual bool
-	// lanes are the lanes read (nil: every lane).
-	lanes []int
-	// legacy reads the legacy partition too (every lane only).
-	legacy bool
 	// after reads only the tickets behind this fair key ("": from the
 	// head).
 	after string
@@ -244,7 +190,7 @@ func (s *Store) queueHead(ctx context.Context, r headRead) ([]ticketItem, error)
 // eachTicketIn calls fn with the tickets r reads, in service order, until
 // fn returns false.
 func (s *Store) eachTicketIn(ctx context.Context, r headRead, fn func(ticketItem, error) bool) error {
-	pks := s.queuePKs(r.lanes, r.legacy)
+	pks := s.queuePKs()
 	kqs := make([]keyQuery, len(pks))
 	cond := "pk = :pk"
 	if r.after != "" {
@@ -282,10 +228,10 @@ func itemSK(av map[string]types.AttributeValue) string {
 }
 
 // EnterWait reads the tenant's w.Max places (one BatchGetItem) and the
-// head of the ticket's lane (one Query a shard), then takes a free or
-// lapsed place and queues the ticket in one transaction, trying the next
-// free place when a concurrent waiter took it first. The ticket's round is
-// the round of the first live ticket at its lane's head, or one more than
+// head of the queue (one Query a shard), then takes a free or lapsed place
+// and queues the ticket in one transaction, trying the next free place
+// when a concurrent waiter took it first. The ticket's round is the round
+// of the first live ticket at the queue's head, or one more than
 // the latest round the tenant's live places hold, whichever is later.
 func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, error) {
 	if w.Max <= 0 {
@@ -315,8 +261,7 @@ func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, erro
 			latest = max(latest, *p.Round)
 		}
 	}
-	lane := ticketLane(w.Ticket, w.Lanes)
-	head, err := s.queueHead(ctx, headRead{limit: s.scan, lanes: []int{lane}})
+	head, err := s.queueHead(ctx, headRead{limit: s.scan})
 	if err != nil {
 		return core.Ticket{}, err
 	}
@@ -330,7 +275,7 @@ func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, erro
 	if latest >= 0 {
 		round = max(round, latest+1)
 	}
-	t := core.Ticket{ID: w.Ticket, Tenant: w.Tenant, Lane: lane, Round: round, Key: fairKey(round, w.Now, w.Ticket),
+	t := core.Ticket{ID: w.Ticket, Tenant: w.Tenant, Round: round, Key: fairKey(round, w.Now, w.Ticket),
 		Arrived: w.Now.Truncate(time.Millisecond), Until: w.Until.Truncate(time.Millisecond)}
 	// Start at a random place so that concurrent waiters rarely race for
 	// the same one.
@@ -439,7 +384,7 @@ func (s *Store) stillWaitingAfter(ctx context.Context, t ticketItem, w *walk) (b
 		case <-time.After(d):
 		}
 	}
-	item, err := s.getTicket(ctx, t.PK, t.SK, true) // where it was read: a legacy ticket too
+	item, err := s.getTicket(ctx, t.PK, t.SK, true)
 	if err != nil || len(item) == 0 {
 		return false, err
 	}
@@ -593,15 +538,8 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 	return nil
 }
 
-// Dispatch reads the head of one lane of the queue (its shards' heads,
-// strongly consistent, merged): d.Lane with d.ServeLane (a waiter's turn,
-// or a slot a lane head's turn freed), else the lane of d.Bucket (a free),
-// else d.Self's (d.Lane); when nobody waits there and a slot is still to
-// give (a lapsed grant freed among them counts), one other lane picked at
-// random. With d.AllLanes (reconcile) it reads every lane there may be and
-// the legacy partition, and with neither a bucket nor a ticket the
-// d.Lanes lanes, merged. It serves what
-// it read in order: lapsed waiting tickets are deleted, lapsed grants
+// Dispatch reads the head of the queue (its shards' heads, strongly
+// consistent, merged) and serves what it read in order: lapsed waiting tickets are deleted, lapsed grants
 // passed on to the first live waiting tickets (or their slots freed),
 // then each live waiting ticket in turn is granted a slot of a bucket
 // with room (d.Bucket first; every bucket read, eventually consistent,
@@ -623,8 +561,7 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // a peer (a ticket or grant that moved) reads the head again.
 //
 // The first read of a free's dispatch (d.Bucket set) is eventually
-// consistent: every free reads every shard of its lane, at half a read
-// unit each; a
+// consistent: every free reads every shard, at half a read unit each; a
 // ticket it misses is served by its own dispatch or the head's next turn,
 // and every write is conditional on what it read, so a stale read only
 // loses a race.
@@ -632,7 +569,7 @@ func (s *Store) dropTicket(ctx context.Context, t ticketItem) error {
 // A waiter's turn that read the buckets reads each ticket strongly before
 // it grants it room, as a dispatch that lost a race does (pausing only
 // once it lost one): the turn's reads take a few calls, during which the
-// lane's frees grant the same tickets, and a grant that finds its ticket
+// frees grant the same tickets, and a grant that finds its ticket
 // granted costs a cancelled transaction on a bucket and the ticket. A
 // turn that finds its own ticket granted by a peer stops there: the
 // tickets behind it are the frees' (and their own turns', once heads).
@@ -656,46 +593,18 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 	if d.Bucket >= 0 {
 		w.room[d.Bucket] = 1 // a slot was freed there; whether it still is, the take decides
 	}
-	lanes := min(max(d.Lanes, 1), core.MaxWaitLanes)
-	var lane []int // nil: every lane there may be (reconcile)
-	switch {
-	case d.AllLanes:
-	case d.ServeLane || (d.Self != "" && d.Bucket < 0 && !d.Scan):
-		lane = []int{min(max(d.Lane, 0), core.MaxWaitLanes-1)}
-	case d.Bucket >= 0:
-		lane = []int{bucketLane(d.Bucket, lanes)}
-	default: // a free that knows no bucket: the lanes there are
-		for l := range lanes {
-			lane = append(lane, l)
-		}
-	}
-	if err := s.serveLanes(ctx, d, lane, &w, &res); err != nil || len(lane) != 1 || lanes == 1 || res.Head != "" {
-		return res, err
-	}
-	if _, left := roomIn(w.room); !left {
-		return res, nil
-	}
-	// Nobody waits in the free's own lane: the slot goes to another's.
-	other := (lane[0] + 1 + rand.IntN(lanes-1)) % lanes
-	w.after = ""
-	return res, s.serveLanes(ctx, d, []int{other}, &w, &res)
-}
-
-// serveLanes is Dispatch's reads of lanes (nil: every lane) and its
-// passes over what they read (see dispatch), at most dispatchAttempts.
-func (s *Store) serveLanes(ctx context.Context, d core.Dispatch, lanes []int, w *walk, res *core.DispatchResult) error {
 	for attempt := range dispatchAttempts {
-		r := headRead{limit: s.scan, eventual: attempt == 0 && d.Bucket >= 0, lanes: lanes, legacy: d.AllLanes, after: w.after}
+		r := headRead{limit: s.scan, eventual: attempt == 0 && d.Bucket >= 0, after: w.after}
 		q, err := s.queueHead(ctx, r)
 		if err != nil {
-			return err
+			return res, err
 		}
-		again, err := s.dispatch(ctx, d, headView{tickets: q, partial: r.limit > 0 && len(q) >= r.limit}, w, res)
+		again, err := s.dispatch(ctx, d, headView{tickets: q, partial: r.limit > 0 && len(q) >= r.limit}, &w, &res)
 		if err != nil || !again {
-			return err
+			return res, err
 		}
 	}
-	return nil
+	return res, nil
 }
 
 // aheadInShard reads the head of d.Self's shard and returns the first
@@ -704,7 +613,7 @@ func (s *Store) serveLanes(ctx context.Context, d core.Dispatch, lanes []int, w 
 // ahead, which only a read of the whole head can pass on in order). The
 // lapsed waiting tickets ahead are removed.
 func (s *Store) aheadInShard(ctx context.Context, d core.Dispatch, res *core.DispatchResult) (string, error) {
-	pk := s.ticketPK(core.Ticket{ID: d.Self, Lane: d.Lane})
+	pk := s.ticketPK(core.Ticket{ID: d.Self})
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	cond := "pk = :pk"
@@ -826,7 +735,7 @@ func (s *Store) passLapsed(ctx context.Context, d core.Dispatch, lapsed, waiting
 		}
 		res.Cleaned++
 		if next == nil {
-			w.room[g.Bucket]++ // freed: still this dispatch's to give, in another lane
+			w.room[g.Bucket]++ // freed: still this dispatch's to give
 			continue
 		}
 		res.Granted = append(res.Granted, next.ticket())
@@ -972,7 +881,7 @@ func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, gra
 		if !it.granted() || attempt >= dispatchAttempts {
 			return fmt.Errorf("leave wait: ticket %s: %w", t.ID, core.ErrConflict)
 		}
-		next, err := s.firstWaiting(ctx, now, t.Lane)
+		next, err := s.firstWaiting(ctx, now)
 		if err != nil {
 			return err
 		}
@@ -988,11 +897,11 @@ func (s *Store) LeaveWait(ctx context.Context, t core.Ticket, now time.Time, gra
 	}
 }
 
-// firstWaiting returns the first live waiting ticket of lane (nil when
-// there is none), reading behind the granted tickets when they fill a
-// read, at most dispatchAttempts reads.
-func (s *Store) firstWaiting(ctx context.Context, now time.Time, lane int) (*ticketItem, error) {
-	r := headRead{limit: s.scan, lanes: []int{lane}}
+// firstWaiting returns the first live waiting ticket of the queue (nil
+// when there is none), reading behind the granted tickets when they fill
+// a read, at most dispatchAttempts reads.
+func (s *Store) firstWaiting(ctx context.Context, now time.Time) (*ticketItem, error) {
+	r := headRead{limit: s.scan}
 	for range dispatchAttempts {
 		q, err := s.queueHead(ctx, r)
 		if err != nil {
@@ -1073,12 +982,11 @@ func (s *Store) takeSlotOrGrant(ctx context.Context, p slotPlan, g *core.Grant, 
 	return s.takeSlot(ctx, p, take)
 }
 
-// eachTicket calls fn with every ticket of the queue (its shards and
-// the legacy partition), in service order (strongly consistent), until fn
+// eachTicket calls fn with every ticket of the queue, in service order (strongly consistent), until fn
 // returns an error.
 func (s *Store) eachTicket(ctx context.Context, fn func(ticketItem) error) error {
 	var ferr error
-	err := s.eachTicketIn(ctx, headRead{legacy: true}, func(t ticketItem, err error) bool {
+	err := s.eachTicketIn(ctx, headRead{}, func(t ticketItem, err error) bool {
 		if err == nil {
 			err = fn(t)
 		}

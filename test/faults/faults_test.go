@@ -104,7 +104,6 @@ type stackConfig struct {
 	acquireTimeout time.Duration
 	waiterPlaces   int
 	maxPaused      int // SANDBOX_MAX_PAUSED (0: the default)
-	waitLanes      int // SANDBOX_WAIT_LANES (0: the default, one lane)
 	// pauseAtRelease pauses a sandbox at its release
 	// (SANDBOX_PAUSE_AFTER_SECONDS=0) rather than when idle.
 	pauseAtRelease bool
@@ -158,7 +157,6 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	}
 	s.MaxPerUser = cfg.maxPerUser
 	s.MaxPaused = cfg.maxPaused
-	s.WaitLanes = cfg.waitLanes
 	if cfg.pauseAtRelease {
 		s.PauseAfter = 0
 	}
@@ -837,31 +835,6 @@ var slowWaiterSteps = []step{
 		`"WQ#`), slowWaiterStep},
 }
 
-// spillLanes is the lane count of the spill steps' stacks, and
-// spillLane maps a spill case's deployment to its waiter's lane.
-const spillLanes = 2
-
-var spillLane sync.Map
-
-// spillSteps are the steps of a free whose own lane of the wait queue is
-// empty (a stack whose queue has two lanes): its dispatch's read of the
-// waiter's lane (eventually consistent, unlike the waiter's own reads),
-// and the grant it makes there.
-var spillSteps = []step{
-	{"wait-lanes/spill-read", ddbLayer, spillRead, spillStep},
-	{"wait-lanes/spill-grant", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `grant_until`), spillStep},
-}
-
-// laneTakeSteps are the steps of an acquire whose home bucket is full on
-// a stack whose queue has two lanes: its take's read of its lane's
-// buckets (eventually consistent, and not every bucket: the lookup's
-// and the counter repair's reads are strongly consistent, a dispatch's
-// reads all 64), after which it queues.
-var laneTakeSteps = []step{
-	{"wait-lanes/lane-read", ddbLayer, faults.BodyLacks(faults.BodyLacks(faults.BodyContains(faults.DynamoDB("BatchGetItem"),
-		`"S":"CAP#`), `"ConsistentRead":true`), fmt.Sprintf(`#%d"`, ddbstore.CapacityBuckets-1)), waitStep},
-}
-
 // holdSteps are the steps of an acquire whose home bucket is full while
 // another bucket has its last slot free: its take's hold on that slot,
 // the one write made before its transaction.
@@ -900,62 +873,6 @@ func holdStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, 
 	if ok {
 		st.end(res.Record)
 	}
-	return nil, core.ReleaseResult{}, false
-}
-
-// spillRead matches an eventually consistent Query of a shard of the lane
-// its case's waiter queued in.
-func spillRead(r faults.Request) bool {
-	if !faults.BodyLacks(faults.DynamoDB("Query"), `"ConsistentRead":true`)(r) {
-		return false
-	}
-	hit := false
-	spillLane.Range(func(dep, lane any) bool {
-		for n := range ddbstore.QueueShards {
-			if bytes.Contains(r.Body, fmt.Appendf(nil, `"WQ#%s#%d"`, dep, lane.(int)*ddbstore.QueueShards+n)) {
-				hit = true
-			}
-		}
-		return !hit
-	})
-	return hit
-}
-
-// spillStep fills the deployment and queues the thread's acquire, then
-// frees a holder's slot in a bucket of the other lane (clean store, no
-// dispatch) and runs that free's dispatch under the fault: nobody waits in
-// its own lane, so it reads the waiter's and grants the slot there; a
-// dispatch the fault cut short leaves the slot to the waiter's own turn.
-// Until that dispatch returns, the waiter's reads of the capacity buckets
-// are held, so that its turn does not grant the slot first.
-func spillStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
-	holders := fill(st, thread)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		st.acquire(thread)
-	}()
-	var n core.WaitNote
-	select {
-	case n = <-st.enqueued:
-	case <-done:
-		st.t.Fatalf("setup: the acquire returned before it queued")
-	}
-	spillLane.Store(st.deployment, n.Lane)
-	i := slices.IndexFunc(holders, func(h core.Record) bool { return h.Slot.Bucket%spillLanes != n.Lane })
-	if i < 0 {
-		st.t.Fatalf("setup: no holder in a bucket outside lane %d", n.Lane)
-	}
-	st.held.Arm(faults.Hold, faults.DynamoDB("BatchGetItem"))
-	arm()
-	st.end(holders[i])
-	ctx, cancel := invocation()
-	_, _ = st.faulty.Dispatch(ctx, core.Dispatch{Now: st.clock.now(), Limit: limit, Bucket: holders[i].Slot.Bucket,
-		Lanes: spillLanes, GrantFor: grantTerm})
-	cancel()
-	st.held.Disarm()
-	<-done
-	disarm()
 	return nil, core.ReleaseResult{}, false
 }
 
@@ -1133,14 +1050,11 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	for _, sp := range slices.Concat(pausedFallbackSteps, pausedShareSteps) {
 		configs[sp.name] = stackConfig{maxPaused: 2}
 	}
-	for _, sp := range slices.Concat(spillSteps, laneTakeSteps) {
-		configs[sp.name] = stackConfig{waitLanes: spillLanes}
-	}
 	for _, sp := range pauseAtReleaseSteps {
 		configs[sp.name] = stackConfig{pauseAtRelease: true}
 	}
 	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps, pausedShareSteps,
-		spillSteps, laneTakeSteps, pauseAtReleaseSteps, holdSteps) {
+		pauseAtReleaseSteps, holdSteps) {
 		cfg := configs[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++
