@@ -12,7 +12,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/core/coretest"
-	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/storetest"
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
@@ -78,7 +78,7 @@ func TestTooManyWaitersPerTenant(t *testing.T) {
 // dispatch) stalled until its caller gives up (a dispatch stuck on a slow
 // table); turns tells when one starts.
 type stallTurns struct {
-	*ddbstore.Store
+	storetest.Store
 	turns chan struct{}
 	frees bool
 	left  chan time.Duration // the time a stalled dispatch had, when set
@@ -177,7 +177,7 @@ func TestReleaseWhoseDispatchStallsAnswers(t *testing.T) {
 // freeDispatches is the store recording the dispatches of frees (a
 // bucket named).
 type freeDispatches struct {
-	*ddbstore.Store
+	storetest.Store
 	mu    sync.Mutex
 	frees []core.Dispatch
 }
@@ -268,7 +268,7 @@ func TestALaneRefusalAnswersWithTheWholeStatus(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var h *harness
-			h = newHarness(t, func(s *core.Settings) {
+			h = newDDBHarness(t, func(s *core.Settings) {
 				s.Replicas, s.Policy, s.WaitLanes, s.AcquireTimeout, s.MaxWaitersPerTenant = limit, core.PolicyWait, lanes, tc.timeout, 1
 			}, core.WithSleep(func(ctx context.Context, d time.Duration) error {
 				h.clock.advance(d)
