@@ -17,6 +17,8 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/core/coretest"
 	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/memstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/storetest"
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 )
 
@@ -27,16 +29,20 @@ func (c *clock) now() time.Time          { return time.Now().Add(time.Duration(c
 func (c *clock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 
 type harness struct {
-	eng   *core.Engine
-	store *ddbstore.Store
+	eng *core.Engine
+	// store is the engine's store: in memory (newHarness), or on
+	// DynamoDB Local (newDDBHarness: then ddb is it, and db and table
+	// reach its table, for writes a bug would make).
+	store storetest.Store
+	ddb   *ddbstore.Store
 	prov  *coretest.FakeProvider
 	sync  *fakeSyncer
 	clock *clock
-	db    *dynamodb.Client // the store's table, for writes a bug would make
+	db    *dynamodb.Client
 	table string
 }
 
-// newHarness wires an engine over a fresh DynamoDB Local table.
+// newHarness wires an engine over a fresh in-memory store.
 func newHarness(t *testing.T, mutate func(*core.Settings), opts ...core.Option) *harness {
 	t.Helper()
 	return newHarnessWith(t, coretest.NewFakeProvider(), mutate, opts...)
@@ -45,15 +51,37 @@ func newHarness(t *testing.T, mutate func(*core.Settings), opts ...core.Option) 
 // newHarnessWith is newHarness over the fake provider prov.
 func newHarnessWith(t *testing.T, prov *coretest.FakeProvider, mutate func(*core.Settings), opts ...core.Option) *harness {
 	t.Helper()
+	return wire(t, &harness{store: memstore.New(), prov: prov}, mutate, opts...)
+}
+
+// newDDBHarness wires an engine over a fresh DynamoDB Local table: for
+// the tests that count DynamoDB calls or read its items.
+func newDDBHarness(t *testing.T, mutate func(*core.Settings), opts ...core.Option) *harness {
+	t.Helper()
+	return newDDBHarnessWith(t, coretest.NewFakeProvider(), mutate, opts...)
+}
+
+// newDDBHarnessWith is newDDBHarness over the fake provider prov.
+func newDDBHarnessWith(t *testing.T, prov *coretest.FakeProvider, mutate func(*core.Settings), opts ...core.Option) *harness {
+	t.Helper()
 	client := testenv.DynamoClient(t)
 	table := freshTable(t, client, "engine")
+	h := &harness{ddb: ddbstore.New(client, table, "test"), prov: prov, db: client, table: table}
+	h.store = h.ddb
+	return wire(t, h, mutate, opts...)
+}
+
+// wire builds h's engine over h.store and h.prov, with the settings
+// mutate makes of the tests' defaults (deployment "test").
+func wire(t *testing.T, h *harness, mutate func(*core.Settings), opts ...core.Option) *harness {
+	t.Helper()
 	s := core.DefaultSettings()
 	s.Deployment = "test"
 	s.AcquireTimeout = 5 * time.Second
 	if mutate != nil {
 		mutate(&s)
 	}
-	h := &harness{store: ddbstore.New(client, table, s.Deployment), prov: prov, sync: &fakeSyncer{}, clock: &clock{}, db: client, table: table}
+	h.sync, h.clock = &fakeSyncer{}, &clock{}
 	eng, err := core.New(s, h.store, h.prov, h.sync, append([]core.Option{core.WithClock(h.clock.now)}, opts...)...)
 	if err != nil {
 		t.Fatalf("core.New: %v", err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -87,6 +88,13 @@ func sameList(got, want []string) bool {
 	return strings.Join(got, "\n") == strings.Join(want, "\n")
 }
 
+// sameEvents reports whether got and want hold the same events in any
+// order: the events of one operation are published concurrently, so
+// they may arrive in any order.
+func sameEvents(got, want []string) bool {
+	return sameList(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(want)))
+}
+
 // TestLifecycleEventsOfOneThread: create, reuse, release, reclaim, release
 // and idle expiry each publish one event, in order, with the thread's
 // identity, the transition and the running time so far.
@@ -151,7 +159,7 @@ func TestEvictionEvents(t *testing.T) {
 	h.acquire(t, key("new"), core.SourceCreated)
 	want := []string{"created creating->active ", "released active->warm ",
 		"evicted warm->destroying capacity", "destroyed warm->gone capacity"}
-	if got := events.seen(old.SandboxID); !sameList(got, want) {
+	if got := events.seen(old.SandboxID); !sameEvents(got, want) {
 		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

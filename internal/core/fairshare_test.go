@@ -12,7 +12,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/core/coretest"
-	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/storetest"
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
@@ -89,7 +89,7 @@ func TestEvictionRespectsFairShare(t *testing.T) {
 // warmListHook is a store that runs hook (once) when an acquire lists the
 // warm pool for an eviction.
 type warmListHook struct {
-	*ddbstore.Store
+	storetest.Store
 	ran  atomic.Bool
 	hook func()
 }

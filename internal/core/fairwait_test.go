@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
-	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/storetest"
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
@@ -326,7 +326,7 @@ func TestLapsedGrantGivesBackThePlace(t *testing.T) {
 // claim carrying one) wait until open is closed: a waiter too slow to
 // take the slot granted to it in time. taking hears each take held.
 type heldTakes struct {
-	*ddbstore.Store
+	storetest.Store
 	taking chan struct{}
 	open   chan struct{}
 }

@@ -69,11 +69,11 @@ func (h *harness) state(t *testing.T, id string) core.Record {
 
 func (h *harness) pausedSlots(t *testing.T) int {
 	t.Helper()
-	n, err := h.store.PausedUsed(context.Background())
+	st, err := h.store.Capacity(context.Background())
 	if err != nil {
-		t.Fatalf("PausedUsed: %v", err)
+		t.Fatalf("Capacity: %v", err)
 	}
-	return n
+	return st.Paused
 }
 
 func TestIdleWarmSandboxIsPausedThenResumedByItsThread(t *testing.T) {
@@ -562,7 +562,9 @@ func TestResumeLeftByADeadInvocationIsFinished(t *testing.T) {
 // drifted from the records holding its paused slots is set back by
 // reconcile once two passes saw the same count and the same records.
 func TestReconcileRepairsThePausedSlotCount(t *testing.T) {
-	h := newPauseHarness(t, nil)
+	prov := coretest.NewFakeProvider()
+	prov.Pausable = true
+	h := newDDBHarnessWith(t, prov, nil) // it corrupts a DynamoDB item
 	rec := h.pauseThread(t, "t1")
 	pk := "PAU#test"
 	if b := h.state(t, rec.SandboxID).Slots.PausedBucket; b > 0 {
@@ -630,7 +632,8 @@ func TestPauseCopiesTheOutputsBeforeItClaimsThePause(t *testing.T) {
 	h.sync.set(func(s *fakeSyncer) {
 		s.hook = func() {
 			during, duringErr = h.store.Get(context.Background(), rec.SandboxID)
-			pausedDuring, _ = h.store.PausedUsed(context.Background())
+			st, _ := h.store.Capacity(context.Background())
+			pausedDuring = st.Paused
 		}
 	})
 	h.clock.advance(301 * time.Second)

@@ -544,14 +544,14 @@ func TestPoolReconcileKillsALeakedFormerMember(t *testing.T) {
 // A pool place count gone wrong is set back to the places held by the
 // second reconcile pass that sees it unchanged (never by the first).
 func TestPoolPlaceCountIsRepairedByReconcile(t *testing.T) {
-	h := newPoolHarness(t, 2, nil)
+	h := newDDBHarness(t, nil, core.WithPool(core.PoolSettings{Size: 2, MaxAge: 10 * time.Minute}))
 	h.refill(t, 2)
 	ctx := context.Background()
-	_, places, err := h.store.CountHolders(ctx)
+	_, places, err := h.ddb.CountHolders(ctx)
 	if err != nil {
 		t.Fatalf("CountHolders: %v", err)
 	}
-	if err := h.store.RepairPoolPlaces(ctx, places.Revision, 5); err != nil { // corrupt it
+	if err := h.ddb.RepairPoolPlaces(ctx, places.Revision, 5); err != nil { // corrupt it
 		t.Fatalf("RepairPoolPlaces: %v", err)
 	}
 	for pass, want := range []int{5, 2} {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/core/coretest"
-	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/storetest"
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
@@ -74,7 +74,7 @@ func TestTooManyWaitersPerTenant(t *testing.T) {
 // dispatch) stalled until its caller gives up (a dispatch stuck on a slow
 // table); turns tells when one starts.
 type stallTurns struct {
-	*ddbstore.Store
+	storetest.Store
 	turns chan struct{}
 	frees bool
 	left  chan time.Duration // the time a stalled dispatch had, when set

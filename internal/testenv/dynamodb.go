@@ -35,6 +35,7 @@ var (
 // is missing (run make deps) or does not start.
 func DynamoDB(t testing.TB) DynamoEndpoint {
 	t.Helper()
+	NeedsStandIns(t)
 	if ep := os.Getenv("TEST_DYNAMODB_ENDPOINT"); ep != "" {
 		region := os.Getenv("TEST_DYNAMODB_REGION")
 		if region == "" {

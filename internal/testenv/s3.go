@@ -46,6 +46,7 @@ const s3DirPrefix = "testenv-s3-"
 // test when versitygw is missing (run make deps) or does not start.
 func S3(t testing.TB) S3Endpoint {
 	t.Helper()
+	NeedsStandIns(t)
 	if ep := os.Getenv("TEST_S3_ENDPOINT"); ep != "" {
 		e := S3Endpoint{
 			Endpoint:  ep,

@@ -5,7 +5,8 @@
 // Each stand-in is started at most once per test process, on a free 127.0.0.1 port, on first use,
 // and is killed when the test process exits (Pdeathsig SIGKILL) or when Stop is called. Setting
 // TEST_DYNAMODB_ENDPOINT or TEST_S3_ENDPOINT uses an already running server instead. When a tool is
-// missing the test fails with a hint to run `make deps`; it never skips.
+// missing the test fails with a hint to run `make deps`; it never skips, except under -short
+// (NeedsStandIns: `make test-short` runs no stand-in).
 package testenv
 
 import (
@@ -239,4 +240,14 @@ func waitTCP(addr string) error {
 		return err
 	}
 	return c.Close()
+}
+
+// NeedsStandIns skips t under -short (`make test-short`: unit and in-memory tests only, no
+// stand-in started). DynamoDB and S3 call it, so every test that needs a stand-in is skipped
+// there; call it first in a test that needs one later, or a whole test binary's setup.
+func NeedsStandIns(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a local stand-in (DynamoDB Local or versitygw): skipped under -short")
+	}
 }

@@ -1,0 +1,138 @@
+package storetest
+
+import (
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+)
+
+// member reserves a pool place (pool size size) and finalizes sandbox id
+// into it.
+func (f *fixture) member(id string, size int) core.Record {
+	f.t.Helper()
+	if err := f.s.ReservePool(f.ctx, core.PoolReservation{Token: "pool-" + id, Limit: big, Size: size, Now: t0,
+		ExpiresAt: t0.Add(time.Minute)}); err != nil {
+		f.t.Fatalf("ReservePool %s: %v", id, err)
+	}
+	rec, err := f.s.FinalizePool(f.ctx, "pool-"+id, record(core.ThreadKey{}, id))
+	if err != nil {
+		f.t.Fatalf("FinalizePool %s: %v", id, err)
+	}
+	return rec
+}
+
+// poolClaim is a claim of member m for k by owner.
+func poolClaim(m core.Record, k core.ThreadKey, owner string) core.PoolClaim {
+	return core.PoolClaim{Member: m, ThreadKey: k, Owner: owner, Now: t0.Add(time.Minute), LeaseUntil: t0.Add(2 * time.Minute), Limit: big}
+}
+
+// testPool: the pool's places are bounded; a member holds a slot and a
+// place, names no thread, and a claim binds it to a thread (the place
+// given back, the user's and tenant's counts taken); a claim sent again
+// is the same claim; a member claimed is no longer pooled.
+func testPool(f *fixture) {
+	m := f.member("p1", 1)
+	if m.State != core.StatePooled || m.Tenant != "" || m.Fence != 1 {
+		f.t.Errorf("member = %+v; want pooled, thread-less, fence 1", m)
+	}
+	err := f.s.ReservePool(f.ctx, core.PoolReservation{Token: "pool-p2", Limit: big, Size: 1, Now: t0, ExpiresAt: t0.Add(time.Minute)})
+	f.wantIs("ReservePool past the size", err, core.ErrPoolFull)
+	if n, err := f.s.PoolCount(f.ctx); err != nil || n != 1 {
+		f.t.Errorf("PoolCount = %d, %v; want 1", n, err)
+	}
+	if st := f.capacity(); st.Used != 1 || st.Pool != 1 {
+		f.t.Errorf("capacity = %+v; want one pool member holding a slot", st)
+	}
+	members, err := f.s.PoolMembers(f.ctx, 10)
+	if err != nil || len(members) != 1 || members[0].SandboxID != "p1" {
+		f.t.Fatalf("PoolMembers = %v, %v; want p1", members, err)
+	}
+	k := key("acme", "u1", 1)
+	rec, err := f.s.ClaimPoolMember(f.ctx, poolClaim(members[0], k, "o1"))
+	if err != nil {
+		f.t.Fatalf("ClaimPoolMember: %v", err)
+	}
+	if rec.State != core.StateClaiming || rec.ThreadKey != k || rec.LeaseOwner != "o1" {
+		f.t.Errorf("claimed = %+v; want claiming for %s under o1", rec, k)
+	}
+	if again, err := f.s.ClaimPoolMember(f.ctx, poolClaim(members[0], k, "o1")); err != nil || again.SandboxID != "p1" {
+		f.t.Errorf("the same claim again = %+v, %v; want the claimed member", again, err)
+	}
+	_, err = f.s.ClaimPoolMember(f.ctx, poolClaim(members[0], key("acme", "u1", 2), "o2"))
+	f.wantIs("another thread's claim of the member", err, core.ErrConflict)
+	if look := f.lookup(k); look.Binding.SandboxID != "p1" || look.TenantUsed != 1 {
+		f.t.Errorf("lookup = %+v; want bound to p1, acme using 1", look)
+	}
+	if n, _ := f.s.PoolCount(f.ctx); n != 0 {
+		f.t.Errorf("PoolCount after the claim = %d; want 0", n)
+	}
+	f.wantUsed(1, 0)
+	m2 := f.member("p2", 1)
+	_, err = f.s.ClaimPoolMember(f.ctx, poolClaim(m2, k, "o3"))
+	f.wantIs("a claim for a bound thread", err, core.ErrThreadBound)
+	if err := f.s.Free(f.ctx, f.get("p2"), t0.Add(time.Minute)); err != nil {
+		f.t.Fatalf("Free of a member: %v", err)
+	}
+	if n, _ := f.s.PoolCount(f.ctx); n != 0 {
+		f.t.Errorf("PoolCount after a member's free = %d; want 0", n)
+	}
+	f.wantUsed(1, 0)
+}
+
+// testReconcile: an adoption takes a slot without a limit check and binds
+// the thread when asked; a rebind needs the binding as read; the first
+// sighting is kept; the cursor is compare-and-swap; the inventory parts
+// read back; reservations are listed as creating.
+func testReconcile(f *fixture) {
+	k := key("acme", "u1", 1)
+	adopted := record(k, "orphan")
+	adopted.State = core.StateWarm
+	adopted.ParkedAt = t0
+	rec, err := f.s.Adopt(f.ctx, core.Adoption{Record: adopted, Bind: true})
+	if err != nil || rec.Fence != 1 {
+		f.t.Fatalf("Adopt = %+v, %v; want fence 1", rec, err)
+	}
+	_, err = f.s.Adopt(f.ctx, core.Adoption{Record: adopted, Bind: true})
+	f.wantIs("Adopt again", err, core.ErrConflict)
+	if look := f.lookup(k); look.Binding.SandboxID != "orphan" || look.TenantUsed != 1 {
+		f.t.Errorf("lookup = %+v; want bound to orphan, acme using 1", look)
+	}
+	f.wantUsed(1, 0)
+	f.active(key("acme", "u1", 2), "sbx2")
+	stale := core.Binding{ThreadKey: k, SandboxID: "nope"}
+	f.wantIs("Rebind from a stale binding", f.s.Rebind(f.ctx, k, "sbx2", stale, true), core.ErrConflict)
+	if err := f.s.Rebind(f.ctx, k, "sbx2", core.Binding{ThreadKey: k, SandboxID: "orphan"}, true); err != nil {
+		f.t.Errorf("Rebind: %v", err)
+	}
+	if first, err := f.s.FirstSeen(f.ctx, "x", t0); err != nil || !first.Equal(t0) {
+		f.t.Errorf("FirstSeen = %v, %v; want t0", first, err)
+	}
+	if first, err := f.s.FirstSeen(f.ctx, "x", t0.Add(time.Hour)); err != nil || !first.Equal(t0) {
+		f.t.Errorf("FirstSeen again = %v, %v; want t0 kept", first, err)
+	}
+	c := core.ReconcileCursor{Cycle: "c1", CycleStart: t0, Token: "page2", Pass: 1}
+	if err := f.s.SaveCursor(f.ctx, c); err != nil {
+		f.t.Fatalf("SaveCursor: %v", err)
+	}
+	f.wantIs("SaveCursor at an old version", f.s.SaveCursor(f.ctx, c), core.ErrConflict)
+	if got, err := f.s.Cursor(f.ctx); err != nil || got.Version != 1 || got.Token != "page2" || got.Cycle != "c1" {
+		f.t.Errorf("Cursor = %+v, %v; want c1 at page2, version 1", got, err)
+	}
+	seen := []core.SeenSandbox{{ID: "a"}, {ID: "b", Reservation: "res-b"}}
+	if err := f.s.SaveSeen(f.ctx, "c1", "p1", seen); err != nil {
+		f.t.Fatalf("SaveSeen: %v", err)
+	}
+	if got, err := f.s.Seen(f.ctx, "c1"); err != nil || len(got) != 2 || got[1] != seen[1] {
+		f.t.Errorf("Seen = %v, %v; want %v", got, err, seen)
+	}
+	if err := f.reserve(key("acme", "u1", 3), "res-3", big); err != nil {
+		f.t.Fatalf("Reserve: %v", err)
+	}
+	var tokens []string
+	if err := f.s.ScanState(f.ctx, core.StateCreating, func(r core.Record) bool {
+		tokens = append(tokens, r.ReservationToken)
+		return true
+	}); err != nil || len(tokens) != 1 || tokens[0] != "res-3" {
+		f.t.Errorf("ScanState(creating) = %v, %v; want res-3", tokens, err)
+	}
+}
