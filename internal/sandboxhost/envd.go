@@ -34,10 +34,11 @@ func sandboxFrom(ctx context.Context) *sandbox {
 // Connect RPC (JSON codec) for process.Process/{Start,SendSignal,List} and
 // filesystem.Filesystem/{Stat,MakeDir,ListDir,Move,Remove}.
 //
-// An unknown or dead sandbox id gets 502 (the SDK's isRunning relies on
-// it); a paused one gets 409 with E2B's "sandbox paused" body on every
-// route (pausedReply); every route but /health needs X-Access-Token equal
-// to the sandbox's token (401 otherwise).
+// The access token is checked first, on every route: a request without
+// the sandbox's own X-Access-Token gets the answer of an unknown or dead
+// id, 502 (the SDK's isRunning relies on it), so it learns nothing of
+// whether an id exists or is paused. With the token, a paused sandbox
+// gets 409 with E2B's "sandbox paused" body on every route (pausedReply).
 func (h *Host) EnvdHandler() http.Handler {
 	opts := []connect.HandlerOption{connect.WithCodec(envd.Codec{}), connect.WithReadMaxBytes(maxRPCBytes)}
 	mux := http.NewServeMux()
@@ -57,25 +58,24 @@ func (h *Host) EnvdHandler() http.Handler {
 		isRPC := r.URL.Path != "/health" && r.URL.Path != "/files"
 		id := r.Header.Get(envd.HeaderSandboxID)
 		sb, err := h.get(id)
-		if err != nil {
+		if err != nil || !sb.tokenMatches(r.Header.Get(envd.HeaderAccessToken)) {
 			// Connect clients map a non-JSON error by HTTP status:
 			// 502 -> unavailable ("sandbox not running" in the SDK).
-			envdError(w, isRPC, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running", id))
+			envdError(w, isRPC, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running or the access token is not its own", id))
 			return
 		}
 		if sb.paused() {
 			writeJSON(w, http.StatusConflict, pausedReply{SandboxID: id, Message: "The sandbox is paused", Code: http.StatusConflict})
 			return
 		}
-		if r.URL.Path != "/health" {
-			tok := r.Header.Get(envd.HeaderAccessToken)
-			if subtle.ConstantTimeCompare([]byte(tok), []byte(sb.token)) != 1 {
-				envdError(w, isRPC, http.StatusUnauthorized, "invalid or missing access token")
-				return
-			}
-		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb)))
 	})
+}
+
+// tokenMatches reports, in constant time, whether tok is sb's access
+// token.
+func (sb *sandbox) tokenMatches(tok string) bool {
+	return subtle.ConstantTimeCompare([]byte(tok), []byte(sb.token)) == 1
 }
 
 // pausedReply is what E2B's edge (its client proxy) answers, with status
@@ -168,7 +168,7 @@ func startError(err error) error {
 	case errors.Is(err, errPaused):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
 	case errors.Is(err, ErrOutsideSandbox), errors.Is(err, errInvalidEnv), errors.As(err, &execErr),
-		errors.Is(err, fs.ErrNotExist), errors.Is(err, errEmptyCommand), errors.Is(err, errNotDir):
+		errors.Is(err, fs.ErrNotExist), errors.Is(err, errEmptyCommand), errors.Is(err, errNotDir), errors.Is(err, errStartFailed):
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	default:
 		return connect.NewError(connect.CodeInternal, err)
