@@ -251,16 +251,19 @@ func (a *agentServer) serve() {
 }
 
 // start runs one command with stdout and stderr on fds (two descriptors),
-// in its own process group, and reports started or failed.
+// in its own process group, and reports started or failed. The report
+// is sent under a.mu, so the reaper never reports its exit first.
 func (a *agentServer) start(msg agentMsg, fds []int) {
-	defer closeFDs(fds)
 	fail := func(kind string, err error) {
 		_ = a.conn.send(agentMsg{Op: "failed", ID: msg.ID, Kind: kind, Error: err.Error()})
 	}
 	if len(fds) != 2 {
+		closeFDs(fds)
 		fail(failOther, errors.New("want stdout and stderr descriptors"))
 		return
 	}
+	stdout, stderr := os.NewFile(uintptr(fds[0]), "stdout"), os.NewFile(uintptr(fds[1]), "stderr")
+	defer closeAll(stdout, stderr) // the command holds its own copies
 	path, err := lookPathIn(msg.Path, msg.Env, msg.Dir)
 	if err != nil {
 		fail(failExec, err)
@@ -273,15 +276,10 @@ func (a *agentServer) start(msg agentMsg, fds []int) {
 	}
 	defer null.Close()
 	cmd := &exec.Cmd{Path: path, Args: append([]string{msg.Path}, msg.Args...), Env: msg.Env, Dir: msg.Dir,
-		Stdin: null, Stdout: os.NewFile(uintptr(fds[0]), "stdout"), Stderr: os.NewFile(uintptr(fds[1]), "stderr"),
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
+		Stdin: null, Stdout: stdout, Stderr: stderr, SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
 	a.mu.Lock()
-	err = cmd.Start()
-	if err == nil {
-		a.cmds[cmd.Process.Pid] = true
-	}
-	a.mu.Unlock()
-	if err != nil {
+	defer a.mu.Unlock()
+	if err := cmd.Start(); err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) && pe.Op == "chdir" {
 			fail(failDir, err)
@@ -290,8 +288,10 @@ func (a *agentServer) start(msg agentMsg, fds []int) {
 		}
 		return
 	}
+	a.cmds[cmd.Process.Pid] = true
 	_ = a.conn.send(agentMsg{Op: "started", ID: msg.ID, Pid: cmd.Process.Pid})
-	a.reap() // in case it exited before SIGCHLD was watched for it
+	_ = cmd.Process.Release() // reaped by reap, by pid
+	go a.reap()               // in case it exited before SIGCHLD was watched for it
 }
 
 // reap collects every exited child: a command's status goes to the host;

@@ -2,7 +2,6 @@ package sandboxhost
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -34,11 +33,12 @@ func sandboxFrom(ctx context.Context) *sandbox {
 // Connect RPC (JSON codec) for process.Process/{Start,SendSignal,List} and
 // filesystem.Filesystem/{Stat,MakeDir,ListDir,Move,Remove}.
 //
-// The access token is checked first, on every route: a request without
-// the sandbox's own X-Access-Token gets the answer of an unknown or dead
-// id, 502 (the SDK's isRunning relies on it), so it learns nothing of
-// whether an id exists or is paused. With the token, a paused sandbox
-// gets 409 with E2B's "sandbox paused" body on every route (pausedReply).
+// The access token is checked first, on every route (access.go): a
+// request without the sandbox's own X-Access-Token gets 401, whatever the
+// id, so it learns nothing of whether an id exists or is paused. With the
+// token of a sandbox that ended it gets 502 (the SDK's isRunning relies
+// on it); with the token of a paused one, 409 with E2B's "sandbox paused"
+// body (pausedReply).
 func (h *Host) EnvdHandler() http.Handler {
 	opts := []connect.HandlerOption{connect.WithCodec(envd.Codec{}), connect.WithReadMaxBytes(maxRPCBytes)}
 	mux := http.NewServeMux()
@@ -57,11 +57,15 @@ func (h *Host) EnvdHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		isRPC := r.URL.Path != "/health" && r.URL.Path != "/files"
 		id := r.Header.Get(envd.HeaderSandboxID)
-		sb, err := h.get(id)
-		if err != nil || !sb.tokenMatches(r.Header.Get(envd.HeaderAccessToken)) {
+		sb, acc := h.access(id, r.Header.Get(envd.HeaderAccessToken))
+		switch acc {
+		case accessDenied:
+			envdError(w, isRPC, http.StatusUnauthorized, "invalid or missing access token")
+			return
+		case accessGone:
 			// Connect clients map a non-JSON error by HTTP status:
 			// 502 -> unavailable ("sandbox not running" in the SDK).
-			envdError(w, isRPC, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running or the access token is not its own", id))
+			envdError(w, isRPC, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running", id))
 			return
 		}
 		if sb.paused() {
@@ -70,12 +74,6 @@ func (h *Host) EnvdHandler() http.Handler {
 		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb)))
 	})
-}
-
-// tokenMatches reports, in constant time, whether tok is sb's access
-// token.
-func (sb *sandbox) tokenMatches(tok string) bool {
-	return subtle.ConstantTimeCompare([]byte(tok), []byte(sb.token)) == 1
 }
 
 // pausedReply is what E2B's edge (its client proxy) answers, with status

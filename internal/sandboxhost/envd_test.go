@@ -40,11 +40,11 @@ func TestEnvdRoutingAndAuth(t *testing.T) {
 		wantHealth int
 		wantCode   connect.Code
 	}{
-		{"unknown sandbox", envdClient{srv: srv, id: "nosuchsandbox", token: sb.EnvdAccessToken}, http.StatusBadGateway, connect.CodeUnavailable},
-		{"missing sandbox id", envdClient{srv: srv, token: sb.EnvdAccessToken}, http.StatusBadGateway, connect.CodeUnavailable},
-		// Without its token a live sandbox answers as an unknown id does.
-		{"wrong token", envdClient{srv: srv, id: sb.SandboxID, token: "wrong"}, http.StatusBadGateway, connect.CodeUnavailable},
-		{"missing token", envdClient{srv: srv, id: sb.SandboxID}, http.StatusBadGateway, connect.CodeUnavailable},
+		// Without the sandbox's own token every id answers alike.
+		{"unknown sandbox", envdClient{srv: srv, id: "nosuchsandbox", token: sb.EnvdAccessToken}, http.StatusUnauthorized, connect.CodeUnauthenticated},
+		{"missing sandbox id", envdClient{srv: srv, token: sb.EnvdAccessToken}, http.StatusUnauthorized, connect.CodeUnauthenticated},
+		{"wrong token", envdClient{srv: srv, id: sb.SandboxID, token: "wrong"}, http.StatusUnauthorized, connect.CodeUnauthenticated},
+		{"missing token", envdClient{srv: srv, id: sb.SandboxID}, http.StatusUnauthorized, connect.CodeUnauthenticated},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

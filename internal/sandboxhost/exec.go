@@ -192,6 +192,7 @@ func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
 		sb.mu.Unlock()
 		closeAll(outR, errR)
 		if errors.Is(reply.err, errSandboxEnded) {
+			h.log.Warn("sandbox agent gone", "sandbox_id", sb.id, "error", reply.err.Error())
 			return nil, ErrNotFound
 		}
 		return nil, reply.err

@@ -167,6 +167,7 @@ type Host struct {
 	signalPause bool
 	sandboxes   map[string]*sandbox
 	creating    map[string]bool // ids of sandboxes being made
+	tombs       tombstones      // tokens of ended sandboxes (access.go)
 	uids        map[int]bool    // sandbox uids in use (root host)
 	nextUID     int
 	wg          sync.WaitGroup // sandbox teardowns in flight
@@ -607,6 +608,7 @@ func (h *Host) kill(id string) error {
 		return ErrNotFound
 	}
 	defer h.wg.Done()
+	h.tombs.add(sb.id, sb.token)
 	h.teardown(sb)
 	h.log.Info("sandbox killed", "sandbox_id", id)
 	return nil

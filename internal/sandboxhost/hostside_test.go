@@ -351,34 +351,71 @@ func TestNoHostPathInside(t *testing.T) {
 }
 
 // TestEnvdAnswersAlikeWithoutToken: without the sandbox's own token, a
-// live, a paused and an unknown sandbox answer envd alike (502), so the
-// answer tells nothing of whether an id exists or is paused.
+// live, a paused, an ended and an unknown sandbox answer envd alike, so
+// the answer tells nothing of whether an id exists or is paused; with the
+// token of one that ended, envd says it is not running (502).
 func TestEnvdAnswersAlikeWithoutToken(t *testing.T) {
 	srv := startHost(t, IsolationNone)
 	live := createSandbox(t, srv, nil)
 	paused := createSandbox(t, srv, nil)
+	ended := createSandbox(t, srv, nil)
 	if status, _ := apiCall(t, srv, "POST", "/sandboxes/"+paused.SandboxID+"/pause", nil, nil); status != http.StatusNoContent {
 		t.Fatalf("pause: %d", status)
 	}
-	for _, id := range []string{live.SandboxID, paused.SandboxID, "nosuchsandbox"} {
-		for _, tok := range []string{"", "wrong"} {
+	if status, _ := apiCall(t, srv, "DELETE", "/sandboxes/"+ended.SandboxID, nil, nil); status != http.StatusNoContent {
+		t.Fatalf("kill: %d", status)
+	}
+	replies := map[string]string{}
+	for _, id := range []string{live.SandboxID, paused.SandboxID, ended.SandboxID, "nosuchsandbox"} {
+		for _, tok := range []string{"", "wrong", live.EnvdAccessToken} {
+			if id == live.SandboxID && tok == live.EnvdAccessToken {
+				continue
+			}
+			c := envdClient{srv: srv, id: id, token: tok}
 			for _, path := range []string{"/health", "/files?path=x"} {
-				c := envdClient{srv: srv, id: id, token: tok}
 				status, body := envdStatus(t, c, http.MethodGet, path)
-				if status != http.StatusBadGateway || bytes.Contains(body, []byte("paused")) {
-					t.Errorf("GET %s of %s with token %q = %d %s, want 502 as for an unknown id", path, id, tok, status, body)
-				}
+				replies[fmt.Sprintf("%s %d %s", path, status, body)] = id
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_, err := envdClient{srv: srv, id: id, token: tok}.runReq(ctx, &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/true"}})
+			_, err := c.runReq(ctx, &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/true"}})
 			cancel()
-			if err == nil || !strings.Contains(err.Error(), "unavailable") {
-				t.Errorf("Start in %s with token %q: %v, want unavailable", id, tok, err)
-			}
+			replies[fmt.Sprintf("Start %v", err)] = id
 		}
 	}
-	// With its token, the paused sandbox says so.
+	if len(replies) != 3 {
+		t.Errorf("requests without a valid token got %d different answers, want one per route:\n%v", len(replies), replies)
+	}
+	for reply := range replies {
+		if !strings.Contains(reply, "401") && !strings.Contains(reply, "unauthenticated") {
+			t.Errorf("answer %q, want 401 (unauthenticated)", reply)
+		}
+	}
 	if status, _ := envdStatus(t, newEnvd(srv, paused), http.MethodGet, "/health"); status != http.StatusConflict {
 		t.Errorf("paused sandbox with its token: %d, want 409", status)
+	}
+	if status, _ := envdStatus(t, newEnvd(srv, ended), http.MethodGet, "/health"); status != http.StatusBadGateway {
+		t.Errorf("ended sandbox with its token: %d, want 502", status)
+	}
+}
+
+// TestSandboxEndsWithItsAgent: a sandbox that kills its own agent ends
+// (its processes die, it is no longer listed) instead of lingering.
+func TestSandboxEndsWithItsAgent(t *testing.T) {
+	for _, mode := range isolations(t) {
+		t.Run(mode, func(t *testing.T) {
+			srv := startHost(t, mode)
+			created := createSandbox(t, srv, nil)
+			c := newEnvd(srv, created)
+			dir := srv.Host.mustGet(t, created.SandboxID).dir
+			marker, done := startSleeper(t, c)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, _ = c.runReq(ctx, &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/usr/bin/pkill", Args: []string{"-KILL", "-f", "^/proc/self/fd/[0-9]+ " + agentArg + "$"}}})
+			waitFor(t, 20*time.Second, "the sandbox to end", func() bool {
+				status, _ := apiCall(t, srv, "GET", "/sandboxes/"+created.SandboxID, nil, nil)
+				return status == http.StatusNotFound
+			})
+			assertDead(t, srv, c, dir, marker, done)
+		})
 	}
 }

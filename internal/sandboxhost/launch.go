@@ -43,6 +43,7 @@ type sandboxAgent struct {
 
 	mu      sync.Mutex
 	dead    bool
+	endErr  error // why the control connection ended
 	nextID  uint64
 	pending map[uint64]chan startReply
 	exits   map[int]chan int // wait status of each running command, by sandbox pid
@@ -178,6 +179,7 @@ func (h *Host) launch(sb *sandbox) (*sandboxAgent, error) {
 	go func() {
 		_ = cmd.Wait()
 		close(ag.exited)
+		h.launcherExited(sb)
 	}()
 	if err := ag.awaitReady(); err != nil {
 		ag.kill(h.Isolated())
@@ -189,6 +191,17 @@ func (h *Host) launch(sb *sandbox) (*sandboxAgent, error) {
 		_ = ag.conn.send(agentMsg{Op: "limits", NProc: sb.nproc})
 	}
 	return ag, nil
+}
+
+// launcherExited ends sb when its launcher exited while sb is still live
+// (its agent was killed from inside): a sandbox without its agent can run
+// nothing more.
+func (h *Host) launcherExited(sb *sandbox) {
+	if live, err := h.get(sb.id); err != nil || live != sb {
+		return // torn down, or never listed
+	}
+	h.log.Warn("sandbox agent exited; ending the sandbox", "sandbox_id", sb.id)
+	_ = h.kill(sb.id)
 }
 
 // launcherCommand builds the launcher of sb; extra are the descriptors it
@@ -222,8 +235,10 @@ func (h *Host) launcherCommand(sb *sandbox, agentEnd *os.File) (*exec.Cmd, []*os
 		}
 		argv = h.iso.launcherArgv(procs, agentExeFD+1, sb.uid, sb.gid, inner)
 	}
+	// Its own session: without a PID namespace, the session is how the
+	// host finds what the sandbox left running should its agent die.
 	cmd := &exec.Cmd{Path: argv[0], Args: argv, Env: launcherEnv, Dir: "/", ExtraFiles: extra,
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}}
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}}
 	// The agent's own descriptor is not one to close after start.
 	return cmd, append([]*os.File{agentEnd}, extra[2:]...), nil
 }
@@ -274,17 +289,19 @@ func (ag *sandboxAgent) awaitReady() error {
 // every pending start fails and every running command is reported killed
 // (the sandbox is gone).
 func (ag *sandboxAgent) read() {
-	for {
-		msg, fds, err := ag.conn.recv()
+	var end error
+	for end == nil {
+		var msg agentMsg
+		var fds []int
+		msg, fds, end = ag.conn.recv()
 		closeFDs(fds) // the agent never sends descriptors
-		if err != nil {
-			break
+		if end == nil {
+			ag.dispatch(msg)
 		}
-		ag.dispatch(msg)
 	}
 	ag.mu.Lock()
 	defer ag.mu.Unlock()
-	ag.dead = true
+	ag.dead, ag.endErr = true, end
 	for id, ch := range ag.pending {
 		ch <- startReply{err: errSandboxEnded}
 		delete(ag.pending, id)
@@ -326,8 +343,9 @@ func (ag *sandboxAgent) dispatch(msg agentMsg) {
 func (ag *sandboxAgent) start(spec agentMsg, stdout, stderr *os.File) startReply {
 	ag.mu.Lock()
 	if ag.dead {
+		err := ag.endErr
 		ag.mu.Unlock()
-		return startReply{err: errSandboxEnded}
+		return startReply{err: fmt.Errorf("%w: %v", errSandboxEnded, err)}
 	}
 	ag.nextID++
 	spec.Op, spec.ID = "start", ag.nextID
@@ -367,8 +385,42 @@ func (ag *sandboxAgent) kill(isolated bool) {
 		}
 	} else {
 		killDescendants(ag.pid)
+		for range 100 {
+			left := sessionPIDs(ag.pid)
+			if len(left) == 0 {
+				break
+			}
+			for _, p := range left {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
 	}
 	_ = syscall.Kill(ag.pid, syscall.SIGKILL)
+}
+
+// sessionPIDs lists the live processes of session sid (from /proc).
+func sessionPIDs(sid int) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == sid || isZombie(pid) {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp session ...
+		i := bytes.LastIndexByte(b, ')')
+		if f := strings.Fields(string(b[i+1:])); i >= 0 && len(f) > 3 && f[3] == strconv.Itoa(sid) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // awaitExit waits up to 10 s for the launcher to be reaped, then closes
