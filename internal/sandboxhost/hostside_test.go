@@ -244,6 +244,10 @@ func assertRanInsideAsSandbox(t *testing.T, name string, sb *sandbox, inside str
 func assertLauncherEnv(t *testing.T, sb *sandbox) {
 	t.Helper()
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(sb.agent.pid) + "/environ")
+	if os.IsPermission(err) && os.Geteuid() != 0 {
+		t.Log("the launcher is the agent, not dumpable: its environment is closed to a host that is not root")
+		return
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
