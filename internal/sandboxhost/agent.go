@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -49,8 +48,8 @@ const maxAgentFrame = 16 << 20
 
 // agentMsg is one control message. Host to agent: start (ID, Path, Args,
 // Env, Dir, two descriptors), signal (Pid, Signal), limits (NProc).
-// Agent to host: ready (Pid), started (ID, Pid), failed (ID, Kind,
-// Error), exited (Pid, Status).
+// Agent to host: ready (Pid), started (ID, Pid), failed (ID, Error),
+// exited (Pid, Status).
 type agentMsg struct {
 	Op     string   `json:"op"`
 	ID     uint64   `json:"id,omitempty"`
@@ -61,17 +60,9 @@ type agentMsg struct {
 	Dir    string   `json:"dir,omitempty"`
 	Signal int      `json:"signal,omitempty"`
 	Status int      `json:"status,omitempty"`
-	Kind   string   `json:"kind,omitempty"`
 	Error  string   `json:"error,omitempty"`
 	NProc  int      `json:"nproc,omitempty"`
 }
-
-// Failure kinds of a start.
-const (
-	failDir   = "dir"   // the working directory is unusable
-	failExec  = "exec"  // the command is missing or not executable
-	failOther = "other" // anything else
-)
 
 // init turns a binary that links this package into the sandbox agent
 // when it is executed with agentArg alone: the host re-executes its own
@@ -254,24 +245,24 @@ func (a *agentServer) serve() {
 // in its own process group, and reports started or failed. The report
 // is sent under a.mu, so the reaper never reports its exit first.
 func (a *agentServer) start(msg agentMsg, fds []int) {
-	fail := func(kind string, err error) {
-		_ = a.conn.send(agentMsg{Op: "failed", ID: msg.ID, Kind: kind, Error: err.Error()})
+	fail := func(err error) {
+		_ = a.conn.send(agentMsg{Op: "failed", ID: msg.ID, Error: err.Error()})
 	}
 	if len(fds) != 2 {
 		closeFDs(fds)
-		fail(failOther, errors.New("want stdout and stderr descriptors"))
+		fail(errors.New("want stdout and stderr descriptors"))
 		return
 	}
 	stdout, stderr := os.NewFile(uintptr(fds[0]), "stdout"), os.NewFile(uintptr(fds[1]), "stderr")
 	defer closeAll(stdout, stderr) // the command holds its own copies
 	path, err := lookPathIn(msg.Path, msg.Env, msg.Dir)
 	if err != nil {
-		fail(failExec, err)
+		fail(err)
 		return
 	}
 	null, err := os.Open(os.DevNull)
 	if err != nil {
-		fail(failOther, err)
+		fail(err)
 		return
 	}
 	defer null.Close()
@@ -280,12 +271,7 @@ func (a *agentServer) start(msg agentMsg, fds []int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := cmd.Start(); err != nil {
-		var pe *fs.PathError
-		if errors.As(err, &pe) && pe.Op == "chdir" {
-			fail(failDir, err)
-		} else {
-			fail(failExec, err)
-		}
+		fail(err)
 		return
 	}
 	a.cmds[cmd.Process.Pid] = true

@@ -239,7 +239,7 @@ func (h *Host) launcherCommand(sb *sandbox, agentEnd *os.File) (*exec.Cmd, []*os
 	// host finds what the sandbox left running should its agent die.
 	cmd := &exec.Cmd{Path: argv[0], Args: argv, Env: launcherEnv, Dir: "/", ExtraFiles: extra,
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}}
-	// The agent's own descriptor is not one to close after start.
+	// All but the host's own executable are closed once it started.
 	return cmd, append([]*os.File{agentEnd}, extra[2:]...), nil
 }
 
