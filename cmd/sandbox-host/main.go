@@ -18,6 +18,10 @@
 // 127.0.0.1:0) also serves the provisioner face: the Kubernetes
 // provisioner API with AIO sandbox URLs. Its X-API-Key is
 // SANDBOX_HOST_PROVISIONER_API_KEY, default SANDBOX_HOST_API_KEY.
+//
+// Each sandbox runs this same binary inside it as its agent (started with
+// a hidden argument, handled by internal/sandboxhost before main runs), so
+// the binary must stay executable by the sandboxes' uids.
 package main
 
 import (

@@ -3,7 +3,6 @@ package sandboxhost
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -52,16 +51,18 @@ func (p *Provisioner) aioHandler() http.Handler {
 	return mux
 }
 
-// serveAIO checks that id is a live sandbox of this provisioner and that
-// the bearer token is its own, then serves sub with the AIO routes.
+// serveAIO checks the bearer token first (access.go): without the
+// sandbox's own token every id answers 401; with the token of one that
+// ended, 404. Then it serves sub with the AIO routes for a live sandbox of
+// this provisioner.
 func (p *Provisioner) serveAIO(w http.ResponseWriter, r *http.Request, id, sub string, routes http.Handler) {
-	_, sb, ok := p.live(id)
-	if !ok {
-		writeJSON(w, http.StatusNotFound, provError{Detail: fmt.Sprintf("sandbox %q not found", id)})
+	sb, acc := p.h.access(id, aio.BearerToken(r.Header))
+	if acc == accessDenied {
+		writeJSON(w, http.StatusUnauthorized, provError{Detail: "invalid or missing bearer token"})
 		return
 	}
-	if subtle.ConstantTimeCompare([]byte(aio.BearerToken(r.Header)), []byte(sb.token)) != 1 {
-		writeJSON(w, http.StatusUnauthorized, provError{Detail: "invalid or missing bearer token"})
+	if _, _, ok := p.live(id); !ok || acc != accessGranted {
+		writeJSON(w, http.StatusNotFound, provError{Detail: fmt.Sprintf("sandbox %q not found", id)})
 		return
 	}
 	if sb.paused() {

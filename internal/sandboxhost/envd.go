@@ -2,7 +2,6 @@ package sandboxhost
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -34,10 +33,12 @@ func sandboxFrom(ctx context.Context) *sandbox {
 // Connect RPC (JSON codec) for process.Process/{Start,SendSignal,List} and
 // filesystem.Filesystem/{Stat,MakeDir,ListDir,Move,Remove}.
 //
-// An unknown or dead sandbox id gets 502 (the SDK's isRunning relies on
-// it); a paused one gets 409 with E2B's "sandbox paused" body on every
-// route (pausedReply); every route but /health needs X-Access-Token equal
-// to the sandbox's token (401 otherwise).
+// The access token is checked first, on every route (access.go): a
+// request without the sandbox's own X-Access-Token gets 401, whatever the
+// id, so it learns nothing of whether an id exists or is paused. With the
+// token of a sandbox that ended it gets 502 (the SDK's isRunning relies
+// on it); with the token of a paused one, 409 with E2B's "sandbox paused"
+// body (pausedReply).
 func (h *Host) EnvdHandler() http.Handler {
 	opts := []connect.HandlerOption{connect.WithCodec(envd.Codec{}), connect.WithReadMaxBytes(maxRPCBytes)}
 	mux := http.NewServeMux()
@@ -56,8 +57,12 @@ func (h *Host) EnvdHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		isRPC := r.URL.Path != "/health" && r.URL.Path != "/files"
 		id := r.Header.Get(envd.HeaderSandboxID)
-		sb, err := h.get(id)
-		if err != nil {
+		sb, acc := h.access(id, r.Header.Get(envd.HeaderAccessToken))
+		switch acc {
+		case accessDenied:
+			envdError(w, isRPC, http.StatusUnauthorized, "invalid or missing access token")
+			return
+		case accessGone:
 			// Connect clients map a non-JSON error by HTTP status:
 			// 502 -> unavailable ("sandbox not running" in the SDK).
 			envdError(w, isRPC, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running", id))
@@ -66,13 +71,6 @@ func (h *Host) EnvdHandler() http.Handler {
 		if sb.paused() {
 			writeJSON(w, http.StatusConflict, pausedReply{SandboxID: id, Message: "The sandbox is paused", Code: http.StatusConflict})
 			return
-		}
-		if r.URL.Path != "/health" {
-			tok := r.Header.Get(envd.HeaderAccessToken)
-			if subtle.ConstantTimeCompare([]byte(tok), []byte(sb.token)) != 1 {
-				envdError(w, isRPC, http.StatusUnauthorized, "invalid or missing access token")
-				return
-			}
 		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb)))
 	})
@@ -168,7 +166,7 @@ func startError(err error) error {
 	case errors.Is(err, errPaused):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
 	case errors.Is(err, ErrOutsideSandbox), errors.Is(err, errInvalidEnv), errors.As(err, &execErr),
-		errors.Is(err, fs.ErrNotExist), errors.Is(err, errEmptyCommand), errors.Is(err, errNotDir):
+		errors.Is(err, fs.ErrNotExist), errors.Is(err, errEmptyCommand), errors.Is(err, errNotDir), errors.Is(err, errStartFailed):
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	default:
 		return connect.NewError(connect.CodeInternal, err)

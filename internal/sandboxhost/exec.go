@@ -4,16 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 )
 
 // defaultPath is PATH inside a sandbox unless the caller sets one.
@@ -37,138 +34,23 @@ const (
 	sandboxUIDs     = 65536
 )
 
-// confinement is what one sandbox process is confined by, besides the
-// namespaces and mounts every sandbox gets.
-type confinement struct {
-	uid, gid int // host ids to drop to (root host only)
-	// seccompFD is the child's descriptor of the seccomp program (0: none).
-	seccompFD int
-	// cgroupProcs are the cgroup.procs files the process joins before
-	// bubblewrap starts (nil: no cgroup).
-	cgroupProcs []string
-	// nproc is RLIMIT_NPROC for the sandbox's uid (0: unchanged).
-	nproc int
-}
-
-// isolation is how sandbox processes are wrapped.
+// isolation is how sandboxes are wrapped.
 type isolation struct {
 	bwrap   string // bwrap path; "" = no isolation
 	setpriv string // setpriv path; "" = keep the host's uid
 }
 
-// command returns the argv that runs argv in a sandbox whose home, tmp and
-// mnt live at the given host paths, starting in cwd (a sandbox path).
-//
-// Verified on Debian 12 with bubblewrap 0.8, as root and as nobody: a fresh
-// network namespace holds only its own loopback, so there is no network;
-// /usr and /etc are read-only binds. As root, bubblewrap creates no user
-// namespace, so a process that is uid 0 inside could still write host
-// sysctls under /proc/sys; the host therefore runs bwrap without a user
-// namespace and drops to sandboxUID with setpriv (no capabilities, no new
-// privileges) before the command. As any other user, bwrap's user
-// namespace maps the caller's uid and --cap-drop ALL removes capabilities.
-//
-// conf adds the sandbox's own uid, seccomp filter, cgroup and process
-// limit: a /bin/sh prefix writes its own pid into the cgroup (so bwrap and
-// everything below it start inside, race-free) and execs prlimit for the
-// uid's process limit.
-func (iso isolation) command(home, tmp, mnt, cwd string, argv []string, conf confinement) []string {
-	var args []string
-	if len(conf.cgroupProcs) > 0 || conf.nproc > 0 {
-		var script strings.Builder
-		for _, f := range conf.cgroupProcs {
-			script.WriteString("echo $$ > " + shellQuote(f) + " || exit 125; ")
-		}
-		script.WriteString(`exec "$@"`)
-		args = append(args, "/bin/sh", "-c", script.String(), "sh")
-		if conf.nproc > 0 {
-			n := strconv.Itoa(conf.nproc)
-			args = append(args, "prlimit", "--nproc="+n+":"+n, "--")
-		}
-	}
-	args = append(args, iso.bwrap)
-	if iso.setpriv != "" {
-		args = append(args, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
-	} else {
-		args = append(args, "--unshare-all", "--cap-drop", "ALL")
-	}
-	args = append(args,
-		"--die-with-parent",
-		"--new-session",
-		"--hostname", "sandbox",
-		"--ro-bind", "/usr", "/usr",
-		"--ro-bind", "/etc", "/etc",
-	)
-	for _, d := range []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"} {
-		fi, err := os.Lstat("/" + d)
-		switch {
-		case err != nil:
-			continue
-		case fi.Mode()&os.ModeSymlink != 0:
-			target, err := os.Readlink("/" + d)
-			if err != nil {
-				continue
-			}
-			args = append(args, "--symlink", target, "/"+d)
-		case fi.IsDir():
-			args = append(args, "--ro-bind", "/"+d, "/"+d)
-		}
-	}
-	if fi, err := os.Stat("/opt"); err == nil && fi.IsDir() {
-		args = append(args, "--ro-bind", "/opt", "/opt")
-	}
-	if conf.seccompFD > 0 {
-		args = append(args, "--seccomp", strconv.Itoa(conf.seccompFD))
-	}
-	args = append(args,
-		"--proc", "/proc",
-		"--dev", "/dev",
-		"--bind", tmp, sandboxTmp,
-		"--bind", mnt, sandboxMnt,
-		"--dir", "/home",
-		"--bind", home, sandboxHome,
-		"--chdir", cwd,
-		"--",
-	)
-	if iso.setpriv != "" {
-		uid, gid := conf.uid, conf.gid
-		if uid == 0 {
-			uid, gid = firstSandboxUID, firstSandboxUID // probe runs
-		}
-		args = append(args, iso.setpriv,
-			"--reuid="+strconv.Itoa(uid), "--regid="+strconv.Itoa(gid), "--clear-groups",
-			"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--")
-	}
-	return append(args, argv...)
-}
-
-// shellQuote quotes s for /bin/sh.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// process is one running command in a sandbox.
+// process is one command started through envd or the exec route. Its pid
+// is its pid in the sandbox.
 type process struct {
 	spec startSpec
 	pid  int
-	cmd  *exec.Cmd
-	done chan struct{} // closed after Wait returned
+	ag   *sandboxAgent
+	done chan struct{} // closed once it exited and its output was read
 }
 
-// signal sends sig to the process's whole process group. For SIGKILL it
-// also kills the process's direct children first: under bubblewrap that
-// is the sandbox's PID-namespace init, whose death makes the kernel kill
-// everything in the namespace, even processes that left the group with
-// setsid.
-func (p *process) signal(sig syscall.Signal) {
-	if sig == syscall.SIGKILL {
-		for _, c := range childPIDs(p.pid) {
-			_ = syscall.Kill(c, sig)
-		}
-	}
-	// The process leads its own group (Setpgid), so -pid is the group.
-	_ = syscall.Kill(-p.pid, sig)
-}
+// signal sends sig to the process's group, inside the sandbox.
+func (p *process) signal(sig syscall.Signal) { p.ag.signal(p.pid, sig) }
 
 // childPIDs lists pid's children from /proc (empty if it is gone).
 func childPIDs(pid int) []int {
@@ -208,9 +90,8 @@ type startSpec struct {
 // running is a started process and its output.
 type running struct {
 	*process
-	events <-chan event // closed once the process exited and its output was read; then state and err are set
-	state  *os.ProcessState
-	err    error // from Wait (not exit status)
+	events <-chan event // closed once the process exited and its output was read; then status is set
+	status syscall.WaitStatus
 }
 
 // hostPathForCwd maps a sandbox cwd to a host directory (no isolation).
@@ -267,8 +148,8 @@ var (
 	errEmptyCommand = errors.New("empty command")
 )
 
-// start runs spec in sb. The returned events channel streams output; when it
-// is closed, wait on done and read state.
+// start runs spec in sb, through its agent. The returned events channel
+// streams output; when it is closed, wait on done and read status.
 func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
 	if spec.cmd == "" {
 		return nil, errEmptyCommand
@@ -278,144 +159,99 @@ func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
 			return nil, fmt.Errorf("%w: %q", errInvalidEnv, k)
 		}
 	}
-	cmd, release, err := h.command(sb, spec)
+	dir, err := h.commandDir(sb, spec.cwd)
 	if err != nil {
 		return nil, err
 	}
-	defer release() // the child holds its own copies once started
-	cmd.Env = h.env(sb, spec.envs)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	req := agentMsg{Path: spec.cmd, Args: spec.args, Env: h.env(sb, spec.envs), Dir: dir}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("stdout pipe: %w", err)
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		outR.Close()
-		outW.Close()
+		closeAll(outR, outW)
 		return nil, fmt.Errorf("stderr pipe: %w", err)
 	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-
+	// sb.mu is held across the agent's round trip so that a pause or a
+	// teardown never freezes or kills the agent in the middle of it.
 	sb.mu.Lock()
-	if sb.dead {
+	switch {
+	case sb.dead:
 		sb.mu.Unlock()
 		closeAll(outR, outW, errR, errW)
 		return nil, ErrNotFound
-	}
-	if sb.state != stateRunning {
+	case sb.state != stateRunning:
 		sb.mu.Unlock()
 		closeAll(outR, outW, errR, errW)
 		return nil, errPaused
 	}
-	if err := cmd.Start(); err != nil {
+	reply := sb.agent.start(req, outW, errW)
+	closeAll(outW, errW) // the command holds its own copies
+	if reply.err != nil {
 		sb.mu.Unlock()
-		closeAll(outR, outW, errR, errW)
-		return nil, fmt.Errorf("start process: %w", err)
+		closeAll(outR, errR)
+		if errors.Is(reply.err, errSandboxEnded) {
+			h.log.Warn("sandbox agent gone", "sandbox_id", sb.id, "error", reply.err.Error())
+			return nil, ErrNotFound
+		}
+		return nil, reply.err
 	}
-	p := &process{spec: spec, pid: cmd.Process.Pid, cmd: cmd, done: make(chan struct{})}
+	p := &process{spec: spec, pid: reply.pid, ag: sb.agent, done: make(chan struct{})}
 	sb.procs[p.pid] = p
 	sb.mu.Unlock()
-	closeAll(outW, errW) // the child holds its own copies
 
 	events := make(chan event, outputQueue)
 	r := &running{process: p, events: events}
-	r.stream(sb, events, outR, errR)
+	r.stream(sb, events, reply.exit, outR, errR)
 	return r, nil
 }
 
-// command builds the command of spec in sb: under the isolation tool
-// (bwrap, with the sandbox's uid, limits and seccomp filter) when the host
-// isolates, else as a plain child in the sandbox's home. release closes
-// what the child inherits, once it started.
-func (h *Host) command(sb *sandbox, spec startSpec) (cmd *exec.Cmd, release func(), err error) {
-	release = func() {}
-	cwd := spec.cwd
+// commandDir checks a command's working directory and returns it as the
+// agent applies it: a sandbox path under bubblewrap (one inside the
+// sandbox's own directories must exist; elsewhere, e.g. /usr, the agent
+// reports a bad one), else the host directory of a sandbox path.
+func (h *Host) commandDir(sb *sandbox, cwd string) (string, error) {
 	if cwd == "" {
 		cwd = sandboxHome
 	}
 	if !h.Isolated() {
-		dir, err := sb.hostPathForCwd(cwd)
-		if err != nil {
-			return nil, release, err
-		}
-		cmd = exec.Command(spec.cmd, spec.args...)
-		cmd.Dir = dir
-		return cmd, release, nil
+		return sb.hostPathForCwd(cwd)
 	}
 	vcwd, err := sb.virtualPath(cwd)
 	if err != nil {
-		return nil, release, err
+		return "", err
 	}
-	// A cwd inside the sandbox's own directories must exist (outside
-	// them, e.g. /usr, bwrap itself reports a bad one).
 	if vp, err := sb.resolve(vcwd); err == nil {
 		if err := vp.isDir(); err != nil {
-			return nil, release, fmt.Errorf("cwd %s: %w", vcwd, err)
+			return "", fmt.Errorf("cwd %s: %w", vcwd, err)
 		}
 	}
-	conf := confinement{uid: sb.uid, gid: sb.gid, nproc: sb.nproc}
-	if sb.cgroup != nil {
-		conf.cgroupProcs = sb.cgroup.procsFiles()
-	}
-	var extra []*os.File
-	if h.seccomp != nil {
-		f, err := seccompFile(h.seccomp)
-		if err != nil {
-			return nil, release, err
-		}
-		release = func() { f.Close() }
-		conf.seccompFD = 3 // the first of ExtraFiles
-		extra = append(extra, f)
-	}
-	argv := h.iso.command(sb.home, sb.tmp, sb.mnt, vcwd, append([]string{spec.cmd}, spec.args...), conf)
-	cmd = exec.Command(argv[0], argv[1:]...)
-	cmd.ExtraFiles = extra
-	return cmd, release, nil
+	return vcwd, nil
 }
 
 // stream reads the process's stdout and stderr (outR, errR) into events
-// (r's) and, once it exited, kills what is left of its process group,
-// records its exit, closes events and marks it done.
-func (r *running) stream(sb *sandbox, events chan<- event, outR, errR *os.File) {
-	p, cmd := r.process, r.process.cmd
+// until it exited (its wait status arrives on exit) and its output ended,
+// or pipeGrace after its exit: a background process it left may hold the
+// pipes for the sandbox's life. Such output is drained and dropped (never
+// a broken pipe for the background process). Then it closes events,
+// forgets the process and marks it done.
+func (r *running) stream(sb *sandbox, events chan<- event, exit <-chan int, outR, errR *os.File) {
+	p := r.process
+	out := &outputSink{events: events}
 	var readers sync.WaitGroup
-	pump := func(rd io.Reader, isErr bool) {
-		defer readers.Done()
-		for {
-			buf := make([]byte, outputChunk)
-			n, err := rd.Read(buf)
-			if n > 0 {
-				ev := event{}
-				if isErr {
-					ev.stderr = buf[:n]
-				} else {
-					ev.stdout = buf[:n]
-				}
-				events <- ev
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
 	readers.Add(2)
-	go pump(outR, false)
-	go pump(errR, true)
+	go out.pump(&readers, outR, false)
+	go out.pump(&readers, errR, true)
 	go func() {
-		// Wait for the exit without reaping, so the process group id cannot
-		// be reused while we kill what is left in it (e.g. `sleep 100 &`).
-		waitExitedNoReap(p.pid)
-		p.signal(syscall.SIGKILL)
-		r.err = cmd.Wait()
-		r.state = cmd.ProcessState
-		// Output pipes may be held open by a process that left the group
-		// (setsid): stop reading after a grace period.
-		t := time.AfterFunc(pipeGrace, func() { closeAll(outR, errR) })
-		readers.Wait()
-		t.Stop()
-		closeAll(outR, errR)
-		close(events)
+		r.status = syscall.WaitStatus(<-exit)
+		drained := make(chan struct{})
+		go func() { readers.Wait(); close(drained) }()
+		select {
+		case <-drained:
+		case <-time.After(pipeGrace):
+		}
+		out.close()
 		sb.mu.Lock()
 		delete(sb.procs, p.pid)
 		sb.mu.Unlock()
@@ -423,31 +259,58 @@ func (r *running) stream(sb *sandbox, events chan<- event, outR, errR *os.File) 
 	}()
 }
 
-// pipeGrace is how long output is still read after a process exited.
+// outputSink forwards output chunks to events until closed, then drops
+// them.
+type outputSink struct {
+	mu     sync.Mutex
+	closed bool
+	events chan<- event
+}
+
+// pump reads rd until EOF, forwarding each chunk, and closes rd.
+func (o *outputSink) pump(wg *sync.WaitGroup, rd *os.File, isErr bool) {
+	defer wg.Done()
+	defer rd.Close()
+	for {
+		buf := make([]byte, outputChunk)
+		n, err := rd.Read(buf)
+		if n > 0 {
+			ev := event{stdout: buf[:n]}
+			if isErr {
+				ev = event{stderr: buf[:n]}
+			}
+			o.send(ev)
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (o *outputSink) send(ev event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.closed {
+		o.events <- ev
+	}
+}
+
+func (o *outputSink) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.closed {
+		o.closed = true
+		close(o.events)
+	}
+}
+
+// pipeGrace is how long output is still forwarded after a process exited.
 const pipeGrace = 2 * time.Second
 
 // closeAll closes files, ignoring errors.
 func closeAll(fs ...*os.File) {
 	for _, f := range fs {
 		_ = f.Close()
-	}
-}
-
-// waitExitedNoReap blocks until pid has exited but leaves it a zombie
-// (waitid with WNOWAIT), so its pid and process group stay reserved.
-func waitExitedNoReap(pid int) {
-	const (
-		pPID    = 1
-		wExited = 0x4
-		wNoWait = 0x1000000
-	)
-	var info [128]byte
-	for {
-		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid),
-			uintptr(unsafe.Pointer(&info[0])), wExited|wNoWait, 0, 0)
-		if errno != syscall.EINTR {
-			return
-		}
 	}
 }
 
@@ -460,13 +323,19 @@ func (r *running) discard() {
 // exitInfo reports exit code, exited flag and status text of a finished
 // process, as envd does (exit code -1 when killed by a signal).
 func (r *running) exitInfo() (code int, exited bool, status string, errText string) {
-	if r.state == nil {
-		if r.err != nil {
-			return -1, false, "error", r.err.Error()
+	ws := r.status
+	switch {
+	case ws.Exited():
+		return ws.ExitStatus(), true, "exit status " + strconv.Itoa(ws.ExitStatus()), ""
+	case ws.Signaled():
+		status = "signal: " + ws.Signal().String()
+		if ws.CoreDump() {
+			status += " (core dumped)"
 		}
+		return -1, false, status, ""
+	default:
 		return -1, false, "unknown", ""
 	}
-	return r.state.ExitCode(), r.state.Exited(), r.state.String(), ""
 }
 
 // runToEnd waits for the process to finish, discarding output, honouring

@@ -21,6 +21,16 @@
 // directories; every access goes through os.Root, so a symlink swapped in
 // later cannot lead out either.
 //
+// A sandbox is one long-lived environment: created once, it runs an agent
+// (this binary re-executed, agent.go) that starts every command inside
+// it, so commands share one process table and what a command leaves
+// running in the background lives until the sandbox ends. The host starts
+// its own programs (a cgroup-joining /bin/sh, bwrap, setpriv, the agent)
+// by absolute path with a fixed environment; a command's environment,
+// arguments and working directory travel to the agent over a socket only
+// the host holds and are applied there, by execve inside the sandbox
+// (launch.go).
+//
 // Isolation under bubblewrap: new PID, IPC, UTS, cgroup and network
 // namespaces (only the sandbox's own loopback: no network), no
 // capabilities, a seccomp filter (seccomp.go: no keyring, no nested user
@@ -28,22 +38,24 @@
 // and CPU where the host can make cgroups (cgroup.go), a sticky /tmp of
 // its own, and, when the host runs as root, each sandbox's own host uid
 // (root in the host's user namespace could write host sysctls; a shared
-// uid would share keyrings and the per-uid process limit).
-// Without bubblewrap (Isolation "none") processes run directly on the host
-// with HOME set to the real home directory: paths such as /home/user do not
-// exist for them, and nothing is isolated. Tests that run commands with
-// sandbox paths need bubblewrap.
+// uid would share keyrings and the per-uid process limit) and its own
+// tmpfs for <RootDir>/<id> (of the size reported as its disk), so that no
+// host path shows in its mount table. bwrap reads its options from a
+// descriptor, so none shows in the sandbox's process list either.
+// Without bubblewrap (Isolation "none") the agent and commands run directly
+// on the host with HOME set to the real home directory: paths such as
+// /home/user do not exist for them, and nothing is isolated. Tests that
+// run commands with sandbox paths need bubblewrap.
 //
-// Process semantics (differences from E2B noted): each command runs as
-// `bwrap … -- <cmd> <args>` in its own process group; when the command
-// exits, whatever it left running in the background is killed (E2B keeps
-// it). When the client of a Start stream goes away or its
-// Connect-Timeout-Ms passes, the process group is killed. Output is
-// streamed in chunks of at most 32 KiB with at most 1 MiB queued per
-// process (a slow client slows the process). A sandbox dies (processes
-// SIGKILLed, directory removed, state gone) when its timeout passes or on
-// DELETE. A sandbox can be paused and resumed as on E2B (pause.go). PTY and
-// stdin are not supported.
+// Process semantics: a command's pid is its pid in the sandbox; it runs
+// in its own process group. When the client of a Start stream goes away
+// or its Connect-Timeout-Ms passes, that process group is killed. Output
+// is streamed in chunks of at most 32 KiB with at most 1 MiB queued per
+// process (a slow client slows the process); output a background process
+// writes more than 2 s after its command ended is dropped. A sandbox dies
+// (every process SIGKILLed, directory removed, state gone) when its
+// timeout passes or on DELETE. A sandbox can be paused and resumed as on
+// E2B (pause.go). PTY and stdin are not supported.
 package sandboxhost
 
 import (
@@ -57,10 +69,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Isolation modes accepted in Options.Isolation.
@@ -135,8 +149,14 @@ type Host struct {
 	// seccomp is the filter program of sandbox processes (nil without
 	// bubblewrap); cg makes per-sandbox cgroups (nil where none can be
 	// made).
-	seccomp  []byte
-	cg       *cgroups
+	seccomp []byte
+	cg      *cgroups
+	// exe is this binary, run inside each sandbox as its agent.
+	exe *os.File
+	// ownFS gives each sandbox a tmpfs of its own for its directories
+	// (root host under bubblewrap), so that its mount table shows no
+	// host path.
+	ownFS    bool
 	envdVer  string
 	clientID string
 
@@ -146,7 +166,9 @@ type Host struct {
 	// works (tests of the fallback).
 	signalPause bool
 	sandboxes   map[string]*sandbox
-	uids        map[int]bool // sandbox uids in use (root host)
+	creating    map[string]bool // ids of sandboxes being made
+	tombs       tombstones      // tokens of ended sandboxes (access.go)
+	uids        map[int]bool    // sandbox uids in use (root host)
 	nextUID     int
 	wg          sync.WaitGroup // sandbox teardowns in flight
 }
@@ -168,6 +190,8 @@ type sandbox struct {
 	chown      bool   // whether to chown them to uid:gid
 	nproc      int    // RLIMIT_NPROC of uid (root host), 0 = unchanged
 	cgroup     *sandboxCgroup
+	agent      *sandboxAgent // set before the sandbox is listed
+	mounted    bool          // dir is the sandbox's own tmpfs
 
 	ctx    context.Context // cancelled when the sandbox dies
 	cancel context.CancelFunc
@@ -221,6 +245,7 @@ func New(opts Options) (*Host, error) {
 		now:       opts.Now,
 		envdVer:   opts.EnvdVersion,
 		sandboxes: map[string]*sandbox{},
+		creating:  map[string]bool{},
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
@@ -248,6 +273,10 @@ func New(opts Options) (*Host, error) {
 		return nil, fmt.Errorf("sandboxhost: unknown isolation %q (want auto, bwrap or none)", opts.Isolation)
 	}
 	h.opts.Limits = opts.Limits.withDefaults()
+	if h.exe, err = os.Open("/proc/self/exe"); err != nil {
+		return nil, fmt.Errorf("sandboxhost: own executable: %w", err)
+	}
+	h.ownFS = h.Isolated() && os.Geteuid() == 0
 	if h.Isolated() {
 		if h.seccomp, err = seccompProgram(); err != nil {
 			return nil, fmt.Errorf("sandboxhost: %w", err)
@@ -311,8 +340,15 @@ func probeBwrap() (isolation, error) {
 		return iso, err
 	}
 	defer os.RemoveAll(dir)
-	argv := iso.command(dir, dir, dir, "/", []string{"/bin/true"}, confinement{})
-	if out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput(); err != nil {
+	opts, err := dataFile([]byte(strings.Join(iso.sandboxOptions(dir, dir, dir, 0), "\x00") + "\x00"))
+	if err != nil {
+		return iso, err
+	}
+	defer opts.Close()
+	argv := iso.launcherArgv(nil, 3, 0, 0, []string{"/bin/true"})
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env, cmd.ExtraFiles = launcherEnv, []*os.File{opts}
+	if out, err := cmd.CombinedOutput(); err != nil {
 		return iso, fmt.Errorf("bwrap trial run: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return iso, nil
@@ -348,8 +384,35 @@ type createSpec struct {
 	envVars    map[string]string
 }
 
-// create starts a new sandbox: directories, state and the kill timer.
+// create starts a new sandbox: its uid, cgroup, directories and agent,
+// then its state and kill timer.
 func (h *Host) create(spec createSpec) (*sandbox, error) {
+	sb := h.newSandbox(spec)
+	if err := h.reserve(sb.id); err != nil {
+		return nil, err
+	}
+	defer h.unreserve(sb.id)
+	if err := h.prepare(sb); err != nil {
+		h.teardown(sb)
+		return nil, err
+	}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		h.teardown(sb)
+		return nil, ErrClosed
+	}
+	h.sandboxes[sb.id] = sb
+	h.mu.Unlock()
+
+	h.setDeadlineFrom(sb, sb.startedAt, spec.timeout, false)
+	h.log.Info("sandbox created", "sandbox_id", sb.id, "template_id", spec.templateID,
+		"timeout_s", spec.timeout.Seconds(), "isolated", h.Isolated())
+	return sb, nil
+}
+
+// newSandbox is the state of a sandbox about to be made.
+func (h *Host) newSandbox(spec createSpec) *sandbox {
 	id := spec.id
 	if id == "" {
 		id = randomID(20)
@@ -369,10 +432,43 @@ func (h *Host) create(spec createSpec) (*sandbox, error) {
 		mnt:        filepath.Join(dir, "mnt"),
 		procs:      map[int]*process{},
 	}
+	if sb.metadata == nil {
+		sb.metadata = map[string]string{}
+	}
+	if sb.envVars == nil {
+		sb.envVars = map[string]string{}
+	}
+	sb.ctx, sb.cancel = context.WithCancel(context.Background())
+	return sb
+}
+
+// reserve claims id for a sandbox being made (ErrClosed, errDuplicateID).
+func (h *Host) reserve(id string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return ErrClosed
+	}
+	if _, live := h.sandboxes[id]; live || h.creating[id] {
+		return errDuplicateID
+	}
+	h.creating[id] = true
+	return nil
+}
+
+func (h *Host) unreserve(id string) {
+	h.mu.Lock()
+	delete(h.creating, id)
+	h.mu.Unlock()
+}
+
+// prepare takes sb's uid and cgroup, makes its directories and starts its
+// agent. What it made is undone by teardown.
+func (h *Host) prepare(sb *sandbox) error {
 	if h.iso.setpriv != "" {
 		uid, err := h.allocUID()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		sb.uid, sb.gid, sb.chown = uid, uid, true
 		if n := h.opts.Limits.Processes; n > 0 {
@@ -380,63 +476,50 @@ func (h *Host) create(spec createSpec) (*sandbox, error) {
 		}
 	}
 	if h.cg != nil {
-		g, err := h.cg.create(id, h.opts.Limits)
+		g, err := h.cg.create(sb.id, h.opts.Limits)
 		if err != nil {
-			h.release(sb)
-			return nil, fmt.Errorf("sandbox cgroup: %w", err)
+			return fmt.Errorf("sandbox cgroup: %w", err)
 		}
 		sb.cgroup = g
 	}
-	if sb.metadata == nil {
-		sb.metadata = map[string]string{}
+	if err := h.makeDirs(sb); err != nil {
+		return err
 	}
-	if sb.envVars == nil {
-		sb.envVars = map[string]string{}
+	ag, err := h.launch(sb)
+	if err != nil {
+		return err
+	}
+	sb.agent = ag
+	return nil
+}
+
+// makeDirs makes sb's directory (its own tmpfs when ownFS) with home,
+// tmp and mnt, owned by the sandbox's uid.
+func (h *Host) makeDirs(sb *sandbox) error {
+	if err := os.Mkdir(sb.dir, 0o755); err != nil {
+		return fmt.Errorf("create sandbox dir: %w", err)
+	}
+	if h.ownFS {
+		opts := "mode=0755,size=" + strconv.Itoa(reportedDiskMB<<20)
+		if err := unix.Mount("tmpfs", sb.dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("mount sandbox tmpfs: %w", err)
+		}
+		sb.mounted = true
 	}
 	for _, d := range []string{sb.home, sb.tmp, sb.mnt} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			_ = os.RemoveAll(dir)
-			h.release(sb)
-			return nil, fmt.Errorf("create sandbox dir: %w", err)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return fmt.Errorf("create sandbox dir: %w", err)
 		}
-	}
-	if err := os.Chmod(sb.tmp, 0o777|os.ModeSticky); err != nil {
-		_ = os.RemoveAll(dir)
-		h.release(sb)
-		return nil, fmt.Errorf("chmod sandbox tmp: %w", err)
-	}
-	if sb.chown {
-		for _, d := range []string{sb.home, sb.tmp, sb.mnt} {
+		if sb.chown {
 			if err := os.Chown(d, sb.uid, sb.gid); err != nil {
-				_ = os.RemoveAll(dir)
-				h.release(sb)
-				return nil, fmt.Errorf("chown sandbox dir: %w", err)
+				return fmt.Errorf("chown sandbox dir: %w", err)
 			}
 		}
 	}
-	sb.ctx, sb.cancel = context.WithCancel(context.Background())
-
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		sb.cancel()
-		_ = os.RemoveAll(dir)
-		h.release(sb)
-		return nil, ErrClosed
+	if err := os.Chmod(sb.tmp, 0o777|os.ModeSticky); err != nil {
+		return fmt.Errorf("chmod sandbox tmp: %w", err)
 	}
-	if _, dup := h.sandboxes[id]; dup {
-		h.mu.Unlock()
-		sb.cancel()
-		h.release(sb)
-		return nil, errDuplicateID
-	}
-	h.sandboxes[id] = sb
-	h.mu.Unlock()
-
-	h.setDeadlineFrom(sb, sb.startedAt, spec.timeout, false)
-	h.log.Info("sandbox created", "sandbox_id", id, "template_id", spec.templateID,
-		"timeout_s", spec.timeout.Seconds(), "isolated", h.Isolated())
-	return sb, nil
+	return nil
 }
 
 // get returns the live sandbox with id.
@@ -525,6 +608,7 @@ func (h *Host) kill(id string) error {
 		return ErrNotFound
 	}
 	defer h.wg.Done()
+	h.tombs.add(sb.id, sb.token)
 	h.teardown(sb)
 	h.log.Info("sandbox killed", "sandbox_id", id)
 	return nil
@@ -533,6 +617,7 @@ func (h *Host) kill(id string) error {
 // teardown kills all of sb's processes and removes its directory. A
 // paused sandbox's processes are thawed once killed, so that they die
 // (a frozen process acts on SIGKILL only when thawed) and none runs again.
+// It undoes a partly made sandbox too.
 func (h *Host) teardown(sb *sandbox) {
 	sb.transition.Lock()
 	defer sb.transition.Unlock()
@@ -546,19 +631,27 @@ func (h *Host) teardown(sb *sandbox) {
 	}
 	sb.mu.Unlock()
 	sb.cancel()
-	for _, p := range procs {
-		p.signal(syscall.SIGKILL)
+	if sb.agent != nil {
+		sb.agent.kill(h.Isolated())
 	}
 	if frozen {
 		if err := h.thaw(sb); err != nil {
 			h.log.Error("thaw of a killed paused sandbox", "sandbox_id", sb.id, "error", err.Error())
 		}
 	}
+	if sb.agent != nil && !sb.agent.awaitExit() {
+		h.log.Error("sandbox launcher did not exit after SIGKILL", "sandbox_id", sb.id, "pid", sb.agent.pid)
+	}
 	for _, p := range procs {
 		select {
 		case <-p.done:
 		case <-time.After(10 * time.Second):
-			h.log.Error("sandbox process did not exit after SIGKILL", "sandbox_id", sb.id, "pid", p.pid)
+			h.log.Error("sandbox process did not end after SIGKILL", "sandbox_id", sb.id, "pid", p.pid)
+		}
+	}
+	if sb.mounted {
+		if err := unix.Unmount(sb.dir, unix.MNT_DETACH); err != nil {
+			h.log.Error("unmount sandbox tmpfs", "sandbox_id", sb.id, "error", err.Error())
 		}
 	}
 	if err := os.RemoveAll(sb.dir); err != nil {
@@ -608,5 +701,8 @@ func (h *Host) Close() error {
 	if h.cg != nil {
 		h.cg.close()
 	}
+	h.mu.Lock()
+	h.exe.Close() // a create still in flight fails to launch
+	h.mu.Unlock()
 	return nil
 }

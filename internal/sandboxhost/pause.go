@@ -22,7 +22,7 @@ import (
 // Freezing uses the sandbox's cgroup v2 freezer (cgroup.freeze) where the
 // host makes cgroups and a v2 hierarchy is writable (cgroup.go); otherwise
 // every process of the sandbox is sent SIGSTOP (and SIGCONT on resume),
-// found from each command's process through /proc's children lists.
+// found from its launcher through /proc's children lists.
 //
 // One difference from E2B: a command's Start stream stays open across a
 // pause (E2B's connections drop), so that a background command whose
@@ -207,19 +207,13 @@ func (g *sandboxCgroup) setFrozen(frozen bool) error {
 	}
 }
 
-// signalAll sends sig to every process of sb: each command's process and
-// all of its descendants (under bubblewrap they live in a session and a
-// PID namespace of their own, out of reach of a process-group signal).
+// signalAll sends sig to every process of sb: its launcher and all of its
+// descendants (the agent, every command and whatever they left running).
 // For SIGSTOP it waits until each is stopped and looks again, until a
 // look finds no process it has not stopped: a process forked before its
 // parent stopped is stopped too, and a stopped process forks no more.
 func (sb *sandbox) signalAll(sig syscall.Signal) error {
-	sb.mu.Lock()
-	roots := make([]int, 0, len(sb.procs))
-	for pid := range sb.procs {
-		roots = append(roots, pid)
-	}
-	sb.mu.Unlock()
+	roots := []int{sb.agent.pid}
 	seen := map[int]bool{}
 	deadline := time.Now().Add(freezeTimeout)
 	for {
