@@ -469,7 +469,7 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
 	}
 	c.Tenant = r.Key.Tenant
-	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit, r.HomeFull, c.Now), r.Grant, func(t slotTry) error { return s.claimResumeIn(ctx, r, c, t) })
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit, r.HomeFull), r.Grant, func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
 	if err != nil {
 		return core.Record{}, err
 	}
@@ -477,8 +477,7 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 }
 
 // claimResumeIn is ClaimResume's transaction, its running slot in bucket b.
-func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Claim, t slotTry) error {
-	b := t.b
+func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Claim, b int) error {
 	upd := s.claimUpdate(c, core.StateResuming, c.Now).Remove(expression.Name("no_running_slot")).
 		Set(expression.Name("bucket"), expression.Value(b)).
 		Set(expression.Name("counted"), expression.Value(string(core.StateActive))).
@@ -488,7 +487,7 @@ func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Cl
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}
-	take, err := s.slotTake(t, r.Limit, core.StateActive, c.Tenant, r.Grant)
+	take, err := s.slotTake(b, r.Limit, core.StateActive, c.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}

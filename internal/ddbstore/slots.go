@@ -43,11 +43,11 @@ var (
 // Reserve takes a slot and binds the thread to the reservation,
 // atomically (see takeSlot for the bucket it takes).
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
-	p := threadPlan(r.ThreadKey, r.Limit, r.HomeFull, r.Now)
+	p := threadPlan(r.ThreadKey, r.Limit, r.HomeFull)
 	if f := r.Freed; f != nil && f.Counted != "" && f.Bucket < min(CapacityBuckets, max(r.Limit, 1)) {
 		p.home = f.Bucket // where a slot was just freed for it
 	}
-	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(t slotTry) error { return s.reserveIn(ctx, r, t) })
+	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating, Quota: true})
 	}
@@ -64,21 +64,12 @@ type slotPlan struct {
 	limit int
 	// home is the bucket tried first (noHome: none, the read comes first).
 	home int
-	// now is the caller's clock, for the holds.
-	now time.Time
 }
 
-// slotTry is one try of a take: its bucket, and its view of the bucket's
-// holds (hold.by set when the take holds a slot there).
-type slotTry struct {
-	b    int
-	hold roomHold
-}
-
-// threadPlan is the plan of a take for thread k under limit at now: its
-// home (threadHome, or noHome when its lookup found that one full).
-func threadPlan(k core.ThreadKey, limit int, homeFull bool, now time.Time) slotPlan {
-	p := slotPlan{limit: limit, home: threadHome(k, limit), now: now}
+// threadPlan is the plan of a take for thread k under limit: its home
+// (threadHome, or noHome when its lookup found that one full).
+func threadPlan(k core.ThreadKey, limit int, homeFull bool) slotPlan {
+	p := slotPlan{limit: limit, home: threadHome(k, limit)}
 	if homeFull {
 		p.home = noHome
 	}
@@ -97,19 +88,15 @@ func threadPlan(k core.ThreadKey, limit int, homeFull bool, now time.Time) slotP
 // cancelled transaction (its write units on the bucket and on the
 // tenant's count). It refuses for capacity only when every bucket read is
 // full or was tried, with every bucket's sums as the refusal's details.
-// Buckets whose limits are not
-// set for the limit get them first (setLimits), and are read again. A
-// bucket picked from the read whose last slot it showed free is held
-// before its transaction (tryTake).
-func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) error) (int, error) {
+// Buckets whose limits are not set for the limit get them first
+// (setLimits), and are read again.
+func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(int) error) (int, error) {
 	b, limit := p.home, p.limit
-	holder := roomHold{by: newHolder(), now: p.now}
-	var hold bool // b's last slot was seen free in the read: hold it first
 	var tried []int
 	var buckets []bucketItem // the read of the buckets, once a take failed
 	for limits := 0; ; {
 		if b != noHome {
-			err := s.tryTake(ctx, slotTry{b: b, hold: roomHold{now: p.now}}, limit, hold, holder, take)
+			err := take(b)
 			if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
 				return b, err
 			}
@@ -139,48 +126,24 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) err
 			tried, buckets = nil, nil
 			continue // read again: set by us or by a peer
 		}
-		open, last := openBuckets(buckets, limit, p.now, tried)
+		open := openBuckets(buckets, limit, tried)
 		if len(open) == 0 || len(tried) > reserveFallbacks {
 			// Raced: room was left, which peers took first.
 			return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants, Raced: len(open) > 0}
 		}
 		b = open[rand.IntN(len(open))]
-		hold = last[b]
 	}
 }
 
-// openBuckets lists the buckets with room (limits set for limit) at now
-// that were not tried, and those of them whose last slot is free and not
-// held (a take holds it first; one already held leaves a slot besides it,
-// taken without a hold).
-func openBuckets(buckets []bucketItem, limit int, now time.Time, tried []int) (open []int, last map[int]bool) {
-	last = map[int]bool{}
+// openBuckets lists the buckets with room (limits set for limit) that
+// were not tried.
+func openBuckets(buckets []bucketItem, limit int, tried []int) (open []int) {
 	for _, bk := range buckets {
-		if r := bk.openTo(limit, now); r > 0 && !slices.Contains(tried, bk.Index) {
+		if bk.room(limit) > 0 && !slices.Contains(tried, bk.Index) {
 			open = append(open, bk.Index)
-			last[bk.Index] = r == 1 && bk.HoldUntil <= ms(now)
 		}
 	}
-	return open, last
-}
-
-// tryTake runs take in t's bucket; with hold, it first holds the slot for
-// holder (holdRoom), and a take that then fails for another reason than
-// the room clears its hold. A hold refused is the take's lost race
-// (errBucketFull), at the cost of one write unit on the bucket alone; a
-// hold that may have been made counts as made.
-func (s *Store) tryTake(ctx context.Context, t slotTry, limit int, hold bool, holder roomHold, take func(slotTry) error) error {
-	if hold {
-		if err := s.holdRoom(ctx, t.b, limit, holder); errors.Is(err, errBucketFull) {
-			return err
-		}
-		t.hold = holder
-	}
-	err := take(t)
-	if hold && err != nil && !errors.Is(err, errBucketFull) {
-		_ = s.releaseHold(ctx, t.b, holder) // a hold not cleared lapses
-	}
-	return err
+	return open
 }
 
 // readForTake reads every bucket for a take to pick from: strongly
@@ -234,25 +197,20 @@ func updateTried(buckets []bucketItem, b int, err error) {
 	}
 }
 
-// takeUpdate is the bucket update taking one slot of t's bucket, counted
-// in state (tenant, when not empty, joins the bucket's tenant set), and
-// clearing t's hold when it has one.
-func (s *Store) takeUpdate(t slotTry, limit int, state core.State, tenant string) (types.TransactWriteItem, error) {
-	take := takeCondition(limit, t.hold)
+// takeUpdate is the bucket update taking one slot of bucket b, counted in
+// state (tenant, when not empty, joins the bucket's tenant set).
+func (s *Store) takeUpdate(b int, limit int, state core.State, tenant string) (types.TransactWriteItem, error) {
+	take := takeCondition(limit)
 	u := expression.Add(expression.Name("used"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1))
 	if tenant != "" {
 		u = u.Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))
 	}
-	if t.hold.by != "" {
-		u = clearHold(u)
-	}
-	return s.bucketUpdate(t.b, &take, countMove(u, "", state))
+	return s.bucketUpdate(b, &take, countMove(u, "", state))
 }
 
 // reserveIn is Reserve in bucket b: errBucketFull when b has no room.
-func (s *Store) reserveIn(ctx context.Context, r core.Reservation, t slotTry) error {
-	b := t.b
-	take, err := s.slotTake(t, r.Limit, core.StateCreating, r.Tenant, r.Grant)
+func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error {
+	take, err := s.slotTake(b, r.Limit, core.StateCreating, r.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}

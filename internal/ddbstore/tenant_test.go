@@ -19,8 +19,7 @@ import (
 // moves in the same transaction as the slot, so no tenant ever holds more
 // than its quota, every refusal says tenant_quota, and the other tenant's
 // reservations are not affected. A take that lost its races for the room
-// there was before its quota was checked (a hold on a bucket's last slot
-// refused) is refused for capacity with Raced: it is tried again, as the
+// there was is refused for capacity with Raced: it is tried again, as the
 // engine does.
 func TestTenantQuotaHoldsUnderConcurrentReserves(t *testing.T) {
 	s := newStore(t)
