@@ -107,9 +107,9 @@ func homeOf(token string, limit, n int) int {
 // threadHome is the first bucket the running-slot takes of thread k try
 // under limit (its reservations, resume claims and paused pool members'
 // claims): one of those with a share of limit, by a hash of the thread.
-// Lookup reads it, for the draining flag and to tell the take whether it
-// is full (Lookup.HomeFull); a thread's takes spread over the buckets as
-// the threads do, and no one bucket is read by every acquire.
+// Lookup reads it, for the draining flag; a thread's takes spread over
+// the buckets as the threads do, and no one bucket is read by every
+// acquire.
 func threadHome(k core.ThreadKey, limit int) int {
 	return homeOf(k.Tenant+"\x00"+k.User+"\x00"+k.Thread, max(limit, 1), CapacityBuckets)
 }

@@ -135,12 +135,16 @@ func (s *Store) pausedCountItem(pb int, b expression.Builder) (types.TransactWri
 		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
 }
 
+// pausedFallbacks bounds the other paused buckets one pause tries after
+// its home bucket.
+const pausedFallbacks = 1
+
 // takePaused runs take (a transaction taking a paused slot in bucket b,
 // answering errBucketFull when b has no room) in the home bucket, or when
 // that one is full in another with room (every paused bucket read with
 // one BatchGetItem), and returns the bucket that gave the slot.
 // ErrPausedFull when every bucket with a share of limit is full (or
-// reserveFallbacks more refused it: the paused slots are nearly all held).
+// pausedFallbacks more refused it: the paused slots are nearly all held).
 func (s *Store) takePaused(ctx context.Context, limit, home int, take func(b int) error) (int, error) {
 	b := home
 	var tried []int
@@ -160,7 +164,7 @@ func (s *Store) takePaused(ctx context.Context, limit, home int, take func(b int
 				open = append(open, i)
 			}
 		}
-		if len(open) == 0 || len(tried) > reserveFallbacks {
+		if len(open) == 0 || len(tried) > pausedFallbacks {
 			return b, core.ErrPausedFull
 		}
 		b = open[rand.IntN(len(open))]
@@ -469,7 +473,7 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
 	}
 	c.Tenant = r.Key.Tenant
-	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit, r.HomeFull), r.Grant, func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit), r.Grant, func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
 	if err != nil {
 		return core.Record{}, err
 	}

@@ -143,7 +143,7 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 		return s.claimPoolMemberIn(ctx, c, c.Member.Slot.Bucket)
 	}
 	var rec core.Record
-	_, err := s.takeSlotOrGrant(ctx, threadPlan(c.ThreadKey, c.Limit, false), c.Grant, func(b int) error {
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(c.ThreadKey, c.Limit), c.Grant, func(b int) error {
 		var err error
 		rec, err = s.claimPoolMemberIn(ctx, c, b)
 		return err

@@ -17,17 +17,14 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
-// reserveFallbacks bounds the other buckets one take tries after its
-// first, from its one read of the buckets (each try is one transaction of
-// four or five items, all charged when it is cancelled; a bucket the read
-// showed with room that fills meanwhile is a lost race, and a deployment
-// that loses two is nearly full anyway: trying more cost the tenant's
-// count and the buckets more cancelled units than the slots they found),
-// and limitAttempts the times it sets the buckets' limits for its limit
-// (a concurrent reservation doing the same wins the race).
+// takeTries bounds the transactions of one take (its home's, then those
+// in the buckets its read showed with room, each a cancelled transaction
+// when a peer took the room first), and limitAttempts the times it sets
+// the buckets' limits for its limit (a concurrent reservation doing the
+// same wins the race).
 const (
-	reserveFallbacks = 1
-	limitAttempts    = 3
+	takeTries     = 4
+	limitAttempts = 3
 )
 
 // errBucketFull: the bucket a reservation tried has no room;
@@ -43,10 +40,7 @@ var (
 // Reserve takes a slot and binds the thread to the reservation,
 // atomically (see takeSlot for the bucket it takes).
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
-	p := threadPlan(r.ThreadKey, r.Limit, r.HomeFull)
-	if f := r.Freed; f != nil && f.Counted != "" && f.Bucket < min(CapacityBuckets, max(r.Limit, 1)) {
-		p.home = f.Bucket // where a slot was just freed for it
-	}
+	p := threadPlan(r.ThreadKey, r.Limit)
 	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating, Quota: true})
@@ -54,61 +48,47 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	return err
 }
 
-// noHome is the home bucket of a take that starts from the read of every
-// bucket: its lookup found its home full (Lookup.HomeFull).
-const noHome = -1
-
 // slotPlan is where a take of a running slot looks for one.
 type slotPlan struct {
 	// limit is the deployment limit the take enforces.
 	limit int
-	// home is the bucket tried first (noHome: none, the read comes first).
+	// home is the bucket tried first.
 	home int
 }
 
 // threadPlan is the plan of a take for thread k under limit: its home
-// (threadHome, or noHome when its lookup found that one full).
-func threadPlan(k core.ThreadKey, limit int, homeFull bool) slotPlan {
-	p := slotPlan{limit: limit, home: threadHome(k, limit)}
-	if homeFull {
-		p.home = noHome
-	}
-	return p
+// first (threadHome).
+func threadPlan(k core.ThreadKey, limit int) slotPlan {
+	return slotPlan{limit: limit, home: threadHome(k, limit)}
 }
 
 // takeSlot runs take (a transaction taking a slot in bucket b, which
 // answers errBucketFull or errLimitsUnset when b refuses it) in the plan's
-// home bucket, or when that one is full (or there is none) in another with
-// room, and returns the bucket that gave the slot. The buckets are read
-// once (one BatchGetItem), when the home bucket refuses or first thing
-// without one: the buckets tried are picked from that read, each take
-// deciding whether its room is still there, so that a deployment whose
-// buckets are all busy pays one read of them per acquire rather than one
-// per bucket tried, and a take its lookup knew bound to fail costs no
-// cancelled transaction (its write units on the bucket and on the
-// tenant's count). It refuses for capacity only when every bucket read is
-// full or was tried, with every bucket's sums as the refusal's details.
-// Buckets whose limits are not set for the limit get them first
-// (setLimits), and are read again.
+// home bucket and, when that one is full, reads every bucket once (one
+// BatchGetItem) and tries the emptiest of them with room; a take that
+// finds its bucket taken by peers since the read (a lost race) tries the
+// next emptiest, up to takeTries transactions in all. It returns the
+// bucket that gave the slot. It refuses for capacity when no bucket read
+// has room left to try, with every bucket's sums as the refusal's
+// details (the tried ones as their refused takes found them). Buckets
+// whose limits are not set for the limit get them first (setLimits), and
+// are read again.
 func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(int) error) (int, error) {
 	b, limit := p.home, p.limit
 	var tried []int
 	var buckets []bucketItem // the read of the buckets, once a take failed
 	for limits := 0; ; {
-		if b != noHome {
-			err := take(b)
-			if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
-				return b, err
-			}
-			if errors.Is(err, errBucketFull) {
-				tried = append(tried, b)
-				updateTried(buckets, b, err)
-			} else {
-				buckets = nil // read them again
-			}
+		err := take(b)
+		if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
+			return b, err
+		}
+		if errors.Is(err, errBucketFull) {
+			tried = append(tried, b)
+			updateTried(buckets, b, err)
+		} else {
+			buckets = nil // read them again
 		}
 		if buckets == nil {
-			var err error
 			if buckets, err = s.readForTake(ctx, limit); err != nil {
 				return b, fmt.Errorf("reading the capacity buckets: %w", err)
 			}
@@ -126,24 +106,32 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(int) error) 
 			tried, buckets = nil, nil
 			continue // read again: set by us or by a peer
 		}
-		open := openBuckets(buckets, limit, tried)
-		if len(open) == 0 || len(tried) > reserveFallbacks {
-			// Raced: room was left, which peers took first.
-			return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants, Raced: len(open) > 0}
+		next, ok := emptiest(buckets, limit, tried)
+		if !ok || len(tried) >= takeTries {
+			return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants, Raced: ok}
 		}
-		b = open[rand.IntN(len(open))]
+		b = next
 	}
 }
 
-// openBuckets lists the buckets with room (limits set for limit) that
-// were not tried.
-func openBuckets(buckets []bucketItem, limit int, tried []int) (open []int) {
+// emptiest picks the bucket with the most room (limits set for limit)
+// among those not tried, at random among equals, so that concurrent takes
+// spread; false when none has room.
+func emptiest(buckets []bucketItem, limit int, tried []int) (int, bool) {
+	best, most, ties := 0, 0, 0
 	for _, bk := range buckets {
-		if bk.room(limit) > 0 && !slices.Contains(tried, bk.Index) {
-			open = append(open, bk.Index)
+		r := bk.room(limit)
+		switch {
+		case r <= 0 || slices.Contains(tried, bk.Index), r < most:
+		case r > most:
+			best, most, ties = bk.Index, r, 1
+		default: // r == most: keep one of the ties at random
+			if ties++; rand.IntN(ties) == 0 {
+				best = bk.Index
+			}
 		}
 	}
-	return open
+	return best, most > 0
 }
 
 // readForTake reads every bucket for a take to pick from: strongly
