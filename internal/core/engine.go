@@ -253,10 +253,7 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		switch {
 		case !errors.As(err, &ce):
 		case e.s.Policy != PolicyWait || ce.Reason != api.RefusalCapacity || !e.now().Add(waitPoll).Before(deadline):
-			if !ce.Raced || st.raced >= maxRacedRetries {
-				return AcquireResult{}, err
-			}
-			st.raced++ // lost races, not a full deployment: try again
+			return AcquireResult{}, err
 		default:
 			if st.grant != nil {
 				// Refused holding a grant: a take that could not use it.
@@ -268,8 +265,6 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 				continue // granted: the next attempt takes the slot
 			case errors.Is(werr, errTicketGone):
 				continue // look again (and queue again if still full)
-			case cannotWait(werr) && ce.Raced && st.raced < maxRacedRetries && e.now().Add(wait).Before(deadline):
-				st.raced++ // no waiter place, but the deployment had room: try again
 			case errors.Is(werr, errWaitTimedOut):
 				return AcquireResult{}, err
 			default:
@@ -312,16 +307,7 @@ type acquireState struct {
 	atShare    bool
 	// poolTries counts the pool members this acquire claimed.
 	poolTries int
-	// raced counts the attempts tried again after lost races
-	// (CapacityError.Raced), at most maxRacedRetries.
-	raced int
 }
-
-// maxRacedRetries is how many times an acquire that cannot wait tries
-// again after its takes lost their races for the room there was, before
-// it answers with the refusal: a few tries find the room a burst of
-// peers left, and more would only add load to a nearly full deployment.
-const maxRacedRetries = 3
 
 // acquireOnce makes one attempt. retry reports whether waiting and trying
 // again may succeed (lease held, capacity full, a concurrent create).
@@ -615,10 +601,6 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			return true, fmt.Errorf("take slot: %w", err)
 		case errors.As(err, &ce) && ce.Reason == api.RefusalDraining:
 			return false, e.drainingError()
-		case errors.As(err, &ce) && ce.Raced:
-			// Peers took the room there was: nothing to evict for; wait
-			// in the queue, or try again.
-			return true, e.refused(ce)
 		case errors.As(err, &ce):
 			if quotaRefusal(ce.Reason) && evictions < maxEvictions {
 				// The quota counts the caller's warm sandboxes too: evict
@@ -678,14 +660,6 @@ func (e *Engine) refused(ce *CapacityError) *CapacityError {
 		ce.RetryAfter = 5 * time.Second
 	}
 	return ce
-}
-
-// cannotWait reports whether werr, a wait's end, says the acquire cannot
-// wait for a slot: its wait ran out, or it could not queue (no waiter
-// place, the queue unavailable).
-func cannotWait(werr error) bool {
-	var ce *CapacityError
-	return errors.Is(werr, errWaitTimedOut) || errors.As(werr, &ce) && ce.Reason != api.RefusalDraining
 }
 
 // evictCandidates is how many of the least recently parked warm sandboxes

@@ -108,7 +108,7 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(int) error) 
 		}
 		next, ok := emptiest(buckets, limit, tried)
 		if !ok || len(tried) >= takeTries {
-			return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants, Raced: ok}
+			return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants}
 		}
 		b = next
 	}
