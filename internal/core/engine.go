@@ -253,10 +253,7 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		switch {
 		case !errors.As(err, &ce):
 		case e.s.Policy != PolicyWait || ce.Reason != api.RefusalCapacity || !e.now().Add(waitPoll).Before(deadline):
-			if !ce.Raced || st.raced >= maxRacedRetries {
-				return AcquireResult{}, err
-			}
-			st.raced++ // lost races, not a full deployment: try again
+			return AcquireResult{}, err
 		default:
 			if st.grant != nil {
 				// Refused holding a grant: a take that could not use it.
@@ -268,8 +265,6 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 				continue // granted: the next attempt takes the slot
 			case errors.Is(werr, errTicketGone):
 				continue // look again (and queue again if still full)
-			case cannotWait(werr) && ce.Raced && st.raced < maxRacedRetries && e.now().Add(wait).Before(deadline):
-				st.raced++ // no waiter place, but the deployment had room: try again
 			case errors.Is(werr, errWaitTimedOut):
 				return AcquireResult{}, err
 			default:
@@ -310,23 +305,9 @@ type acquireState struct {
 	// atShare: an eviction found it holding its fair share since.
 	tenantUsed int
 	atShare    bool
-	// homeFull is the lookup's Lookup.HomeFull, for the takes.
-	homeFull bool
-	// freed is the slot the last eviction freed, for the next take
-	// (Reservation.Freed); nil when none.
-	freed *Slot
 	// poolTries counts the pool members this acquire claimed.
 	poolTries int
-	// raced counts the attempts tried again after lost races
-	// (CapacityError.Raced), at most maxRacedRetries.
-	raced int
 }
-
-// maxRacedRetries is how many times an acquire that cannot wait tries
-// again after its takes lost their races for the room there was, before
-// it answers with the refusal: a few tries find the room a burst of
-// peers left, and more would only add load to a nearly full deployment.
-const maxRacedRetries = 3
 
 // acquireOnce makes one attempt. retry reports whether waiting and trying
 // again may succeed (lease held, capacity full, a concurrent create).
@@ -335,7 +316,6 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 	if err != nil {
 		return res, false, fmt.Errorf("lookup thread: %w", err)
 	}
-	st.homeFull = look.HomeFull
 	if look.Draining {
 		return res, false, e.drainingError()
 	}
@@ -597,7 +577,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 		token = "res-" + newOwner()[4:]
 		return e.took(st, e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Freed: st.freed, HomeFull: st.homeFull, Grant: st.grant}))
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Grant: st.grant}))
 	})
 	if err != nil {
 		return AcquireResult{}, retry, err
@@ -607,14 +587,12 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 
 // takeSlot runs take, a write that takes a running slot for key's thread
 // (a reservation, a resume claim), until it applies: when the deployment
-// is full it evicts (see evictOne; the next take tries the freed slot's
-// bucket first), else frees the slots of sandboxes the provider has ended,
+// is full it evicts (see evictOne), else frees the slots of sandboxes the provider has ended,
 // and otherwise returns the refusal (retry: the wait policy may poll).
 // Store outages fail closed.
 func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *acquireState, take func(now time.Time) error) (retry bool, _ error) {
 	for evictions := 0; ; evictions++ {
 		err := take(e.now())
-		st.freed = nil
 		var ce *CapacityError
 		switch {
 		case err == nil:
@@ -623,26 +601,20 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			return true, fmt.Errorf("take slot: %w", err)
 		case errors.As(err, &ce) && ce.Reason == api.RefusalDraining:
 			return false, e.drainingError()
-		case errors.As(err, &ce) && ce.Raced:
-			// Peers took the room there was: nothing to evict for; wait
-			// in the queue, or try again.
-			return true, e.refused(ce)
 		case errors.As(err, &ce):
 			if quotaRefusal(ce.Reason) && evictions < maxEvictions {
 				// The quota counts the caller's warm sandboxes too: evict
 				// its own least recently parked one, whatever the policy
 				// (a quota bounds the caller's slots, not the deployment's).
-				if freed, ok := e.evictForQuota(ctx, key, owner, ce.Reason); ok {
-					st.freed = &freed
+				if e.evictForQuota(ctx, key, owner, ce.Reason) {
 					continue
 				}
 			}
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
 			if ce.Reason == api.RefusalCapacity && evicting && evictions < maxEvictions {
-				freed, ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants), ce.Status)
+				ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants), ce.Status)
 				if ok {
-					st.freed = &freed
 					continue
 				}
 				if atShare && !st.atShare {
@@ -690,14 +662,6 @@ func (e *Engine) refused(ce *CapacityError) *CapacityError {
 	return ce
 }
 
-// cannotWait reports whether werr, a wait's end, says the acquire cannot
-// wait for a slot: its wait ran out, or it could not queue (no waiter
-// place, the queue unavailable).
-func cannotWait(werr error) bool {
-	var ce *CapacityError
-	return errors.Is(werr, errWaitTimedOut) || errors.As(werr, &ce) && ce.Reason != api.RefusalDraining
-}
-
 // evictCandidates is how many of the least recently parked warm sandboxes
 // (of the sample, see Store.Sample) one eviction considers;
 // ownTenantCandidates, of the whole pool, when only the acquiring
@@ -717,13 +681,12 @@ const (
 // share), of key's own tenant only when below is nil (a tenant at or over
 // its fair share never takes another tenant's warm sandbox; when the
 // sample holds none of its own, the pool's exact order is read). It
-// reports whether a slot was freed, and the freed record's slot, and
-// atShare when a claim found the tenant at its fair share. A kill that
+// reports whether a slot was freed, and atShare when a claim found the tenant at its fair share. A kill that
 // fails leaves a tombstone holding the slot and stops the eviction.
 //
 // counts (the refusal's) spares the index queries of a kind the counters
 // say there is none of (each query reads every index shard).
-func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow, counts CapacityStatus) (slot Slot, freed, atShare bool) {
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow, counts CapacityStatus) (freed, atShare bool) {
 	now := e.now()
 	if counts.Tombstones > 0 {
 		// Any whose retry lease lapsed will do: a sample of them.
@@ -734,15 +697,15 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 				if err != nil {
 					continue // a peer holds its retry lease
 				}
-				return claimed.Slot, e.destroyClaimed(ctx, claimed, EventReasonKillRetried), false
+				return e.destroyClaimed(ctx, claimed, EventReasonKillRetried), false
 			}
 		}
 	}
 	if e.evictPoolMember(ctx, owner, false) {
-		return Slot{}, true, false
+		return true, false
 	}
 	if counts.Warm == 0 {
-		return Slot{}, false, false
+		return false, false
 	}
 	ownTenant := below == nil
 	may := func(rec Record) bool {
@@ -758,7 +721,7 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 	}
 	if err != nil {
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
-		return Slot{}, false, false
+		return false, false
 	}
 	return e.evictParked(ctx, key, owner, warm, may, evictGuard{below: below}, EventReasonCapacity)
 }
@@ -781,8 +744,8 @@ const quotaCandidates = 5
 // never one in use: the claim applies only to a record still warm and
 // unleased (Store.OwnWarm lists the candidates from the tenant's or
 // user's own entries, never the warm pool). It reports whether one was
-// destroyed (its slot freed), and its slot.
-func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string, reason api.RefusalReason) (Slot, bool) {
+// destroyed (its slot freed).
+func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string, reason api.RefusalReason) bool {
 	user := key.User
 	if reason == api.RefusalTenantQuota {
 		user = "" // any of the tenant's users
@@ -790,11 +753,11 @@ func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string,
 	warm, err := e.store.OwnWarm(ctx, key.Tenant, user, quotaCandidates)
 	if err != nil {
 		e.log.WarnContext(ctx, "list own warm sandboxes for a quota failed", "err", err, "reason", reason)
-		return Slot{}, false
+		return false
 	}
 	may := func(rec Record) bool { return rec.Tenant == key.Tenant && (user == "" || rec.User == user) }
-	slot, evicted, _ := e.evictParked(ctx, key, owner, warm, may, evictGuard{}, EventReasonQuota)
-	return slot, evicted
+	evicted, _ := e.evictParked(ctx, key, owner, warm, may, evictGuard{}, EventReasonQuota)
+	return evicted
 }
 
 // evictGuard is what the claim of another tenant's record carries in an
@@ -811,8 +774,8 @@ type evictGuard struct {
 // atShare, and the other tenants' records are then skipped). It reports
 // whether one was destroyed (a peer that moved a record first wins it; a
 // kill that fails leaves a tombstone holding its slot and stops the
-// eviction), and its slot. reason (one of EventReasons) is why.
-func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, guard evictGuard, reason string) (slot Slot, evicted, atShare bool) {
+// eviction). reason (one of EventReasons) is why.
+func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, guard evictGuard, reason string) (evicted, atShare bool) {
 	for _, rec := range parked {
 		other := rec.Tenant != key.Tenant
 		if rec.ThreadKey == key || !may(rec) || (other && atShare) {
@@ -834,9 +797,9 @@ func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, p
 		claimed = keepPause(claimed, rec)
 		e.log.InfoContext(ctx, "evicting "+string(rec.State)+" sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
 		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, reason)
-		return claimed.Slot, e.destroyClaimed(ctx, claimed, reason), atShare
+		return e.destroyClaimed(ctx, claimed, reason), atShare
 	}
-	return Slot{}, false, atShare
+	return false, atShare
 }
 
 // createReserved creates and bootstraps a sandbox under reservation token.

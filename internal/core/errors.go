@@ -63,11 +63,6 @@ type CapacityError struct {
 	// Tenants names the tenants holding slots, as the store read them with
 	// a RefusalCapacity (fair share); not part of the reply.
 	Tenants []string
-	// Raced: the buckets read had room, but peers took every slot the
-	// take tried first. The deployment is not full: the engine evicts
-	// nothing for it, and rather than answer with it, waits (under wait)
-	// or tries again while its time allows.
-	Raced bool
 }
 
 func (e *CapacityError) Error() string {

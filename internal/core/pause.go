@@ -308,7 +308,7 @@ func (e *Engine) evictPaused(ctx context.Context, key ThreadKey, owner string) b
 		return false
 	}
 	may, guard := e.pausedShare(ctx, key, paused)
-	_, freed, _ := e.evictParked(ctx, key, owner, paused, may, guard, EventReasonCapacity)
+	freed, _ := e.evictParked(ctx, key, owner, paused, may, guard, EventReasonCapacity)
 	return freed
 }
 
@@ -352,7 +352,7 @@ func (e *Engine) resumeParked(ctx context.Context, key ThreadKey, rec Record, ow
 			var err error
 			claimed, err = ps.ClaimResume(ctx, ResumeClaim{Claim: Claim{SandboxID: rec.SandboxID, Tenant: key.Tenant, Owner: owner,
 				Now: now, LeaseUntil: e.leaseUntil(ctx)}, Key: key, Limit: e.s.Limit(), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant,
-				Grant: st.grant, HomeFull: st.homeFull})
+				Grant: st.grant})
 			return e.took(st, err)
 		})
 		if err != nil {

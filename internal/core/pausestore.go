@@ -18,9 +18,8 @@ type ResumeClaim struct {
 	Limit        int
 	MaxPerUser   int
 	MaxPerTenant int
-	// Grant and HomeFull are Reservation's.
-	Grant    *Grant
-	HomeFull bool
+	// Grant is Reservation's.
+	Grant *Grant
 }
 
 // PauseStore is the store access pause-parking needs beyond Store

@@ -111,14 +111,6 @@ type Reservation struct {
 	// reservation to take over. Both empty: the binding must not exist.
 	ReplaceSandboxID   string
 	ReplaceReservation string
-	// Freed, when not nil, is the slot the caller just freed for this
-	// reservation (an eviction): the store tries its bucket first, where
-	// a slot is free unless a peer took it.
-	Freed *Slot
-	// HomeFull is the lookup's Lookup.HomeFull: the store skips the take
-	// in the thread's home bucket and picks one with room from its read of
-	// every bucket (ignored with Freed).
-	HomeFull bool
 	// Grant, when set, is the slot a dispatch holds in trust for this
 	// acquire's ticket: the reservation takes it over (its bucket's used
 	// count unchanged, Limit not checked) and the ticket and its place
@@ -230,11 +222,6 @@ type Lookup struct {
 	Draining bool
 	// TenantUsed is the number of slots the thread's tenant holds.
 	TenantUsed int
-	// HomeFull: the capacity bucket the thread's takes try first had no
-	// room under the limit at the lookup. The engine hands it back to the
-	// take (Reservation.HomeFull, ResumeClaim.HomeFull), which then starts
-	// from a read of every bucket instead of a transaction bound to fail.
-	HomeFull bool
 }
 
 // Store is the durable state of the broker (DynamoDB in production).
@@ -245,9 +232,9 @@ type Lookup struct {
 // means it may have; any other error (a bug or a misconfiguration, such as
 // a missing table) certainly did not apply.
 type Store interface {
-	// Lookup reads the thread's binding, the draining flag, the tenant's
-	// slot count and whether the thread's home capacity bucket is full
-	// under limit (strongly consistent).
+	// Lookup reads the thread's binding, the draining flag and the
+	// tenant's slot count, in a deployment of limit slots (strongly
+	// consistent).
 	Lookup(ctx context.Context, key ThreadKey, limit int) (Lookup, error)
 	// Get reads a record (strongly consistent); ErrNotFound if none.
 	Get(ctx context.Context, sandboxID string) (Record, error)

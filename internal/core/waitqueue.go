@@ -212,7 +212,7 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 	case res.Head != me || !res.Read:
 		return nil
 	}
-	_, ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants), res.Status)
+	ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants), res.Status)
 	if atShare {
 		st.atShare = true // evict only its own from now on
 	}

@@ -107,9 +107,9 @@ func homeOf(token string, limit, n int) int {
 // threadHome is the first bucket the running-slot takes of thread k try
 // under limit (its reservations, resume claims and paused pool members'
 // claims): one of those with a share of limit, by a hash of the thread.
-// Lookup reads it, for the draining flag and to tell the take whether it
-// is full (Lookup.HomeFull); a thread's takes spread over the buckets as
-// the threads do, and no one bucket is read by every acquire.
+// Lookup reads it, for the draining flag; a thread's takes spread over
+// the buckets as the threads do, and no one bucket is read by every
+// acquire.
 func threadHome(k core.ThreadKey, limit int) int {
 	return homeOf(k.Tenant+"\x00"+k.User+"\x00"+k.Thread, max(limit, 1), CapacityBuckets)
 }
@@ -123,19 +123,16 @@ const movesAttr = "moves"
 
 // bucketItem is a stored capacity bucket.
 type bucketItem struct {
-	Index    int      `dynamodbav:"-"`
-	Used     int      `dynamodbav:"used"`
-	Revision int64    `dynamodbav:"revision"`
-	Moves    int64    `dynamodbav:"moves"`
-	Draining bool     `dynamodbav:"draining"`
-	Tenants  []string `dynamodbav:"tenants,stringset"`
-	Granted  int      `dynamodbav:"granted"`
-	Lim      int      `dynamodbav:"lim"`
-	LimOf    int      `dynamodbav:"lim_of"`
-	// HoldUntil and HoldLim are a take's hold on a slot (see holdRoom).
-	HoldUntil int64          `dynamodbav:"hold_until"`
-	HoldLim   int            `dynamodbav:"hold_lim"`
-	Counts    map[string]int `dynamodbav:"-"`
+	Index    int            `dynamodbav:"-"`
+	Used     int            `dynamodbav:"used"`
+	Revision int64          `dynamodbav:"revision"`
+	Moves    int64          `dynamodbav:"moves"`
+	Draining bool           `dynamodbav:"draining"`
+	Tenants  []string       `dynamodbav:"tenants,stringset"`
+	Granted  int            `dynamodbav:"granted"`
+	Lim      int            `dynamodbav:"lim"`
+	LimOf    int            `dynamodbav:"lim_of"`
+	Counts   map[string]int `dynamodbav:"-"`
 }
 
 func decodeBucket(av map[string]types.AttributeValue) bucketItem {
@@ -300,14 +297,13 @@ func (s *Store) bucketUpdate(b int, cond *expression.ConditionBuilder, u express
 }
 
 // takeCondition is the condition that a bucket has room under limits set
-// for the deployment limit total, not held by another than h (holdFree),
-// and the deployment is not draining.
-func takeCondition(total int, h roomHold) expression.ConditionBuilder {
+// for the deployment limit total, and the deployment is not draining.
+func takeCondition(total int) expression.ConditionBuilder {
 	return expression.Name("lim_of").Equal(expression.Value(total)).
 		And(expression.Or(
 			expression.Name("used").LessThan(expression.Name("lim")),
 			expression.AttributeNotExists(expression.Name("used")).And(expression.Name("lim").GreaterThan(expression.Value(0))))).
-		And(notDraining()).And(holdFree(h))
+		And(notDraining())
 }
 
 // bucketLimits divides total among the buckets: each keeps what it holds

@@ -1,10 +1,5 @@
 package ddbstore
 
-import (
-	"context"
-	"time"
-)
-
 // ShardOf, ShardsOf, SampleShards, ThreadHome, OwnerShard, QueueShardOf,
 // PausedPK and ItemPK expose shardOf, shardsOf, sampleShards, threadHome,
 // ownerShard, queueShardOf, pausedPK and itemPK to the tests.
@@ -37,11 +32,3 @@ func SetSweepSegments(s *Store, n int32) {
 	}
 	s.sweep = n
 }
-
-// HoldRoom is holdRoom: by holds a slot of bucket b at now.
-func HoldRoom(ctx context.Context, s *Store, b, limit int, by string, now time.Time) error {
-	return s.holdRoom(ctx, b, limit, roomHold{by: by, now: now})
-}
-
-// ErrBucketFull is errBucketFull.
-var ErrBucketFull = errBucketFull

@@ -135,12 +135,16 @@ func (s *Store) pausedCountItem(pb int, b expression.Builder) (types.TransactWri
 		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
 }
 
+// pausedFallbacks bounds the other paused buckets one pause tries after
+// its home bucket.
+const pausedFallbacks = 1
+
 // takePaused runs take (a transaction taking a paused slot in bucket b,
 // answering errBucketFull when b has no room) in the home bucket, or when
 // that one is full in another with room (every paused bucket read with
 // one BatchGetItem), and returns the bucket that gave the slot.
 // ErrPausedFull when every bucket with a share of limit is full (or
-// reserveFallbacks more refused it: the paused slots are nearly all held).
+// pausedFallbacks more refused it: the paused slots are nearly all held).
 func (s *Store) takePaused(ctx context.Context, limit, home int, take func(b int) error) (int, error) {
 	b := home
 	var tried []int
@@ -160,7 +164,7 @@ func (s *Store) takePaused(ctx context.Context, limit, home int, take func(b int
 				open = append(open, i)
 			}
 		}
-		if len(open) == 0 || len(tried) > reserveFallbacks {
+		if len(open) == 0 || len(tried) > pausedFallbacks {
 			return b, core.ErrPausedFull
 		}
 		b = open[rand.IntN(len(open))]
@@ -469,7 +473,7 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
 	}
 	c.Tenant = r.Key.Tenant
-	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit, r.HomeFull, c.Now), r.Grant, func(t slotTry) error { return s.claimResumeIn(ctx, r, c, t) })
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit), r.Grant, func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
 	if err != nil {
 		return core.Record{}, err
 	}
@@ -477,8 +481,7 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 }
 
 // claimResumeIn is ClaimResume's transaction, its running slot in bucket b.
-func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Claim, t slotTry) error {
-	b := t.b
+func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Claim, b int) error {
 	upd := s.claimUpdate(c, core.StateResuming, c.Now).Remove(expression.Name("no_running_slot")).
 		Set(expression.Name("bucket"), expression.Value(b)).
 		Set(expression.Name("counted"), expression.Value(string(core.StateActive))).
@@ -488,7 +491,7 @@ func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Cl
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}
-	take, err := s.slotTake(t, r.Limit, core.StateActive, c.Tenant, r.Grant)
+	take, err := s.slotTake(b, r.Limit, core.StateActive, c.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}

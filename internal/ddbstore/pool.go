@@ -46,7 +46,7 @@ func (s *Store) poolCount(delta int) types.TransactWriteItem {
 // ReservePool takes a slot (in a capacity bucket, as Reserve) and a pool
 // place and writes the pool reservation, in one transaction.
 func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
-	b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit), now: r.Now}, func(t slotTry) error { return s.reservePoolIn(ctx, r, t) })
+	b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit)}, func(b int) error { return s.reservePoolIn(ctx, r, b) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating})
 	}
@@ -54,9 +54,8 @@ func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
 }
 
 // reservePoolIn is ReservePool in bucket b.
-func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, t slotTry) error {
-	b := t.b
-	bucket, err := s.takeUpdate(t, r.Limit, core.StateCreating, "")
+func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, b int) error {
+	bucket, err := s.takeUpdate(b, r.Limit, core.StateCreating, "")
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
 	}
@@ -141,12 +140,12 @@ func (s *Store) PoolMembers(ctx context.Context, limit int) ([]core.Record, erro
 // (SettleResume).
 func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Record, error) {
 	if !c.Member.Slots.Paused {
-		return s.claimPoolMemberIn(ctx, c, slotTry{b: c.Member.Slot.Bucket, hold: roomHold{now: c.Now}})
+		return s.claimPoolMemberIn(ctx, c, c.Member.Slot.Bucket)
 	}
 	var rec core.Record
-	_, err := s.takeSlotOrGrant(ctx, threadPlan(c.ThreadKey, c.Limit, false, c.Now), c.Grant, func(t slotTry) error {
+	_, err := s.takeSlotOrGrant(ctx, threadPlan(c.ThreadKey, c.Limit), c.Grant, func(b int) error {
 		var err error
-		rec, err = s.claimPoolMemberIn(ctx, c, t)
+		rec, err = s.claimPoolMemberIn(ctx, c, b)
 		return err
 	})
 	return rec, err
@@ -154,8 +153,7 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 
 // claimPoolMemberIn is ClaimPoolMember, the thread's running slot in
 // bucket b (a running member's own slot, or one a paused member takes).
-func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, t slotTry) (core.Record, error) {
-	b := t.b
+func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) (core.Record, error) {
 	m := c.Member
 	paused := m.Slots.Paused
 	slot := core.Slot{Bucket: b, Quota: true}
@@ -199,7 +197,7 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, t slotT
 	}
 	var capItems []types.TransactWriteItem
 	if paused {
-		capItems, err = s.slotTake(t, c.Limit, core.StateClaiming, c.Tenant, c.Grant)
+		capItems, err = s.slotTake(b, c.Limit, core.StateClaiming, c.Tenant, c.Grant)
 	} else {
 		notDrain := notDraining()
 		var capItem types.TransactWriteItem

@@ -17,17 +17,14 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
-// reserveFallbacks bounds the other buckets one take tries after its
-// first, from its one read of the buckets (each try is one transaction of
-// four or five items, all charged when it is cancelled; a bucket the read
-// showed with room that fills meanwhile is a lost race, and a deployment
-// that loses two is nearly full anyway: trying more cost the tenant's
-// count and the buckets more cancelled units than the slots they found),
-// and limitAttempts the times it sets the buckets' limits for its limit
-// (a concurrent reservation doing the same wins the race).
+// takeTries bounds the transactions of one take (its home's, then those
+// in the buckets its read showed with room, each a cancelled transaction
+// when a peer took the room first), and limitAttempts the times it sets
+// the buckets' limits for its limit (a concurrent reservation doing the
+// same wins the race).
 const (
-	reserveFallbacks = 1
-	limitAttempts    = 3
+	takeTries     = 4
+	limitAttempts = 3
 )
 
 // errBucketFull: the bucket a reservation tried has no room;
@@ -43,85 +40,55 @@ var (
 // Reserve takes a slot and binds the thread to the reservation,
 // atomically (see takeSlot for the bucket it takes).
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
-	p := threadPlan(r.ThreadKey, r.Limit, r.HomeFull, r.Now)
-	if f := r.Freed; f != nil && f.Counted != "" && f.Bucket < min(CapacityBuckets, max(r.Limit, 1)) {
-		p.home = f.Bucket // where a slot was just freed for it
-	}
-	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(t slotTry) error { return s.reserveIn(ctx, r, t) })
+	p := threadPlan(r.ThreadKey, r.Limit)
+	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating, Quota: true})
 	}
 	return err
 }
 
-// noHome is the home bucket of a take that starts from the read of every
-// bucket: its lookup found its home full (Lookup.HomeFull).
-const noHome = -1
-
 // slotPlan is where a take of a running slot looks for one.
 type slotPlan struct {
 	// limit is the deployment limit the take enforces.
 	limit int
-	// home is the bucket tried first (noHome: none, the read comes first).
+	// home is the bucket tried first.
 	home int
-	// now is the caller's clock, for the holds.
-	now time.Time
 }
 
-// slotTry is one try of a take: its bucket, and its view of the bucket's
-// holds (hold.by set when the take holds a slot there).
-type slotTry struct {
-	b    int
-	hold roomHold
-}
-
-// threadPlan is the plan of a take for thread k under limit at now: its
-// home (threadHome, or noHome when its lookup found that one full).
-func threadPlan(k core.ThreadKey, limit int, homeFull bool, now time.Time) slotPlan {
-	p := slotPlan{limit: limit, home: threadHome(k, limit), now: now}
-	if homeFull {
-		p.home = noHome
-	}
-	return p
+// threadPlan is the plan of a take for thread k under limit: its home
+// first (threadHome).
+func threadPlan(k core.ThreadKey, limit int) slotPlan {
+	return slotPlan{limit: limit, home: threadHome(k, limit)}
 }
 
 // takeSlot runs take (a transaction taking a slot in bucket b, which
 // answers errBucketFull or errLimitsUnset when b refuses it) in the plan's
-// home bucket, or when that one is full (or there is none) in another with
-// room, and returns the bucket that gave the slot. The buckets are read
-// once (one BatchGetItem), when the home bucket refuses or first thing
-// without one: the buckets tried are picked from that read, each take
-// deciding whether its room is still there, so that a deployment whose
-// buckets are all busy pays one read of them per acquire rather than one
-// per bucket tried, and a take its lookup knew bound to fail costs no
-// cancelled transaction (its write units on the bucket and on the
-// tenant's count). It refuses for capacity only when every bucket read is
-// full or was tried, with every bucket's sums as the refusal's details.
-// Buckets whose limits are not
-// set for the limit get them first (setLimits), and are read again. A
-// bucket picked from the read whose last slot it showed free is held
-// before its transaction (tryTake).
-func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) error) (int, error) {
+// home bucket and, when that one is full, reads every bucket once (one
+// BatchGetItem) and tries the emptiest of them with room; a take that
+// finds its bucket taken by peers since the read (a lost race) tries the
+// next emptiest, up to takeTries transactions in all. It returns the
+// bucket that gave the slot. It refuses for capacity when no bucket read
+// has room left to try, with every bucket's sums as the refusal's
+// details (the tried ones as their refused takes found them). Buckets
+// whose limits are not set for the limit get them first (setLimits), and
+// are read again.
+func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(int) error) (int, error) {
 	b, limit := p.home, p.limit
-	holder := roomHold{by: newHolder(), now: p.now}
-	var hold bool // b's last slot was seen free in the read: hold it first
 	var tried []int
 	var buckets []bucketItem // the read of the buckets, once a take failed
 	for limits := 0; ; {
-		if b != noHome {
-			err := s.tryTake(ctx, slotTry{b: b, hold: roomHold{now: p.now}}, limit, hold, holder, take)
-			if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
-				return b, err
-			}
-			if errors.Is(err, errBucketFull) {
-				tried = append(tried, b)
-				updateTried(buckets, b, err)
-			} else {
-				buckets = nil // read them again
-			}
+		err := take(b)
+		if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
+			return b, err
+		}
+		if errors.Is(err, errBucketFull) {
+			tried = append(tried, b)
+			updateTried(buckets, b, err)
+		} else {
+			buckets = nil // read them again
 		}
 		if buckets == nil {
-			var err error
 			if buckets, err = s.readForTake(ctx, limit); err != nil {
 				return b, fmt.Errorf("reading the capacity buckets: %w", err)
 			}
@@ -139,48 +106,32 @@ func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(slotTry) err
 			tried, buckets = nil, nil
 			continue // read again: set by us or by a peer
 		}
-		open, last := openBuckets(buckets, limit, p.now, tried)
-		if len(open) == 0 || len(tried) > reserveFallbacks {
-			// Raced: room was left, which peers took first.
-			return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants, Raced: len(open) > 0}
+		next, ok := emptiest(buckets, limit, tried)
+		if !ok || len(tried) >= takeTries {
+			return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants}
 		}
-		b = open[rand.IntN(len(open))]
-		hold = last[b]
+		b = next
 	}
 }
 
-// openBuckets lists the buckets with room (limits set for limit) at now
-// that were not tried, and those of them whose last slot is free and not
-// held (a take holds it first; one already held leaves a slot besides it,
-// taken without a hold).
-func openBuckets(buckets []bucketItem, limit int, now time.Time, tried []int) (open []int, last map[int]bool) {
-	last = map[int]bool{}
+// emptiest picks the bucket with the most room (limits set for limit)
+// among those not tried, at random among equals, so that concurrent takes
+// spread; false when none has room.
+func emptiest(buckets []bucketItem, limit int, tried []int) (int, bool) {
+	best, most, ties := 0, 0, 0
 	for _, bk := range buckets {
-		if r := bk.openTo(limit, now); r > 0 && !slices.Contains(tried, bk.Index) {
-			open = append(open, bk.Index)
-			last[bk.Index] = r == 1 && bk.HoldUntil <= ms(now)
+		r := bk.room(limit)
+		switch {
+		case r <= 0 || slices.Contains(tried, bk.Index), r < most:
+		case r > most:
+			best, most, ties = bk.Index, r, 1
+		default: // r == most: keep one of the ties at random
+			if ties++; rand.IntN(ties) == 0 {
+				best = bk.Index
+			}
 		}
 	}
-	return open, last
-}
-
-// tryTake runs take in t's bucket; with hold, it first holds the slot for
-// holder (holdRoom), and a take that then fails for another reason than
-// the room clears its hold. A hold refused is the take's lost race
-// (errBucketFull), at the cost of one write unit on the bucket alone; a
-// hold that may have been made counts as made.
-func (s *Store) tryTake(ctx context.Context, t slotTry, limit int, hold bool, holder roomHold, take func(slotTry) error) error {
-	if hold {
-		if err := s.holdRoom(ctx, t.b, limit, holder); errors.Is(err, errBucketFull) {
-			return err
-		}
-		t.hold = holder
-	}
-	err := take(t)
-	if hold && err != nil && !errors.Is(err, errBucketFull) {
-		_ = s.releaseHold(ctx, t.b, holder) // a hold not cleared lapses
-	}
-	return err
+	return best, most > 0
 }
 
 // readForTake reads every bucket for a take to pick from: strongly
@@ -234,25 +185,20 @@ func updateTried(buckets []bucketItem, b int, err error) {
 	}
 }
 
-// takeUpdate is the bucket update taking one slot of t's bucket, counted
-// in state (tenant, when not empty, joins the bucket's tenant set), and
-// clearing t's hold when it has one.
-func (s *Store) takeUpdate(t slotTry, limit int, state core.State, tenant string) (types.TransactWriteItem, error) {
-	take := takeCondition(limit, t.hold)
+// takeUpdate is the bucket update taking one slot of bucket b, counted in
+// state (tenant, when not empty, joins the bucket's tenant set).
+func (s *Store) takeUpdate(b int, limit int, state core.State, tenant string) (types.TransactWriteItem, error) {
+	take := takeCondition(limit)
 	u := expression.Add(expression.Name("used"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1))
 	if tenant != "" {
 		u = u.Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))
 	}
-	if t.hold.by != "" {
-		u = clearHold(u)
-	}
-	return s.bucketUpdate(t.b, &take, countMove(u, "", state))
+	return s.bucketUpdate(b, &take, countMove(u, "", state))
 }
 
 // reserveIn is Reserve in bucket b: errBucketFull when b has no room.
-func (s *Store) reserveIn(ctx context.Context, r core.Reservation, t slotTry) error {
-	b := t.b
-	take, err := s.slotTake(t, r.Limit, core.StateCreating, r.Tenant, r.Grant)
+func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error {
+	take, err := s.slotTake(b, r.Limit, core.StateCreating, r.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}

@@ -70,8 +70,8 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // Lookup reads the thread's binding, its home capacity bucket under limit
-// (threadHome: the draining flag, and whether it is full) and the tenant's
-// slot count in one BatchGetItem (strongly consistent), retrying
+// (threadHome: the draining flag) and the tenant's slot count in one
+// BatchGetItem (strongly consistent), retrying
 // unprocessed keys.
 func (s *Store) Lookup(ctx context.Context, key core.ThreadKey, limit int) (core.Lookup, error) {
 	bucket := bucketPK(s.deployment, threadHome(key, limit))
@@ -90,7 +90,6 @@ func (s *Store) Lookup(ctx context.Context, key core.ThreadKey, limit int) (core
 		case bucket:
 			bk := decodeBucket(av)
 			look.Draining = bk.Draining
-			look.HomeFull = bk.LimOf == limit && bk.room(limit) <= 0
 			continue
 		case tenantPK(s.deployment, key.Tenant):
 			look.TenantUsed = decodeCounter(av)

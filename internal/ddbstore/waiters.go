@@ -494,8 +494,8 @@ func (s *Store) passOn(ctx context.Context, g ticketItem, next *ticketItem, now 
 // within b's limit for limit, in one transaction: errBucketFull (or
 // errLimitsUnset, or a draining refusal) when b refuses, ErrConflict when
 // t is no longer waiting (errGrantedElsewhere when a peer granted it).
-func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, now time.Time, grantUntil int64) error {
-	take := takeCondition(limit, roomHold{now: now})
+func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUntil int64) error {
+	take := takeCondition(limit)
 	bucket, err := s.bucketUpdate(b, &take, expression.Add(expression.Name("used"), expression.Value(1)).
 		Add(expression.Name("granted"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1)))
 	if err != nil {
@@ -781,7 +781,7 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 			}
 		}
 		sent := time.Now()
-		err := s.grantIn(ctx, t, b, d.Limit, d.Now, ms(d.Now.Add(d.GrantFor)))
+		err := s.grantIn(ctx, t, b, d.Limit, ms(d.Now.Add(d.GrantFor)))
 		var ce *core.CapacityError
 		switch {
 		case err == nil:
@@ -821,7 +821,7 @@ func (s *Store) readRoom(ctx context.Context, d core.Dispatch, w *walk, res *cor
 		return nil
 	}
 	for _, bk := range buckets {
-		if r := bk.openTo(d.Limit, d.Now); r > 0 {
+		if r := bk.room(d.Limit); r > 0 {
 			w.room[bk.Index] = r
 		}
 	}
@@ -946,9 +946,9 @@ func (s *Store) dropPlace(ctx context.Context, t core.Ticket) error {
 // limit, or with g the one b holds in trust for g's ticket, whose ticket
 // and place leave the queue in the same transaction (the bucket's used
 // count is unchanged: the slot only changes holder).
-func (s *Store) slotTake(t slotTry, limit int, state core.State, tenant string, g *core.Grant) ([]types.TransactWriteItem, error) {
+func (s *Store) slotTake(b int, limit int, state core.State, tenant string, g *core.Grant) ([]types.TransactWriteItem, error) {
 	if g == nil {
-		it, err := s.takeUpdate(t, limit, state, tenant)
+		it, err := s.takeUpdate(b, limit, state, tenant)
 		return []types.TransactWriteItem{it}, err
 	}
 	cond := notDraining()
@@ -975,9 +975,9 @@ func (s *Store) grantFailed(failed map[string]types.CancellationReason, g *core.
 
 // takeSlotOrGrant is takeSlot, or with a grant one take in the grant's
 // bucket: the slot is the one held there in trust (slotTake).
-func (s *Store) takeSlotOrGrant(ctx context.Context, p slotPlan, g *core.Grant, take func(slotTry) error) (int, error) {
+func (s *Store) takeSlotOrGrant(ctx context.Context, p slotPlan, g *core.Grant, take func(int) error) (int, error) {
 	if g != nil {
-		return g.Bucket, take(slotTry{b: g.Bucket, hold: roomHold{now: p.now}})
+		return g.Bucket, take(g.Bucket)
 	}
 	return s.takeSlot(ctx, p, take)
 }

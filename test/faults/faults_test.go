@@ -5,7 +5,7 @@
 // an idle warm sandbox or at release, the resume of a paused one) and the pre-warmed
 // pool (members parked running and paused: refill, pause, claim, resume),
 // fair waiting (queueing, the grant, its take, and the give-back of a
-// slow waiter's place), a take's hold on a bucket's last slot, and the eviction of a user's own warm sandbox for
+// slow waiter's place), and the eviction of a user's own warm sandbox for
 // its quota. After at most two reconcile passes the broker's invariants
 // must hold: no record in a transitional state, running and paused slots
 // used equal to the running and paused sandboxes (running ones within the
@@ -835,47 +835,6 @@ var slowWaiterSteps = []step{
 		`"WQ#`), slowWaiterStep},
 }
 
-// holdSteps are the steps of an acquire whose home bucket is full while
-// another bucket has its last slot free: its take's hold on that slot,
-// the one write made before its transaction.
-var holdSteps = []step{
-	{"acquire/hold", ddbLayer, faults.BodyContains(faults.DynamoDB("UpdateItem"), `hold_by`), holdStep},
-}
-
-// holdStep fills the deployment, frees one holder's slot (clean store,
-// no dispatch), and acquires under the fault for another thread of the
-// user whose home bucket is full (found with Lookup): the take reads the
-// buckets and holds the freed bucket's last slot before it takes it. The
-// slot is freed again after, for the thread's own acquire that follows
-// the case.
-func holdStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
-	holders := fill(st, thread)
-	st.end(holders[0])
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	other := ""
-	for n := 0; other == ""; n++ {
-		if n == 100 {
-			st.t.Fatalf("setup: no thread of a hundred has a full home bucket")
-		}
-		k := core.ThreadKey{Tenant: "acme", User: "alice", Thread: fmt.Sprint(thread, "-x", n)}
-		look, err := st.store.Lookup(ctx, k, limit)
-		if err != nil {
-			st.t.Fatalf("setup: Lookup: %v", err)
-		}
-		if look.HomeFull {
-			other = k.Thread
-		}
-	}
-	arm()
-	res, ok := st.acquire(other)
-	disarm()
-	if ok {
-		st.end(res.Record)
-	}
-	return nil, core.ReleaseResult{}, false
-}
-
 // quotaSteps are the steps of an acquire refused for its user's quota
 // (a stack whose users hold one slot each) that evicts the user's own
 // warm sandbox: the query of the owner index and the eviction's claim.
@@ -1054,7 +1013,7 @@ func TestOneFaultAtEachStep(t *testing.T) {
 		configs[sp.name] = stackConfig{pauseAtRelease: true}
 	}
 	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps, pausedShareSteps,
-		pauseAtReleaseSteps, holdSteps) {
+		pauseAtReleaseSteps) {
 		cfg := configs[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++
