@@ -12,6 +12,9 @@ type AcquireResult struct {
 	// Restore reports the outputs restored into a created sandbox (nil
 	// when nothing ran: reuse, reclaim, or no restorer configured).
 	Restore *SyncResult
+	// Waiting, set by AcquireOrWait instead of a sandbox, is the
+	// acquire's place in the wait queue.
+	Waiting *Waiting
 }
 
 // ReleaseResult is the outcome of a release.
@@ -82,7 +85,7 @@ type ReconcileStats struct {
 // Broker is what the HTTP layer and the Lambda functions call. *Engine
 // implements it.
 type Broker interface {
-	Acquire(ctx context.Context, key ThreadKey) (AcquireResult, error)
+	AcquireOrWait(ctx context.Context, req AcquireRequest) (AcquireResult, error)
 	Release(ctx context.Context, tenant, sandboxID string) (ReleaseResult, error)
 	Sync(ctx context.Context, tenant, sandboxID string) (SyncResult, error)
 	Get(ctx context.Context, tenant, sandboxID string) (Record, error)

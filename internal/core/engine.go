@@ -126,8 +126,8 @@ func backoff(n int) time.Duration {
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }
 
-// responseMargin is kept free of an invocation's remaining time so a
-// waiting acquire still answers (429) before Lambda or API Gateway gives up.
+// responseMargin is kept free of an invocation's remaining time so that
+// an acquire still answers before Lambda or API Gateway gives up.
 const responseMargin = time.Second
 
 // maxUnusable bounds the sandboxes one acquire gives up on (dead after
@@ -138,58 +138,17 @@ const maxUnusable = 3
 const createBudget = 10 * time.Second
 
 // Acquire hands the thread a live sandbox: its active one if alive (reused),
-// else its warm one (reclaimed), else a pool member when a pool is kept
-// (pool, see fromPool), else a new one (created). A peer's live
-// lease on the thread's record (a release syncing, a create in flight) is
-// waited out up to the acquire timeout, capped by ctx's deadline.
-//
-// DynamoDB calls (measured by BenchmarkAcquireDynamoDBCalls, with the
-// capacity units they consume; the README argues these floors): reuse 2
-// (lookup, conditional update); reclaim 3 (the same, and the write of its
-// new expiry, which also moves its count from warm to active); a pool
-// claim 5 (lookup, the one query of the members' index key, the claim
-// transaction, the activation, which moves the member's count, and the
-// read of the activated record), 4 for a member parked paused (its
-// activation returns no record to read), however few members there are;
-// create 3 (lookup, reserve, finalize; 4 when replacing a dead sandbox:
-// the failed claim; one more, the members' query, when a pool is kept but
-// empty); resume
-// of a paused sandbox 5 (lookup, the claim that finds it paused, the
-// resume claim and its read, the settle). A full deployment adds one read
-// of every capacity bucket (the refusal's details); an eviction then
-// reads its candidates (four index queries, a random quarter of the warm
-// pool's shards; every shard, 17 queries, when that quarter holds fewer
-// than four: see Store.Sample; as many for tombstones first when the
-// counts name some), claims one, frees its slot and reserves in that
-// slot's bucket: evict-then-create is 11 calls from a pool of warm
-// sandboxes, 24 when one is warm (one more when the sandbox is another
-// tenant's: its claim is a transaction with the check of the acquiring
-// tenant's count, then a read of the claimed record; one more under the
-// wait policy: the free's dispatch of the wait queue). A reservation
-// refused for the user's or tenant's quota evicts the caller's own least
-// recently parked warm sandbox instead (evictForQuota: one Query of the
-// user's owner index key, 16 for a tenant's, the claim, the free, then
-// the reserve again): quota-evict-then-create is 7 calls. Only when nothing
-// may be evicted, once
-// per acquire, every shard of two states is read for the slots of
-// sandboxes past their end (freed if the provider confirms them gone).
-// An acquire that waits (the wait policy, see waitqueue.go)
-// queues a ticket once (a BatchGetItem of its tenant's places, a Query of
-// the queue's head, one transaction), dispatches once (a Query; the queue's
-// head also reads every capacity bucket, one BatchGetItem, and may evict),
-// then reads its ticket every 250 ms (one GetItem) and takes a turn every
-// fourth poll (a dispatch); served, its reservation takes the granted slot
-// in the reserve transaction (no extra call); timed out, it leaves (one
-// transaction, a Query and another when it held a grant); finding its
-// ticket gone, it gives back its place (two transactions). Under the
-// wait policy every write that frees a running slot (a kill's free, a
-// failed create's, a pause) is followed by a dispatch: one Query of the
-// queue, and when a ticket waits, the grant's transaction.
-//
-// Worst case: see begin. The answer is written before ctx's deadline;
-// waiting for a slot stops early enough for a create and bootstrap
-// (createBudget) to fit; a reuse or reclaim whose sandbox does not answer
-// within probeTimeout is discarded and replaced.
+// else its parked one (reclaimed from warm, resumed from paused), else a
+// pool member when a pool is kept (pool, see fromPool), else a new one
+// (created). A peer's live lease on the thread's record (a release
+// syncing, a create in flight) is waited out up to the acquire timeout,
+// capped by ctx's deadline. Under the wait policy it waits for a slot in
+// the wait queue: it asks again (AcquireOrWait) with its ticket every
+// Waiting.RetryAfter, as the HTTP clients do, and gives its place up when
+// ctx ends. A reuse or reclaim whose sandbox does not answer within
+// probeTimeout is discarded and replaced; the answer is written before
+// ctx's deadline (see begin). Its DynamoDB calls per path are measured by
+// BenchmarkAcquireDynamoDBCalls.
 //
 // Errors: *ValidationError; *CapacityError when no slot frees in time
 // (one of RefusalReasons);
@@ -198,36 +157,66 @@ const createBudget = 10 * time.Second
 // ErrProviderUnavailable when created sandboxes died or failed their
 // bootstrap and no retry fitted in the time left.
 func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, error) {
+	req := AcquireRequest{Key: key}
+	for {
+		res, err := e.AcquireOrWait(ctx, req)
+		if err != nil || res.Waiting == nil {
+			return res, err
+		}
+		req.Ticket = res.Waiting.Ticket
+		if err := e.sleep(ctx, res.Waiting.RetryAfter); err != nil {
+			e.giveUpTicket(ctx, req)
+			return AcquireResult{}, fmt.Errorf("acquire: %w", err)
+		}
+	}
+}
+
+// AcquireOrWait is one ask of an acquire: it hands req's thread its
+// sandbox, or, under the wait policy when no slot is free, answers at
+// once with the acquire's place in the wait queue (AcquireResult.Waiting)
+// rather than holding the invocation; the caller asks again with its
+// ticket. An ask with a ticket reads it first: granted, it takes the
+// granted slot; still waiting, it takes its turn (waitTurn) and answers
+// Waiting again, until the wait's end (Settings.AcquireTimeout after the
+// first ask), when it is refused for capacity.
+//
+// Errors are Acquire's, and a *ValidationError (field "ticket") for a
+// ticket that is malformed or another thread's.
+func (e *Engine) AcquireOrWait(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
+	key := req.Key
 	if err := key.Validate(); err != nil {
 		return AcquireResult{}, err
+	}
+	st := &acquireState{}
+	waitEnd := e.now().Add(e.s.AcquireTimeout)
+	if req.Ticket != "" {
+		t, err := decodeTicket(req.Ticket, key)
+		if err != nil {
+			return AcquireResult{}, err
+		}
+		st.wait, waitEnd = &waiting{ticket: t}, t.Until.Add(-ticketGrace)
 	}
 	ctx, cancel := e.begin(ctx)
 	defer cancel()
 	owner := newOwner()
-	deadline := e.now().Add(e.s.AcquireTimeout)
-	if dl, ok := ctx.Deadline(); ok {
-		// Stop waiting early enough that the create which follows a freed
-		// slot can finish inside the invocation: a create cut short by the
-		// deadline is ambiguous and would keep its reservation. ctx's
-		// deadline (the work's end, see begin) is wall-clock; translate it
-		// onto the engine's clock.
-		left := time.Until(dl)
-		left -= min(createBudget, left/2)
-		if e.now().Add(left).Before(deadline) {
-			deadline = e.now().Add(left)
+	defer e.leaveWait(ctx, st)
+	if st.wait != nil {
+		if w, err := e.continueWait(ctx, key, owner, st, waitEnd); w != nil || err != nil {
+			return e.handOver(st, w), err
 		}
 	}
+	return e.attempt(ctx, key, owner, st, waitEnd)
+}
+
+// attempt acquires for key's thread, trying again after retryable
+// failures until the work's end (see workEnd), and queueing under the
+// wait policy until waitEnd.
+func (e *Engine) attempt(ctx context.Context, key ThreadKey, owner string, st *acquireState, waitEnd time.Time) (AcquireResult, error) {
+	deadline := e.workEnd(ctx, waitEnd)
 	failures := 0 // sandboxes the provider handed out that proved unusable
-	st := &acquireState{}
-	defer e.leaveWait(ctx, st)
 	for attempt := 0; ; attempt++ {
 		res, retry, err := e.acquireOnce(ctx, key, owner, st)
 		if err == nil {
-			if res.Record.Endpoint.Protocol == "" {
-				// Stored before records kept their endpoint's protocol:
-				// every endpoint of a provider speaks its one protocol.
-				res.Record.Endpoint.Protocol = e.caps.Protocol
-			}
 			return res, nil
 		}
 		if errors.Is(err, ErrProviderUnavailable) {
@@ -252,7 +241,7 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 		var ce *CapacityError
 		switch {
 		case !errors.As(err, &ce):
-		case e.s.Policy != PolicyWait || ce.Reason != api.RefusalCapacity || !e.now().Add(waitPoll).Before(deadline):
+		case e.s.Policy != PolicyWait || ce.Reason != api.RefusalCapacity || !e.now().Before(waitEnd):
 			return AcquireResult{}, err
 		default:
 			if st.grant != nil {
@@ -260,13 +249,13 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 				// Pass it on rather than wait for it again.
 				e.leaveWait(ctx, st)
 			}
-			switch werr := e.waitForGrant(ctx, key, owner, st, deadline, ce.Status); {
-			case werr == nil:
+			switch w, werr := e.queue(ctx, key, owner, st, waitEnd, ce.Status); {
+			case werr == nil && w == nil:
 				continue // granted: the next attempt takes the slot
+			case werr == nil:
+				return e.handOver(st, w), nil
 			case errors.Is(werr, errTicketGone):
 				continue // look again (and queue again if still full)
-			case errors.Is(werr, errWaitTimedOut):
-				return AcquireResult{}, err
 			default:
 				return AcquireResult{}, werr
 			}
@@ -278,6 +267,24 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 			return AcquireResult{}, fmt.Errorf("acquire: %w", serr)
 		}
 	}
+}
+
+// workEnd is when an ask stops trying again: waitEnd, or earlier, so
+// that the create which follows a freed slot can finish inside the
+// invocation (a create cut short by the deadline is ambiguous and would
+// keep its reservation). ctx's deadline (the work's end, see begin) is
+// wall-clock; it is translated onto the engine's clock.
+func (e *Engine) workEnd(ctx context.Context, waitEnd time.Time) time.Time {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return waitEnd
+	}
+	left := time.Until(dl)
+	left -= min(createBudget, left/2)
+	if end := e.now().Add(left); end.Before(waitEnd) {
+		return end
+	}
+	return waitEnd
 }
 
 // contended is what an acquire whose time ran out on a race returns: a

@@ -288,7 +288,7 @@ func TestLapsedGrantGivesBackThePlace(t *testing.T) {
 	if _, err := h.eng.Reconcile(ctx); err != nil {
 		t.Fatalf("Reconcile: %v", err)
 	}
-	ts, err := h.store.PollTicket(ctx, core.Ticket{ID: first.Ticket, Key: first.SortKey})
+	ts, err := h.store.PollTicket(ctx, core.Ticket{ID: first.Ticket, Tenant: first.Tenant, Key: first.SortKey})
 	if err != nil || !ts.Granted {
 		t.Fatalf("ticket after reconcile = %+v, %v; want granted", ts, err)
 	}

@@ -3,48 +3,38 @@ package core
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
 // Fair waiting. Under PolicyWait an acquire refused for capacity queues a
-// ticket (Store.EnterWait) and then reads only its own ticket until a
-// dispatch grants it a slot, held in trust for it; its next attempt takes
-// that slot over (Reservation.Grant, ResumeClaim.Grant). The queue is
-// served in (round, arrival) order (see Ticket). Dispatches run after every write
-// that frees a running slot (dispatchFreed), once by each waiter right
-// after it queued (a free that read the queue just before the ticket was
-// written would otherwise leave the slot unused), every waitTurnEvery
-// polls by each waiter (its turn: the queue's head also frees a slot for
-// itself, as a refused acquire would), and in every reconcile pass.
+// ticket (Store.EnterWait) and answers its caller at once with its place
+// (Waiting): waiting holds a ticket, never an invocation. Each later ask
+// reads only its own ticket and takes a turn (waitTurn), until a dispatch
+// grants it a slot, held in trust for it; that ask's attempt takes the
+// slot over (Reservation.Grant, ResumeClaim.Grant). The queue is served in
+// (round, arrival) order (see Ticket). Dispatches run after every write
+// that frees a running slot (dispatchFreed), at every ask of a waiter
+// (its turn: the queue's head also frees a slot for itself, as a refused
+// acquire would), and in every reconcile pass.
 
 // Wait queue timings.
 const (
-	// waitPoll is how often a waiter reads its ticket.
-	waitPoll = 250 * time.Millisecond
-	// waitTurnEvery is how many polls pass between a waiter's turns.
-	waitTurnEvery = 4
 	// grantFor is how long a grant stays its ticket's: a live waiter sees
-	// it within a poll and takes it at once; a dead one's grant lapses
+	// it at its next ask and takes it at once; a dead one's grant lapses
 	// soon and passes on.
 	grantFor = 5 * time.Second
 	// dispatchBudget bounds a dispatch run inside another call: a
-	// waiter's turn, between two polls (a grant made meanwhile must still
-	// find the waiter polling well within grantFor), and a free's, before
-	// the freeing call answers. A dispatch cut short wrote each of its
-	// grants whole; the queue's other dispatches finish the rest.
+	// waiter's turn, and a free's, before the freeing call answers. A
+	// dispatch cut short wrote each of its grants whole; the queue's
+	// other dispatches finish the rest.
 	dispatchBudget = grantFor / 4
 )
 
-// errWaitTimedOut: the waiter's deadline came with no grant;
-// errTicketGone: its ticket left the queue (it lapsed and a dispatch
-// removed it, or its grant lapsed and a dispatch passed it on).
-var (
-	errWaitTimedOut = errors.New("wait timed out")
-	errTicketGone   = errors.New("wait ticket gone")
-)
+// errTicketGone: a waiter's ticket left the queue (it lapsed and a
+// dispatch removed it, or its grant lapsed and was passed on).
+var errTicketGone = errors.New("wait ticket gone")
 
 // WaitEvent says what a WaitNote reports.
 type WaitEvent string
@@ -110,19 +100,19 @@ func (e *Engine) note(w *waiting, ev WaitEvent) {
 // one of the tenant's waiter places (MaxWaitersPerTenant). Past the bound
 // the acquire is refused at once (RefusalTooManyWaiters); when the store
 // cannot decide, it fails closed (RefusalCapacityBackend). The ticket and
-// place lapse at the deadline (plus the response margin) by themselves,
-// so an invocation that dies while waiting holds them no longer than it
-// would have waited.
+// place lapse by themselves at the wait's end (plus ticketGrace), so a
+// caller that stops asking holds them no longer than it would have
+// waited.
 //
 // A refusal here carries the figures of the capacity refusal that sent
 // the acquire to wait (refused): the deployment was full as it says.
-func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, deadline time.Time, st *acquireState, refused CapacityStatus) error {
+func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, waitEnd time.Time, st *acquireState, refused CapacityStatus) error {
 	places := e.s.MaxWaitersPerTenant
 	if places <= 0 {
 		places = maxWaiterPlaces
 	}
 	t, err := e.store.EnterWait(ctx, Waiter{Tenant: key.Tenant, Ticket: owner + "-" + newOwner()[4:], Max: places,
-		Now: e.now(), Until: deadline.Add(responseMargin)})
+		Now: e.now(), Until: waitEnd.Add(ticketGrace)})
 	var ce *CapacityError
 	switch {
 	case errors.As(err, &ce):
@@ -142,51 +132,91 @@ func (e *Engine) enterWait(ctx context.Context, key ThreadKey, owner string, dea
 // read of them fetches.
 const maxWaiterPlaces = 100
 
-// waitForGrant waits for a slot for key's acquire: it queues a ticket
-// (once per acquire), then reads only the ticket, every waitPoll, until a
-// dispatch grants it (nil: st.grant is set), the deadline comes
-// (errWaitTimedOut) or the ticket is gone (errTicketGone). Every
-// waitTurnEvery polls, and right after queueing, it takes its turn
-// (waitTurn).
-func (e *Engine) waitForGrant(ctx context.Context, key ThreadKey, owner string, st *acquireState, deadline time.Time, refused CapacityStatus) error {
+// queue puts key's acquire in the wait queue (once: st.wait keeps its
+// ticket) and takes its turn (see turnAndPoll).
+func (e *Engine) queue(ctx context.Context, key ThreadKey, owner string, st *acquireState, waitEnd time.Time, refused CapacityStatus) (*Waiting, error) {
 	if st.wait == nil {
-		if err := e.enterWait(ctx, key, owner, deadline, st, refused); err != nil {
-			return err
-		}
-		if err := e.waitTurn(ctx, key, owner, st); err != nil {
-			return err
+		if err := e.enterWait(ctx, key, owner, waitEnd, st, refused); err != nil {
+			return nil, err
 		}
 	}
-	for polls := 1; ; polls++ {
-		ts, err := e.store.PollTicket(ctx, st.wait.ticket)
-		switch {
-		case err != nil:
-			e.log.WarnContext(ctx, "poll wait ticket failed", "ticket", st.wait.ticket.ID, "err", err)
-		case ts.Draining:
-			return e.drainingError()
-		case ts.Gone:
-			// Lapsed and removed, or its grant lapsed and was passed on:
-			// give back the place it may still hold, so that queueing
-			// again neither spends a second place nor counts this one
-			// when picking the new ticket's round.
-			e.leaveWait(ctx, st)
-			return errTicketGone
-		case ts.Granted:
-			st.grant = &ts.Grant
-			return nil
-		}
-		if !e.now().Add(waitPoll).Before(deadline) {
-			return errWaitTimedOut
-		}
-		if err := e.sleep(ctx, waitPoll); err != nil {
-			return fmt.Errorf("acquire: %w", err)
-		}
-		if polls%waitTurnEvery == 0 {
-			if err := e.waitTurn(ctx, key, owner, st); err != nil {
-				return err
-			}
-		}
+	return e.turnAndPoll(ctx, key, owner, st, waitEnd)
+}
+
+// continueWait is the start of an ask that carries its ticket (st.wait):
+// it reads the ticket, and answers nil, nil when the ask should attempt
+// the acquire (granted: st.grant is set; or the ticket is gone: the ask
+// is a new arrival), a refusal once the wait ended, and otherwise takes
+// the waiter's turn (see turnAndPoll).
+func (e *Engine) continueWait(ctx context.Context, key ThreadKey, owner string, st *acquireState, waitEnd time.Time) (*Waiting, error) {
+	ts, err := e.store.PollTicket(ctx, st.wait.ticket)
+	switch {
+	case err != nil:
+		e.log.WarnContext(ctx, "poll wait ticket failed", "ticket", st.wait.ticket.ID, "err", err)
+	case ts.Draining:
+		return nil, e.drainingError()
+	case ts.Gone:
+		e.leaveWait(ctx, st) // give back the place it may still hold
+		return nil, nil
+	case ts.Granted:
+		st.grant = &ts.Grant
+		return nil, nil
 	}
+	if !e.now().Before(waitEnd) {
+		e.leaveWait(ctx, st)
+		status, _ := e.store.Capacity(ctx) // the refusal's figures, best effort
+		return nil, e.refused(&CapacityError{Reason: api.RefusalCapacity, Status: status})
+	}
+	return e.turnAndPoll(ctx, key, owner, st, waitEnd)
+}
+
+// turnAndPoll takes the waiter's turn, then reads its ticket: nil, nil
+// when a slot is granted to it (st.grant: the next attempt takes it),
+// errTicketGone when the ticket left the queue (it lapsed and a dispatch
+// removed it, or its grant lapsed and was passed on), the draining
+// refusal, or the Waiting to hand the caller.
+func (e *Engine) turnAndPoll(ctx context.Context, key ThreadKey, owner string, st *acquireState, waitEnd time.Time) (*Waiting, error) {
+	if err := e.waitTurn(ctx, key, owner, st); err != nil {
+		return nil, err
+	}
+	ts, err := e.store.PollTicket(ctx, st.wait.ticket)
+	switch {
+	case err != nil:
+		e.log.WarnContext(ctx, "poll wait ticket failed", "ticket", st.wait.ticket.ID, "err", err)
+	case ts.Draining:
+		return nil, e.drainingError()
+	case ts.Gone:
+		// Give back the place it may still hold, so that queueing again
+		// neither spends a second place nor counts this one when picking
+		// the new ticket's round.
+		e.leaveWait(ctx, st)
+		return nil, errTicketGone
+	case ts.Granted:
+		st.grant = &ts.Grant
+		return nil, nil
+	}
+	return &Waiting{Ticket: encodeTicket(st.wait.ticket, key), RetryAfter: waitRetry, Until: waitEnd}, nil
+}
+
+// handOver answers w, the acquire's place in the queue, to its caller:
+// the ticket stays in the queue (st no longer holds it, so the ask's end
+// does not leave the queue).
+func (e *Engine) handOver(st *acquireState, w *Waiting) AcquireResult {
+	if w != nil {
+		st.wait, st.grant = nil, nil
+	}
+	return AcquireResult{Waiting: w}
+}
+
+// giveUpTicket takes the ticket of req, a wait its caller stopped, out of
+// the queue (a grant it holds passes on). Best effort: an abandoned
+// ticket lapses by itself.
+func (e *Engine) giveUpTicket(ctx context.Context, req AcquireRequest) {
+	t, err := decodeTicket(req.Ticket, req.Key)
+	if err != nil {
+		return
+	}
+	e.leaveWait(ctx, &acquireState{wait: &waiting{ticket: t}})
 }
 
 // waitTurn is a waiter's own dispatch: it cleans the head of the queue and

@@ -327,7 +327,8 @@ func (s *Store) enqueue(ctx context.Context, w core.Waiter, t core.Ticket) (map[
 	})
 }
 
-// PollTicket reads the ticket: one eventually consistent GetItem (half a
+// PollTicket reads the ticket (gone unless it is t's own, of t's tenant):
+// one eventually consistent GetItem (half a
 // read unit: waiters poll often, and a grant lasts long enough for the
 // next poll to see it), and a strongly consistent one when the first finds
 // no ticket (it may have missed one queued a moment before: gone must be
@@ -349,6 +350,9 @@ func (s *Store) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState
 	var it ticketItem
 	if err := attributevalue.UnmarshalMap(item, &it); err != nil {
 		return core.TicketState{}, fmt.Errorf("decode ticket: %w", err)
+	}
+	if it.Tenant != t.Tenant || it.Ticket != t.ID {
+		return core.TicketState{Gone: true}, nil // not the caller's ticket
 	}
 	if !it.granted() {
 		return core.TicketState{Draining: it.Draining}, nil

@@ -253,17 +253,20 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 
 	switch route {
 	case RouteAcquire:
-		key, err := decodeAcquire(body)
+		req, err := decodeAcquire(body)
 		if err != nil {
 			return r.fail(err)
 		}
-		key.Tenant = tenant
-		if err := key.Validate(); err != nil {
+		req.Key.Tenant = tenant
+		if err := req.Key.Validate(); err != nil {
 			return r.fail(err)
 		}
-		res, err := h.broker.Acquire(ctx, key)
+		res, err := h.broker.AcquireOrWait(ctx, req)
 		if err != nil {
 			return r.fail(err)
+		}
+		if w := res.Waiting; w != nil {
+			return r.waiting(w)
 		}
 		return r.json(http.StatusOK, acquireBody(res))
 	case RouteGet:
@@ -384,29 +387,33 @@ func bodyOf(ev events.APIGatewayV2HTTPRequest) ([]byte, error) {
 }
 
 // bodyShape is the one message every malformed acquire body gets.
-const bodyShape = `must be a JSON object {"user_id","thread_id"}`
+const bodyShape = `must be a JSON object {"user_id","thread_id"} (and "ticket" when continuing a wait)`
 
-// decodeAcquire parses the acquire body: one JSON object with exactly the
-// fields user_id and thread_id (strings), nothing after it.
-func decodeAcquire(body []byte) (core.ThreadKey, error) {
-	raw, err := strictObject(body, bodyShape, "user_id", "thread_id")
+// decodeAcquire parses the acquire body: one JSON object with the string
+// fields user_id and thread_id, optionally ticket, nothing after it.
+func decodeAcquire(body []byte) (core.AcquireRequest, error) {
+	raw, err := strictObject(body, bodyShape, "user_id", "thread_id", "ticket")
 	if err != nil {
-		return core.ThreadKey{}, err
+		return core.AcquireRequest{}, err
 	}
-	var k core.ThreadKey
+	var req core.AcquireRequest
 	for _, f := range []struct {
-		name string
-		dst  *string
-	}{{"user_id", &k.User}, {"thread_id", &k.Thread}} {
+		name     string
+		dst      *string
+		optional bool
+	}{{"user_id", &req.Key.User, false}, {"thread_id", &req.Key.Thread, false}, {"ticket", &req.Ticket, true}} {
 		v, ok := raw[f.name]
+		if !ok && f.optional {
+			continue
+		}
 		if !ok {
-			return core.ThreadKey{}, &core.ValidationError{Field: f.name, Message: "is required"}
+			return core.AcquireRequest{}, &core.ValidationError{Field: f.name, Message: "is required"}
 		}
 		if err := json.Unmarshal(v, f.dst); err != nil || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
-			return core.ThreadKey{}, &core.ValidationError{Field: f.name, Message: "must be a string"}
+			return core.AcquireRequest{}, &core.ValidationError{Field: f.name, Message: "must be a string"}
 		}
 	}
-	return k, nil
+	return req, nil
 }
 
 // decodeEmpty checks the body of a route that takes none: nothing, or an
@@ -461,6 +468,15 @@ func strictObject(body []byte, shape string, fields ...string) (map[string]json.
 }
 
 // Response bodies (the README's route table).
+
+// waiting is the 202 answer of an acquire that waits for a slot, with
+// Retry-After in whole seconds.
+func (r *request) waiting(w *core.Waiting) events.APIGatewayV2HTTPResponse {
+	secs := max(1, int((w.RetryAfter+time.Second-1)/time.Second))
+	resp := r.json(http.StatusAccepted, api.AcquireWaiting{Ticket: w.Ticket, RetryAfterSeconds: secs, WaitUntil: w.Until.UTC()})
+	resp.Headers["Retry-After"] = strconv.Itoa(secs)
+	return resp
+}
 
 // acquireBody is the acquire reply; the connection is keyed by the
 // endpoint's protocol, never by the backend.

@@ -45,8 +45,11 @@ func (f *fakeBroker) note(format string, args ...any) error {
 	return f.err
 }
 
-func (f *fakeBroker) Acquire(_ context.Context, k core.ThreadKey) (core.AcquireResult, error) {
-	return f.acquire, f.note("Acquire %s", k)
+func (f *fakeBroker) AcquireOrWait(_ context.Context, req core.AcquireRequest) (core.AcquireResult, error) {
+	if req.Ticket != "" {
+		return f.acquire, f.note("Acquire %s ticket %s", req.Key, req.Ticket)
+	}
+	return f.acquire, f.note("Acquire %s", req.Key)
 }
 func (f *fakeBroker) Release(_ context.Context, tenant, id string) (core.ReleaseResult, error) {
 	return f.release, f.note("Release %s %s", tenant, id)
@@ -505,5 +508,28 @@ func TestGeneratesRequestIDWhenMissing(t *testing.T) {
 	id := resp.Headers["X-Request-Id"]
 	if id == "" || !strings.Contains(logs, id) {
 		t.Errorf("request id %q not generated or not logged (%s)", id, logs)
+	}
+}
+
+func TestAcquireWaitingAnswers202WithTheTicket(t *testing.T) {
+	fb := &fakeBroker{acquire: core.AcquireResult{Waiting: &core.Waiting{Ticket: "tk-9", RetryAfter: 1500 * time.Millisecond, Until: when}}}
+	resp, body, _ := serve(t, fb, event(RouteAcquire, "/v1/sandboxes/acquire", `{"user_id":"u1","thread_id":"t-1","ticket":"tk-8"}`, "acme", nil))
+	if resp.StatusCode != 202 || resp.Headers["Retry-After"] != "2" {
+		t.Fatalf("status %d, Retry-After %q (%s), want 202 and 2", resp.StatusCode, resp.Headers["Retry-After"], resp.Body)
+	}
+	want := map[string]any{"ticket": "tk-9", "retry_after_seconds": float64(2), "wait_until": "2026-11-29T10:00:00Z"}
+	if !reflect.DeepEqual(body, want) {
+		t.Errorf("body %v, want %v", body, want)
+	}
+	if got, want := fb.calls, []string{"Acquire acme/u1/t-1 ticket tk-8"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("calls = %v, want %v", got, want)
+	}
+	for _, bad := range []string{`{"user_id":"u1","thread_id":"t-1","ticket":7}`, `{"user_id":"u1","thread_id":"t-1","ticket":null}`} {
+		fb.calls = nil
+		resp, body, _ := serve(t, fb, event(RouteAcquire, "/v1/sandboxes/acquire", bad, "acme", nil))
+		e, _ := body["error"].(map[string]any)
+		if resp.StatusCode != 400 || e["reason"] != "ticket" || len(fb.calls) != 0 {
+			t.Errorf("%s: %d %v, calls %v; want 400 on the ticket, no call", bad, resp.StatusCode, body, fb.calls)
+		}
 	}
 }

@@ -137,8 +137,8 @@ func (s *Store) PollTicket(_ context.Context, t core.Ticket) (core.TicketState, 
 	defer s.mu.Unlock()
 	q := s.findTicket(t.ID)
 	switch {
-	case q == nil:
-		return core.TicketState{Gone: true}, nil
+	case q == nil || q.t.Tenant != t.Tenant || q.t.Key != t.Key:
+		return core.TicketState{Gone: true}, nil // none, or not the caller's
 	case q.granted:
 		return core.TicketState{Granted: true, Grant: core.Grant{Ticket: q.t, Until: q.grantUntil}}, nil
 	}

@@ -200,9 +200,40 @@ func (a api) do(method, path, token, body string) reply {
 	return r
 }
 
+// acquire asks for the thread's sandbox as the clients do: a 202 (waiting
+// for a slot) is asked again with its ticket after its Retry-After, until
+// another answer comes (at most maxAsks asks).
 func (a api) acquire(token, user, thread string) reply {
 	a.t.Helper()
-	return a.do("POST", "/v1/sandboxes/acquire", token, fmt.Sprintf(`{"user_id":%q,"thread_id":%q}`, user, thread))
+	body := acquireBody(user, thread, "")
+	for range maxAsks {
+		r := a.do("POST", "/v1/sandboxes/acquire", token, body)
+		if r.status != http.StatusAccepted {
+			return r
+		}
+		time.Sleep(askAgainAfter(r))
+		body = acquireBody(user, thread, str(r.body, "ticket"))
+	}
+	a.t.Fatalf("acquire %s/%s: still waiting after %d asks", user, thread, maxAsks)
+	return reply{}
+}
+
+// maxAsks bounds the asks of one waiting acquire in these tests.
+const maxAsks = 300
+
+// acquireBody is an acquire's body, with the ticket of a wait it
+// continues when not empty.
+func acquireBody(user, thread, ticket string) string {
+	if ticket == "" {
+		return fmt.Sprintf(`{"user_id":%q,"thread_id":%q}`, user, thread)
+	}
+	return fmt.Sprintf(`{"user_id":%q,"thread_id":%q,"ticket":%q}`, user, thread, ticket)
+}
+
+// askAgainAfter is a 202's retry_after_seconds (at least a second).
+func askAgainAfter(r reply) time.Duration {
+	secs, _ := r.body["retry_after_seconds"].(float64)
+	return time.Duration(max(secs, 1)) * time.Second
 }
 
 func str(m map[string]any, keys ...string) string {

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -342,8 +343,21 @@ func testBurst(t *testing.T) {
 
 // rawAcquire is api.acquire without t.Fatal (safe off the test goroutine).
 func rawAcquire(a api, token, user, thread string) (reply, error) {
-	req, err := http.NewRequest("POST", a.base+"/v1/sandboxes/acquire",
-		strings.NewReader(`{"user_id":"`+user+`","thread_id":"`+thread+`"}`))
+	body := acquireBody(user, thread, "")
+	for range maxAsks {
+		r, err := rawAsk(a, token, body)
+		if err != nil || r.status != http.StatusAccepted {
+			return r, err
+		}
+		time.Sleep(askAgainAfter(r))
+		body = acquireBody(user, thread, str(r.body, "ticket"))
+	}
+	return reply{}, fmt.Errorf("acquire %s/%s: still waiting after %d asks", user, thread, maxAsks)
+}
+
+// rawAsk is one acquire request.
+func rawAsk(a api, token, body string) (reply, error) {
+	req, err := http.NewRequest("POST", a.base+"/v1/sandboxes/acquire", strings.NewReader(body))
 	if err != nil {
 		return reply{}, err
 	}
