@@ -118,22 +118,6 @@ type keyQuery struct {
 	in *dynamodb.QueryInput
 }
 
-// memoUse is how a read uses the reconcile pass's memo of empty keys
-// (passMemo).
-type memoUse int
-
-const (
-	// memoNone reads every key.
-	memoNone memoUse = iota
-	// memoSkip skips the keys the pass found empty: for reads that may
-	// miss an entry filed since (see passMemo).
-	memoSkip
-	// memoSkipMark also remembers the keys it finds empty; only for reads
-	// of whole keys (no sort-key condition), whose empty answer means the
-	// key held nothing.
-	memoSkipMark
-)
-
 // shardQuery pages one partition key's items in sort-key order.
 type shardQuery struct {
 	pk  string
@@ -157,28 +141,17 @@ func (q *shardQuery) fill(ctx context.Context, s *Store, what string) error {
 // eachMerged runs the queries kqs (each over one partition key, in
 // sort-key order) and calls fn with their items merged in the order of
 // key, until fn returns false or every query is done. Every query's first
-// page is read in parallel; later pages as the merge reaches them. use
-// says how the reads use a reconcile pass's memo of empty keys.
-func (s *Store) eachMerged(ctx context.Context, what string, kqs []keyQuery, use memoUse, key func(map[string]types.AttributeValue) string, fn func(map[string]types.AttributeValue) bool) error {
-	memo := memoOf(ctx)
+// page is read in parallel; later pages as the merge reaches them.
+func (s *Store) eachMerged(ctx context.Context, what string, kqs []keyQuery, key func(map[string]types.AttributeValue) string, fn func(map[string]types.AttributeValue) bool) error {
 	qs := make([]*shardQuery, 0, len(kqs))
 	for _, kq := range kqs {
-		if use != memoNone && memo.known(kq.pk) {
-			continue
-		}
 		qs = append(qs, &shardQuery{pk: kq.pk, p: dynamodb.NewQueryPaginator(s.db, kq.in)})
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(queryParallel)
 	for _, q := range qs {
 		g.Go(func() error {
-			if err := q.fill(gctx, s, what); err != nil {
-				return err
-			}
-			if use == memoSkipMark && len(q.buf) == 0 {
-				memo.found(q.pk)
-			}
-			return nil
+			return q.fill(gctx, s, what)
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -218,10 +191,6 @@ func (s *Store) eachInState(ctx context.Context, state core.State, sk *expressio
 // only.
 func (s *Store) eachInKeys(ctx context.Context, pks []string, state core.State, sk *expression.KeyConditionBuilder, page int32, fn func(map[string]types.AttributeValue) bool) error {
 	kqs := make([]keyQuery, len(pks))
-	use := memoSkipMark
-	if sk != nil {
-		use = memoSkip
-	}
 	for i, pk := range pks {
 		kc := expression.Key(AttrGSI1PK).Equal(expression.Value(pk))
 		if sk != nil {
@@ -239,7 +208,7 @@ func (s *Store) eachInKeys(ctx context.Context, pks []string, state core.State, 
 		}
 		kqs[i] = keyQuery{pk: pk, in: in}
 	}
-	return s.eachMerged(ctx, "query "+string(state), kqs, use, entrySK, fn)
+	return s.eachMerged(ctx, "query "+string(state), kqs, entrySK, fn)
 }
 
 // recordsInState lists up to limit records in state (sk narrowing the
