@@ -307,16 +307,6 @@ func isLive(s State) bool {
 	return false
 }
 
-// PassScoped is a store that can scope its reads to one reconcile pass:
-// WithPass returns a context under which the store may skip re-reading
-// an index key an earlier read of the pass found empty. An entry filed
-// under such a key since (or not yet in the index when it was read) may
-// be left to the next pass, which the pass's uses of index reads allow:
-// none acts on an entry's absence.
-type PassScoped interface {
-	WithPass(ctx context.Context) context.Context
-}
-
 // pass is one reconcile pass in progress.
 type pass struct {
 	e        *Engine
@@ -354,9 +344,6 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	}
 	ctx, flush := e.withPublisher(ctx) // a stalled event bus costs the pass one bound, at its end
 	defer flush()
-	if ps, ok := e.store.Store.(PassScoped); ok {
-		ctx = ps.WithPass(ctx) // an idle deployment's pass reads each empty key once
-	}
 	start := e.now()
 	p := &pass{e: e, rs: cfg.settings, rst: e.inventoryStore(), owner: newOwner(), start: start, deadline: start.Add(cfg.settings.MaxDuration)}
 	if dl, ok := ctx.Deadline(); ok {

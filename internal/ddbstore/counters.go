@@ -178,8 +178,7 @@ func (h holders) tally(deployment string) *slotTally {
 // slots and up to maxItems records or reservations an older version
 // stored (not counted per state, or not in the quota counts). The states
 // are not read at one instant: a holder that moves back to a state read
-// already is missed, and so is one filed during a reconcile pass under a
-// key the pass found empty before (passMemo); see exactTally.
+// already is missed; see exactTally.
 func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []item, error) {
 	h := holders{}
 	legacy := map[string]item{}
@@ -214,9 +213,6 @@ func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []ite
 // after it (exactCtx).
 func (s *Store) exactTally(ctx context.Context) (*slotTally, error) {
 	h := holders{}
-	// Every creating key is read, even one a reconcile pass found empty
-	// (passMemo): a reservation filed there since must be found here.
-	ctx = withoutPass(ctx)
 	if err := s.eachItemInState(ctx, core.StateCreating, func(it item) { h.see(core.StateCreating, it) }); err != nil {
 		return nil, err
 	}

@@ -133,8 +133,8 @@ func TestSample(t *testing.T) {
 					if want := ids[:min(len(ids), limit)]; !slices.Equal(gotIDs, want) && len(want)+len(gotIDs) > 0 {
 						t.Errorf("Sample = %v, want the pool's order %v", gotIDs, want)
 					}
-					if want := ddbstore.ShardsOf(core.StateWarm) + 1; queries != want {
-						t.Errorf("queries = %d, want %d (every shard and the legacy key)", queries, want)
+					if want := ddbstore.ShardsOf(core.StateWarm); queries != want {
+						t.Errorf("queries = %d, want %d (every shard)", queries, want)
 					}
 					continue
 				}

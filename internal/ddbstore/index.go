@@ -58,9 +58,9 @@ func shardsOf(st core.State) int {
 }
 
 // queryParallel bounds the shard queries one fan-out runs at once: every
-// index key of a state (its shards and the legacy key) in one round, so
-// a fan-out costs one query's latency, not three.
-const queryParallel = IndexShards + 1
+// index key of a state in one round, so a fan-out costs one query's
+// latency, not three.
+const queryParallel = IndexShards
 
 // ConcurrentCalls is the most DynamoDB calls one store operation runs at
 // once (a fan-out over a state's index keys). The HTTP transport of a
@@ -83,33 +83,30 @@ func shardOf(st core.State, id string) int {
 // members are all filed under the first shard (poolShard).
 func statePK(deployment string, s core.State, id string) string {
 	if s == core.StatePooled {
-		return legacyStatePK(deployment, s) + "#" + strconv.Itoa(poolShard)
+		return stateShardPK(deployment, s, poolShard)
 	}
-	return legacyStatePK(deployment, s) + "#" + strconv.Itoa(shardOf(s, id))
+	return stateShardPK(deployment, s, shardOf(s, id))
 }
 
 // poolShard is the one index shard pool members are filed under, so that
-// an acquire finds some in one query however few there are (queries over
-// every shard still find members an older version spread). A pool is
+// an acquire finds some in one query however few there are. A pool is
 // small, and every write that files or unfiles a member also writes the
 // pool's one count item (POOL#), so the one key bounds nothing further.
 const poolShard = 0
 
-// legacyStatePK is the unsharded key entries had before the index was
-// spread; queries still read it, so entries written by an older version
-// (until their record's next transition re-files them) are found.
-func legacyStatePK(deployment string, s core.State) string {
-	return "ST#" + deployment + "#" + string(s)
+// stateShardPK is the index partition key of shard n of state.
+func stateShardPK(deployment string, s core.State, n int) string {
+	return "ST#" + deployment + "#" + string(s) + "#" + strconv.Itoa(n)
 }
 
-// statePKs lists every partition key a query over state reads: the shards
-// and the legacy key.
+// statePKs lists every partition key a query over state reads: its
+// shards.
 func statePKs(deployment string, s core.State) []string {
-	pks := make([]string, 0, shardsOf(s)+1)
-	for n := range shardsOf(s) {
-		pks = append(pks, legacyStatePK(deployment, s)+"#"+strconv.Itoa(n))
+	pks := make([]string, shardsOf(s))
+	for n := range pks {
+		pks[n] = stateShardPK(deployment, s, n)
 	}
-	return append(pks, legacyStatePK(deployment, s))
+	return pks
 }
 
 // keyQuery is a query over one partition key, pk.
@@ -117,22 +114,6 @@ type keyQuery struct {
 	pk string
 	in *dynamodb.QueryInput
 }
-
-// memoUse is how a read uses the reconcile pass's memo of empty keys
-// (passMemo).
-type memoUse int
-
-const (
-	// memoNone reads every key.
-	memoNone memoUse = iota
-	// memoSkip skips the keys the pass found empty: for reads that may
-	// miss an entry filed since (see passMemo).
-	memoSkip
-	// memoSkipMark also remembers the keys it finds empty; only for reads
-	// of whole keys (no sort-key condition), whose empty answer means the
-	// key held nothing.
-	memoSkipMark
-)
 
 // shardQuery pages one partition key's items in sort-key order.
 type shardQuery struct {
@@ -157,28 +138,17 @@ func (q *shardQuery) fill(ctx context.Context, s *Store, what string) error {
 // eachMerged runs the queries kqs (each over one partition key, in
 // sort-key order) and calls fn with their items merged in the order of
 // key, until fn returns false or every query is done. Every query's first
-// page is read in parallel; later pages as the merge reaches them. use
-// says how the reads use a reconcile pass's memo of empty keys.
-func (s *Store) eachMerged(ctx context.Context, what string, kqs []keyQuery, use memoUse, key func(map[string]types.AttributeValue) string, fn func(map[string]types.AttributeValue) bool) error {
-	memo := memoOf(ctx)
+// page is read in parallel; later pages as the merge reaches them.
+func (s *Store) eachMerged(ctx context.Context, what string, kqs []keyQuery, key func(map[string]types.AttributeValue) string, fn func(map[string]types.AttributeValue) bool) error {
 	qs := make([]*shardQuery, 0, len(kqs))
 	for _, kq := range kqs {
-		if use != memoNone && memo.known(kq.pk) {
-			continue
-		}
 		qs = append(qs, &shardQuery{pk: kq.pk, p: dynamodb.NewQueryPaginator(s.db, kq.in)})
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(queryParallel)
 	for _, q := range qs {
 		g.Go(func() error {
-			if err := q.fill(gctx, s, what); err != nil {
-				return err
-			}
-			if use == memoSkipMark && len(q.buf) == 0 {
-				memo.found(q.pk)
-			}
-			return nil
+			return q.fill(gctx, s, what)
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -218,10 +188,6 @@ func (s *Store) eachInState(ctx context.Context, state core.State, sk *expressio
 // only.
 func (s *Store) eachInKeys(ctx context.Context, pks []string, state core.State, sk *expression.KeyConditionBuilder, page int32, fn func(map[string]types.AttributeValue) bool) error {
 	kqs := make([]keyQuery, len(pks))
-	use := memoSkipMark
-	if sk != nil {
-		use = memoSkip
-	}
 	for i, pk := range pks {
 		kc := expression.Key(AttrGSI1PK).Equal(expression.Value(pk))
 		if sk != nil {
@@ -239,7 +205,7 @@ func (s *Store) eachInKeys(ctx context.Context, pks []string, state core.State, 
 		}
 		kqs[i] = keyQuery{pk: pk, in: in}
 	}
-	return s.eachMerged(ctx, "query "+string(state), kqs, use, entrySK, fn)
+	return s.eachMerged(ctx, "query "+string(state), kqs, entrySK, fn)
 }
 
 // recordsInState lists up to limit records in state (sk narrowing the
@@ -264,8 +230,7 @@ func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expres
 
 // sampleShards is how many index shards of state st, picked at random, a
 // sampled query reads first (a quarter of them); sampleEnough is how many
-// entries it must find there, else it reads the other shards and the
-// legacy key too.
+// entries it must find there, else it reads the other shards too.
 func sampleShards(st core.State) int { return shardsOf(st) / 4 }
 
 const sampleEnough = 4
@@ -276,11 +241,10 @@ const sampleEnough = 4
 // id. When those hold fewer than sampleEnough entries (or than limit, if
 // smaller) it reads every other key too and merges, so the answer is then
 // exactly recordsInState's (and it is empty only when the state has no
-// entry). Entries under the legacy key are read only then.
+// entry).
 func (s *Store) sampleInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, limit int) ([]core.Record, error) {
 	pks := statePKs(s.deployment, state)
-	shards := pks[:shardsOf(state)]
-	rand.Shuffle(len(shards), func(i, j int) { shards[i], shards[j] = shards[j], shards[i] })
+	rand.Shuffle(len(pks), func(i, j int) { pks[i], pks[j] = pks[j], pks[i] })
 	collect := func(keys []string) ([]map[string]types.AttributeValue, error) {
 		var avs []map[string]types.AttributeValue
 		err := s.eachInKeys(ctx, keys, state, sk, int32(limit), func(av map[string]types.AttributeValue) bool {
@@ -376,8 +340,8 @@ func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Re
 // short, since a short count could let the ledger repair admit too many.
 const maxCountPages = 1000
 
-// countState counts state's index entries: one COUNT query per shard (and
-// the legacy key), in parallel.
+// countState counts state's index entries: one COUNT query per shard, in
+// parallel.
 func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
 	pks := statePKs(s.deployment, state)
 	counts := make([]int, len(pks))

@@ -27,8 +27,7 @@
 // "ST#<deployment>#<state>#<n>" with n = FNV-1a(sandbox id or reservation
 // token) mod that count, gsi1sk = "<unix ms, 15 digits>#<id>"
 // (park time for warm and paused records). A query over a state reads
-// every shard (and the unsharded key "ST#<deployment>#<state>" older
-// versions wrote) and merges them by gsi1sk, so the index is still the
+// every shard and merges them by gsi1sk, so the index is still the
 // LRU order of warm and paused records. Gone records leave the index and
 // get a "ttl" (DynamoDB TTL, garbage collection only, never correctness).
 //

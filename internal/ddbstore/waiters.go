@@ -210,7 +210,7 @@ func (s *Store) eachTicketIn(ctx context.Context, r headRead, fn func(ticketItem
 		}
 		kqs[i] = keyQuery{pk: pk, in: in}
 	}
-	return s.eachMerged(ctx, "query wait queue", kqs, memoNone, itemSK, func(av map[string]types.AttributeValue) bool {
+	return s.eachMerged(ctx, "query wait queue", kqs, itemSK, func(av map[string]types.AttributeValue) bool {
 		var t ticketItem
 		if err := attributevalue.UnmarshalMap(av, &t); err != nil {
 			return fn(t, fmt.Errorf("decode ticket: %w", err))

@@ -6,8 +6,7 @@
 // following, regular files only, NUL-terminated records of size, mtime and
 // path); a per-thread manifest in S3 at
 // <prefix>/.broker/manifests/<tenant>/<user>/<thread>.json (a segment no
-// tenant id can spell; manifests at the former <prefix>/_manifests/… are
-// still read and moved on the next pass), tied to the sandbox id;
+// tenant id can spell), tied to the sandbox id;
 // every new or changed file (size or mtime differ) streamed from the sandbox
 // to <prefix>/<tenant>/<user>/<thread>/<outputs|workspace>/<rel> with
 // bounded memory and full-object CRC32 checksums that S3 verifies; caps on files,

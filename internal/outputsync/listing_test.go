@@ -147,7 +147,7 @@ func TestKeys(t *testing.T) {
 
 // TestBrokerObjectsOutsideEveryTenantTree: no thread prefix, whatever its
 // tenant, user and thread ids (tenants named like the broker's segments
-// included), is a prefix of any thread's manifest key, current or legacy.
+// included), is a prefix of any thread's manifest key.
 func TestBrokerObjectsOutsideEveryTenantTree(t *testing.T) {
 	ids := []string{"acme", "_manifests", "_broker", "broker", "manifests", "-", "_", "u1", "t1", "outputs", "workspace"}
 	var keys []core.ThreadKey
@@ -168,14 +168,6 @@ func TestBrokerObjectsOutsideEveryTenantTree(t *testing.T) {
 			for _, k := range keys {
 				if m := manifestKey(prefix, k); strings.HasPrefix(m, tp) {
 					t.Fatalf("manifest %q of %v lies under the tree %q of %v", m, k, tp, owner)
-				}
-				// A legacy manifest may lie under a "_manifests" tenant's
-				// tree, but no object key of that tree can be one.
-				if m := legacyManifestKey(prefix, k); strings.HasPrefix(m, tp) {
-					rel := strings.TrimPrefix(m, tp)
-					if dir, _, _ := strings.Cut(rel, "/"); isMirrored(dir) {
-						t.Fatalf("legacy manifest %q of %v is an object key %q of %v", m, k, rel, owner)
-					}
 				}
 			}
 		}

@@ -38,8 +38,6 @@ type Manifest struct {
 	// bytes, time) or an incomplete listing; ResumeRestore (next acquire)
 	// and Sync continue it.
 	RestorePending bool `json:"restore_pending,omitempty"`
-	// legacy: read from legacyManifestKey; store it at manifestKey.
-	legacy bool
 }
 
 // ManifestEntry records one uploaded file as it was listed in the sandbox
@@ -99,19 +97,9 @@ func loadManifest(ctx context.Context, c S3API, bucket, key string) (m *Manifest
 	return m, true, false, nil
 }
 
-// loadThreadManifest reads the manifest of a thread: at manifestKey, else
-// at legacyManifestKey (written by earlier versions). The caller stores it
-// back at manifestKey.
+// loadThreadManifest reads the manifest of a thread, at manifestKey.
 func loadThreadManifest(ctx context.Context, c S3API, bucket, prefix string, k core.ThreadKey) (m *Manifest, found, corrupt bool, err error) {
-	m, found, corrupt, err = loadManifest(ctx, c, bucket, manifestKey(prefix, k))
-	if err != nil || found {
-		return m, found, corrupt, err
-	}
-	m, found, corrupt, err = loadManifest(ctx, c, bucket, legacyManifestKey(prefix, k))
-	if m != nil {
-		m.legacy = true
-	}
-	return m, found, corrupt, err
+	return loadManifest(ctx, c, bucket, manifestKey(prefix, k))
 }
 
 // storeManifest writes m at key (seekable body: plain-HTTP endpoints need

@@ -97,17 +97,6 @@ func manifestKey(prefix string, k core.ThreadKey) string {
 	return joinKey(prefix, brokerSegment, "manifests", k.Tenant, k.User, k.Thread+".json")
 }
 
-// legacyManifestKey is where manifests used to be stored,
-// "<prefix>/_manifests/<tenant>/<user>/<thread>.json": the tree of a tenant
-// named "_manifests". A manifest is read from there only when manifestKey
-// has none, and is then stored at manifestKey. Reading it stays safe: every
-// object key of a tenant has "outputs" or "workspace" as its fourth segment
-// below the prefix, never "<thread>.json", so no tenant's sync can have
-// written one of these keys.
-func legacyManifestKey(prefix string, k core.ThreadKey) string {
-	return joinKey(prefix, "_manifests", k.Tenant, k.User, k.Thread+".json")
-}
-
 func joinKey(prefix string, parts ...string) string {
 	if prefix == "" {
 		return strings.Join(parts, "/")

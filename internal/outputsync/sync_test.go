@@ -1039,32 +1039,3 @@ func TestSync_ThreadQuota(t *testing.T) {
 		t.Errorf("thread stores %d bytes, quota 25", total)
 	}
 }
-
-// TestSync_ReadsLegacyManifest: a manifest stored where earlier versions
-// kept it (<prefix>/_manifests/…) is still honoured (nothing is uploaded
-// again) and is stored at the broker's own key afterwards.
-func TestSync_ReadsLegacyManifest(t *testing.T) {
-	t.Parallel()
-	e := newSyncEnv(t)
-	writeFile(t, e.sb.home, "outputs/a.txt", []byte("hello"), t0)
-	s := e.syncer(Options{})
-	e.mustSync(s, "sb1")
-	m := e.manifest()
-	ctx := context.Background()
-	if err := storeManifest(ctx, e.client, e.bucket, legacyManifestKey(testPrefix, e.key), &m); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(e.bucket), Key: aws.String(manifestKey(testPrefix, e.key))}); err != nil {
-		t.Fatal(err)
-	}
-	e.sb.resetOpens()
-
-	res := e.mustSync(s, "sb1")
-
-	if res.Uploaded != 0 || res.Skipped != 1 || len(e.sb.openedPaths()) != 0 {
-		t.Fatalf("result %+v, opened %v; want the legacy manifest honoured (1 skipped, nothing read)", res, e.sb.openedPaths())
-	}
-	if got := e.manifest(); got.SandboxID != "sb1" || len(got.Files) != 1 {
-		t.Fatalf("manifest at %s = %+v, want the legacy one moved there", manifestKey(testPrefix, e.key), got)
-	}
-}

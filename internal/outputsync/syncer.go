@@ -310,7 +310,7 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 		return core.SyncResult{}, err
 	}
 	files, bad, listIncomplete, m, found, corrupt := in.files, in.bad, in.listIncomplete, in.m, in.found, in.corrupt
-	p := &pass{m: m, dirty: m != nil && m.legacy, mkey: mkey, log: log}
+	p := &pass{m: m, mkey: mkey, log: log}
 	switch {
 	case corrupt:
 		log.WarnContext(ctx, "discarding unreadable manifest", "key", mkey)
