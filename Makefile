@@ -55,11 +55,12 @@ test: deps build ## run all tests with the race detector, in shuffled order
 # The fast tier: unit tests and the engine's tests on the in-memory store,
 # no stand-in started (testenv.NeedsStandIns skips the tests that need
 # DynamoDB Local or versitygw under -short). The end-to-end, fault and CDK
-# synth suites are make test's.
+# synth suites are make test's. -p 8: most of these packages' time is
+# waiting (timers, subprocesses), which overlaps well beyond the CPUs.
 SHORT_PKGS := ./internal/... ./pkg/... ./cmd/... ./functions/...
 
 test-short: ## run the unit and in-memory engine tests (no emulators; under a minute warm)
-	$(GO) test -short -race -count=1 $(SHORT_PKGS)
+	$(GO) test -short -race -count=1 -p 8 $(SHORT_PKGS)
 
 bench: ## run the benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./...
