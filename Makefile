@@ -14,7 +14,7 @@ LAMBDA_ARCH  ?= $(shell $(GO) env GOARCH)
 DEPLOY_ARCH  := arm64
 DEPLOY_BUILD ?= $(BUILD)/deploy
 
-.PHONY: help deps build deploy-build print-deploy-build run test bench fuzz vet fmt clean synth deploy
+.PHONY: help deps build deploy-build print-deploy-build run test test-short bench fuzz vet fmt clean synth deploy
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -51,6 +51,16 @@ run: deps build ## start the local stack (devstack); SANDBOX_* and BROKER_* env 
 # keep the CPUs busy rather than alone at the end.
 test: deps build ## run all tests with the race detector, in shuffled order
 	$(GO) test -race -count=1 -shuffle=on -timeout 20m ./test/faults ./...
+
+# The fast tier: unit tests and the engine's tests on the in-memory store,
+# no stand-in started (testenv.NeedsStandIns skips the tests that need
+# DynamoDB Local or versitygw under -short). The end-to-end, fault and CDK
+# synth suites are make test's. -p 8: most of these packages' time is
+# waiting (timers, subprocesses), which overlaps well beyond the CPUs.
+SHORT_PKGS := ./internal/... ./pkg/... ./cmd/... ./functions/...
+
+test-short: ## run the unit and in-memory engine tests (no emulators; under a minute warm)
+	$(GO) test -short -race -count=1 -p 8 $(SHORT_PKGS)
 
 bench: ## run the benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./...

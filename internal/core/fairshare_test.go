@@ -199,7 +199,7 @@ func TestTenantQuotaAcrossUsers(t *testing.T) {
 // fair-share tenant sets, so fair shares are divided among those holding
 // slots.
 func TestReconcileDropsIdleTenantsFromFairShare(t *testing.T) {
-	h := newRecHarness(t, nil)
+	h := newDDBRecHarness(t, nil)
 	ctx := context.Background()
 	h.acquire(t, "t1") // acme holds a slot
 	g := tenantKey("globex", "g1")

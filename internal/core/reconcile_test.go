@@ -17,6 +17,8 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/core/coretest"
 	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/memstore"
+	"github.com/sandbox-broker/sandbox-broker/internal/storetest"
 	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 )
 
@@ -87,9 +89,12 @@ func (p *faultProvider) Kill(ctx context.Context, id string) error {
 }
 
 type recHarness struct {
+	// store is the engines' store: in memory (newRecHarness), or on
+	// DynamoDB Local (newDDBRecHarness: then db and table reach its
+	// table, for items a test loses or corrupts).
+	store storetest.Store
 	db    *dynamodb.Client
 	table string
-	store *ddbstore.Store
 	fake  *coretest.FakeProvider
 	prov  *faultProvider
 	clock *recClock
@@ -99,12 +104,25 @@ type recHarness struct {
 	opts  []core.Option // more options for engine
 }
 
-// newRecHarness wires an engine over a fresh DynamoDB Local table and the
+// newRecHarness wires an engine over a fresh in-memory store and the
 // fault-injecting fake provider.
 func newRecHarness(t *testing.T, mutate func(*core.Settings, *core.ReconcileSettings)) *recHarness {
 	t.Helper()
+	return wireRec(t, &recHarness{store: memstore.New()}, mutate)
+}
+
+// newDDBRecHarness is newRecHarness over a fresh DynamoDB Local table.
+func newDDBRecHarness(t *testing.T, mutate func(*core.Settings, *core.ReconcileSettings)) *recHarness {
+	t.Helper()
 	db := testenv.DynamoClient(t)
 	table := freshTable(t, db, "rec")
+	return wireRec(t, &recHarness{store: ddbstore.New(db, table, "test"), db: db, table: table}, mutate)
+}
+
+// wireRec builds h's engine with the settings mutate makes of the
+// reconcile tests' defaults (deployment "test", 50 replicas).
+func wireRec(t *testing.T, h *recHarness, mutate func(*core.Settings, *core.ReconcileSettings)) *recHarness {
+	t.Helper()
 	s := core.DefaultSettings()
 	s.Deployment = "test"
 	s.Replicas = 50
@@ -114,8 +132,7 @@ func newRecHarness(t *testing.T, mutate func(*core.Settings, *core.ReconcileSett
 		mutate(&s, &rs)
 	}
 	fake := coretest.NewFakeProvider()
-	h := &recHarness{db: db, table: table, store: ddbstore.New(db, table, s.Deployment), fake: fake,
-		prov: &faultProvider{FakeProvider: fake}, clock: &recClock{}, s: s, rs: rs}
+	h.fake, h.prov, h.clock, h.s, h.rs = fake, &faultProvider{FakeProvider: fake}, &recClock{}, s, rs
 	h.eng = h.engine(t)
 	return h
 }
@@ -220,7 +237,7 @@ func (h *recHarness) state(t *testing.T, id string) core.State {
 
 // A duplicate whose record a peer holds a live lease on is left for later.
 func TestReconcileDefersDuplicateWithLivePeerLease(t *testing.T) {
-	h := newRecHarness(t, func(_ *core.Settings, rs *core.ReconcileSettings) { rs.Grace = 0 })
+	h := newDDBRecHarness(t, func(_ *core.Settings, rs *core.ReconcileSettings) { rs.Grace = 0 })
 	ctx := context.Background()
 	dup := h.acquire(t, "t1")
 	now := h.clock.now()
@@ -348,7 +365,7 @@ func TestReconcileHonorsWallClockBudget(t *testing.T) {
 
 // Sandboxes the store has no record of are adopted back from their metadata.
 func TestReconcileAdoptsCanonicalAfterStoreLosesRecords(t *testing.T) {
-	h := newRecHarness(t, nil)
+	h := newDDBRecHarness(t, nil)
 	rec := h.acquire(t, "t1")
 	h.deleteItem(t, "SBX#"+rec.SandboxID)
 	h.deleteItem(t, "THR#acme#alice#t1")
@@ -498,7 +515,7 @@ func TestReconcileDeadDetectionWaitsForCompleteInventory(t *testing.T) {
 }
 
 func TestReconcileRepairsLedgerWithoutOverwritingConcurrentAcquire(t *testing.T) {
-	h := newRecHarness(t, nil)
+	h := newDDBRecHarness(t, nil)
 	h.acquire(t, "t1")
 	h.driftBucket(t, 4)
 	if st := h.pass(t); st.LedgerRepaired != 0 {

@@ -162,8 +162,10 @@ func TestUsageMeteringCoversLifetime(t *testing.T) {
 		t.Fatalf("events %v: want created first, destroyed last", events.seen(rec.SandboxID))
 	}
 	// Metered from the create's start (after began) to the free (before
-	// the destroyed event), across every advance of the clock.
-	advanced, most := (4*17*time.Second + 2*time.Minute).Seconds(), destroyed.Time.Sub(began).Seconds()
+	// the destroyed event), across every advance of the clock; stores
+	// keep whole milliseconds, so the start may read up to one before
+	// began.
+	advanced, most := (4*17*time.Second + 2*time.Minute).Seconds(), destroyed.Time.Sub(began.Truncate(time.Millisecond)).Seconds()
 	if running < advanced || running > most {
 		t.Errorf("metered running seconds = %.3f, want between the %.0f s the clock was advanced and the %.3f s from the first acquire to the destroyed event", running, advanced, most)
 	}

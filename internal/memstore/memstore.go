@@ -268,6 +268,7 @@ func (s *Store) Claim(_ context.Context, c core.Claim) (core.Record, error) {
 	if len(c.From) == 0 {
 		return core.Record{}, errors.New("claim: no source states")
 	}
+	c = msClaim(c)
 	return s.writeRecord("Claim", func() (core.Record, error) {
 		e, err := s.claimable(c, "")
 		if err != nil {
@@ -315,6 +316,7 @@ func (s *Store) checkBelow(c core.Claim) error {
 // Apply makes a fenced update (see core.Update). With UnlessDraining it
 // returns the zero Record, as the DynamoDB store does.
 func (s *Store) Apply(_ context.Context, u core.Update) (core.Record, error) {
+	u.Now, u.ParkedAt, u.ExpiresAt = ms(u.Now), ms(u.ParkedAt), ms(u.ExpiresAt)
 	return s.writeRecord("Apply", func() (core.Record, error) {
 		e, ok := s.records[u.SandboxID]
 		if !ok {
@@ -371,4 +373,30 @@ func (s *Store) SetDraining(_ context.Context, draining bool) error {
 		}
 		return nil
 	})
+}
+
+// ms is t as the DynamoDB store keeps it: whole milliseconds, UTC (the
+// zero time stays zero), so that times read back, and the metering
+// intervals summed from them, are the same on both stores.
+func ms(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return time.UnixMilli(t.UnixMilli()).UTC()
+}
+
+// msRecord is rec with its times (and PausedFor) in whole milliseconds.
+func msRecord(rec core.Record) core.Record {
+	for _, t := range []*time.Time{&rec.LeaseExpiresAt, &rec.CreatedAt, &rec.UpdatedAt, &rec.ParkedAt, &rec.ExpiresAt,
+		&rec.DestroyingSince, &rec.MeteredAt, &rec.PrevMeteredAt} {
+		*t = ms(*t)
+	}
+	rec.PausedFor = rec.PausedFor.Truncate(time.Millisecond)
+	return rec
+}
+
+// msClaim is c with its times in whole milliseconds.
+func msClaim(c core.Claim) core.Claim {
+	c.Now, c.LeaseUntil = ms(c.Now), ms(c.LeaseUntil)
+	return c
 }

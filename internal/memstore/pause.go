@@ -18,6 +18,7 @@ func (s *Store) claimPause(op string, c core.Claim, limit int, check func(*entry
 	if c.LeaseUntil.IsZero() {
 		return core.Record{}, fmt.Errorf("%s: a lease is required", op)
 	}
+	c = msClaim(c)
 	return s.writeRecord(op, func() (core.Record, error) {
 		e, err := s.claimable(c, "")
 		if err != nil {
@@ -53,8 +54,9 @@ func (s *Store) ClaimPause(_ context.Context, c core.Claim, limit int) (core.Rec
 // ClaimReleasePause moves a releasing record at r.Fence to pausing,
 // parked at r.Claim.Now and ending at r.ExpiresAt, as ClaimPause.
 func (s *Store) ClaimReleasePause(_ context.Context, r core.ReleasePause) (core.Record, error) {
-	c := r.Claim
+	c := msClaim(r.Claim)
 	c.From = []core.State{core.StateReleasing}
+	r.ExpiresAt = ms(r.ExpiresAt)
 	return s.claimPause("ClaimReleasePause", c, r.Limit, func(e *entry) bool { return e.rec.Fence == r.Fence },
 		func(e *entry) { e.rec.ParkedAt, e.rec.ExpiresAt = c.Now, r.ExpiresAt })
 }
@@ -63,6 +65,7 @@ func (s *Store) ClaimReleasePause(_ context.Context, r core.ReleasePause) (core.
 // (else ErrStaleFence) and returns its entry with the settle's common
 // moves made: to state st at now (listed at at), fence up, lease cleared.
 func (s *Store) settle(op string, rec core.Record, now, at time.Time, st core.State, from ...core.State) (*entry, error) {
+	now, at = ms(now), ms(at)
 	e, ok := s.records[rec.SandboxID]
 	if !ok || e.rec.Fence != rec.Fence || !slices.Contains(from, e.rec.State) {
 		return nil, fmt.Errorf("%s %s fence %d: %w", op, rec.SandboxID, rec.Fence, core.ErrStaleFence)
@@ -87,7 +90,7 @@ func (s *Store) settlePause(op string, rec core.Record, now, at time.Time, st co
 		}
 		e.quota = false
 		e.rec.Slots.NoRunning = true
-		e.rec.ParkedAt, e.rec.ExpiresAt = now, time.Time{}
+		e.rec.ParkedAt, e.rec.ExpiresAt = ms(now), time.Time{}
 		return e.rec, nil
 	})
 }
@@ -110,7 +113,7 @@ func (s *Store) abortPause(op string, rec core.Record, now time.Time, st core.St
 			s.freePaused(e)
 		}
 		if parkedAt != nil {
-			e.rec.ParkedAt = *parkedAt
+			e.rec.ParkedAt = ms(*parkedAt)
 		}
 		return e.rec, nil
 	})
@@ -125,7 +128,7 @@ func (s *Store) AbortPause(_ context.Context, rec core.Record, now time.Time) (c
 // ClaimResume moves a paused record of r.Key's thread to resuming under
 // the lease and takes a running slot as Reserve does.
 func (s *Store) ClaimResume(_ context.Context, r core.ResumeClaim) (core.Record, error) {
-	c := r.Claim
+	c := msClaim(r.Claim)
 	c.From = []core.State{core.StatePaused}
 	c.Tenant = r.Key.Tenant
 	if c.LeaseUntil.IsZero() {
@@ -162,7 +165,7 @@ func (s *Store) SettleResume(_ context.Context, rec core.Record, now, expiresAt 
 			s.freePaused(e)
 		}
 		e.rec.Slots = core.Slots{}
-		e.rec.ParkedAt, e.rec.ExpiresAt, e.rec.PausedFor = time.Time{}, expiresAt, rec.PausedFor
+		e.rec.ParkedAt, e.rec.ExpiresAt, e.rec.PausedFor = time.Time{}, ms(expiresAt), rec.PausedFor.Truncate(time.Millisecond)
 		return e.rec, nil
 	})
 }

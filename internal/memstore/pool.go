@@ -12,6 +12,7 @@ import (
 // places for a refill's create: ErrPoolFull when the places are taken, a
 // *CapacityError when the slots are (or the deployment drains).
 func (s *Store) ReservePool(_ context.Context, r core.PoolReservation) error {
+	r.Now, r.ExpiresAt = ms(r.Now), ms(r.ExpiresAt)
 	return s.write("ReservePool", func() error {
 		if s.pool >= r.Size {
 			return core.ErrPoolFull
@@ -41,6 +42,7 @@ func (s *Store) notLive(id string) bool {
 // record rec (its slot and place carry over); ErrConflict when the
 // reservation is gone or a live record has the id.
 func (s *Store) FinalizePool(_ context.Context, token string, rec core.Record) (core.Record, error) {
+	rec = msRecord(rec)
 	return s.writeRecord("FinalizePool", func() (core.Record, error) {
 		res, ok := s.reservations[token]
 		if !ok || res.quota || !s.notLive(rec.SandboxID) {
@@ -74,6 +76,7 @@ func (s *Store) SomePoolMembers(_ context.Context, limit int) ([]core.Record, er
 // (no longer pooled as listed), ErrThreadBound, ErrGrantLost, then the
 // quotas, draining and capacity (see core.PoolStore).
 func (s *Store) ClaimPoolMember(_ context.Context, c core.PoolClaim) (core.Record, error) {
+	c.Now, c.LeaseUntil, c.Member = ms(c.Now), ms(c.LeaseUntil), msRecord(c.Member)
 	return s.writeRecord("ClaimPoolMember", func() (core.Record, error) {
 		m := c.Member
 		e, ok := s.records[m.SandboxID]
@@ -142,6 +145,7 @@ func (s *Store) AbortPoolPause(_ context.Context, rec core.Record, now time.Time
 // it is gone), else taking new ones without a limit check.
 func (s *Store) AdoptPoolSandbox(_ context.Context, rec core.Record, reservation string) (core.Record, error) {
 	rec.ThreadKey, rec.Slots = core.ThreadKey{}, core.Slots{}
+	rec = msRecord(rec)
 	return s.writeRecord("AdoptPoolSandbox", func() (core.Record, error) {
 		if !s.notLive(rec.SandboxID) {
 			return core.Record{}, fmt.Errorf("adopt pool sandbox %s: %w", rec.SandboxID, core.ErrConflict)

@@ -52,7 +52,7 @@ func (s *Store) bindingFrom(key core.ThreadKey, from core.Binding, bound bool) b
 // a condition fails, nothing written.
 func (s *Store) Adopt(_ context.Context, a core.Adoption) (core.Record, error) {
 	return s.writeRecord("Adopt", func() (core.Record, error) {
-		rec := a.Record
+		rec := msRecord(a.Record)
 		_, exists := s.records[rec.SandboxID]
 		res, resOK := s.reservations[a.Reservation]
 		switch {
@@ -119,6 +119,7 @@ func (s *Store) ClaimDuplicate(_ context.Context, c core.Claim, key core.ThreadK
 	if len(c.From) == 0 || c.To == "" || c.LeaseUntil.IsZero() {
 		return core.Record{}, errors.New("claim duplicate: need source states, a target state and a lease")
 	}
+	c = msClaim(c)
 	return s.writeRecord("ClaimDuplicate", func() (core.Record, error) {
 		e, err := s.claimable(c, "")
 		if err != nil {
@@ -139,6 +140,7 @@ func (s *Store) ClaimDuplicate(_ context.Context, c core.Claim, key core.ThreadK
 // FirstSeen records now as id's first sighting unless one is recorded,
 // and returns the first sighting.
 func (s *Store) FirstSeen(_ context.Context, id string, now time.Time) (time.Time, error) {
+	now = ms(now)
 	var out time.Time
 	err := s.write("FirstSeen", func() error {
 		if t, ok := s.firstSeen[id]; ok {
@@ -166,6 +168,7 @@ func (s *Store) SaveCursor(_ context.Context, c core.ReconcileCursor) error {
 			return fmt.Errorf("save reconcile cursor: version %d, stored %d: %w", c.Version, s.cursor.Version, core.ErrConflict)
 		}
 		c.Version++
+		c.CycleStart = ms(c.CycleStart)
 		s.cursor, s.cursorSaved = c, true
 		return nil
 	})

@@ -119,6 +119,7 @@ func (s *Store) takePaused(e *entry) {
 // binding, an existing reservation, the grant, the quotas, draining,
 // capacity.
 func (s *Store) Reserve(_ context.Context, r core.Reservation) error {
+	r.Now, r.ExpiresAt = ms(r.Now), ms(r.ExpiresAt)
 	return s.write("Reserve", func() error {
 		if !s.bindingIs(r.ThreadKey, r.ReplaceSandboxID, r.ReplaceReservation) {
 			return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
@@ -142,6 +143,7 @@ func (s *Store) Reserve(_ context.Context, r core.Reservation) error {
 // to it; ErrConflict when the reservation is gone, the binding no longer
 // names it or the record exists.
 func (s *Store) Finalize(_ context.Context, token string, rec core.Record) (core.Record, error) {
+	rec = msRecord(rec)
 	return s.writeRecord("Finalize", func() (core.Record, error) {
 		res, ok := s.reservations[token]
 		b, bound := s.bindings[rec.ThreadKey]
@@ -200,6 +202,7 @@ func (s *Store) movePool(delta int) {
 // Free marks rec gone (fenced by rec.Fence: else ErrStaleFence) and frees
 // every slot and place it holds.
 func (s *Store) Free(_ context.Context, rec core.Record, now time.Time) error {
+	now = ms(now)
 	return s.write("Free", func() error {
 		e, ok := s.records[rec.SandboxID]
 		if !ok || e.rec.Fence != rec.Fence || e.rec.State == core.StateGone {

@@ -92,7 +92,7 @@ func (s *Store) EnterWait(_ context.Context, w core.Waiter) (core.Ticket, error)
 	}
 	var out core.Ticket
 	err := s.write("EnterWait", func() error {
-		now := w.Now.Truncate(time.Millisecond)
+		now := ms(w.Now)
 		free, latest := -1, -1
 		for n := range w.Max {
 			p, ok := s.places[placeKey{w.Tenant, n}]
@@ -119,7 +119,7 @@ func (s *Store) EnterWait(_ context.Context, w core.Waiter) (core.Ticket, error)
 			round = max(round, latest+1)
 		}
 		out = core.Ticket{ID: w.Ticket, Tenant: w.Tenant, Place: free, Round: round, Key: fairKey(round, now, w.Ticket),
-			Arrived: now, Until: w.Until.Truncate(time.Millisecond)}
+			Arrived: now, Until: ms(w.Until)}
 		s.places[placeKey{w.Tenant, free}] = place{ticket: w.Ticket, until: out.Until, round: round}
 		s.queue = append(s.queue, &ticket{t: out})
 		sort.SliceStable(s.queue, func(i, j int) bool { return s.queue[i].t.Key < s.queue[j].t.Key })
@@ -165,7 +165,7 @@ func (s *Store) passOn(g, next *ticket, now time.Time, grantFor time.Duration) {
 		s.granted--
 		return
 	}
-	next.granted, next.grantUntil = true, now.Add(grantFor).Truncate(time.Millisecond)
+	next.granted, next.grantUntil = true, ms(now.Add(grantFor))
 }
 
 // LeaveWait takes the ticket out of the queue and gives back its place; a
@@ -219,7 +219,7 @@ func (s *Store) Dispatch(_ context.Context, d core.Dispatch) (core.DispatchResul
 			}
 			s.running++
 			s.granted++
-			t.granted, t.grantUntil = true, d.Now.Add(d.GrantFor).Truncate(time.Millisecond)
+			t.granted, t.grantUntil = true, ms(d.Now.Add(d.GrantFor))
 			res.Granted = append(res.Granted, t.t)
 			waiting = waiting[1:]
 			room--

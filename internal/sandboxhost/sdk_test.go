@@ -16,6 +16,9 @@ import (
 // by metadata, pause (a background command and files survive, and connect
 // resumes it), set a timeout, kill, and a real timeout expiry.
 func TestOfficialE2BSDK(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drives the official E2B SDK, which make deps installs: skipped under -short")
+	}
 	dir, err := filepath.Abs(filepath.Join("..", "..", "test", "e2b-sdk"))
 	if err != nil {
 		t.Fatal(err)
