@@ -28,7 +28,7 @@ type callRecorder struct{ called map[string]bool }
 var _ core.Broker = (*callRecorder)(nil)
 
 func (c *callRecorder) note(m string) error { c.called[m] = true; return core.ErrNotFound }
-func (c *callRecorder) Acquire(context.Context, core.ThreadKey) (core.AcquireResult, error) {
+func (c *callRecorder) AcquireOrWait(context.Context, core.AcquireRequest) (core.AcquireResult, error) {
 	return core.AcquireResult{}, c.note("Acquire")
 }
 func (c *callRecorder) Release(context.Context, string, string) (core.ReleaseResult, error) {
