@@ -466,7 +466,17 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	// reads the secret at cold start).
 	fn.Node().AddDependency(policy)
 	overrideID(fn, f.LogicalID)
+	dependOnPolicyOnly(fn, policy)
 	return fn
+}
+
+// dependOnPolicyOnly leaves the policy as fn's only explicit dependency:
+// the Function construct also makes it depend on its role, which the
+// function's Role (a GetAtt of the role) already implies (cfn-lint W3005).
+func dependOnPolicyOnly(fn awslambda.Function, policy awsiam.Policy) {
+	cfn := fn.Node().DefaultChild().(awslambda.CfnFunction)
+	id := awscdk.Stack_Of(fn).GetLogicalId(policy.Node().DefaultChild().(awscdk.CfnElement))
+	cfn.AddOverride(jsii.String("DependsOn"), []*string{id})
 }
 
 // api defines the HTTP API: routes to the functions behind the authorizer,
