@@ -26,6 +26,12 @@ func samRaw(t *testing.T) map[string]any {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return samRawFrom(t, raw)
+}
+
+// samRawFrom is samRaw of a template's text.
+func samRawFrom(t *testing.T, raw []byte) map[string]any {
+	t.Helper()
 	js, err := intrinsics.ProcessYAML(raw, &intrinsics.ProcessorOptions{NoProcess: true})
 	if err != nil {
 		t.Fatalf("template.yaml: %v", err)

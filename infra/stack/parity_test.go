@@ -16,7 +16,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/awslabs/goformation/v7"
 	"gopkg.in/yaml.v3"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
@@ -39,7 +38,7 @@ type deployment struct {
 // functions are named by their CodeUri directory, Globals' environment is
 // merged into each function's.
 func samDeployment(file string) (deployment, error) {
-	tpl, err := goformation.OpenWithOptions(file, nil)
+	tpl, err := devstack.OpenTemplate(file)
 	if err != nil {
 		return deployment{}, err
 	}
@@ -242,7 +241,7 @@ func TestParity(t *testing.T) {
 	for _, f := range Functions {
 		want.Params = append(want.Params, f.ReservedParam())
 	}
-	want.Params = append(want.Params, "JwtAudience", "JwtIssuer")
+	want.Params = append(want.Params, "JwtAudience", "JwtIssuer", ParamAlarmEmail)
 	sort.Strings(want.Params)
 	for _, d := range diffDeployments(cdk, want, "CDK stack", "infra/stack spec") {
 		t.Error(d)
@@ -281,7 +280,7 @@ func TestParity(t *testing.T) {
 		}
 	}
 	// The parameters' defaults agree between the two templates.
-	tpl, err := goformation.OpenWithOptions(repoTemplate(), nil)
+	tpl, err := devstack.OpenTemplate(repoTemplate())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/awslabs/goformation/v7"
-
 	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 )
 
@@ -163,7 +161,7 @@ Resources:
 // TestTemplateTableMatchesStore keeps template.yaml's table in step with
 // the attribute and index names ddbstore uses.
 func TestTemplateTableMatchesStore(t *testing.T) {
-	tpl, err := goformation.OpenWithOptions(repoTemplate(t), nil)
+	tpl, err := OpenTemplate(repoTemplate(t))
 	if err != nil {
 		t.Fatal(err)
 	}
