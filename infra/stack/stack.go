@@ -104,8 +104,9 @@ type Stack struct {
 	policies map[string]awsiam.Policy
 }
 
-// DynamoDBActions are the IAM actions every function gets on the table:
-// the calls of ddbstore.API (TransactWriteItems is authorized per item as
+// DynamoDBActions are the IAM actions a function may get on the table
+// (each gets those its code calls, Function.Actions): the calls of
+// ddbstore.API (TransactWriteItems is authorized per item as
 // PutItem, UpdateItem, DeleteItem and ConditionCheckItem; the store
 // queries the table for reconcile's inventory cycle, and scans it for the
 // counter repair's exact count and sweep, which read no item GetItem
@@ -425,24 +426,30 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	// time, so the narrowest static scope is the prefix with a trailing
 	// wildcard (IAM has no other way to name "objects under a prefix").
 	objects := awscdk.Fn_Join(jsii.String(""), &[]*string{s.Bucket.BucketArn(), jsii.String("/"), prefix, jsii.String("/*")})
-	seal := stmt("SealAccessTokens", KMSActions, s.TokenKey.KeyArn())
-	seal.AddCondition(jsii.String("StringEquals"), map[string]any{
-		"kms:EncryptionContext:purpose": tokenseal.EncryptionContext["purpose"],
-	})
-	statements := []awsiam.PolicyStatement{
-		stmt("WriteOwnLogs", LogActions, logs.LogGroupArn()),
-		stmt("TableItems", DynamoDBActions, tableArn),
-		stmt("TableIndexes", DynamoDBIndexActions, indexArn(ddbstore.IndexGSI1), indexArn(ddbstore.IndexGSI2)),
-		stmt("OutputObjects", S3ObjectActions, objects),
-		stmt("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn()),
-		stmt("ReadE2BApiKey", SecretActions, s.Secret.SecretArn()),
-		seal,
+	bus := awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":events:"),
+		awscdk.Aws_REGION(), jsii.String(":"), awscdk.Aws_ACCOUNT_ID(), jsii.String(":event-bus/"), s.Params[ParamEventBusName].ValueAsString()})
+	statements := []awsiam.PolicyStatement{stmt("WriteOwnLogs", LogActions, logs.LogGroupArn())}
+	// Each statement holds the actions of its resource that f calls, and
+	// is left out when f calls none.
+	grant := func(sid string, all []string, resources ...*string) awsiam.PolicyStatement {
+		if acts := f.Granted(all); len(acts) > 0 {
+			st := stmt(sid, acts, resources...)
+			statements = append(statements, st)
+			return st
+		}
+		return nil
 	}
-	if f.PublishesEvents {
-		bus := awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":events:"),
-			awscdk.Aws_REGION(), jsii.String(":"), awscdk.Aws_ACCOUNT_ID(), jsii.String(":event-bus/"), s.Params[ParamEventBusName].ValueAsString()})
-		statements = append(statements, stmt("PublishEvents", EventActions, bus))
+	grant("TableItems", DynamoDBActions, tableArn)
+	grant("TableIndexes", DynamoDBIndexActions, indexArn(ddbstore.IndexGSI1), indexArn(ddbstore.IndexGSI2))
+	grant("OutputObjects", S3ObjectActions, objects)
+	grant("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn())
+	grant("ReadE2BApiKey", SecretActions, s.Secret.SecretArn())
+	if seal := grant("SealAccessTokens", KMSActions, s.TokenKey.KeyArn()); seal != nil {
+		seal.AddCondition(jsii.String("StringEquals"), map[string]any{
+			"kms:EncryptionContext:purpose": tokenseal.EncryptionContext["purpose"],
+		})
 	}
+	grant("PublishEvents", EventActions, bus)
 	doc := awsiam.NewPolicyDocument(&awsiam.PolicyDocumentProps{Statements: &statements})
 	policy := awsiam.NewPolicy(st, jsii.String(f.LogicalID+"Policy"), &awsiam.PolicyProps{Document: doc})
 	policy.AttachToRole(role)

@@ -42,11 +42,13 @@ func OpenTemplate(file string) (*cloudformation.Template, error) {
 
 // unparsedSAM names the properties stripUnparsed removes, by resource
 // type (an event type for a function's events): the HTTP API's access
-// logs (goformation spells them AccessLogSetting) and a schedule's retry
-// policy (goformation's ScheduleEvent has none).
+// logs (goformation spells them AccessLogSetting), a function's log group
+// (LoggingConfig) and a schedule's retry policy, which goformation's types
+// lack.
 var unparsedSAM = map[string][]string{
-	"AWS::Serverless::HttpApi": {"AccessLogSettings"},
-	"Schedule":                 {"RetryPolicy"},
+	"AWS::Serverless::HttpApi":  {"AccessLogSettings"},
+	"AWS::Serverless::Function": {"LoggingConfig"},
+	"Schedule":                  {"RetryPolicy"},
 }
 
 // stripUnparsed removes unparsedSAM's properties from doc's resources and
