@@ -240,6 +240,9 @@ func TestParity(t *testing.T) {
 		want.Params = append(want.Params, f.ReservedParam())
 	}
 	want.Params = append(want.Params, "JwtAudience", "JwtIssuer", ParamAlarmEmail)
+	for _, p := range NumberParameters {
+		want.Params = append(want.Params, p.Name)
+	}
 	sort.Strings(want.Params)
 	for _, d := range diffDeployments(cdk, want, "CDK stack", "infra/stack spec") {
 		t.Error(d)

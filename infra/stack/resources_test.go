@@ -203,8 +203,8 @@ func TestStageLogsAndThrottles(t *testing.T) {
 			t.Errorf("access log settings = %s", str(als))
 		}
 		rs := p["DefaultRouteSettings"].(map[string]any)
-		if rs["ThrottlingRateLimit"] != float64(50) || rs["ThrottlingBurstLimit"] != float64(100) {
-			t.Errorf("throttling = %s, want rate 50 burst 100", str(rs))
+		if str(rs) != `{"ThrottlingBurstLimit":{"Ref":"ApiThrottleBurst"},"ThrottlingRateLimit":{"Ref":"ApiThrottleRate"}}` {
+			t.Errorf("throttling = %s, want the parameters ApiThrottleRate and ApiThrottleBurst", str(rs))
 		}
 	}
 }

@@ -181,6 +181,41 @@ const ParamAlarmEmail = "AlarmEmail"
 // AlarmEmail).
 var CDKOnlyParameters = map[string]string{}
 
+// NumberParameter is a Number parameter of both templates that feeds no
+// environment variable: storage and API settings.
+type NumberParameter struct {
+	Name        string
+	Default     float64
+	MinValue    float64
+	Description string
+}
+
+// Names of the NumberParameters.
+const (
+	ParamOutputExpirationDays = "OutputExpirationDays"
+	ParamAPIThrottleRate      = "ApiThrottleRate"
+	ParamAPIThrottleBurst     = "ApiThrottleBurst"
+)
+
+// NumberParameters are the storage and API parameters; the CDK stack takes
+// the throttling defaults from Props (context throttleRate, throttleBurst).
+var NumberParameters = []NumberParameter{
+	{Name: ParamOutputExpirationDays, Default: 0, MinValue: 0,
+		Description: "Days after its last upload at which an output object expires (its old versions 30 days later); 0 = never. " +
+			"A thread idle longer loses the outputs it has not written since."},
+	{Name: ParamAPIThrottleRate, Default: 50, MinValue: 1,
+		Description: "Requests per second the HTTP API's stage admits, shared by every tenant (capped by the account's API Gateway quota)."},
+	{Name: ParamAPIThrottleBurst, Default: 100, MinValue: 0,
+		Description: "Burst of requests above the rate the HTTP API's stage admits, shared by every tenant."},
+}
+
+// Lifecycle rule IDs of the output bucket.
+const (
+	RuleAbortUploads        = "abort-incomplete-multipart-uploads"
+	RuleExpiredDeleteMarker = "remove-expired-delete-markers"
+	RuleExpireOutputs       = "expire-outputs"
+)
+
 // ReconcileSchedule is how often the reconcile function runs.
 const ReconcileSchedule = "rate(1 minute)"
 

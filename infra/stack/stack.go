@@ -185,7 +185,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	}
 	retention := retentionDays(props.LogRetentionDays)
 
-	s.parameters()
+	s.parameters(props)
 	prefix := s.Params["OutputPrefix"].ValueAsString()
 	deployment := s.deploymentID()
 	s.table(props)
@@ -204,8 +204,9 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	return s
 }
 
-// parameters defines the CloudFormation parameters of Parameters.
-func (s *Stack) parameters() {
+// parameters defines the CloudFormation parameters of Parameters and
+// NumberParameters.
+func (s *Stack) parameters(props Props) {
 	for _, p := range Parameters {
 		cp := &awscdk.CfnParameterProps{
 			Type:        jsii.String("String"),
@@ -219,6 +220,21 @@ func (s *Stack) parameters() {
 			cp.AllowedValues = jsii.Strings(p.AllowedValues...)
 		}
 		s.Params[p.Name] = awscdk.NewCfnParameter(s.Stack, jsii.String(p.Name), cp)
+	}
+	for _, p := range NumberParameters {
+		def := p.Default
+		switch p.Name {
+		case ParamAPIThrottleRate:
+			def = props.ThrottleRate
+		case ParamAPIThrottleBurst:
+			def = props.ThrottleBurst
+		}
+		s.Params[p.Name] = awscdk.NewCfnParameter(s.Stack, jsii.String(p.Name), &awscdk.CfnParameterProps{
+			Type:        jsii.String("Number"),
+			Default:     jsii.Number(def),
+			MinValue:    jsii.Number(p.MinValue),
+			Description: jsii.String(p.Description),
+		})
 	}
 }
 
@@ -276,14 +292,34 @@ func (s *Stack) buckets() {
 		ObjectOwnership:        awss3.ObjectOwnership_BUCKET_OWNER_ENFORCED,
 		ServerAccessLogsBucket: accessLogs,
 		ServerAccessLogsPrefix: jsii.String("output-bucket/"),
-		LifecycleRules: &[]*awss3.LifecycleRule{{
-			Id:                                  jsii.String("abort-incomplete-multipart-uploads"),
-			AbortIncompleteMultipartUploadAfter: awscdk.Duration_Days(jsii.Number(1)),
-			NoncurrentVersionExpiration:         awscdk.Duration_Days(jsii.Number(30)),
-		}},
-		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
+		RemovalPolicy:          awscdk.RemovalPolicy_RETAIN,
 	})
 	overrideID(s.Bucket, LogicalBucket)
+	s.Bucket.Node().DefaultChild().(awss3.CfnBucket).AddPropertyOverride(jsii.String("LifecycleConfiguration.Rules"), s.outputLifecycle())
+}
+
+// outputLifecycle is the output bucket's lifecycle: incomplete uploads
+// aborted after a day and old versions expired after 30; delete markers
+// left without versions removed (a rule of their own: S3 refuses
+// ExpiredObjectDeleteMarker beside an expiration in days); and, when
+// OutputExpirationDays is above 0, outputs expired that many days after
+// their last upload.
+func (s *Stack) outputLifecycle() []any {
+	days := s.Params[ParamOutputExpirationDays]
+	has := awscdk.NewCfnCondition(s.Stack, jsii.String("HasOutputExpiration"), &awscdk.CfnConditionProps{
+		Expression: awscdk.Fn_ConditionNot(awscdk.Fn_ConditionEquals(days.ValueAsString(), jsii.String("0"))),
+	})
+	expire := map[string]any{
+		"Id": RuleExpireOutputs, "Status": "Enabled", "ExpirationInDays": days.ValueAsNumber(),
+		"Prefix": awscdk.Fn_Sub(jsii.String("${OutputPrefix}/"), nil),
+	}
+	return []any{
+		map[string]any{"Id": RuleAbortUploads, "Status": "Enabled",
+			"AbortIncompleteMultipartUpload": map[string]any{"DaysAfterInitiation": 1},
+			"NoncurrentVersionExpiration":    map[string]any{"NoncurrentDays": 30}},
+		map[string]any{"Id": RuleExpiredDeleteMarker, "Status": "Enabled", "ExpiredObjectDeleteMarker": true},
+		awscdk.Fn_ConditionIf(has.LogicalId(), expire, awscdk.Aws_NO_VALUE()),
+	}
 }
 
 // secret defines (or imports, props.ExistingSecretARN) the E2B API key:
@@ -555,8 +591,8 @@ func (s *Stack) api(props Props, retention awslogs.RetentionDays) {
 		Format:         jsii.String(accessLogFormat),
 	})
 	stage.SetDefaultRouteSettings(&awsapigatewayv2.CfnStage_RouteSettingsProperty{
-		ThrottlingRateLimit:  jsii.Number(props.ThrottleRate),
-		ThrottlingBurstLimit: jsii.Number(props.ThrottleBurst),
+		ThrottlingRateLimit:  s.Params[ParamAPIThrottleRate].ValueAsNumber(),
+		ThrottlingBurstLimit: s.Params[ParamAPIThrottleBurst].ValueAsNumber(),
 	})
 }
 
