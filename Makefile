@@ -14,7 +14,7 @@ LAMBDA_ARCH  ?= $(shell $(GO) env GOARCH)
 DEPLOY_ARCH  := arm64
 DEPLOY_BUILD ?= $(BUILD)/deploy
 
-.PHONY: help deps build deploy-build print-deploy-build run test bench fuzz vet fmt clean synth deploy
+.PHONY: help deps build deploy-build print-deploy-build run test bench fuzz vet fmt clean synth deploy preflight
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -96,6 +96,12 @@ CDK_CLI_VERSION ?= 2.1148.1
 CDK_CLI         := .tools/cdk/node_modules/.bin/cdk
 CDK_DEPLOY_ARGS ?=
 export CDK_CONTEXT_JSON
+
+# Flags of cmd/preflight, e.g. PREFLIGHT_ARGS='-waiting-tenants 3 -reserved 20'.
+PREFLIGHT_ARGS ?=
+
+preflight: ## read-only check that the account's Lambda concurrency fits the overflow policy and waiter limits
+	$(GO) run ./cmd/preflight $(PREFLIGHT_ARGS)
 
 synth: deploy-build ## write the CloudFormation template offline (cdk.out/SandboxBroker.template.json, arm64 bootstraps from .build/deploy)
 	rm -rf cdk.out

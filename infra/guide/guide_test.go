@@ -114,6 +114,7 @@ func TestGuideRunsAsWritten(t *testing.T) {
 		{"the API called at its URL", `(?m)^curl .*https://abc123\.execute-api\.eu-west-1\.amazonaws\.com/v1/capacity`},
 		{"the smoke test against the stack", `(?m)^smoke\.sh env API_URL=https://abc123\.execute-api\S+ BUCKET=sandboxbroker-outputbucket-1a2b3c$`},
 		{"sam build and deploy", `(?ms)^sam build$.*^sam deploy --guided$`},
+		{"the read-only preflight", `(?m)^go run \./cmd/preflight$`},
 	}
 	for _, w := range want {
 		if !regexp.MustCompile(w.re).MatchString(log) {
