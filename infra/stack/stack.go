@@ -3,6 +3,7 @@ package stack
 import (
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,8 +46,14 @@ type Props struct {
 	// (default true through DefaultProps).
 	DeletionProtection bool
 	// ExistingSecretARN uses an existing Secrets Manager secret for the
-	// E2B API key instead of creating one.
+	// E2B API key instead of creating one: its complete ARN, a partial ARN
+	// (without the 6-character suffix) or its name.
 	ExistingSecretARN string
+	// ExistingSecretKMSKeyARN is the customer managed key an existing
+	// secret is encrypted with: the functions may kms:Decrypt with it,
+	// through Secrets Manager only (empty = the AWS managed key, which
+	// needs no grant).
+	ExistingSecretKMSKeyARN string
 	// AlarmTopicARN, if set, receives every alarm's state changes instead
 	// of the topic the stack creates (AlarmTopic, with an optional e-mail
 	// subscription: the AlarmEmail parameter).
@@ -102,6 +109,10 @@ type Stack struct {
 	AlarmTopic awssns.ITopic
 	// policies are the functions' least-privilege policies, by name.
 	policies map[string]awsiam.Policy
+	// secretRef is what the functions get in E2B_API_KEY_SECRET_ARN (the
+	// secret's ARN, or an existing secret's name as given: GetSecretValue
+	// takes either); secretResource is what their policies name.
+	secretRef, secretResource *string
 }
 
 // DynamoDBActions are the IAM actions a function may get on the table
@@ -328,8 +339,16 @@ func (s *Stack) outputLifecycle() []any {
 // with a random placeholder: put the real key with
 // `aws secretsmanager put-secret-value --secret-id <E2BApiKeySecretArn> --secret-string <key>`.
 func (s *Stack) secret(props Props) {
-	if props.ExistingSecretARN != "" {
-		s.Secret = awssecretsmanager.Secret_FromSecretCompleteArn(s.Stack, jsii.String(LogicalSecret), jsii.String(props.ExistingSecretARN))
+	if ref := props.ExistingSecretARN; ref != "" {
+		switch {
+		case completeSecretARN.MatchString(ref):
+			s.Secret = awssecretsmanager.Secret_FromSecretCompleteArn(s.Stack, jsii.String(LogicalSecret), jsii.String(ref))
+		case strings.HasPrefix(ref, "arn:"):
+			s.Secret = awssecretsmanager.Secret_FromSecretPartialArn(s.Stack, jsii.String(LogicalSecret), jsii.String(ref))
+		default:
+			s.Secret = awssecretsmanager.Secret_FromSecretNameV2(s.Stack, jsii.String(LogicalSecret), jsii.String(ref))
+		}
+		s.secretRef, s.secretResource = jsii.String(ref), secretGrantARN(ref)
 		return
 	}
 	sec := awssecretsmanager.NewSecret(s.Stack, jsii.String(LogicalSecret), &awssecretsmanager.SecretProps{
@@ -342,6 +361,25 @@ func (s *Stack) secret(props Props) {
 	})
 	overrideID(sec, LogicalSecret)
 	s.Secret = sec
+	s.secretRef, s.secretResource = sec.SecretArn(), sec.SecretArn()
+}
+
+// completeSecretARN matches a secret's complete ARN: Secrets Manager ends
+// every secret's ARN with a hyphen and 6 random characters.
+var completeSecretARN = regexp.MustCompile(`^arn:[^:]+:secretsmanager:[^:]*:[^:]*:secret:.+-[A-Za-z0-9]{6}$`)
+
+// secretGrantARN is what a policy names for the existing secret ref: its
+// complete ARN, or, for a partial ARN or a name, the ARN with "-??????"
+// for the suffix Secrets Manager added (IAM matches a policy against the
+// complete ARN, so a bare name or partial ARN would match nothing).
+func secretGrantARN(ref string) *string {
+	switch {
+	case completeSecretARN.MatchString(ref):
+		return jsii.String(ref)
+	case strings.HasPrefix(ref, "arn:"):
+		return jsii.String(ref + "-??????")
+	}
+	return awscdk.Fn_Sub(jsii.String("arn:${AWS::Partition}:secretsmanager:${AWS::Region}:${AWS::AccountId}:secret:"+ref+"-??????"), nil)
 }
 
 // tokenKey defines the KMS key sandbox access tokens are sealed under
@@ -368,7 +406,7 @@ func (s *Stack) environment(f Function, deployment *string) map[string]*string {
 	env[config.EnvDeploymentID] = deployment
 	env["TABLE_NAME"] = s.Table.TableName()
 	env["OUTPUT_BUCKET"] = s.Bucket.BucketName()
-	env["E2B_API_KEY_SECRET_ARN"] = s.Secret.SecretArn()
+	env["E2B_API_KEY_SECRET_ARN"] = s.secretRef
 	env[config.EnvTokenKMSKeyARN] = s.TokenKey.KeyArn()
 	return env
 }
@@ -432,7 +470,7 @@ func (s *Stack) outputs() {
 	out("ApiUrl", s.API.ApiEndpoint(), "Base URL of the broker's HTTP API")
 	out("TableName", s.Table.TableName(), "DynamoDB table")
 	out("OutputBucketName", s.Bucket.BucketName(), "S3 bucket for thread outputs")
-	out("E2BApiKeySecretArn", s.Secret.SecretArn(), "Put the E2B API key here (SecretString)")
+	out("E2BApiKeySecretArn", s.secretRef, "Put the E2B API key here (SecretString)")
 }
 
 // function defines one Lambda function with its own role, log group and
@@ -479,7 +517,16 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	grant("TableIndexes", DynamoDBIndexActions, indexArn(ddbstore.IndexGSI1), indexArn(ddbstore.IndexGSI2))
 	grant("OutputObjects", S3ObjectActions, objects)
 	grant("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn())
-	grant("ReadE2BApiKey", SecretActions, s.Secret.SecretArn())
+	grant("ReadE2BApiKey", SecretActions, s.secretResource)
+	if key := props.ExistingSecretKMSKeyARN; key != "" && props.ExistingSecretARN != "" && len(f.Granted(SecretActions)) > 0 {
+		// Secrets Manager decrypts an existing secret under its customer
+		// managed key as the caller: GetSecretValue needs kms:Decrypt on it.
+		dec := stmt("DecryptE2BApiKey", []string{"kms:Decrypt"}, jsii.String(key))
+		dec.AddCondition(jsii.String("StringEquals"), map[string]any{
+			"kms:ViaService": awscdk.Fn_Sub(jsii.String("secretsmanager.${AWS::Region}.amazonaws.com"), nil),
+		})
+		statements = append(statements, dec)
+	}
 	if seal := grant("SealAccessTokens", KMSActions, s.TokenKey.KeyArn()); seal != nil {
 		seal.AddCondition(jsii.String("StringEquals"), map[string]any{
 			"kms:EncryptionContext:purpose": tokenseal.EncryptionContext["purpose"],

@@ -28,6 +28,9 @@ aws)
     *"'E2BApiKeySecretArn'"*) echo arn:aws:secretsmanager:eu-west-1:123456789012:secret:E2BApiKeySecret-AbCdEf ;;
     *) die "unknown output query" ;;
     esac ;;
+  "cloudformation describe-stack-resources")
+    [[ $(arg_after --stack-name "$@") == SandboxBroker ]] || die "no such stack"
+    printf 'Table\tSandboxBroker-Table-1A2B\nTokenKey\t1234abcd-12ab-34cd-56ef-1234567890ab\n' ;;
   "secretsmanager put-secret-value")
     [[ $(arg_after --secret-id "$@") == arn:aws:secretsmanager:* ]] || die "ResourceNotFoundException: --secret-id is not the secret" ;;
   "cognito-idp create-user-pool") echo eu-west-1_AbCdEf ;;
