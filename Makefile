@@ -14,7 +14,7 @@ LAMBDA_ARCH  ?= $(shell $(GO) env GOARCH)
 DEPLOY_ARCH  := arm64
 DEPLOY_BUILD ?= $(BUILD)/deploy
 
-.PHONY: help deps build deploy-build print-deploy-build run test test-short bench fuzz vet fmt clean synth deploy
+.PHONY: help deps build deploy-build print-deploy-build run test test-short bench fuzz vet fmt clean synth deploy preflight
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -32,13 +32,24 @@ build: ## build the local Lambda bootstraps for this machine (.build/<fn>/bootst
 	  $(GO) build -o $(BUILD)/bin/$$cmd ./cmd/$$cmd; \
 	done
 
-# The bootstraps a deploy uploads: GOOS=linux GOARCH=arm64 go build of each
-# function's directory, the command of template.yaml's BuildMethod go1.x
-# (`sam build`), so both deploy paths ship the same binaries.
+# The bootstraps a deploy uploads: static arm64 binaries without symbols or
+# DWARF (-s -w) and without this machine's paths (-trimpath), about a third
+# of an unstripped build. Both deploy paths run deploy_bootstrap: the CDK
+# asset build (deploy-build) and `sam build` (template.yaml's BuildMethod
+# makefile runs build-<LogicalId> with ARTIFACTS_DIR set), so they ship the
+# same bytes.
+DEPLOY_FLAGS := -trimpath -ldflags="-s -w" -tags lambda.norpc
+deploy_bootstrap = GOOS=linux GOARCH=$(DEPLOY_ARCH) CGO_ENABLED=0 $(GO) build $(DEPLOY_FLAGS) -o $(2) ./functions/$(1)
+
 deploy-build: ## build the arm64 bootstraps a deploy uploads (.build/deploy/<fn>/bootstrap)
 	@for fn in $(FUNCTIONS); do \
-	  GOOS=linux GOARCH=$(DEPLOY_ARCH) CGO_ENABLED=0 $(GO) build -o $(DEPLOY_BUILD)/$$fn/bootstrap ./functions/$$fn; \
+	  $(call deploy_bootstrap,$$fn,$(DEPLOY_BUILD)/$$fn/bootstrap); \
 	done
+
+# sam build: build-AcquireFunction builds functions/acquire, and so on.
+build-%Function:
+	@test -n "$(ARTIFACTS_DIR)" || { echo "ARTIFACTS_DIR is not set (sam build sets it)" >&2; exit 1; }
+	$(call deploy_bootstrap,$(shell echo '$*' | tr '[:upper:]' '[:lower:]'),$(ARTIFACTS_DIR)/bootstrap)
 
 print-deploy-build:
 	@echo $(DEPLOY_BUILD)
@@ -95,6 +106,12 @@ CDK_CLI_VERSION ?= 2.1148.1
 CDK_CLI         := .tools/cdk/node_modules/.bin/cdk
 CDK_DEPLOY_ARGS ?=
 export CDK_CONTEXT_JSON
+
+# Flags of cmd/preflight, e.g. PREFLIGHT_ARGS='-waiting-tenants 3 -reserved 20'.
+PREFLIGHT_ARGS ?=
+
+preflight: ## read-only check that the account's Lambda concurrency fits the overflow policy and waiter limits
+	$(GO) run ./cmd/preflight $(PREFLIGHT_ARGS)
 
 synth: deploy-build ## write the CloudFormation template offline (cdk.out/SandboxBroker.template.json, arm64 bootstraps from .build/deploy)
 	rm -rf cdk.out

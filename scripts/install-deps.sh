@@ -86,6 +86,10 @@ apt_install bubblewrap 'command -v bwrap' bubblewrap
 apt_install python3 'command -v python3' python3
 apt_install pip 'python3 -m pip --version' python3-pip
 
+# cfn-lint (Python) lints both templates in infra/stack's tests. The CI image has it with its
+# Python, so it is not installed here; without it the lint test is skipped and says so.
+command -v cfn-lint >/dev/null 2>&1 || warn "cfn-lint is missing: the template lint test is skipped (pip install cfn-lint)"
+
 # npm packages for the E2B SDK compatibility check.
 if [[ -f "$ROOT/test/e2b-sdk/package.json" ]]; then
   sdk="$ROOT/test/e2b-sdk"

@@ -16,7 +16,8 @@ import (
 const (
 	CtxAssetDir             = "assetDir"
 	CtxDeletionProtection   = "deletionProtection"
-	CtxE2BSecretARN         = "e2bApiKeySecretArn"
+	CtxE2BSecretARN         = "e2bApiKeySecretArn" // an ARN or a name
+	CtxE2BSecretKMSKeyARN   = "e2bApiKeySecretKmsKeyArn"
 	CtxAlarmTopicARN        = "alarmTopicArn"
 	CtxLogRetentionDays     = "logRetentionDays"
 	CtxThrottleRate         = "throttleRate"
@@ -79,6 +80,9 @@ func PropsFromContext(node constructs.Node) (Props, error) {
 	}
 	if v, ok := get(CtxE2BSecretARN); ok {
 		p.ExistingSecretARN = v
+	}
+	if v, ok := get(CtxE2BSecretKMSKeyARN); ok {
+		p.ExistingSecretKMSKeyARN = v
 	}
 	if v, ok := get(CtxAlarmTopicARN); ok {
 		p.AlarmTopicARN = v

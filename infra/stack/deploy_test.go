@@ -2,6 +2,7 @@ package stack
 
 import (
 	"bufio"
+	"bytes"
 	"debug/elf"
 	"encoding/json"
 	"fmt"
@@ -26,6 +27,12 @@ func samRaw(t *testing.T) map[string]any {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return samRawFrom(t, raw)
+}
+
+// samRawFrom is samRaw of a template's text.
+func samRawFrom(t *testing.T, raw []byte) map[string]any {
+	t.Helper()
 	js, err := intrinsics.ProcessYAML(raw, &intrinsics.ProcessorOptions{NoProcess: true})
 	if err != nil {
 		t.Fatalf("template.yaml: %v", err)
@@ -74,62 +81,105 @@ func elfMachine(t *testing.T, file string) (elf.Machine, bool) {
 	return f.Machine, dynamic
 }
 
-// goarch is the GOARCH the go1.x build method passes for a Lambda
-// architecture (aws-lambda-builders' get_goarch).
-var goarch = map[string]string{"arm64": "arm64", "x86_64": "amd64"}
+// samBuildMetadata is each function's Metadata in template.yaml: sam
+// build runs `make build-<LogicalId>` with ARTIFACTS_DIR set, in a copy of
+// the project root (ProjectRootDirectory, so go.mod is there), with the
+// root Makefile (ContextPath) and the root as working directory.
+const samBuildMetadata = `{"BuildMethod":"makefile","ContextPath":".","ProjectRootDirectory":".","WorkingDirectory":"."}`
 
-// TestDeployArtefactsAreArm64 builds what each deploy path uploads and
-// reads the ELF header of every bootstrap: the functions run on arm64, and
-// an x86-64 bootstrap deploys fine and fails every invocation.
-//   - SAM: `sam build` runs each function's Metadata BuildMethod (go1.x:
-//     GOOS=linux GOARCH=<Architectures> go build -o <artifacts>/<Handler>
-//     <CodeUri>, in CodeUri); the test runs that command.
+// bootstrapProblems lists how file falls short of a static arm64
+// executable without a symbol table or DWARF (-s -w) and without root's
+// path in it (-trimpath).
+func bootstrapProblems(t *testing.T, file, root string) []string {
+	t.Helper()
+	var out []string
+	if m, dyn := elfMachine(t, file); m != elf.EM_AARCH64 || dyn {
+		out = append(out, fmt.Sprintf("machine %v, dynamic %v; want EM_AARCH64, static", m, dyn))
+	}
+	f, err := elf.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, name := range []string{".symtab", ".debug_info"} {
+		if f.Section(name) != nil {
+			out = append(out, "has "+name+`: not stripped (-ldflags="-s -w")`)
+		}
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), root) {
+		out = append(out, "contains the build machine's path "+root+" (want -trimpath)")
+	}
+	return out
+}
+
+// TestBootstrapProblemsFound: a plain arm64 build of a small program is
+// reported unstripped and with local paths (so TestDeployArtefacts can
+// fail).
+func TestBootstrapProblemsFound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cross-compiles a program")
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\n\nfunc main() { println(\"hi\") }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "bootstrap")
+	cmd := exec.Command("go", "build", "-o", out, "main.go")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH=arm64", "CGO_ENABLED=0", "GO111MODULE=off")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	problems := strings.Join(bootstrapProblems(t, out, dir), "; ")
+	if !strings.Contains(problems, ".symtab") || !strings.Contains(problems, "trimpath") {
+		t.Errorf("problems of an unstripped build = %q, want .symtab and -trimpath named", problems)
+	}
+}
+
+// TestDeployArtefacts builds what each deploy path uploads, as it builds
+// it, and checks every bootstrap: static arm64 (the functions run on
+// arm64; an x86-64 bootstrap deploys fine and fails every invocation),
+// stripped, without local paths, and the same bytes from both paths.
+//   - SAM: `sam build` runs the Makefile's build-<LogicalId> target
+//     (BuildMethod makefile); the test runs that target.
 //   - CDK: `make synth` builds with the Makefile's deploy-build target into
 //     DEPLOY_BUILD, the stack's DefaultAssetDir; the test runs that target.
-func TestDeployArtefactsAreArm64(t *testing.T) {
+func TestDeployArtefacts(t *testing.T) {
 	if testing.Short() {
-		t.Skip("cross-compiles the four functions")
+		t.Skip("cross-compiles the five functions")
 	}
-	root := filepath.Join("..", "..")
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
 	tpl := samRaw(t)
 	globals := tpl["Globals"].(map[string]any)["Function"].(map[string]any)
 	if str(globals["Architectures"]) != `["arm64"]` || globals["Runtime"] != "provided.al2023" || globals["Handler"] != "bootstrap" {
 		t.Fatalf("template.yaml Globals: architectures %s runtime %v handler %v, want arm64 provided.al2023 bootstrap",
 			str(globals["Architectures"]), globals["Runtime"], globals["Handler"])
 	}
-	arch := globals["Architectures"].([]any)[0].(string)
-	samOut := t.TempDir()
-	for _, f := range Functions {
-		r := samResource(t, tpl, f.LogicalID)
-		if md, _ := r["Metadata"].(map[string]any); md["BuildMethod"] != "go1.x" {
-			t.Errorf("%s: Metadata %v, want BuildMethod go1.x (else sam build uploads CodeUri as it is)", f.LogicalID, md)
-			continue
-		}
-		codeURI, _ := props(r)["CodeUri"].(string)
-		if filepath.Clean(codeURI) != filepath.Join("functions", f.Name) {
-			t.Errorf("%s: CodeUri %q, want functions/%s/ (the main package)", f.LogicalID, codeURI, f.Name)
-			continue
-		}
-		dir, err := filepath.Abs(filepath.Join(root, codeURI))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := filepath.Join(samOut, f.Name, "bootstrap")
-		cmd := exec.Command("go", "build", "-o", out, dir)
-		cmd.Dir = dir
-		// CGO_ENABLED=0 as docs/DEPLOY.md tells SAM users (a native arm64
-		// host would otherwise link against its own libc).
-		cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+goarch[arch], "CGO_ENABLED=0")
+	runMake := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command("make", append([]string{"-s", "--no-print-directory", "-C", root}, args...)...)
 		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s: go build as sam build runs it: %v\n%s", f.Name, err, b)
-		}
-		if m, dyn := elfMachine(t, out); m != elf.EM_AARCH64 || dyn {
-			t.Errorf("sam build %s: machine %v, dynamic %v; want EM_AARCH64, static", f.Name, m, dyn)
+			t.Fatalf("make %s: %v\n%s", strings.Join(args, " "), err, b)
 		}
 	}
-
-	// The CDK path: the Makefile's deploy directory is the stack's default
-	// asset directory, and what deploy-build writes there is arm64.
+	samOut, cdkOut := t.TempDir(), t.TempDir()
+	for _, f := range Functions {
+		r := samResource(t, tpl, f.LogicalID)
+		if md := str(r["Metadata"]); md != samBuildMetadata {
+			t.Errorf("%s: Metadata %s, want %s", f.LogicalID, md, samBuildMetadata)
+		}
+		if codeURI, _ := props(r)["CodeUri"].(string); filepath.Clean(codeURI) != filepath.Join("functions", f.Name) {
+			t.Errorf("%s: CodeUri %q, want functions/%s/ (the main package; devstack names the function by it)", f.LogicalID, codeURI, f.Name)
+		}
+		runMake("build-"+f.LogicalID, "ARTIFACTS_DIR="+filepath.Join(samOut, f.Name))
+	}
 	dirOut, err := exec.Command("make", "-s", "--no-print-directory", "-C", root, "print-deploy-build").Output()
 	if err != nil {
 		t.Fatalf("make print-deploy-build: %v", err)
@@ -137,14 +187,18 @@ func TestDeployArtefactsAreArm64(t *testing.T) {
 	if got := strings.TrimSpace(string(dirOut)); got != DefaultAssetDir {
 		t.Errorf("make synth builds into %q, the stack deploys %q", got, DefaultAssetDir)
 	}
-	cdkOut := t.TempDir()
-	mk := exec.Command("make", "-s", "--no-print-directory", "-C", root, "deploy-build", "DEPLOY_BUILD="+cdkOut)
-	if b, err := mk.CombinedOutput(); err != nil {
-		t.Fatalf("make deploy-build: %v\n%s", err, b)
-	}
+	runMake("deploy-build", "DEPLOY_BUILD="+cdkOut)
 	for _, f := range Functions {
-		if m, dyn := elfMachine(t, filepath.Join(cdkOut, f.Name, "bootstrap")); m != elf.EM_AARCH64 || dyn {
-			t.Errorf("make deploy-build %s: machine %v, dynamic %v; want EM_AARCH64, static", f.Name, m, dyn)
+		sam, cdk := filepath.Join(samOut, f.Name, "bootstrap"), filepath.Join(cdkOut, f.Name, "bootstrap")
+		for what, file := range map[string]string{"sam build": sam, "make deploy-build": cdk} {
+			for _, p := range bootstrapProblems(t, file, root) {
+				t.Errorf("%s %s: %s", what, f.Name, p)
+			}
+		}
+		a, errA := os.ReadFile(sam)
+		b, errB := os.ReadFile(cdk)
+		if errA != nil || errB != nil || !bytes.Equal(a, b) {
+			t.Errorf("%s: sam build and make deploy-build differ (%d and %d bytes; %v %v)", f.Name, len(a), len(b), errA, errB)
 		}
 	}
 }
@@ -211,41 +265,27 @@ func TestDeploymentID(t *testing.T) {
 // key (the first manifest read of a thread) with 404 rather than 403: the
 // caller must be allowed s3:ListBucket on the bucket, and a grant limited
 // by an s3:prefix condition does not count (a GetObject request carries no
-// s3:prefix). Both templates grant it unconditionally.
+// s3:prefix). Both templates grant it unconditionally, to the functions
+// that read outputs.
 func TestListBucketGrant(t *testing.T) {
 	sam := samRaw(t)
 	cdk := defaultSynth(t)
 	want := `{"Action":"s3:ListBucket","Effect":"Allow","Resource":{"Fn::GetAtt":["OutputBucket","Arn"]},"Sid":"ListOutputBucket"}`
 	for _, f := range Functions {
 		found := 0
-		for _, p := range props(samResource(t, sam, f.LogicalID))["Policies"].([]any) {
-			for _, st := range p.(map[string]any)["Statement"].([]any) {
-				st := st.(map[string]any)
+		for name, statements := range map[string][]map[string]any{"template.yaml": samStatements(t, sam, f), "CDK stack": cdkStatements(t, cdk, f)} {
+			for _, st := range statements {
 				if strings.Contains(str(st["Action"]), "s3:ListBucket") {
 					found++
 					// !GetAtt X.Arn is the short form of ["X", "Arn"].
 					if got := strings.Replace(str(st), `"OutputBucket.Arn"`, `["OutputBucket","Arn"]`, 1); got != want {
-						t.Errorf("template.yaml %s: %s, want %s", f.Name, got, want)
+						t.Errorf("%s %s: %s, want %s", name, f.Name, got, want)
 					}
 				}
 			}
 		}
-		for _, pol := range cdk.Resources("AWS::IAM::Policy") {
-			if !strings.HasPrefix(str(props(pol)["Roles"]), `[{"Ref":"`+f.LogicalID+`Role`) {
-				continue
-			}
-			for _, st := range props(pol)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
-				st := st.(map[string]any)
-				if strings.Contains(str(st["Action"]), "s3:ListBucket") {
-					found++
-					if got := str(st); got != want {
-						t.Errorf("CDK %s: %s, want %s", f.Name, got, want)
-					}
-				}
-			}
-		}
-		if found != 2 {
-			t.Errorf("%s: %d ListBucket statements across both templates, want one each", f.Name, found)
+		if want := map[bool]int{true: 2, false: 0}[f.Allows("s3:ListBucket")]; found != want {
+			t.Errorf("%s: %d ListBucket statements across both templates, want %d", f.Name, found, want)
 		}
 	}
 }

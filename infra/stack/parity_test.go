@@ -16,9 +16,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/awslabs/goformation/v7"
-	"gopkg.in/yaml.v3"
-
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
 	"github.com/sandbox-broker/sandbox-broker/internal/devstack"
 )
@@ -39,7 +36,7 @@ type deployment struct {
 // functions are named by their CodeUri directory, Globals' environment is
 // merged into each function's.
 func samDeployment(file string) (deployment, error) {
-	tpl, err := goformation.OpenWithOptions(file, nil)
+	tpl, err := devstack.OpenTemplate(file)
 	if err != nil {
 		return deployment{}, err
 	}
@@ -242,7 +239,10 @@ func TestParity(t *testing.T) {
 	for _, f := range Functions {
 		want.Params = append(want.Params, f.ReservedParam())
 	}
-	want.Params = append(want.Params, "JwtAudience", "JwtIssuer")
+	want.Params = append(want.Params, "JwtAudience", "JwtIssuer", ParamAlarmEmail)
+	for _, p := range NumberParameters {
+		want.Params = append(want.Params, p.Name)
+	}
 	sort.Strings(want.Params)
 	for _, d := range diffDeployments(cdk, want, "CDK stack", "infra/stack spec") {
 		t.Error(d)
@@ -281,7 +281,7 @@ func TestParity(t *testing.T) {
 		}
 	}
 	// The parameters' defaults agree between the two templates.
-	tpl, err := goformation.OpenWithOptions(repoTemplate(), nil)
+	tpl, err := devstack.OpenTemplate(repoTemplate())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,57 +369,25 @@ func TestParityCatchesDrift(t *testing.T) {
 	}
 }
 
-// TestPolicyParity: each function's policy in template.yaml grants the
+// TestPolicyParity: each function's role in template.yaml grants the
 // same actions, statement by statement (by Sid), as the CDK stack's.
 func TestPolicyParity(t *testing.T) {
-	raw, err := os.ReadFile(repoTemplate())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sam struct {
-		Resources map[string]struct {
-			Properties struct {
-				Policies []struct {
-					Statement []struct {
-						Sid    string `yaml:"Sid"`
-						Action any    `yaml:"Action"`
-					} `yaml:"Statement"`
-				} `yaml:"Policies"`
-			} `yaml:"Properties"`
-		} `yaml:"Resources"`
-	}
-	if err := yaml.Unmarshal(raw, &sam); err != nil {
-		t.Fatal(err)
-	}
-	actions := func(v any) string {
-		var out []string
-		for _, a := range asList(v) {
-			out = append(out, fmt.Sprint(a))
-		}
-		sort.Strings(out)
-		return strings.Join(out, ",")
-	}
+	sam := samRaw(t)
 	s := defaultSynth(t)
+	bySid := func(statements []map[string]any) map[string]string {
+		out := map[string]string{}
+		for _, st := range statements {
+			var acts []string
+			for _, a := range asList(st["Action"]) {
+				acts = append(acts, fmt.Sprint(a))
+			}
+			sort.Strings(acts)
+			out[fmt.Sprint(st["Sid"])] = strings.Join(acts, ",")
+		}
+		return out
+	}
 	for _, f := range Functions {
-		got := map[string]string{}
-		for _, p := range sam.Resources[f.LogicalID].Properties.Policies {
-			for _, st := range p.Statement {
-				got[st.Sid] = actions(st.Action)
-			}
-		}
-		want := map[string]string{}
-		for _, pol := range s.Resources("AWS::IAM::Policy") {
-			if !strings.HasPrefix(str(props(pol)["Roles"]), `[{"Ref":"`+f.LogicalID+`Role`) {
-				continue
-			}
-			for _, st := range props(pol)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
-				st := st.(map[string]any)
-				if st["Sid"] == "WriteOwnLogs" {
-					continue // SAM adds log permissions to the roles it creates
-				}
-				want[st["Sid"].(string)] = actions(st["Action"])
-			}
-		}
+		got, want := bySid(samStatements(t, sam, f)), bySid(cdkStatements(t, s, f))
 		if len(want) == 0 || !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: template.yaml statements %v\nCDK stack statements %v", f.Name, got, want)
 		}

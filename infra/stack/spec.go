@@ -8,6 +8,7 @@
 package stack
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
@@ -54,6 +55,44 @@ type Function struct {
 	// Get, Capacity and SetDraining never do). Only these functions get
 	// EVENT_BUS_NAME and events:PutEvents on that bus.
 	PublishesEvents bool
+	// Actions are the IAM actions the function's code calls (its logs
+	// aside): the AWS SDK calls reachable from its cold start and from the
+	// engine methods its routes or schedule reach, derived and pinned by
+	// TestFunctionActions. Its policy grants exactly these.
+	Actions []string
+}
+
+// Allows reports whether f's code calls action.
+func (f Function) Allows(action string) bool { return slices.Contains(f.Actions, action) }
+
+// Granted returns the actions of all that f calls, in all's order.
+func (f Function) Granted(all []string) []string {
+	var out []string
+	for _, a := range all {
+		if f.Allows(a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Action sets shared by the functions' Actions.
+var (
+	// tableWrites are what TransactWriteItems is authorized as.
+	tableWrites = []string{"dynamodb:ConditionCheckItem", "dynamodb:DeleteItem", "dynamodb:PutItem", "dynamodb:UpdateItem"}
+	// outputAccess is the output syncer's (uploads, restores, deletes).
+	outputAccess = []string{"s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:ListBucket", "s3:PutObject"}
+	readKey      = []string{"secretsmanager:GetSecretValue"}
+	openTokens   = []string{"kms:Decrypt"}
+	sealTokens   = []string{"kms:Decrypt", "kms:GenerateDataKey"}
+	publish      = []string{"events:PutEvents"}
+)
+
+// actions joins action sets, sorted.
+func actions(sets ...[]string) []string {
+	out := slices.Concat(sets...)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Gets reports whether f's environment carries p's variable: every
@@ -72,6 +111,8 @@ var Functions = []Function{
 		Routes:          []Route{{"POST", "/v1/sandboxes/acquire", ""}},
 		RefillsPool:     true,
 		PublishesEvents: true,
+		Actions: actions(tableWrites, outputAccess, readKey, sealTokens, publish, LambdaInvokeActions,
+			[]string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
 	},
 	{
 		// Short reads and admin writes, on their own function so that
@@ -89,24 +130,32 @@ var Functions = []Function{
 			{"POST", "/e2b/v2/sandboxes/{id}/connect", APIKeyHeader},
 			{"ANY", "/e2b/{proxy+}", APIKeyHeader},
 		},
+		// Reads records and the ledger, writes the drain flag: no scan, no
+		// index, no output object, no new access token.
+		Actions: actions(tableWrites, readKey, openTokens, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem"}),
 	},
 	{
 		Name: "release", LogicalID: "ReleaseFunction", MemoryMB: 512, TimeoutSeconds: 29,
 		Description:     "POST /v1/sandboxes/{id}/release (syncs outputs to S3, parks warm)",
 		Routes:          []Route{{"POST", "/v1/sandboxes/{id}/release", ""}},
 		PublishesEvents: true,
+		Actions:         actions(tableWrites, outputAccess, readKey, openTokens, publish, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
 	},
 	{
 		Name: "sync", LogicalID: "SyncFunction", MemoryMB: 512, TimeoutSeconds: 29,
 		Description:     "POST /v1/sandboxes/{id}/sync (copies outputs to S3)",
 		Routes:          []Route{{"POST", "/v1/sandboxes/{id}/sync", ""}},
 		PublishesEvents: true, // a sandbox found gone is destroyed
+		Actions:         actions(tableWrites, outputAccess, readKey, openTokens, publish, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
 	},
 	{
 		Name: "reconcile", LogicalID: "ReconcileFunction", MemoryMB: 256, TimeoutSeconds: 120,
 		Description:     "Scheduled reconcile pass (idle warm expiry, tombstones, inventory)",
 		Schedule:        ReconcileSchedule,
 		PublishesEvents: true,
+		// The only scan: the counter repair's exact count and sweep.
+		Actions: actions(tableWrites, outputAccess, readKey, sealTokens, publish,
+			[]string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan"}),
 	},
 }
 
@@ -123,15 +172,49 @@ func ReservedParamDescription(f Function) string {
 		"Reservations come out of the account's concurrency quota, which must keep 100 unreserved."
 }
 
-// ParamAlarmEmail is the CDK stack's parameter for an e-mail subscription
-// to its alarm topic.
+// ParamAlarmEmail is the parameter (in both templates) for an e-mail
+// subscription to the alarm topic.
 const ParamAlarmEmail = "AlarmEmail"
 
 // CDKOnlyParameters are the CDK stack's parameters template.yaml does not
-// have, each with the reason.
-var CDKOnlyParameters = map[string]string{
-	ParamAlarmEmail: "the SAM template has no alarms (see infra/README.md, SAM gaps)",
+// have, each with the reason (none today: both have the alarm topic's
+// AlarmEmail).
+var CDKOnlyParameters = map[string]string{}
+
+// NumberParameter is a Number parameter of both templates that feeds no
+// environment variable: storage and API settings.
+type NumberParameter struct {
+	Name        string
+	Default     float64
+	MinValue    float64
+	Description string
 }
+
+// Names of the NumberParameters.
+const (
+	ParamOutputExpirationDays = "OutputExpirationDays"
+	ParamAPIThrottleRate      = "ApiThrottleRate"
+	ParamAPIThrottleBurst     = "ApiThrottleBurst"
+)
+
+// NumberParameters are the storage and API parameters; the CDK stack takes
+// the throttling defaults from Props (context throttleRate, throttleBurst).
+var NumberParameters = []NumberParameter{
+	{Name: ParamOutputExpirationDays, Default: 0, MinValue: 0,
+		Description: "Days after its last upload at which an output object expires (its old versions 30 days later); 0 = never. " +
+			"A thread idle longer loses the outputs it has not written since."},
+	{Name: ParamAPIThrottleRate, Default: 50, MinValue: 1,
+		Description: "Requests per second the HTTP API's stage admits, shared by every tenant (capped by the account's API Gateway quota)."},
+	{Name: ParamAPIThrottleBurst, Default: 100, MinValue: 0,
+		Description: "Burst of requests above the rate the HTTP API's stage admits, shared by every tenant."},
+}
+
+// Lifecycle rule IDs of the output bucket.
+const (
+	RuleAbortUploads        = "abort-incomplete-multipart-uploads"
+	RuleExpiredDeleteMarker = "remove-expired-delete-markers"
+	RuleExpireOutputs       = "expire-outputs"
+)
 
 // ReconcileSchedule is how often the reconcile function runs.
 const ReconcileSchedule = "rate(1 minute)"
@@ -157,8 +240,8 @@ var Parameters = []Parameter{
 		Description: "Sandboxes the deployment may hold (capacity limit)."},
 	{Name: "SandboxOverflowPolicy", Env: config.EnvOverflowPolicy, Default: "wait", AllowedValues: []string{"reject", "wait", "burst"},
 		Description: "What an acquire does at the limit."},
-	{Name: "SandboxAcquireTimeoutSeconds", Env: config.EnvAcquireTimeoutSeconds, Default: "20", AllowedPattern: `^[1-9][0-9]*$`,
-		Description: "Under the wait policy; keep it below the HTTP API's 30 s integration timeout."},
+	{Name: "SandboxAcquireTimeoutSeconds", Env: config.EnvAcquireTimeoutSeconds, Default: "12", AllowedPattern: `^([1-9]|1[0-2])$`,
+		Description: "Seconds an acquire waits for a slot (wait policy), 1 to 12: the 29 s function keeps the rest to create a sandbox, settle and answer."},
 	{Name: "SandboxBurstLimit", Env: config.EnvBurstLimit, Default: "0", AllowedPattern: `^[0-9]+$`,
 		Description: "Extra sandboxes under the burst policy."},
 	{Name: "SandboxIdleTimeoutSeconds", Env: config.EnvIdleTimeoutSeconds, Default: "1800", AllowedPattern: `^[1-9][0-9]*$`,

@@ -3,6 +3,7 @@ package stack
 import (
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,8 +46,14 @@ type Props struct {
 	// (default true through DefaultProps).
 	DeletionProtection bool
 	// ExistingSecretARN uses an existing Secrets Manager secret for the
-	// E2B API key instead of creating one.
+	// E2B API key instead of creating one: its complete ARN, a partial ARN
+	// (without the 6-character suffix) or its name.
 	ExistingSecretARN string
+	// ExistingSecretKMSKeyARN is the customer managed key an existing
+	// secret is encrypted with: the functions may kms:Decrypt with it,
+	// through Secrets Manager only (empty = the AWS managed key, which
+	// needs no grant).
+	ExistingSecretKMSKeyARN string
 	// AlarmTopicARN, if set, receives every alarm's state changes instead
 	// of the topic the stack creates (AlarmTopic, with an optional e-mail
 	// subscription: the AlarmEmail parameter).
@@ -102,10 +109,15 @@ type Stack struct {
 	AlarmTopic awssns.ITopic
 	// policies are the functions' least-privilege policies, by name.
 	policies map[string]awsiam.Policy
+	// secretRef is what the functions get in E2B_API_KEY_SECRET_ARN (the
+	// secret's ARN, or an existing secret's name as given: GetSecretValue
+	// takes either); secretResource is what their policies name.
+	secretRef, secretResource *string
 }
 
-// DynamoDBActions are the IAM actions every function gets on the table:
-// the calls of ddbstore.API (TransactWriteItems is authorized per item as
+// DynamoDBActions are the IAM actions a function may get on the table
+// (each gets those its code calls, Function.Actions): the calls of
+// ddbstore.API (TransactWriteItems is authorized per item as
 // PutItem, UpdateItem, DeleteItem and ConditionCheckItem; the store
 // queries the table for reconcile's inventory cycle, and scans it for the
 // counter repair's exact count and sweep, which read no item GetItem
@@ -184,7 +196,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	}
 	retention := retentionDays(props.LogRetentionDays)
 
-	s.parameters()
+	s.parameters(props)
 	prefix := s.Params["OutputPrefix"].ValueAsString()
 	deployment := s.deploymentID()
 	s.table(props)
@@ -203,8 +215,9 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	return s
 }
 
-// parameters defines the CloudFormation parameters of Parameters.
-func (s *Stack) parameters() {
+// parameters defines the CloudFormation parameters of Parameters and
+// NumberParameters.
+func (s *Stack) parameters(props Props) {
 	for _, p := range Parameters {
 		cp := &awscdk.CfnParameterProps{
 			Type:        jsii.String("String"),
@@ -218,6 +231,21 @@ func (s *Stack) parameters() {
 			cp.AllowedValues = jsii.Strings(p.AllowedValues...)
 		}
 		s.Params[p.Name] = awscdk.NewCfnParameter(s.Stack, jsii.String(p.Name), cp)
+	}
+	for _, p := range NumberParameters {
+		def := p.Default
+		switch p.Name {
+		case ParamAPIThrottleRate:
+			def = props.ThrottleRate
+		case ParamAPIThrottleBurst:
+			def = props.ThrottleBurst
+		}
+		s.Params[p.Name] = awscdk.NewCfnParameter(s.Stack, jsii.String(p.Name), &awscdk.CfnParameterProps{
+			Type:        jsii.String("Number"),
+			Default:     jsii.Number(def),
+			MinValue:    jsii.Number(p.MinValue),
+			Description: jsii.String(p.Description),
+		})
 	}
 }
 
@@ -275,14 +303,34 @@ func (s *Stack) buckets() {
 		ObjectOwnership:        awss3.ObjectOwnership_BUCKET_OWNER_ENFORCED,
 		ServerAccessLogsBucket: accessLogs,
 		ServerAccessLogsPrefix: jsii.String("output-bucket/"),
-		LifecycleRules: &[]*awss3.LifecycleRule{{
-			Id:                                  jsii.String("abort-incomplete-multipart-uploads"),
-			AbortIncompleteMultipartUploadAfter: awscdk.Duration_Days(jsii.Number(1)),
-			NoncurrentVersionExpiration:         awscdk.Duration_Days(jsii.Number(30)),
-		}},
-		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
+		RemovalPolicy:          awscdk.RemovalPolicy_RETAIN,
 	})
 	overrideID(s.Bucket, LogicalBucket)
+	s.Bucket.Node().DefaultChild().(awss3.CfnBucket).AddPropertyOverride(jsii.String("LifecycleConfiguration.Rules"), s.outputLifecycle())
+}
+
+// outputLifecycle is the output bucket's lifecycle: incomplete uploads
+// aborted after a day and old versions expired after 30; delete markers
+// left without versions removed (a rule of their own: S3 refuses
+// ExpiredObjectDeleteMarker beside an expiration in days); and, when
+// OutputExpirationDays is above 0, outputs expired that many days after
+// their last upload.
+func (s *Stack) outputLifecycle() []any {
+	days := s.Params[ParamOutputExpirationDays]
+	has := awscdk.NewCfnCondition(s.Stack, jsii.String("HasOutputExpiration"), &awscdk.CfnConditionProps{
+		Expression: awscdk.Fn_ConditionNot(awscdk.Fn_ConditionEquals(days.ValueAsString(), jsii.String("0"))),
+	})
+	expire := map[string]any{
+		"Id": RuleExpireOutputs, "Status": "Enabled", "ExpirationInDays": days.ValueAsNumber(),
+		"Prefix": awscdk.Fn_Sub(jsii.String("${OutputPrefix}/"), nil),
+	}
+	return []any{
+		map[string]any{"Id": RuleAbortUploads, "Status": "Enabled",
+			"AbortIncompleteMultipartUpload": map[string]any{"DaysAfterInitiation": 1},
+			"NoncurrentVersionExpiration":    map[string]any{"NoncurrentDays": 30}},
+		map[string]any{"Id": RuleExpiredDeleteMarker, "Status": "Enabled", "ExpiredObjectDeleteMarker": true},
+		awscdk.Fn_ConditionIf(has.LogicalId(), expire, awscdk.Aws_NO_VALUE()),
+	}
 }
 
 // secret defines (or imports, props.ExistingSecretARN) the E2B API key:
@@ -291,8 +339,16 @@ func (s *Stack) buckets() {
 // with a random placeholder: put the real key with
 // `aws secretsmanager put-secret-value --secret-id <E2BApiKeySecretArn> --secret-string <key>`.
 func (s *Stack) secret(props Props) {
-	if props.ExistingSecretARN != "" {
-		s.Secret = awssecretsmanager.Secret_FromSecretCompleteArn(s.Stack, jsii.String(LogicalSecret), jsii.String(props.ExistingSecretARN))
+	if ref := props.ExistingSecretARN; ref != "" {
+		switch {
+		case completeSecretARN.MatchString(ref):
+			s.Secret = awssecretsmanager.Secret_FromSecretCompleteArn(s.Stack, jsii.String(LogicalSecret), jsii.String(ref))
+		case strings.HasPrefix(ref, "arn:"):
+			s.Secret = awssecretsmanager.Secret_FromSecretPartialArn(s.Stack, jsii.String(LogicalSecret), jsii.String(ref))
+		default:
+			s.Secret = awssecretsmanager.Secret_FromSecretNameV2(s.Stack, jsii.String(LogicalSecret), jsii.String(ref))
+		}
+		s.secretRef, s.secretResource = jsii.String(ref), secretGrantARN(ref)
 		return
 	}
 	sec := awssecretsmanager.NewSecret(s.Stack, jsii.String(LogicalSecret), &awssecretsmanager.SecretProps{
@@ -305,6 +361,25 @@ func (s *Stack) secret(props Props) {
 	})
 	overrideID(sec, LogicalSecret)
 	s.Secret = sec
+	s.secretRef, s.secretResource = sec.SecretArn(), sec.SecretArn()
+}
+
+// completeSecretARN matches a secret's complete ARN: Secrets Manager ends
+// every secret's ARN with a hyphen and 6 random characters.
+var completeSecretARN = regexp.MustCompile(`^arn:[^:]+:secretsmanager:[^:]*:[^:]*:secret:.+-[A-Za-z0-9]{6}$`)
+
+// secretGrantARN is what a policy names for the existing secret ref: its
+// complete ARN, or, for a partial ARN or a name, the ARN with "-??????"
+// for the suffix Secrets Manager added (IAM matches a policy against the
+// complete ARN, so a bare name or partial ARN would match nothing).
+func secretGrantARN(ref string) *string {
+	switch {
+	case completeSecretARN.MatchString(ref):
+		return jsii.String(ref)
+	case strings.HasPrefix(ref, "arn:"):
+		return jsii.String(ref + "-??????")
+	}
+	return awscdk.Fn_Sub(jsii.String("arn:${AWS::Partition}:secretsmanager:${AWS::Region}:${AWS::AccountId}:secret:"+ref+"-??????"), nil)
 }
 
 // tokenKey defines the KMS key sandbox access tokens are sealed under
@@ -331,7 +406,7 @@ func (s *Stack) environment(f Function, deployment *string) map[string]*string {
 	env[config.EnvDeploymentID] = deployment
 	env["TABLE_NAME"] = s.Table.TableName()
 	env["OUTPUT_BUCKET"] = s.Bucket.BucketName()
-	env["E2B_API_KEY_SECRET_ARN"] = s.Secret.SecretArn()
+	env["E2B_API_KEY_SECRET_ARN"] = s.secretRef
 	env[config.EnvTokenKMSKeyARN] = s.TokenKey.KeyArn()
 	return env
 }
@@ -395,7 +470,7 @@ func (s *Stack) outputs() {
 	out("ApiUrl", s.API.ApiEndpoint(), "Base URL of the broker's HTTP API")
 	out("TableName", s.Table.TableName(), "DynamoDB table")
 	out("OutputBucketName", s.Bucket.BucketName(), "S3 bucket for thread outputs")
-	out("E2BApiKeySecretArn", s.Secret.SecretArn(), "Put the E2B API key here (SecretString)")
+	out("E2BApiKeySecretArn", s.secretRef, "Put the E2B API key here (SecretString)")
 }
 
 // function defines one Lambda function with its own role, log group and
@@ -425,24 +500,39 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	// time, so the narrowest static scope is the prefix with a trailing
 	// wildcard (IAM has no other way to name "objects under a prefix").
 	objects := awscdk.Fn_Join(jsii.String(""), &[]*string{s.Bucket.BucketArn(), jsii.String("/"), prefix, jsii.String("/*")})
-	seal := stmt("SealAccessTokens", KMSActions, s.TokenKey.KeyArn())
-	seal.AddCondition(jsii.String("StringEquals"), map[string]any{
-		"kms:EncryptionContext:purpose": tokenseal.EncryptionContext["purpose"],
-	})
-	statements := []awsiam.PolicyStatement{
-		stmt("WriteOwnLogs", LogActions, logs.LogGroupArn()),
-		stmt("TableItems", DynamoDBActions, tableArn),
-		stmt("TableIndexes", DynamoDBIndexActions, indexArn(ddbstore.IndexGSI1), indexArn(ddbstore.IndexGSI2)),
-		stmt("OutputObjects", S3ObjectActions, objects),
-		stmt("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn()),
-		stmt("ReadE2BApiKey", SecretActions, s.Secret.SecretArn()),
-		seal,
+	bus := awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":events:"),
+		awscdk.Aws_REGION(), jsii.String(":"), awscdk.Aws_ACCOUNT_ID(), jsii.String(":event-bus/"), s.Params[ParamEventBusName].ValueAsString()})
+	statements := []awsiam.PolicyStatement{stmt("WriteOwnLogs", LogActions, logs.LogGroupArn())}
+	// Each statement holds the actions of its resource that f calls, and
+	// is left out when f calls none.
+	grant := func(sid string, all []string, resources ...*string) awsiam.PolicyStatement {
+		if acts := f.Granted(all); len(acts) > 0 {
+			st := stmt(sid, acts, resources...)
+			statements = append(statements, st)
+			return st
+		}
+		return nil
 	}
-	if f.PublishesEvents {
-		bus := awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":events:"),
-			awscdk.Aws_REGION(), jsii.String(":"), awscdk.Aws_ACCOUNT_ID(), jsii.String(":event-bus/"), s.Params[ParamEventBusName].ValueAsString()})
-		statements = append(statements, stmt("PublishEvents", EventActions, bus))
+	grant("TableItems", DynamoDBActions, tableArn)
+	grant("TableIndexes", DynamoDBIndexActions, indexArn(ddbstore.IndexGSI1), indexArn(ddbstore.IndexGSI2))
+	grant("OutputObjects", S3ObjectActions, objects)
+	grant("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn())
+	grant("ReadE2BApiKey", SecretActions, s.secretResource)
+	if key := props.ExistingSecretKMSKeyARN; key != "" && props.ExistingSecretARN != "" && len(f.Granted(SecretActions)) > 0 {
+		// Secrets Manager decrypts an existing secret under its customer
+		// managed key as the caller: GetSecretValue needs kms:Decrypt on it.
+		dec := stmt("DecryptE2BApiKey", []string{"kms:Decrypt"}, jsii.String(key))
+		dec.AddCondition(jsii.String("StringEquals"), map[string]any{
+			"kms:ViaService": awscdk.Fn_Sub(jsii.String("secretsmanager.${AWS::Region}.amazonaws.com"), nil),
+		})
+		statements = append(statements, dec)
 	}
+	if seal := grant("SealAccessTokens", KMSActions, s.TokenKey.KeyArn()); seal != nil {
+		seal.AddCondition(jsii.String("StringEquals"), map[string]any{
+			"kms:EncryptionContext:purpose": tokenseal.EncryptionContext["purpose"],
+		})
+	}
+	grant("PublishEvents", EventActions, bus)
 	doc := awsiam.NewPolicyDocument(&awsiam.PolicyDocumentProps{Statements: &statements})
 	policy := awsiam.NewPolicy(st, jsii.String(f.LogicalID+"Policy"), &awsiam.PolicyProps{Document: doc})
 	policy.AttachToRole(role)
@@ -466,7 +556,17 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	// reads the secret at cold start).
 	fn.Node().AddDependency(policy)
 	overrideID(fn, f.LogicalID)
+	dependOnPolicyOnly(fn, policy)
 	return fn
+}
+
+// dependOnPolicyOnly leaves the policy as fn's only explicit dependency:
+// the Function construct also makes it depend on its role, which the
+// function's Role (a GetAtt of the role) already implies (cfn-lint W3005).
+func dependOnPolicyOnly(fn awslambda.Function, policy awsiam.Policy) {
+	cfn := fn.Node().DefaultChild().(awslambda.CfnFunction)
+	id := awscdk.Stack_Of(fn).GetLogicalId(policy.Node().DefaultChild().(awscdk.CfnElement))
+	cfn.AddOverride(jsii.String("DependsOn"), []*string{id})
 }
 
 // api defines the HTTP API: routes to the functions behind the authorizer,
@@ -538,8 +638,8 @@ func (s *Stack) api(props Props, retention awslogs.RetentionDays) {
 		Format:         jsii.String(accessLogFormat),
 	})
 	stage.SetDefaultRouteSettings(&awsapigatewayv2.CfnStage_RouteSettingsProperty{
-		ThrottlingRateLimit:  jsii.Number(props.ThrottleRate),
-		ThrottlingBurstLimit: jsii.Number(props.ThrottleBurst),
+		ThrottlingRateLimit:  s.Params[ParamAPIThrottleRate].ValueAsNumber(),
+		ThrottlingBurstLimit: s.Params[ParamAPIThrottleBurst].ValueAsNumber(),
 	})
 }
 

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/awslabs/goformation/v7"
 	"github.com/awslabs/goformation/v7/cloudformation"
 	"github.com/awslabs/goformation/v7/cloudformation/serverless"
 )
@@ -53,13 +52,13 @@ type App struct {
 	Routes    []Route
 }
 
-// LoadTemplate parses a SAM template with goformation. Functions are named
+// LoadTemplate parses a SAM template with goformation (OpenTemplate). Functions are named
 // by the last element of their CodeUri (".build/acquire/" -> "acquire").
 // Routes come from HttpApi (and Api) events; schedules from Schedule events
 // with rate(...) expressions (cron expressions are an error: devstack
 // cannot run them).
 func LoadTemplate(file string) (App, error) {
-	tpl, err := goformation.OpenWithOptions(file, nil)
+	tpl, err := OpenTemplate(file)
 	if err != nil {
 		return App{}, fmt.Errorf("parse %s: %w", file, err)
 	}

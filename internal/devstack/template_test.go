@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/awslabs/goformation/v7"
-
 	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 )
 
@@ -70,7 +68,7 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 		if f.Name == "acquire" && f.MemoryMB != 256 {
 			t.Errorf("acquire memory = %d MB, want 256 from Globals", f.MemoryMB)
 		}
-		if !slices.Contains(f.Env, "SANDBOX_ACQUIRE_TIMEOUT_SECONDS=20") || slices.ContainsFunc(f.Env, func(kv string) bool { return strings.HasSuffix(kv, "=") }) {
+		if !slices.Contains(f.Env, "SANDBOX_ACQUIRE_TIMEOUT_SECONDS=12") || slices.ContainsFunc(f.Env, func(kv string) bool { return strings.HasSuffix(kv, "=") }) {
 			t.Errorf("%s env = %v, want the Globals defaults without empty values", f.Name, f.Env)
 		}
 		if f.Name == "reconcile" {
@@ -163,7 +161,7 @@ Resources:
 // TestTemplateTableMatchesStore keeps template.yaml's table in step with
 // the attribute and index names ddbstore uses.
 func TestTemplateTableMatchesStore(t *testing.T) {
-	tpl, err := goformation.OpenWithOptions(repoTemplate(t), nil)
+	tpl, err := OpenTemplate(repoTemplate(t))
 	if err != nil {
 		t.Fatal(err)
 	}

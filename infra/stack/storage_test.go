@@ -1,0 +1,87 @@
+package stack
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
+)
+
+// TestNumberParameters: both templates have the storage and API
+// parameters, with the same type, default, minimum and description.
+func TestNumberParameters(t *testing.T) {
+	sam := samRaw(t)["Parameters"].(map[string]any)
+	cdk := defaultSynth(t).tpl["Parameters"].(map[string]any)
+	for _, p := range NumberParameters {
+		want := fmt.Sprintf("Number %v %v %s", p.Default, p.MinValue, p.Description)
+		for name, params := range map[string]map[string]any{"template.yaml": sam, "CDK stack": cdk} {
+			got, _ := params[p.Name].(map[string]any)
+			if s := fmt.Sprintf("%v %v %v %v", got["Type"], got["Default"], got["MinValue"], got["Description"]); s != want {
+				t.Errorf("%s %s = %s, want %s", name, p.Name, s, want)
+			}
+		}
+	}
+}
+
+// TestOutputLifecycle: the output bucket's lifecycle is the same in both
+// templates: uploads aborted, old versions expired, delete markers left
+// without versions removed by a rule without an expiration in days (S3
+// refuses ExpiredObjectDeleteMarker beside Days or Date), and outputs
+// expired only when OutputExpirationDays is above 0.
+func TestOutputLifecycle(t *testing.T) {
+	sam := props(samRaw(t)["Resources"].(map[string]any)[LogicalBucket].(map[string]any))["LifecycleConfiguration"]
+	cdk := props(defaultSynth(t).Resources("AWS::S3::Bucket")[LogicalBucket])["LifecycleConfiguration"]
+	if normalized(sam) != normalized(cdk) {
+		t.Errorf("lifecycle differs:\n  template.yaml: %s\n  CDK stack:     %s", normalized(sam), normalized(cdk))
+	}
+	rules := cdk.(map[string]any)["Rules"].([]any)
+	want := []string{
+		`{"AbortIncompleteMultipartUpload":{"DaysAfterInitiation":1},"Id":"` + RuleAbortUploads + `","NoncurrentVersionExpiration":{"NoncurrentDays":30},"Status":"Enabled"}`,
+		`{"ExpiredObjectDeleteMarker":true,"Id":"` + RuleExpiredDeleteMarker + `","Status":"Enabled"}`,
+		`{"Fn::If":["HasOutputExpiration",{"ExpirationInDays":{"Ref":"` + ParamOutputExpirationDays + `"},"Id":"` + RuleExpireOutputs +
+			`","Prefix":{"Fn::Sub":"${OutputPrefix}/"},"Status":"Enabled"},{"Ref":"AWS::NoValue"}]}`,
+	}
+	if len(rules) != len(want) {
+		t.Fatalf("rules %s, want %d", str(rules), len(want))
+	}
+	for i, r := range rules {
+		if str(r) != want[i] {
+			t.Errorf("rule %d = %s\nwant %s", i, str(r), want[i])
+		}
+		if js := str(r); strings.Contains(js, "ExpiredObjectDeleteMarker") && strings.Contains(js, "ExpirationInDays") {
+			t.Errorf("rule %d mixes ExpiredObjectDeleteMarker with ExpirationInDays, which S3 refuses", i)
+		}
+	}
+	cond := str(defaultSynth(t).tpl["Conditions"].(map[string]any)["HasOutputExpiration"])
+	if cond != `{"Fn::Not":[{"Fn::Equals":[{"Ref":"`+ParamOutputExpirationDays+`"},"0"]}]}` {
+		t.Errorf("HasOutputExpiration = %s", cond)
+	}
+}
+
+// TestAcquireTimeoutParameter: the HTTP API functions have the timeout
+// internal/config bounds the acquire wait by, and the parameter accepts
+// exactly the seconds config accepts (1 to the bound).
+func TestAcquireTimeoutParameter(t *testing.T) {
+	for _, f := range Functions {
+		if len(f.Routes) > 0 && time.Duration(f.TimeoutSeconds)*time.Second != config.HTTPFunctionTimeout {
+			t.Errorf("%s: timeout %d s, config bounds the acquire wait for %s", f.Name, f.TimeoutSeconds, config.HTTPFunctionTimeout)
+		}
+	}
+	var pattern string
+	for _, p := range Parameters {
+		if p.Env == config.EnvAcquireTimeoutSeconds {
+			pattern = p.AllowedPattern
+		}
+	}
+	re := regexp.MustCompile(pattern)
+	limit := int(config.MaxAcquireTimeout(config.HTTPFunctionTimeout) / time.Second)
+	for n := 0; n <= limit+5; n++ {
+		if got, want := re.MatchString(strconv.Itoa(n)), n >= 1 && n <= limit; got != want {
+			t.Errorf("SandboxAcquireTimeoutSeconds pattern %s accepts %d: %v, want %v", pattern, n, got, want)
+		}
+	}
+}
