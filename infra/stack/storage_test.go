@@ -2,13 +2,8 @@ package stack
 
 import (
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/sandbox-broker/sandbox-broker/internal/config"
 )
 
 // TestNumberParameters: both templates have the storage and API
@@ -59,29 +54,5 @@ func TestOutputLifecycle(t *testing.T) {
 	cond := str(defaultSynth(t).tpl["Conditions"].(map[string]any)["HasOutputExpiration"])
 	if cond != `{"Fn::Not":[{"Fn::Equals":[{"Ref":"`+ParamOutputExpirationDays+`"},"0"]}]}` {
 		t.Errorf("HasOutputExpiration = %s", cond)
-	}
-}
-
-// TestAcquireTimeoutParameter: the HTTP API functions have the timeout
-// internal/config bounds the acquire wait by, and the parameter accepts
-// exactly the seconds config accepts (1 to the bound).
-func TestAcquireTimeoutParameter(t *testing.T) {
-	for _, f := range Functions {
-		if len(f.Routes) > 0 && time.Duration(f.TimeoutSeconds)*time.Second != config.HTTPFunctionTimeout {
-			t.Errorf("%s: timeout %d s, config bounds the acquire wait for %s", f.Name, f.TimeoutSeconds, config.HTTPFunctionTimeout)
-		}
-	}
-	var pattern string
-	for _, p := range Parameters {
-		if p.Env == config.EnvAcquireTimeoutSeconds {
-			pattern = p.AllowedPattern
-		}
-	}
-	re := regexp.MustCompile(pattern)
-	limit := int(config.MaxAcquireTimeout(config.HTTPFunctionTimeout) / time.Second)
-	for n := 0; n <= limit+5; n++ {
-		if got, want := re.MatchString(strconv.Itoa(n)), n >= 1 && n <= limit; got != want {
-			t.Errorf("SandboxAcquireTimeoutSeconds pattern %s accepts %d: %v, want %v", pattern, n, got, want)
-		}
 	}
 }

@@ -282,7 +282,7 @@ func Parse(environ []string) (Config, []string, error) {
 		p.fail(EnvOverflowPolicy, "must be reject, wait or burst, got %q", s.Policy)
 	}
 	s.BurstLimit = p.intVar(EnvBurstLimit, s.BurstLimit, 0)
-	s.AcquireTimeout = p.acquireTimeout(p.seconds(EnvAcquireTimeoutSeconds, s.AcquireTimeout), p.str(EnvAcquireTimeoutSeconds, "") != "")
+	s.AcquireTimeout = p.seconds(EnvAcquireTimeoutSeconds, s.AcquireTimeout)
 	s.IdleTimeout = p.seconds(EnvIdleTimeoutSeconds, s.IdleTimeout)
 	s.ActiveTimeout = p.seconds(EnvActiveTimeoutSeconds, s.ActiveTimeout)
 	s.Template = p.str(EnvTemplate, s.Template)

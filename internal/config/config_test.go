@@ -27,7 +27,6 @@ func TestParseDefaults(t *testing.T) {
 		t.Errorf("warnings = %v, want none", warnings)
 	}
 	want := core.DefaultSettings()
-	want.AcquireTimeout = MaxAcquireTimeout(HTTPFunctionTimeout) // TestAcquireTimeoutBound
 	if !reflect.DeepEqual(c.Settings, want) {
 		t.Errorf("Settings = %+v, want defaults %+v", c.Settings, want)
 	}
@@ -281,26 +280,5 @@ func TestParseEventBusName(t *testing.T) {
 				t.Fatalf("EventBusName = %q, %v; want %q", c.EventBusName, err, tt.want)
 			}
 		})
-	}
-}
-
-// TestAcquireTimeoutBound: an HTTP API function (29 s) waits at most 12 s
-// for a slot; a larger SANDBOX_ACQUIRE_TIMEOUT_SECONDS is refused with an
-// error naming 12, and the default (unset) is lowered to it.
-func TestAcquireTimeoutBound(t *testing.T) {
-	if got := MaxAcquireTimeout(HTTPFunctionTimeout); got != 12*time.Second {
-		t.Fatalf("MaxAcquireTimeout(%s) = %s, want 12s", HTTPFunctionTimeout, got)
-	}
-	cfg, _, err := Parse(base("SANDBOX_ACQUIRE_TIMEOUT_SECONDS=12"))
-	if err != nil || cfg.Settings.AcquireTimeout != 12*time.Second {
-		t.Errorf("12: %v, %s", err, cfg.Settings.AcquireTimeout)
-	}
-	_, _, err = Parse(base("SANDBOX_ACQUIRE_TIMEOUT_SECONDS=13"))
-	if err == nil || !strings.Contains(err.Error(), "SANDBOX_ACQUIRE_TIMEOUT_SECONDS") || !strings.Contains(err.Error(), "largest value accepted is 12, got 13") {
-		t.Errorf("13: error %v, want one naming 12", err)
-	}
-	cfg, _, err = Parse(base())
-	if err != nil || cfg.Settings.AcquireTimeout != 12*time.Second {
-		t.Errorf("unset: %v, %s, want the bound, 12s", err, cfg.Settings.AcquireTimeout)
 	}
 }

@@ -68,7 +68,7 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 		if f.Name == "acquire" && f.MemoryMB != 256 {
 			t.Errorf("acquire memory = %d MB, want 256 from Globals", f.MemoryMB)
 		}
-		if !slices.Contains(f.Env, "SANDBOX_ACQUIRE_TIMEOUT_SECONDS=12") || slices.ContainsFunc(f.Env, func(kv string) bool { return strings.HasSuffix(kv, "=") }) {
+		if !slices.Contains(f.Env, "SANDBOX_ACQUIRE_TIMEOUT_SECONDS=20") || slices.ContainsFunc(f.Env, func(kv string) bool { return strings.HasSuffix(kv, "=") }) {
 			t.Errorf("%s env = %v, want the Globals defaults without empty values", f.Name, f.Env)
 		}
 		if f.Name == "reconcile" {

@@ -37,7 +37,7 @@ import (
 
 // DefaultTimeout bounds every API call unless WithTimeout says otherwise. It
 // is generous because acquire may wait for a capacity slot (policy "wait",
-// SANDBOX_ACQUIRE_TIMEOUT_SECONDS, at most 12 s) and then create and
+// SANDBOX_ACQUIRE_TIMEOUT_SECONDS, 30 s by default) and then create and
 // bootstrap a sandbox, and release copies outputs to S3 before it answers.
 const DefaultTimeout = 3 * time.Minute
 
