@@ -1,4 +1,4 @@
-package main
+package preflight
 
 import (
 	"bytes"
@@ -63,14 +63,14 @@ func preflight(t *testing.T, f *fakeAWS, env map[string]string, args ...string) 
 	cfg := aws.Config{Region: "eu-west-1", Credentials: credentials.NewStaticCredentialsProvider("AKID", "SECRET", ""),
 		BaseEndpoint: aws.String(srv.URL), RetryMaxAttempts: 1}
 	var out bytes.Buffer
-	code := run(context.Background(), args, func(k string) string { return env[k] }, &out,
+	code := Run(context.Background(), args, func(k string) string { return env[k] }, &out,
 		servicequotas.NewFromConfig(cfg), lambda.NewFromConfig(cfg))
 	return code, out.String(), f.calls
 }
 
 func TestNewAccountDoesNotFitTheDefaults(t *testing.T) {
 	code, out, calls := preflight(t, &fakeAWS{quota: "10.0", limit: 10, unreserved: 10}, nil)
-	if code != 1 || !strings.Contains(out, "does not fit: the plan may run 20 executions at once; the account has 10 unreserved") ||
+	if code != 1 || !strings.Contains(out, "does not fit: the plan may run 12 executions at once; the account has 10 unreserved") ||
 		!strings.Contains(out, "--quota-code L-B99A9384 --desired-value 1000") {
 		t.Errorf("exit %d, output:\n%s", code, out)
 	}
@@ -84,7 +84,7 @@ func TestNewAccountDoesNotFitTheDefaults(t *testing.T) {
 
 func TestEstablishedAccountFits(t *testing.T) {
 	code, out, _ := preflight(t, &fakeAWS{quota: "1000.0", limit: 1000, unreserved: 1000}, nil)
-	if code != 0 || !strings.Contains(out, "fits: the plan needs 20 concurrent executions, the account has 1000") {
+	if code != 0 || !strings.Contains(out, "fits: the plan needs 12 concurrent executions, the account has 1000") {
 		t.Errorf("exit %d, output:\n%s", code, out)
 	}
 }
@@ -99,12 +99,16 @@ func TestQuotaUnreadableFallsBack(t *testing.T) {
 }
 
 // TestPlanFromEnvironmentAndFlags: the SANDBOX_* variables set the plan,
-// flags override them; reject needs no waiters; a reservation must leave
+// flags override them; waiters use a fifth of an execution each (they
+// ask once a second); reject needs no waiters; a reservation must leave
 // 100 unreserved.
 func TestPlanFromEnvironmentAndFlags(t *testing.T) {
 	f := func() *fakeAWS { return &fakeAWS{quota: "150.0", limit: 150, unreserved: 100} }
-	if code, out, _ := preflight(t, f(), map[string]string{"SANDBOX_MAX_WAITERS_PER_TENANT": "0"}); code != 1 || !strings.Contains(out, "110 executions") {
+	if code, out, _ := preflight(t, f(), map[string]string{"SANDBOX_MAX_WAITERS_PER_TENANT": "0"}); code != 0 || !strings.Contains(out, "(20 executions)") {
 		t.Errorf("100 waiters: exit %d\n%s", code, out)
+	}
+	if code, out, _ := preflight(t, f(), map[string]string{"SANDBOX_MAX_WAITERS_PER_TENANT": "0"}, "-waiting-tenants", "5"); code != 1 || !strings.Contains(out, "110 executions") {
+		t.Errorf("500 waiters: exit %d\n%s", code, out)
 	}
 	if code, out, _ := preflight(t, f(), map[string]string{"SANDBOX_MAX_WAITERS_PER_TENANT": "0"}, "-policy", "reject"); code != 0 {
 		t.Errorf("reject: exit %d\n%s", code, out)

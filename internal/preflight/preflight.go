@@ -1,8 +1,12 @@
-package main
+// Package preflight checks, before a deploy, that the AWS account's Lambda
+// concurrency fits the broker's overflow policy and waiter limits, and
+// says what quota to request when it does not. It only reads.
+package preflight
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -60,8 +64,12 @@ func (p Plan) Validate() error {
 	return nil
 }
 
-// Waiters is how many acquire invocations waiting for a slot may run at
-// once: each holds an instance for its whole wait.
+// askShare is the share of an execution one waiting acquire uses: a
+// waiter holds no invocation, it asks again once a second, and an ask
+// (a read of its ticket and a turn) ends well within a fifth of that.
+const askShare = 5
+
+// Waiters is how many acquires may wait for a slot at once.
 func (p Plan) Waiters() int {
 	if p.Policy != "wait" {
 		return 0
@@ -72,6 +80,9 @@ func (p Plan) Waiters() int {
 	}
 	return per * p.WaitingTenants
 }
+
+// WaitingExecutions is the concurrent executions the waiters' asks use.
+func (p Plan) WaitingExecutions() int { return (p.Waiters() + askShare - 1) / askShare }
 
 // Account is what the account allows.
 type Account struct {
@@ -137,7 +148,7 @@ type Verdict struct {
 // unreserved executions (less the reservations the plan adds), and Lambda
 // refuses a reservation that would leave fewer than 100 unreserved.
 func assess(p Plan, a Account) Verdict {
-	v := Verdict{Need: p.Waiters() + p.Headroom}
+	v := Verdict{Need: p.WaitingExecutions() + p.Headroom}
 	unreserved := a.Unreserved
 	if unreserved == 0 || unreserved > a.Concurrency() {
 		unreserved = a.Concurrency()
@@ -168,8 +179,8 @@ func report(out io.Writer, p Plan, a Account, v Verdict) {
 		limit = fmt.Sprintf("%d, %d unreserved", a.Limit, a.Unreserved)
 	}
 	fmt.Fprintf(out, "account: Lambda concurrent executions %s (Service Quotas %s); GetAccountSettings %s\n", quota, ConcurrencyQuotaCode, limit)
-	fmt.Fprintf(out, "plan: policy %s, %d waiting acquires (%d tenants x %d), %d more for releases, syncs, reads and reconcile, %d reserved\n",
-		p.Policy, p.Waiters(), p.WaitingTenants, p.Waiters()/p.WaitingTenants, p.Headroom, p.Reserved)
+	fmt.Fprintf(out, "plan: policy %s, %d waiting acquires (%d tenants x %d) asking once a second (%d executions), %d more for releases, syncs, reads and reconcile, %d reserved\n",
+		p.Policy, p.Waiters(), p.WaitingTenants, p.Waiters()/p.WaitingTenants, p.WaitingExecutions(), p.Headroom, p.Reserved)
 	if v.Fits {
 		fmt.Fprintf(out, "fits: the plan needs %d concurrent executions, the account has %d\n", v.Need, v.Available)
 		return
@@ -198,4 +209,44 @@ func envInt(getenv func(string) string, key string, def int) int {
 		return n
 	}
 	return def
+}
+
+// Run parses args, reads the account and prints the verdict to out. It
+// returns the exit code: 0 when the settings fit, 1 when they do not, 2
+// on bad flags or when neither read answers.
+func Run(ctx context.Context, args []string, getenv func(string) string, out io.Writer, sq QuotasAPI, lc LambdaAPI) int {
+	plan, err := parsePlan(args, getenv)
+	if err != nil {
+		fmt.Fprintln(out, "preflight:", err)
+		return 2
+	}
+	acct, err := readAccount(ctx, sq, lc)
+	if err != nil {
+		fmt.Fprintln(out, "preflight:", err)
+		return 2
+	}
+	v := assess(plan, acct)
+	report(out, plan, acct, v)
+	if !v.Fits {
+		return 1
+	}
+	return 0
+}
+
+// parsePlan reads the flags, each defaulting to its SANDBOX_* variable
+// (getenv) and then to the deployed default.
+func parsePlan(args []string, getenv func(string) string) (Plan, error) {
+	p := DefaultPlan()
+	fs := flag.NewFlagSet("preflight", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	policy := fs.String("policy", envOr(getenv, "SANDBOX_OVERFLOW_POLICY", p.Policy), "overflow policy: reject, wait or burst")
+	waiters := fs.Int("max-waiters-per-tenant", envInt(getenv, "SANDBOX_MAX_WAITERS_PER_TENANT", p.MaxWaitersPerTenant), "acquires of one tenant that may wait at once (0 = the most, 100)")
+	fs.IntVar(&p.WaitingTenants, "waiting-tenants", p.WaitingTenants, "tenants whose acquires may wait at the same time")
+	fs.IntVar(&p.Reserved, "reserved", p.Reserved, "sum of the <Function>ReservedConcurrency parameters you will deploy")
+	fs.IntVar(&p.Headroom, "headroom", p.Headroom, "concurrent releases, syncs, status reads and reconcile passes to keep room for")
+	if err := fs.Parse(args); err != nil {
+		return Plan{}, err
+	}
+	p.Policy, p.MaxWaitersPerTenant = *policy, *waiters
+	return p, p.Validate()
 }
