@@ -38,8 +38,7 @@ func (e *Engine) pauseStore() PauseStore {
 	if e.caps.Pause == nil {
 		return nil
 	}
-	ps, _ := e.store.pauseStore()
-	return ps
+	return e.store.pauseStore()
 }
 
 // pauseParking reports whether idle warm sandboxes are paused.
@@ -221,8 +220,7 @@ func (e *Engine) unleaseWarm(ctx context.Context, rec Record) {
 // by this invocation) and settles the record by the answer.
 func (e *Engine) finishPause(ctx context.Context, rec Record) pauseResult {
 	// A pool member (no thread) settles back to pooled.
-	pool, member := e.store.poolStore()
-	member = member && rec.ThreadKey == (ThreadKey{})
+	pool, member := e.store.poolStore(), rec.ThreadKey == (ThreadKey{})
 	cctx, cancel, ok := e.leaseCall(ctx, rec)
 	if !ok {
 		e.log.WarnContext(ctx, "too little lease left to pause; left for the next pass", "sandbox_id", rec.SandboxID)

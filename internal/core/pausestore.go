@@ -22,8 +22,7 @@ type ResumeClaim struct {
 	Grant *Grant
 }
 
-// PauseStore is the store access pause-parking needs beyond Store
-// (*ddbstore.Store implements it). A record pausing, paused or resuming
+// PauseStore moves records through pause-parking. A record pausing, paused or resuming
 // holds a paused slot (Record.Slots.Paused), bounded by a limit of its
 // own; a paused one holds no running slot. Every method moves a record
 // and its slots together, in one write; errors are classified as Store's.
@@ -80,15 +79,10 @@ type ReleasePause struct {
 	Limit int
 }
 
-// pauseStore is the metered PauseStore, when the store is one: each of
-// its writes moves the record's metering interval and is metered, as
-// meteredStore's are.
-func (m meteredStore) pauseStore() (PauseStore, bool) {
-	ps, ok := m.Store.(PauseStore)
-	if !ok {
-		return nil, false
-	}
-	return meteredPauseStore{PauseStore: ps, e: m.e}, true
+// pauseStore is the metered PauseStore: each of its writes moves the
+// record's metering interval and is metered, as meteredStore's are.
+func (m meteredStore) pauseStore() PauseStore {
+	return meteredPauseStore{PauseStore: m.Store, e: m.e}
 }
 
 // meteredPauseStore meters every pause-parking write (the time before

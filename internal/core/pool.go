@@ -233,8 +233,7 @@ func (e *Engine) poolStore() PoolStore {
 	if e.poolConfig().settings.Size <= 0 {
 		return nil
 	}
-	ps, _ := e.store.poolStore()
-	return ps
+	return e.store.poolStore()
 }
 
 // maxPoolTries bounds the pool members one acquire takes (a member found

@@ -175,10 +175,7 @@ func (e *Engine) prepareMember(ctx context.Context, ref SandboxRef) error {
 // draining), within the pass's time.
 func (p *pass) pool(ctx context.Context, draining bool) error {
 	e := p.e
-	ps, ok := e.store.poolStore()
-	if !ok {
-		return nil
-	}
+	ps := e.store.poolStore()
 	if e.poolStore() != nil { // a pool is kept: claims may have been interrupted
 		if err := p.interruptedClaims(ctx); err != nil {
 			return err
@@ -289,10 +286,7 @@ func (p *pass) poolSandbox(ctx context.Context, in SandboxInfo, look ReconcileLo
 	if rec, ok := look.Records[in.ID]; ok && rec.State != StateGone {
 		return // tracked; a gone record is not: its sandbox leaked
 	}
-	ps, ok := e.store.poolStore()
-	if !ok {
-		return
-	}
+	ps := e.store.poolStore()
 	token := in.Metadata[MetaReservation]
 	res, hasRes := look.Reservations[token]
 	if hasRes && !p.crashed(res, e.now()) {

@@ -274,21 +274,18 @@ func WithReconcileSettings(rs ReconcileSettings) Option {
 	}
 }
 
-// inventoryStore is the ReconcileStore: the one set with
-// WithReconcileStore, else the Store if it implements it, else nil.
+// inventoryStore is the metered ReconcileStore: the one set with
+// WithReconcileStore, else the Store's.
 func (e *Engine) inventoryStore() ReconcileStore {
 	rst := e.reconcileConfig().store
 	if rst == nil {
-		rst, _ = e.store.Store.(ReconcileStore)
-	}
-	if rst == nil {
-		return nil
+		rst = e.store.Store
 	}
 	return meteredReconcileStore{ReconcileStore: rst, e: e}
 }
 
 // WithReconcileStore sets the store reconcile uses for inventory work
-// (default: the engine's Store, if it implements ReconcileStore).
+// (default: the engine's Store).
 func WithReconcileStore(rs ReconcileStore) Option {
 	return func(e *Engine) { e.reconcileConfig().store = rs }
 }

@@ -224,7 +224,9 @@ type Lookup struct {
 	TenantUsed int
 }
 
-// Store is the durable state of the broker (DynamoDB in production).
+// Store is the durable state of the broker (DynamoDB in production, in
+// memory in tests: one conformance suite holds both to this contract),
+// split by concern.
 //
 // Write errors are classified: ErrNotFound, ErrConflict, ErrLeaseHeld,
 // ErrStaleFence, ErrThreadBound, ErrDraining, ErrGrantLost and *CapacityError mean the
@@ -232,6 +234,16 @@ type Lookup struct {
 // means it may have; any other error (a bug or a misconfiguration, such as
 // a missing table) certainly did not apply.
 type Store interface {
+	RecordStore
+	CapacityStore
+	WaitStore
+	PauseStore
+	PoolStore
+	ReconcileStore
+}
+
+// RecordStore reads and moves sandbox records and thread bindings.
+type RecordStore interface {
 	// Lookup reads the thread's binding, the draining flag and the
 	// tenant's slot count, in a deployment of limit slots (strongly
 	// consistent).
@@ -247,44 +259,6 @@ type Store interface {
 	Claim(ctx context.Context, c Claim) (Record, error)
 	// Apply makes a fenced update and returns the new record.
 	Apply(ctx context.Context, u Update) (Record, error)
-	// Reserve takes a slot (a *CapacityError when Limit slots are held) and
-	// binds the thread to the reservation (ErrThreadBound when the binding is
-	// not what r expects).
-	// The *CapacityError's reason is RefusalCapacity when Limit slots are
-	// held (with the deployment's counts and Tenants filled in),
-	// RefusalDraining when the deployment drains, RefusalUserQuota when the
-	// user's cap is reached, RefusalTenantQuota when the tenant's.
-	Reserve(ctx context.Context, r Reservation) error
-	// Finalize turns reservation token into the record rec (state active),
-	// moving the binding to rec.SandboxID. ErrConflict if the reservation is
-	// no longer the thread's.
-	Finalize(ctx context.Context, token string, rec Record) (Record, error)
-	// FreeReservation drops a reservation whose create certainly failed (or
-	// whose sandbox was confirmed killed) and frees its slot.
-	FreeReservation(ctx context.Context, token string, key ThreadKey) error
-	// Free marks rec gone (fenced by rec.Fence) and frees its slot (and its
-	// user's and tenant's): call only after the provider confirmed the sandbox is gone.
-	Free(ctx context.Context, rec Record, now time.Time) error
-	// EnterWait takes one of w.Tenant's w.Max waiter places (one that is
-	// free, or whose holder's Until has passed) and queues w.Ticket (see
-	// Ticket for its round), in one transaction; a *CapacityError with
-	// RefusalTooManyWaiters when every place is held.
-	EnterWait(ctx context.Context, w Waiter) (Ticket, error)
-	// PollTicket reads the ticket (strongly consistent).
-	PollTicket(ctx context.Context, t Ticket) (TicketState, error)
-	// LeaveWait takes the ticket out of the queue and gives back its
-	// place: a grant it holds is passed on to the next live waiting
-	// ticket, for grantFor (or its slot freed). Nothing to do when it is
-	// gone.
-	LeaveWait(ctx context.Context, t Ticket, now time.Time, grantFor time.Duration) error
-	// Dispatch serves the wait queue (see Dispatch).
-	Dispatch(ctx context.Context, d Dispatch) (DispatchResult, error)
-	// SetDraining marks the deployment draining (or not); starting a
-	// drain also marks every waiting ticket (TicketState.Draining).
-	SetDraining(ctx context.Context, draining bool) error
-	// Capacity reports the deployment's slots by state from counters kept
-	// with the slots (a constant number of reads whatever the fleet size).
-	Capacity(ctx context.Context) (CapacityStatus, error)
 	// WarmParkedBefore lists up to limit warm records parked before t,
 	// oldest first.
 	WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)
@@ -303,4 +277,52 @@ type Store interface {
 	OwnWarm(ctx context.Context, tenant, user string, limit int) ([]Record, error)
 	// Tombstones lists up to limit records in StateDestroying.
 	Tombstones(ctx context.Context, limit int) ([]Record, error)
+}
+
+// CapacityStore takes and frees running slots, with the bindings and
+// records they move together with.
+type CapacityStore interface {
+	// Reserve takes a slot (a *CapacityError when Limit slots are held) and
+	// binds the thread to the reservation (ErrThreadBound when the binding is
+	// not what r expects).
+	// The *CapacityError's reason is RefusalCapacity when Limit slots are
+	// held (with the deployment's counts and Tenants filled in),
+	// RefusalDraining when the deployment drains, RefusalUserQuota when the
+	// user's cap is reached, RefusalTenantQuota when the tenant's.
+	Reserve(ctx context.Context, r Reservation) error
+	// Finalize turns reservation token into the record rec (state active),
+	// moving the binding to rec.SandboxID. ErrConflict if the reservation is
+	// no longer the thread's.
+	Finalize(ctx context.Context, token string, rec Record) (Record, error)
+	// FreeReservation drops a reservation whose create certainly failed (or
+	// whose sandbox was confirmed killed) and frees its slot.
+	FreeReservation(ctx context.Context, token string, key ThreadKey) error
+	// Free marks rec gone (fenced by rec.Fence) and frees its slot (and its
+	// user's and tenant's): call only after the provider confirmed the sandbox is gone.
+	Free(ctx context.Context, rec Record, now time.Time) error
+	// Capacity reports the deployment's slots by state from counters kept
+	// with the slots (a constant number of reads whatever the fleet size).
+	Capacity(ctx context.Context) (CapacityStatus, error)
+	// SetDraining marks the deployment draining (or not); starting a
+	// drain also marks every waiting ticket (TicketState.Draining).
+	SetDraining(ctx context.Context, draining bool) error
+}
+
+// WaitStore keeps the wait queue: its tickets, waiter places and grants
+// (see Ticket, Grant).
+type WaitStore interface {
+	// EnterWait takes one of w.Tenant's w.Max waiter places (one that is
+	// free, or whose holder's Until has passed) and queues w.Ticket (see
+	// Ticket for its round), in one transaction; a *CapacityError with
+	// RefusalTooManyWaiters when every place is held.
+	EnterWait(ctx context.Context, w Waiter) (Ticket, error)
+	// PollTicket reads the ticket (strongly consistent).
+	PollTicket(ctx context.Context, t Ticket) (TicketState, error)
+	// LeaveWait takes the ticket out of the queue and gives back its
+	// place: a grant it holds is passed on to the next live waiting
+	// ticket, for grantFor (or its slot freed). Nothing to do when it is
+	// gone.
+	LeaveWait(ctx context.Context, t Ticket, now time.Time, grantFor time.Duration) error
+	// Dispatch serves the wait queue (see Dispatch).
+	Dispatch(ctx context.Context, d Dispatch) (DispatchResult, error)
 }

@@ -168,13 +168,9 @@ func (m meteredReconcileStore) ClaimDuplicate(ctx context.Context, c Claim, key 
 	return rec, err
 }
 
-// poolStore is the metered PoolStore, when the store is one.
-func (m meteredStore) poolStore() (PoolStore, bool) {
-	ps, ok := m.Store.(PoolStore)
-	if !ok {
-		return nil, false
-	}
-	return meteredPoolStore{PoolStore: ps, e: m.e}, true
+// poolStore is the metered PoolStore.
+func (m meteredStore) poolStore() PoolStore {
+	return meteredPoolStore{PoolStore: m.Store, e: m.e}
 }
 
 // meteredPoolStore is the pool's store, metered as meteredStore: a

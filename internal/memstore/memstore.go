@@ -22,12 +22,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
-var (
-	_ core.Store          = (*Store)(nil)
-	_ core.PauseStore     = (*Store)(nil)
-	_ core.PoolStore      = (*Store)(nil)
-	_ core.ReconcileStore = (*Store)(nil)
-)
+var _ core.Store = (*Store)(nil)
 
 // Store is an in-memory store. The zero value is not usable: call New.
 type Store struct {
