@@ -1,0 +1,292 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
+)
+
+// bootstrapMarker is printed by the bootstrap script on success.
+const bootstrapMarker = "BOOTSTRAP_OK"
+
+// bootstrapScript prepares the directories agent tools expect:
+// workspace/ uploads/ outputs/ acp-workspace/ under the home, /mnt/user-data
+// -> home and /mnt/acp-workspace -> home/acp-workspace. The home arrives in
+// $SBX_HOME, never interpolated. Links are tried without, then with, sudo.
+const bootstrapScript = `set -e
+for d in workspace uploads outputs acp-workspace; do mkdir -p "$SBX_HOME/$d"; done
+link() { ln -sfn "$1" "$2" 2>/dev/null || sudo -n ln -sfn "$1" "$2"; }
+[ -d /mnt ] || mkdir -p /mnt 2>/dev/null || sudo -n mkdir -p /mnt
+link "$SBX_HOME" /mnt/user-data
+link "$SBX_HOME/acp-workspace" /mnt/acp-workspace
+echo ` + bootstrapMarker
+
+// create reserves a slot (evicting another thread's warm sandbox, see
+// evictOne, when the deployment is full; only one of key's own tenant
+// when the tenant holds its fair share, see fairShareBelow), creates and
+// bootstraps a sandbox and records it.
+func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (AcquireResult, bool, error) {
+	var token string
+	retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
+		token = "res-" + newOwner()[4:]
+		return e.took(st, e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
+			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Grant: st.grant}))
+	})
+	if err != nil {
+		return AcquireResult{}, retry, err
+	}
+	return e.createReserved(ctx, key, token)
+}
+
+// takeSlot runs take, a write that takes a running slot for key's thread
+// (a reservation, a resume claim), until it applies: when the deployment
+// is full it evicts (see evictOne), else frees the slots of sandboxes the provider has ended,
+// and otherwise returns the refusal (retry: the wait policy may poll).
+// Store outages fail closed.
+func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *acquireState, take func(now time.Time) error) (retry bool, _ error) {
+	for evictions := 0; ; evictions++ {
+		err := take(e.now())
+		var ce *CapacityError
+		switch {
+		case err == nil:
+			return false, nil
+		case errors.Is(err, ErrGrantLost):
+			return true, fmt.Errorf("take slot: %w", err)
+		case errors.As(err, &ce) && ce.Reason == api.RefusalDraining:
+			return false, e.drainingError()
+		case errors.As(err, &ce):
+			if quotaRefusal(ce.Reason) && evictions < maxEvictions {
+				// The quota counts the caller's warm sandboxes too: evict
+				// its own least recently parked one, whatever the policy
+				// (a quota bounds the caller's slots, not the deployment's).
+				if e.evictForQuota(ctx, key, owner, ce.Reason) {
+					continue
+				}
+			}
+			// burst with a zero burst limit behaves as reject, eviction included.
+			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
+			if ce.Reason == api.RefusalCapacity && evicting && evictions < maxEvictions {
+				ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants), ce.Status)
+				if ok {
+					continue
+				}
+				if atShare && !st.atShare {
+					// The tenant reached its share since its lookup: try
+					// again, evicting only its own.
+					st.atShare = true
+					continue
+				}
+			}
+			if ce.Reason == api.RefusalCapacity && !st.deadChecked {
+				// Nothing may be evicted: before refusing, free the slots
+				// of sandboxes the provider has already ended. Last, as it
+				// reads every index shard of two states (reconcile frees
+				// them too, every pass).
+				st.deadChecked = true
+				if e.freeDead(ctx, owner) > 0 {
+					continue
+				}
+			}
+			return true, e.refused(ce)
+		case errors.Is(err, ErrThreadBound), errors.Is(err, ErrLeaseHeld), errors.Is(err, ErrConflict), errors.Is(err, ErrNotFound):
+			// The binding or the record moved under us: look again.
+			return true, fmt.Errorf("take slot: %w", err)
+		case errors.Is(err, ErrStoreUnavailable):
+			// Fail closed: the ledger could not decide, so nothing is
+			// created. The write may have applied; reconcile frees a
+			// reservation whose token is in no sandbox (and a resume claim
+			// left resuming is finished by the thread's next acquire).
+			return false, &CapacityError{Reason: api.RefusalCapacityBackend, RetryAfter: 2 * time.Second,
+				Status: CapacityStatus{Limit: e.s.Limit(), Policy: string(e.s.Policy)}}
+		default:
+			return false, fmt.Errorf("take slot: %w", err)
+		}
+	}
+}
+
+// refused is ce, a capacity refusal of a take, with the deployment's
+// policy and limit and a retry time.
+func (e *Engine) refused(ce *CapacityError) *CapacityError {
+	ce.Status.Policy = string(e.s.Policy)
+	ce.Status.Limit = e.s.Limit()
+	if ce.RetryAfter == 0 {
+		ce.RetryAfter = 5 * time.Second
+	}
+	return ce
+}
+
+// createReserved creates and bootstraps a sandbox under reservation token.
+func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string) (AcquireResult, bool, error) {
+	now := e.now()
+	asked := now // the sandbox runs, and is metered, from its create
+	ref, err := e.prov.Create(ctx, CreateSpec{
+		Template: e.s.Template,
+		Timeout:  e.s.ActiveTimeout,
+		Metadata: map[string]string{
+			MetaTenant: key.Tenant, MetaUser: key.User, MetaThread: key.Thread, MetaSeed: key.Seed(),
+			MetaDeployment: e.s.Deployment, MetaCreatedAt: now.UTC().Format(time.RFC3339), MetaReservation: token,
+		},
+	})
+	if err != nil {
+		if IsAmbiguous(err) {
+			// Invariant 5: an ambiguous create keeps its reservation; the
+			// token in the sandbox's metadata lets reconcile settle it.
+			return AcquireResult{}, false, fmt.Errorf("create sandbox (reservation kept): %w", err)
+		}
+		return AcquireResult{}, false, errors.Join(fmt.Errorf("create sandbox: %w", err), e.freeReservation(ctx, token, key))
+	}
+	// A sandbox that dies or fails its bootstrap right after its create is
+	// the provider's failure, not the caller's: acquire tries again while
+	// time allows, else answers ErrProviderUnavailable.
+	if err := e.bootstrap(ctx, ref, bootstrapTimeout); err != nil {
+		if kerr := e.kill(ctx, ref.ID); kerr != nil {
+			// Uncertain kill: keep the slot (invariant 4), and stop: a
+			// retry would strand another slot the same way.
+			return AcquireResult{}, false, unavailable(fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr))
+		}
+		return AcquireResult{}, true, unavailable(errors.Join(err, e.freeReservation(ctx, token, key)))
+	}
+	restored, err := e.restore(ctx, key, ref)
+	if err != nil {
+		if kerr := e.kill(ctx, ref.ID); kerr != nil {
+			return AcquireResult{}, false, unavailable(fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr))
+		}
+		return AcquireResult{}, true, unavailable(errors.Join(err, e.freeReservation(ctx, token, key)))
+	}
+	// Finalize settles the create: it runs even if the work time ran out.
+	now = e.now()
+	fctx, cancel := settle(ctx)
+	defer cancel()
+	rec, err := e.store.Finalize(fctx, token, Record{
+		SandboxID: ref.ID, ThreadKey: key, Seed: key.Seed(), State: StateActive, Backend: e.prov.Name(),
+		Endpoint: ref.Endpoint, ReservationToken: token,
+		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(e.s.ActiveTimeout),
+		PrevMeteredAt: asked, MeteredAt: now, MeteredState: StateCreating,
+	})
+	if errors.Is(err, ErrConflict) {
+		// Our reservation was taken over (we were presumed crashed). If
+		// reconcile adopted the sandbox it has a record now: it belongs to
+		// the thread and the next attempt reclaims it; never kill it.
+		if _, gerr := e.store.Get(fctx, ref.ID); gerr == nil || !errors.Is(gerr, ErrNotFound) {
+			return AcquireResult{}, true, fmt.Errorf("finalize (sandbox %s adopted or unknown): %w", ref.ID, err)
+		}
+		// Nobody else knows this sandbox: kill it, then return the slot.
+		if kerr := e.kill(ctx, ref.ID); kerr != nil {
+			e.log.WarnContext(ctx, "kill of superseded sandbox failed; reconcile will find it", "sandbox_id", ref.ID, "err", kerr)
+			return AcquireResult{}, true, fmt.Errorf("finalize: %w", err)
+		}
+		return AcquireResult{}, true, errors.Join(fmt.Errorf("finalize: %w", err), e.freeReservation(ctx, token, key))
+	}
+	if err != nil {
+		return AcquireResult{}, false, fmt.Errorf("finalize: %w", err)
+	}
+	e.emit(ctx, rec, StateCreating, StateActive, EventCreated, "")
+	return AcquireResult{Record: rec, Source: SourceCreated, Restore: restored}, false, nil
+}
+
+// restoreShare is the part of the remaining invocation time restore may use.
+const restoreShare = 2
+
+// restoreContext bounds a restore to restoreShare of ctx's remaining time.
+func restoreContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/restoreShare))
+}
+
+// restore brings the thread's earlier outputs into a new sandbox when the
+// syncer can. Only a dead sandbox fails it; anything else is logged and the
+// sandbox is handed out with what was restored.
+func (e *Engine) restore(ctx context.Context, key ThreadKey, ref SandboxRef) (*SyncResult, error) {
+	r, ok := e.sync.(OutputRestorer)
+	if !ok {
+		return nil, nil
+	}
+	rctx, cancel := restoreContext(ctx)
+	defer cancel()
+	res, err := r.Restore(rctx, SyncTarget{Ref: ref, ThreadKey: key})
+	if errors.Is(err, ErrSandboxGone) {
+		return &res, fmt.Errorf("restore outputs: %w", err)
+	}
+	if err != nil {
+		e.log.WarnContext(ctx, "restore incomplete; handing out the sandbox", "sandbox_id", ref.ID, "err", err)
+	}
+	return &res, nil
+}
+
+// resumeRestore continues a restore into rec's sandbox that a cap cut
+// short, when the syncer can (RestoreResumer), with the same share of the
+// invocation's time as a first restore. It reports nil when none was
+// pending. Failures are logged: the sandbox is handed out either way (a
+// later acquire or sync pass continues).
+func (e *Engine) resumeRestore(ctx context.Context, rec Record) *SyncResult {
+	r, ok := e.sync.(RestoreResumer)
+	if !ok {
+		return nil
+	}
+	rctx, cancel := restoreContext(ctx)
+	defer cancel()
+	res, ran, err := r.ResumeRestore(rctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
+	if err != nil {
+		e.log.WarnContext(ctx, "resuming restore failed; handing out the sandbox", "sandbox_id", rec.SandboxID, "err", err)
+	}
+	if !ran {
+		return nil
+	}
+	return &res
+}
+
+func (e *Engine) freeReservation(ctx context.Context, token string, key ThreadKey) error {
+	ctx, cancel := settle(ctx)
+	defer cancel()
+	if err := e.store.FreeReservation(ctx, token, key); err != nil {
+		return fmt.Errorf("free reservation: %w", err)
+	}
+	return nil
+}
+
+// Command timeouts (each also bounded by the work time left, see begin).
+const (
+	// bootstrapTimeout bounds the bootstrap of a new sandbox.
+	bootstrapTimeout = 10 * time.Second
+	// probeTimeout bounds the check that a sandbox about to be handed out
+	// again answers (a trivial command on reuse, the bootstrap on reclaim).
+	probeTimeout = 3 * time.Second
+)
+
+// probe checks that a sandbox answers: a trivial command must exit 0
+// within probeTimeout.
+func (e *Engine) probe(ctx context.Context, ref SandboxRef) error {
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	out, err := e.prov.Run(pctx, ref, Command{Script: "true", Timeout: probeTimeout})
+	if err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	if out.ExitCode != 0 {
+		return fmt.Errorf("probe: exit code %d", out.ExitCode)
+	}
+	return nil
+}
+
+// bootstrap runs the bootstrap script; it must print the marker and exit 0
+// within timeout.
+func (e *Engine) bootstrap(ctx context.Context, ref SandboxRef, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out, err := e.prov.Run(ctx, ref, Command{Script: bootstrapScript, Env: map[string]string{"SBX_HOME": e.s.Home}, Timeout: timeout})
+	if err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if out.ExitCode != 0 || !strings.Contains(string(out.Stdout), bootstrapMarker) {
+		return fmt.Errorf("bootstrap: exit code %d: %s", out.ExitCode, strings.TrimSpace(string(out.Stderr)))
+	}
+	return nil
+}

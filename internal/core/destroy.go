@@ -1,0 +1,152 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// destroy claims rec for destruction (from state from) and destroys it,
+// for reason (one of EventReasons). A peer that moved the record first
+// wins; nothing is killed then.
+func (e *Engine) destroy(ctx context.Context, rec Record, owner string, from State, reason string) bool {
+	now := e.now()
+	cctx, cancel := settle(ctx)
+	defer cancel()
+	claimed, err := e.store.Claim(cctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{from},
+		To: StateDestroying, Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
+	if err != nil {
+		e.log.InfoContext(ctx, "destroy claim lost", "sandbox_id", rec.SandboxID, "err", err)
+		return false
+	}
+	return e.destroyClaimed(ctx, claimed, reason)
+}
+
+// kill is a settle step: Provider.Kill under settle's time.
+func (e *Engine) kill(ctx context.Context, id string) error {
+	ctx, cancel := settle(ctx)
+	defer cancel()
+	return e.prov.Kill(ctx, id)
+}
+
+// destroyClaimed turns a record this invocation holds the lease on into a
+// tombstone, kills the sandbox and frees its slot once the kill is confirmed,
+// publishing EventDestroyed with reason (one of EventReasons).
+// An uncertain kill leaves the tombstone (and its slot) for a later retry.
+// It reports whether the sandbox is confirmed gone.
+func (e *Engine) destroyClaimed(ctx context.Context, rec Record, reason string) bool {
+	from := rec.State // the state the sandbox left to be destroyed
+	if from == StateDestroying {
+		from = rec.PrevState // "": recorded as a tombstone (an untracked sandbox)
+	}
+	if rec.State != StateDestroying {
+		tctx, cancel := settle(ctx)
+		tomb, err := e.applyRecord(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
+			KeepLease: true, Now: e.now(), KillAttempt: true, Slot: rec.Slot})
+		cancel()
+		if err != nil {
+			e.log.WarnContext(ctx, "tombstone write failed", "sandbox_id", rec.SandboxID, "err", err)
+			return false
+		}
+		rec = tomb
+	}
+	if err := e.kill(ctx, rec.SandboxID); err != nil {
+		e.log.WarnContext(ctx, "kill uncertain; tombstone keeps its slot", "sandbox_id", rec.SandboxID, "err", err)
+		if rec.Slot.Counted != "" && rec.Slot.Counted != StateDestroying {
+			// Claimed straight into a tombstone (an eviction): count it as one
+			// while it keeps its slot. Best effort: reconcile recounts.
+			tctx, cancel := settle(ctx)
+			_, _ = e.store.Apply(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
+				KeepLease: true, Now: e.now(), Slot: rec.Slot})
+			cancel()
+		}
+		return false
+	}
+	fctx, cancel := settle(ctx)
+	defer cancel()
+	if err := e.store.Free(fctx, rec, e.now()); err != nil {
+		e.log.WarnContext(ctx, "free slot after kill failed", "sandbox_id", rec.SandboxID, "err", err)
+		return false
+	}
+	e.emit(ctx, rec, from, StateGone, EventDestroyed, reason)
+	return true
+}
+
+// deadBatch bounds the dead sandboxes one acquire frees, and deadSample
+// the active records it examines to find them.
+const (
+	deadBatch  = 5
+	deadSample = 50
+)
+
+// confirmedGone reports whether the provider says the sandbox no longer
+// exists: Capabilities.Discover's PresenceAbsent when declared, else
+// Provider.Info's ErrSandboxGone. Found is a plain false.
+//
+// Errors: why the answer is not known (an unknown presence, a failed
+// read); never proof either way.
+func (e *Engine) confirmedGone(ctx context.Context, id string) (bool, error) {
+	if e.caps.Discover == nil {
+		_, err := e.prov.Info(ctx, id)
+		if errors.Is(err, ErrSandboxGone) {
+			return true, nil
+		}
+		return false, err
+	}
+	switch p, err := e.caps.Discover(ctx, id); {
+	case p == PresenceAbsent:
+		return true, nil
+	case p == PresenceFound:
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("sandbox presence unknown: %w", err)
+	default:
+		return false, errPresenceUnknown
+	}
+}
+
+// errPresenceUnknown: the provider's discovery could not say whether a
+// sandbox exists.
+var errPresenceUnknown = errors.New("sandbox presence unknown")
+
+// freeDead frees the slots of records whose provider end time has passed,
+// once the provider confirms the sandbox is gone (a read, as the kill
+// path's confirmation): warm ones parked longer than the idle timeout and
+// active ones past their recorded end. It returns the slots freed.
+func (e *Engine) freeDead(ctx context.Context, owner string) int {
+	now := e.now()
+	var cands []Record
+	if warm, err := e.store.WarmParkedBefore(ctx, now.Add(-e.s.IdleTimeout), deadBatch); err == nil {
+		cands = append(cands, warm...)
+	}
+	// The active ones: the least recently updated of a random part of the
+	// active index (see Store.Sample), a read bounded whatever the fleet's
+	// size. One the sample misses is found by a later refusal's sample, or
+	// freed by reconcile's pass.
+	if active, err := e.store.Sample(ctx, StateActive, deadSample); err == nil {
+		for _, r := range active {
+			if !r.ExpiresAt.IsZero() && r.ExpiresAt.Before(now) && len(cands) < 2*deadBatch {
+				cands = append(cands, r)
+			}
+		}
+	}
+	freed := 0
+	for _, r := range cands {
+		if freed >= deadBatch || ctx.Err() != nil {
+			break
+		}
+		if gone, _ := e.confirmedGone(ctx, r.SandboxID); !gone {
+			continue // alive (its end was extended) or unknown: never free on doubt
+		}
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: r.SandboxID, Tenant: r.Tenant, From: []State{r.State},
+			To: StateDestroying, Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
+		if err != nil {
+			continue // a peer moved it
+		}
+		e.log.InfoContext(ctx, "freeing the slot of a sandbox the provider ended", "sandbox_id", r.SandboxID, "state", r.State)
+		if e.destroyClaimed(ctx, claimed, EventReasonGone) {
+			freed++
+		}
+	}
+	return freed
+}

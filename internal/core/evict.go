@@ -1,0 +1,153 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
+)
+
+// maxEvictions bounds how many slots one acquire frees by eviction.
+const maxEvictions = 3
+
+// evictCandidates is how many of the least recently parked warm sandboxes
+// (of the sample, see Store.Sample) one eviction considers;
+// ownTenantCandidates, of the whole pool, when only the acquiring
+// tenant's own may be taken and the sample holds none of them.
+const (
+	evictCandidates     = 10
+	ownTenantCandidates = 50
+)
+
+// evictOne frees one slot for key's thread: first by retrying a tombstone
+// whose lease lapsed, else a pool member, else by destroying the least
+// recently parked warm sandbox of another thread among a random quarter
+// of the warm pool (Store.Sample: the whole pool when small; on
+// average the fourth oldest of a large one, one of its 16 oldest with
+// probability 1 - (3/4)^16 > 99%): of another tenant only under below,
+// which the claim checks (key's tenant holds fewer slots than its fair
+// share), of key's own tenant only when below is nil (a tenant at or over
+// its fair share never takes another tenant's warm sandbox; when the
+// sample holds none of its own, the pool's exact order is read). It
+// reports whether a slot was freed, and atShare when a claim found the tenant at its fair share. A kill that
+// fails leaves a tombstone holding the slot and stops the eviction.
+//
+// counts (the refusal's) spares the index queries of a kind the counters
+// say there is none of (each query reads every index shard).
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow, counts CapacityStatus) (freed, atShare bool) {
+	now := e.now()
+	if counts.Tombstones > 0 {
+		// Any whose retry lease lapsed will do: a sample of them.
+		if tombs, err := e.store.Sample(ctx, StateDestroying, 5); err == nil {
+			for _, rec := range tombs {
+				claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
+					Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
+				if err != nil {
+					continue // a peer holds its retry lease
+				}
+				return e.destroyClaimed(ctx, claimed, EventReasonKillRetried), false
+			}
+		}
+	}
+	if e.evictPoolMember(ctx, owner, false) {
+		return true, false
+	}
+	if counts.Warm == 0 {
+		return false, false
+	}
+	ownTenant := below == nil
+	may := func(rec Record) bool {
+		return rec.ThreadKey != key && (!ownTenant || rec.Tenant == key.Tenant)
+	}
+	// The least recently parked of a random quarter of the pool (all of
+	// it when small), see Store.Sample.
+	warm, err := e.store.Sample(ctx, StateWarm, evictCandidates)
+	if err == nil && ownTenant && !slices.ContainsFunc(warm, may) {
+		// None of the tenant's own among them: the pool's exact order,
+		// deep enough to find its own among other tenants'.
+		warm, err = e.store.WarmParkedBefore(ctx, now.Add(time.Millisecond), ownTenantCandidates)
+	}
+	if err != nil {
+		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
+		return false, false
+	}
+	return e.evictParked(ctx, key, owner, warm, may, evictGuard{below: below}, EventReasonCapacity)
+}
+
+// quotaRefusal reports whether reason is a refusal for one of the
+// caller's own quotas (SANDBOX_MAX_PER_USER, SANDBOX_MAX_PER_TENANT).
+func quotaRefusal(reason api.RefusalReason) bool {
+	return reason == api.RefusalUserQuota || reason == api.RefusalTenantQuota
+}
+
+// quotaCandidates is how many of the caller's own least recently parked
+// warm sandboxes one eviction for a quota considers (a peer may take some
+// first).
+const quotaCandidates = 5
+
+// evictForQuota frees one slot of the quota that refused key's thread
+// (reason): it destroys the least recently parked warm sandbox of key's
+// user (RefusalUserQuota) or of key's tenant, any of its users
+// (RefusalTenantQuota), never another tenant's, never key's own thread's,
+// never one in use: the claim applies only to a record still warm and
+// unleased (Store.OwnWarm lists the candidates from the tenant's or
+// user's own entries, never the warm pool). It reports whether one was
+// destroyed (its slot freed).
+func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string, reason api.RefusalReason) bool {
+	user := key.User
+	if reason == api.RefusalTenantQuota {
+		user = "" // any of the tenant's users
+	}
+	warm, err := e.store.OwnWarm(ctx, key.Tenant, user, quotaCandidates)
+	if err != nil {
+		e.log.WarnContext(ctx, "list own warm sandboxes for a quota failed", "err", err, "reason", reason)
+		return false
+	}
+	may := func(rec Record) bool { return rec.Tenant == key.Tenant && (user == "" || rec.User == user) }
+	evicted, _ := e.evictParked(ctx, key, owner, warm, may, evictGuard{}, EventReasonQuota)
+	return evicted
+}
+
+// evictGuard is what the claim of another tenant's record carries in an
+// eviction (Claim.Below, Claim.PausedBelow); the zero value, nothing.
+type evictGuard struct {
+	below  *TenantBelow
+	paused *PausedBelow
+}
+
+// evictParked destroys the first of parked (warm or paused records, least
+// recently parked first) that belongs to another thread than key's and
+// that may passes, for key's thread; the claim of another tenant's record
+// carries guard (a claim finding key's tenant at its share reports
+// atShare, and the other tenants' records are then skipped). It reports
+// whether one was destroyed (a peer that moved a record first wins it; a
+// kill that fails leaves a tombstone holding its slot and stops the
+// eviction). reason (one of EventReasons) is why.
+func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, guard evictGuard, reason string) (evicted, atShare bool) {
+	for _, rec := range parked {
+		other := rec.Tenant != key.Tenant
+		if rec.ThreadKey == key || !may(rec) || (other && atShare) {
+			continue
+		}
+		c := Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{rec.State},
+			To: StateDestroying, Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)}
+		if other {
+			c.Below, c.PausedBelow = guard.below, guard.paused
+		}
+		claimed, err := e.store.Claim(ctx, c)
+		if errors.Is(err, ErrAtFairShare) {
+			atShare = true
+			continue // its own tenant's may still be taken
+		}
+		if err != nil {
+			continue // taken back or evicted by a peer
+		}
+		claimed = keepPause(claimed, rec)
+		e.log.InfoContext(ctx, "evicting "+string(rec.State)+" sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
+		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, reason)
+		return e.destroyClaimed(ctx, claimed, reason), atShare
+	}
+	return false, atShare
+}
