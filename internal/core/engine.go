@@ -223,11 +223,6 @@ func (e *Engine) Acquire(ctx context.Context, key ThreadKey) (AcquireResult, err
 	for attempt := 0; ; attempt++ {
 		res, retry, err := e.acquireOnce(ctx, key, owner, st)
 		if err == nil {
-			if res.Record.Endpoint.Protocol == "" {
-				// Stored before records kept their endpoint's protocol:
-				// every endpoint of a provider speaks its one protocol.
-				res.Record.Endpoint.Protocol = e.caps.Protocol
-			}
 			return res, nil
 		}
 		if errors.Is(err, ErrProviderUnavailable) {

@@ -200,11 +200,11 @@ type ReconcileStore interface {
 	// each paused bucket, each user's and tenant's slot count) with the records and reservations holding
 	// slots, and corrects each difference that the previous call saw
 	// unchanged (so a write in flight is never mistaken for drift),
-	// without overwriting a concurrent change. It also counts up to
-	// maxItems records stored by older versions, rebalances the buckets'
-	// limits (for the deployment limit) when one holds more than its
-	// limit, and drops tenants holding no slot from the fair-share sets.
-	RepairCounters(ctx context.Context, limit, maxItems int) (CounterRepair, error)
+	// without overwriting a concurrent change. It also rebalances the
+	// buckets' limits (for the deployment limit) when one holds more than
+	// its limit, and drops tenants holding no slot from the fair-share
+	// sets.
+	RepairCounters(ctx context.Context, limit int) (CounterRepair, error)
 }
 
 // CounterRepair is what one ReconcileStore.RepairCounters call corrected.
@@ -214,8 +214,6 @@ type CounterRepair struct {
 	// Counters is how many other counters were corrected (per-state
 	// counts, users' and tenants' slot counts).
 	Counters int
-	// Counted is how many records of older versions were first counted.
-	Counted int
 	// Rebalanced reports that the buckets' limits were rewritten.
 	Rebalanced bool
 	// TenantsDropped lists the tenants that left the fair-share sets.
@@ -1109,11 +1107,11 @@ func (p *pass) ledger(ctx context.Context) error {
 	// the stop time, leaving the reserve for the cursor's save.
 	wctx, cancel := p.workContext(ctx)
 	defer cancel()
-	rep, err := p.rst.RepairCounters(wctx, p.e.s.Limit(), p.rs.MaxItems)
+	rep, err := p.rst.RepairCounters(wctx, p.e.s.Limit())
 	p.st.LedgerRepaired = rep.Slots
-	if rep.Slots != 0 || rep.PausedSlots != 0 || rep.Counters != 0 || rep.Counted != 0 || rep.Rebalanced {
+	if rep.Slots != 0 || rep.PausedSlots != 0 || rep.Counters != 0 || rep.Rebalanced {
 		p.e.log.WarnContext(ctx, "reconcile: slot counters repaired", "slots", rep.Slots, "paused_slots", rep.PausedSlots,
-			"counters", rep.Counters, "counted", rep.Counted, "rebalanced", rep.Rebalanced)
+			"counters", rep.Counters, "rebalanced", rep.Rebalanced)
 	}
 	if perr := p.poolLedger(ctx, rep.Pool); perr != nil {
 		err = errors.Join(err, perr)
