@@ -651,4 +651,3 @@ func (s *Store) repairCount(ctx context.Context, what, pk, attr string, revision
 	return s.conditionalUpdate(ctx, "repair "+what, pk, valueIs("revision", revision),
 		revised(expression.Set(expression.Name(attr), expression.Value(counted))))
 }
-
