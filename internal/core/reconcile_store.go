@@ -111,11 +111,11 @@ type ReconcileStore interface {
 	// each paused bucket, each user's and tenant's slot count) with the records and reservations holding
 	// slots, and corrects each difference that the previous call saw
 	// unchanged (so a write in flight is never mistaken for drift),
-	// without overwriting a concurrent change. It also counts up to
-	// maxItems records stored by older versions, rebalances the buckets'
-	// limits (for the deployment limit) when one holds more than its
-	// limit, and drops tenants holding no slot from the fair-share sets.
-	RepairCounters(ctx context.Context, limit, maxItems int) (CounterRepair, error)
+	// without overwriting a concurrent change. It also rebalances the
+	// buckets' limits (for the deployment limit) when one holds more than
+	// its limit, and drops tenants holding no slot from the fair-share
+	// sets.
+	RepairCounters(ctx context.Context, limit int) (CounterRepair, error)
 }
 
 // CounterRepair is what one ReconcileStore.RepairCounters call corrected.
@@ -125,8 +125,6 @@ type CounterRepair struct {
 	// Counters is how many other counters were corrected (per-state
 	// counts, users' and tenants' slot counts).
 	Counters int
-	// Counted is how many records of older versions were first counted.
-	Counted int
 	// Rebalanced reports that the buckets' limits were rewritten.
 	Rebalanced bool
 	// TenantsDropped lists the tenants that left the fair-share sets.

@@ -215,9 +215,9 @@ func (w *tenantWatch) FreeReservation(ctx context.Context, token string, key cor
 	return w.Store.FreeReservation(ctx, token, key)
 }
 
-func (w *tenantWatch) RepairCounters(ctx context.Context, limit, maxItems int) (core.CounterRepair, error) {
+func (w *tenantWatch) RepairCounters(ctx context.Context, limit int) (core.CounterRepair, error) {
 	defer w.frees.beginRepair()()
-	return w.Store.RepairCounters(ctx, limit, maxItems)
+	return w.Store.RepairCounters(ctx, limit)
 }
 
 func (w *tenantWatch) Reserve(ctx context.Context, r core.Reservation) error {

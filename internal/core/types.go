@@ -166,11 +166,10 @@ type Record struct {
 type Slot struct {
 	// Bucket is the capacity bucket that holds the slot.
 	Bucket int
-	// Counted is the state the bucket counts the record in ("" when not
-	// counted per state: a record stored by an older version).
+	// Counted is the state the bucket counts the record in.
 	Counted State
 	// Quota reports that the slot is counted in its user's and tenant's
-	// slot counts (false for records stored before those counts existed).
+	// slot counts (false for a pool member's, which no thread holds).
 	Quota bool
 }
 
@@ -183,12 +182,12 @@ type Slots struct {
 	// Paused: the record holds a paused slot (pausing, paused, resuming,
 	// or the tombstone of one of those).
 	Paused bool
-	// PausedBucket is where the store counts the paused slot (when Paused;
-	// zero for records of older versions).
+	// PausedBucket is where the store counts the paused slot (when
+	// Paused).
 	PausedBucket int
 	// TenantPaused reports that the paused slot is counted in its
 	// tenant's paused count (PauseStore.TenantsPaused): false for a pool
-	// member's and for records paused before that count existed.
+	// member's.
 	TenantPaused bool
 }
 

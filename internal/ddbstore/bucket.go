@@ -34,8 +34,8 @@ import (
 // The limits of the buckets always sum to the deployment limit: they are
 // written together, in one transaction conditional on every bucket's
 // revision (setLimits), by the first reservation that finds them set for
-// another limit (a fresh deployment, SANDBOX_REPLICAS changed, the single
-// ledger of an older version in bucket 0) and by reconcile when a bucket
+// another limit (a fresh deployment, SANDBOX_REPLICAS changed) and by
+// reconcile when a bucket
 // holds more than its limit (an adopted sandbox). A reservation takes a
 // slot only in a bucket whose limit is set for the limit it enforces and
 // within that limit, so the deployment never holds more than its limit
@@ -340,7 +340,7 @@ func bucketLimits(buckets []bucketItem, total int) []int {
 
 // needsLimits reports whether the buckets' limits must be (re)written for
 // total: not all set for it, or a bucket holding more than its limit (an
-// adopted sandbox, an older version's ledger).
+// adopted sandbox).
 func needsLimits(buckets []bucketItem, total int) bool {
 	for _, b := range buckets {
 		if b.LimOf != total || b.Used > b.Lim {

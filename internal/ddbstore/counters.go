@@ -175,27 +175,17 @@ func (h holders) tally(deployment string) *slotTally {
 // tallySlots reads every slot-holding index entry (the whole fleet: for
 // reconcile only), one query of each index key of tallyStates, one state
 // after another, and returns the tally of every counter kept with the
-// slots and up to maxItems records or reservations an older version
-// stored (not counted per state, or not in the quota counts). The states
+// slots. The states
 // are not read at one instant: a holder that moves back to a state read
 // already is missed; see exactTally.
-func (s *Store) tallySlots(ctx context.Context, maxItems int) (*slotTally, []item, error) {
+func (s *Store) tallySlots(ctx context.Context) (*slotTally, error) {
 	h := holders{}
-	legacy := map[string]item{}
 	for _, st := range tallyStates {
-		err := s.eachItemInState(ctx, st, func(it item) {
-			h.see(st, it)
-			_, listed := legacy[it.PK]
-			old := holdsRunningSlot(st, it) && (it.Counted == "" || uncounted(it))
-			if old && (listed || len(legacy) < maxItems) {
-				legacy[it.PK] = it
-			}
-		})
-		if err != nil {
-			return nil, nil, err
+		if err := s.eachItemInState(ctx, st, func(it item) { h.see(st, it) }); err != nil {
+			return nil, err
 		}
 	}
-	return h.tally(s.deployment), slices.Collect(maps.Values(legacy)), nil
+	return h.tally(s.deployment), nil
 }
 
 // exactTally counts every holder once, as no read of the state index can
@@ -317,9 +307,9 @@ func (s *Store) scanEach(ctx context.Context, op string, in *dynamodb.ScanInput,
 // The tally reads the state index one state after another and can miss a
 // holder that moves meanwhile (a reused sandbox going back to active);
 // the exact count cannot, so a miss never lowers a counter.
-func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.CounterRepair, error) {
+func (s *Store) RepairCounters(ctx context.Context, limit int) (core.CounterRepair, error) {
 	var rep core.CounterRepair
-	r, err := s.readForRepair(ctx, maxItems)
+	r, err := s.readForRepair(ctx)
 	if err != nil {
 		return rep, err
 	}
@@ -350,21 +340,10 @@ func (s *Store) RepairCounters(ctx context.Context, limit, maxItems int) (core.C
 			errs = append(errs, err)
 		}
 	}
-	for _, it := range r.legacy {
-		switch err := s.countLegacy(ctx, it); {
-		case err == nil:
-			rep.Counted++
-		case !errors.Is(err, core.ErrConflict):
-			errs = append(errs, err)
-		}
-	}
-	if rep.Counted > 0 {
-		noted = map[string]string{} // the counts moved under the tally: note afresh next pass
-	}
 	if err := s.saveNotedCounts(ctx, notedState{Noted: noted, Sweep: (r.sweep + 1) % s.sweep}); err != nil {
 		errs = append(errs, err)
 	}
-	if rep.Slots == 0 && rep.Counted == 0 {
+	if rep.Slots == 0 {
 		// Rebalance from what was read (a repair would have moved "used").
 		rebalanced, err := s.rebalance(ctx, r.buckets, limit)
 		rep.Rebalanced = rebalanced
@@ -410,7 +389,6 @@ type repairRead struct {
 	paused    []countItem
 	pool      core.HolderCount
 	tally     *slotTally
-	legacy    []item
 	grants    map[int]int          // granted tickets by bucket
 	quotaKeys []string             // the USR#/TEN# counters read
 	stored    map[string]countItem // those that exist
@@ -425,7 +403,7 @@ type repairRead struct {
 // and the users' and tenants' counters: those the index names, those the
 // fair-share sets name, those noted last time, and those this pass's
 // sweep finds not zero.
-func (s *Store) readForRepair(ctx context.Context, maxItems int) (*repairRead, error) {
+func (s *Store) readForRepair(ctx context.Context) (*repairRead, error) {
 	r := &repairRead{}
 	var err error
 	if r.buckets, err = s.readBuckets(ctx, true); err != nil {
@@ -444,7 +422,7 @@ func (s *Store) readForRepair(ctx context.Context, maxItems int) (*repairRead, e
 	if err != nil {
 		r.errs = append(r.errs, err)
 	}
-	if r.paused, r.pool, r.tally, r.legacy, err = s.countHolders(ctx, maxItems); err != nil {
+	if r.paused, r.pool, r.tally, err = s.countHolders(ctx); err != nil {
 		return nil, err
 	}
 	if r.grants, err = s.queueGrants(ctx); err != nil {
@@ -510,7 +488,7 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 		note(dueRepair{name: "paused#" + strconv.Itoa(i), want: strconv.Itoa(r.tally.paused[i]),
 			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.paused[i]) },
 			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
-				err := s.repairCountFrom(ctx, "paused slots", pausedPK(s.deployment, i), "used", c.Revision, c.Used, r.tally.paused[i])
+				err := s.repairCount(ctx, "paused slots", pausedPK(s.deployment, i), "used", c.Revision, r.tally.paused[i])
 				if err == nil {
 					rep.PausedSlots += r.tally.paused[i] - c.Used
 				}
@@ -522,7 +500,7 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 		note(dueRepair{name: k, want: strconv.Itoa(r.tally.quota[k]),
 			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.quota[k]) },
 			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
-				return countFixed(rep, s.repairCountFrom(ctx, "slots", k, "used", c.Revision, c.Used, r.tally.quota[k]))
+				return countFixed(rep, s.repairCount(ctx, "slots", k, "used", c.Revision, r.tally.quota[k]))
 			}}, strconv.Itoa(c.Used), c.Revision)
 	}
 	return due
@@ -615,7 +593,7 @@ func countFixed(rep *core.CounterRepair, err error) error {
 // (with revisions: the paused buckets' summed), then counts their holders
 // from the state index, as RepairCounters does; it repairs nothing.
 func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount, err error) {
-	counts, pool, tally, _, err := s.countHolders(ctx, 0)
+	counts, pool, tally, err := s.countHolders(ctx)
 	if err != nil {
 		return paused, pool, err
 	}
@@ -630,18 +608,18 @@ func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount
 // countHolders reads the paused buckets and the pool place count with
 // their revisions (strongly consistent), then tallies the state index
 // (tallySlots): their holders, and every other counter's.
-func (s *Store) countHolders(ctx context.Context, maxItems int) (paused []countItem, pool core.HolderCount, tally *slotTally, legacy []item, err error) {
+func (s *Store) countHolders(ctx context.Context) (paused []countItem, pool core.HolderCount, tally *slotTally, err error) {
 	if paused, err = s.readPaused(ctx, true); err != nil {
-		return nil, pool, nil, nil, err
+		return nil, pool, nil, err
 	}
 	if pool.Used, pool.Revision, err = s.poolPlaces(ctx, true); err != nil {
-		return nil, pool, nil, nil, err
+		return nil, pool, nil, err
 	}
-	if tally, legacy, err = s.tallySlots(ctx, maxItems); err != nil {
-		return nil, pool, nil, nil, err
+	if tally, err = s.tallySlots(ctx); err != nil {
+		return nil, pool, nil, err
 	}
 	pool.Counted = tally.pool
-	return paused, pool, tally, legacy, nil
+	return paused, pool, tally, nil
 }
 
 // readCounters reads the USR#/TEN# counters keys, strongly consistent
@@ -701,7 +679,7 @@ func (s *Store) saveNotedCounts(ctx context.Context, n notedState) error {
 // sweepCounts returns the keys of the users' and tenants' slot counts
 // (and tenants' paused counts) that are not zero in segment of the table's sweepSegments (a Scan of
 // that part of the table). A count that no holder names is read only so:
-// one raised above what is held, by a bug or an older version, would
+// one raised above what is held, by a bug, would
 // refuse its user or tenant for good once they hold nothing.
 func (s *Store) sweepCounts(ctx context.Context, segment int32) ([]string, error) {
 	filter := expression.And(
@@ -725,12 +703,11 @@ func (s *Store) sweepCounts(ctx context.Context, segment int32) ([]string, error
 	return keys, err
 }
 
-// setBucketSlots sets bucket b's used and granted slots if they and its
-// revision are still the ones read (ErrConflict otherwise), moving the
-// revision. (The revision rules out every take and free; the counts, those
-// of a binary of an older version, which does not move it.)
+// setBucketSlots sets bucket b's used and granted slots if its revision
+// (moved by every take, free and grant) is still the one read (ErrConflict
+// otherwise), moving the revision.
 func (s *Store) setBucketSlots(ctx context.Context, b bucketItem, used, granted int) error {
-	cond := valueIs("revision", b.Revision).And(valueIs("used", b.Used), valueIs("granted", b.Granted))
+	cond := valueIs("revision", b.Revision)
 	return s.conditionalUpdate(ctx, "repair bucket slots", bucketPK(s.deployment, b.Index), cond,
 		expression.Set(expression.Name("used"), expression.Value(used)).Set(expression.Name("granted"), expression.Value(granted)).
 			Add(expression.Name("revision"), expression.Value(1)))
@@ -777,64 +754,6 @@ func (s *Store) conditionalUpdate(ctx context.Context, op, pk string, cond expre
 		return unavailable(op, err)
 	}
 	return nil
-}
-
-// uncounted reports whether a record or reservation of a thread is in no
-// user's and tenant's slot counts (an older version stored it). One of no
-// thread (a pool member, a refill) is in none by design: no user or
-// tenant holds it.
-func uncounted(it item) bool { return !it.Quota && it.Tenant != "" }
-
-// countLegacy counts a record (or reservation) an older version stored:
-// in its bucket's per-state count and in its user's and tenant's slot
-// counts, with the flags that say so, in one transaction conditional on
-// the item being unchanged since read (its fence; a reservation's flags).
-func (s *Store) countLegacy(ctx context.Context, it item) error {
-	cond := expression.AttributeExists(expression.Name(AttrPK)).And(expression.Name("state").Equal(expression.Value(it.State)))
-	if strings.HasPrefix(it.PK, "SBX#") {
-		cond = cond.And(expression.Name("fence").Equal(expression.Value(it.Fence)))
-	}
-	slot := core.Slot{Bucket: it.Bucket, Counted: core.State(it.Counted), Quota: it.Quota}
-	cond = cond.And(slotCondition(slot))
-	moves, quota := it.Counted == "", uncounted(it)
-	if !moves && !quota {
-		return nil
-	}
-	var upd, bucketUpd expression.UpdateBuilder
-	if quota {
-		upd = upd.Set(expression.Name("quota"), expression.Value(true))
-	}
-	if moves {
-		upd = upd.Set(expression.Name("counted"), expression.Value(it.State))
-		bucketUpd = countMove(bucketUpd, "", core.State(it.State))
-	}
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
-	if err != nil {
-		return fmt.Errorf("count legacy: %w", err)
-	}
-	items := []types.TransactWriteItem{{Update: &types.Update{TableName: &s.table, Key: s.key(it.PK),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}}
-	if moves {
-		bucket, err := s.bucketUpdate(it.Bucket, nil, bucketUpd)
-		if err != nil {
-			return fmt.Errorf("count legacy: %w", err)
-		}
-		items = append(items, bucket)
-	}
-	if quota {
-		k := core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread}
-		user, err := s.counterTake(userPK(s.deployment, k), 0)
-		if err != nil {
-			return fmt.Errorf("count legacy: %w", err)
-		}
-		tenant, err := s.counterTake(tenantPK(s.deployment, k.Tenant), 0)
-		if err != nil {
-			return fmt.Errorf("count legacy: %w", err)
-		}
-		items = append(items, user, tenant)
-	}
-	return s.transact(ctx, "count legacy "+it.PK, items)
 }
 
 // rebalance rewrites the buckets' limits for limit (setLimits) when they

@@ -141,7 +141,7 @@ func TestRepairCountersCountsAHolderMovingDuringTheTallyOnce(t *testing.T) {
 			}}
 			s := ddbstore.New(db, table, "test")
 			for pass := range 4 {
-				rep, err := s.RepairCounters(ctx, 100, 100)
+				rep, err := s.RepairCounters(ctx, 100)
 				if err != nil {
 					t.Fatalf("repair %d: %v", pass, err)
 				}
@@ -201,7 +201,7 @@ func TestSlotCountRepairNeedsTheSameRevisionTwice(t *testing.T) {
 		{"seen again unchanged", func() {}, 2, 1},
 	} {
 		step.before()
-		rep, err := s.RepairCounters(ctx, 100, 100)
+		rep, err := s.RepairCounters(ctx, 100)
 		if err != nil {
 			t.Fatalf("%s: RepairCounters: %v", step.name, err)
 		}
@@ -247,7 +247,7 @@ func TestRepairCountersReportsAPoolMemberMovingDuringTheTally(t *testing.T) {
 	s := ddbstore.New(db, table, "test")
 	var last core.HolderCount
 	for pass := range 6 {
-		rep, err := s.RepairCounters(ctx, 100, 100)
+		rep, err := s.RepairCounters(ctx, 100)
 		if err != nil || rep.Pool == nil {
 			t.Fatalf("repair %d: %v, pool places %v", pass, err, rep.Pool)
 		}
@@ -312,7 +312,7 @@ func TestRepairCountersFindsCountsNoHolderNames(t *testing.T) {
 	}
 	fixed := 0
 	for pass := range parts + 2 {
-		rep, err := s.RepairCounters(ctx, 100, 100)
+		rep, err := s.RepairCounters(ctx, 100)
 		if err != nil {
 			t.Fatalf("repair %d: %v", pass, err)
 		}
@@ -330,64 +330,6 @@ func TestRepairCountersFindsCountsNoHolderNames(t *testing.T) {
 	}
 	if fixed != len(stray) {
 		t.Errorf("%d counters corrected, want %d", fixed, len(stray))
-	}
-}
-
-// A binary of an older version takes and frees slots without moving the
-// counts' revisions: a correction that such a take lands just before
-// (while the repair confirms the count) is not written over it, for a
-// tenant's slot count and for a bucket's used slots.
-func TestRepairKeepsAnOlderVersionsTake(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		key  func(rec core.Record) string // the drifted count's item
-		// limit is the repair's; confirmAt the read of the creating
-		// entries that is the confirming one (the take lands then).
-		limit, passes, confirmAt int
-		held                     func(c slotCounts) int
-	}{
-		// Pass 0 notes the drift, pass 1 confirms it (its second read).
-		{"tenant's count", func(core.Record) string { return "TEN#test#acme" }, 100, 2, 3,
-			func(c slotCounts) int { return c.tenant }},
-		// Pass 0 sets the limits for one under which the drifted bucket
-		// is within its own (moving its revision), pass 1 notes, pass 2
-		// confirms.
-		{"bucket's used slots", func(rec core.Record) string { return capPK(rec.Slot.Bucket) }, 100 * ddbstore.CapacityBuckets, 3, 4,
-			func(c slotCounts) int { return c.ledger }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			client, table := newTable(t)
-			plain := ddbstore.New(client, table, "test")
-			ctx := context.Background()
-			rec := activeRecord(t, plain, thread(1), "sbx1")
-			key := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: tc.key(rec)}, "sk": &types.AttributeValueMemberS{Value: "R"}}
-			add := func(n int) {
-				if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: key,
-					UpdateExpression:          aws.String("ADD used :n"),
-					ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: fmt.Sprint(n)}}}); err != nil {
-					t.Error(err)
-				}
-			}
-			add(2) // drift: one slot is held
-			creatingReads := 0
-			db := &boundaryDB{API: client, atState: func(st core.State) {
-				if st == core.StateCreating {
-					if creatingReads++; creatingReads == tc.confirmAt {
-						add(1)
-					}
-				}
-			}}
-			s := ddbstore.New(db, table, "test")
-			for pass := range tc.passes {
-				if _, err := s.RepairCounters(ctx, tc.limit, 100); err != nil {
-					t.Fatalf("repair %d: %v", pass, err)
-				}
-			}
-			if got := tc.held(countSlots(t, plain, thread(1))); creatingReads != tc.confirmAt || got != 4 {
-				t.Errorf("creating entries read %d times, the count is %d; want %d and 4 (the drift and the older version's take, not overwritten)",
-					creatingReads, got, tc.confirmAt)
-			}
-		})
 	}
 }
 
@@ -418,7 +360,7 @@ func TestPerStateCountRepairWaitsForTheBucketToHoldStill(t *testing.T) {
 	s := ddbstore.New(db, table, "test")
 	for pass := range 4 {
 		move(core.StateActive)
-		rep, err := s.RepairCounters(ctx, 100, 100)
+		rep, err := s.RepairCounters(ctx, 100)
 		if err != nil {
 			t.Fatalf("repair %d: %v", pass, err)
 		}
@@ -433,8 +375,7 @@ func TestPerStateCountRepairWaitsForTheBucketToHoldStill(t *testing.T) {
 }
 
 // Pool members and refills hold no user's or tenant's slot: the repair
-// leaves them as they are (they are not an older version's records to
-// count), so a claim of a member as listed before the repair still
+// leaves them as they are, so a claim of a member as listed before the repair still
 // succeeds, and a refill between two passes does not keep a real drift
 // from being corrected.
 func TestRepairCountersLeavesPoolMembersAlone(t *testing.T) {
@@ -451,12 +392,8 @@ func TestRepairCountersLeavesPoolMembersAlone(t *testing.T) {
 	}
 	for pass := range 3 {
 		pooledMember(t, s, fmt.Sprint("m", pass+1), 10) // a refill between every two passes
-		rep, err := s.RepairCounters(ctx, 100, 100)
-		if err != nil {
+		if _, err := s.RepairCounters(ctx, 100); err != nil {
 			t.Fatalf("repair %d: %v", pass, err)
-		}
-		if rep.Counted != 0 {
-			t.Errorf("repair %d counted %d records as an older version's, want none", pass, rep.Counted)
 		}
 	}
 	if c := countSlots(t, s, thread(1)); c.tenant != 1 {
@@ -506,7 +443,7 @@ func TestRepairCountersWhoseExactCountFailsCorrectsNothing(t *testing.T) {
 		{"seen again, counted", false, false, 1},
 	} {
 		db.fail = step.fail
-		_, err := s.RepairCounters(ctx, 100, 100)
+		_, err := s.RepairCounters(ctx, 100)
 		if (err != nil) != step.err {
 			t.Errorf("%s: RepairCounters = %v, want an error %v", step.name, err, step.err)
 		}

@@ -126,14 +126,14 @@ func TestSample(t *testing.T) {
 				shards := map[int]bool{}
 				for _, r := range got {
 					gotIDs = append(gotIDs, r.SandboxID)
-					shards[ddbstore.ShardOf(core.StateWarm, r.SandboxID)] = true
+					shards[ddbstore.ShardOf(r.SandboxID)] = true
 				}
 				queries := calls.counts()["Query"]
 				if tc.exact {
 					if want := ids[:min(len(ids), limit)]; !slices.Equal(gotIDs, want) && len(want)+len(gotIDs) > 0 {
 						t.Errorf("Sample = %v, want the pool's order %v", gotIDs, want)
 					}
-					if want := ddbstore.ShardsOf(core.StateWarm); queries != want {
+					if want := ddbstore.IndexShards; queries != want {
 						t.Errorf("queries = %d, want %d (every shard)", queries, want)
 					}
 					continue
@@ -141,14 +141,14 @@ func TestSample(t *testing.T) {
 				// The oldest of the shards drawn from, in park order.
 				var want []string
 				for _, id := range ids {
-					if shards[ddbstore.ShardOf(core.StateWarm, id)] && len(want) < limit {
+					if shards[ddbstore.ShardOf(id)] && len(want) < limit {
 						want = append(want, id)
 					}
 				}
 				if !slices.Equal(gotIDs, want) {
 					t.Errorf("Sample = %v, want the least recently parked of its shards %v", gotIDs, want)
 				}
-				if want := ddbstore.SampleShards(core.StateWarm); len(shards) > want || queries != want {
+				if want := ddbstore.SampleShards; len(shards) > want || queries != want {
 					t.Errorf("Sample drew from %d shards in %d queries, want at most %d shards in %d queries", len(shards), queries, want, want)
 				}
 			}

@@ -1,18 +1,19 @@
 package ddbstore
 
-// ShardOf, ShardsOf, SampleShards, ThreadHome, OwnerShard, QueueShardOf,
-// PausedPK and ItemPK expose shardOf, shardsOf, sampleShards, threadHome,
-// ownerShard, queueShardOf, pausedPK and itemPK to the tests.
+// ShardOf, ThreadHome, OwnerShard, QueueShardOf, PausedPK and ItemPK
+// expose shardOf, threadHome, ownerShard, queueShardOf, pausedPK and
+// itemPK to the tests.
 var (
 	ItemPK       = itemPK
 	ShardOf      = shardOf
-	ShardsOf     = shardsOf
-	SampleShards = sampleShards
 	ThreadHome   = threadHome
 	OwnerShard   = ownerShard
 	QueueShardOf = queueShardOf
 	PausedPK     = pausedPK
 )
+
+// SampleShards is sampleShards.
+const SampleShards = sampleShards
 
 // RecordScanSegments is recordScanSegments.
 const RecordScanSegments = recordScanSegments

@@ -19,43 +19,17 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
-// IndexShards is how many partition keys the state index spreads each of
-// the busiest states over (hotStates); the others are spread over
-// coldShards. An entry's gsi1pk is "ST#<deployment>#<state>#<n>" with n =
-// shardOf(state, sandbox id or reservation token). A DynamoDB partition
-// takes about 1,000 write units a second, and every change of a record
-// writes the index under its state's key: a state change twice (the entry
-// deleted under the state it leaves, put under the one it enters), any
-// other update once (the index projects every attribute). With one key
-// per state every reuse, reclaim, park and release of the whole
-// deployment wrote the same few partitions. Active, releasing and warm
-// are each written about twice per acquire: 32 keys keep their busiest
-// under a quarter of a unit per acquire at 5,000 acquires a second (16
-// bounded the steady load near 4,000). Every other state is written by
-// only some acquires (reclaiming twice per reclaim, the pause states twice
-// per pause or resume) and stays on 16 keys: BenchmarkHotKeys finds none
-// of their keys among the hottest in any of its loads, while a query over
-// a state costs one small query per key (run in parallel) and reconcile
-// reads every state's keys each pass, so 32 keys for every state nearly
-// doubled a pass's queries. A state's count may grow,
-// never shrink: queries read shards 0 to its count-1, so an entry filed
-// under a smaller count (16 for every state before) is still found, and
-// its record's next change files it under its new shard.
-const (
-	IndexShards = 32
-	coldShards  = 16
-)
-
-// hotStates are the states spread over IndexShards keys.
-var hotStates = []core.State{core.StateActive, core.StateReleasing, core.StateWarm}
-
-// shardsOf is how many index keys state st is spread over.
-func shardsOf(st core.State) int {
-	if slices.Contains(hotStates, st) {
-		return IndexShards
-	}
-	return coldShards
-}
+// IndexShards is how many partition keys the state index spreads each
+// state over. An entry's gsi1pk is "ST#<deployment>#<state>#<n>" with n =
+// shardOf(sandbox id or reservation token). A DynamoDB partition takes
+// about 1,000 write units a second, and every change of a record writes
+// the index under its state's key: a state change twice (the entry deleted
+// under the state it leaves, put under the one it enters), any other
+// update once (the index projects every attribute). Active, releasing and
+// warm are each written about twice per acquire: IndexShards keys keep
+// their busiest under a quarter of a unit per acquire at 5,000 acquires a
+// second. Every state has the same count.
+const IndexShards = 32
 
 // queryParallel bounds the shard queries one fan-out runs at once: every
 // index key of a state in one round, so a fan-out costs one query's
@@ -70,13 +44,12 @@ const queryParallel = IndexShards
 // pool, and closes them again.
 const ConcurrentCalls = queryParallel
 
-// shardOf is the index shard of a sandbox id or reservation token in
-// state st: FNV-1a of the id, modulo shardsOf(st) (stable across versions
-// and processes).
-func shardOf(st core.State, id string) int {
+// shardOf is the index shard of a sandbox id or reservation token:
+// FNV-1a of the id, modulo IndexShards (stable across processes).
+func shardOf(id string) int {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(id))
-	return int(h.Sum32() % uint32(shardsOf(st)))
+	return int(h.Sum32() % IndexShards)
 }
 
 // statePK is the index partition key of id's entry in state. Pool
@@ -85,7 +58,7 @@ func statePK(deployment string, s core.State, id string) string {
 	if s == core.StatePooled {
 		return stateShardPK(deployment, s, poolShard)
 	}
-	return stateShardPK(deployment, s, shardOf(s, id))
+	return stateShardPK(deployment, s, shardOf(id))
 }
 
 // poolShard is the one index shard pool members are filed under, so that
@@ -102,7 +75,7 @@ func stateShardPK(deployment string, s core.State, n int) string {
 // statePKs lists every partition key a query over state reads: its
 // shards.
 func statePKs(deployment string, s core.State) []string {
-	pks := make([]string, shardsOf(s))
+	pks := make([]string, IndexShards)
 	for n := range pks {
 		pks[n] = stateShardPK(deployment, s, n)
 	}
@@ -228,15 +201,16 @@ func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expres
 	return recs, derr
 }
 
-// sampleShards is how many index shards of state st, picked at random, a
+// sampleShards is how many index shards of a state, picked at random, a
 // sampled query reads first (a quarter of them); sampleEnough is how many
 // entries it must find there, else it reads the other shards too.
-func sampleShards(st core.State) int { return shardsOf(st) / 4 }
-
-const sampleEnough = 4
+const (
+	sampleShards = IndexShards / 4
+	sampleEnough = 4
+)
 
 // sampleInState lists up to limit records in state (sk narrowing the sort
-// key), oldest first, of sampleShards(state) random index shards: a random
+// key), oldest first, of sampleShards random index shards: a random
 // quarter of the state's entries, since an entry's shard is a hash of its
 // id. When those hold fewer than sampleEnough entries (or than limit, if
 // smaller) it reads every other key too and merges, so the answer is then
@@ -253,7 +227,7 @@ func (s *Store) sampleInState(ctx context.Context, state core.State, sk *express
 		})
 		return avs, err
 	}
-	n := sampleShards(state)
+	n := sampleShards
 	avs, err := collect(pks[:n])
 	if err != nil {
 		return nil, err

@@ -73,36 +73,21 @@ func TestStateIndexIsShardedAndMergedInParkOrder(t *testing.T) {
 	}
 }
 
-// TestIndexShardsPerState: the states every acquire writes twice (active,
-// releasing, warm) spread over IndexShards keys; every other state stays
-// on the 16 keys each state had before, so an entry an older version
-// filed is where a query looks, and a state's entries use every one of
-// its keys and no other (pool members, all filed under one key, aside).
+// TestIndexShardsPerState: every state spreads over IndexShards keys, by
+// FNV-1a of the id, and a state's entries use every one of its keys.
 func TestIndexShardsPerState(t *testing.T) {
-	hot := []core.State{core.StateActive, core.StateReleasing, core.StateWarm}
-	for _, st := range []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
-		core.StateReclaiming, core.StatePausing, core.StatePaused, core.StateResuming, core.StateDestroying,
-		core.StateClaiming} {
-		want := 16
-		if slices.Contains(hot, st) {
-			want = ddbstore.IndexShards
+	used := map[int]bool{}
+	for i := range 2000 {
+		id := fmt.Sprintf("sbx-%d", i)
+		got := ddbstore.ShardOf(id)
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(id))
+		if want := int(h.Sum32() % ddbstore.IndexShards); got != want {
+			t.Fatalf("ShardOf(%s) = %d, want FNV-1a mod %d = %d", id, got, ddbstore.IndexShards, want)
 		}
-		if got := ddbstore.ShardsOf(st); got != want {
-			t.Errorf("ShardsOf(%s) = %d, want %d", st, got, want)
-		}
-		used := map[int]bool{}
-		for i := range 2000 {
-			id := fmt.Sprintf("sbx-%d", i)
-			got := ddbstore.ShardOf(st, id)
-			h := fnv.New32a()
-			_, _ = h.Write([]byte(id))
-			if wantShard := int(h.Sum32() % uint32(want)); got != wantShard {
-				t.Fatalf("ShardOf(%s, %s) = %d, want FNV-1a mod %d = %d", st, id, got, want, wantShard)
-			}
-			used[got] = true
-		}
-		if len(used) != want {
-			t.Errorf("%s entries used %d keys, want all %d", st, len(used), want)
-		}
+		used[got] = true
+	}
+	if len(used) != ddbstore.IndexShards {
+		t.Errorf("entries used %d keys, want all %d", len(used), ddbstore.IndexShards)
 	}
 }

@@ -57,9 +57,7 @@ type item struct {
 	PausedBucket  int   `dynamodbav:"paused_bucket,omitempty"`
 	TenantPaused  bool  `dynamodbav:"paused_tenant,omitempty"`
 	PausedMS      int64 `dynamodbav:"paused_ms,omitempty"`
-	// Bucket, Counted and Quota are the record's core.Slot (absent on
-	// items of older versions: bucket 0, not counted per state, not in the
-	// user's and tenant's counts).
+	// Bucket, Counted and Quota are the record's core.Slot.
 	Bucket  int    `dynamodbav:"bucket,omitempty"`
 	Counted string `dynamodbav:"counted,omitempty"`
 	Quota   bool   `dynamodbav:"quota,omitempty"`

@@ -21,8 +21,7 @@ import (
 // Paused slots (pause-parking). A record pausing, paused or resuming
 // holds a paused slot, counted in one of PausedBuckets items
 //
-//	PAU#<deployment>     paused bucket 0 (the key the single count had, so
-//	                     a record of an older version, naming no bucket, is its)
+//	PAU#<deployment>     paused bucket 0
 //	PAU#<deployment>#<b> paused bucket b, for b = 1..PausedBuckets-1
 //
 // each holding "used" (the paused slots of the records naming it,
@@ -650,13 +649,5 @@ func pausedSum(counts []countItem) countItem {
 // revision.
 func (s *Store) repairCount(ctx context.Context, what, pk, attr string, revision int64, counted int) error {
 	return s.conditionalUpdate(ctx, "repair "+what, pk, valueIs("revision", revision),
-		revised(expression.Set(expression.Name(attr), expression.Value(counted))))
-}
-
-// repairCountFrom is repairCount also conditional on attr still being
-// have: a binary of an older version takes and frees without moving the
-// revision.
-func (s *Store) repairCountFrom(ctx context.Context, what, pk, attr string, revision int64, have, counted int) error {
-	return s.conditionalUpdate(ctx, "repair "+what, pk, valueIs("revision", revision).And(valueIs(attr, have)),
 		revised(expression.Set(expression.Name(attr), expression.Value(counted))))
 }

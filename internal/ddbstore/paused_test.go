@@ -404,7 +404,7 @@ func TestPausedBucketRepairNeedsTheSameRevisionTwice(t *testing.T) {
 		{"seen again unchanged", func() {}, -3, 0},
 	} {
 		step.before()
-		rep, err := s.RepairCounters(ctx, 10, 100)
+		rep, err := s.RepairCounters(ctx, 10)
 		if err != nil {
 			t.Fatalf("%s: RepairCounters: %v", step.name, err)
 		}

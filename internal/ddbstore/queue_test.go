@@ -125,7 +125,7 @@ func (f *queueFixture) takeAndFree(tk core.Ticket, now time.Time) int {
 func (f *queueFixture) repairsNothing(passes int, why string) {
 	f.t.Helper()
 	for i := range passes {
-		rep, err := f.s.RepairCounters(context.Background(), f.limit, 100)
+		rep, err := f.s.RepairCounters(context.Background(), f.limit)
 		if err != nil {
 			f.t.Fatalf("repair %d: %v", i, err)
 		}

@@ -22,8 +22,8 @@
 //	                              ("used", "revision"), for SANDBOX_MAX_PAUSED (paused.go)
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and
-// reservations by state, spread over IndexShards partition keys for the
-// busiest states and 16 for the others (shardsOf, index.go): gsi1pk =
+// reservations by state, spread over IndexShards partition keys each
+// (shardOf, index.go): gsi1pk =
 // "ST#<deployment>#<state>#<n>" with n = FNV-1a(sandbox id or reservation
 // token) mod that count, gsi1sk = "<unix ms, 15 digits>#<id>"
 // (park time for warm and paused records). A query over a state reads

@@ -398,17 +398,13 @@ func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (co
 }
 
 // fromReservation returns rec (fence 1) holding the slot of token's
-// reservation (counted in rec.State, or not counted per state when the
-// reservation was not), and the transaction items that make it so: the
+// reservation, counted in rec.State, and the transaction items that make it so: the
 // reservation's delete (conditional on its slot), the record's put (a pool
 // record's with its pool place) and the move of the count in its bucket.
 func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slot, rec core.Record, pool bool) (core.Record, []types.TransactWriteItem, error) {
 	rec.Fence = 1
 	rec.ReservationToken = token // the counter repair counts the record and its reservation once by it
 	rec.Slot = core.Slot{Bucket: slot.Bucket, Counted: rec.State, Quota: slot.Quota}
-	if slot.Counted == "" {
-		rec.Slot.Counted = "" // an older version's reservation: not counted per state
-	}
 	ri := recordItem(rec, s.deployment)
 	ri.PoolPlace = pool
 	if err := s.seal(ctx, &ri); err != nil {
@@ -427,15 +423,11 @@ func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slo
 	if pool {
 		put = notLivePut(&s.table, recItem)
 	}
-	items := []types.TransactWriteItem{del, put}
-	if rec.Slot.Counted != "" {
-		bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, core.StateCreating, rec.State))
-		if err != nil {
-			return rec, nil, err
-		}
-		items = append(items, bucket)
+	bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, core.StateCreating, rec.State))
+	if err != nil {
+		return rec, nil, err
 	}
-	return rec, items, nil
+	return rec, []types.TransactWriteItem{del, put, bucket}, nil
 }
 
 // FreeReservation drops a reservation and its slot (in its bucket, and its

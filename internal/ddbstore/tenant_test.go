@@ -169,7 +169,7 @@ func TestDropIdleTenants(t *testing.T) {
 	if err := s.FreeReservation(ctx, "res-globex", g); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := s.RepairCounters(ctx, 10, 100)
+	rep, err := s.RepairCounters(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -170,7 +170,7 @@ func TestTenantPausedCountIsRepaired(t *testing.T) {
 		t.Fatal(err) // drift, as a bug would leave it
 	}
 	for i, want := range []int{4, 1} {
-		if _, err := s.RepairCounters(ctx, 100, 100); err != nil {
+		if _, err := s.RepairCounters(ctx, 100); err != nil {
 			t.Fatalf("pass %d: RepairCounters: %v", i+1, err)
 		}
 		if got := tenantsPaused(t, s, "acme")["acme"]; got != want {

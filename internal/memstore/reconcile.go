@@ -234,6 +234,6 @@ func (s *Store) ScanState(_ context.Context, state core.State, fn func(core.Reco
 // RepairCounters implements core.ReconcileStore: the store's counters
 // move with their holders under one lock and never drift, so there is
 // nothing to correct.
-func (s *Store) RepairCounters(context.Context, int, int) (core.CounterRepair, error) {
+func (s *Store) RepairCounters(context.Context, int) (core.CounterRepair, error) {
 	return core.CounterRepair{}, nil
 }
