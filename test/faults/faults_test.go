@@ -615,6 +615,7 @@ func waitStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, 
 // Timings of the slow waiter's step (slowWaiterStep): a wait that
 // outlasts the engine's grant term, in an invocation long enough for it.
 const (
+	waitStepTimeout      = 10 * time.Second
 	grantTerm            = 5 * time.Second
 	slowWaitTimeout      = 20 * time.Second
 	slowWaiterInvocation = 40 * time.Second
@@ -649,7 +650,7 @@ func slowWaiterStep(st *stack, thread string, arm, disarm func()) (map[string][]
 	case err := <-done:
 		st.t.Fatalf("setup: the waiter returned %v before it queued", err)
 	}
-	st.lapseGrant(holders[0], core.Ticket{ID: first.Ticket, Key: first.SortKey})
+	st.lapseGrant(holders[0], core.Ticket{ID: first.Ticket, Tenant: first.Tenant, Key: first.SortKey})
 	if _, ok := st.acquire(thread + "-h4"); !ok { // the deployment full again
 		st.t.Fatalf("setup acquire failed")
 	}
@@ -1002,6 +1003,13 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	}
 	for _, sp := range quotaSteps {
 		configs[sp.name] = stackConfig{maxPerUser: 1}
+	}
+	for _, sp := range steps {
+		if strings.HasPrefix(sp.name, "wait/") {
+			// A waiter asks again once a second: a wait of a few asks
+			// still serves it on a loaded machine.
+			configs[sp.name] = stackConfig{acquireTimeout: waitStepTimeout}
+		}
 	}
 	for _, sp := range slowWaiterSteps {
 		configs[sp.name] = stackConfig{acquireTimeout: slowWaitTimeout, waiterPlaces: 1}
