@@ -460,8 +460,8 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 	}
 	switch {
 	case err == nil:
-		if !info.EndAt.IsZero() {
-			rec.ExpiresAt = info.EndAt // the provider's word; reuse does not extend it
+		if !info.EndAt.IsZero() && (rec.ExpiresAt.IsZero() || info.EndAt.Before(rec.ExpiresAt)) {
+			rec.ExpiresAt = info.EndAt // the provider ends it first; reuse does not extend it
 		}
 		e.emit(ctx, rec, StateActive, StateActive, EventReused, "")
 		return AcquireResult{Record: rec, Source: SourceReused, Restore: e.resumeRestore(ctx, rec)}, false, nil
@@ -483,7 +483,7 @@ func (e *Engine) resume(ctx context.Context, id string) error {
 	if e.caps.Pause == nil {
 		return errCannotResume
 	}
-	return e.caps.Pause.Resume(ctx, id, e.s.ActiveTimeout)
+	return e.caps.Pause.Resume(ctx, id, e.activeTimer())
 }
 
 // errCannotResume: the provider reports a sandbox paused but declares no
@@ -497,7 +497,7 @@ var errCannotResume = errors.New("the provider cannot resume paused sandboxes")
 // thread took the sandbox meanwhile (reused it), the fence is stale and
 // nothing is killed (invariant 3).
 func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (AcquireResult, bool, error) {
-	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout); err != nil {
+	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.activeTimer()); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox reconnect failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
 		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
 		return AcquireResult{}, true, unavailable(fmt.Errorf("reconnect warm sandbox: %v", err))
@@ -815,7 +815,7 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	asked := now // the sandbox runs, and is metered, from its create
 	ref, err := e.prov.Create(ctx, CreateSpec{
 		Template: e.s.Template,
-		Timeout:  e.s.ActiveTimeout,
+		Timeout:  e.activeTimer(),
 		Metadata: map[string]string{
 			MetaTenant: key.Tenant, MetaUser: key.User, MetaThread: key.Thread, MetaSeed: key.Seed(),
 			MetaDeployment: e.s.Deployment, MetaCreatedAt: now.UTC().Format(time.RFC3339), MetaReservation: token,
@@ -854,7 +854,7 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	rec, err := e.store.Finalize(fctx, token, Record{
 		SandboxID: ref.ID, ThreadKey: key, Seed: key.Seed(), State: StateActive, Backend: e.prov.Name(),
 		Endpoint: ref.Endpoint, ReservationToken: token,
-		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(e.s.ActiveTimeout),
+		CreatedAt: now, UpdatedAt: now, ExpiresAt: asked.Add(e.s.ActiveTimeout),
 		PrevMeteredAt: asked, MeteredAt: now, MeteredState: StateCreating,
 	})
 	if errors.Is(err, ErrConflict) {
