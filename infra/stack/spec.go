@@ -136,8 +136,8 @@ var Functions = []Function{
 	},
 	{
 		Name: "release", LogicalID: "ReleaseFunction", MemoryMB: 512, TimeoutSeconds: 29,
-		Description:     "POST /v1/sandboxes/{id}/release (syncs outputs to S3, parks warm)",
-		Routes:          []Route{{"POST", "/v1/sandboxes/{id}/release", ""}},
+		Description:     "POST /v1/sandboxes/{id}/release (syncs outputs to S3, parks warm) and /renew",
+		Routes:          []Route{{"POST", "/v1/sandboxes/{id}/release", ""}, {"POST", "/v1/sandboxes/{id}/renew", ""}},
 		PublishesEvents: true,
 		Actions:         actions(tableWrites, outputAccess, readKey, openTokens, publish, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
 	},
