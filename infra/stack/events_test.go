@@ -1,6 +1,8 @@
 package stack
 
 import (
+	"time"
+
 	"context"
 	"io"
 	"log/slog"
@@ -36,6 +38,9 @@ func (c *callRecorder) Release(context.Context, string, string) (core.ReleaseRes
 }
 func (c *callRecorder) Sync(context.Context, string, string) (core.SyncResult, error) {
 	return core.SyncResult{}, c.note("Sync")
+}
+func (c *callRecorder) Renew(context.Context, string, string, time.Duration) (core.RenewResult, error) {
+	return core.RenewResult{}, c.note("Renew")
 }
 func (c *callRecorder) Get(context.Context, string, string) (core.Record, error) {
 	return core.Record{}, c.note("Get")

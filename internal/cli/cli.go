@@ -187,7 +187,7 @@ while the deployment drains); sbx exec exits with the command's exit code.`,
 
 	root.AddCommand(
 		a.acquireCmd(g), a.execCmd(g), a.putCmd(g), a.getCmd(g), a.releaseCmd(g),
-		a.syncCmd(g), a.statusCmd(g), a.capacityCmd(g), a.lsOutputsCmd(g), a.s3EnvCmd(g), a.configCmd(g),
+		a.syncCmd(g), a.renewCmd(g), a.statusCmd(g), a.capacityCmd(g), a.lsOutputsCmd(g), a.s3EnvCmd(g), a.configCmd(g),
 		a.reconcileCmd(g), a.drainCmd(g, true), a.drainCmd(g, false),
 	)
 	return root

@@ -28,6 +28,7 @@ const (
 	EnvBurstLimit            = "SANDBOX_BURST_LIMIT"
 	EnvIdleTimeoutSeconds    = "SANDBOX_IDLE_TIMEOUT_SECONDS"
 	EnvActiveTimeoutSeconds  = "SANDBOX_ACTIVE_TIMEOUT_SECONDS"
+	EnvMaxLifetimeSeconds    = "SANDBOX_MAX_LIFETIME_SECONDS"
 	EnvTemplate              = "SANDBOX_TEMPLATE"
 	EnvDeploymentID          = "SANDBOX_DEPLOYMENT_ID"
 	EnvMaxPerUser            = "SANDBOX_MAX_PER_USER"
@@ -117,7 +118,7 @@ var deploymentPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // SANDBOX_* variable is reported as a warning (likely a typo).
 var knownSandboxVars = map[string]bool{
 	EnvReplicas: true, EnvOverflowPolicy: true, EnvAcquireTimeoutSeconds: true,
-	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true,
+	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true, EnvMaxLifetimeSeconds: true,
 	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
 	EnvPoolSize: true, EnvPoolMaxAgeSeconds: true, EnvPoolParked: true,
 	EnvPauseAfterSeconds: true, EnvMaxPaused: true, EnvPausedTTLSeconds: true,
@@ -285,6 +286,7 @@ func Parse(environ []string) (Config, []string, error) {
 	s.AcquireTimeout = p.seconds(EnvAcquireTimeoutSeconds, s.AcquireTimeout)
 	s.IdleTimeout = p.seconds(EnvIdleTimeoutSeconds, s.IdleTimeout)
 	s.ActiveTimeout = p.seconds(EnvActiveTimeoutSeconds, s.ActiveTimeout)
+	s.MaxLifetime = p.seconds(EnvMaxLifetimeSeconds, s.MaxLifetime)
 	s.Template = p.str(EnvTemplate, s.Template)
 	s.Deployment = p.str(EnvDeploymentID, s.Deployment)
 	s.MaxPerUser = p.intVar(EnvMaxPerUser, s.MaxPerUser, 0)

@@ -16,6 +16,7 @@ func VariableNames() []string {
 		EnvBurstLimit,
 		EnvIdleTimeoutSeconds,
 		EnvActiveTimeoutSeconds,
+		EnvMaxLifetimeSeconds,
 		EnvTemplate,
 		EnvPoolSize,
 		EnvPoolMaxAgeSeconds,

@@ -340,8 +340,8 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 	}
 	switch {
 	case err == nil:
-		if !info.EndAt.IsZero() {
-			rec.ExpiresAt = info.EndAt // the provider's word; reuse does not extend it
+		if !info.EndAt.IsZero() && (rec.ExpiresAt.IsZero() || info.EndAt.Before(rec.ExpiresAt)) {
+			rec.ExpiresAt = info.EndAt // the provider ends it first; reuse does not extend it
 		}
 		e.emit(ctx, rec, StateActive, StateActive, EventReused, "")
 		return AcquireResult{Record: rec, Source: SourceReused, Restore: e.resumeRestore(ctx, rec)}, false, nil
@@ -363,7 +363,7 @@ func (e *Engine) resume(ctx context.Context, id string) error {
 	if e.caps.Pause == nil {
 		return errCannotResume
 	}
-	return e.caps.Pause.Resume(ctx, id, e.s.ActiveTimeout)
+	return e.caps.Pause.Resume(ctx, id, e.activeTimer())
 }
 
 // errCannotResume: the provider reports a sandbox paused but declares no
@@ -377,7 +377,7 @@ var errCannotResume = errors.New("the provider cannot resume paused sandboxes")
 // thread took the sandbox meanwhile (reused it), the fence is stale and
 // nothing is killed (invariant 3).
 func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (AcquireResult, bool, error) {
-	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout); err != nil {
+	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.activeTimer()); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox reconnect failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
 		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
 		return AcquireResult{}, true, unavailable(fmt.Errorf("reconnect warm sandbox: %v", err))

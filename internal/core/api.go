@@ -88,6 +88,7 @@ type Broker interface {
 	AcquireOrWait(ctx context.Context, req AcquireRequest) (AcquireResult, error)
 	Release(ctx context.Context, tenant, sandboxID string) (ReleaseResult, error)
 	Sync(ctx context.Context, tenant, sandboxID string) (SyncResult, error)
+	Renew(ctx context.Context, tenant, sandboxID string, d time.Duration) (RenewResult, error)
 	Get(ctx context.Context, tenant, sandboxID string) (Record, error)
 	Capacity(ctx context.Context) (CapacityStatus, error)
 	Reconcile(ctx context.Context) (ReconcileStats, error)

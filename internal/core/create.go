@@ -126,7 +126,7 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	asked := now // the sandbox runs, and is metered, from its create
 	ref, err := e.prov.Create(ctx, CreateSpec{
 		Template: e.s.Template,
-		Timeout:  e.s.ActiveTimeout,
+		Timeout:  e.activeTimer(),
 		Metadata: map[string]string{
 			MetaTenant: key.Tenant, MetaUser: key.User, MetaThread: key.Thread, MetaSeed: key.Seed(),
 			MetaDeployment: e.s.Deployment, MetaCreatedAt: now.UTC().Format(time.RFC3339), MetaReservation: token,
@@ -165,7 +165,7 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	rec, err := e.store.Finalize(fctx, token, Record{
 		SandboxID: ref.ID, ThreadKey: key, Seed: key.Seed(), State: StateActive, Backend: e.prov.Name(),
 		Endpoint: ref.Endpoint, ReservationToken: token,
-		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(e.s.ActiveTimeout),
+		CreatedAt: now, UpdatedAt: now, ExpiresAt: asked.Add(e.s.ActiveTimeout),
 		PrevMeteredAt: asked, MeteredAt: now, MeteredState: StateCreating,
 	})
 	if errors.Is(err, ErrConflict) {

@@ -171,8 +171,8 @@ func TestReleaseParksWarmAndAcquireReclaims(t *testing.T) {
 	if back.SandboxID != rec.SandboxID {
 		t.Errorf("reclaimed %s, want %s", back.SandboxID, rec.SandboxID)
 	}
-	if got := h.prov.Timeout(rec.SandboxID); got != core.DefaultSettings().ActiveTimeout {
-		t.Errorf("reclaimed sandbox timeout = %s, want the active timeout", got)
+	if got := h.prov.Timeout(rec.SandboxID); got != core.DefaultSettings().ActiveTimeout+core.TimerMargin {
+		t.Errorf("reclaimed sandbox timeout = %s, want the active timeout plus the timer margin", got)
 	}
 	// The stored record carries the active deadline the reply announced,
 	// not the warm idle deadline the release wrote.

@@ -376,7 +376,7 @@ func (e *Engine) finishResume(ctx context.Context, rec Record) (AcquireResult, b
 	if !ok {
 		return AcquireResult{}, true, fmt.Errorf("resume %s: lease too short: %w", rec.SandboxID, ErrLeaseHeld)
 	}
-	err := e.caps.Pause.Resume(cctx, rec.SandboxID, e.s.ActiveTimeout)
+	err := e.caps.Pause.Resume(cctx, rec.SandboxID, e.activeTimer())
 	cancel()
 	if err != nil {
 		e.log.WarnContext(ctx, "resume failed; discarding the paused sandbox", "sandbox_id", rec.SandboxID, "err", err)

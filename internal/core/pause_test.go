@@ -108,7 +108,7 @@ func TestIdleWarmSandboxIsPausedThenResumedByItsThread(t *testing.T) {
 	if got.SandboxID != rec.SandboxID || h.prov.Paused(rec.SandboxID) {
 		t.Errorf("resumed %s (provider paused %v), want %s running", got.SandboxID, h.prov.Paused(rec.SandboxID), rec.SandboxID)
 	}
-	if want := h.clock.now().Add(time.Hour); got.ExpiresAt.Before(want.Add(-time.Minute)) || h.prov.Timeout(rec.SandboxID) != time.Hour {
+	if want := h.clock.now().Add(time.Hour); got.ExpiresAt.Before(want.Add(-time.Minute)) || h.prov.Timeout(rec.SandboxID) != time.Hour+core.TimerMargin {
 		t.Errorf("resumed expires %s with provider timeout %s, want about %s (the active timeout)", got.ExpiresAt, h.prov.Timeout(rec.SandboxID), want)
 	}
 	if stored := h.state(t, rec.SandboxID); stored.State != core.StateActive || stored.PausedFor < time.Hour {

@@ -398,7 +398,7 @@ func (e *Engine) finishClaim(ctx context.Context, rec Record) (AcquireResult, bo
 		if !ok {
 			return AcquireResult{}, true, fmt.Errorf("resume pool member %s: lease too short: %w", rec.SandboxID, ErrLeaseHeld)
 		}
-		err := e.caps.Pause.Resume(cctx, rec.SandboxID, e.s.ActiveTimeout)
+		err := e.caps.Pause.Resume(cctx, rec.SandboxID, e.activeTimer())
 		cancel()
 		if err != nil {
 			// Failed or maybe applied: either way the member is given up.
@@ -411,7 +411,7 @@ func (e *Engine) finishClaim(ctx context.Context, rec Record) (AcquireResult, bo
 		// The timeout and the check are independent: they run side by
 		// side, so a claim waits for one provider round trip, not two.
 		timeoutErr := make(chan error, 1)
-		go func() { timeoutErr <- e.prov.SetTimeout(ctx, rec.SandboxID, e.s.ActiveTimeout) }()
+		go func() { timeoutErr <- e.prov.SetTimeout(ctx, rec.SandboxID, e.activeTimer()) }()
 		checkErr := e.checkMember(ctx, rec.Ref())
 		if err := <-timeoutErr; err != nil {
 			return discard("does not take its timeout", err)

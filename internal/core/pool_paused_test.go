@@ -68,8 +68,8 @@ func TestPoolParking(t *testing.T) {
 				t.Errorf("claimed %s: provider paused %v, record %s %+v; want running, active, a running slot",
 					rec.SandboxID, prov.Paused(rec.SandboxID), rec.State, rec.Slots)
 			}
-			if got := prov.Timeout(rec.SandboxID); got != core.DefaultSettings().ActiveTimeout {
-				t.Errorf("claimed member's timeout = %s, want the active timeout", got)
+			if got := prov.Timeout(rec.SandboxID); got != core.DefaultSettings().ActiveTimeout+core.TimerMargin {
+				t.Errorf("claimed member's timeout = %s, want the active timeout plus the timer margin", got)
 			}
 			if tc.wantPaused {
 				h.slotsAre(t, 1, 1, 1)

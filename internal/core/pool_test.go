@@ -89,8 +89,8 @@ func TestPoolRefillStopsAtSizeAndClaimMakesNoCreate(t *testing.T) {
 	if rec.ThreadKey != key("t1") || rec.State != core.StateActive {
 		t.Errorf("claimed record = %+v, want active for t1", rec)
 	}
-	if got := h.prov.Timeout(rec.SandboxID); got != core.DefaultSettings().ActiveTimeout {
-		t.Errorf("claimed member's timeout = %s, want the active timeout", got)
+	if got := h.prov.Timeout(rec.SandboxID); got != core.DefaultSettings().ActiveTimeout+core.TimerMargin {
+		t.Errorf("claimed member's timeout = %s, want the active timeout plus the timer margin", got)
 	}
 	if st := h.capacity(t); st.Used != 2 || st.Active != 1 || st.Pool != 1 {
 		t.Errorf("capacity = %+v, want used 2, active 1, pool 1", st)

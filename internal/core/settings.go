@@ -43,8 +43,13 @@ type Settings struct {
 	// provider timeout when parking, so the provider ends it even if the
 	// broker never comes back.
 	IdleTimeout time.Duration
-	// ActiveTimeout is the provider timeout of a handed-out sandbox.
+	// ActiveTimeout is how long a handed-out sandbox is the thread's
+	// (Record.ExpiresAt) before a renewal, and a renewal's default; the
+	// provider's timer ends TimerMargin after that.
 	ActiveTimeout time.Duration
+	// MaxLifetime bounds a sandbox's life from its CreatedAt: no renewal
+	// and no provider timer it sets goes past it (0: no bound).
+	MaxLifetime time.Duration
 	// LeaseDuration bounds how long one invocation may hold a record in a
 	// transitional state before peers may take it over.
 	LeaseDuration time.Duration
@@ -87,6 +92,7 @@ func DefaultSettings() Settings {
 		AcquireTimeout:      30 * time.Second,
 		IdleTimeout:         1800 * time.Second,
 		ActiveTimeout:       3600 * time.Second,
+		MaxLifetime:         24 * time.Hour,
 		LeaseDuration:       120 * time.Second,
 		Home:                "/home/user",
 		PauseAfter:          300 * time.Second,
@@ -153,6 +159,9 @@ func (s Settings) Validate() error {
 	}
 	if s.MaxPaused < 0 {
 		errs = append(errs, fmt.Errorf("MaxPaused: must be >= 0, got %d", s.MaxPaused))
+	}
+	if s.MaxLifetime < 0 || (s.MaxLifetime > 0 && s.MaxLifetime < s.ActiveTimeout) {
+		errs = append(errs, fmt.Errorf("MaxLifetime: must be 0 or at least ActiveTimeout (%s), got %s", s.ActiveTimeout, s.MaxLifetime))
 	}
 	if s.BurstLimit < 0 {
 		errs = append(errs, fmt.Errorf("BurstLimit: must be >= 0, got %d", s.BurstLimit))

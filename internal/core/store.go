@@ -89,6 +89,27 @@ type Update struct {
 	Slot Slot
 }
 
+// Renewal extends an active record's end (Record.ExpiresAt).
+type Renewal struct {
+	SandboxID string
+	// Tenant must own the record, else ErrNotFound.
+	Tenant string
+	Now    time.Time
+	// Until is the end asked for.
+	Until time.Time
+	// MaxLifetime, when > 0, cuts Until to the record's CreatedAt plus
+	// MaxLifetime.
+	MaxLifetime time.Duration
+}
+
+// Renewed is what a renewal found and left: Record as stored after it,
+// Prev the end it had before. The end moved when Record.ExpiresAt is after
+// Prev; otherwise nothing was written.
+type Renewed struct {
+	Record Record
+	Prev   time.Time
+}
+
 // Reservation takes a capacity slot and binds the thread to an in-flight
 // create, atomically.
 type Reservation struct {
@@ -257,6 +278,14 @@ type RecordStore interface {
 	// ErrAtFairShare). It returns the new record, and with ErrConflict or
 	// ErrLeaseHeld the record as it was found.
 	Claim(ctx context.Context, c Claim) (Record, error)
+	// Renew moves an active record's end later: if it belongs to r.Tenant
+	// (else ErrNotFound) and is active (else ErrConflict, with the record
+	// as found in Renewed.Record), its ExpiresAt becomes r.Until (cut by
+	// r.MaxLifetime) when that is later than the one it has, with its
+	// fence incremented and its lease and state untouched; an end already
+	// as late is left as it is (nothing written, no error). One
+	// conditional write (two when the cut applies).
+	Renew(ctx context.Context, r Renewal) (Renewed, error)
 	// Apply makes a fenced update and returns the new record.
 	Apply(ctx context.Context, u Update) (Record, error)
 	// WarmParkedBefore lists up to limit warm records parked before t,

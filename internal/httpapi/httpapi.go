@@ -48,6 +48,7 @@ const (
 	RouteCapacity = "GET /v1/capacity"
 	RouteRelease  = "POST /v1/sandboxes/{id}/release"
 	RouteSync     = "POST /v1/sandboxes/{id}/sync"
+	RouteRenew    = "POST /v1/sandboxes/{id}/renew"
 	RouteDrain    = "POST /v1/admin/drain"
 	RouteUndrain  = "POST /v1/admin/undrain"
 	RouteOpenAPI  = "GET /v1/openapi.json"
@@ -169,7 +170,7 @@ func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool
 	switch ev.RouteKey {
 	case RouteAcquire, RouteCapacity, RouteDrain, RouteUndrain, RouteOpenAPI:
 		return ev.RouteKey, "", true
-	case RouteGet, RouteRelease, RouteSync, RouteE2BConnect, RouteE2BConnectV2:
+	case RouteGet, RouteRelease, RouteSync, RouteRenew, RouteE2BConnect, RouteE2BConnectV2:
 		if v, ok := ev.PathParameters["id"]; ok {
 			return ev.RouteKey, v, true
 		}
@@ -206,6 +207,8 @@ func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool
 		want, id = RouteRelease, segs[2]
 	case len(segs) == 4 && segs[0] == "v1" && segs[1] == "sandboxes" && segs[3] == "sync":
 		want, id = RouteSync, segs[2]
+	case len(segs) == 4 && segs[0] == "v1" && segs[1] == "sandboxes" && segs[3] == "renew":
+		want, id = RouteRenew, segs[2]
 	default:
 		return "", "", false
 	}
@@ -239,6 +242,9 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 	}
 	if e2b {
 		return h.serveE2B(ctx, r, route, id)
+	}
+	if route == RouteRenew {
+		return h.renew(ctx, r, id, body)
 	}
 	if route != RouteAcquire {
 		if err := decodeEmpty(body); err != nil {
@@ -415,6 +421,38 @@ func decodeAcquire(body []byte) (core.AcquireRequest, error) {
 	}
 	return req, nil
 }
+
+// renew serves RouteRenew: an optional {"seconds": N} body (none, or
+// {}: the deployment's active timeout).
+func (h *handler) renew(ctx context.Context, r *request, id string, body []byte) events.APIGatewayV2HTTPResponse {
+	var seconds int64
+	if len(bytes.TrimSpace(body)) > 0 {
+		raw, err := strictObject(body, `must be empty or {"seconds": N}`, "seconds")
+		if err != nil {
+			return r.fail(err)
+		}
+		if v, ok := raw["seconds"]; ok {
+			if err := json.Unmarshal(v, &seconds); err != nil || seconds <= 0 {
+				return r.fail(&core.ValidationError{Field: "seconds", Message: "must be a positive whole number"})
+			}
+		}
+	}
+	if err := core.ValidateSandboxID(id); err != nil {
+		return r.fail(err)
+	}
+	if seconds > int64(maxRenewSeconds) {
+		return r.fail(&core.ValidationError{Field: "seconds", Message: fmt.Sprintf("must be at most %d", maxRenewSeconds)})
+	}
+	res, err := h.broker.Renew(ctx, r.tenant, id, time.Duration(seconds)*time.Second)
+	if err != nil {
+		return r.fail(err)
+	}
+	return r.json(http.StatusOK, api.RenewResult{SandboxID: res.SandboxID, ExpiresAt: api.Time(res.ExpiresAt)})
+}
+
+// maxRenewSeconds bounds a renewal's seconds before they reach the engine
+// (which holds its own bound), so no conversion overflows.
+const maxRenewSeconds = 7 * 24 * 3600
 
 // decodeEmpty checks the body of a route that takes none: nothing, or an
 // empty JSON object.

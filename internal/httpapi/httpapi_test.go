@@ -27,6 +27,7 @@ type fakeBroker struct {
 	acquire  core.AcquireResult
 	release  core.ReleaseResult
 	sync     core.SyncResult
+	renew    core.RenewResult
 	record   core.Record
 	capacity core.CapacityStatus
 	err      error
@@ -56,6 +57,9 @@ func (f *fakeBroker) Release(_ context.Context, tenant, id string) (core.Release
 }
 func (f *fakeBroker) Sync(_ context.Context, tenant, id string) (core.SyncResult, error) {
 	return f.sync, f.note("Sync %s %s", tenant, id)
+}
+func (f *fakeBroker) Renew(_ context.Context, tenant, id string, d time.Duration) (core.RenewResult, error) {
+	return f.renew, f.note("Renew %s %s %s", tenant, id, d)
 }
 func (f *fakeBroker) Get(_ context.Context, tenant, id string) (core.Record, error) {
 	return f.record, f.note("Get %s %s", tenant, id)
@@ -531,5 +535,53 @@ func TestAcquireWaitingAnswers202WithTheTicket(t *testing.T) {
 		if resp.StatusCode != 400 || e["reason"] != "ticket" || len(fb.calls) != 0 {
 			t.Errorf("%s: %d %v, calls %v; want 400 on the ticket, no call", bad, resp.StatusCode, body, fb.calls)
 		}
+	}
+}
+
+// The renew route takes no body or {"seconds": N}, strictly, and answers
+// the sandbox's new end.
+func TestRenewRoute(t *testing.T) {
+	end := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	f := &fakeBroker{renew: core.RenewResult{SandboxID: "sbx1", ExpiresAt: end}}
+	renew := func(body string) events.APIGatewayV2HTTPResponse {
+		resp, _, _ := serve(t, f, event(RouteRenew, "/v1/sandboxes/sbx1/renew", body, "acme", map[string]string{"id": "sbx1"}))
+		return resp
+	}
+	for _, c := range []struct {
+		body string
+		code int
+		call string
+	}{
+		{"", 200, "Renew acme sbx1 0s"},
+		{"{}", 200, "Renew acme sbx1 0s"},
+		{`{"seconds":90}`, 200, "Renew acme sbx1 1m30s"},
+		{`{"seconds":0}`, 400, ""},
+		{`{"seconds":1.5}`, 400, ""},
+		{`{"seconds":"9"}`, 400, ""},
+		{`{"Seconds":9}`, 400, ""},
+		{`{"seconds":9,"seconds":9}`, 400, ""},
+		{`{"seconds":999999999}`, 400, ""},
+	} {
+		f.calls = nil
+		resp := renew(c.body)
+		if resp.StatusCode != c.code {
+			t.Errorf("renew %q = %d %s, want %d", c.body, resp.StatusCode, resp.Body, c.code)
+			continue
+		}
+		if c.code == 200 {
+			if len(f.calls) != 1 || f.calls[0] != c.call || !strings.Contains(resp.Body, `"expires_at":"2026-12-01T10:00:00Z"`) {
+				t.Errorf("renew %q: calls %v, body %s; want %s", c.body, f.calls, resp.Body, c.call)
+			}
+		} else if len(f.calls) != 0 || !strings.Contains(resp.Body, `"VALIDATION_ERROR"`) {
+			t.Errorf("renew %q: calls %v, body %s; want a validation error and no call", c.body, f.calls, resp.Body)
+		}
+	}
+	f.err = core.ErrConflict
+	if resp := renew(""); resp.StatusCode != 409 || !strings.Contains(resp.Body, `"CONFLICT"`) {
+		t.Errorf("renew of a sandbox not active = %d %s, want 409 CONFLICT", resp.StatusCode, resp.Body)
+	}
+	f.err = core.ErrNotFound
+	if resp := renew(""); resp.StatusCode != 404 {
+		t.Errorf("renew of another tenant's sandbox = %d %s, want 404", resp.StatusCode, resp.Body)
 	}
 }

@@ -47,6 +47,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"Bindings", testBindings},
 		{"Claims", testClaims},
 		{"FencedApply", testFencedApply},
+		{"Renew", testRenew},
 		{"PauseSettle", testPauseSettle},
 		{"PauseAbortAndLimit", testPauseAbortAndLimit},
 		{"Resume", testResume},

@@ -123,9 +123,10 @@ type Sandbox struct {
 	Source     string     `json:"source"`
 	Backend    string     `json:"backend"`
 	Connection Connection `json:"connection"`
-	// ExpiresAt is when the provider ends the sandbox unless the broker
-	// extends it (its provider timeout), UTC, whole seconds on the wire;
-	// zero when unknown (written as "").
+	// ExpiresAt is when the sandbox stops being the thread's unless it is
+	// renewed (POST /v1/sandboxes/{id}/renew); the provider's timer runs a
+	// little longer. UTC, whole seconds on the wire; zero when unknown
+	// (written as "").
 	ExpiresAt time.Time `json:"expires_at"`
 	// Restore reports the thread's earlier outputs brought back into the
 	// sandbox by this acquire; nil (absent) when none ran.
@@ -221,6 +222,23 @@ type SyncResult struct {
 	// Remaining is how many files of a restore a cap left for a later
 	// pass (absent when none).
 	Remaining int `json:"remaining,omitempty"`
+}
+
+// RenewRequest is the optional body of POST /v1/sandboxes/{id}/renew.
+type RenewRequest struct {
+	// Seconds is how long from now the sandbox stays the thread's (absent
+	// or 0: the deployment's SANDBOX_ACTIVE_TIMEOUT_SECONDS).
+	Seconds int `json:"seconds,omitempty"`
+}
+
+// RenewResult is the reply of POST /v1/sandboxes/{id}/renew.
+type RenewResult struct {
+	SandboxID string `json:"sandbox_id"`
+	// ExpiresAt is the sandbox's end after the renewal (RFC 3339, UTC):
+	// the one asked for, or earlier at the deployment's maximum lifetime,
+	// or later when the sandbox already ended later (a renewal never
+	// moves an end earlier).
+	ExpiresAt string `json:"expires_at"`
 }
 
 // ReleaseResult is the reply of POST /v1/sandboxes/{id}/release.

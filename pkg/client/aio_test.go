@@ -100,9 +100,11 @@ func TestAIORejectsWrongTokenAndUnknownSandbox(t *testing.T) {
 		t.Error("PutFile with a wrong token: nil error, want one")
 	}
 
-	gone, _ := client.NewAIO("doesnotexist", client.Connection{SandboxURL: strings.Replace(conn.SandboxURL, id, "doesnotexist", 1), AccessToken: conn.AccessToken}, nil)
-	if _, err := gone.Exec(ctx, client.ExecRequest{Script: "true"}); !errors.Is(err, client.ErrSandboxUnreachable) {
-		t.Errorf("Exec on an unknown sandbox: error = %v, want ErrSandboxUnreachable", err)
+	// Another sandbox's token tells nothing of an unknown id: refused as
+	// a wrong token is, never told apart from a live one.
+	unknown, _ := client.NewAIO("doesnotexist", client.Connection{SandboxURL: strings.Replace(conn.SandboxURL, id, "doesnotexist", 1), AccessToken: conn.AccessToken}, nil)
+	if _, err := unknown.Exec(ctx, client.ExecRequest{Script: "true"}); !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized {
+		t.Errorf("Exec on an unknown sandbox: error = %v, want an *AIOError with HTTP 401", err)
 	}
 }
 

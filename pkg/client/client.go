@@ -134,6 +134,8 @@ type (
 	SyncResult = api.SyncResult
 	// ReleaseResult is the reply of Release.
 	ReleaseResult = api.ReleaseResult
+	// RenewResult is the reply of Renew.
+	RenewResult = api.RenewResult
 	// Capacity is the reply of Capacity: deployment-wide slot usage.
 	Capacity = api.Capacity
 	// DrainStatus is the reply of Drain and Undrain.

@@ -258,12 +258,37 @@ func TestEnvdRejectsWrongTokenAndUnknownSandbox(t *testing.T) {
 		t.Error("PutFile with a wrong token: nil error, want one")
 	}
 
-	gone, _ := client.NewEnvd("doesnotexist", conn, nil)
-	if _, err := gone.Exec(ctx, client.ExecRequest{Script: "true"}); !errors.Is(err, client.ErrSandboxUnreachable) {
-		t.Errorf("Exec on an unknown sandbox: error = %v, want ErrSandboxUnreachable", err)
+	// Another sandbox's token tells nothing of an unknown id: refused as
+	// unauthenticated, as a wrong token is.
+	unknown, _ := client.NewEnvd("doesnotexist", conn, nil)
+	if _, err := unknown.Exec(ctx, client.ExecRequest{Script: "true"}); err == nil || errors.Is(err, client.ErrSandboxUnreachable) {
+		t.Errorf("Exec on an unknown sandbox: error = %v, want a refusal that is not ErrSandboxUnreachable", err)
 	}
-	if _, err := gone.GetFile(ctx, "x", &bytes.Buffer{}); !errors.Is(err, client.ErrSandboxUnreachable) {
-		t.Errorf("GetFile on an unknown sandbox: error = %v, want ErrSandboxUnreachable", err)
+	// A sandbox that ended, reached with its own token, is unreachable.
+	endedID, endedConn := createSandbox(t, srv)
+	deleteSandbox(t, srv.APIURL+"/sandboxes/"+endedID, hostAPIKey)
+	ended, _ := client.NewEnvd(endedID, endedConn, nil)
+	if _, err := ended.Exec(ctx, client.ExecRequest{Script: "true"}); !errors.Is(err, client.ErrSandboxUnreachable) {
+		t.Errorf("Exec on an ended sandbox: error = %v, want ErrSandboxUnreachable", err)
+	}
+	if _, err := ended.GetFile(ctx, "x", &bytes.Buffer{}); !errors.Is(err, client.ErrSandboxUnreachable) {
+		t.Errorf("GetFile on an ended sandbox: error = %v, want ErrSandboxUnreachable", err)
+	}
+}
+
+// deleteSandbox DELETEs u with X-API-Key key and fails the test unless
+// the answer is a 2xx.
+func deleteSandbox(t *testing.T, u, key string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodDelete, u, nil)
+	req.Header.Set("X-API-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("DELETE %s: %v", u, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("DELETE %s: HTTP %d", u, resp.StatusCode)
 	}
 }
 

@@ -1,0 +1,94 @@
+package ddbstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+)
+
+// Renew moves an active record's end later (see core.Store.Renew): one
+// conditional update returning the item as it was; when only the
+// lifetime bound refused it, a second one with the end cut to it.
+func (s *Store) Renew(ctx context.Context, r core.Renewal) (core.Renewed, error) {
+	until, lifetime := r.Until, r.MaxLifetime
+	for range 2 {
+		done, old, err := s.renewTo(ctx, r, until, lifetime)
+		if err != nil || old == nil {
+			return done, err
+		}
+		switch {
+		case old.Tenant != r.Tenant:
+			return core.Renewed{}, core.ErrNotFound
+		case old.State != core.StateActive:
+			return core.Renewed{Record: *old, Prev: old.ExpiresAt}, fmt.Errorf("sandbox %s is %s: %w", r.SandboxID, old.State, core.ErrConflict)
+		}
+		if lifetime > 0 && !old.CreatedAt.IsZero() && old.CreatedAt.Add(lifetime).Before(until) {
+			until = old.CreatedAt.Add(lifetime)
+		}
+		if ms(until) <= ms(old.ExpiresAt) || lifetime == 0 {
+			return core.Renewed{Record: *old, Prev: old.ExpiresAt}, nil
+		}
+		lifetime = 0
+	}
+	return core.Renewed{}, errors.New("renew: unreachable")
+}
+
+// renewTo is one conditional update of Renew: the record's end becomes
+// until if it is the tenant's, active, ends earlier and (lifetime > 0)
+// was created at most lifetime before until. It returns the renewal made,
+// or the record as found when the condition failed (old).
+func (s *Store) renewTo(ctx context.Context, r core.Renewal, until time.Time, lifetime time.Duration) (core.Renewed, *core.Record, error) {
+	cond := expression.AttributeExists(expression.Name(AttrPK)).
+		And(expression.Name("tenant").Equal(expression.Value(r.Tenant))).
+		And(expression.Name("state").Equal(expression.Value(string(core.StateActive)))).
+		And(expression.Or(expression.AttributeNotExists(expression.Name("expires_at")),
+			expression.Name("expires_at").LessThan(expression.Value(ms(until)))))
+	if lifetime > 0 {
+		cond = cond.And(expression.Name("created_at").GreaterThanEqual(expression.Value(ms(until.Add(-lifetime)))))
+	}
+	upd := expression.Set(expression.Name("expires_at"), expression.Value(ms(until))).
+		Set(expression.Name("updated_at"), expression.Value(ms(r.Now))).
+		Add(expression.Name("fence"), expression.Value(1))
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return core.Renewed{}, nil, fmt.Errorf("renew: build expression: %w", err)
+	}
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName: &s.table, Key: s.key(sandboxPK(r.SandboxID)),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValues:                        types.ReturnValueAllOld,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		if len(ccf.Item) == 0 {
+			return core.Renewed{}, nil, core.ErrNotFound
+		}
+		old, derr := s.decodeRecord(ctx, ccf.Item)
+		if derr != nil {
+			return core.Renewed{}, nil, derr
+		}
+		return core.Renewed{}, &old, nil
+	}
+	if err != nil {
+		return core.Renewed{}, nil, unavailable("renew", err)
+	}
+	rec, err := s.decodeRecord(ctx, out.Attributes)
+	if err != nil {
+		return core.Renewed{}, nil, err
+	}
+	prev := rec.ExpiresAt
+	rec.ExpiresAt, rec.UpdatedAt = time.UnixMilli(ms(until)).UTC(), time.UnixMilli(ms(r.Now)).UTC()
+	rec.Fence++
+	return core.Renewed{Record: rec, Prev: prev}, nil, nil
+}
