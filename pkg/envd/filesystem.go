@@ -22,6 +22,9 @@ type (
 		Group         string  `json:"group"`
 		ModifiedTime  string  `json:"modifiedTime,omitempty"`
 		SymlinkTarget *string `json:"symlinkTarget,omitempty"`
+		// Metadata is what the X-Metadata-* headers of the file's last
+		// upload set.
+		Metadata map[string]string `json:"metadata,omitempty"`
 	}
 	// PathRequest is the request of Stat, MakeDir and Remove.
 	PathRequest struct {
@@ -47,8 +50,9 @@ type (
 	}
 	// WriteInfo is one element of POST /files's reply (a JSON array).
 	WriteInfo struct {
-		Name string `json:"name"`
-		Type string `json:"type"`
-		Path string `json:"path"`
+		Name     string            `json:"name"`
+		Type     string            `json:"type"`
+		Path     string            `json:"path"`
+		Metadata map[string]string `json:"metadata,omitempty"`
 	}
 )
