@@ -37,8 +37,9 @@ func sandboxFrom(ctx context.Context) *sandbox {
 // request without the sandbox's own X-Access-Token gets 401, whatever the
 // id, so it learns nothing of whether an id exists or is paused. With the
 // token of a sandbox that ended it gets 502 (the SDK's isRunning relies
-// on it); with the token of a paused one, 409 with E2B's "sandbox paused"
-// body (pausedReply).
+// on it); with the token of a paused one, /health answers 502 (the SDK's
+// isRunning and connect-after-pause read only 502 as "not running") and
+// every other route 409 with E2B's "sandbox paused" body (pausedReply).
 func (h *Host) EnvdHandler() http.Handler {
 	opts := []connect.HandlerOption{connect.WithCodec(envd.Codec{}), connect.WithReadMaxBytes(maxRPCBytes)}
 	mux := http.NewServeMux()
@@ -66,6 +67,10 @@ func (h *Host) EnvdHandler() http.Handler {
 			// Connect clients map a non-JSON error by HTTP status:
 			// 502 -> unavailable ("sandbox not running" in the SDK).
 			envdError(w, isRPC, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running", id))
+			return
+		}
+		if sb.paused() && r.URL.Path == envd.HealthPath {
+			envdError(w, false, http.StatusBadGateway, fmt.Sprintf("sandbox %q is paused", id))
 			return
 		}
 		if sb.paused() {
