@@ -32,6 +32,8 @@ func sandboxFrom(ctx context.Context) *sandbox {
 // SendSignal, SendInput, CloseStdin, List} and filesystem.Filesystem/{Stat,
 // MakeDir, ListDir, Move, Remove, WatchDir}.
 //
+// A signed file URL (signed.go) stands in for the token on /files.
+//
 // The access token is checked first, on every route (access.go): a
 // request without the sandbox's own X-Access-Token gets 401, whatever the
 // id, so it learns nothing of whether an id exists or is paused. With the
@@ -60,8 +62,12 @@ func (h *Host) EnvdHandler() http.Handler {
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		isRPC := r.URL.Path != "/health" && r.URL.Path != "/files"
-		id := r.Header.Get(envd.HeaderSandboxID)
-		sb, acc := h.access(id, r.Header.Get(envd.HeaderAccessToken))
+		id := sandboxIDOf(r)
+		tok := r.Header.Get(envd.HeaderAccessToken)
+		sb, acc := h.access(id, tok)
+		if acc == accessDenied && tok == "" && r.URL.Path == envd.FilesPath && r.URL.Query().Has("signature") {
+			sb, acc = h.signedAccess(id, r) // signed.go
+		}
 		switch acc {
 		case accessDenied:
 			envdError(w, isRPC, http.StatusUnauthorized, "invalid or missing access token")
