@@ -55,7 +55,8 @@
 // writes more than 2 s after its command ended is dropped. A sandbox dies
 // (every process SIGKILLed, directory removed, state gone) when its
 // timeout passes or on DELETE. A sandbox can be paused and resumed as on
-// E2B (pause.go). PTY and stdin are not supported.
+// E2B (pause.go). PTY is not supported; stdin is (SendInput,
+// CloseStdin), and Process/Connect attaches more clients to a command.
 package sandboxhost
 
 import (
