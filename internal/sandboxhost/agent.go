@@ -241,33 +241,40 @@ func (a *agentServer) serve() {
 	}
 }
 
-// start runs one command with stdout and stderr on fds (two descriptors),
-// in its own process group, and reports started or failed. The report
-// is sent under a.mu, so the reaper never reports its exit first.
+// start runs one command with stdout and stderr on fds (and stdin on a
+// third one; else /dev/null), in its own process group, and reports
+// started or failed. The report is sent under a.mu, so the reaper never
+// reports its exit first.
 func (a *agentServer) start(msg agentMsg, fds []int) {
 	fail := func(err error) {
 		_ = a.conn.send(agentMsg{Op: "failed", ID: msg.ID, Error: err.Error()})
 	}
-	if len(fds) != 2 {
+	if len(fds) != 2 && len(fds) != 3 {
 		closeFDs(fds)
-		fail(errors.New("want stdout and stderr descriptors"))
+		fail(errors.New("want stdout, stderr and optionally stdin descriptors"))
 		return
 	}
 	stdout, stderr := os.NewFile(uintptr(fds[0]), "stdout"), os.NewFile(uintptr(fds[1]), "stderr")
 	defer closeAll(stdout, stderr) // the command holds its own copies
+	var stdin *os.File
+	if len(fds) == 3 {
+		stdin = os.NewFile(uintptr(fds[2]), "stdin")
+		defer stdin.Close()
+	}
 	path, err := lookPathIn(msg.Path, msg.Env, msg.Dir)
 	if err != nil {
 		fail(err)
 		return
 	}
-	null, err := os.Open(os.DevNull)
-	if err != nil {
-		fail(err)
-		return
+	if stdin == nil {
+		if stdin, err = os.Open(os.DevNull); err != nil {
+			fail(err)
+			return
+		}
+		defer stdin.Close()
 	}
-	defer null.Close()
 	cmd := &exec.Cmd{Path: path, Args: append([]string{msg.Path}, msg.Args...), Env: msg.Env, Dir: msg.Dir,
-		Stdin: null, Stdout: stdout, Stderr: stderr, SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
+		Stdin: stdin, Stdout: stdout, Stderr: stderr, SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := cmd.Start(); err != nil {

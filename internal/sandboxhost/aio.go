@@ -264,7 +264,7 @@ func (p *Provisioner) handleAIOWrite(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if _, err := sb.writeFile(req.File, bytes.NewReader(content)); err != nil {
+	if _, err := sb.writeFile(req.File, bytes.NewReader(content), nil); err != nil {
 		fileFailure(w, "write", req.File, err)
 		return
 	}
@@ -308,7 +308,7 @@ func (p *Provisioner) handleAIOUpload(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			cw := &countWriter{}
-			_, err := sb.writeFile(target, io.TeeReader(part, cw))
+			_, err := sb.writeFile(target, io.TeeReader(part, cw), nil)
 			part.Close()
 			if err != nil {
 				fileFailure(w, "upload", target, err)

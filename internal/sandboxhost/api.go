@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,15 @@ type timeoutRequest struct {
 	Memory *bool `json:"memory"`
 }
 
+// createRequest is the body of POST /sandboxes and /v2/sandboxes: E2B's
+// NewSandbox with its auto-pause fields (autoPause true: the timeout
+// pauses the sandbox instead of killing it).
+type createRequest struct {
+	e2bapi.NewSandbox
+	AutoPause       *bool `json:"autoPause"`
+	AutoPauseMemory *bool `json:"autoPauseMemory"`
+}
+
 // pauseRequest is the body of POST /sandboxes/{id}/pause.
 type pauseRequest struct {
 	// Memory false asks for a files-only snapshot: the host keeps memory
@@ -55,7 +65,8 @@ type refreshRequest struct {
 // APIHandler serves the E2B control plane: POST /sandboxes and
 // /v2/sandboxes (create), GET /sandboxes and /v2/sandboxes (list), GET and
 // DELETE /sandboxes/{id}, POST /sandboxes/{id}/timeout, POST
-// /sandboxes/{id}/refreshes, POST /sandboxes/{id}/pause, POST
+// /sandboxes/{id}/refreshes, POST /sandboxes/{id}/pause, GET
+// /sandboxes/{id}/metrics (metrics.go), POST
 // /sandboxes/{id}/connect and /v2/sandboxes/{id}/connect. Every request
 // needs X-API-Key (any header case) equal to Options.APIKey, else 401
 // JSON. Reads never extend a sandbox's life.
@@ -72,6 +83,7 @@ func (h *Host) APIHandler() http.Handler {
 	mux.HandleFunc("POST /sandboxes/{id}/connect", h.handleConnect)
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h.handleConnect)
 	mux.HandleFunc("POST /sandboxes/{id}/pause", h.handlePause)
+	mux.HandleFunc("GET /sandboxes/{id}/metrics", h.handleMetrics)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, e2bapi.Error{Code: http.StatusNotFound, Message: "no route " + r.Method + " " + r.URL.Path})
 	})
@@ -175,12 +187,17 @@ func (h *Host) listed(sb *sandbox) e2bapi.ListedSandbox {
 // handleCreate serves POST /sandboxes and /v2/sandboxes: 201 with the
 // sandbox's id, envd version and access token.
 func (h *Host) handleCreate(w http.ResponseWriter, r *http.Request) {
-	var req e2bapi.NewSandbox
+	var req createRequest
 	if err := readBody(r, &req); err != nil {
 		badRequest(w, "%v", err)
 		return
 	}
-	spec := createSpec{templateID: req.TemplateID, timeout: h.opts.DefaultTimeout, metadata: req.Metadata, envVars: req.EnvVars}
+	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+		badRequest(w, "a files-only auto-pause (autoPauseMemory false) is not supported by the local sandbox host")
+		return
+	}
+	spec := createSpec{templateID: req.TemplateID, timeout: h.opts.DefaultTimeout, metadata: req.Metadata, envVars: req.EnvVars,
+		autoPause: req.AutoPause != nil && *req.AutoPause}
 	if spec.templateID == "" {
 		spec.templateID = defaultTemplate
 	}
@@ -216,9 +233,11 @@ func (h *Host) handleCreate(w http.ResponseWriter, r *http.Request) {
 
 // listQuery is a parsed list filter.
 type listQuery struct {
-	metadata map[string]string
-	running  bool // the "running" state is selected
-	paused   bool // the "paused" state is selected
+	metadata     map[string]string
+	running      bool      // the "running" state is selected
+	paused       bool      // the "paused" state is selected
+	startedAfter time.Time // zero: any start
+	template     string    // "": any template; else its id or alias
 }
 
 // parseListQuery reads metadata (a query string inside the query value,
@@ -237,6 +256,14 @@ func parseListQuery(q url.Values, withPaused bool) (listQuery, error) {
 			lq.metadata[k] = vs[len(vs)-1]
 		}
 	}
+	if s := q.Get("startedAfter"); s != "" {
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return lq, fmt.Errorf("invalid startedAfter %q (want an RFC 3339 time)", s)
+		}
+		lq.startedAfter = t
+	}
+	lq.template = q.Get("template")
 	if states, ok := q["state"]; ok {
 		lq.running, lq.paused = false, false
 		for _, s := range states {
@@ -259,6 +286,9 @@ func parseListQuery(q url.Values, withPaused bool) (listQuery, error) {
 // match reports whether sb passes the filter.
 func (lq listQuery) match(sb *sandbox) bool {
 	if paused := sb.listedPaused(); (paused && !lq.paused) || (!paused && !lq.running) {
+		return false
+	}
+	if sb.startedAt.Before(lq.startedAfter) || (lq.template != "" && lq.template != sb.templateID && lq.template != sb.alias) {
 		return false
 	}
 	for k, v := range lq.metadata {
@@ -286,32 +316,47 @@ func (h *Host) handleListV1(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// pageToken encodes the position after sb in (startedAt, id) order.
+// pagePos is a position in (startedAt, id) order.
+type pagePos struct {
+	startedAt time.Time
+	id        string
+}
+
+// compare orders the position against sb: -1 before it, 0 at it, 1 after.
+func (p pagePos) compare(sb *sandbox) int {
+	if c := p.startedAt.Compare(sb.startedAt); c != 0 {
+		return c
+	}
+	return strings.Compare(p.id, sb.id)
+}
+
+// pageToken encodes the position of sb in (startedAt, id) order.
 func pageToken(sb *sandbox) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(sb.startedAt.UnixNano(), 10) + ":" + sb.id))
 }
 
-// afterToken reports whether sb sorts after the token's position.
-func parseToken(tok string) (time.Time, string, error) {
+// parseToken decodes a pageToken.
+func parseToken(tok string) (pagePos, error) {
+	bad := errors.New("invalid nextToken")
 	b, err := base64.RawURLEncoding.DecodeString(tok)
 	if err != nil {
-		return time.Time{}, "", errors.New("invalid nextToken")
+		return pagePos{}, bad
 	}
 	ns, id, ok := strings.Cut(string(b), ":")
 	if !ok {
-		return time.Time{}, "", errors.New("invalid nextToken")
+		return pagePos{}, bad
 	}
 	n, err := strconv.ParseInt(ns, 10, 64)
 	if err != nil {
-		return time.Time{}, "", errors.New("invalid nextToken")
+		return pagePos{}, bad
 	}
-	return time.Unix(0, n).UTC(), id, nil
+	return pagePos{startedAt: time.Unix(0, n).UTC(), id: id}, nil
 }
 
 // handleListV2 serves GET /v2/sandboxes: a page of at most limit (1..100,
-// default 100) sandboxes matching the metadata and state filters (default:
-// running and paused) in start order; X-Next-Token is set when more may
-// follow.
+// default 100) sandboxes matching the metadata, state, startedAfter and
+// template filters (default: running and paused), newest first unless
+// order is "asc"; X-Next-Token is set when more may follow.
 func (h *Host) handleListV2(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	lq, err := parseListQuery(q, true)
@@ -328,21 +373,45 @@ func (h *Host) handleListV2(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	var afterT time.Time
-	var afterID string
+	desc := true
+	switch q.Get("order") {
+	case "", "desc":
+	case "asc":
+		desc = false
+	default:
+		badRequest(w, "order must be asc or desc")
+		return
+	}
+	var after *pagePos
 	if tok := q.Get("nextToken"); tok != "" {
-		afterT, afterID, err = parseToken(tok)
+		pos, err := parseToken(tok)
 		if err != nil {
 			badRequest(w, "%v", err)
 			return
 		}
+		after = &pos
+	}
+	out, next := h.listPage(lq, desc, after, limit)
+	if next != nil {
+		w.Header().Set(headerNextToken, pageToken(next))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// listPage returns up to limit sandboxes matching lq in start order
+// (newest first when desc) after position after (nil: from the first),
+// and the last one listed when more may follow.
+func (h *Host) listPage(lq listQuery, desc bool, after *pagePos, limit int) ([]e2bapi.ListedSandbox, *sandbox) {
+	all := h.list()
+	if desc {
+		slices.Reverse(all)
 	}
 	out := []e2bapi.ListedSandbox{}
 	var last *sandbox
-	more := false
-	for _, sb := range h.list() {
-		if afterID != "" {
-			if sb.startedAt.Before(afterT) || (sb.startedAt.Equal(afterT) && sb.id <= afterID) {
+	for _, sb := range all {
+		if after != nil {
+			c := after.compare(sb)
+			if (!desc && c >= 0) || (desc && c <= 0) {
 				continue
 			}
 		}
@@ -350,16 +419,12 @@ func (h *Host) handleListV2(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		if len(out) == limit {
-			more = true
-			break
+			return out, last
 		}
 		out = append(out, h.listed(sb))
 		last = sb
 	}
-	if more && last != nil {
-		w.Header().Set(headerNextToken, pageToken(last))
-	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
 // handleGet serves GET /sandboxes/{id}: the detail, or 404 code 404.

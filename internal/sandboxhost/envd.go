@@ -7,9 +7,7 @@ import (
 	"io/fs"
 	"net/http"
 	"os/exec"
-	"strconv"
 	"syscall"
-	"time"
 
 	"connectrpc.com/connect"
 
@@ -30,15 +28,19 @@ func sandboxFrom(ctx context.Context) *sandbox {
 
 // EnvdHandler serves the in-sandbox daemon API for every sandbox, routed by
 // the E2b-Sandbox-Id header: GET /health, GET/POST /files and
-// Connect RPC (JSON codec) for process.Process/{Start,SendSignal,List} and
-// filesystem.Filesystem/{Stat,MakeDir,ListDir,Move,Remove}.
+// Connect RPC (JSON codec) for process.Process/{Start, Connect,
+// SendSignal, SendInput, CloseStdin, List} and filesystem.Filesystem/{Stat,
+// MakeDir, ListDir, Move, Remove, WatchDir}.
+//
+// A signed file URL (signed.go) stands in for the token on /files.
 //
 // The access token is checked first, on every route (access.go): a
 // request without the sandbox's own X-Access-Token gets 401, whatever the
 // id, so it learns nothing of whether an id exists or is paused. With the
 // token of a sandbox that ended it gets 502 (the SDK's isRunning relies
-// on it); with the token of a paused one, 409 with E2B's "sandbox paused"
-// body (pausedReply).
+// on it); with the token of a paused one, /health answers 502 (the SDK's
+// isRunning and connect-after-pause read only 502 as "not running") and
+// every other route 409 with E2B's "sandbox paused" body (pausedReply).
 func (h *Host) EnvdHandler() http.Handler {
 	opts := []connect.HandlerOption{connect.WithCodec(envd.Codec{}), connect.WithReadMaxBytes(maxRPCBytes)}
 	mux := http.NewServeMux()
@@ -46,18 +48,26 @@ func (h *Host) EnvdHandler() http.Handler {
 	mux.HandleFunc("GET /files", h.handleReadFile)
 	mux.HandleFunc("POST /files", h.handleWriteFile)
 	mux.Handle(envd.ProcedureStart, connect.NewServerStreamHandler(envd.ProcedureStart, h.rpcStart, opts...))
+	mux.Handle(envd.ProcedureConnect, connect.NewServerStreamHandler(envd.ProcedureConnect, h.rpcConnect, opts...))
 	mux.Handle(envd.ProcedureSendSignal, connect.NewUnaryHandler(envd.ProcedureSendSignal, h.rpcSendSignal, opts...))
+	mux.Handle(envd.ProcedureSendInput, connect.NewUnaryHandler(envd.ProcedureSendInput, h.rpcSendInput, opts...))
+	mux.Handle(envd.ProcedureCloseStdin, connect.NewUnaryHandler(envd.ProcedureCloseStdin, h.rpcCloseStdin, opts...))
 	mux.Handle(envd.ProcedureList, connect.NewUnaryHandler(envd.ProcedureList, h.rpcList, opts...))
 	mux.Handle(envd.ProcedureStat, connect.NewUnaryHandler(envd.ProcedureStat, h.rpcStat, opts...))
 	mux.Handle(envd.ProcedureMakeDir, connect.NewUnaryHandler(envd.ProcedureMakeDir, h.rpcMakeDir, opts...))
 	mux.Handle(envd.ProcedureListDir, connect.NewUnaryHandler(envd.ProcedureListDir, h.rpcListDir, opts...))
 	mux.Handle(envd.ProcedureMove, connect.NewUnaryHandler(envd.ProcedureMove, h.rpcMove, opts...))
 	mux.Handle(envd.ProcedureRemove, connect.NewUnaryHandler(envd.ProcedureRemove, h.rpcRemove, opts...))
+	mux.Handle(envd.ProcedureWatchDir, connect.NewServerStreamHandler(envd.ProcedureWatchDir, h.rpcWatchDir, opts...))
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		isRPC := r.URL.Path != "/health" && r.URL.Path != "/files"
-		id := r.Header.Get(envd.HeaderSandboxID)
-		sb, acc := h.access(id, r.Header.Get(envd.HeaderAccessToken))
+		id := sandboxIDOf(r)
+		tok := r.Header.Get(envd.HeaderAccessToken)
+		sb, acc := h.access(id, tok)
+		if acc == accessDenied && tok == "" && r.URL.Path == envd.FilesPath && r.URL.Query().Has("signature") {
+			sb, acc = h.signedAccess(id, r) // signed.go
+		}
 		switch acc {
 		case accessDenied:
 			envdError(w, isRPC, http.StatusUnauthorized, "invalid or missing access token")
@@ -66,6 +76,10 @@ func (h *Host) EnvdHandler() http.Handler {
 			// Connect clients map a non-JSON error by HTTP status:
 			// 502 -> unavailable ("sandbox not running" in the SDK).
 			envdError(w, isRPC, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running", id))
+			return
+		}
+		if sb.paused() && r.URL.Path == envd.HealthPath {
+			envdError(w, false, http.StatusBadGateway, fmt.Sprintf("sandbox %q is paused", id))
 			return
 		}
 		if sb.paused() {
@@ -98,63 +112,6 @@ func envdError(w http.ResponseWriter, rpc bool, status int, msg string) {
 		return
 	}
 	writeJSON(w, status, e2bapi.Error{Code: status, Message: msg})
-}
-
-// rpcStart runs a process and streams its events: start{pid} first (sent
-// at once), data chunks, keepalives every Keepalive-Ping-Interval seconds,
-// then end{exitCode, exited, status}. A client that goes away (or whose
-// Connect-Timeout-Ms passes) kills the process group.
-func (h *Host) rpcStart(ctx context.Context, req *connect.Request[envd.StartRequest], stream *connect.ServerStream[envd.StartResponse]) error {
-	sb := sandboxFrom(ctx)
-	msg := req.Msg
-	if len(msg.Pty) > 0 && string(msg.Pty) != "null" {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("pty is not supported by the local sandbox host"))
-	}
-	spec := startSpec{cmd: msg.Process.Cmd, args: msg.Process.Args, envs: msg.Process.Envs, cwd: msg.Process.Cwd, tag: msg.Tag}
-	r, err := h.start(sb, spec)
-	if err != nil {
-		return startError(err)
-	}
-	h.log.Debug("process started", "sandbox_id", sb.id, "pid", r.pid)
-	abort := func(err error) error {
-		r.signal(syscall.SIGKILL)
-		go r.discard()
-		return err
-	}
-	if err := stream.Send(&envd.StartResponse{Event: envd.ProcessEvent{Start: &envd.StartEvent{Pid: uint32(r.pid)}}}); err != nil {
-		return abort(err)
-	}
-	interval := 50 * time.Second
-	if s := req.Header().Get(envd.HeaderKeepalive); s != "" {
-		if n, err := strconv.Atoi(s); err == nil && n > 0 {
-			interval = time.Duration(n) * time.Second
-		}
-	}
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for done := false; !done; {
-		select {
-		case ev, ok := <-r.events:
-			if !ok {
-				done = true
-				break
-			}
-			if err := stream.Send(&envd.StartResponse{Event: envd.ProcessEvent{Data: &envd.DataEvent{Stdout: ev.stdout, Stderr: ev.stderr}}}); err != nil {
-				return abort(err)
-			}
-		case <-tick.C:
-			if err := stream.Send(&envd.StartResponse{Event: envd.ProcessEvent{Keepalive: &struct{}{}}}); err != nil {
-				return abort(err)
-			}
-		case <-ctx.Done():
-			return abort(connect.NewError(connect.CodeCanceled, ctx.Err()))
-		}
-	}
-	<-r.done
-	code, exited, status, errText := r.exitInfo()
-	end := &envd.EndEvent{ExitCode: int32(code), Exited: exited, Status: status, Error: errText}
-	h.log.Debug("process ended", "sandbox_id", sb.id, "pid", r.pid, "exit_code", code)
-	return stream.Send(&envd.StartResponse{Event: envd.ProcessEvent{End: end}})
 }
 
 // startError maps a start failure to a Connect error.

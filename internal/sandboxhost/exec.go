@@ -46,7 +46,13 @@ type process struct {
 	spec startSpec
 	pid  int
 	ag   *sandboxAgent
+	out  *outputSink
 	done chan struct{} // closed once it exited and its output was read
+	// status is its wait status, set before done is closed.
+	status syscall.WaitStatus
+
+	stdinMu sync.Mutex
+	stdin   *os.File // write end of its stdin; nil: none or closed
 }
 
 // signal sends sig to the process's group, inside the sandbox.
@@ -85,13 +91,15 @@ type startSpec struct {
 	envs map[string]string
 	cwd  string // sandbox path; "" = /home/user
 	tag  *string
+	// stdin: the process reads what SendInput sends (else /dev/null).
+	stdin bool
 }
 
 // running is a started process and its output.
 type running struct {
 	*process
 	events <-chan event // closed once the process exited and its output was read; then status is set
-	status syscall.WaitStatus
+	sub    *subscriber  // the starting client's attachment (events)
 }
 
 // hostPathForCwd maps a sandbox cwd to a host directory (no isolation).
@@ -164,46 +172,45 @@ func (h *Host) start(sb *sandbox, spec startSpec) (*running, error) {
 		return nil, err
 	}
 	req := agentMsg{Path: spec.cmd, Args: spec.args, Env: h.env(sb, spec.envs), Dir: dir}
-	outR, outW, err := os.Pipe()
+	pipes, err := newCommandPipes(spec.stdin)
 	if err != nil {
-		return nil, fmt.Errorf("stdout pipe: %w", err)
+		return nil, err
 	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		closeAll(outR, outW)
-		return nil, fmt.Errorf("stderr pipe: %w", err)
-	}
+	outR, errR := pipes.outR, pipes.errR
 	// sb.mu is held across the agent's round trip so that a pause or a
 	// teardown never freezes or kills the agent in the middle of it.
 	sb.mu.Lock()
 	switch {
 	case sb.dead:
 		sb.mu.Unlock()
-		closeAll(outR, outW, errR, errW)
+		pipes.closeAll()
 		return nil, ErrNotFound
 	case sb.state != stateRunning:
 		sb.mu.Unlock()
-		closeAll(outR, outW, errR, errW)
+		pipes.closeAll()
 		return nil, errPaused
 	}
-	reply := sb.agent.start(req, outW, errW)
-	closeAll(outW, errW) // the command holds its own copies
+	reply := sb.agent.start(req, pipes.childEnds()...)
+	pipes.closeChildEnds() // the command holds its own copies
 	if reply.err != nil {
 		sb.mu.Unlock()
 		closeAll(outR, errR)
+		if pipes.inW != nil {
+			pipes.inW.Close()
+		}
 		if errors.Is(reply.err, errSandboxEnded) {
 			h.log.Warn("sandbox agent gone", "sandbox_id", sb.id, "error", reply.err.Error())
 			return nil, ErrNotFound
 		}
 		return nil, reply.err
 	}
-	p := &process{spec: spec, pid: reply.pid, ag: sb.agent, done: make(chan struct{})}
+	p := &process{spec: spec, pid: reply.pid, ag: sb.agent, out: &outputSink{}, done: make(chan struct{}), stdin: pipes.inW}
 	sb.procs[p.pid] = p
 	sb.mu.Unlock()
 
-	events := make(chan event, outputQueue)
-	r := &running{process: p, events: events}
-	r.stream(sb, events, reply.exit, outR, errR)
+	sub := p.out.subscribe()
+	r := &running{process: p, events: sub.events, sub: sub}
+	r.stream(sb, reply.exit, outR, errR)
 	return r, nil
 }
 
@@ -236,15 +243,16 @@ func (h *Host) commandDir(sb *sandbox, cwd string) (string, error) {
 // pipes for the sandbox's life. Such output is drained and dropped (never
 // a broken pipe for the background process). Then it closes events,
 // forgets the process and marks it done.
-func (r *running) stream(sb *sandbox, events chan<- event, exit <-chan int, outR, errR *os.File) {
+func (r *running) stream(sb *sandbox, exit <-chan int, outR, errR *os.File) {
 	p := r.process
-	out := &outputSink{events: events}
+	out := p.out
 	var readers sync.WaitGroup
 	readers.Add(2)
 	go out.pump(&readers, outR, false)
 	go out.pump(&readers, errR, true)
 	go func() {
-		r.status = syscall.WaitStatus(<-exit)
+		p.status = syscall.WaitStatus(<-exit)
+		p.closeStdin()
 		drained := make(chan struct{})
 		go func() { readers.Wait(); close(drained) }()
 		select {
@@ -259,53 +267,55 @@ func (r *running) stream(sb *sandbox, events chan<- event, exit <-chan int, outR
 	}()
 }
 
-// outputSink forwards output chunks to events until closed, then drops
-// them.
-type outputSink struct {
-	mu     sync.Mutex
-	closed bool
-	events chan<- event
-}
-
-// pump reads rd until EOF, forwarding each chunk, and closes rd.
-func (o *outputSink) pump(wg *sync.WaitGroup, rd *os.File, isErr bool) {
-	defer wg.Done()
-	defer rd.Close()
-	for {
-		buf := make([]byte, outputChunk)
-		n, err := rd.Read(buf)
-		if n > 0 {
-			ev := event{stdout: buf[:n]}
-			if isErr {
-				ev = event{stderr: buf[:n]}
-			}
-			o.send(ev)
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (o *outputSink) send(ev event) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if !o.closed {
-		o.events <- ev
-	}
-}
-
-func (o *outputSink) close() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if !o.closed {
-		o.closed = true
-		close(o.events)
-	}
-}
-
 // pipeGrace is how long output is still forwarded after a process exited.
 const pipeGrace = 2 * time.Second
+
+// commandPipes are a command's stdout and stderr pipes, and its stdin
+// pipe when it reads input.
+type commandPipes struct {
+	outR, outW, errR, errW *os.File
+	inR, inW               *os.File // nil without stdin
+}
+
+// newCommandPipes makes a command's pipes.
+func newCommandPipes(stdin bool) (*commandPipes, error) {
+	var p commandPipes
+	var err error
+	if p.outR, p.outW, err = os.Pipe(); err != nil {
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	if p.errR, p.errW, err = os.Pipe(); err != nil {
+		p.closeAll()
+		return nil, fmt.Errorf("stderr pipe: %w", err)
+	}
+	if stdin {
+		if p.inR, p.inW, err = os.Pipe(); err != nil {
+			p.closeAll()
+			return nil, fmt.Errorf("stdin pipe: %w", err)
+		}
+	}
+	return &p, nil
+}
+
+// childEnds are the ends the command gets: stdout, stderr[, stdin].
+func (p *commandPipes) childEnds() []*os.File {
+	if p.inR != nil {
+		return []*os.File{p.outW, p.errW, p.inR}
+	}
+	return []*os.File{p.outW, p.errW}
+}
+
+// closeChildEnds closes the host's copies of the command's ends.
+func (p *commandPipes) closeChildEnds() { closeAll(p.childEnds()...) }
+
+// closeAll closes every pipe made.
+func (p *commandPipes) closeAll() {
+	for _, f := range []*os.File{p.outR, p.outW, p.errR, p.errW, p.inR, p.inW} {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+}
 
 // closeAll closes files, ignoring errors.
 func closeAll(fs ...*os.File) {
@@ -322,8 +332,8 @@ func (r *running) discard() {
 
 // exitInfo reports exit code, exited flag and status text of a finished
 // process, as envd does (exit code -1 when killed by a signal).
-func (r *running) exitInfo() (code int, exited bool, status string, errText string) {
-	ws := r.status
+func (p *process) exitInfo() (code int, exited bool, status string, errText string) {
+	ws := p.status
 	switch {
 	case ws.Exited():
 		return ws.ExitStatus(), true, "exit status " + strconv.Itoa(ws.ExitStatus()), ""

@@ -11,13 +11,11 @@ import (
 	"mime/multipart"
 	"net/http"
 	"os"
-	"os/user"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"connectrpc.com/connect"
 
@@ -51,7 +49,7 @@ func httpFSError(w http.ResponseWriter, err error) {
 		status = http.StatusForbidden
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
 		status = http.StatusNotFound
-	case errors.Is(err, errIsDir), errors.Is(err, errBadUpload):
+	case errors.Is(err, errIsDir), errors.Is(err, errBadUpload), errors.Is(err, errBadMetadata):
 		status = http.StatusBadRequest
 	case errors.Is(err, syscall.ENOSPC):
 		status = http.StatusInsufficientStorage
@@ -126,6 +124,11 @@ func (h *Host) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 		defer zr.Close()
 		body = zr
 	}
+	md, err := uploadMetadata(r.Header)
+	if err != nil {
+		httpFSError(w, err)
+		return
+	}
 	var written []envd.WriteInfo
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if mt == "multipart/form-data" {
@@ -151,7 +154,7 @@ func (h *Host) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 				httpFSError(w, fmt.Errorf("%w: no path parameter and no part filename", errBadUpload))
 				return
 			}
-			wi, err := sb.writeFile(target, part)
+			wi, err := sb.writeFile(target, part, md)
 			part.Close()
 			if err != nil {
 				httpFSError(w, err)
@@ -168,7 +171,7 @@ func (h *Host) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 			httpFSError(w, fmt.Errorf("%w: missing path", errBadUpload))
 			return
 		}
-		wi, err := sb.writeFile(dest, body)
+		wi, err := sb.writeFile(dest, body, md)
 		if err != nil {
 			httpFSError(w, err)
 			return
@@ -178,8 +181,9 @@ func (h *Host) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, written)
 }
 
-// writeFile writes r to sandbox path p (creating parents), truncating.
-func (sb *sandbox) writeFile(p string, r io.Reader) (envd.WriteInfo, error) {
+// writeFile writes r to sandbox path p (creating parents), truncating,
+// and gives it metadata md (replacing any it had).
+func (sb *sandbox) writeFile(p string, r io.Reader, md map[string]string) (envd.WriteInfo, error) {
 	vp, err := sb.resolve(p)
 	if err != nil {
 		return envd.WriteInfo{}, err
@@ -221,62 +225,17 @@ func (sb *sandbox) writeFile(p string, r io.Reader) (envd.WriteInfo, error) {
 		}
 		return envd.WriteInfo{}, fmt.Errorf("%w: write %s: %v", errBadUpload, vp.view(), err)
 	}
+	if err := setMetadata(f, md); err != nil {
+		f.Close()
+		return envd.WriteInfo{}, err
+	}
 	if err := f.Close(); err != nil {
 		return envd.WriteInfo{}, err
 	}
 	if err := sb.own(root, vp.rel); err != nil {
 		return envd.WriteInfo{}, err
 	}
-	return envd.WriteInfo{Name: path.Base(vp.rel), Type: "file", Path: vp.view()}, nil
-}
-
-// entry describes the file at vp (not following a final symlink), named
-// with the sandbox path view.
-func entry(root *os.Root, rel, view string) (envd.EntryInfo, error) {
-	fi, err := root.Lstat(rel)
-	if err != nil {
-		return envd.EntryInfo{}, err
-	}
-	e := envd.EntryInfo{
-		Name:         path.Base(view),
-		Path:         view,
-		Size:         fi.Size(),
-		Mode:         uint32(fi.Mode().Perm()),
-		Permissions:  fi.Mode().String(),
-		ModifiedTime: fi.ModTime().UTC().Format(time.RFC3339Nano),
-		Owner:        "user",
-		Group:        "user",
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		e.Owner = lookupUser(st.Uid)
-		e.Group = lookupGroup(st.Gid)
-	}
-	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		e.Type = envd.FileTypeSymlink
-		if t, err := root.Readlink(rel); err == nil {
-			e.SymlinkTarget = &t
-		}
-	case fi.IsDir():
-		e.Type = envd.FileTypeDirectory
-	default:
-		e.Type = envd.FileTypeFile
-	}
-	return e, nil
-}
-
-func lookupUser(uid uint32) string {
-	if u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10)); err == nil {
-		return u.Username
-	}
-	return strconv.FormatUint(uint64(uid), 10)
-}
-
-func lookupGroup(gid uint32) string {
-	if g, err := user.LookupGroupId(strconv.FormatUint(uint64(gid), 10)); err == nil {
-		return g.Name
-	}
-	return strconv.FormatUint(uint64(gid), 10)
+	return envd.WriteInfo{Name: path.Base(vp.rel), Type: "file", Path: vp.view(), Metadata: md}, nil
 }
 
 // openResolved resolves sandbox path p (following symlinks, as resolve
@@ -296,23 +255,28 @@ func (sb *sandbox) openResolved(p string) (vpath, *os.Root, error) {
 
 // entryReply answers an RPC with the entry at rel inside root, named view;
 // filesystem errors become Connect errors (fsError).
-func entryReply(root *os.Root, rel, view string) (*connect.Response[envd.EntryResponse], error) {
-	e, err := entry(root, rel, view)
+func (sb *sandbox) entryReply(root *os.Root, rel, view string) (*connect.Response[envd.EntryResponse], error) {
+	e, err := sb.entry(root, rel, view)
 	if err != nil {
 		return nil, fsError(err)
 	}
 	return connect.NewResponse(&envd.EntryResponse{Entry: e}), nil
 }
 
-// rpcStat describes one path (following symlinks in the path, not the last).
+// rpcStat describes one path, following symlinks in the path but not a
+// final one: a symlink is described as a link, as envd does.
 func (h *Host) rpcStat(ctx context.Context, req *connect.Request[envd.PathRequest]) (*connect.Response[envd.EntryResponse], error) {
 	sb := sandboxFrom(ctx)
-	vp, root, err := sb.openResolved(req.Msg.Path)
+	vp, err := sb.resolveNoFollow(req.Msg.Path)
+	if err != nil {
+		return nil, fsError(err)
+	}
+	root, err := vp.open()
 	if err != nil {
 		return nil, fsError(err)
 	}
 	defer root.Close()
-	return entryReply(root, vp.rel, vp.view())
+	return sb.entryReply(root, vp.rel, vp.view())
 }
 
 // rpcMakeDir creates a directory and its parents; already_exists if it
@@ -330,7 +294,7 @@ func (h *Host) rpcMakeDir(ctx context.Context, req *connect.Request[envd.PathReq
 	if err := sb.mkdirAll(root, vp.rel); err != nil {
 		return nil, fsError(err)
 	}
-	return entryReply(root, vp.rel, vp.view())
+	return sb.entryReply(root, vp.rel, vp.view())
 }
 
 // rpcListDir lists a directory down to depth levels (0 means 1); symlinks
@@ -376,7 +340,7 @@ func (h *Host) rpcListDir(ctx context.Context, req *connect.Request[envd.ListDir
 		slices.Sort(names)
 		for _, name := range names {
 			crel, cview := path.Join(rel, name), path.Join(view, name)
-			e, err := entry(root, crel, cview)
+			e, err := sb.entry(root, crel, cview)
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // removed meanwhile
 			}
@@ -423,10 +387,11 @@ func (h *Host) rpcMove(ctx context.Context, req *connect.Request[envd.MoveReques
 	if err := root.Rename(src.rel, dst.rel); err != nil {
 		return nil, fsError(err)
 	}
-	return entryReply(root, dst.rel, dst.view())
+	return sb.entryReply(root, dst.rel, dst.view())
 }
 
-// rpcRemove removes a file or a directory tree; not_found if missing.
+// rpcRemove removes a file or a directory tree; a missing path is not an
+// error (as on E2B).
 func (h *Host) rpcRemove(ctx context.Context, req *connect.Request[envd.PathRequest]) (*connect.Response[envd.Empty], error) {
 	sb := sandboxFrom(ctx)
 	vp, err := sb.resolveNoFollow(req.Msg.Path)
@@ -441,9 +406,6 @@ func (h *Host) rpcRemove(ctx context.Context, req *connect.Request[envd.PathRequ
 		return nil, fsError(err)
 	}
 	defer root.Close()
-	if _, err := root.Lstat(vp.rel); err != nil {
-		return nil, fsError(err)
-	}
 	if err := root.RemoveAll(vp.rel); err != nil {
 		return nil, fsError(err)
 	}

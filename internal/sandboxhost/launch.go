@@ -339,8 +339,9 @@ func (ag *sandboxAgent) dispatch(msg agentMsg) {
 }
 
 // start asks the agent to run path with args, env and dir, writing to
-// stdout and stderr (the host closes its copies).
-func (ag *sandboxAgent) start(spec agentMsg, stdout, stderr *os.File) startReply {
+// stdout and stderr and, when given, reading stdin (the files: stdout,
+// stderr[, stdin]; the host closes its copies).
+func (ag *sandboxAgent) start(spec agentMsg, files ...*os.File) startReply {
 	ag.mu.Lock()
 	if ag.dead {
 		err := ag.endErr
@@ -352,7 +353,11 @@ func (ag *sandboxAgent) start(spec agentMsg, stdout, stderr *os.File) startReply
 	reply := make(chan startReply, 1)
 	ag.pending[spec.ID] = reply
 	ag.mu.Unlock()
-	if err := ag.conn.send(spec, int(stdout.Fd()), int(stderr.Fd())); err != nil {
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	if err := ag.conn.send(spec, fds...); err != nil {
 		ag.mu.Lock()
 		delete(ag.pending, spec.ID)
 		ag.mu.Unlock()

@@ -151,6 +151,10 @@ func (h *Host) connect(sb *sandbox, timeout time.Duration) (resumed bool, err er
 	if timeout <= 0 {
 		timeout = remaining
 	}
+	if timeout <= 0 {
+		// Paused by its timeout (autoPause): it had no time left.
+		timeout = h.opts.DefaultTimeout
+	}
 	h.setDeadline(sb, timeout, false)
 	h.log.Info("sandbox resumed", "sandbox_id", sb.id, "timeout_s", timeout.Seconds())
 	return true, nil

@@ -187,7 +187,7 @@ func TestPauseFreezesAndConnectResumes(t *testing.T) {
 			}
 
 			// envd refuses it as E2B's edge does.
-			for _, path := range []string{"/health", "/files?path=kept.txt"} {
+			for _, path := range []string{"/files?path=kept.txt"} {
 				status, body := envdStatus(t, c, http.MethodGet, path)
 				var reply pausedReply
 				if status != http.StatusConflict || json.Unmarshal(body, &reply) != nil || reply.Code != http.StatusConflict || reply.SandboxID != id {

@@ -12,9 +12,11 @@ import (
 // TestOfficialE2BSDK is the acceptance check of the sandbox host: the
 // official E2B JS SDK (npm e2b, pinned in test/e2b-sdk/package.json)
 // drives this host through test/e2b-sdk/sdk-check.mjs: create with
-// metadata, run commands (stdout, exit codes), write/read/list files, list
-// by metadata, pause (a background command and files survive, and connect
-// resumes it), set a timeout, kill, and a real timeout expiry.
+// metadata, run commands (stdout, exit codes, stdin, attaching), write,
+// read, list and watch files (metadata, owner, signed URLs), metrics, list
+// by metadata, pause (a background command and files survive, isRunning is
+// false, and connect resumes it), set a timeout, kill (a running command
+// fails as killed), and a real timeout expiry.
 func TestOfficialE2BSDK(t *testing.T) {
 	if testing.Short() {
 		t.Skip("drives the official E2B SDK, which make deps installs: skipped under -short")

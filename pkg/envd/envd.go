@@ -51,14 +51,18 @@ const (
 
 // Connect procedures of envd's process and filesystem services.
 const (
-	ProcedureStart      = "/process.Process/Start" // server streaming
+	ProcedureStart      = "/process.Process/Start"   // server streaming
+	ProcedureConnect    = "/process.Process/Connect" // server streaming, as Start's
 	ProcedureSendSignal = "/process.Process/SendSignal"
+	ProcedureSendInput  = "/process.Process/SendInput"
+	ProcedureCloseStdin = "/process.Process/CloseStdin"
 	ProcedureList       = "/process.Process/List"
 	ProcedureStat       = "/filesystem.Filesystem/Stat"
 	ProcedureMakeDir    = "/filesystem.Filesystem/MakeDir"
 	ProcedureListDir    = "/filesystem.Filesystem/ListDir"
 	ProcedureMove       = "/filesystem.Filesystem/Move"
 	ProcedureRemove     = "/filesystem.Filesystem/Remove"
+	ProcedureWatchDir   = "/filesystem.Filesystem/WatchDir" // server streaming
 )
 
 // SetHeaders sets the routing and auth headers of an envd call to sandbox

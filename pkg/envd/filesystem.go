@@ -22,6 +22,9 @@ type (
 		Group         string  `json:"group"`
 		ModifiedTime  string  `json:"modifiedTime,omitempty"`
 		SymlinkTarget *string `json:"symlinkTarget,omitempty"`
+		// Metadata is what the X-Metadata-* headers of the file's last
+		// upload set.
+		Metadata map[string]string `json:"metadata,omitempty"`
 	}
 	// PathRequest is the request of Stat, MakeDir and Remove.
 	PathRequest struct {
@@ -47,8 +50,43 @@ type (
 	}
 	// WriteInfo is one element of POST /files's reply (a JSON array).
 	WriteInfo struct {
-		Name string `json:"name"`
-		Type string `json:"type"`
-		Path string `json:"path"`
+		Name     string            `json:"name"`
+		Type     string            `json:"type"`
+		Path     string            `json:"path"`
+		Metadata map[string]string `json:"metadata,omitempty"`
+	}
+)
+
+// Event types in FilesystemEvent.Type (filesystem.proto EventType).
+const (
+	EventTypeCreate = "EVENT_TYPE_CREATE"
+	EventTypeWrite  = "EVENT_TYPE_WRITE"
+	EventTypeRemove = "EVENT_TYPE_REMOVE"
+	EventTypeRename = "EVENT_TYPE_RENAME"
+	EventTypeChmod  = "EVENT_TYPE_CHMOD"
+)
+
+// Messages of ProcedureWatchDir.
+type (
+	// WatchDirRequest watches Path (and its subdirectories when
+	// Recursive); IncludeEntry adds each event's entry info.
+	WatchDirRequest struct {
+		Path         string `json:"path"`
+		Recursive    bool   `json:"recursive"`
+		IncludeEntry bool   `json:"includeEntry"`
+	}
+	// WatchDirResponse is one message of the stream: start first, then
+	// filesystem events and keepalives.
+	WatchDirResponse struct {
+		Start      *struct{}        `json:"start,omitempty"`
+		Filesystem *FilesystemEvent `json:"filesystem,omitempty"`
+		Keepalive  *struct{}        `json:"keepalive,omitempty"`
+	}
+	// FilesystemEvent is one change: Name is the path relative to the
+	// watched directory, Type one of the EventType constants.
+	FilesystemEvent struct {
+		Name  string     `json:"name"`
+		Type  string     `json:"type"`
+		Entry *EntryInfo `json:"entry,omitempty"`
 	}
 )

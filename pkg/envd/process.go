@@ -98,3 +98,24 @@ func (e *EndEvent) UnmarshalJSON(b []byte) error {
 	}
 	return nil
 }
+
+// Messages of envd's process service for input and attaching.
+type (
+	// SendInputRequest is ProcedureSendInput's request: Input to the
+	// process's stdin.
+	SendInputRequest struct {
+		Process ProcessSelector `json:"process"`
+		Input   ProcessInput    `json:"input"`
+	}
+	// ProcessInput is input for a process: Stdin bytes (Pty: for a
+	// pseudo-terminal).
+	ProcessInput struct {
+		Stdin []byte `json:"stdin,omitempty"`
+		Pty   []byte `json:"pty,omitempty"`
+	}
+	// ProcessRequest names a process: the request of ProcedureCloseStdin
+	// and ProcedureConnect.
+	ProcessRequest struct {
+		Process ProcessSelector `json:"process"`
+	}
+)

@@ -1,5 +1,7 @@
 // Acceptance check: the official E2B JS SDK (npm "e2b", pinned in
-// package.json) drives the local sandbox host (internal/sandboxhost).
+// package.json) drives the local sandbox host (internal/sandboxhost):
+// commands (stdin, attach), files (metadata, watch, signed URLs), metrics,
+// pause, kill (a running command fails as killed) and timeouts.
 //
 // Needs E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY. Exits 0 when every
 // step behaves as E2B does; otherwise prints "sdk-check FAILED: <step>: <why>"
@@ -103,6 +105,52 @@ try {
   await sandbox.files.remove('multi')
   eq(await sandbox.files.exists('multi'), false, 'exists after remove')
 
+  step = 'stdin'
+  const reader = await sandbox.commands.run('cat; echo end', { background: true, stdin: true })
+  await sandbox.commands.sendStdin(reader.pid, 'piped\n')
+  await sandbox.commands.closeStdin(reader.pid)
+  eq((await reader.wait()).stdout, 'piped\nend\n', 'output of a command reading stdin')
+
+  step = 'attach to a running command'
+  const waiting = await sandbox.commands.run('read x; echo got $x', { background: true, stdin: true })
+  const attached = await sandbox.commands.connect(waiting.pid)
+  await sandbox.commands.sendStdin(waiting.pid, 'it\n')
+  eq((await attached.wait()).stdout, 'got it\n', 'output through an attached handle')
+  eq((await waiting.wait()).exitCode, 0, 'exit code through the starting handle')
+
+  step = 'watch a directory'
+  await sandbox.files.makeDir('watched')
+  const seen = []
+  const watcher = await sandbox.files.watchDir('watched', (e) => seen.push(e))
+  await sandbox.files.write('watched/new.txt', 'x')
+  await waitFor(async () => seen.some((e) => e.name === 'new.txt' && e.type === 'create'), 'a create event for new.txt')
+  await watcher.stop()
+  let watchMissing
+  try {
+    await sandbox.files.watchDir('no-such-dir', () => {})
+  } catch (err) {
+    watchMissing = err
+  }
+  check(watchMissing && /NotFound/.test(watchMissing.name), `watching a missing directory must throw a not-found error, got ${watchMissing}`)
+
+  step = 'file metadata, owner and removal'
+  await sandbox.files.write('meta.txt', 'm', { metadata: { author: 'sdk' } })
+  const metaInfo = await sandbox.files.getInfo('meta.txt')
+  eq(metaInfo.metadata && metaInfo.metadata.author, 'sdk', 'file metadata')
+  eq(metaInfo.owner, 'user', 'file owner')
+  await sandbox.files.remove('no/such/path')
+
+  step = 'signed download URL'
+  const signed = await sandbox.downloadUrl('notes/hello.txt')
+  check(new URL(signed).searchParams.has('signature'), `download URL ${signed} carries no signature`)
+  const fetched = await fetch(signed)
+  eq(fetched.status, 200, 'status of a plain fetch of the signed URL')
+  eq(await fetched.text(), content, 'content through the signed URL')
+
+  step = 'metrics'
+  const metrics = await sandbox.getMetrics()
+  check(metrics.length >= 1 && metrics[0].diskTotal > 0 && metrics[0].memTotal > 0, `metrics ${JSON.stringify(metrics)}`)
+
   step = 'connect by id'
   const again = await Sandbox.connect(sandbox.sandboxId)
   eq((await again.commands.run('cat made/one.txt')).stdout, 'one', 'output through a connected instance')
@@ -136,6 +184,7 @@ try {
   eq(await sandbox.pause(), true, 'pause result')
   eq(await sandbox.pause(), false, 'second pause result (already paused)')
   eq((await Sandbox.getInfo(sandbox.sandboxId)).state, 'paused', 'state after pause')
+  eq(await sandbox.isRunning(), false, 'isRunning while paused')
   const pausedList = Sandbox.list({ query: { metadata: { run: runId }, state: ['paused'] } })
   eq((await pausedList.nextItems()).length, 1, 'paused sandboxes listed for this run')
   let refused
@@ -163,7 +212,16 @@ try {
   check(left > 50_000 && left < 70_000, `endAt should be ~60 s from now, is ${left} ms`)
 
   step = 'kill'
+  const sleeper = await sandbox.commands.run('sleep 100', { background: true, timeoutMs: 0 })
   eq(await sandbox.kill(), true, 'kill result')
+  let dropped
+  try {
+    await sleeper.wait()
+  } catch (err) {
+    dropped = err
+  }
+  check(dropped && !(dropped instanceof CommandExitError) && /killed/.test(dropped.message),
+    `a command of a killed sandbox must fail as killed, not exit, got ${dropped}`)
   eq(await sandbox.isRunning(), false, 'isRunning after kill')
   eq(await Sandbox.kill(sandbox.sandboxId), false, 'second kill reports not running')
   const after = Sandbox.list({ query: { metadata: { run: runId } } })
