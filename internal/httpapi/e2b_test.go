@@ -121,10 +121,10 @@ func serveE2BEvent(t *testing.T, b *fakeBroker, ev events.APIGatewayV2HTTPReques
 	if resp.StatusCode != wantStatus {
 		t.Fatalf("status %d, want %d (body %s)", resp.StatusCode, wantStatus, resp.Body)
 	}
-	if !slices.Equal(b.calls, wantCalls) {
+	if !slices.Equal(wantCalls, []string{"*"}) && !slices.Equal(b.calls, wantCalls) { // "*": checked by the caller
 		t.Errorf("broker calls %q, want %q", b.calls, wantCalls)
 	}
-	if wantStatus != http.StatusOK {
+	if wantStatus >= http.StatusBadRequest {
 		var e e2bapi.Error
 		if err := json.Unmarshal([]byte(resp.Body), &e); err != nil || e.Code != wantStatus || e.Message == "" {
 			t.Errorf("body %s: want E2B's {code: %d, message}", resp.Body, wantStatus)
