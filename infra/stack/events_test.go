@@ -36,6 +36,12 @@ func (c *callRecorder) AcquireOrWait(context.Context, core.AcquireRequest) (core
 func (c *callRecorder) Release(context.Context, string, string) (core.ReleaseResult, error) {
 	return core.ReleaseResult{}, c.note("Release")
 }
+func (c *callRecorder) ReleaseWith(context.Context, string, string, core.ReleaseOptions) (core.ReleaseResult, error) {
+	return core.ReleaseResult{}, c.note("ReleaseWith")
+}
+func (c *callRecorder) Sandboxes(context.Context, string, string, int) ([]core.Record, string, error) {
+	return nil, "", c.note("Sandboxes")
+}
 func (c *callRecorder) Sync(context.Context, string, string) (core.SyncResult, error) {
 	return core.SyncResult{}, c.note("Sync")
 }

@@ -87,6 +87,8 @@ type ReconcileStats struct {
 type Broker interface {
 	AcquireOrWait(ctx context.Context, req AcquireRequest) (AcquireResult, error)
 	Release(ctx context.Context, tenant, sandboxID string) (ReleaseResult, error)
+	ReleaseWith(ctx context.Context, tenant, sandboxID string, opts ReleaseOptions) (ReleaseResult, error)
+	Sandboxes(ctx context.Context, tenant, cursor string, limit int) ([]Record, string, error)
 	Sync(ctx context.Context, tenant, sandboxID string) (SyncResult, error)
 	Renew(ctx context.Context, tenant, sandboxID string, d time.Duration) (RenewResult, error)
 	Get(ctx context.Context, tenant, sandboxID string) (Record, error)

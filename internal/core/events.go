@@ -85,6 +85,9 @@ const (
 	// EventReasonKillRetried: a tombstone whose earlier kill was uncertain,
 	// confirmed gone by a retry.
 	EventReasonKillRetried = "kill_retried"
+	// EventReasonKilled: destroyed at its release, as the caller asked
+	// (ReleaseOptions.Destroy: an E2B kill of a one-off sandbox).
+	EventReasonKilled = "killed"
 	// EventReasonUntracked: an adopted sandbox (EventAdopted).
 	EventReasonUntracked = "untracked"
 )
@@ -94,7 +97,7 @@ const (
 func EventReasons() []string {
 	return []string{EventReasonGone, EventReasonUnresponsive, EventReasonNotResumable, EventReasonDraining,
 		EventReasonCapacity, EventReasonQuota, EventReasonIdleExpired, EventReasonDuplicate, EventReasonOrphan,
-		EventReasonKillRetried, EventReasonUntracked, EventReasonPoolRecycled, EventReasonClaimInterrupted}
+		EventReasonKillRetried, EventReasonKilled, EventReasonUntracked, EventReasonPoolRecycled, EventReasonClaimInterrupted}
 }
 
 // Event is one lifecycle transition of a sandbox record, as published

@@ -24,6 +24,11 @@ import (
 // ErrProviderUnavailable when the sync pass failed outright (the release
 // is left to a retry or to reconcile, the sandbox not parked).
 func (e *Engine) Release(ctx context.Context, tenant, sandboxID string) (ReleaseResult, error) {
+	return e.ReleaseWith(ctx, tenant, sandboxID, ReleaseOptions{})
+}
+
+// ReleaseWith is Release, parking or destroying the sandbox as opts say.
+func (e *Engine) ReleaseWith(ctx context.Context, tenant, sandboxID string, opts ReleaseOptions) (ReleaseResult, error) {
 	if err := ValidateSandboxID(sandboxID); err != nil {
 		return ReleaseResult{}, err
 	}
@@ -51,7 +56,7 @@ func (e *Engine) Release(ctx context.Context, tenant, sandboxID string) (Release
 	if rec.PrevState == StateReleasing {
 		e.log.InfoContext(ctx, "taking over an interrupted release", "sandbox_id", sandboxID, "thread", rec.ThreadKey.String())
 	}
-	return e.finishRelease(ctx, rec, true)
+	return e.finishReleaseAs(ctx, rec, true, opts)
 }
 
 // releaseDestroyed is ReleaseResult.State for a sandbox destroyed, not parked.
@@ -70,6 +75,11 @@ const setTimeoutReserve = 2 * time.Second
 // the lease lapses (not strict: it parks whatever the sync did, so no
 // record stays releasing).
 func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (ReleaseResult, error) {
+	return e.finishReleaseAs(ctx, rec, strict, ReleaseOptions{})
+}
+
+// finishReleaseAs is finishRelease, parking (or destroying) as opts say.
+func (e *Engine) finishReleaseAs(ctx context.Context, rec Record, strict bool, opts ReleaseOptions) (ReleaseResult, error) {
 	sandboxID := rec.SandboxID
 	out := ReleaseResult{SandboxID: sandboxID}
 	dead := false
@@ -85,6 +95,11 @@ func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (Re
 				return out, unavailable(fmt.Errorf("sync before park (the release is retried or taken over): %v", serr))
 			}
 		}
+	}
+	if !dead && opts.Destroy && (out.Sync == nil || out.Sync.Complete) && out.SyncError == "" {
+		e.destroyClaimed(ctx, rec, EventReasonKilled)
+		out.State = releaseDestroyed
+		return out, nil
 	}
 	if !dead && e.now().Add(leaseSafety).After(rec.LeaseExpiresAt) {
 		// The lease (nearly) lapsed: a peer may have reclaimed the sandbox,
@@ -103,7 +118,7 @@ func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (Re
 		out.State = releaseDestroyed
 		return out, nil
 	}
-	if e.s.PauseAfter == 0 && e.pauseParking() && (out.Sync == nil || out.Sync.Complete) && out.SyncError == "" {
+	if (e.s.PauseAfter == 0 || opts.Pause) && e.pauseParking() && (out.Sync == nil || out.Sync.Complete) && out.SyncError == "" {
 		// Pause at release, the outputs just copied (an incomplete copy
 		// parks it warm: reconcile copies the rest before pausing it).
 		if done, err := e.pauseAtRelease(ctx, rec, &out); done {

@@ -2,6 +2,8 @@ package core
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -306,6 +308,55 @@ type RecordStore interface {
 	OwnWarm(ctx context.Context, tenant, user string, limit int) ([]Record, error)
 	// Tombstones lists up to limit records in StateDestroying.
 	Tombstones(ctx context.Context, limit int) ([]Record, error)
+	// TenantSandboxes lists up to limit of tenant's records in
+	// TenantListed states (its own sandboxes, as E2B's list shows them),
+	// from cursor ("" = the first page). next is the cursor of the
+	// following page, "" after the last. The order is the store's; a
+	// record moving state between pages may be listed twice or not at all.
+	TenantSandboxes(ctx context.Context, tenant, cursor string, limit int) (recs []Record, next string, err error)
+}
+
+// TenantListed are the states Store.TenantSandboxes lists: a sandbox
+// handed out, or parked for its thread (warm or paused).
+func TenantListed() []State { return []State{StateActive, StateWarm, StatePaused} }
+
+// PageTenant builds one page of Store.TenantSandboxes for a store: walk
+// yields the tenant's records in state st after position after ("" = all),
+// each with its position, in the store's order, until yield returns
+// false. It reads the cursor, walks the states from the cursor's and
+// stops at limit+1 records to know whether a next page exists.
+func PageTenant(cursor string, limit int, walk func(st State, after string, yield func(rec Record, at string) bool) error) ([]Record, string, error) {
+	if limit <= 0 {
+		return nil, "", nil
+	}
+	states := TenantListed()
+	from, after := 0, ""
+	if cursor != "" {
+		st, at, ok := strings.Cut(cursor, "|")
+		from = slices.Index(states, State(st))
+		if !ok || from < 0 || at == "" {
+			return nil, "", &ValidationError{Field: "cursor", Message: "is not a cursor this store handed out"}
+		}
+		after = at
+	}
+	var recs []Record
+	var ats []string
+	for i := from; i < len(states) && len(recs) <= limit; i++ {
+		if i > from {
+			after = ""
+		}
+		err := walk(states[i], after, func(rec Record, at string) bool {
+			recs, ats = append(recs, rec), append(ats, string(states[i])+"|"+at)
+			return len(recs) <= limit
+		})
+		if err != nil {
+			return nil, "", err
+		}
+	}
+	if len(recs) <= limit {
+		return recs, "", nil
+	}
+	return recs[:limit], ats[limit-1], nil
 }
 
 // CapacityStore takes and frees running slots, with the bindings and

@@ -55,3 +55,10 @@ func (h *handler) setDraining(ctx context.Context, r *request, draining bool) ev
 	}
 	return r.json(http.StatusOK, api.DrainStatus{Draining: draining})
 }
+
+// WithE2BTemplate names the deployment's template (SANDBOX_TEMPLATE): the
+// templateID an E2B create may name besides "base", and the one the /e2b
+// replies report.
+func WithE2BTemplate(template string) Option {
+	return func(h *handler) { h.e2bTemplate = template }
+}

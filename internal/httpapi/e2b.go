@@ -2,10 +2,12 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-lambda-go/events"
 
@@ -15,39 +17,122 @@ import (
 )
 
 // The E2B-compatible face, under /e2b: with E2B_API_URL=<api_url>/e2b and
-// E2B_API_KEY=<the tenant's token> (sent as X-API-Key), the official E2B
-// SDKs' Sandbox.connect(id) works for a sandbox the tenant holds. Only
-// connect is served; every other E2B control-plane route answers 403
-// pointing at the broker's acquire and release, without touching the
-// broker or the provider.
+// E2B_API_KEY=<the tenant's token> (sent as X-API-Key), an E2B SDK program
+// runs on brokered sandboxes unchanged. Each E2B control-plane call maps
+// onto the broker's own (create = acquire for the thread in metadata,
+// kill = release, pause = release paused, list = the tenant's own); calls
+// the broker cannot honour answer E2B's error shape, never a silent
+// success. The README's "E2B SDK compatibility" table is the mapping.
 const (
 	// RouteE2BConnect and RouteE2BConnectV2 are E2B's connect, in the form
-	// of E2B's OpenAPI spec and the one the SDKs send.
+	// of E2B's OpenAPI spec and the one the SDKs send (declared in the
+	// templates; every other /e2b route arrives as RouteE2BOther and is
+	// resolved from its path).
 	RouteE2BConnect   = "POST /e2b/sandboxes/{id}/connect"
 	RouteE2BConnectV2 = "POST /e2b/v2/sandboxes/{id}/connect"
-	// RouteE2BOther is every other path under /e2b.
-	RouteE2BOther = "ANY /e2b/{proxy+}"
+	RouteE2BOther     = "ANY /e2b/{proxy+}"
+
+	RouteE2BCreate   = "POST /e2b/sandboxes"
+	RouteE2BCreateV2 = "POST /e2b/v2/sandboxes"
+	RouteE2BList     = "GET /e2b/sandboxes"
+	RouteE2BListV2   = "GET /e2b/v2/sandboxes"
+	RouteE2BInfo     = "GET /e2b/sandboxes/{id}"
+	RouteE2BKill     = "DELETE /e2b/sandboxes/{id}"
+	RouteE2BPause    = "POST /e2b/sandboxes/{id}/pause"
+	RouteE2BResume   = "POST /e2b/sandboxes/{id}/resume"
+	RouteE2BTimeout  = "POST /e2b/sandboxes/{id}/timeout"
+	RouteE2BRefresh  = "POST /e2b/sandboxes/{id}/refreshes"
+	RouteE2BMetrics  = "GET /e2b/sandboxes/{id}/metrics"
 )
 
-// E2BEnvdVersion is the envd version connect reports. The SDKs gate
-// features on it (raw uploads from 0.5.7, the newest gate at 0.6.4); the
-// broker does not record each sandbox's envd version, and its own clients
-// already rely on envd 0.5.7 or newer.
+// E2BEnvdVersion is the envd version create and connect report. The SDKs
+// gate features on it (raw uploads from 0.5.7, the newest gate at 0.6.4);
+// the broker does not record each sandbox's envd version, and its own
+// clients already rely on envd 0.5.7 or newer.
 const E2BEnvdVersion = "0.6.4"
 
-// e2bPaths maps /e2b paths to routes when API Gateway did not route the
-// request (the raw path): connect forms, anything else under /e2b.
-func e2bRoute(segs []string) (want, id string, ok bool) {
+// e2bClientID is the clientID of the broker's E2B replies.
+const e2bClientID = "sandbox-broker"
+
+// e2bRoute resolves a path under /e2b (segs, split on "/") and method to
+// its route and sandbox id; ok is false outside /e2b. A path or method
+// the face does not serve is RouteE2BOther.
+func e2bRoute(method string, segs []string) (route, id string, ok bool) {
 	if len(segs) == 0 || segs[0] != "e2b" {
 		return "", "", false
 	}
-	switch {
-	case len(segs) == 4 && segs[1] == "sandboxes" && segs[3] == "connect":
-		return RouteE2BConnect, segs[2], true
-	case len(segs) == 5 && segs[1] == "v2" && segs[2] == "sandboxes" && segs[4] == "connect":
-		return RouteE2BConnectV2, segs[3], true
+	segs = segs[1:]
+	v2 := len(segs) > 0 && segs[0] == "v2"
+	if v2 {
+		segs = segs[1:]
 	}
-	return RouteE2BOther, "", true
+	if len(segs) == 0 || segs[0] != "sandboxes" || len(segs) > 3 {
+		return RouteE2BOther, "", true
+	}
+	var want string
+	switch {
+	case len(segs) == 1 && method == http.MethodPost:
+		want = pick(v2, RouteE2BCreateV2, RouteE2BCreate)
+	case len(segs) == 1 && method == http.MethodGet:
+		want = pick(v2, RouteE2BListV2, RouteE2BList)
+	case len(segs) == 2 && method == http.MethodGet:
+		want, id = RouteE2BInfo, segs[1]
+	case len(segs) == 2 && method == http.MethodDelete:
+		want, id = RouteE2BKill, segs[1]
+	case len(segs) == 3 && segs[2] == "connect" && method == http.MethodPost:
+		want, id = pick(v2, RouteE2BConnectV2, RouteE2BConnect), segs[1]
+	case len(segs) == 3 && method == http.MethodPost && !v2:
+		want, id = map[string]string{"pause": RouteE2BPause, "resume": RouteE2BResume, "timeout": RouteE2BTimeout,
+			"refreshes": RouteE2BRefresh}[segs[2]], segs[1]
+	case len(segs) == 3 && segs[2] == "metrics" && method == http.MethodGet && !v2:
+		want, id = RouteE2BMetrics, segs[1]
+	}
+	if want == "" {
+		return RouteE2BOther, "", true
+	}
+	return want, id, true
+}
+
+func pick(v2 bool, a, b string) string {
+	if v2 {
+		return a
+	}
+	return b
+}
+
+// isE2B reports whether route is one of the /e2b face's.
+func isE2B(route string) bool { return strings.Contains(route, " /e2b/") }
+
+// serveE2B answers the /e2b routes for r.tenant.
+func (h *handler) serveE2B(ctx context.Context, r *request, route, id string, body []byte) events.APIGatewayV2HTTPResponse {
+	switch route {
+	case RouteE2BOther:
+		return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound, e2bNotOffered(r.ev), 0)
+	case RouteE2BCreate, RouteE2BCreateV2:
+		return h.e2bCreate(ctx, r, body)
+	case RouteE2BList, RouteE2BListV2:
+		if err := decodeEmpty(body); err != nil {
+			return r.e2bInvalid(err)
+		}
+		return h.e2bList(ctx, r, route == RouteE2BList)
+	}
+	if err := core.ValidateSandboxID(id); err != nil {
+		return r.e2bInvalid(err)
+	}
+	switch route {
+	case RouteE2BConnect, RouteE2BConnectV2, RouteE2BResume:
+		return h.e2bConnect(ctx, r, id, body)
+	case RouteE2BInfo:
+		return h.e2bInfo(ctx, r, id)
+	case RouteE2BKill, RouteE2BPause:
+		return h.e2bRelease(ctx, r, route, id, body)
+	case RouteE2BTimeout, RouteE2BRefresh:
+		return h.e2bKeepAlive(ctx, r, route, id, body)
+	case RouteE2BMetrics:
+		return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound,
+			"sandbox metrics are not offered by sandbox-broker yet: the provider's figures are not passed through", 0)
+	}
+	return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound, e2bNotOffered(r.ev), 0)
 }
 
 func (r *request) e2bError(status int, code api.ErrorCode, msg string, retryAfter int) events.APIGatewayV2HTTPResponse {
@@ -59,43 +144,37 @@ func (r *request) e2bError(status int, code api.ErrorCode, msg string, retryAfte
 	return resp
 }
 
-// e2bRefusal is the answer to every /e2b route but connect.
-const e2bRefusal = "sandbox-broker serves only Sandbox.connect under /e2b: the broker owns each sandbox's lifetime. " +
-	"Get a sandbox with POST /v1/sandboxes/acquire and hand it back with POST /v1/sandboxes/{id}/release " +
-	"(create, kill, timeouts, pause, resume and list are not available through /e2b)"
+// e2bInvalid answers a malformed request: 400 with the validation's text.
+func (r *request) e2bInvalid(err error) events.APIGatewayV2HTTPResponse {
+	return r.e2bError(http.StatusBadRequest, api.CodeValidation, err.Error(), 0)
+}
 
-// serveE2B answers the /e2b routes for tenant.
-func (h *handler) serveE2B(ctx context.Context, r *request, route, id string) events.APIGatewayV2HTTPResponse {
-	if route == RouteE2BOther {
-		return r.e2bError(http.StatusForbidden, api.CodeForbidden, e2bRefusal, 0)
+// e2bNotFound is E2B's not-found for sandbox id (the SDKs recognise it by
+// code 404 in the body).
+func (r *request) e2bNotFound(id string) events.APIGatewayV2HTTPResponse {
+	return r.e2bError(http.StatusNotFound, api.CodeSandboxNotFound, fmt.Sprintf("sandbox %q not found (or not running)", id), 0)
+}
+
+// e2bFail answers a broker error in E2B's shape, with the status and
+// Retry-After of the broker's own mapping (capacity and quota: 429, which
+// the SDKs retry; outages: 503).
+func (r *request) e2bFail(err error, id string) events.APIGatewayV2HTTPResponse {
+	if errors.Is(err, core.ErrNotFound) || errors.Is(err, core.ErrSandboxGone) {
+		return r.e2bNotFound(id)
 	}
-	if err := core.ValidateSandboxID(id); err != nil {
-		return r.e2bError(http.StatusBadRequest, api.CodeValidation, "sandbox id: "+err.Error(), 0)
+	resp := r.fail(err)
+	var reply api.ErrorReply
+	msg := "sandbox-broker could not complete the call, retry later"
+	if json.Unmarshal([]byte(resp.Body), &reply) == nil && reply.Error.Message != "" {
+		msg = reply.Error.Message
+		if reply.Error.Reason != "" {
+			msg += " (" + reply.Error.Reason + ")"
+		}
 	}
-	// Get reads the record only: connect neither extends the sandbox's
-	// life nor resumes it, and reaches no provider.
-	rec, err := h.broker.Get(ctx, r.tenant, id)
-	switch {
-	case errors.Is(err, core.ErrNotFound) || (err == nil && rec.State != core.StateActive):
-		// Released (warm), another tenant's, or unknown: E2B's not-found.
-		return r.e2bError(http.StatusNotFound, api.CodeSandboxNotFound,
-			fmt.Sprintf("sandbox %q not found: acquire it with POST /v1/sandboxes/acquire first (connect works while the tenant holds it)", id), 0)
-	case err != nil:
-		resp := r.fail(err)
+	if r.detail == "" {
 		r.detail = err.Error()
-		return r.e2bError(resp.StatusCode, r.code, "sandbox-broker could not read the sandbox, retry later", atoi(resp.Headers["Retry-After"]))
 	}
-	if rec.Endpoint.Protocol != core.ProtocolEnvd {
-		return r.e2bError(http.StatusBadRequest, api.CodeValidation, fmt.Sprintf(
-			"sandbox %q runs on backend %q, reached by the %s protocol, not E2B's envd: the E2B SDK cannot work in it; "+
-				"use the connection of POST /v1/sandboxes/acquire", id, rec.Backend, rec.Endpoint.Protocol), 0)
-	}
-	return r.json(http.StatusOK, e2bapi.Sandbox{
-		SandboxID:       rec.SandboxID,
-		EnvdVersion:     E2BEnvdVersion,
-		EnvdAccessToken: rec.Endpoint.AccessToken,
-		Domain:          e2bapi.DomainOf(rec.SandboxID, rec.Endpoint.URL),
-	})
+	return r.e2bError(resp.StatusCode, r.code, msg, atoi(resp.Headers["Retry-After"]))
 }
 
 func atoi(s string) int {

@@ -43,18 +43,13 @@ func TestE2BConnect(t *testing.T) {
 		{"v2 connect, local envd", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, local, nil, 200, []string{"Get acme sb1"}, nil},
 		{"connect, hosted envd", "POST", RouteE2BConnect, "/e2b/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, hosted, nil, 200, []string{"Get acme sb1"}, &e2bDomain},
 		{"raw path connect", "POST", "", "/e2b/v2/sandboxes/sb1/connect", "acme", nil, local, nil, 200, []string{"Get acme sb1"}, nil},
-		{"warm sandbox", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, e2bRecord(core.StateWarm, core.ProtocolEnvd, "http://x"), nil, 404, []string{"Get acme sb1"}, nil},
 		{"unknown or another tenant's", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, core.Record{}, core.ErrNotFound, 404, []string{"Get acme sb1"}, nil},
 		{"store down", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, core.Record{}, fmt.Errorf("get: %w", core.ErrStoreUnavailable), 503, []string{"Get acme sb1"}, nil},
 		{"provisioner backend", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "acme", map[string]string{"id": "sb1"}, aio, nil, 400, []string{"Get acme sb1"}, nil},
 		{"bad id", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/a.b/connect", "acme", map[string]string{"id": "a.b"}, local, nil, 400, nil, nil},
 		{"no key", "POST", RouteE2BConnectV2, "/e2b/v2/sandboxes/sb1/connect", "", map[string]string{"id": "sb1"}, local, nil, 401, nil, nil},
-		{"create", "POST", RouteE2BOther, "/e2b/v2/sandboxes", "acme", map[string]string{"proxy": "v2/sandboxes"}, local, nil, 403, nil, nil},
-		{"list (raw path)", "GET", "", "/e2b/v2/sandboxes", "acme", nil, local, nil, 403, nil, nil},
-		{"kill (raw path)", "DELETE", "", "/e2b/sandboxes/sb1", "acme", nil, local, nil, 403, nil, nil},
-		{"set timeout (raw path)", "POST", "", "/e2b/sandboxes/sb1/timeout", "acme", nil, local, nil, 403, nil, nil},
-		{"pause (raw path)", "POST", "", "/e2b/sandboxes/sb1/pause", "acme", nil, local, nil, 403, nil, nil},
-		{"connect with another method", "GET", "", "/e2b/sandboxes/sb1/connect", "acme", nil, local, nil, 403, nil, nil},
+		{"connect with another method", "GET", "", "/e2b/sandboxes/sb1/connect", "acme", nil, local, nil, 501, nil, nil},
+		{"templates", "POST", RouteE2BOther, "/e2b/v3/templates", "acme", map[string]string{"proxy": "v3/templates"}, local, nil, 501, nil, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,7 +98,7 @@ func TestE2BBodyLimit(t *testing.T) {
 		{"connect too large (base64)", RouteE2BConnect, "/e2b/sandboxes/sb1/connect", map[string]string{"id": "sb1"}, base64.StdEncoding.EncodeToString([]byte(big)), true, 413, nil},
 		{"connect, bad base64", RouteE2BConnect, "/e2b/sandboxes/sb1/connect", map[string]string{"id": "sb1"}, "!!!", true, 400, nil},
 		{"bad id too large", RouteE2BConnectV2, "/e2b/v2/sandboxes/a.b/connect", map[string]string{"id": "a.b"}, big, false, 413, nil},
-		{"refused route too large", RouteE2BOther, "/e2b/v2/sandboxes", map[string]string{"proxy": "v2/sandboxes"}, big, false, 413, nil},
+		{"create too large", RouteE2BOther, "/e2b/v2/sandboxes", map[string]string{"proxy": "v2/sandboxes"}, big, false, 413, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -126,10 +121,10 @@ func serveE2BEvent(t *testing.T, b *fakeBroker, ev events.APIGatewayV2HTTPReques
 	if resp.StatusCode != wantStatus {
 		t.Fatalf("status %d, want %d (body %s)", resp.StatusCode, wantStatus, resp.Body)
 	}
-	if !slices.Equal(b.calls, wantCalls) {
+	if !slices.Equal(wantCalls, []string{"*"}) && !slices.Equal(b.calls, wantCalls) { // "*": checked by the caller
 		t.Errorf("broker calls %q, want %q", b.calls, wantCalls)
 	}
-	if wantStatus != http.StatusOK {
+	if wantStatus >= http.StatusBadRequest {
 		var e e2bapi.Error
 		if err := json.Unmarshal([]byte(resp.Body), &e); err != nil || e.Code != wantStatus || e.Message == "" {
 			t.Errorf("body %s: want E2B's {code: %d, message}", resp.Body, wantStatus)

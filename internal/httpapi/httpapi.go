@@ -92,6 +92,9 @@ type handler struct {
 	// tenantClaim is the JWT claim naming the tenant (WithTenantClaim;
 	// "" means DefaultTenantClaim).
 	tenantClaim string
+	// e2bTemplate is the deployment's template, the one E2B creates may
+	// name (WithE2BTemplate).
+	e2bTemplate string
 }
 
 // request is the per-request state threaded through the route functions.
@@ -170,12 +173,10 @@ func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool
 	switch ev.RouteKey {
 	case RouteAcquire, RouteCapacity, RouteDrain, RouteUndrain, RouteOpenAPI:
 		return ev.RouteKey, "", true
-	case RouteGet, RouteRelease, RouteSync, RouteRenew, RouteE2BConnect, RouteE2BConnectV2:
+	case RouteGet, RouteRelease, RouteSync, RouteRenew:
 		if v, ok := ev.PathParameters["id"]; ok {
 			return ev.RouteKey, v, true
 		}
-	case RouteE2BOther:
-		return ev.RouteKey, "", true
 	}
 	m := method(ev)
 	path := ev.RawPath
@@ -183,10 +184,7 @@ func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool
 		path = ev.RequestContext.HTTP.Path
 	}
 	segs := strings.Split(strings.Trim(path, "/"), "/")
-	if want, id, ok := e2bRoute(segs); ok {
-		if !strings.HasPrefix(want, m+" ") {
-			want, id = RouteE2BOther, "" // as API Gateway's ANY /e2b/{proxy+}
-		}
+	if want, id, ok := e2bRoute(m, segs); ok {
 		return want, id, true
 	}
 	var want string
@@ -228,7 +226,7 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		return r.errorResponse(http.StatusNotFound, apiError{Code: api.CodeRouteNotFound, Message: "no such route"}, 0)
 	}
 	tenant, ok := tenantOf(r.ev, h.tenantClaim)
-	e2b := route == RouteE2BConnect || route == RouteE2BConnectV2 || route == RouteE2BOther
+	e2b := isE2B(route)
 	if !ok {
 		if e2b {
 			return r.e2bError(http.StatusUnauthorized, api.CodeUnauthorized, "missing or invalid API key (X-API-Key: the tenant's broker token)", 0)
@@ -241,7 +239,7 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		return r.bodyError(err, e2b)
 	}
 	if e2b {
-		return h.serveE2B(ctx, r, route, id)
+		return h.serveE2B(ctx, r, route, id, body)
 	}
 	if route == RouteRenew {
 		return h.renew(ctx, r, id, body)

@@ -30,6 +30,9 @@ type fakeBroker struct {
 	renew    core.RenewResult
 	record   core.Record
 	capacity core.CapacityStatus
+	// list and next answer Sandboxes.
+	list     []core.Record
+	next     string
 	err      error
 	panicMsg string
 }
@@ -54,6 +57,12 @@ func (f *fakeBroker) AcquireOrWait(_ context.Context, req core.AcquireRequest) (
 }
 func (f *fakeBroker) Release(_ context.Context, tenant, id string) (core.ReleaseResult, error) {
 	return f.release, f.note("Release %s %s", tenant, id)
+}
+func (f *fakeBroker) ReleaseWith(_ context.Context, tenant, id string, o core.ReleaseOptions) (core.ReleaseResult, error) {
+	return f.release, f.note("ReleaseWith %s %s destroy=%v pause=%v", tenant, id, o.Destroy, o.Pause)
+}
+func (f *fakeBroker) Sandboxes(_ context.Context, tenant, cursor string, limit int) ([]core.Record, string, error) {
+	return f.list, f.next, f.note("Sandboxes %s %q %d", tenant, cursor, limit)
 }
 func (f *fakeBroker) Sync(_ context.Context, tenant, id string) (core.SyncResult, error) {
 	return f.sync, f.note("Sync %s %s", tenant, id)

@@ -209,7 +209,7 @@ func StartHTTP(function string) {
 // (SANDBOX_DEPLOYMENT_ID) as the Deployment dimension.
 func HTTPOptions(cfg config.Config) []httpapi.Option {
 	return []httpapi.Option{httpapi.WithAdminTenants(cfg.AdminTenants...), httpapi.WithTenantClaim(cfg.TenantClaim),
-		httpapi.WithMetrics(cfg.Settings.Deployment)}
+		httpapi.WithMetrics(cfg.Settings.Deployment), httpapi.WithE2BTemplate(cfg.Settings.Template)}
 }
 
 // StartReconcile runs the reconcile function on EventBridge schedule events.

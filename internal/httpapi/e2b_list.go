@@ -1,0 +1,195 @@
+package httpapi
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
+)
+
+// e2bListMax is the largest page of E2B's list (E2B's own bound).
+const e2bListMax = 100
+
+// e2bState is E2B's state of a record: "running" when handed out (or
+// being handed out), "paused" when parked for its thread (warm or
+// paused), "" when it is ending.
+func e2bState(st core.State) string {
+	switch st {
+	case core.StateActive, core.StateCreating, core.StateReclaiming, core.StateResuming:
+		return "running"
+	case core.StateReleasing, core.StateWarm, core.StatePausing, core.StatePaused:
+		return "paused"
+	}
+	return ""
+}
+
+// e2bListed is rec as E2B's list shows it; metadata carries its thread.
+func (h *handler) e2bListed(rec core.Record) e2bapi.ListedSandbox {
+	return e2bapi.ListedSandbox{
+		TemplateID: h.templateID(), SandboxID: rec.SandboxID, ClientID: e2bClientID,
+		StartedAt: rec.CreatedAt, EndAt: rec.ExpiresAt,
+		Metadata:    map[string]string{"user_id": rec.User, "thread_id": rec.Thread},
+		State:       e2bState(rec.State),
+		EnvdVersion: E2BEnvdVersion, VolumeMounts: []any{},
+	}
+}
+
+// e2bInfo is get info: the tenant's own sandbox, running or parked.
+func (h *handler) e2bInfo(ctx context.Context, r *request, id string) events.APIGatewayV2HTTPResponse {
+	rec, err := h.broker.Get(ctx, r.tenant, id)
+	if err != nil {
+		return r.e2bFail(err, id)
+	}
+	if e2bState(rec.State) == "" {
+		return r.e2bNotFound(id)
+	}
+	return r.json(http.StatusOK, e2bapi.SandboxDetail{ListedSandbox: h.e2bListed(rec),
+		EnvdAccessToken: rec.Endpoint.AccessToken, Domain: e2bapi.DomainOf(rec.SandboxID, rec.Endpoint.URL)})
+}
+
+// e2bListQuery is a list's filters.
+type e2bListQuery struct {
+	metadata       map[string]string
+	running, pause bool
+	limit          int
+	cursor         string
+	startedAfter   time.Time
+	template       string
+}
+
+// parseE2BList reads list's query: metadata (a query string inside the
+// value: the SDKs encode it twice), state (comma-separated or repeated;
+// without it v2 lists both states, v1 running ones), limit, nextToken,
+// startedAfter and template. order is accepted; the store's order holds.
+func parseE2BList(q url.Values, v1 bool) (e2bListQuery, error) {
+	lq := e2bListQuery{metadata: map[string]string{}, running: true, pause: !v1, limit: e2bListMax, cursor: q.Get("nextToken"),
+		template: q.Get("template")}
+	bad := func(field, msg string) error { return &core.ValidationError{Field: field, Message: msg} }
+	if raw := q.Get("metadata"); raw != "" {
+		mq, err := url.ParseQuery(raw)
+		if err != nil {
+			return lq, bad("metadata", "must be a query string of key=value pairs")
+		}
+		for k, vs := range mq {
+			lq.metadata[k] = vs[len(vs)-1]
+		}
+	}
+	if states, ok := q["state"]; ok {
+		lq.running, lq.pause = false, false
+		for _, st := range strings.Split(strings.Join(states, ","), ",") {
+			switch strings.TrimSpace(st) {
+			case "running":
+				lq.running = true
+			case "paused":
+				lq.pause = true
+			case "":
+			default:
+				return lq, bad("state", fmt.Sprintf("%q is not running or paused", st))
+			}
+		}
+	}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > e2bListMax {
+			return lq, bad("limit", fmt.Sprintf("must be 1 to %d", e2bListMax))
+		}
+		lq.limit = n
+	}
+	if s := q.Get("startedAfter"); s != "" {
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return lq, bad("startedAfter", "must be an RFC 3339 time")
+		}
+		lq.startedAfter = t
+	}
+	return lq, nil
+}
+
+// match reports whether listed sandbox ls passes the filters.
+func (lq e2bListQuery) match(ls e2bapi.ListedSandbox, created time.Time) bool {
+	if (ls.State == "running" && !lq.running) || (ls.State == "paused" && !lq.pause) || ls.State == "" {
+		return false
+	}
+	if lq.template != "" && lq.template != ls.TemplateID {
+		return false
+	}
+	if !lq.startedAfter.IsZero() && !created.After(lq.startedAfter) {
+		return false
+	}
+	for k, v := range lq.metadata {
+		if ls.Metadata[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// e2bList is list: one page of the tenant's own sandboxes, filtered; the
+// next page's token in X-Next-Token. A page may hold fewer than limit
+// sandboxes (the filters apply after the page is read).
+func (h *handler) e2bList(ctx context.Context, r *request, v1 bool) events.APIGatewayV2HTTPResponse {
+	lq, err := parseE2BList(queryOf(r.ev), v1)
+	if err != nil {
+		return r.e2bInvalid(err)
+	}
+	recs, next, err := h.broker.Sandboxes(ctx, r.tenant, lq.cursor, lq.limit)
+	if err != nil {
+		return r.e2bFail(err, "")
+	}
+	out := []e2bapi.ListedSandbox{}
+	for _, rec := range recs {
+		if ls := h.e2bListed(rec); lq.match(ls, rec.CreatedAt) {
+			out = append(out, ls)
+		}
+	}
+	resp := r.json(http.StatusOK, out)
+	if next != "" {
+		resp.Headers["X-Next-Token"] = next
+	}
+	return resp
+}
+
+// queryOf is the request's query, from its raw form when present (it
+// keeps repeated keys) else from the decoded parameters.
+func queryOf(ev events.APIGatewayV2HTTPRequest) url.Values {
+	if ev.RawQueryString != "" {
+		if q, err := url.ParseQuery(ev.RawQueryString); err == nil {
+			return q
+		}
+	}
+	q := url.Values{}
+	for k, v := range ev.QueryStringParameters {
+		q.Set(k, v)
+	}
+	return q
+}
+
+// e2bNotOffered names, for a call the face does not serve, the broker's
+// equivalent or that it is not offered.
+func e2bNotOffered(ev events.APIGatewayV2HTTPRequest) string {
+	path := ev.RawPath
+	if path == "" {
+		path = ev.RequestContext.HTTP.Path
+	}
+	rest := strings.TrimPrefix(strings.TrimPrefix(path, "/e2b"), "/v2")
+	first, _, _ := strings.Cut(strings.TrimPrefix(rest, "/"), "/")
+	why := map[string]string{
+		"templates": "templates are not offered: the deployment runs one template (SANDBOX_TEMPLATE), built with E2B's own tools",
+		"snapshots": "snapshots are not offered: pause the sandbox (POST /sandboxes/{id}/pause) to keep its files and memory for its thread",
+		"volumes":   "volumes are not offered: a thread's outputs/ and workspace/ are stored in S3 at each release and restored into its next sandbox",
+		"secrets":   "secrets are not offered: pass values per command (commands.run(cmd, {envs}))",
+		"sandboxes": "this sandbox call is not offered by sandbox-broker (network updates, snapshots and logs among them)",
+	}[first]
+	if why == "" {
+		why = "not an E2B call sandbox-broker serves"
+	}
+	return fmt.Sprintf("%s %s: %s; see the README's \"E2B SDK compatibility\"", method(ev), path, why)
+}
