@@ -15,17 +15,24 @@ const sessionMarker = "<!-- sbx-session:"
 // readmeSession returns the first ```sh block after sessionMarker.
 func readmeSession(t *testing.T, md string) string {
 	t.Helper()
-	_, after, ok := strings.Cut(md, sessionMarker)
+	return blockAfter(t, md, sessionMarker, "sh")
+}
+
+// blockAfter returns the first fenced block of language lang after the
+// first occurrence of marker in md.
+func blockAfter(t *testing.T, md, marker, lang string) string {
+	t.Helper()
+	_, after, ok := strings.Cut(md, marker)
 	if !ok {
-		t.Fatalf("README.md has no %q marker", sessionMarker)
+		t.Fatalf("README.md has no %q", marker)
 	}
-	_, block, ok := strings.Cut(after, "\n```sh\n")
+	_, block, ok := strings.Cut(after, "\n```"+lang+"\n")
 	if !ok {
-		t.Fatal("README.md: no ```sh block after the session marker")
+		t.Fatalf("README.md: no ```%s block after %q", lang, marker)
 	}
 	block, _, ok = strings.Cut(block, "\n```")
 	if !ok {
-		t.Fatal("README.md: the session block does not end")
+		t.Fatalf("README.md: the block after %q does not end", marker)
 	}
 	return block + "\n"
 }
@@ -34,7 +41,8 @@ func readmeSession(t *testing.T, md string) string {
 // from the repository while `make run` is going: in a directory whose
 // .build/bin holds sbx built from this source, with the stack file of a
 // local stack as SBX_STACK (what `make run` writes to .run/stack.json).
-// Every command must succeed, and the stored output must be listed.
+// Every command must succeed, and the stored output must be listed. Then
+// it runs the README's Python example against the same stack.
 func TestReadmeSession(t *testing.T) {
 	root := repoRoot(t)
 	md, err := os.ReadFile(filepath.Join(root, "README.md"))
@@ -62,6 +70,17 @@ func TestReadmeSession(t *testing.T) {
 		}
 	}
 	t.Logf("%s", out)
+
+	// The README's Python example, on the same stack: its URL and token
+	// are make run's, which this stack's replace.
+	py := blockAfter(t, string(md), "## The same from Python", "python")
+	py = strings.NewReplacer(`"http://127.0.0.1:8787"`, `"`+s.Info.APIURL+`"`, `"dev-token"`, `"`+tokenA+`"`).Replace(py)
+	run := exec.Command(python3(t), "-c", py)
+	run.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(root, "clients", "python"))
+	pyOut, err := run.CombinedOutput()
+	if err != nil || !strings.Contains(string(pyOut), "42") || !strings.Contains(string(pyOut), "warm") {
+		t.Fatalf("the README's Python example: %v\n%s", err, pyOut)
+	}
 }
 
 // TestReadmeSessionFound: the session block is found and holds the steps
