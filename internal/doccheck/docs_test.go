@@ -502,3 +502,31 @@ func TestReadmeFrontDoor(t *testing.T) {
 	}
 }
 
+
+// TestSlugIsGitHubs: headings get the anchors GitHub gives them.
+func TestSlugIsGitHubs(t *testing.T) {
+	for heading, want := range map[string]string{
+		"2. Check the account's concurrency": "2-check-the-accounts-concurrency",
+		"`.run/stack.json`":                  "runstackjson",
+		"Capacity at scale (no hot keys)":    "capacity-at-scale-no-hot-keys",
+		"The same with an E2B SDK":           "the-same-with-an-e2b-sdk",
+		"Build and test times":               "build-and-test-times",
+	} {
+		if got := slug(heading); got != want {
+			t.Errorf("slug(%q) = %q, want %q", heading, got, want)
+		}
+	}
+	if a := anchors("# A\n## A\n```\n# not a heading\n```\n"); !a["a"] || !a["a-1"] || a["not-a-heading"] {
+		t.Errorf("anchors: %v", a)
+	}
+}
+
+// TestDocumentedVariablesReadsTheTable: the parser reads every name of a
+// row's first cell, and only in tables headed "variable".
+func TestDocumentedVariablesReadsTheTable(t *testing.T) {
+	md := "| variable | default |\n|---|---|\n| `A_B`, `C` | `D_E` |\n| – | `F` |\n\n| flag | environment |\n|---|---|\n| `--x` | `G` |\n"
+	got := documentedVariables(t, md)
+	if len(got) != 2 || !got["A_B"] || !got["C"] {
+		t.Errorf("documentedVariables = %v, want A_B and C", got)
+	}
+}
