@@ -100,7 +100,7 @@ clean: ## remove build output (keeps .tools)
 
 # The CDK app (infra/) reads context from CDK_CONTEXT_JSON, e.g.
 #   make synth CDK_CONTEXT_JSON='{"alarmTopicArn":"arn:aws:sns:..."}'
-# and deploy-time settings from CloudFormation parameters (docs/DEPLOY.md):
+# and deploy-time settings from CloudFormation parameters (docs/deploy.md):
 #   make deploy CDK_DEPLOY_ARGS='--parameters JwtIssuer=https://... --parameters JwtAudience=...'
 CDK_CLI_VERSION ?= 2.1148.1
 CDK_CLI         := .tools/cdk/node_modules/.bin/cdk

@@ -15,7 +15,7 @@
 # Optional: TENANT (default: read from the token's claim TENANT_CLAIM,
 # default "tenant"; Cognito: TENANT_CLAIM=custom:tenant), PREFIX (the stack's
 # OutputPrefix, default outputs), SBX (the sbx binary), SMOKE_USER.
-# Against `make run`'s local stack: see docs/DEPLOY.md ("Try the smoke test
+# Against `make run`'s local stack: see docs/deploy.md ("Try the smoke test
 # locally"). Exits 0 when every step passed, 1 otherwise.
 set -euo pipefail
 

@@ -1,5 +1,5 @@
 // Package guide reads the shell blocks of the deploy guide
-// (docs/DEPLOY.md), so that a test can run them the way a reader pastes
+// (docs/deploy.md), so that a test can run them the way a reader pastes
 // them into a shell.
 package guide
 

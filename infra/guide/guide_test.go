@@ -17,10 +17,10 @@ var stubbed = []string{"aws", "cdk", "sam", "npm", "go", "curl", "make"}
 // repoRoot is the repository, two levels up.
 func repoRoot() string { return filepath.Join("..", "..") }
 
-// readGuide returns docs/DEPLOY.md.
+// readGuide returns docs/deploy.md.
 func readGuide(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "DEPLOY.md"))
+	b, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "deploy.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func calls(log, name string) []string {
 	return out
 }
 
-// TestGuideRunsAsWritten: every shell block of docs/DEPLOY.md runs in a
+// TestGuideRunsAsWritten: every shell block of docs/deploy.md runs in a
 // shell without an error, and the tools get what a real deploy needs.
 func TestGuideRunsAsWritten(t *testing.T) {
 	log, out, err := runGuide(t, readGuide(t))

@@ -15,7 +15,7 @@ func guideRetained(t *testing.T, md string) map[string]bool {
 	t.Helper()
 	_, section, ok := strings.Cut(md, ". Deleting the stack\n")
 	if !ok {
-		t.Fatal("docs/DEPLOY.md has no section Deleting the stack")
+		t.Fatal("docs/deploy.md has no section Deleting the stack")
 	}
 	ids := map[string]bool{}
 	tick := regexp.MustCompile("`([A-Za-z0-9<>]+)`")
@@ -48,10 +48,10 @@ func retainedMissing(tpl map[string]any, guide map[string]bool) []string {
 	return out
 }
 
-// TestGuideListsRetained: docs/DEPLOY.md's deletion table names every
+// TestGuideListsRetained: docs/deploy.md's deletion table names every
 // resource either template keeps when its stack is deleted.
 func TestGuideListsRetained(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "DEPLOY.md"))
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "deploy.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

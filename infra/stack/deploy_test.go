@@ -363,10 +363,12 @@ func TestAlarmTopic(t *testing.T) {
 	}
 }
 
-// readmeParameters reads the README's parameter table: the rows after the
-// heading "### Deploy parameters", up to the first line that is not a row.
-// Each row is | `Name` | default | meaning |.
-func readmeParameters(t *testing.T, file string) map[string]string {
+// guideParameters reads the deploy parameters of docs/configuration.md's
+// settings table (the table whose header starts "| variable | default |
+// parameter | parameter default |"): each row's third cell names a
+// parameter (backquoted, or "–" for a variable no parameter sets) and its
+// fourth gives the parameter's default.
+func guideParameters(t *testing.T, file string) map[string]string {
 	t.Helper()
 	f, err := os.Open(file)
 	if err != nil {
@@ -374,46 +376,39 @@ func readmeParameters(t *testing.T, file string) map[string]string {
 	}
 	defer f.Close()
 	rows := map[string]string{}
-	in, header := false, 0
+	in := false
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
-		if strings.HasPrefix(line, "#") {
-			if in {
-				break
-			}
-			in = line == "### Deploy parameters"
+		if strings.HasPrefix(line, "| variable | default | parameter | parameter default |") {
+			in = true
 			continue
 		}
-		if !in {
+		if !in || strings.HasPrefix(line, "|---") {
 			continue
 		}
 		if !strings.HasPrefix(line, "|") {
-			if header > 0 {
-				break
-			}
-			continue
-		}
-		header++
-		if header <= 2 {
-			continue // header and separator rows
+			break
 		}
 		cells := strings.Split(strings.Trim(line, "|"), "|")
-		if len(cells) < 3 {
-			t.Fatalf("README parameter row %q: want 3 cells", line)
+		if len(cells) < 5 {
+			t.Fatalf("configuration row %q: want 5 cells", line)
 		}
-		name := strings.Trim(strings.TrimSpace(cells[0]), "`")
-		rows[name] = strings.TrimSpace(cells[1])
+		name := strings.Trim(strings.TrimSpace(cells[2]), "`")
+		if name == "–" {
+			continue
+		}
+		rows[name] = strings.TrimSpace(cells[3])
 	}
 	if len(rows) == 0 {
-		t.Fatalf("%s: no rows under ### Deploy parameters", file)
+		t.Fatalf("%s: no settings table with deploy parameters", file)
 	}
 	return rows
 }
 
-// readmeDefault renders a template parameter's default as the README
-// writes it: `value`, "empty", or "required" (no default).
-func readmeDefault(p map[string]any) string {
+// guideDefault renders a template parameter's default as
+// docs/configuration.md writes it: `value`, "empty", or "required" (no default).
+func guideDefault(p map[string]any) string {
 	d, ok := p["Default"]
 	switch {
 	case !ok:
@@ -424,50 +419,53 @@ func readmeDefault(p map[string]any) string {
 	return "`" + fmt.Sprint(d) + "`"
 }
 
-// TestReadmeParameterTable: the README's table of deploy parameters lists
+// TestGuideParameterTable: docs/configuration.md's settings table lists
 // exactly template.yaml's parameters and the CDK stack's, with their
 // defaults (CDK-only ones say so).
-func TestReadmeParameterTable(t *testing.T) {
-	got := readmeParameters(t, filepath.Join("..", "..", "README.md"))
+func TestGuideParameterTable(t *testing.T) {
+	got := guideParameters(t, configurationPage)
 	want := map[string]string{}
 	for name, p := range samRaw(t)["Parameters"].(map[string]any) {
-		want[name] = readmeDefault(p.(map[string]any))
+		want[name] = guideDefault(p.(map[string]any))
 	}
 	for name, p := range defaultSynth(t).tpl["Parameters"].(map[string]any) {
 		if _, ok := CDKOnlyParameters[name]; ok {
-			want[name] = readmeDefault(p.(map[string]any)) + " (CDK only)"
+			want[name] = guideDefault(p.(map[string]any)) + " (CDK only)"
 		}
 	}
 	for _, name := range keys(want) {
 		if g, ok := got[name]; !ok {
-			t.Errorf("README lacks parameter %s (default %s)", name, want[name])
+			t.Errorf("docs/configuration.md lacks parameter %s (default %s)", name, want[name])
 		} else if g != want[name] {
-			t.Errorf("README parameter %s: default %q, want %q", name, g, want[name])
+			t.Errorf("docs/configuration.md parameter %s: default %q, want %q", name, g, want[name])
 		}
 	}
 	for _, name := range keys(got) {
 		if _, ok := want[name]; !ok {
-			t.Errorf("README lists parameter %s, which neither template has", name)
+			t.Errorf("docs/configuration.md lists parameter %s, which neither template has", name)
 		}
 	}
 }
 
-// TestReadmeTableCatchesDrift: the README comparison reports a renamed and a
+// configurationPage is the guide's page holding the parameter table.
+var configurationPage = filepath.Join("..", "..", "docs", "configuration.md")
+
+// TestGuideTableCatchesDrift: the table comparison reports a renamed and a
 // missing parameter.
-func TestReadmeTableCatchesDrift(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+func TestGuideTableCatchesDrift(t *testing.T) {
+	raw, err := os.ReadFile(configurationPage)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := filepath.Join(t.TempDir(), "README.md")
+	p := filepath.Join(t.TempDir(), "configuration.md")
 	changed := strings.Replace(string(raw), "| `SandboxReplicas` |", "| `SandboxReplica` |", 1)
 	if changed == string(raw) {
-		t.Fatal("README has no SandboxReplicas row to rename")
+		t.Fatal("docs/configuration.md has no SandboxReplicas row to rename")
 	}
 	if err := os.WriteFile(p, []byte(changed), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rows := readmeParameters(t, p)
+	rows := guideParameters(t, p)
 	if _, ok := rows["SandboxReplicas"]; ok {
 		t.Error("renamed row still read as SandboxReplicas")
 	}

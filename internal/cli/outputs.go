@@ -24,7 +24,7 @@ type OutputObject struct {
 	LastModified time.Time `json:"last_modified"`
 }
 
-// threadPrefix is "<prefix>/<tenant>/<user>/<thread>/" (README.md,
+// threadPrefix is "<prefix>/<tenant>/<user>/<thread>/" (docs/configuration.md,
 // OUTPUT_PREFIX; internal/outputsync writes there), without a leading slash when prefix is empty.
 func threadPrefix(prefix, tenant, user, thread string) string {
 	p := strings.Trim(prefix, "/")

@@ -1,5 +1,5 @@
 // Package config reads the broker's Lambda configuration from environment
-// variables once, applies the defaults the README documents
+// variables once, applies the defaults docs/configuration.md documents
 // and validates it, so every function fails fast at cold start with a message
 // naming the offending variable.
 package config

@@ -81,7 +81,7 @@ func (s Settings) PausedLimit() int {
 	return 10 * s.Replicas
 }
 
-// DefaultSettings returns the defaults the README documents.
+// DefaultSettings returns the defaults docs/configuration.md documents.
 func DefaultSettings() Settings {
 	return Settings{
 		Deployment:          "default",

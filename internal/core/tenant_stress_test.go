@@ -168,7 +168,7 @@ type waitPlace struct {
 //     the acquiring one and those whose counts were above zero before the
 //     reservation and did not go down until the claim returned; fewer
 //     tenants make the share larger, so a violation found this way is one
-//     under the README's rule whatever stale tenant the ledger still
+//     under docs/architecture.md's rule whatever stale tenant the ledger still
 //     counts.
 //   - a waiter place handed out (EnterWait) while the engine's calls say
 //     another waiter still holds it: neither given back nor lapsed at any

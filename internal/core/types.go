@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// idPattern is the shape of tenant-supplied user and thread ids (the README's HTTP API).
+// idPattern is the shape of tenant-supplied user and thread ids (docs/api.md).
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // sandboxIDPattern bounds provider sandbox ids accepted from callers. E2B ids

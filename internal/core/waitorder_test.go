@@ -19,7 +19,7 @@ import (
 // wait queue: every ticket an EnterWait queued (with the engine's clock
 // before the call and after it returned), what its waiter's polls read
 // of it, and every dispatch's grants (with the clock before the call and
-// after it returned). From these it checks the fairness rule the README
+// after it returned). From these it checks the fairness rule docs/architecture.md
 // states (see check), using only what the calls proved: a reply lost to
 // a fault hides a ticket or a grant, which can only leave a case
 // unchecked, never make one fail.
@@ -171,7 +171,7 @@ func (n *orderCounts) add(m orderCounts) {
 	n.newcomers += m.newcomers
 }
 
-// check returns the breaches of the fairness rule the README states:
+// check returns the breaches of the fairness rule docs/architecture.md states:
 //
 //   - Grants follow the queue's order: a dispatch that granted ticket T
 //     left no ticket with a smaller key waiting, ungranted and live,

@@ -45,12 +45,11 @@ import (
 // refusal means every bucket is full, and its details are the buckets'
 // sums. Creates and frees of the whole deployment spread over 64 items
 // instead of one, each of which DynamoDB limits to about 1,000 write
-// units a second (twice that per transactional write). Why 64: under
-// BenchmarkHotKeys' steady load the buckets take about 3.5 transactional
-// write units per acquire (parks and reclaims move counts; creates, frees
-// and refused attempts move slots); over 64 buckets the busiest takes
-// at most about 0.15 per acquire, some 7,000 acquires a second before its
-// partition throttles, while a refusal's read of every bucket is still
+// units a second (twice that per transactional write). Why 64: parks and
+// reclaims move counts and creates, frees and refused attempts move slots,
+// so every acquire writes some bucket; over 64 buckets no bucket is the
+// key that bounds BenchmarkHotKeys' steady loads (its figures are in
+// docs/benchmarks.md), while a refusal's read of every bucket is still
 // one BatchGetItem (at most 100 keys).
 //
 // Per-state counts: every record carries "counted", the state its bucket

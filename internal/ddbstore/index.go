@@ -26,9 +26,10 @@ import (
 // the index under its state's key: a state change twice (the entry deleted
 // under the state it leaves, put under the one it enters), any other
 // update once (the index projects every attribute). Active, releasing and
-// warm are each written about twice per acquire: IndexShards keys keep
-// their busiest under a quarter of a unit per acquire at 5,000 acquires a
-// second. Every state has the same count.
+// warm are each written about twice per acquire: IndexShards keys spread
+// that load so that the busiest stays within a partition's rate at the
+// loads BenchmarkHotKeys measures (docs/benchmarks.md). Every state has
+// the same count.
 const IndexShards = 32
 
 // queryParallel bounds the shard queries one fan-out runs at once: every

@@ -17,7 +17,7 @@ import (
 )
 
 // errorRow is one (status, code, reason, retryable) the adapter answers
-// with, and one row of the README's error table.
+// with, and one row of docs/api.md's error table.
 type errorRow struct {
 	status    int
 	code      string
@@ -29,12 +29,12 @@ func (r errorRow) String() string {
 	return fmt.Sprintf("%d %s reason=%q retryable=%v", r.status, r.code, r.reason, r.retryable)
 }
 
-// readmeErrorRows parses the README's error table (the one headed
+// readmeErrorRows parses docs/api.md's error table (the one headed
 // "| status | code | reason | retryable |"); a reason cell lists its
 // reasons in backquotes, "–" for none.
 func readmeErrorRows(t *testing.T) []errorRow {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/api.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,11 +54,11 @@ func readmeErrorRows(t *testing.T) []errorRow {
 		}
 		cells := strings.Split(strings.Trim(line, "|"), "|")
 		if len(cells) < 4 {
-			t.Fatalf("README error row %q: want at least 4 cells", line)
+			t.Fatalf("docs/api.md error row %q: want at least 4 cells", line)
 		}
 		status, err := strconv.Atoi(strings.TrimSpace(cells[0]))
 		if err != nil {
-			t.Fatalf("README error row %q: status: %v", line, err)
+			t.Fatalf("docs/api.md error row %q: status: %v", line, err)
 		}
 		code := strings.Trim(strings.TrimSpace(cells[1]), "`")
 		retryable := strings.TrimSpace(cells[3]) == "yes"
@@ -71,13 +71,13 @@ func readmeErrorRows(t *testing.T) []errorRow {
 		}
 	}
 	if len(rows) == 0 {
-		t.Fatal("README has no error table")
+		t.Fatal("docs/api.md has no error table")
 	}
 	return rows
 }
 
 // TestErrorTableIsWhatTheAdapterAnswers drives the handler into every
-// error answer it has and compares what it answered with the README's
+// error answer it has and compares what it answered with docs/api.md's
 // table, row for row, and the table's codes and reasons with the
 // constants of internal/core: a code or reason added, removed or documented
 // without being produced fails here.
@@ -167,12 +167,12 @@ func TestErrorTableIsWhatTheAdapterAnswers(t *testing.T) {
 	want := readmeErrorRows(t)
 	for _, r := range got {
 		if !slices.Contains(want, r) {
-			t.Errorf("the adapter answers %v; the README's error table lacks it", r)
+			t.Errorf("the adapter answers %v; docs/api.md's error table lacks it", r)
 		}
 	}
 	for _, r := range want {
 		if !slices.Contains(got, r) {
-			t.Errorf("the README lists %v; no case produced it (documented but never answered?)", r)
+			t.Errorf("docs/api.md lists %v; no case produced it (documented but never answered?)", r)
 		}
 	}
 
@@ -196,24 +196,24 @@ func TestErrorTableIsWhatTheAdapterAnswers(t *testing.T) {
 	slices.Sort(codes)
 	slices.Sort(consts)
 	if !slices.Equal(codes, consts) {
-		t.Errorf("README codes %v, api.ErrorCodes %v", codes, consts)
+		t.Errorf("docs/api.md codes %v, api.ErrorCodes %v", codes, consts)
 	}
 	for _, r := range api.RefusalReasons() {
 		if !refusals[string(r)] {
-			t.Errorf("api.RefusalReasons has %q; the README does not list it", r)
+			t.Errorf("api.RefusalReasons has %q; docs/api.md does not list it", r)
 		}
 		delete(refusals, string(r))
 	}
 	for r := range refusals {
-		t.Errorf("the README lists refusal reason %q; api.RefusalReasons lacks it", r)
+		t.Errorf("docs/api.md lists refusal reason %q; api.RefusalReasons lacks it", r)
 	}
 	for _, r := range api.ErrorReasons() {
 		if r != api.ReasonBody && !reasons[r] {
-			t.Errorf("api.ErrorReasons has %q; the README does not list it", r)
+			t.Errorf("api.ErrorReasons has %q; docs/api.md does not list it", r)
 		}
 		delete(reasons, r)
 	}
 	for r := range reasons {
-		t.Errorf("the README lists reason %q; api.ErrorReasons lacks it", r)
+		t.Errorf("docs/api.md lists reason %q; api.ErrorReasons lacks it", r)
 	}
 }

@@ -1,7 +1,7 @@
 // Package httpapi adapts API Gateway HTTP API (payload format 2.0) events to
 // a core.Broker: it routes, authenticates the tenant from the authorizer
 // context, validates input, and maps core errors to the HTTP API the
-// README documents (routes, bodies, the error table). It holds no state
+// docs/api.md documents (routes, bodies, the error table). It holds no state
 // and makes no decisions of its own.
 package httpapi
 
@@ -503,7 +503,7 @@ func strictObject(body []byte, shape string, fields ...string) (map[string]json.
 	return out, nil
 }
 
-// Response bodies (the README's route table).
+// Response bodies (docs/api.md's route table).
 
 // waiting is the 202 answer of an acquire that waits for a slot, with
 // Retry-After in whole seconds.

@@ -1,7 +1,7 @@
 package api
 
 // The machine-readable vocabulary of refusals and errors, in one place.
-// The HTTP adapter answers with exactly these; the README's error table
+// The HTTP adapter answers with exactly these; docs/api.md's error table
 // lists exactly these (a test holds the two together).
 
 // RefusalReason says why an acquire was refused for capacity

@@ -2,7 +2,7 @@
 // small envd helper that lets a caller work inside an acquired sandbox with
 // only the acquire response's connection (no provider API key).
 //
-// The API it speaks is the broker's HTTP API v1 (README.md, "HTTP API";
+// The API it speaks is the broker's HTTP API v1 (docs/api.md;
 // served by internal/httpapi):
 // POST /v1/sandboxes/acquire, POST /v1/sandboxes/{id}/release,
 // POST /v1/sandboxes/{id}/sync, GET /v1/sandboxes/{id}, GET /v1/capacity,

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// TestSmokeScript runs scripts/smoke.sh (docs/DEPLOY.md's smoke test of a
+// TestSmokeScript runs scripts/smoke.sh (docs/deploy.md's smoke test of a
 // deployed stack) against the local stack: the local token and tenant, the
 // local S3 through the AWS SDK's endpoint override, the sbx CLI built from
 // this source. It must acquire, exec, release and find the object in S3.

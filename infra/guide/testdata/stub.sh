@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A stand-in for the tools docs/DEPLOY.md calls (aws, cdk, sam, npm, go,
+# A stand-in for the tools docs/deploy.md calls (aws, cdk, sam, npm, go,
 # curl, make and the binaries the Makefile builds). It appends its name
 # and arguments, shell-quoted, to $STUB_LOG, answers what the guide reads
 # from it, and fails where the real tool would on what the guide gives it.
