@@ -1,15 +1,16 @@
-// The official E2B JS SDK (npm "e2b", pinned in package.json) on a sandbox
-// held through the broker: acquire over the broker's API, then the SDK's own
-// Sandbox.connect with E2B_API_URL=<api_url>/e2b and the tenant's broker
-// token as its API key, commands and files on envd, release, and connect
-// refused afterwards; another tenant's key is refused, and the E2B routes
-// the broker does not serve fail with a message pointing at acquire.
+// The official E2B JS SDK (npm "e2b", pinned in package.json) on the broker,
+// changed only by E2B_API_URL=<api_url>/e2b and the tenant's broker token
+// as its API key: create for a thread (an acquire), connect, commands
+// (foreground, background, env vars), files, setTimeout, list by metadata,
+// kill (a release: parked warm), a second kill, and create for the same
+// thread again, which gets the same sandbox and its files back. Another
+// tenant's key sees none of it.
 //
 // Needs BROKER_API_URL, BROKER_TOKEN, BROKER_OTHER_TOKEN and
 // E2B_SANDBOX_URL (the local stack serves every sandbox's envd on one URL).
 // Run by test/e2e TestE2BSDKOnBrokeredSandbox. Exits 0 when every step
 // behaves; otherwise prints "broker-connect FAILED: <step>: <why>".
-import { Sandbox, SandboxNotFoundError, NotFoundError, SandboxError } from 'e2b'
+import { Sandbox, SandboxNotFoundError, NotFoundError } from 'e2b'
 import { randomUUID } from 'node:crypto'
 
 for (const name of ['BROKER_API_URL', 'BROKER_TOKEN', 'BROKER_OTHER_TOKEN', 'E2B_SANDBOX_URL']) {
@@ -55,10 +56,12 @@ async function refused(what, fn, isExpected) {
 const notFound = (err) => err instanceof SandboxNotFoundError || err instanceof NotFoundError
 
 try {
-  step = 'acquire'
-  const lease = await broker('POST', '/v1/sandboxes/acquire', { user_id: 'sdk-user', thread_id: `sdk-${randomUUID()}` })
-  const id = lease.sandbox_id
-  log(`acquired ${id} (${lease.backend}, ${lease.connection.protocol})`)
+  step = 'create'
+  const thread = `sdk-${randomUUID()}`
+  const created = await Sandbox.create({ ...e2b(token), metadata: { user_id: 'sdk-user', thread_id: thread } })
+  const id = created.sandboxId
+  eq((await broker('GET', `/v1/sandboxes/${id}`)).state, 'active', 'state after create (acquired for the thread)')
+  log(`created ${id} for thread ${thread}`)
 
   step = 'connect'
   const before = await broker('GET', `/v1/sandboxes/${id}`)
@@ -66,7 +69,6 @@ try {
   eq(sbx.sandboxId, id, 'sandbox id')
   const after = await broker('GET', `/v1/sandboxes/${id}`)
   eq(after.expires_at, before.expires_at, 'expires_at after connect (connect must not extend the sandbox)')
-  eq(after.updated_at, before.updated_at, 'updated_at after connect (connect must not write the record)')
 
   step = 'commands.run'
   const res = await sbx.commands.run('echo "hello $WHO"; pwd', { envs: { WHO: 'sdk' } })
@@ -82,17 +84,30 @@ try {
   step = 'another tenant'
   await refused('connect with another tenant\'s key', () => Sandbox.connect(id, e2b(otherToken)), notFound)
 
-  step = 'routes the broker does not serve'
-  const pointsAtAcquire = (err) => err instanceof SandboxError && /\/v1\/sandboxes\/acquire/.test(err.message)
-  await refused('create', () => Sandbox.create(e2b(token)), pointsAtAcquire)
-  await refused('kill', () => Sandbox.kill(id, e2b(token)), pointsAtAcquire)
-  await refused('setTimeout', () => sbx.setTimeout(60_000), pointsAtAcquire)
-  eq((await broker('GET', `/v1/sandboxes/${id}`)).state, 'active', 'state after the refused kill')
+  step = 'background process'
+  await sbx.commands.run('sleep 600', { background: true })
+  const ps = await sbx.commands.run('pgrep -x sleep || true')
+  check(ps.stdout.trim() !== '', 'a background process started by one command is seen by the next')
 
-  step = 'release'
-  const rel = await broker('POST', `/v1/sandboxes/${id}/release`)
-  eq(rel.state, 'warm', 'released state')
-  await refused('connect after release', () => Sandbox.connect(id, e2b(token)), notFound)
+  step = 'setTimeout'
+  await sbx.setTimeout(60_000)
+
+  step = 'list'
+  const mine = await Sandbox.list({ ...e2b(token), query: { metadata: { thread_id: thread } } }).nextItems()
+  eq(mine.map((i) => i.sandboxId).join(), id, 'list by the thread in metadata')
+  const theirs = await Sandbox.list({ ...e2b(otherToken), query: { metadata: { thread_id: thread } } }).nextItems()
+  eq(theirs.length, 0, "another tenant's list")
+
+  step = 'kill'
+  eq(await sbx.kill(), true, 'kill')
+  eq((await broker('GET', `/v1/sandboxes/${id}`)).state, 'warm', 'state after kill (released, parked warm)')
+  eq(await Sandbox.kill(id, e2b(token)), false, 'a second kill (not running)')
+
+  step = 'create again'
+  const again = await Sandbox.create({ ...e2b(token), metadata: { user_id: 'sdk-user', thread_id: thread } })
+  eq(again.sandboxId, id, 'the thread gets its sandbox back')
+  eq((await again.files.read('/home/user/workspace/from-sdk.txt')), 'written by the E2B SDK\n', 'its files')
+  eq(await again.kill(), true, 'kill again')
 
   step = 'unknown sandbox'
   await refused('connect to an unknown id', () => Sandbox.connect('nosuchsandbox', e2b(token)), notFound)
