@@ -271,6 +271,26 @@ class Client:
         _check(_ID_PATTERN, "sandbox_id", sandbox_id)
         return self._call("POST", f"/v1/sandboxes/{sandbox_id}/sync", None)
 
+    def renew(self, sandbox_id: str, seconds: int | None = None) -> dict[str, Any]:
+        """Extend the sandbox's lease and its provider timer together, to
+        ``seconds`` from now (default: the deployment's active timeout),
+        never past its maximum lifetime. Returns ``{"sandbox_id",
+        "expires_at"}``. Idempotent: an end is never moved earlier."""
+        _check(_ID_PATTERN, "sandbox_id", sandbox_id)
+        if seconds is not None and (not isinstance(seconds, int) or isinstance(seconds, bool) or seconds <= 0):
+            raise ValidationError("seconds must be a positive integer", reason="seconds")
+        body = None if seconds is None else {"seconds": seconds}
+        return self._call("POST", f"/v1/sandboxes/{sandbox_id}/renew", body)
+
+    def keep_alive(self, sandbox_id: str, lease_seconds: int) -> "KeepAlive":
+        """A context manager that renews the sandbox while a run holds it:
+        every third of ``lease_seconds`` it renews for ``lease_seconds``.
+        Leaving the block stops it and raises the last renewal it could not
+        make, if no later one succeeded (see :class:`KeepAlive`)."""
+        from .keepalive import KeepAlive
+
+        return KeepAlive(self, sandbox_id, lease_seconds)
+
     def get(self, sandbox_id: str) -> dict[str, Any]:
         """The broker's record of the sandbox (``state``, ``user_id``,
         ``thread_id``, ``backend``, timestamps)."""

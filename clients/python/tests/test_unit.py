@@ -205,6 +205,27 @@ class ClientErrorTests(unittest.TestCase):
         self.assertEqual([b.get("ticket") for b in sent], [None, "tk-1", "tk-2"])
         self.assertEqual(self.slept, [3.0, 3.0])
 
+    def test_renew_sends_seconds(self) -> None:
+        self.server.script.extend([(200, {}, {"sandbox_id": "sb1", "expires_at": "2026-01-01T00:00:00Z"})] * 2)  # type: ignore[attr-defined]
+        self.client().renew("sb1", 600)
+        self.client().renew("sb1")
+        sent = [(r[1], r[3]) for r in self.server.requests]  # type: ignore[attr-defined]
+        self.assertEqual(sent[0], ("/prefix/v1/sandboxes/sb1/renew", b'{"seconds": 600}'))
+        self.assertEqual(sent[1], ("/prefix/v1/sandboxes/sb1/renew", b""))
+        with self.assertRaises(ValidationError):
+            self.client().renew("sb1", 0)
+
+    def test_keep_alive_reports_a_lost_sandbox(self) -> None:
+        ok = (200, {}, {"sandbox_id": "sb1", "expires_at": "2026-01-01T00:00:00Z"})
+        gone = (409, {}, _error("CONFLICT", "conflict"))
+        self.server.script.extend([ok, ok, gone])  # type: ignore[attr-defined]
+        ka = self.client().keep_alive("sb1", 3)
+        ka._every = 0.01  # type: ignore[attr-defined]  # tick fast: renewals are counted, not timed
+        with self.assertRaises(Conflict):
+            with ka:
+                ka._thread.join(timeout=30)  # type: ignore[attr-defined]  # ends on the 409
+        self.assertEqual(ka.renewals, 2)
+
     def test_bad_arguments_fail_before_any_request(self) -> None:
         c = self.client()
         for call in (lambda: c.acquire("a b", "t"), lambda: c.acquire("a", "x" * 65), lambda: c.release("../x"), lambda: c.get("")):
