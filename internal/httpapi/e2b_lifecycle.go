@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -241,15 +242,23 @@ func (h *handler) e2bKeepAlive(ctx context.Context, r *request, route, id string
 	if route == RouteE2BRefresh {
 		field = "duration"
 	}
-	if _, err := strictObject(orEmpty(body), "must be {\""+field+"\": seconds}", field); err != nil {
+	raw, err := strictObject(orEmpty(body), "must be {\""+field+"\": seconds}", field)
+	if err != nil {
 		return r.e2bInvalid(err)
 	}
-	rec, err := h.broker.Get(ctx, r.tenant, id)
-	if err != nil {
-		return r.e2bFail(err, id)
+	var secs int
+	if v, ok := raw[field]; ok {
+		if err := json.Unmarshal(v, &secs); err != nil || secs <= 0 {
+			return r.e2bInvalid(&core.ValidationError{Field: field, Message: "must be a positive whole number of seconds"})
+		}
 	}
-	if rec.State != core.StateActive {
-		return r.e2bNotFound(id)
+	// Renewal: the lease and the provider's timer move together (0: the
+	// deployment's active timeout).
+	if _, err := h.broker.Renew(ctx, r.tenant, id, time.Duration(secs)*time.Second); err != nil {
+		if errors.Is(err, core.ErrConflict) {
+			return r.e2bNotFound(id) // not running: E2B's answer for a sandbox it does not run
+		}
+		return r.e2bFail(err, id)
 	}
 	return events.APIGatewayV2HTTPResponse{StatusCode: http.StatusNoContent, Headers: map[string]string{"Cache-Control": "no-store"}}
 }

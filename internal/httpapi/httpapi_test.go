@@ -68,7 +68,11 @@ func (f *fakeBroker) Sync(_ context.Context, tenant, id string) (core.SyncResult
 	return f.sync, f.note("Sync %s %s", tenant, id)
 }
 func (f *fakeBroker) Renew(_ context.Context, tenant, id string, d time.Duration) (core.RenewResult, error) {
-	return f.renew, f.note("Renew %s %s %s", tenant, id, d)
+	err := f.note("Renew %s %s %s", tenant, id, d)
+	if err == nil && f.record.SandboxID != "" && f.record.State != core.StateActive {
+		err = core.ErrConflict // as the engine: only an active sandbox renews
+	}
+	return f.renew, err
 }
 func (f *fakeBroker) Get(_ context.Context, tenant, id string) (core.Record, error) {
 	return f.record, f.note("Get %s %s", tenant, id)
