@@ -502,7 +502,6 @@ func TestReadmeFrontDoor(t *testing.T) {
 	}
 }
 
-
 // TestSlugIsGitHubs: headings get the anchors GitHub gives them.
 func TestSlugIsGitHubs(t *testing.T) {
 	for heading, want := range map[string]string{
