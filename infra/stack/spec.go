@@ -119,7 +119,8 @@ var Functions = []Function{
 		// acquires waiting for a slot (holding acquire's instances) never
 		// queue them.
 		Name: "status", LogicalID: "StatusFunction", MemoryMB: 256, TimeoutSeconds: 29,
-		Description: "GET /v1/capacity, GET /v1/sandboxes/{id}, POST /v1/admin/drain|undrain, GET /v1/openapi.json, /e2b (E2B connect) (never behind waiting acquires)",
+		Description:     "GET /v1/capacity, GET /v1/sandboxes/{id}, POST /v1/admin/drain|undrain, GET /v1/openapi.json, /e2b (E2B's control plane)",
+		PublishesEvents: true, // the /e2b face acquires and releases
 		Routes: []Route{
 			{"GET", "/v1/sandboxes/{id}", ""},
 			{"GET", "/v1/capacity", ""},
@@ -130,9 +131,11 @@ var Functions = []Function{
 			{"POST", "/e2b/v2/sandboxes/{id}/connect", APIKeyHeader},
 			{"ANY", "/e2b/{proxy+}", APIKeyHeader},
 		},
-		// Reads records and the ledger, writes the drain flag: no scan, no
-		// index, no output object, no new access token.
-		Actions: actions(tableWrites, readKey, openTokens, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem"}),
+		// Reads records and the ledger, writes the drain flag, and, for
+		// the /e2b face, acquires (sealing new access tokens), releases
+		// (syncing outputs) and lists a tenant's sandboxes (an index
+		// query): no scan.
+		Actions: actions(tableWrites, outputAccess, readKey, sealTokens, publish, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
 	},
 	{
 		Name: "release", LogicalID: "ReleaseFunction", MemoryMB: 512, TimeoutSeconds: 29,

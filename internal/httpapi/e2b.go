@@ -31,18 +31,21 @@ const (
 	RouteE2BConnect   = "POST /e2b/sandboxes/{id}/connect"
 	RouteE2BConnectV2 = "POST /e2b/v2/sandboxes/{id}/connect"
 	RouteE2BOther     = "ANY /e2b/{proxy+}"
+)
 
-	RouteE2BCreate   = "POST /e2b/sandboxes"
-	RouteE2BCreateV2 = "POST /e2b/v2/sandboxes"
-	RouteE2BList     = "GET /e2b/sandboxes"
-	RouteE2BListV2   = "GET /e2b/v2/sandboxes"
-	RouteE2BInfo     = "GET /e2b/sandboxes/{id}"
-	RouteE2BKill     = "DELETE /e2b/sandboxes/{id}"
-	RouteE2BPause    = "POST /e2b/sandboxes/{id}/pause"
-	RouteE2BResume   = "POST /e2b/sandboxes/{id}/resume"
-	RouteE2BTimeout  = "POST /e2b/sandboxes/{id}/timeout"
-	RouteE2BRefresh  = "POST /e2b/sandboxes/{id}/refreshes"
-	RouteE2BMetrics  = "GET /e2b/sandboxes/{id}/metrics"
+// The E2B routes resolved from the path of a RouteE2BOther request.
+const (
+	e2bRouteCreate   = "POST /e2b/sandboxes"
+	e2bRouteCreateV2 = "POST /e2b/v2/sandboxes"
+	e2bRouteList     = "GET /e2b/sandboxes"
+	e2bRouteListV2   = "GET /e2b/v2/sandboxes"
+	e2bRouteInfo     = "GET /e2b/sandboxes/{id}"
+	e2bRouteKill     = "DELETE /e2b/sandboxes/{id}"
+	e2bRoutePause    = "POST /e2b/sandboxes/{id}/pause"
+	e2bRouteResume   = "POST /e2b/sandboxes/{id}/resume"
+	e2bRouteTimeout  = "POST /e2b/sandboxes/{id}/timeout"
+	e2bRouteRefresh  = "POST /e2b/sandboxes/{id}/refreshes"
+	e2bRouteMetrics  = "GET /e2b/sandboxes/{id}/metrics"
 )
 
 // E2BEnvdVersion is the envd version create and connect report. The SDKs
@@ -72,20 +75,20 @@ func e2bRoute(method string, segs []string) (route, id string, ok bool) {
 	var want string
 	switch {
 	case len(segs) == 1 && method == http.MethodPost:
-		want = pick(v2, RouteE2BCreateV2, RouteE2BCreate)
+		want = pick(v2, e2bRouteCreateV2, e2bRouteCreate)
 	case len(segs) == 1 && method == http.MethodGet:
-		want = pick(v2, RouteE2BListV2, RouteE2BList)
+		want = pick(v2, e2bRouteListV2, e2bRouteList)
 	case len(segs) == 2 && method == http.MethodGet:
-		want, id = RouteE2BInfo, segs[1]
+		want, id = e2bRouteInfo, segs[1]
 	case len(segs) == 2 && method == http.MethodDelete:
-		want, id = RouteE2BKill, segs[1]
+		want, id = e2bRouteKill, segs[1]
 	case len(segs) == 3 && segs[2] == "connect" && method == http.MethodPost:
 		want, id = pick(v2, RouteE2BConnectV2, RouteE2BConnect), segs[1]
 	case len(segs) == 3 && method == http.MethodPost && !v2:
-		want, id = map[string]string{"pause": RouteE2BPause, "resume": RouteE2BResume, "timeout": RouteE2BTimeout,
-			"refreshes": RouteE2BRefresh}[segs[2]], segs[1]
+		want, id = map[string]string{"pause": e2bRoutePause, "resume": e2bRouteResume, "timeout": e2bRouteTimeout,
+			"refreshes": e2bRouteRefresh}[segs[2]], segs[1]
 	case len(segs) == 3 && segs[2] == "metrics" && method == http.MethodGet && !v2:
-		want, id = RouteE2BMetrics, segs[1]
+		want, id = e2bRouteMetrics, segs[1]
 	}
 	if want == "" {
 		return RouteE2BOther, "", true
@@ -108,27 +111,27 @@ func (h *handler) serveE2B(ctx context.Context, r *request, route, id string, bo
 	switch route {
 	case RouteE2BOther:
 		return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound, e2bNotOffered(r.ev), 0)
-	case RouteE2BCreate, RouteE2BCreateV2:
+	case e2bRouteCreate, e2bRouteCreateV2:
 		return h.e2bCreate(ctx, r, body)
-	case RouteE2BList, RouteE2BListV2:
+	case e2bRouteList, e2bRouteListV2:
 		if err := decodeEmpty(body); err != nil {
 			return r.e2bInvalid(err)
 		}
-		return h.e2bList(ctx, r, route == RouteE2BList)
+		return h.e2bList(ctx, r, route == e2bRouteList)
 	}
 	if err := core.ValidateSandboxID(id); err != nil {
 		return r.e2bInvalid(err)
 	}
 	switch route {
-	case RouteE2BConnect, RouteE2BConnectV2, RouteE2BResume:
+	case RouteE2BConnect, RouteE2BConnectV2, e2bRouteResume:
 		return h.e2bConnect(ctx, r, id, body)
-	case RouteE2BInfo:
+	case e2bRouteInfo:
 		return h.e2bInfo(ctx, r, id)
-	case RouteE2BKill, RouteE2BPause:
+	case e2bRouteKill, e2bRoutePause:
 		return h.e2bRelease(ctx, r, route, id, body)
-	case RouteE2BTimeout, RouteE2BRefresh:
+	case e2bRouteTimeout, e2bRouteRefresh:
 		return h.e2bKeepAlive(ctx, r, route, id, body)
-	case RouteE2BMetrics:
+	case e2bRouteMetrics:
 		return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound,
 			"sandbox metrics are not offered by sandbox-broker yet: the provider's figures are not passed through", 0)
 	}

@@ -206,7 +206,7 @@ func orEmpty(body []byte) []byte {
 // E2B's "not running" (404), pause of one E2B's "already paused" (409).
 func (h *handler) e2bRelease(ctx context.Context, r *request, route, id string, body []byte) events.APIGatewayV2HTTPResponse {
 	fields := []string{}
-	if route == RouteE2BPause {
+	if route == e2bRoutePause {
 		fields = []string{"memory"}
 	}
 	if _, err := strictObject(orEmpty(body), "must be empty or {}", fields...); err != nil {
@@ -217,12 +217,12 @@ func (h *handler) e2bRelease(ctx context.Context, r *request, route, id string, 
 		return r.e2bFail(err, id)
 	}
 	if rec.State != core.StateActive {
-		if route == RouteE2BPause && rec.State != core.StateDestroying && rec.State != core.StateGone {
+		if route == e2bRoutePause && rec.State != core.StateDestroying && rec.State != core.StateGone {
 			return r.e2bError(http.StatusConflict, api.CodeConflict, fmt.Sprintf("sandbox %q is already %s", id, rec.State), 0)
 		}
 		return r.e2bNotFound(id)
 	}
-	opts := core.ReleaseOptions{Pause: route == RouteE2BPause, Destroy: route == RouteE2BKill && IsOneOff(rec.ThreadKey)}
+	opts := core.ReleaseOptions{Pause: route == e2bRoutePause, Destroy: route == e2bRouteKill && IsOneOff(rec.ThreadKey)}
 	res, err := h.broker.ReleaseWith(ctx, r.tenant, id, opts)
 	if err != nil {
 		return r.e2bFail(err, id)
@@ -239,7 +239,7 @@ func (h *handler) e2bRelease(ctx context.Context, r *request, route, id string, 
 // will be called.
 func (h *handler) e2bKeepAlive(ctx context.Context, r *request, route, id string, body []byte) events.APIGatewayV2HTTPResponse {
 	field := "timeout"
-	if route == RouteE2BRefresh {
+	if route == e2bRouteRefresh {
 		field = "duration"
 	}
 	raw, err := strictObject(orEmpty(body), "must be {\""+field+"\": seconds}", field)
