@@ -45,6 +45,7 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 		"POST /v1/admin/undrain -> status",
 		"POST /v1/sandboxes/acquire -> acquire",
 		"POST /v1/sandboxes/{id}/release -> release",
+		"POST /v1/sandboxes/{id}/renew -> release",
 		"POST /v1/sandboxes/{id}/sync -> sync",
 	}
 	want = append(want, "ANY /e2b/{proxy+} -> status", "POST /e2b/sandboxes/{id}/connect -> status", "POST /e2b/v2/sandboxes/{id}/connect -> status")
