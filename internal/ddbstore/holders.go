@@ -1,0 +1,128 @@
+package ddbstore
+
+import (
+	"context"
+	"fmt"
+	"maps"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
+)
+
+// CountHolders reads the paused slots held and the pool place count
+// (with revisions: the paused buckets' summed), then counts their holders
+// from the state index, as RepairCounters does; it repairs nothing.
+func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount, err error) {
+	counts, pool, tally, err := s.countHolders(ctx)
+	if err != nil {
+		return paused, pool, err
+	}
+	sum := pausedSum(counts)
+	paused = core.HolderCount{Used: sum.Used, Revision: sum.Revision}
+	for _, n := range tally.paused {
+		paused.Counted += n
+	}
+	return paused, pool, nil
+}
+
+// countHolders reads the paused buckets and the pool place count with
+// their revisions (strongly consistent), then tallies the state index
+// (tallySlots): their holders, and every other counter's.
+func (s *Store) countHolders(ctx context.Context) (paused []countItem, pool core.HolderCount, tally *slotTally, err error) {
+	if paused, err = s.readPaused(ctx, true); err != nil {
+		return nil, pool, nil, err
+	}
+	if pool.Used, pool.Revision, err = s.poolPlaces(ctx, true); err != nil {
+		return nil, pool, nil, err
+	}
+	if tally, err = s.tallySlots(ctx); err != nil {
+		return nil, pool, nil, err
+	}
+	pool.Counted = tally.pool
+	return paused, pool, tally, nil
+}
+
+// readCounters reads the USR#/TEN# counters keys, strongly consistent
+// (absent: 0 at revision 0).
+func (s *Store) readCounters(ctx context.Context, keys []string) (map[string]countItem, error) {
+	avs := make([]map[string]types.AttributeValue, 0, len(keys))
+	for _, k := range keys {
+		avs = append(avs, s.key(k))
+	}
+	items, err := s.batchGetAll(ctx, avs)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]countItem{}
+	for _, av := range items {
+		if pk, _ := av[AttrPK].(*types.AttributeValueMemberS); pk != nil {
+			var c countItem
+			_ = attributevalue.UnmarshalMap(av, &c) // absent attributes stay zero
+			out[pk.Value] = c
+		}
+	}
+	return out, nil
+}
+
+// notedState is the counter repair's item: the differences the last pass
+// noted, and the segment of the table the next pass sweeps.
+type notedState struct {
+	Noted map[string]string `dynamodbav:"noted"`
+	Sweep int32             `dynamodbav:"sweep"`
+}
+
+// notedCounts reads the counter repair's item.
+func (s *Store) notedCounts(ctx context.Context) (notedState, error) {
+	var n notedState
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: keySK(reconcilePK(s.deployment), countsSK),
+		ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return n, unavailable("get noted counts", err)
+	}
+	if err := attributevalue.UnmarshalMap(out.Item, &n); err != nil {
+		return n, fmt.Errorf("decode noted counts: %w", err)
+	}
+	return n, nil
+}
+
+func (s *Store) saveNotedCounts(ctx context.Context, n notedState) error {
+	av, err := attributevalue.MarshalMap(n)
+	if err != nil {
+		return fmt.Errorf("save noted counts: %w", err)
+	}
+	maps.Copy(av, keySK(reconcilePK(s.deployment), countsSK))
+	return s.transact(ctx, "save noted counts", []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: av}}})
+}
+
+// sweepCounts returns the keys of the users' and tenants' slot counts
+// (and tenants' paused counts) that are not zero in segment of the table's sweepSegments (a Scan of
+// that part of the table). A count that no holder names is read only so:
+// one raised above what is held, by a bug, would
+// refuse its user or tenant for good once they hold nothing.
+func (s *Store) sweepCounts(ctx context.Context, segment int32) ([]string, error) {
+	filter := expression.And(
+		expression.Or(expression.Name(AttrPK).BeginsWith("USR#"+s.deployment+"#"),
+			expression.Name(AttrPK).BeginsWith("TEN#"+s.deployment+"#"),
+			expression.Name(AttrPK).BeginsWith("TPA#"+s.deployment+"#")),
+		expression.Name("used").NotEqual(expression.Value(0)))
+	expr, err := expression.NewBuilder().WithFilter(filter).Build()
+	if err != nil {
+		return nil, fmt.Errorf("sweep slot counts: %w", err)
+	}
+	var keys []string
+	err = s.scanEach(ctx, "sweep slot counts", &dynamodb.ScanInput{TableName: &s.table, FilterExpression: expr.Filter(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		Segment: aws.Int32(segment), TotalSegments: aws.Int32(s.sweep)}, func(av map[string]types.AttributeValue) error {
+		if pk, _ := av[AttrPK].(*types.AttributeValueMemberS); pk != nil {
+			keys = append(keys, pk.Value)
+		}
+		return nil
+	})
+	return keys, err
+}
