@@ -152,8 +152,12 @@ type Host struct {
 	// made).
 	seccomp []byte
 	cg      *cgroups
-	// exe is this binary, run inside each sandbox as its agent.
-	exe *os.File
+	// exe is this binary, run inside each sandbox as its agent. exeMu
+	// guards it: a launch reads its descriptor while it starts a
+	// process, and Close closes it (exeClosed) only once none does.
+	exe       *os.File
+	exeMu     sync.RWMutex
+	exeClosed bool
 	// ownFS gives each sandbox a tmpfs of its own for its directories
 	// (root host under bubblewrap), so that its mount table shows no
 	// host path.
@@ -719,8 +723,9 @@ func (h *Host) Close() error {
 	if h.cg != nil {
 		h.cg.close()
 	}
-	h.mu.Lock()
+	h.exeMu.Lock()
+	h.exeClosed = true
 	h.exe.Close() // a create still in flight fails to launch
-	h.mu.Unlock()
+	h.exeMu.Unlock()
 	return nil
 }

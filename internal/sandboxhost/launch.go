@@ -147,6 +147,17 @@ func dataFile(b []byte) (*os.File, error) {
 	return r, nil
 }
 
+// startLauncher starts cmd, whose files include the agent's executable,
+// unless the host closed it (ErrClosed).
+func (h *Host) startLauncher(cmd *exec.Cmd) error {
+	h.exeMu.RLock()
+	defer h.exeMu.RUnlock()
+	if h.exeClosed {
+		return ErrClosed
+	}
+	return cmd.Start()
+}
+
 // launch starts sb's agent: under bubblewrap (its namespaces, uid,
 // seccomp filter and cgroup) when the host isolates, else as a plain
 // child. It returns once the agent reported ready.
@@ -169,7 +180,7 @@ func (h *Host) launch(sb *sandbox) (*sandboxAgent, error) {
 	ag := &sandboxAgent{conn: &frameConn{c: c.(*net.UnixConn)}, cmd: cmd, exited: make(chan struct{}),
 		pending: map[uint64]chan startReply{}, exits: map[int]chan int{}}
 	cmd.Stderr = &limitedWriter{w: &ag.stderr, n: 4096}
-	err = cmd.Start()
+	err = h.startLauncher(cmd)
 	closeAll(extra...) // the launcher holds its own copies
 	if err != nil {
 		c.Close()
