@@ -22,7 +22,7 @@ import (
 // onto the broker's own (create = acquire for the thread in metadata,
 // kill = release, pause = release paused, list = the tenant's own); calls
 // the broker cannot honour answer E2B's error shape, never a silent
-// success. The README's "E2B SDK compatibility" table is the mapping.
+// success. The guide's table (docs/clients.md#e2b-sdks) is the mapping.
 const (
 	// RouteE2BConnect and RouteE2BConnectV2 are E2B's connect, in the form
 	// of E2B's OpenAPI spec and the one the SDKs send (declared in the

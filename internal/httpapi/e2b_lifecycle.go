@@ -233,10 +233,8 @@ func (h *handler) e2bRelease(ctx context.Context, r *request, route, id string, 
 	return events.APIGatewayV2HTTPResponse{StatusCode: http.StatusNoContent, Headers: map[string]string{"Cache-Control": "no-store"}}
 }
 
-// e2bKeepAlive is set timeout and refresh. The lease's length is the
-// deployment's until renewal lands: for the tenant's active sandbox both
-// answer success and change nothing; this one function is where renewal
-// will be called.
+// e2bKeepAlive is set timeout and refresh: a renewal of the tenant's
+// active sandbox (204); 404 when it is not running.
 func (h *handler) e2bKeepAlive(ctx context.Context, r *request, route, id string, body []byte) events.APIGatewayV2HTTPResponse {
 	field := "timeout"
 	if route == e2bRouteRefresh {

@@ -191,5 +191,5 @@ func e2bNotOffered(ev events.APIGatewayV2HTTPRequest) string {
 	if why == "" {
 		why = "not an E2B call sandbox-broker serves"
 	}
-	return fmt.Sprintf("%s %s: %s; see the README's \"E2B SDK compatibility\"", method(ev), path, why)
+	return fmt.Sprintf("%s %s: %s; see docs/clients.md#e2b-sdks", method(ev), path, why)
 }
