@@ -101,6 +101,12 @@ func TestErrorTableIsWhatTheAdapterAnswers(t *testing.T) {
 		{"bad thread", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
 			return &fakeBroker{}, event(RouteAcquire, "/v1/sandboxes/acquire", `{"user_id":"u","thread_id":"a b"}`, "acme", nil)
 		}},
+		{"bad ticket", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
+			return acquire(&core.ValidationError{Field: "ticket", Message: "must be the ticket of an earlier waiting answer for this thread"})
+		}},
+		{"bad renewal seconds", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
+			return &fakeBroker{}, event(RouteRenew, "/v1/sandboxes/sb1/renew", `{"seconds":0}`, "acme", map[string]string{"id": "sb1"})
+		}},
 		{"bad sandbox id", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
 			return &fakeBroker{}, event(RouteGet, "/v1/sandboxes/a.b", "", "acme", map[string]string{"id": "a.b"})
 		}},
