@@ -273,6 +273,10 @@ var Parameters = []Parameter{
 		Description: "Paused sandboxes the deployment may keep (empty = 10 x SandboxReplicas)."},
 	{Name: "SandboxPausedTtlSeconds", Env: config.EnvPausedTTLSeconds, Default: "604800", AllowedPattern: `^[1-9][0-9]*$`,
 		Description: "How long a sandbox may stay paused before it is destroyed."},
+	{Name: ParamTenantUsage, Env: config.EnvTenantUsage, Default: string(core.TenantUsageMetrics),
+		AllowedValues: []string{string(core.TenantUsageMetrics), string(core.TenantUsageEvents)},
+		Description: "Where per-tenant usage goes: metrics (CloudWatch metrics per tenant, about $0.60 per active tenant a month, " +
+			"and the lifecycle events) or events (the events only; the usage metrics keep the deployment's totals)."},
 	{Name: "SandboxProvider", Env: config.EnvSandboxProvider, Default: config.ProviderE2B, AllowedValues: config.ProviderNames,
 		Description: "Sandbox provider: E2B, or a Kubernetes sandbox provisioner (PROVISIONER_URL)."},
 	{Name: "ProvisionerUrl", Env: config.EnvProvisionerURL, Default: "",
@@ -340,6 +344,10 @@ var NotDeployed = map[string]string{
 	config.EnvS3Endpoint:    "local S3 stand-ins only (devstack)",
 	config.EnvEndpoint:      "local AWS stand-ins only (devstack)",
 }
+
+// ParamTenantUsage is the parameter saying where per-tenant usage goes
+// (SANDBOX_TENANT_USAGE).
+const ParamTenantUsage = "SandboxTenantUsage"
 
 // ParamEventBusName is the parameter naming the event bus (EVENT_BUS_NAME);
 // the functions that publish (PublishesEvents) may publish to that bus

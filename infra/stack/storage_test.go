@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
 )
 
 // TestNumberParameters: both templates have the storage and API
@@ -55,4 +57,42 @@ func TestOutputLifecycle(t *testing.T) {
 	if cond != `{"Fn::Not":[{"Fn::Equals":[{"Ref":"`+ParamOutputExpirationDays+`"},"0"]}]}` {
 		t.Errorf("HasOutputExpiration = %s", cond)
 	}
+}
+
+// TestTenantUsageParameter: both templates have SandboxTenantUsage (metrics
+// or events, default metrics, the same description) and pass it to every
+// function as SANDBOX_TENANT_USAGE.
+func TestTenantUsageParameter(t *testing.T) {
+	sam := samRaw(t)
+	cdk := defaultSynth(t).tpl
+	want := fmt.Sprintf("String metrics [metrics events] %s", paramSpec(t, ParamTenantUsage).Description)
+	for name, tpl := range map[string]map[string]any{"template.yaml": sam, "CDK stack": cdk} {
+		p, _ := tpl["Parameters"].(map[string]any)[ParamTenantUsage].(map[string]any)
+		if got := fmt.Sprintf("%v %v %v %v", p["Type"], p["Default"], p["AllowedValues"], p["Description"]); got != want {
+			t.Errorf("%s %s = %s, want %s", name, ParamTenantUsage, got, want)
+		}
+	}
+	ref := str(map[string]any{"Ref": ParamTenantUsage})
+	globals := sam["Globals"].(map[string]any)["Function"].(map[string]any)["Environment"].(map[string]any)["Variables"].(map[string]any)
+	if got := str(globals[config.EnvTenantUsage]); got != ref {
+		t.Errorf("template.yaml Globals %s = %s, want %s", config.EnvTenantUsage, got, ref)
+	}
+	for id, r := range defaultSynth(t).Resources("AWS::Lambda::Function") {
+		vars, _ := props(r)["Environment"].(map[string]any)["Variables"].(map[string]any)
+		if got := str(vars[config.EnvTenantUsage]); got != ref {
+			t.Errorf("CDK %s %s = %s, want %s", id, config.EnvTenantUsage, got, ref)
+		}
+	}
+}
+
+// paramSpec is the Parameter named name.
+func paramSpec(t *testing.T, name string) Parameter {
+	t.Helper()
+	for _, p := range Parameters {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("no parameter %s", name)
+	return Parameter{}
 }

@@ -40,6 +40,10 @@ const (
 	EnvPauseAfterSeconds = "SANDBOX_PAUSE_AFTER_SECONDS"
 	EnvMaxPaused         = "SANDBOX_MAX_PAUSED"
 	EnvPausedTTLSeconds  = "SANDBOX_PAUSED_TTL_SECONDS"
+	// EnvTenantUsage is where per-tenant usage goes: "metrics" (default:
+	// CloudWatch metrics per tenant, and the lifecycle events) or "events"
+	// (the events only; the usage metrics are the deployment's totals).
+	EnvTenantUsage = "SANDBOX_TENANT_USAGE"
 	// EnvAdminTenants lists the tenants (comma-separated) allowed on the
 	// /v1/admin routes (drain, undrain).
 	EnvAdminTenants = "BROKER_ADMIN_TENANTS"
@@ -121,7 +125,7 @@ var knownSandboxVars = map[string]bool{
 	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true, EnvMaxLifetimeSeconds: true,
 	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
 	EnvPoolSize: true, EnvPoolMaxAgeSeconds: true, EnvPoolParked: true,
-	EnvPauseAfterSeconds: true, EnvMaxPaused: true, EnvPausedTTLSeconds: true,
+	EnvPauseAfterSeconds: true, EnvMaxPaused: true, EnvPausedTTLSeconds: true, EnvTenantUsage: true,
 }
 
 // E2B configures the E2B provider client.
@@ -295,6 +299,12 @@ func Parse(environ []string) (Config, []string, error) {
 	s.PauseAfter = p.pauseAfter(s.PauseAfter)
 	s.MaxPaused = p.intVar(EnvMaxPaused, 0, 1) // unset: 10 × replicas (core.Settings.PausedLimit)
 	s.PausedTTL = p.seconds(EnvPausedTTLSeconds, s.PausedTTL)
+	s.TenantUsage = core.TenantUsage(p.str(EnvTenantUsage, string(s.TenantUsage)))
+	switch s.TenantUsage {
+	case core.TenantUsageMetrics, core.TenantUsageEvents:
+	default:
+		p.fail(EnvTenantUsage, "must be %s or %s, got %q", core.TenantUsageMetrics, core.TenantUsageEvents, s.TenantUsage)
+	}
 	if !deploymentPattern.MatchString(s.Deployment) {
 		p.fail(EnvDeploymentID, "must match %s, got %q", deploymentPattern, s.Deployment)
 	}

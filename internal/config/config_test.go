@@ -52,15 +52,16 @@ func TestParseOverrides(t *testing.T) {
 		"SANDBOX_TEMPLATE=python", "SANDBOX_DEPLOYMENT_ID=dev-1", "SANDBOX_MAX_PER_TENANT=7", "SANDBOX_MAX_WAITERS_PER_TENANT=4",
 		"E2B_API_URL=http://127.0.0.1:3000/", "E2B_SANDBOX_URL=http://127.0.0.1:3001",
 		"OUTPUT_PREFIX=/outputs/", "LOG_LEVEL=debug", "AWS_ENDPOINT_URL_S3=http://127.0.0.1:9000",
+		"SANDBOX_TENANT_USAGE=events",
 	))
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
 	s := c.Settings
 	got := []any{s.Replicas, s.Policy, s.AcquireTimeout, s.BurstLimit, s.IdleTimeout, s.ActiveTimeout, s.Template, s.Deployment,
-		s.MaxPerTenant, s.MaxWaitersPerTenant, c.E2B.APIURL, c.E2B.SandboxURL, c.OutputPrefix, c.LogLevel, c.S3PathStyle}
+		s.MaxPerTenant, s.MaxWaitersPerTenant, c.E2B.APIURL, c.E2B.SandboxURL, c.OutputPrefix, c.LogLevel, c.S3PathStyle, s.TenantUsage}
 	want := []any{1, core.PolicyReject, 5 * time.Second, 2, 60 * time.Second, 120 * time.Second, "python", "dev-1",
-		7, 4, "http://127.0.0.1:3000", "http://127.0.0.1:3001", "outputs", slog.LevelDebug, true}
+		7, 4, "http://127.0.0.1:3000", "http://127.0.0.1:3001", "outputs", slog.LevelDebug, true, core.TenantUsageEvents}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v\nwant %v", got, want)
 	}
@@ -104,6 +105,7 @@ func TestParseInvalidNamesVariable(t *testing.T) {
 		{"pause after word", base("SANDBOX_PAUSE_AFTER_SECONDS=never"), "SANDBOX_PAUSE_AFTER_SECONDS"},
 		{"max paused zero", base("SANDBOX_MAX_PAUSED=0"), "SANDBOX_MAX_PAUSED"},
 		{"paused ttl zero", base("SANDBOX_PAUSED_TTL_SECONDS=0"), "SANDBOX_PAUSED_TTL_SECONDS"},
+		{"tenant usage unknown", base("SANDBOX_TENANT_USAGE=logs"), "SANDBOX_TENANT_USAGE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

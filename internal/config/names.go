@@ -23,7 +23,7 @@ func VariableNames() []string {
 		EnvPoolRefillFunction,
 		EnvPoolParked,
 		EnvDeploymentID, EnvMaxPerUser, EnvMaxPerTenant, EnvMaxWaitersPerTenant, EnvAdminTenants, EnvTenantClaim,
-		EnvPauseAfterSeconds, EnvMaxPaused, EnvPausedTTLSeconds,
+		EnvPauseAfterSeconds, EnvMaxPaused, EnvPausedTTLSeconds, EnvTenantUsage,
 		EnvE2BAPIURL,
 		EnvE2BSandboxURL,
 		EnvE2BAPIKey,

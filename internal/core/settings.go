@@ -67,7 +67,26 @@ type Settings struct {
 	// PausedTTL is how long a sandbox may stay paused before reconcile
 	// destroys it (> 0).
 	PausedTTL time.Duration
+	// TenantUsage is where per-tenant usage goes (usage.go): "" is
+	// TenantUsageMetrics.
+	TenantUsage TenantUsage
 }
+
+// TenantUsage says how per-tenant usage is published. Each tenant's pair
+// of usage metrics is a pair of CloudWatch custom metrics, billed per
+// month; its lifecycle events carry the same seconds at no fixed cost.
+type TenantUsage string
+
+// Where per-tenant usage goes.
+const (
+	// TenantUsageMetrics: usage metrics per tenant (dimensions Deployment
+	// and Tenant), and the lifecycle events.
+	TenantUsageMetrics TenantUsage = "metrics"
+	// TenantUsageEvents: per tenant only in the lifecycle events and the
+	// usage log lines; the usage metrics are the deployment's totals
+	// (dimension Deployment).
+	TenantUsageEvents TenantUsage = "events"
+)
 
 // PauseNever is the PauseAfter that never pauses.
 const PauseNever = -time.Second
@@ -97,6 +116,7 @@ func DefaultSettings() Settings {
 		Home:                "/home/user",
 		PauseAfter:          300 * time.Second,
 		PausedTTL:           7 * 24 * time.Hour,
+		TenantUsage:         TenantUsageMetrics,
 	}
 }
 
@@ -162,6 +182,11 @@ func (s Settings) Validate() error {
 	}
 	if s.MaxLifetime < 0 || (s.MaxLifetime > 0 && s.MaxLifetime < s.ActiveTimeout) {
 		errs = append(errs, fmt.Errorf("MaxLifetime: must be 0 or at least ActiveTimeout (%s), got %s", s.ActiveTimeout, s.MaxLifetime))
+	}
+	switch s.TenantUsage {
+	case "", TenantUsageMetrics, TenantUsageEvents:
+	default:
+		errs = append(errs, fmt.Errorf("TenantUsage: must be %s or %s, got %q", TenantUsageMetrics, TenantUsageEvents, s.TenantUsage))
 	}
 	if s.BurstLimit < 0 {
 		errs = append(errs, fmt.Errorf("BurstLimit: must be >= 0, got %d", s.BurstLimit))

@@ -25,3 +25,18 @@ func TestMaxWaitersPerTenantBounds(t *testing.T) {
 		}
 	}
 }
+
+// TenantUsage is one of its two values; empty reads as metrics.
+func TestTenantUsageValues(t *testing.T) {
+	for v, ok := range map[core.TenantUsage]bool{"": true, core.TenantUsageMetrics: true, core.TenantUsageEvents: true, "logs": false} {
+		s := core.DefaultSettings()
+		s.TenantUsage = v
+		err := s.Validate()
+		if got := err == nil; got != ok {
+			t.Errorf("TenantUsage %q: Validate() = %v, want ok %t", v, err, ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "TenantUsage:") {
+			t.Errorf("TenantUsage %q: Validate() = %v, want an error naming TenantUsage", v, err)
+		}
+	}
+}

@@ -10,7 +10,9 @@ import (
 // platform can bill its own tenants (and see what pausing saves). Each is
 // written (Seconds) on every metering write of a record (Record.MeteredAt)
 // with the dimensions Deployment and Tenant: summed over any period they
-// are the tenant's running and paused sandbox-seconds in it.
+// are the tenant's running and paused sandbox-seconds in it. Under
+// TenantUsageEvents the dimension is Deployment alone (the deployment's
+// totals), and a tenant's usage is in its events and usage log lines.
 const (
 	// MetricRunningSeconds: time sandboxes ran (every state but paused:
 	// active, warm, and the transitions and tombstones around them).
@@ -39,7 +41,7 @@ func usageMetric(s State, d time.Duration) Metric {
 }
 
 // meter writes the usage rec's last write accounted for: one EMF line
-// (dimensions Deployment and Tenant) with the seconds of
+// (dimensions as usageAttrs says) with the seconds of
 // [PrevMeteredAt, MeteredAt) as running or paused time, and the sandbox,
 // thread and interval as plain members (for per-sandbox audits; final
 // marks the sandbox's last interval, metered when its slot is freed).
@@ -70,12 +72,23 @@ func (e *Engine) meterFinal(ctx context.Context, rec Record, final bool) {
 	if metered == StatePooled && rec.Slots.Paused {
 		metered = StatePaused // a member parked paused: its time in the pool was paused time
 	}
-	attrs := EMFAttrsWith([]Dimension{{DimensionDeployment, e.s.Deployment}, {DimensionTenant, tenant}},
-		rec.MeteredAt, usageMetric(metered, d))
+	attrs := e.usageAttrs(tenant, rec.MeteredAt, usageMetric(metered, d))
 	attrs = append(attrs, slog.String("sandbox_id", rec.SandboxID), slog.String("user_id", rec.User),
 		slog.String("thread_id", rec.Thread), slog.String("state", string(rec.MeteredState)),
 		slog.Time("from", rec.PrevMeteredAt.UTC()), slog.Time("to", rec.MeteredAt.UTC()), slog.Bool("final", final))
 	logUnfiltered(ctx, e.log, slog.LevelInfo, "usage", rec.MeteredAt, attrs)
+}
+
+// usageAttrs are the EMF attributes of one usage line of tenant: under
+// the dimensions Deployment and Tenant, or, under TenantUsageEvents,
+// Deployment alone with Tenant a plain member (a tenant's pair of custom
+// metrics costs per month; the log line still names the tenant).
+func (e *Engine) usageAttrs(tenant string, at time.Time, m Metric) []slog.Attr {
+	dep := Dimension{DimensionDeployment, e.s.Deployment}
+	if e.s.TenantUsage != TenantUsageEvents {
+		return EMFAttrsWith([]Dimension{dep, {DimensionTenant, tenant}}, at, m)
+	}
+	return append(EMFAttrsWith([]Dimension{dep}, at, m), slog.String(DimensionTenant, tenant))
 }
 
 // meteredStore is the engine's Store: every write that moves a record's

@@ -41,8 +41,15 @@ type usageLine struct {
 }
 
 // usageLines parses the usage lines of a JSON log, checking each is a
-// well-formed EMF record of one usage metric.
+// well-formed EMF record of one usage metric under [Deployment Tenant].
 func usageLines(t *testing.T, logs []byte) []usageLine {
+	t.Helper()
+	return usageLinesUnder(t, logs, "[[Deployment Tenant]]")
+}
+
+// usageLinesUnder is usageLines with the dimension sets dims (as
+// fmt.Sprint prints them).
+func usageLinesUnder(t *testing.T, logs []byte, dims string) []usageLine {
 	t.Helper()
 	var out []usageLine
 	sc := bufio.NewScanner(bytes.NewReader(logs))
@@ -56,9 +63,9 @@ func usageLines(t *testing.T, logs []byte) []usageLine {
 			t.Fatalf("usage line %s: %v", sc.Bytes(), err)
 		}
 		d := l.AWS.CloudWatchMetrics
-		if len(d) != 1 || d[0].Namespace != core.MetricsNamespace || fmt.Sprint(d[0].Dimensions) != "[[Deployment Tenant]]" ||
+		if len(d) != 1 || d[0].Namespace != core.MetricsNamespace || fmt.Sprint(d[0].Dimensions) != dims ||
 			len(d[0].Metrics) != 1 || d[0].Metrics[0].Unit != "Seconds" || (l.Running == nil) == (l.Paused == nil) {
-			t.Fatalf("usage line %s: want one Seconds metric under [Deployment Tenant]", sc.Bytes())
+			t.Fatalf("usage line %s: want one Seconds metric under %s", sc.Bytes(), dims)
 		}
 		out = append(out, l)
 	}
@@ -259,5 +266,48 @@ func TestUsageMeteringOfPoolMembers(t *testing.T) {
 		if len(by) != 1 || by[core.UsagePoolTenant] < 50 {
 			t.Errorf("unclaimed member %s metered %v, want >= 50 s, all the pool's", id, by)
 		}
+	}
+}
+
+// TestTenantUsageSwitch: under TenantUsageEvents the usage lines are
+// metrics of the deployment alone (no Tenant dimension, so no custom
+// metrics per tenant), still naming the tenant as a plain member, and the
+// lifecycle events carry the tenant's seconds; under TenantUsageMetrics
+// the same cycle is metered under [Deployment Tenant].
+func TestTenantUsageSwitch(t *testing.T) {
+	for usage, dims := range map[core.TenantUsage]string{
+		core.TenantUsageMetrics: "[[Deployment Tenant]]",
+		core.TenantUsageEvents:  "[[Deployment]]",
+	} {
+		t.Run(string(usage), func(t *testing.T) {
+			var logs bytes.Buffer
+			events := &eventLog{}
+			h := newHarness(t, func(s *core.Settings) { s.TenantUsage = usage },
+				core.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))), core.WithEventSink(events))
+			rec := h.acquire(t, key("t1"), core.SourceCreated)
+			h.clock.advance(40 * time.Second)
+			if _, err := h.eng.Release(context.Background(), "acme", rec.SandboxID); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			lines := usageLinesUnder(t, logs.Bytes(), dims)
+			var metered float64
+			for _, l := range lines {
+				if l.Tenant != "acme" || l.Deployment != "test" || l.Running == nil {
+					t.Errorf("usage line %+v: want running time naming tenant acme in deployment test", l)
+					continue
+				}
+				metered += *l.Running
+			}
+			if metered < 40 {
+				t.Errorf("metered %.3f s, want at least the 40 s the sandbox ran", metered)
+			}
+			all := events.all()
+			if len(all) == 0 {
+				t.Fatal("no lifecycle events")
+			}
+			if last := all[len(all)-1]; last.Kind != core.EventReleased || last.Tenant != "acme" || last.RunningSeconds < 40 {
+				t.Errorf("last event %+v: want released, tenant acme, at least 40 running seconds", last)
+			}
+		})
 	}
 }
