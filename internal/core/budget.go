@@ -21,7 +21,10 @@ import (
 //     is derived from it, so none outlives what is left.
 //
 // Without a deadline (tests, tools) nothing is reserved and settle steps
-// still get settleStep each.
+// still get settleStep each. Behind API Gateway the deadline is the
+// earlier of the function's and the request's arrival at the gateway plus
+// 29 s (internal/httpapi): the gateway's 30 s count a cold start's init,
+// the function's timeout does not.
 //
 // Worst case, for a function timeout T (29 s in template.yaml): the answer
 // is written by T-1 s; work stops at T-7 s; an acquire that gives up on a

@@ -74,7 +74,7 @@ func NewHandler(b core.Broker, logger *slog.Logger, opts ...Option) Handler {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	h := &handler{broker: b, logger: logger}
+	h := &handler{broker: b, logger: logger, now: time.Now}
 	for _, o := range opts {
 		o(h)
 	}
@@ -95,6 +95,8 @@ type handler struct {
 	// e2bTemplate is the deployment's template, the one E2B creates may
 	// name (WithE2BTemplate).
 	e2bTemplate string
+	// now is the clock the answer deadline is checked against (WithClock).
+	now func() time.Time
 }
 
 // request is the per-request state threaded through the route functions.
@@ -152,6 +154,8 @@ func (h *handler) serve(ctx context.Context, ev events.APIGatewayV2HTTPRequest) 
 			core.LogEMF(ctx, h.logger, h.deployment, time.Now(), r.metrics...)
 		}
 	}()
+	ctx, cancel := h.withAnswerDeadline(ctx, ev)
+	defer cancel()
 	return h.dispatch(ctx, r), nil
 }
 
