@@ -154,9 +154,10 @@ func (h *handler) serve(ctx context.Context, ev events.APIGatewayV2HTTPRequest) 
 			core.LogEMF(ctx, h.logger, h.deployment, time.Now(), r.metrics...)
 		}
 	}()
-	ctx, cancel := h.withAnswerDeadline(ctx, ev)
+	// The log line above keeps ctx; the broker gets the answer deadline.
+	bounded, cancel := h.withAnswerDeadline(ctx, ev)
 	defer cancel()
-	return h.dispatch(ctx, r), nil
+	return h.dispatch(bounded, r), nil
 }
 
 func method(ev events.APIGatewayV2HTTPRequest) string {
