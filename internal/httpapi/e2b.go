@@ -132,8 +132,7 @@ func (h *handler) serveE2B(ctx context.Context, r *request, route, id string, bo
 	case e2bRouteTimeout, e2bRouteRefresh:
 		return h.e2bKeepAlive(ctx, r, route, id, body)
 	case e2bRouteMetrics:
-		return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound,
-			"sandbox metrics are not offered by sandbox-broker yet: the provider's figures are not passed through", 0)
+		return h.e2bMetrics(ctx, r, id, body)
 	}
 	return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound, e2bNotOffered(r.ev), 0)
 }

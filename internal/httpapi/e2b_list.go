@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
 // e2bListMax is the largest page of E2B's list (E2B's own bound).
@@ -155,6 +157,39 @@ func (h *handler) e2bList(ctx context.Context, r *request, v1 bool) events.APIGa
 		resp.Headers["X-Next-Token"] = next
 	}
 	return resp
+}
+
+// e2bMetrics is get metrics: the provider's figures for the tenant's own
+// sandbox, passed through; start and end are E2B's Unix seconds.
+func (h *handler) e2bMetrics(ctx context.Context, r *request, id string, body []byte) events.APIGatewayV2HTTPResponse {
+	if err := decodeEmpty(body); err != nil {
+		return r.e2bInvalid(err)
+	}
+	q := queryOf(r.ev)
+	var at [2]time.Time
+	for i, name := range []string{"start", "end"} {
+		if s := q.Get(name); s != "" {
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil || n < 0 {
+				return r.e2bInvalid(&core.ValidationError{Field: name, Message: "must be a time in Unix seconds"})
+			}
+			at[i] = time.Unix(n, 0).UTC()
+		}
+	}
+	ms, err := h.broker.Metrics(ctx, r.tenant, id, at[0], at[1])
+	if errors.Is(err, core.ErrNotOffered) {
+		return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound,
+			"sandbox metrics are not offered by this deployment's sandbox provider", 0)
+	}
+	if err != nil {
+		return r.e2bFail(err, id)
+	}
+	out := make([]e2bapi.SandboxMetric, len(ms))
+	for i, m := range ms {
+		out[i] = e2bapi.SandboxMetric{Timestamp: m.Timestamp.UTC(), TimestampUnix: m.Timestamp.Unix(), CPUCount: m.CPUCount,
+			CPUUsedPct: m.CPUUsedPct, MemUsed: m.MemUsed, MemTotal: m.MemTotal, MemCache: m.MemCache, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal}
+	}
+	return r.json(http.StatusOK, out)
 }
 
 // queryOf is the request's query, from its raw form when present (it

@@ -2,7 +2,9 @@ package httpapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -41,8 +43,8 @@ func TestE2BRoutes(t *testing.T) {
 		{"create waiting", "POST", "/e2b/v2/sandboxes", `{"metadata":{"user_id":"u","thread_id":"t"}}`, core.Record{}, core.AcquireResult{Waiting: &core.Waiting{Ticket: "tk", RetryAfter: 2 * time.Second}}, nil, 429, []string{"Acquire acme/u/t"}},
 		{"connect a warm sandbox", "POST", "/e2b/v2/sandboxes/sb1/connect", `{}`, warm, core.AcquireResult{Record: active, Source: core.SourceReclaimed}, nil, 201, []string{"Get acme sb1", "Acquire acme/u/t"}},
 		{"resume a warm sandbox", "POST", "/e2b/sandboxes/sb1/resume", ``, warm, core.AcquireResult{Record: active}, nil, 201, []string{"Get acme sb1", "Acquire acme/u/t"}},
-		{"kill", "DELETE", "/e2b/sandboxes/sb1", ``, active, core.AcquireResult{}, nil, 204, []string{"Get acme sb1", "ReleaseWith acme sb1 destroy=false pause=false"}},
-		{"kill a one-off", "DELETE", "/e2b/sandboxes/sb1", ``, oneoff, core.AcquireResult{}, nil, 204, []string{"Get acme sb1", "ReleaseWith acme sb1 destroy=true pause=false"}},
+		{"kill", "DELETE", "/e2b/sandboxes/sb1", ``, active, core.AcquireResult{}, nil, 204, []string{"Get acme sb1", "ReleaseWith acme sb1 destroy=false pause=true"}},
+		{"kill a one-off", "DELETE", "/e2b/sandboxes/sb1", ``, oneoff, core.AcquireResult{}, nil, 204, []string{"Get acme sb1", "ReleaseWith acme sb1 destroy=true pause=true"}},
 		{"kill again", "DELETE", "/e2b/sandboxes/sb1", ``, warm, core.AcquireResult{}, nil, 404, []string{"Get acme sb1"}},
 		{"kill another tenant's", "DELETE", "/e2b/sandboxes/sb1", ``, core.Record{}, core.AcquireResult{}, core.ErrNotFound, 404, []string{"Get acme sb1"}},
 		{"pause", "POST", "/e2b/sandboxes/sb1/pause", `{}`, active, core.AcquireResult{}, nil, 204, []string{"Get acme sb1", "ReleaseWith acme sb1 destroy=false pause=true"}},
@@ -54,7 +56,6 @@ func TestE2BRoutes(t *testing.T) {
 		{"refresh", "POST", "/e2b/sandboxes/sb1/refreshes", `{"duration":60}`, active, core.AcquireResult{}, nil, 204, []string{"Renew acme sb1 1m0s"}},
 		{"info", "GET", "/e2b/sandboxes/sb1", ``, warm, core.AcquireResult{}, nil, 200, []string{"Get acme sb1"}},
 		{"info, gone", "GET", "/e2b/sandboxes/sb1", ``, e2bRecord(core.StateGone, core.ProtocolEnvd, "http://x"), core.AcquireResult{}, nil, 404, []string{"Get acme sb1"}},
-		{"metrics", "GET", "/e2b/sandboxes/sb1/metrics", ``, active, core.AcquireResult{}, nil, 501, nil},
 		{"snapshots", "POST", "/e2b/sandboxes/sb1/snapshots", `{}`, active, core.AcquireResult{}, nil, 501, nil},
 		{"volumes", "GET", "/e2b/volumes", ``, active, core.AcquireResult{}, nil, 501, nil},
 	}
@@ -130,6 +131,49 @@ func TestE2BList(t *testing.T) {
 			}
 			if strings.Join(ids, ",") != tt.wantIDs || resp.Headers["X-Next-Token"] != "page2" {
 				t.Errorf("listed %v, next %q; want %s, page2", ids, resp.Headers["X-Next-Token"], tt.wantIDs)
+			}
+		})
+	}
+}
+
+// TestE2BMetrics: get metrics passes the provider's figures for the
+// tenant's own sandbox through in E2B's shape; another tenant's sandbox
+// is E2B's not-found, a provider without figures E2B's 501.
+func TestE2BMetrics(t *testing.T) {
+	at := time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)
+	figures := []core.SandboxMetric{{Timestamp: at, CPUCount: 2, CPUUsedPct: 12.5, MemUsed: 1 << 20, MemTotal: 1 << 30, DiskUsed: 4096, DiskTotal: 1 << 31}}
+	tests := []struct {
+		name, query string
+		err         error
+		wantStatus  int
+		wantCalls   []string
+	}{
+		{"own sandbox", "", nil, 200, []string{"Metrics acme sb1 0 0"}},
+		{"an interval", "start=1700000000&end=1700000060", nil, 200, []string{"Metrics acme sb1 1700000000 1700000060"}},
+		{"another tenant's", "", core.ErrNotFound, 404, []string{"Metrics acme sb1 0 0"}},
+		{"gone at the provider", "", fmt.Errorf("read: %w", core.ErrSandboxGone), 404, []string{"Metrics acme sb1 0 0"}},
+		{"provider without figures", "", core.ErrNotOffered, 501, []string{"Metrics acme sb1 0 0"}},
+		{"provider down", "", fmt.Errorf("x: %w", core.ErrProviderUnavailable), 503, []string{"Metrics acme sb1 0 0"}},
+		{"bad start", "start=yesterday", nil, 400, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := &fakeBroker{metrics: figures, err: tt.err}
+			ev := event(RouteE2BOther, "/e2b/sandboxes/sb1/metrics", "", "acme", map[string]string{"proxy": "sandboxes/sb1/metrics"})
+			ev.RequestContext.HTTP.Method = "GET"
+			ev.RawQueryString = tt.query
+			resp := serveE2BEvent(t, b, ev, tt.wantStatus, tt.wantCalls)
+			if tt.wantStatus != http.StatusOK {
+				return
+			}
+			var got []e2bapi.SandboxMetric
+			if err := json.Unmarshal([]byte(resp.Body), &got); err != nil {
+				t.Fatal(err)
+			}
+			want := []e2bapi.SandboxMetric{{Timestamp: at, TimestampUnix: at.Unix(), CPUCount: 2, CPUUsedPct: 12.5, MemUsed: 1 << 20,
+				MemTotal: 1 << 30, DiskUsed: 4096, DiskTotal: 1 << 31}}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("metrics %+v, want %+v", got, want)
 			}
 		})
 	}

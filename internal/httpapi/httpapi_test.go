@@ -31,8 +31,10 @@ type fakeBroker struct {
 	record   core.Record
 	capacity core.CapacityStatus
 	// list and next answer Sandboxes.
-	list     []core.Record
-	next     string
+	list []core.Record
+	next string
+	// metrics answer Metrics.
+	metrics  []core.SandboxMetric
 	err      error
 	panicMsg string
 }
@@ -76,6 +78,16 @@ func (f *fakeBroker) Renew(_ context.Context, tenant, id string, d time.Duration
 }
 func (f *fakeBroker) Get(_ context.Context, tenant, id string) (core.Record, error) {
 	return f.record, f.note("Get %s %s", tenant, id)
+}
+func (f *fakeBroker) Metrics(_ context.Context, tenant, id string, start, end time.Time) ([]core.SandboxMetric, error) {
+	return f.metrics, f.note("Metrics %s %s %d %d", tenant, id, unixOrZero(start), unixOrZero(end))
+}
+
+func unixOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.Unix()
 }
 func (f *fakeBroker) Capacity(context.Context) (core.CapacityStatus, error) {
 	return f.capacity, f.note("Capacity")
