@@ -84,56 +84,88 @@ func TestE2BRoutes(t *testing.T) {
 	}
 }
 
-// TestE2BList: list pages the tenant's own sandboxes, filters them by
-// the double-encoded metadata and by state, and hands on the next page's
-// token in X-Next-Token.
+// TestE2BList: list reads the tenant's own sandboxes (every store page),
+// filters them by the double-encoded metadata and by state, orders them
+// by start time (newest first unless order=asc) and pages the result
+// with X-Next-Token.
 func TestE2BList(t *testing.T) {
-	a := e2bRecord(core.StateActive, core.ProtocolEnvd, "http://x")
-	w := e2bRecord(core.StateWarm, core.ProtocolEnvd, "http://x")
-	w.SandboxID, w.Thread = "sb2", "t2"
+	t0 := time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)
+	rec := func(id, thread string, st core.State, created time.Duration) core.Record {
+		r := e2bRecord(st, core.ProtocolEnvd, "http://x")
+		r.SandboxID, r.Thread, r.CreatedAt = id, thread, t0.Add(created)
+		return r
+	}
+	pages := [][]core.Record{{rec("sb1", "t", core.StateActive, time.Minute), rec("sb2", "t2", core.StateWarm, 3*time.Minute)},
+		{rec("sb3", "t3", core.StateActive, 2*time.Minute)}}
+	both := []string{`Sandboxes acme "" 100`, `Sandboxes acme "p1" 100`}
 	tests := []struct {
 		name, query string
 		wantIDs     string
-		wantCall    string
+		wantCalls   []string
 		wantStatus  int
 	}{
-		{"all", "", "sb1,sb2", `Sandboxes acme "" 100`, 200},
-		{"metadata (double-encoded)", "metadata=" + "thread_id%3Dt2%26user_id%3Du", "sb2", `Sandboxes acme "" 100`, 200},
-		{"running only", "state=running&limit=5&nextToken=c1", "sb1", `Sandboxes acme "c1" 5`, 200},
-		{"paused only (repeated)", "state=paused&state=paused", "sb2", `Sandboxes acme "" 100`, 200},
-		{"bad state", "state=killed", "", "", 400},
-		{"bad limit", "limit=1000", "", "", 400},
+		{"all, newest first", "", "sb2,sb3,sb1", both, 200},
+		{"oldest first", "order=asc", "sb1,sb3,sb2", both, 200},
+		{"newest first, asked", "order=desc", "sb2,sb3,sb1", both, 200},
+		{"metadata (double-encoded)", "metadata=" + "thread_id%3Dt2%26user_id%3Du", "sb2", both, 200},
+		{"running only", "state=running", "sb3,sb1", both, 200},
+		{"paused only (repeated)", "state=paused&state=paused", "sb2", both, 200},
+		{"bad state", "state=killed", "", nil, 400},
+		{"bad limit", "limit=1000", "", nil, 400},
+		{"bad order", "order=newest", "", nil, 400},
+		{"bad token", "nextToken=c1", "", nil, 400},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := &fakeBroker{list: []core.Record{a, w}, next: "page2"}
-			ev := event(RouteE2BOther, "/e2b/v2/sandboxes", "", "acme", map[string]string{"proxy": "v2/sandboxes"})
-			ev.RequestContext.HTTP.Method = "GET"
-			ev.RawQueryString = tt.query
-			var calls []string
-			if tt.wantCall != "" {
-				calls = []string{tt.wantCall}
-			}
-			resp := serveE2BEvent(t, b, ev, tt.wantStatus, calls)
-			if tt.wantStatus != 200 {
-				return
-			}
-			var got []e2bapi.ListedSandbox
-			if err := json.Unmarshal([]byte(resp.Body), &got); err != nil {
-				t.Fatal(err)
-			}
-			var ids []string
-			for _, s := range got {
-				ids = append(ids, s.SandboxID)
-				if s.Metadata["user_id"] != "u" || s.Metadata["thread_id"] == "" || s.EnvdVersion == "" {
-					t.Errorf("listed %+v: want its thread in metadata", s)
-				}
-			}
-			if strings.Join(ids, ",") != tt.wantIDs || resp.Headers["X-Next-Token"] != "page2" {
-				t.Errorf("listed %v, next %q; want %s, page2", ids, resp.Headers["X-Next-Token"], tt.wantIDs)
+			ids, next := listE2B(t, &fakeBroker{pages: pages}, tt.query, tt.wantStatus, tt.wantCalls)
+			if tt.wantStatus == 200 && (strings.Join(ids, ",") != tt.wantIDs || next != "") {
+				t.Errorf("listed %v, next %q; want %s and no next page", ids, next, tt.wantIDs)
 			}
 		})
 	}
+	for order, want := range map[string]string{"asc": "sb1,sb3,sb2", "desc": "sb2,sb3,sb1"} {
+		var got []string
+		tok := ""
+		for range 4 {
+			q := "limit=1&order=" + order
+			if tok != "" {
+				q += "&nextToken=" + tok
+			}
+			ids, next := listE2B(t, &fakeBroker{pages: pages}, q, 200, both)
+			got = append(got, ids...)
+			if tok = next; tok == "" {
+				break
+			}
+		}
+		if strings.Join(got, ",") != want || tok != "" {
+			t.Errorf("order=%s, one a page: %v (last token %q), want %s", order, got, tok, want)
+		}
+	}
+}
+
+// listE2B serves GET /e2b/v2/sandboxes?query with b and returns the
+// listed ids and X-Next-Token.
+func listE2B(t *testing.T, b *fakeBroker, query string, wantStatus int, wantCalls []string) ([]string, string) {
+	t.Helper()
+	ev := event(RouteE2BOther, "/e2b/v2/sandboxes", "", "acme", map[string]string{"proxy": "v2/sandboxes"})
+	ev.RequestContext.HTTP.Method = "GET"
+	ev.RawQueryString = query
+	resp := serveE2BEvent(t, b, ev, wantStatus, wantCalls)
+	if wantStatus != 200 {
+		return nil, ""
+	}
+	var got []e2bapi.ListedSandbox
+	if err := json.Unmarshal([]byte(resp.Body), &got); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, s := range got {
+		ids = append(ids, s.SandboxID)
+		if s.Metadata["user_id"] != "u" || s.Metadata["thread_id"] == "" || s.EnvdVersion == "" {
+			t.Errorf("listed %+v: want its thread in metadata", s)
+		}
+	}
+	return ids, resp.Headers["X-Next-Token"]
 }
 
 // TestE2BMetrics: get metrics passes the provider's figures for the

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,9 +31,8 @@ type fakeBroker struct {
 	renew    core.RenewResult
 	record   core.Record
 	capacity core.CapacityStatus
-	// list and next answer Sandboxes.
-	list []core.Record
-	next string
+	// pages answer Sandboxes: cursor "" is the first, "p<i>" the i-th.
+	pages [][]core.Record
 	// metrics answer Metrics.
 	metrics  []core.SandboxMetric
 	err      error
@@ -64,7 +64,19 @@ func (f *fakeBroker) ReleaseWith(_ context.Context, tenant, id string, o core.Re
 	return f.release, f.note("ReleaseWith %s %s destroy=%v pause=%v", tenant, id, o.Destroy, o.Pause)
 }
 func (f *fakeBroker) Sandboxes(_ context.Context, tenant, cursor string, limit int) ([]core.Record, string, error) {
-	return f.list, f.next, f.note("Sandboxes %s %q %d", tenant, cursor, limit)
+	err := f.note("Sandboxes %s %q %d", tenant, cursor, limit)
+	i := 0
+	if cursor != "" {
+		i, _ = strconv.Atoi(strings.TrimPrefix(cursor, "p"))
+	}
+	if i >= len(f.pages) {
+		return nil, "", err
+	}
+	next := ""
+	if i+1 < len(f.pages) {
+		next = fmt.Sprintf("p%d", i+1)
+	}
+	return f.pages[i], next, err
 }
 func (f *fakeBroker) Sync(_ context.Context, tenant, id string) (core.SyncResult, error) {
 	return f.sync, f.note("Sync %s %s", tenant, id)
