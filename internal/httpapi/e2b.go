@@ -20,7 +20,7 @@ import (
 // E2B_API_KEY=<the tenant's token> (sent as X-API-Key), an E2B SDK program
 // runs on brokered sandboxes unchanged. Each E2B control-plane call maps
 // onto the broker's own (create = acquire for the thread in metadata,
-// kill = release, pause = release paused, list = the tenant's own); calls
+// kill and pause = release parked paused, list = the tenant's own); calls
 // the broker cannot honour answer E2B's error shape, never a silent
 // success. The guide's table (docs/clients.md#e2b-sdks) is the mapping.
 const (

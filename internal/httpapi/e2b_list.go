@@ -166,13 +166,15 @@ func (h *handler) e2bList(ctx context.Context, r *request, v1 bool) events.APIGa
 		return r.e2bInvalid(err)
 	}
 	var out []listedAt
+	seen := map[string]bool{} // a record moving state between store pages may come twice
 	for cursor, n := "", 0; n == 0 || cursor != ""; n++ {
 		recs, next, err := h.broker.Sandboxes(ctx, r.tenant, cursor, e2bListMax)
 		if err != nil {
 			return r.e2bFail(err, "")
 		}
 		for _, rec := range recs {
-			if ls := h.e2bListed(rec); lq.match(ls, rec.CreatedAt) {
+			if ls := h.e2bListed(rec); lq.match(ls, rec.CreatedAt) && !seen[rec.SandboxID] {
+				seen[rec.SandboxID] = true
 				out = append(out, listedAt{ls, rec.CreatedAt})
 			}
 		}

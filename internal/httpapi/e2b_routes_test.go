@@ -95,8 +95,9 @@ func TestE2BList(t *testing.T) {
 		r.SandboxID, r.Thread, r.CreatedAt = id, thread, t0.Add(created)
 		return r
 	}
+	// sb2 comes twice, as a record moving state between store pages may.
 	pages := [][]core.Record{{rec("sb1", "t", core.StateActive, time.Minute), rec("sb2", "t2", core.StateWarm, 3*time.Minute)},
-		{rec("sb3", "t3", core.StateActive, 2*time.Minute)}}
+		{rec("sb3", "t3", core.StateActive, 2*time.Minute), rec("sb2", "t2", core.StateWarm, 3*time.Minute)}}
 	both := []string{`Sandboxes acme "" 100`, `Sandboxes acme "p1" 100`}
 	tests := []struct {
 		name, query string
