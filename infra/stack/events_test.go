@@ -51,6 +51,9 @@ func (c *callRecorder) Renew(context.Context, string, string, time.Duration) (co
 func (c *callRecorder) Get(context.Context, string, string) (core.Record, error) {
 	return core.Record{}, c.note("Get")
 }
+func (c *callRecorder) Metrics(context.Context, string, string, time.Time, time.Time) ([]core.SandboxMetric, error) {
+	return nil, c.note("Metrics")
+}
 func (c *callRecorder) Capacity(context.Context) (core.CapacityStatus, error) {
 	return core.CapacityStatus{}, c.note("Capacity")
 }

@@ -92,6 +92,7 @@ type Broker interface {
 	Sync(ctx context.Context, tenant, sandboxID string) (SyncResult, error)
 	Renew(ctx context.Context, tenant, sandboxID string, d time.Duration) (RenewResult, error)
 	Get(ctx context.Context, tenant, sandboxID string) (Record, error)
+	Metrics(ctx context.Context, tenant, sandboxID string, start, end time.Time) ([]SandboxMetric, error)
 	Capacity(ctx context.Context) (CapacityStatus, error)
 	Reconcile(ctx context.Context) (ReconcileStats, error)
 	SetDraining(ctx context.Context, draining bool) error

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -168,4 +169,38 @@ func (e *Engine) SetDraining(ctx context.Context, draining bool) error {
 	}
 	e.log.InfoContext(ctx, "draining changed", "draining", draining)
 	return nil
+}
+
+// metricsTimeout bounds a provider's metrics read.
+const metricsTimeout = 10 * time.Second
+
+// Metrics passes through the provider's figures for the tenant's own
+// sandbox, handed out or parked, between start and end (zero: the
+// provider's default interval). It reads the record only: no lease, no
+// change.
+//
+// Errors: *ValidationError, ErrNotFound (unknown, another tenant's, or
+// ending), ErrNotOffered (the provider declares no Capabilities.Metrics),
+// ErrSandboxGone (the provider no longer has it), ErrProviderUnavailable.
+func (e *Engine) Metrics(ctx context.Context, tenant, sandboxID string, start, end time.Time) ([]SandboxMetric, error) {
+	rec, err := e.Get(ctx, tenant, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(TenantListed(), rec.State) {
+		return nil, ErrNotFound
+	}
+	if e.caps.Metrics == nil {
+		return nil, ErrNotOffered
+	}
+	cctx, cancel := context.WithTimeout(ctx, metricsTimeout)
+	defer cancel()
+	ms, err := e.caps.Metrics(cctx, sandboxID, start, end)
+	switch {
+	case err == nil:
+		return ms, nil
+	case errors.Is(err, ErrSandboxGone), errors.Is(err, ErrNotOffered):
+		return nil, err
+	}
+	return nil, unavailable(fmt.Errorf("metrics of %s: %v", sandboxID, err))
 }

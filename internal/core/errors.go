@@ -12,6 +12,9 @@ import (
 var (
 	// ErrSandboxGone: the provider says the sandbox does not exist (any more).
 	ErrSandboxGone = errors.New("sandbox gone")
+	// ErrNotOffered: the provider does not offer the call (a capability
+	// it does not declare).
+	ErrNotOffered = errors.New("not offered by the sandbox provider")
 	// ErrFileNotFound: the path does not exist in the sandbox.
 	ErrFileNotFound = errors.New("file not found")
 	// ErrNotFound: no record (or a record of another tenant: never disclosed).

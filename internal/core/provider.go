@@ -72,6 +72,23 @@ type Capabilities struct {
 	// keys it can derive (thread, user, tenant, and the deployment from a
 	// tag in the sandbox id) and reconcile judges sandboxes by those.
 	Discover func(ctx context.Context, id string) (Presence, error)
+	// Metrics reads a sandbox's resource use between start and end (zero:
+	// the provider's default interval), for the sandbox's own tenant.
+	// nil: the provider reports no figures (ErrNotOffered).
+	Metrics func(ctx context.Context, id string, start, end time.Time) ([]SandboxMetric, error)
+}
+
+// SandboxMetric is one sample of a sandbox's resource use, as its
+// provider reports it.
+type SandboxMetric struct {
+	Timestamp  time.Time
+	CPUCount   int
+	CPUUsedPct float64
+	MemUsed    int64 // bytes
+	MemTotal   int64
+	MemCache   int64
+	DiskUsed   int64
+	DiskTotal  int64
 }
 
 // Pauser pauses and resumes sandboxes (Capabilities.Pause).

@@ -12,7 +12,7 @@ type ReleaseOptions struct {
 	// parked as usual, so reconcile copies the rest before it expires.
 	Destroy bool
 	// Pause parks it paused at once, as SANDBOX_PAUSE_AFTER_SECONDS=0
-	// does, where the provider can pause (an E2B pause); else warm.
+	// does, where the provider can pause (an E2B pause or kill); else warm.
 	Pause bool
 }
 

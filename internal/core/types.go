@@ -238,3 +238,25 @@ type CapacityStatus struct {
 func (s CapacityStatus) String() string {
 	return fmt.Sprintf("limit=%d used=%d active=%d warm=%d reserved=%d paused=%d", s.Limit, s.Used, s.Active, s.Warm, s.Reserved, s.Paused)
 }
+
+// HandOut is the source of the acquire that last handed out an active
+// record, read from the state its claim found (PrevState): reused from
+// active, reclaimed from warm, resumed from paused, taken from the pool,
+// else created (a record created active has none; one reconcile adopted
+// reads as created too). "" when the record is not active.
+func (r Record) HandOut() Source {
+	if r.State != StateActive {
+		return ""
+	}
+	switch r.PrevState {
+	case StateActive:
+		return SourceReused
+	case StateWarm, StateReclaiming:
+		return SourceReclaimed
+	case StatePaused, StateResuming:
+		return SourceResumed
+	case StatePooled, StateClaiming:
+		return SourcePool
+	}
+	return SourceCreated
+}

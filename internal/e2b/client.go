@@ -214,7 +214,7 @@ func (c *Client) Name() string { return "e2b" }
 // (ListPage), endpoints located from the sandbox id (Locate) and pause and
 // resume (Pause, Resume).
 func (c *Client) Capabilities() core.Capabilities {
-	return core.Capabilities{Protocol: core.ProtocolEnvd, Pager: c, Locate: c.Locate, Pause: c}
+	return core.Capabilities{Protocol: core.ProtocolEnvd, Pager: c, Locate: c.Locate, Pause: c, Metrics: c.Metrics}
 }
 
 // sandboxInfo is a listed or read sandbox as core reports it.

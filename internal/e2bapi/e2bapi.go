@@ -75,6 +75,20 @@ type SandboxDetail struct {
 	Domain          *string `json:"domain"`
 }
 
+// SandboxMetric is an item of GET /sandboxes/{id}/metrics (schema
+// SandboxMetric): CPU, memory and disk use of the sandbox at Timestamp.
+type SandboxMetric struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int       `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       int64     `json:"memUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemCache      int64     `json:"memCache"`
+	DiskUsed      int64     `json:"diskUsed"`
+	DiskTotal     int64     `json:"diskTotal"`
+}
+
 // EnvdURL is the envd base URL the SDKs derive for sandbox id in domain:
 // https://<envd.Port>-<id>.<domain>.
 func EnvdURL(id, domain string) string {

@@ -20,7 +20,7 @@ import (
 // E2B_API_KEY=<the tenant's token> (sent as X-API-Key), an E2B SDK program
 // runs on brokered sandboxes unchanged. Each E2B control-plane call maps
 // onto the broker's own (create = acquire for the thread in metadata,
-// kill = release, pause = release paused, list = the tenant's own); calls
+// kill and pause = release parked paused, list = the tenant's own); calls
 // the broker cannot honour answer E2B's error shape, never a silent
 // success. The guide's table (docs/clients.md#e2b-sdks) is the mapping.
 const (
@@ -132,8 +132,7 @@ func (h *handler) serveE2B(ctx context.Context, r *request, route, id string, bo
 	case e2bRouteTimeout, e2bRouteRefresh:
 		return h.e2bKeepAlive(ctx, r, route, id, body)
 	case e2bRouteMetrics:
-		return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound,
-			"sandbox metrics are not offered by sandbox-broker yet: the provider's figures are not passed through", 0)
+		return h.e2bMetrics(ctx, r, id, body)
 	}
 	return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound, e2bNotOffered(r.ev), 0)
 }

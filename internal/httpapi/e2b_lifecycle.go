@@ -200,10 +200,14 @@ func orEmpty(body []byte) []byte {
 	return body
 }
 
-// e2bRelease is kill (release: parked for its thread, a one-off's
-// destroyed) and pause (release, paused at once where the provider can
-// pause). Only an active sandbox is released: kill of a parked one is
-// E2B's "not running" (404), pause of one E2B's "already paused" (409).
+// e2bRelease is kill and pause: a release, parked paused at once where
+// the deployment pauses (as SANDBOX_PAUSE_AFTER_SECONDS=0 does), else
+// warm. Kill parks paused too: on E2B a killed sandbox stops running, and
+// the SDK's isRunning() asks envd, which answers "not running" for a
+// paused sandbox; its thread's next create resumes it. A one-off's
+// sandbox is destroyed at kill. Only an active sandbox is released: kill
+// of a parked one is E2B's "not running" (404), pause of one E2B's
+// "already paused" (409).
 func (h *handler) e2bRelease(ctx context.Context, r *request, route, id string, body []byte) events.APIGatewayV2HTTPResponse {
 	fields := []string{}
 	if route == e2bRoutePause {
@@ -222,7 +226,7 @@ func (h *handler) e2bRelease(ctx context.Context, r *request, route, id string, 
 		}
 		return r.e2bNotFound(id)
 	}
-	opts := core.ReleaseOptions{Pause: route == e2bRoutePause, Destroy: route == e2bRouteKill && IsOneOff(rec.ThreadKey)}
+	opts := core.ReleaseOptions{Pause: true, Destroy: route == e2bRouteKill && IsOneOff(rec.ThreadKey)}
 	res, err := h.broker.ReleaseWith(ctx, r.tenant, id, opts)
 	if err != nil {
 		return r.e2bFail(err, id)

@@ -2,9 +2,12 @@ package httpapi
 
 import (
 	"context"
+	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
 // e2bListMax is the largest page of E2B's list (E2B's own bound).
@@ -60,7 +64,8 @@ type e2bListQuery struct {
 	metadata       map[string]string
 	running, pause bool
 	limit          int
-	cursor         string
+	desc           bool
+	after          *listedAt // the previous page's last sandbox
 	startedAfter   time.Time
 	template       string
 }
@@ -68,11 +73,25 @@ type e2bListQuery struct {
 // parseE2BList reads list's query: metadata (a query string inside the
 // value: the SDKs encode it twice), state (comma-separated or repeated;
 // without it v2 lists both states, v1 running ones), limit, nextToken,
-// startedAfter and template. order is accepted; the store's order holds.
+// startedAfter, template and order (asc or desc by start time; desc,
+// newest first, by default).
 func parseE2BList(q url.Values, v1 bool) (e2bListQuery, error) {
-	lq := e2bListQuery{metadata: map[string]string{}, running: true, pause: !v1, limit: e2bListMax, cursor: q.Get("nextToken"),
-		template: q.Get("template")}
+	lq := e2bListQuery{metadata: map[string]string{}, running: true, pause: !v1, limit: e2bListMax, desc: true, template: q.Get("template")}
 	bad := func(field, msg string) error { return &core.ValidationError{Field: field, Message: msg} }
+	switch q.Get("order") {
+	case "", "desc":
+	case "asc":
+		lq.desc = false
+	default:
+		return lq, bad("order", "must be asc or desc")
+	}
+	if tok := q.Get("nextToken"); tok != "" {
+		after, err := parseListToken(tok)
+		if err != nil {
+			return lq, err
+		}
+		lq.after = after
+	}
 	if raw := q.Get("metadata"); raw != "" {
 		mq, err := url.ParseQuery(raw)
 		if err != nil {
@@ -132,29 +151,145 @@ func (lq e2bListQuery) match(ls e2bapi.ListedSandbox, created time.Time) bool {
 	return true
 }
 
-// e2bList is list: one page of the tenant's own sandboxes, filtered; the
-// next page's token in X-Next-Token. A page may hold fewer than limit
-// sandboxes (the filters apply after the page is read).
+// e2bListReadMax bounds the tenant's sandboxes one list reads to order
+// them (E2B orders before paging, so every page reads them all).
+const e2bListReadMax = 20 * e2bListMax
+
+// e2bList is list: one page of the tenant's own sandboxes, filtered and
+// ordered by start time (newest first unless order=asc), the next page's
+// token in X-Next-Token. The order holds across pages: each page reads
+// the tenant's sandboxes (up to e2bListReadMax) and starts after the
+// previous page's last one.
 func (h *handler) e2bList(ctx context.Context, r *request, v1 bool) events.APIGatewayV2HTTPResponse {
 	lq, err := parseE2BList(queryOf(r.ev), v1)
 	if err != nil {
 		return r.e2bInvalid(err)
 	}
-	recs, next, err := h.broker.Sandboxes(ctx, r.tenant, lq.cursor, lq.limit)
-	if err != nil {
-		return r.e2bFail(err, "")
-	}
-	out := []e2bapi.ListedSandbox{}
-	for _, rec := range recs {
-		if ls := h.e2bListed(rec); lq.match(ls, rec.CreatedAt) {
-			out = append(out, ls)
+	var out []listedAt
+	seen := map[string]bool{} // a record moving state between store pages may come twice
+	for cursor, n := "", 0; n == 0 || cursor != ""; n++ {
+		recs, next, err := h.broker.Sandboxes(ctx, r.tenant, cursor, e2bListMax)
+		if err != nil {
+			return r.e2bFail(err, "")
+		}
+		for _, rec := range recs {
+			if ls := h.e2bListed(rec); lq.match(ls, rec.CreatedAt) && !seen[rec.SandboxID] {
+				seen[rec.SandboxID] = true
+				out = append(out, listedAt{ls, rec.CreatedAt})
+			}
+		}
+		if cursor = next; (n+1)*e2bListMax >= e2bListReadMax {
+			break
 		}
 	}
-	resp := r.json(http.StatusOK, out)
+	page, next := lq.page(out)
+	resp := r.json(http.StatusOK, page)
 	if next != "" {
 		resp.Headers["X-Next-Token"] = next
 	}
 	return resp
+}
+
+// listedAt is a listed sandbox and its record's creation time, the key
+// list orders by.
+type listedAt struct {
+	ls e2bapi.ListedSandbox
+	at time.Time
+}
+
+// before reports whether a comes before b in ascending order: by
+// creation time, then id.
+func (a listedAt) before(b listedAt) bool {
+	if !a.at.Equal(b.at) {
+		return a.at.Before(b.at)
+	}
+	return a.ls.SandboxID < b.ls.SandboxID
+}
+
+// page orders all and cuts the page after lq.after; next is the token
+// of the page that follows ("" after the last).
+func (lq e2bListQuery) page(all []listedAt) ([]e2bapi.ListedSandbox, string) {
+	// follows reports whether x comes after y in the asked order.
+	follows := func(x, y listedAt) bool {
+		if lq.desc {
+			return x.before(y)
+		}
+		return y.before(x)
+	}
+	slices.SortFunc(all, func(a, b listedAt) int {
+		switch {
+		case follows(b, a):
+			return -1
+		case follows(a, b):
+			return 1
+		}
+		return 0
+	})
+	start := 0
+	if lq.after != nil {
+		start = len(all)
+		if i := slices.IndexFunc(all, func(x listedAt) bool { return follows(x, *lq.after) }); i >= 0 {
+			start = i
+		}
+	}
+	out := []e2bapi.ListedSandbox{}
+	for _, x := range all[start:min(len(all), start+lq.limit)] {
+		out = append(out, x.ls)
+	}
+	if start+lq.limit >= len(all) {
+		return out, ""
+	}
+	last := all[start+lq.limit-1]
+	return out, base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(last.at.UnixNano(), 10) + "." + last.ls.SandboxID))
+}
+
+// parseListToken reads a token page handed out: the last listed
+// sandbox's creation time and id.
+func parseListToken(tok string) (*listedAt, error) {
+	bad := &core.ValidationError{Field: "nextToken", Message: "is not a token this list handed out"}
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return nil, bad
+	}
+	ns, id, ok := strings.Cut(string(raw), ".")
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if !ok || err != nil || core.ValidateSandboxID(id) != nil {
+		return nil, bad
+	}
+	return &listedAt{ls: e2bapi.ListedSandbox{SandboxID: id}, at: time.Unix(0, n)}, nil
+}
+
+// e2bMetrics is get metrics: the provider's figures for the tenant's own
+// sandbox, passed through; start and end are E2B's Unix seconds.
+func (h *handler) e2bMetrics(ctx context.Context, r *request, id string, body []byte) events.APIGatewayV2HTTPResponse {
+	if err := decodeEmpty(body); err != nil {
+		return r.e2bInvalid(err)
+	}
+	q := queryOf(r.ev)
+	var at [2]time.Time
+	for i, name := range []string{"start", "end"} {
+		if s := q.Get(name); s != "" {
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil || n < 0 {
+				return r.e2bInvalid(&core.ValidationError{Field: name, Message: "must be a time in Unix seconds"})
+			}
+			at[i] = time.Unix(n, 0).UTC()
+		}
+	}
+	ms, err := h.broker.Metrics(ctx, r.tenant, id, at[0], at[1])
+	if errors.Is(err, core.ErrNotOffered) {
+		return r.e2bError(http.StatusNotImplemented, api.CodeRouteNotFound,
+			"sandbox metrics are not offered by this deployment's sandbox provider", 0)
+	}
+	if err != nil {
+		return r.e2bFail(err, id)
+	}
+	out := make([]e2bapi.SandboxMetric, len(ms))
+	for i, m := range ms {
+		out[i] = e2bapi.SandboxMetric{Timestamp: m.Timestamp.UTC(), TimestampUnix: m.Timestamp.Unix(), CPUCount: m.CPUCount,
+			CPUUsedPct: m.CPUUsedPct, MemUsed: m.MemUsed, MemTotal: m.MemTotal, MemCache: m.MemCache, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal}
+	}
+	return r.json(http.StatusOK, out)
 }
 
 // queryOf is the request's query, from its raw form when present (it

@@ -540,7 +540,7 @@ func recordBody(r core.Record) api.Record {
 	return api.Record{
 		SandboxID: r.SandboxID, State: string(r.State), UserID: r.User, ThreadID: r.Thread,
 		Backend: r.Backend, CreatedAt: api.Time(r.CreatedAt), UpdatedAt: api.Time(r.UpdatedAt),
-		ParkedAt: api.Time(r.ParkedAt), ExpiresAt: api.Time(r.ExpiresAt),
+		ParkedAt: api.Time(r.ParkedAt), ExpiresAt: api.Time(r.ExpiresAt), Source: string(r.HandOut()),
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,9 +31,10 @@ type fakeBroker struct {
 	renew    core.RenewResult
 	record   core.Record
 	capacity core.CapacityStatus
-	// list and next answer Sandboxes.
-	list     []core.Record
-	next     string
+	// pages answer Sandboxes: cursor "" is the first, "p<i>" the i-th.
+	pages [][]core.Record
+	// metrics answer Metrics.
+	metrics  []core.SandboxMetric
 	err      error
 	panicMsg string
 }
@@ -62,7 +64,19 @@ func (f *fakeBroker) ReleaseWith(_ context.Context, tenant, id string, o core.Re
 	return f.release, f.note("ReleaseWith %s %s destroy=%v pause=%v", tenant, id, o.Destroy, o.Pause)
 }
 func (f *fakeBroker) Sandboxes(_ context.Context, tenant, cursor string, limit int) ([]core.Record, string, error) {
-	return f.list, f.next, f.note("Sandboxes %s %q %d", tenant, cursor, limit)
+	err := f.note("Sandboxes %s %q %d", tenant, cursor, limit)
+	i := 0
+	if cursor != "" {
+		i, _ = strconv.Atoi(strings.TrimPrefix(cursor, "p"))
+	}
+	if i >= len(f.pages) {
+		return nil, "", err
+	}
+	next := ""
+	if i+1 < len(f.pages) {
+		next = fmt.Sprintf("p%d", i+1)
+	}
+	return f.pages[i], next, err
 }
 func (f *fakeBroker) Sync(_ context.Context, tenant, id string) (core.SyncResult, error) {
 	return f.sync, f.note("Sync %s %s", tenant, id)
@@ -76,6 +90,16 @@ func (f *fakeBroker) Renew(_ context.Context, tenant, id string, d time.Duration
 }
 func (f *fakeBroker) Get(_ context.Context, tenant, id string) (core.Record, error) {
 	return f.record, f.note("Get %s %s", tenant, id)
+}
+func (f *fakeBroker) Metrics(_ context.Context, tenant, id string, start, end time.Time) ([]core.SandboxMetric, error) {
+	return f.metrics, f.note("Metrics %s %s %d %d", tenant, id, unixOrZero(start), unixOrZero(end))
+}
+
+func unixOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.Unix()
 }
 func (f *fakeBroker) Capacity(context.Context) (core.CapacityStatus, error) {
 	return f.capacity, f.note("Capacity")

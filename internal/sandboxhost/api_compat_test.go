@@ -93,7 +93,7 @@ func TestMetrics(t *testing.T) {
 	if status, body := c.files(t, "POST", "path=big.bin", strings.NewReader(strings.Repeat("x", 200<<10)), nil); status != 200 {
 		t.Fatalf("upload: %d %s", status, body)
 	}
-	var ms []sandboxMetric
+	var ms []e2bapi.SandboxMetric
 	if status, _ := apiCall(t, srv, "GET", "/sandboxes/"+sb.SandboxID+"/metrics", nil, &ms); status != http.StatusOK || len(ms) != 1 {
 		t.Fatalf("metrics: status %d, %d items; want 200 with one", status, len(ms))
 	}

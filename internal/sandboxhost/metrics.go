@@ -11,21 +11,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-// sandboxMetric is one item of GET /sandboxes/{id}/metrics (E2B's schema
-// SandboxMetric): CPU, memory and disk use of the sandbox at Timestamp.
-type sandboxMetric struct {
-	Timestamp     time.Time `json:"timestamp"`
-	TimestampUnix int64     `json:"timestampUnix"`
-	CPUCount      int       `json:"cpuCount"`
-	CPUUsedPct    float64   `json:"cpuUsedPct"`
-	MemUsed       int64     `json:"memUsed"`
-	MemTotal      int64     `json:"memTotal"`
-	MemCache      int64     `json:"memCache"`
-	DiskUsed      int64     `json:"diskUsed"`
-	DiskTotal     int64     `json:"diskTotal"`
-}
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bapi"
+)
 
 // cpuSample is a sandbox's CPU time at a moment, to compute the share of
 // CPU it used since.
@@ -51,13 +39,13 @@ func (h *Host) handleMetrics(w http.ResponseWriter, r *http.Request) {
 		notFound(w, id)
 		return
 	}
-	writeJSON(w, http.StatusOK, []sandboxMetric{h.metric(sb)})
+	writeJSON(w, http.StatusOK, []e2bapi.SandboxMetric{h.metric(sb)})
 }
 
 // metric samples sb's figures now.
-func (h *Host) metric(sb *sandbox) sandboxMetric {
+func (h *Host) metric(sb *sandbox) e2bapi.SandboxMetric {
 	now := h.now().UTC()
-	m := sandboxMetric{
+	m := e2bapi.SandboxMetric{
 		Timestamp: now, TimestampUnix: now.Unix(), CPUCount: reportedCPUCount,
 		MemTotal: int64(reportedMemoryMB) << 20, DiskTotal: int64(reportedDiskMB) << 20,
 	}

@@ -198,6 +198,9 @@ type Record struct {
 	UpdatedAt string `json:"updated_at,omitempty"`
 	ParkedAt  string `json:"parked_at,omitempty"`
 	ExpiresAt string `json:"expires_at,omitempty"`
+	// Source, for an active sandbox, is the source of the acquire that
+	// last handed it out (as the acquire reply's); absent otherwise.
+	Source string `json:"source,omitempty"`
 }
 
 // DeferredFile is an output file a sync pass did not copy, and why.

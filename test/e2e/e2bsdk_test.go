@@ -41,9 +41,11 @@ func e2bCall(t *testing.T, a api, method, path, key string) (int, map[string]any
 }
 
 // TestE2BSDKOnBrokeredSandbox: with E2B_API_URL=<api_url>/e2b and the
-// tenant's token as E2B_API_KEY, the official E2B JS SDK connects to a
-// sandbox the tenant acquired and works in it (test/e2b-sdk/broker-connect.mjs);
-// under the provisioner backend connect answers a clear refusal.
+// tenant's token as E2B_API_KEY, the official E2B JS SDK runs a whole
+// agent session on brokered sandboxes (test/e2b-sdk/broker-connect.mjs:
+// commands, files, metrics, pause and connect, list order, a capacity
+// refusal it retries, kill and create again); under the provisioner
+// backend connect answers a clear refusal.
 func TestE2BSDKOnBrokeredSandbox(t *testing.T) {
 	t.Run("e2b", func(t *testing.T) {
 		dir := filepath.Join(repoRoot(t), "test", "e2b-sdk")
@@ -54,7 +56,10 @@ func TestE2BSDKOnBrokeredSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatalf("node not found (install Node.js 20+, then run make deps): %v", err)
 		}
-		s := startStack(t, "e2b")
+		// Two slots, refusing more: the session holds both, then sees a
+		// third create refused and retried.
+		s := startStackWith(t, stackOptions{provider: "e2b", env: []string{
+			"SANDBOX_REPLICAS=2", "SANDBOX_OVERFLOW_POLICY=reject", "LOG_LEVEL=DEBUG"}})
 		a := newAPI(t, s)
 
 		// The replies the SDK gets, checked against the OpenAPI document.
