@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 )
 
@@ -39,6 +40,8 @@ type Engine struct {
 	pc     *poolConfig
 	// waitObserver hears the wait queue's notes (nil: none).
 	waitObserver func(WaitNote)
+	// lostCheck is when freeLost may next look (Unix nanoseconds).
+	lostCheck atomic.Int64
 }
 
 var _ Broker = (*Engine)(nil)
@@ -112,7 +115,7 @@ func backoff(n int) time.Duration {
 const responseMargin = time.Second
 
 // applyRecord makes the fenced update u and returns the record as stored:
-// read back when the write moved the record's count and returned none.
+// read back when the write was a transaction and returned none.
 func (e *Engine) applyRecord(ctx context.Context, u Update) (Record, error) {
 	rec, err := e.store.Apply(ctx, u)
 	if err != nil || rec.SandboxID != "" {

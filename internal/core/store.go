@@ -85,9 +85,7 @@ type Update struct {
 	// zero lists it nowhere.
 	Owner ThreadKey
 	// Slot is the record's Slot as the caller read it (the fence makes it
-	// current): when its Counted differs from State the write moves the
-	// record's count in its bucket too (then, as with UnlessDraining, it
-	// returns the zero Record). The zero Slot moves no count.
+	// current): UnlessDraining checks the draining flag where the slot is.
 	Slot Slot
 }
 

@@ -157,8 +157,8 @@ type Record struct {
 	MeteredState  State
 
 	// Slot is where the store keeps the record's capacity slot: the store
-	// fills it on every read, and the fenced writes that move the slot or
-	// its count (Update.Slot, Free) hand it back as read.
+	// fills it on every read, and the fenced writes that need it
+	// (Update.Slot, Free) hand it back as read.
 	Slot Slot
 }
 
@@ -166,8 +166,6 @@ type Record struct {
 type Slot struct {
 	// Bucket is the capacity bucket that holds the slot.
 	Bucket int
-	// Counted is the state the bucket counts the record in.
-	Counted State
 	// Quota reports that the slot is counted in its user's and tenant's
 	// slot counts (false for a pool member's, which no thread holds).
 	Quota bool

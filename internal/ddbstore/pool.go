@@ -48,14 +48,14 @@ func (s *Store) poolCount(delta int) types.TransactWriteItem {
 func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
 	b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit)}, func(b int) error { return s.reservePoolIn(ctx, r, b) })
 	if err == nil {
-		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating})
+		s.slots.remember(r.Token, core.Slot{Bucket: b})
 	}
 	return err
 }
 
 // reservePoolIn is ReservePool in bucket b.
 func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, b int) error {
-	bucket, err := s.takeUpdate(b, r.Limit, core.StateCreating, "")
+	bucket, err := s.takeUpdate(b, r.Limit, "")
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
 	}
@@ -71,8 +71,8 @@ func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, b int
 	resItem, err := attributevalue.MarshalMap(item{
 		PK: reservationPK(r.Token), SK: sortKey, State: string(core.StateCreating), Reservation: r.Token,
 		Deployment: s.deployment, CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
-		Bucket: b, Counted: string(core.StateCreating),
-		GSI1PK: statePK(s.deployment, core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
+		Bucket: b,
+		GSI1PK: s.statePK(core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
 	})
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
@@ -122,7 +122,7 @@ func (s *Store) FinalizePool(ctx context.Context, token string, rec core.Record)
 // (the oldest may be past their age, awaiting recycling): one query of
 // the index key every member is filed under (poolShard).
 func (s *Store) SomePoolMembers(ctx context.Context, limit int) ([]core.Record, error) {
-	return s.inKey(ctx, core.StatePooled, statePK(s.deployment, core.StatePooled, ""), limit, true)
+	return s.inKey(ctx, core.StatePooled, s.statePK(core.StatePooled, ""), limit, true)
 }
 
 // PoolMembers lists pooled records, oldest first.
@@ -158,10 +158,6 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 	paused := m.Slots.Paused
 	slot := core.Slot{Bucket: b, Quota: true}
 	upd := expression.Set(expression.Name("quota"), expression.Value(true))
-	if m.Slot.Counted != "" || paused {
-		slot.Counted = core.StateClaiming
-		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateClaiming)))
-	}
 	// A running member's slot is the one listed; a paused member holds
 	// none yet.
 	held := slotCondition(m.Slot)
@@ -197,12 +193,11 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 	}
 	var capItems []types.TransactWriteItem
 	if paused {
-		capItems, err = s.slotTake(b, c.Limit, core.StateClaiming, c.Tenant, c.Grant)
+		capItems, err = s.slotTake(b, c.Limit, c.Tenant, c.Grant)
 	} else {
 		notDrain := notDraining()
 		var capItem types.TransactWriteItem
-		capItem, err = s.bucketUpdate(b, &notDrain, countMove(
-			expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))), m.Slot.Counted, slot.Counted))
+		capItem, err = s.bucketUpdate(b, &notDrain, expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))))
 		capItems = []types.TransactWriteItem{capItem}
 	}
 	if err != nil {

@@ -273,8 +273,8 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 	rec := a.Record
 	rec.Fence = 1
 	b := int(hashOf(rec.SandboxID) % CapacityBuckets)
-	rec.Slot = core.Slot{Bucket: b, Counted: rec.State, Quota: !pool}
-	ri := recordItem(rec, s.deployment)
+	rec.Slot = core.Slot{Bucket: b, Quota: !pool}
+	ri := s.recordItem(rec)
 	ri.PoolPlace = pool
 	if err := s.seal(ctx, &ri); err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
@@ -287,7 +287,7 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 	if !pool {
 		take = take.Add(expression.Name("tenants"), expression.Value(tenantSet(rec.Tenant)))
 	}
-	bucket, err := s.bucketUpdate(b, nil, countMove(take, "", rec.State))
+	bucket, err := s.bucketUpdate(b, nil, take)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
@@ -321,7 +321,7 @@ func (s *Store) adoptPaused(ctx context.Context, op string, a core.Adoption, ext
 	rec := a.Record
 	rec.Fence = 1
 	rec.Slot = core.Slot{}
-	ri := recordItem(rec, s.deployment)
+	ri := s.recordItem(rec)
 	if err := s.seal(ctx, &ri); err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}

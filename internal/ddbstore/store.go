@@ -44,6 +44,7 @@ type Store struct {
 	slots      reservationSlots
 	scan       int   // tickets a read of the wait queue's head returns (queueScan)
 	sweep      int32 // the parts of the counter repair's sweep (sweepSegments)
+	shards     int   // the state index's keys per state (WithLimit)
 }
 
 var _ core.Store = (*Store)(nil)
@@ -51,7 +52,7 @@ var _ core.Store = (*Store)(nil)
 // New returns a store over table, scoping the capacity ledger and state
 // index to deployment.
 func New(db API, table, deployment string, opts ...Option) *Store {
-	s := &Store{db: db, table: table, deployment: deployment, scan: queueScan, sweep: sweepSegments}
+	s := &Store{db: db, table: table, deployment: deployment, scan: queueScan, sweep: sweepSegments, shards: IndexShards}
 	for _, o := range opts {
 		o(s)
 	}
@@ -203,7 +204,7 @@ func (s *Store) stateIndex(u expression.UpdateBuilder, st core.State, at time.Ti
 	if st == core.StateGone {
 		return u.Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK))
 	}
-	return u.Set(expression.Name(AttrGSI1PK), expression.Value(statePK(s.deployment, st, id))).
+	return u.Set(expression.Name(AttrGSI1PK), expression.Value(s.statePK(st, id))).
 		Set(expression.Name(AttrGSI1SK), expression.Value(stateSK(at, id)))
 }
 
@@ -422,14 +423,10 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	if u.KillAttempt {
 		upd = upd.Add(expression.Name("kill_attempts"), expression.Value(1))
 	}
-	moves := u.Slot.Counted != "" && u.Slot.Counted != u.State
-	if moves {
-		upd = upd.Set(expression.Name("counted"), expression.Value(string(u.State)))
-	}
-	if u.UnlessDraining || moves {
+	if u.UnlessDraining {
 		// Not metered: a transaction returns no record to meter from (the
 		// record's next write meters the interval).
-		return s.applyWithBucket(ctx, u, cond, upd, moves)
+		return s.applyUnlessDraining(ctx, u, cond, upd)
 	}
 	rec, old, err := s.update(ctx, "apply", sandboxPK(u.SandboxID), cond, meter(upd, u.Now))
 	if err != nil && old != nil {
@@ -438,27 +435,16 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	return rec, err
 }
 
-// applyWithBucket makes a fenced update in a transaction with the record's
-// capacity bucket: a check that the deployment is not draining
-// (UnlessDraining) and/or the move of the record's count from
-// u.Slot.Counted to u.State. Transactions return no item: it returns the
-// zero Record on success (its callers need none), saving a read.
-func (s *Store) applyWithBucket(ctx context.Context, u core.Update, cond expression.ConditionBuilder, upd expression.UpdateBuilder, moves bool) (core.Record, error) {
+// applyUnlessDraining makes a fenced update in a transaction with a check
+// that the record's capacity bucket is not draining. Transactions return
+// no item: it returns the zero Record on success (its callers need none),
+// saving a read.
+func (s *Store) applyUnlessDraining(ctx context.Context, u core.Update, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, error) {
 	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
 	if err != nil {
 		return core.Record{}, fmt.Errorf("apply: %w", err)
 	}
-	var bucketCond *expression.ConditionBuilder
-	if u.UnlessDraining {
-		c := notDraining()
-		bucketCond = &c
-	}
-	var bucket types.TransactWriteItem
-	if moves {
-		bucket, err = s.bucketUpdate(u.Slot.Bucket, bucketCond, countMove(expression.UpdateBuilder{}, u.Slot.Counted, u.State))
-	} else {
-		bucket, err = s.conditionCheck(bucketPK(s.deployment, u.Slot.Bucket), *bucketCond)
-	}
+	check, err := s.conditionCheck(bucketPK(s.deployment, u.Slot.Bucket), notDraining())
 	if err != nil {
 		return core.Record{}, fmt.Errorf("apply: %w", err)
 	}
@@ -466,7 +452,7 @@ func (s *Store) applyWithBucket(ctx context.Context, u core.Update, cond express
 		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(u.SandboxID)),
 			ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
 			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}},
-		bucket,
+		check,
 	})
 	if has(failed, sandboxPK(u.SandboxID)) {
 		return core.Record{}, fmt.Errorf("sandbox %s fence %d: %w", u.SandboxID, u.Fence, core.ErrStaleFence)
@@ -542,7 +528,7 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 			Remove(expression.Name(AttrGSI2PK)).Remove(expression.Name(AttrGSI2SK)).
 			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
 			Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
-			Remove(expression.Name(attrPoolPlace)).Remove(expression.Name("counted"))).
+			Remove(expression.Name(attrPoolPlace))).
 		Build()
 	if err != nil {
 		return types.TransactWriteItem{}, err
@@ -560,7 +546,7 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core.State]int, error) {
 	out := make(map[core.State]int, len(states))
 	for _, st := range states {
-		n, err := s.countState(ctx, st)
+		n, err := s.countState(ctx, st, false)
 		if err != nil {
 			return nil, err
 		}

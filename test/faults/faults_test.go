@@ -135,7 +135,7 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	if err := ddbstore.CreateTable(ctx, db, table); err != nil {
 		t.Fatalf("CreateTable: %v", err)
 	}
-	st.store, st.db, st.table = ddbstore.New(db, table, st.deployment), db, table
+	st.store, st.db, st.table = ddbstore.New(db, table, st.deployment, ddbstore.WithLimit(limit)), db, table
 	faultyDB := dynamodb.New(db.Options(), func(o *dynamodb.Options) { o.HTTPClient = &http.Client{Transport: st.ddb} })
 	st.s3c = testenv.S3Client(t)
 	st.bucket = testenv.Bucket(t, st.s3c)
@@ -178,7 +178,7 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour, Parked: core.PoolParkedPaused}))
 	}
 	st.pool = cfg.pool != noPool
-	st.faulty = ddbstore.New(faultyDB, table, st.deployment)
+	st.faulty = ddbstore.New(faultyDB, table, st.deployment, ddbstore.WithLimit(limit))
 	st.eng, err = core.New(s, st.faulty, prov, syncer, opts...)
 	if err != nil {
 		t.Fatal(err)
