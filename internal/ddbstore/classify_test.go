@@ -261,14 +261,6 @@ func TestStoreClassifiesEveryOutcome(t *testing.T) {
 			return err
 		}, []outcome{{"condition failed", always(ccf), core.ErrLeaseHeld}}},
 		{"set draining", nil, func(s *Store) error { return s.SetDraining(context.Background(), true) }, commonSingle},
-		{"apply unless draining", nil, func(s *Store) error {
-			_, err := s.Apply(context.Background(), core.Update{SandboxID: "sbx1", Fence: 6, State: core.StateWarm, Now: now0, UnlessDraining: true})
-			return err
-		}, append([]outcome{
-			{"record's fence moved", failing(nil, "SBX#"), core.ErrStaleFence},
-			{"ledger draining", failing(nil, "CAP#"), core.ErrDraining},
-			{"both", failing(nil, "SBX#", "CAP#"), core.ErrStaleFence},
-		}, commonTxn...)},
 		{"reserve", ledger(false), func(s *Store) error { return s.Reserve(context.Background(), reservation) }, append([]outcome{
 			{"ledger full", failing(ledger(false), "CAP#"), errCapacity},
 			{"ledger draining", failing(ledger(true), "CAP#"), errDrainingRefus},

@@ -121,6 +121,19 @@ func decodeCounter(av map[string]types.AttributeValue) int {
 // bounds to 100 items: this fails to compile when the buckets outgrow it.
 const _ = uint(100 - CapacityBuckets - PausedBuckets)
 
+// Draining reads bucket 0's draining flag (SetDraining writes every
+// bucket at once; an eventually consistent GetItem).
+func (s *Store) Draining(ctx context.Context) (bool, error) {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(bucketPK(s.deployment, 0)),
+		ProjectionExpression: aws.String("draining")})
+	if err != nil {
+		return false, unavailable("read draining", err)
+	}
+	return decodeBucket(out.Item).Draining, nil
+}
+
 // SetDraining marks the deployment draining (or not): every capacity
 // bucket and paused bucket, in one transaction (96 items, within
 // DynamoDB's 100 a transaction); then, starting a drain, every waiting
@@ -423,44 +436,11 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	if u.KillAttempt {
 		upd = upd.Add(expression.Name("kill_attempts"), expression.Value(1))
 	}
-	if u.UnlessDraining {
-		// Not metered: a transaction returns no record to meter from (the
-		// record's next write meters the interval).
-		return s.applyUnlessDraining(ctx, u, cond, upd)
-	}
 	rec, old, err := s.update(ctx, "apply", sandboxPK(u.SandboxID), cond, meter(upd, u.Now))
 	if err != nil && old != nil {
 		return *old, fmt.Errorf("sandbox %s fence %d, now %d: %w", u.SandboxID, u.Fence, old.Fence, core.ErrStaleFence)
 	}
 	return rec, err
-}
-
-// applyUnlessDraining makes a fenced update in a transaction with a check
-// that the record's capacity bucket is not draining. Transactions return
-// no item: it returns the zero Record on success (its callers need none),
-// saving a read.
-func (s *Store) applyUnlessDraining(ctx context.Context, u core.Update, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, error) {
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
-	if err != nil {
-		return core.Record{}, fmt.Errorf("apply: %w", err)
-	}
-	check, err := s.conditionCheck(bucketPK(s.deployment, u.Slot.Bucket), notDraining())
-	if err != nil {
-		return core.Record{}, fmt.Errorf("apply: %w", err)
-	}
-	failed, err := s.writeTxn(ctx, "apply", []types.TransactWriteItem{
-		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(u.SandboxID)),
-			ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}},
-		check,
-	})
-	if has(failed, sandboxPK(u.SandboxID)) {
-		return core.Record{}, fmt.Errorf("sandbox %s fence %d: %w", u.SandboxID, u.Fence, core.ErrStaleFence)
-	}
-	if has(failed, bucketPK(s.deployment, u.Slot.Bucket)) {
-		return core.Record{}, core.ErrDraining
-	}
-	return core.Record{}, err
 }
 
 // dropBinding deletes the thread's binding if attr still equals value.
