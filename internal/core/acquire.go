@@ -217,7 +217,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 		// waited out. The refusal carries the record as it is.
 		now := e.now()
 		rec, err := e.store.Claim(ctx, Claim{SandboxID: b.SandboxID, Tenant: key.Tenant,
-			From: []State{StateActive, StateWarm, StateReleasing, StateReclaiming}, To: StateActive,
+			From: []State{StateActive, StateWarm, StateReleasing}, To: StateActive,
 			Owner: owner, Now: now})
 		switch {
 		case err == nil && rec.PrevState == StateActive:

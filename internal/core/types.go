@@ -68,10 +68,6 @@ const (
 	StateActive    State = "active"    // handed out to the thread's agent
 	StateReleasing State = "releasing" // release in progress (syncing outputs)
 	StateWarm      State = "warm"      // parked for the same thread, idle timeout running
-	// StateReclaiming is a warm sandbox being handed back to its thread. This
-	// version reclaims in one write (warm -> active) and never writes it;
-	// claims still accept it so records written by another version move on.
-	StateReclaiming State = "reclaiming"
 	// StatePausing is a warm sandbox being paused: it holds its running
 	// slot and, taken before the provider is asked, a paused slot.
 	StatePausing State = "pausing"
@@ -217,7 +213,7 @@ type CapacityStatus struct {
 	Active        int `json:"active"`
 	Warm          int `json:"warm"`
 	Reserved      int `json:"reserved"`
-	Transitioning int `json:"transitioning"` // releasing, reclaiming, pausing, claiming (a resume counts active from its claim)
+	Transitioning int `json:"transitioning"` // releasing, pausing, claiming (a resuming record counts active)
 	Tombstones    int `json:"tombstones"`    // destroying: kill not yet confirmed
 	// Pool counts the pre-warmed pool's members waiting to be claimed
 	// (their running slots are in Used).

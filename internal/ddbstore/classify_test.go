@@ -228,7 +228,7 @@ func TestStoreClassifiesEveryOutcome(t *testing.T) {
 		av, _ := attributevalue.MarshalMap(bucketItem{Used: 3, Draining: draining})
 		return av
 	}
-	claim := core.Claim{SandboxID: "sbx1", Tenant: "acme", From: []core.State{core.StateWarm}, To: core.StateReclaiming,
+	claim := core.Claim{SandboxID: "sbx1", Tenant: "acme", From: []core.State{core.StateWarm}, To: core.StateActive,
 		Owner: "me", Now: now0, LeaseUntil: now0.Add(time.Minute)}
 	reservation := core.Reservation{Token: "res-1", ThreadKey: key, Limit: 3, MaxPerUser: 1, Now: now0, ExpiresAt: now0.Add(time.Minute)}
 	ccf := &types.ConditionalCheckFailedException{Message: aws.String("condition failed")}

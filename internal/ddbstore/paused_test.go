@@ -59,7 +59,7 @@ func countSlots(t *testing.T, s *ddbstore.Store, key core.ThreadKey) slotCounts 
 		t.Fatalf("Capacity: %v", err)
 	}
 	counted := 0
-	for _, state := range []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm, core.StateReclaiming,
+	for _, state := range []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
 		core.StatePausing, core.StatePaused, core.StateResuming, core.StateDestroying} {
 		if err := s.ScanState(ctx, state, func(r core.Record) bool {
 			if r.Slots.Running() {

@@ -47,7 +47,7 @@ func used(t *testing.T, s *ddbstore.Store) (int, int) {
 		t.Fatalf("Capacity: %v", err)
 	}
 	n, err := s.CountStates(context.Background(), core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
-		core.StateReclaiming, core.StateDestroying)
+		core.StateDestroying)
 	if err != nil {
 		t.Fatalf("CountStates: %v", err)
 	}

@@ -164,8 +164,8 @@ func TestClaimHasOneWinner(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, err := s.Claim(ctx, core.Claim{SandboxID: id, Tenant: "acme", From: []core.State{core.StateWarm, core.StateReclaiming},
-					To: core.StateReclaiming, Owner: fmt.Sprintf("w%d", w), Now: t0, LeaseUntil: t0.Add(time.Minute)})
+				_, err := s.Claim(ctx, core.Claim{SandboxID: id, Tenant: "acme", From: []core.State{core.StateWarm, core.StateActive},
+					To: core.StateActive, Owner: fmt.Sprintf("w%d", w), Now: t0, LeaseUntil: t0.Add(time.Minute)})
 				switch {
 				case err == nil:
 					wins.Add(1)

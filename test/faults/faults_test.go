@@ -339,7 +339,7 @@ func (st *stack) checkInvariants() {
 	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n, err := st.store.CountStates(ctx, core.StateCreating, core.StateReleasing, core.StateReclaiming, core.StateClaiming,
+	n, err := st.store.CountStates(ctx, core.StateCreating, core.StateReleasing, core.StateClaiming,
 		core.StatePausing, core.StateResuming, core.StateDestroying)
 	if err != nil {
 		st.t.Fatalf("count states: %v", err)
