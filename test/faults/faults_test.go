@@ -791,7 +791,8 @@ var steps = []step{
 	// and every sandbox's envd): the outputs cannot even be listed.
 	{"release/provider-outage", provLayer, func(faults.Request) bool { return true }, releaseStep(false)},
 	{"release/sync", s3Layer, faults.PathContains("PUT", "/outputs/"), releaseStep(false)},
-	{"release/park", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"warm"`), releaseStep(false)},
+	{"release/drain-read", ddbLayer, faults.BodyContains(faults.DynamoDB("GetItem"), `draining`), releaseStep(false)},
+	{"release/park", ddbLayer, faults.BodyContains(faults.DynamoDB("UpdateItem"), `"S":"warm"`), releaseStep(false)},
 	{"release/kill", provLayer, faults.PathContains("DELETE", "/sandboxes/"), releaseStep(true)},
 	// Pause-parking: the pause of an idle warm sandbox (reconcile) and
 	// the resume of a paused one (acquire), at the provider and in the
