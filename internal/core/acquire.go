@@ -185,9 +185,9 @@ type acquireState struct {
 	// grant is the slot held in trust for the ticket, once granted: the
 	// next take consumes it.
 	grant *Grant
-	// deadChecked: the slots of dead sandboxes were looked for (once per
-	// acquire: it costs a query per state).
-	deadChecked bool
+	// lostChecked: slots no sandbox uses were looked for (freeLost; once
+	// per acquire).
+	lostChecked bool
 	// tenantUsed is the slots the thread's tenant held at the lookup;
 	// atShare: an eviction found it holding its fair share since.
 	tenantUsed int
@@ -217,7 +217,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 		// waited out. The refusal carries the record as it is.
 		now := e.now()
 		rec, err := e.store.Claim(ctx, Claim{SandboxID: b.SandboxID, Tenant: key.Tenant,
-			From: []State{StateActive, StateWarm, StateReleasing, StateReclaiming}, To: StateActive,
+			From: []State{StateActive, StateWarm, StateReleasing}, To: StateActive,
 			Owner: owner, Now: now})
 		switch {
 		case err == nil && rec.PrevState == StateActive:
@@ -408,13 +408,6 @@ func (e *Engine) recordExpiry(ctx context.Context, rec Record) Record {
 		Now: e.now(), ExpiresAt: rec.ExpiresAt, Slot: rec.Slot})
 	if err != nil {
 		e.log.InfoContext(ctx, "reclaimed sandbox's expiry not recorded", "sandbox_id", rec.SandboxID, "err", err)
-		return rec
-	}
-	if updated.SandboxID == "" {
-		// The write also moved the record's count (warm to active) and
-		// returned no record; the reply needs nothing else it changed,
-		// and the store keeps times to the millisecond.
-		rec.ExpiresAt = rec.ExpiresAt.Truncate(time.Millisecond).UTC()
 		return rec
 	}
 	updated.Endpoint = rec.Endpoint

@@ -184,7 +184,7 @@ func benchEngineWith(b *testing.B, prov core.Provider, mutate func(*core.Setting
 	if mutate != nil {
 		mutate(&s)
 	}
-	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment), prov, &fakeSyncer{},
+	eng, err := core.New(s, ddbstore.New(client, table, s.Deployment, ddbstore.WithLimit(s.Limit())), prov, &fakeSyncer{},
 		append([]core.Option{core.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		b.Fatalf("core.New: %v", err)
@@ -306,7 +306,7 @@ func BenchmarkAcquireDynamoDBCalls(b *testing.B) {
 		// (1 = the least recently parked).
 		const pool = 64
 		eng, c, client, table := benchEngine(b, func(s *core.Settings) { s.Replicas = pool })
-		store := ddbstore.New(client, table, "bench")
+		store := ddbstore.New(client, table, "bench", ddbstore.WithLimit(pool))
 		for i := range pool {
 			release(b, eng, mustAcquire(b, eng, key(fmt.Sprint("w", i)), core.SourceCreated).SandboxID)
 		}

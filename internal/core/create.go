@@ -45,7 +45,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 
 // takeSlot runs take, a write that takes a running slot for key's thread
 // (a reservation, a resume claim), until it applies: when the deployment
-// is full it evicts (see evictOne), else frees the slots of sandboxes the provider has ended,
+// is full it evicts (see evictOne), else frees the slots no sandbox uses (freeLost),
 // and otherwise returns the refusal (retry: the wait policy may poll).
 // Store outages fail closed.
 func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *acquireState, take func(now time.Time) error) (retry bool, _ error) {
@@ -71,7 +71,7 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
 			if ce.Reason == api.RefusalCapacity && evicting && evictions < maxEvictions {
-				ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants), ce.Status)
+				ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants))
 				if ok {
 					continue
 				}
@@ -82,13 +82,11 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 					continue
 				}
 			}
-			if ce.Reason == api.RefusalCapacity && !st.deadChecked {
+			if ce.Reason == api.RefusalCapacity && !st.lostChecked {
 				// Nothing may be evicted: before refusing, free the slots
-				// of sandboxes the provider has already ended. Last, as it
-				// reads every index shard of two states (reconcile frees
-				// them too, every pass).
-				st.deadChecked = true
-				if e.freeDead(ctx, owner) > 0 {
+				// no sandbox uses (freeLost).
+				st.lostChecked = true
+				if e.freeLost(ctx, owner) {
 					continue
 				}
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // destroy claims rec for destruction (from state from) and destroys it,
@@ -52,14 +53,6 @@ func (e *Engine) destroyClaimed(ctx context.Context, rec Record, reason string) 
 	}
 	if err := e.kill(ctx, rec.SandboxID); err != nil {
 		e.log.WarnContext(ctx, "kill uncertain; tombstone keeps its slot", "sandbox_id", rec.SandboxID, "err", err)
-		if rec.Slot.Counted != "" && rec.Slot.Counted != StateDestroying {
-			// Claimed straight into a tombstone (an eviction): count it as one
-			// while it keeps its slot. Best effort: reconcile recounts.
-			tctx, cancel := settle(ctx)
-			_, _ = e.store.Apply(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
-				KeepLease: true, Now: e.now(), Slot: rec.Slot})
-			cancel()
-		}
 		return false
 	}
 	fctx, cancel := settle(ctx)
@@ -108,6 +101,25 @@ func (e *Engine) confirmedGone(ctx context.Context, id string) (bool, error) {
 // errPresenceUnknown: the provider's discovery could not say whether a
 // sandbox exists.
 var errPresenceUnknown = errors.New("sandbox presence unknown")
+
+// lostSlotsInterval is how often one engine looks for lost slots before
+// refusing (freeLost): at most once per interval, so that refusals under
+// contention do not each pay the search. Reconcile frees them on every
+// pass too.
+const lostSlotsInterval = 2 * time.Second
+
+// freeLost frees slots that no sandbox uses, when nothing may be evicted:
+// a tombstone's whose kill can be retried, else those of sandboxes the
+// provider has ended (freeDead). At most once per lostSlotsInterval per
+// engine (by its clock); it reports whether it freed any.
+func (e *Engine) freeLost(ctx context.Context, owner string) bool {
+	now := e.now().UnixNano()
+	next := e.lostCheck.Load()
+	if now < next || !e.lostCheck.CompareAndSwap(next, now+int64(lostSlotsInterval)) {
+		return false
+	}
+	return e.retryTombstone(ctx, owner) || e.freeDead(ctx, owner) > 0
+}
 
 // freeDead frees the slots of records whose provider end time has passed,
 // once the provider confirms the sandbox is gone (a read, as the kill

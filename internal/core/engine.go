@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -40,6 +42,46 @@ type Engine struct {
 	pc     *poolConfig
 	// waitObserver hears the wait queue's notes (nil: none).
 	waitObserver func(WaitNote)
+	// lostCheck is when freeLost may next look (Unix nanoseconds).
+	lostCheck atomic.Int64
+	// drain is the draining flag as this engine last read or set it.
+	drain drainView
+}
+
+// drainCheckInterval is how long a release trusts the draining flag it
+// read (drainingNow): one read per interval per engine instead of one per
+// release. A release in another engine in the interval after a drain
+// begins parks its sandbox warm, and reconcile destroys it on its next
+// pass, as every warm sandbox of a draining deployment.
+const drainCheckInterval = 5 * time.Second
+
+// drainView is a read of the draining flag and when it was made.
+type drainView struct {
+	mu       sync.Mutex
+	at       time.Time // zero: never read
+	draining bool
+}
+
+// drainingNow reports whether the deployment drains, as read at most
+// drainCheckInterval ago (by the engine's clock). A failed read answers
+// false: the sandbox parks, and reconcile destroys it if the deployment
+// drains.
+func (e *Engine) drainingNow(ctx context.Context) bool {
+	now := e.now()
+	e.drain.mu.Lock()
+	defer e.drain.mu.Unlock()
+	if !e.drain.at.IsZero() && now.Sub(e.drain.at) < drainCheckInterval && now.After(e.drain.at.Add(-time.Second)) {
+		return e.drain.draining
+	}
+	cctx, cancel := settle(ctx)
+	defer cancel()
+	draining, err := e.store.Draining(cctx)
+	if err != nil {
+		e.log.InfoContext(ctx, "draining flag not read; parking", "err", err)
+		return false
+	}
+	e.drain.at, e.drain.draining = now, draining
+	return draining
 }
 
 var _ Broker = (*Engine)(nil)
@@ -113,7 +155,7 @@ func backoff(n int) time.Duration {
 const responseMargin = time.Second
 
 // applyRecord makes the fenced update u and returns the record as stored:
-// read back when the write moved the record's count and returned none.
+// read back when the write was a transaction and returned none.
 func (e *Engine) applyRecord(ctx context.Context, u Update) (Record, error) {
 	rec, err := e.store.Apply(ctx, u)
 	if err != nil || rec.SandboxID != "" {
@@ -167,6 +209,9 @@ func (e *Engine) SetDraining(ctx context.Context, draining bool) error {
 	if err := e.store.SetDraining(ctx, draining); err != nil {
 		return fmt.Errorf("set draining: %w", err)
 	}
+	e.drain.mu.Lock()
+	e.drain.at, e.drain.draining = e.now(), draining
+	e.drain.mu.Unlock()
 	e.log.InfoContext(ctx, "draining changed", "draining", draining)
 	return nil
 }

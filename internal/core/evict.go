@@ -21,41 +21,21 @@ const (
 	ownTenantCandidates = 50
 )
 
-// evictOne frees one slot for key's thread: first by retrying a tombstone
-// whose lease lapsed, else a pool member, else by destroying the least
-// recently parked warm sandbox of another thread among a random quarter
-// of the warm pool (Store.Sample: the whole pool when small; on
-// average the fourth oldest of a large one, one of its 16 oldest with
-// probability 1 - (3/4)^16 > 99%): of another tenant only under below,
-// which the claim checks (key's tenant holds fewer slots than its fair
-// share), of key's own tenant only when below is nil (a tenant at or over
-// its fair share never takes another tenant's warm sandbox; when the
-// sample holds none of its own, the pool's exact order is read). It
-// reports whether a slot was freed, and atShare when a claim found the tenant at its fair share. A kill that
+// evictOne frees one slot for key's thread: by giving up a pool member,
+// else by destroying the least recently parked warm sandbox of another
+// thread among a random quarter of the warm pool (Store.Sample: the whole
+// pool when small; on average the fourth oldest of a large one, one of
+// its 16 oldest with probability 1 - (3/4)^16 > 99%). A warm sandbox of another
+// tenant is taken only under below, which the claim checks (key's tenant
+// holds fewer slots than its fair share); of key's own tenant only when
+// below is nil (a tenant at or over its fair share never takes another
+// tenant's warm sandbox; when the sample holds none of its own, the
+// pool's exact order is read). It reports whether a slot was freed, and
+// atShare when a claim found the tenant at its fair share. A kill that
 // fails leaves a tombstone holding the slot and stops the eviction.
-//
-// counts (the refusal's) spares the index queries of a kind the counters
-// say there is none of (each query reads every index shard).
-func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow, counts CapacityStatus) (freed, atShare bool) {
-	now := e.now()
-	if counts.Tombstones > 0 {
-		// Any whose retry lease lapsed will do: a sample of them.
-		if tombs, err := e.store.Sample(ctx, StateDestroying, 5); err == nil {
-			for _, rec := range tombs {
-				claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
-					Owner: owner, Now: now, LeaseUntil: e.leaseUntil(ctx)})
-				if err != nil {
-					continue // a peer holds its retry lease
-				}
-				return e.destroyClaimed(ctx, claimed, EventReasonKillRetried), false
-			}
-		}
-	}
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow) (freed, atShare bool) {
 	if e.evictPoolMember(ctx, owner, false) {
 		return true, false
-	}
-	if counts.Warm == 0 {
-		return false, false
 	}
 	ownTenant := below == nil
 	may := func(rec Record) bool {
@@ -64,16 +44,34 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 	// The least recently parked of a random quarter of the pool (all of
 	// it when small), see Store.Sample.
 	warm, err := e.store.Sample(ctx, StateWarm, evictCandidates)
-	if err == nil && ownTenant && !slices.ContainsFunc(warm, may) {
+	if err == nil && ownTenant && len(warm) > 0 && !slices.ContainsFunc(warm, may) {
 		// None of the tenant's own among them: the pool's exact order,
 		// deep enough to find its own among other tenants'.
-		warm, err = e.store.WarmParkedBefore(ctx, now.Add(time.Millisecond), ownTenantCandidates)
+		warm, err = e.store.WarmParkedBefore(ctx, e.now().Add(time.Millisecond), ownTenantCandidates)
 	}
 	if err != nil {
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
 		return false, false
 	}
 	return e.evictParked(ctx, key, owner, warm, may, evictGuard{below: below}, EventReasonCapacity)
+}
+
+// retryTombstone frees a tombstone's slot by retrying its kill, if one of
+// a sample of them has a lapsed retry lease; it reports whether it did.
+func (e *Engine) retryTombstone(ctx context.Context, owner string) bool {
+	tombs, err := e.store.Sample(ctx, StateDestroying, 5)
+	if err != nil {
+		return false
+	}
+	for _, rec := range tombs {
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
+			Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
+		if err != nil {
+			continue // a peer holds its retry lease
+		}
+		return e.destroyClaimed(ctx, claimed, EventReasonKillRetried)
+	}
+	return false
 }
 
 // quotaRefusal reports whether reason is a refusal for one of the

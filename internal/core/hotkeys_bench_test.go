@@ -371,7 +371,8 @@ func BenchmarkHotKeys(b *testing.B) {
 // recorded by load), provider, and the tallies of its load.
 type hotRig struct {
 	load     *keyLoad
-	store    *ddbstore.Store
+	client   *dynamodb.Client
+	store    *ddbstore.Store // sized for the limit of the last engine built
 	table    string
 	settings core.Settings // the load's engine's (the last built)
 	prov     *coretest.FakeProvider
@@ -390,7 +391,7 @@ func newHotRig(b *testing.B) *hotRig {
 	load := newKeyLoad()
 	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, load.middleware) })
 	table := freshTable(b, client, "hotkeys")
-	return &hotRig{load: load, store: ddbstore.New(client, table, "hot"), table: table,
+	return &hotRig{load: load, client: client, store: ddbstore.New(client, table, "hot"), table: table,
 		prov:    coretest.NewFakeProvider(), // one provider: sandbox ids are unique
 		waits:   waitTally{queued: make(chan struct{})},
 		sources: map[core.Source]int{}, byTenant: map[string]int{}, refusals: map[string]int{}, releases: map[string]int{}}
@@ -422,6 +423,7 @@ func (r *hotRig) engine(b *testing.B, set func(*core.Settings)) *core.Engine {
 	s.Deployment = "hot"
 	set(&s)
 	r.settings = s
+	r.store = ddbstore.New(r.client, r.table, "hot", ddbstore.WithLimit(s.Limit()))
 	eng, err := core.New(s, r.store, r.prov, &fakeSyncer{}, core.WithLogger(slog.New(slog.DiscardHandler)),
 		core.WithWaitObserver(r.waits.observe))
 	if err != nil {

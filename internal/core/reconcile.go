@@ -27,7 +27,7 @@ func (e *Engine) reconcileConfig() *reconcileConfig {
 
 // liveStates are the record states of a sandbox that may be in use
 // (paused ones included: the thread's next acquire resumes them).
-var liveStates = []State{StateActive, StateReleasing, StateWarm, StateReclaiming, StatePausing, StatePaused, StateResuming,
+var liveStates = []State{StateActive, StateReleasing, StateWarm, StatePausing, StatePaused, StateResuming,
 	StatePooled, StateClaiming}
 
 func isLive(s State) bool {

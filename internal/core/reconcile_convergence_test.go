@@ -21,7 +21,7 @@ import (
 func (h *recHarness) slotHolders(t *testing.T) (ids []string, reservations int) {
 	t.Helper()
 	ctx := context.Background()
-	for _, st := range []core.State{core.StateActive, core.StateReleasing, core.StateWarm, core.StateReclaiming, core.StateDestroying} {
+	for _, st := range []core.State{core.StateActive, core.StateReleasing, core.StateWarm, core.StateDestroying} {
 		if err := h.store.ScanState(ctx, st, func(r core.Record) bool { ids = append(ids, r.SandboxID); return true }); err != nil {
 			t.Fatalf("ScanState(%s): %v", st, err)
 		}
@@ -131,7 +131,7 @@ func TestReconcileConverges(t *testing.T) {
 						r := warm[rng.IntN(len(warm))]
 						now := h.clock.now()
 						_, _ = h.store.Claim(ctx, core.Claim{SandboxID: r.SandboxID, Tenant: r.Tenant, From: []core.State{core.StateWarm},
-							To: core.StateReclaiming, Owner: "ghost", Now: now, LeaseUntil: now.Add(h.s.LeaseDuration)})
+							To: core.StateActive, Owner: "ghost", Now: now, LeaseUntil: now.Add(h.s.LeaseDuration)})
 					}
 				case op < 9: // a duplicate made behind the broker's back
 					_, _ = h.fake.Create(ctx, core.CreateSpec{Metadata: h.threadMeta(thread, 0)})

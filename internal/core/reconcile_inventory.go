@@ -110,52 +110,10 @@ func startedAt(in SandboxInfo) time.Time {
 // budget ran out before the page was done, and an error when the store
 // could not be read (nothing was decided then).
 func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) (bool, error) {
-	ids := make([]string, 0, len(infos))
-	var keys []ThreadKey
-	keySeen := map[ThreadKey]bool{}
-	for _, in := range infos {
-		ids = append(ids, in.ID)
-		if k, ok := validKey(in.Metadata); ok && !keySeen[k] {
-			keySeen[k] = true
-			keys = append(keys, k)
-		}
-	}
-	look, err := p.rst.LookupMany(ctx, ids, keys, nil)
+	look, err := p.lookUpPage(ctx, infos)
 	if err != nil {
-		return false, fmt.Errorf("look up inventory page: %w", err)
+		return false, err
 	}
-	// Second round: the records bindings name, and reservations.
-	var more []string
-	var tokens []string
-	for _, b := range look.Bindings {
-		if b.SandboxID != "" {
-			if _, ok := look.Records[b.SandboxID]; !ok {
-				more = append(more, b.SandboxID)
-			}
-		}
-		if b.Reservation != "" {
-			tokens = append(tokens, b.Reservation)
-		}
-	}
-	for _, in := range infos {
-		if t := in.Metadata[MetaReservation]; t != "" {
-			tokens = append(tokens, t)
-		}
-	}
-	if len(more) > 0 || len(tokens) > 0 {
-		look2, err := p.rst.LookupMany(ctx, more, nil, tokens)
-		if err != nil {
-			return false, fmt.Errorf("look up inventory page: %w", err)
-		}
-		for id, r := range look2.Records {
-			look.Records[id] = r
-		}
-		look.Reservations = look2.Reservations
-	}
-	if look.Reservations == nil {
-		look.Reservations = map[string]PendingReservation{}
-	}
-
 	groups := map[ThreadKey][]SandboxInfo{}
 	var order []ThreadKey
 	for _, in := range infos {
@@ -190,6 +148,54 @@ func (p *pass) processPage(ctx context.Context, infos []SandboxInfo) (bool, erro
 		p.group(ctx, k, g, look)
 	}
 	return true, nil
+}
+
+// lookUpPage reads what the store holds of an inventory page: the
+// records of its sandboxes and the bindings of their threads, then (a
+// second round) the records those bindings name and the reservations.
+func (p *pass) lookUpPage(ctx context.Context, infos []SandboxInfo) (ReconcileLookup, error) {
+	ids := make([]string, 0, len(infos))
+	var keys []ThreadKey
+	keySeen := map[ThreadKey]bool{}
+	for _, in := range infos {
+		ids = append(ids, in.ID)
+		if k, ok := validKey(in.Metadata); ok && !keySeen[k] {
+			keySeen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	look, err := p.rst.LookupMany(ctx, ids, keys, nil)
+	if err != nil {
+		return look, fmt.Errorf("look up inventory page: %w", err)
+	}
+	var more, tokens []string
+	for _, b := range look.Bindings {
+		if _, ok := look.Records[b.SandboxID]; b.SandboxID != "" && !ok {
+			more = append(more, b.SandboxID)
+		}
+		if b.Reservation != "" {
+			tokens = append(tokens, b.Reservation)
+		}
+	}
+	for _, in := range infos {
+		if t := in.Metadata[MetaReservation]; t != "" {
+			tokens = append(tokens, t)
+		}
+	}
+	if len(more) > 0 || len(tokens) > 0 {
+		look2, err := p.rst.LookupMany(ctx, more, nil, tokens)
+		if err != nil {
+			return look, fmt.Errorf("look up inventory page: %w", err)
+		}
+		for id, r := range look2.Records {
+			look.Records[id] = r
+		}
+		look.Reservations = look2.Reservations
+	}
+	if look.Reservations == nil {
+		look.Reservations = map[string]PendingReservation{}
+	}
+	return look, nil
 }
 
 // crashed reports whether a reservation's create is presumed dead.

@@ -125,17 +125,17 @@ func (e *Engine) finishReleaseAs(ctx context.Context, rec Record, strict bool, o
 			return out, err
 		}
 	}
-	now := e.now()
-	pctx, cancel := settle(ctx)
-	_, err := e.store.Apply(pctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: StateWarm, Now: now,
-		ParkedAt: now, ExpiresAt: now.Add(e.s.IdleTimeout), UnlessDraining: true, Slot: rec.Slot, Owner: rec.ThreadKey})
-	cancel()
-	if errors.Is(err, ErrDraining) {
+	if e.drainingNow(ctx) {
 		// A draining deployment keeps nothing warm.
 		e.destroyClaimed(ctx, rec, EventReasonDraining)
 		out.State = releaseDestroyed
 		return out, nil
 	}
+	now := e.now()
+	pctx, cancel := settle(ctx)
+	_, err := e.store.Apply(pctx, Update{SandboxID: sandboxID, Fence: rec.Fence, State: StateWarm, Now: now,
+		ParkedAt: now, ExpiresAt: now.Add(e.s.IdleTimeout), Slot: rec.Slot, Owner: rec.ThreadKey})
+	cancel()
 	if err != nil {
 		return out, fmt.Errorf("park warm: %w", err)
 	}

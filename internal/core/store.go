@@ -77,17 +77,12 @@ type Update struct {
 	ExpiresAt time.Time
 	// KillAttempt increments the record's kill attempt counter.
 	KillAttempt bool
-	// UnlessDraining makes the write conditional on the deployment not
-	// draining (else ErrDraining, nothing written).
-	UnlessDraining bool
 	// Owner is the record's thread: with State StateWarm the record is
 	// listed among its user's and tenant's warm records (Store.OwnWarm);
 	// zero lists it nowhere.
 	Owner ThreadKey
 	// Slot is the record's Slot as the caller read it (the fence makes it
-	// current): when its Counted differs from State the write moves the
-	// record's count in its bucket too (then, as with UnlessDraining, it
-	// returns the zero Record). The zero Slot moves no count.
+	// current).
 	Slot Slot
 }
 
@@ -380,12 +375,15 @@ type CapacityStore interface {
 	// Free marks rec gone (fenced by rec.Fence) and frees its slot (and its
 	// user's and tenant's): call only after the provider confirmed the sandbox is gone.
 	Free(ctx context.Context, rec Record, now time.Time) error
-	// Capacity reports the deployment's slots by state from counters kept
-	// with the slots (a constant number of reads whatever the fleet size).
+	// Capacity reports the deployment's slots: those held and granted,
+	// and the records holding running slots by state.
 	Capacity(ctx context.Context) (CapacityStatus, error)
 	// SetDraining marks the deployment draining (or not); starting a
 	// drain also marks every waiting ticket (TicketState.Draining).
 	SetDraining(ctx context.Context, draining bool) error
+	// Draining reports whether the deployment drains (a read that may
+	// lag a SetDraining by up to a second).
+	Draining(ctx context.Context) (bool, error)
 }
 
 // WaitStore keeps the wait queue: its tickets, waiter places and grants

@@ -243,7 +243,7 @@ func TestStressInvariantsUnderFaults(t *testing.T) {
 	s.MaxPaused = pausedLimit
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = time.Second
-	eng, err := core.New(s, ddbstore.New(faultyDB, table, "stress"), prov, &fakeSyncer{}, core.WithClock(clk.now), core.WithReconcileSettings(rs))
+	eng, err := core.New(s, ddbstore.New(faultyDB, table, "stress", ddbstore.WithLimit(s.Limit())), prov, &fakeSyncer{}, core.WithClock(clk.now), core.WithReconcileSettings(rs))
 	if err != nil {
 		t.Fatalf("core.New: %v", err)
 	}

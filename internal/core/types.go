@@ -68,10 +68,6 @@ const (
 	StateActive    State = "active"    // handed out to the thread's agent
 	StateReleasing State = "releasing" // release in progress (syncing outputs)
 	StateWarm      State = "warm"      // parked for the same thread, idle timeout running
-	// StateReclaiming is a warm sandbox being handed back to its thread. This
-	// version reclaims in one write (warm -> active) and never writes it;
-	// claims still accept it so records written by another version move on.
-	StateReclaiming State = "reclaiming"
 	// StatePausing is a warm sandbox being paused: it holds its running
 	// slot and, taken before the provider is asked, a paused slot.
 	StatePausing State = "pausing"
@@ -157,8 +153,8 @@ type Record struct {
 	MeteredState  State
 
 	// Slot is where the store keeps the record's capacity slot: the store
-	// fills it on every read, and the fenced writes that move the slot or
-	// its count (Update.Slot, Free) hand it back as read.
+	// fills it on every read, and the fenced writes that need it
+	// (Update.Slot, Free) hand it back as read.
 	Slot Slot
 }
 
@@ -166,8 +162,6 @@ type Record struct {
 type Slot struct {
 	// Bucket is the capacity bucket that holds the slot.
 	Bucket int
-	// Counted is the state the bucket counts the record in.
-	Counted State
 	// Quota reports that the slot is counted in its user's and tenant's
 	// slot counts (false for a pool member's, which no thread holds).
 	Quota bool
@@ -219,7 +213,7 @@ type CapacityStatus struct {
 	Active        int `json:"active"`
 	Warm          int `json:"warm"`
 	Reserved      int `json:"reserved"`
-	Transitioning int `json:"transitioning"` // releasing, reclaiming, pausing, claiming (a resume counts active from its claim)
+	Transitioning int `json:"transitioning"` // releasing, pausing, claiming (a resuming record counts active)
 	Tombstones    int `json:"tombstones"`    // destroying: kill not yet confirmed
 	// Pool counts the pre-warmed pool's members waiting to be claimed
 	// (their running slots are in Used).
@@ -251,7 +245,7 @@ func (r Record) HandOut() Source {
 	switch r.PrevState {
 	case StateActive:
 		return SourceReused
-	case StateWarm, StateReclaiming:
+	case StateWarm, StateReleasing:
 		return SourceReclaimed
 	case StatePaused, StateResuming:
 		return SourceResumed

@@ -94,8 +94,7 @@ func (e *Engine) usageAttrs(tenant string, at time.Time, m Metric) []slog.Attr {
 // meteredStore is the engine's Store: every write that moves a record's
 // metering interval (Record.MeteredAt) is followed by its usage line, so
 // no transition, whoever writes it, goes unmetered. A write the store
-// makes without returning the record (Apply with UnlessDraining, a
-// transaction) does not meter; its interval is metered by the record's
+// makes without returning the record (a transaction) does not meter; its interval is metered by the record's
 // next write (it must not change whether the sandbox runs).
 type meteredStore struct {
 	Store

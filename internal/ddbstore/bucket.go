@@ -23,13 +23,11 @@ import (
 //	used          slots held by the records and reservations that name it ("bucket"),
 //	              and the slots it holds in trust for granted wait tickets
 //	granted       of those, the slots held in trust (see waiters.go)
-//	n_<state>     of those, how many are counted in each state (see below)
 //	lim, lim_of   the bucket's limit, set for the deployment limit lim_of
 //	draining      the deployment drains (written to every bucket at once)
 //	tenants       tenants that reserved in it (fair share; reconcile drops idle ones)
 //	revision      bumped by every write that moves "used" or "granted", and by a
 //	              grant's hand-over to the next ticket (the counts stay)
-//	moves         bumped by every write that moves an n_<state> count
 //
 // The limits of the buckets always sum to the deployment limit: they are
 // written together, in one transaction conditional on every bucket's
@@ -45,21 +43,15 @@ import (
 // refusal means every bucket is full, and its details are the buckets'
 // sums. Creates and frees of the whole deployment spread over 64 items
 // instead of one, each of which DynamoDB limits to about 1,000 write
-// units a second (twice that per transactional write). Why 64: parks and
-// reclaims move counts and creates, frees and refused attempts move slots,
-// so every acquire writes some bucket; over 64 buckets no bucket is the
+// units a second (twice that per transactional write). Why 64: creates,
+// frees and refused attempts write buckets; over 64 buckets no bucket is the
 // key that bounds BenchmarkHotKeys' steady loads (its figures are in
 // docs/benchmarks.md), while a refusal's read of every bucket is still
 // one BatchGetItem (at most 100 keys).
 //
-// Per-state counts: every record carries "counted", the state its bucket
-// counts it in, and moves it only in a transaction with the bucket's
-// n_<state> (reserve, finalize, park, tombstone writes, free). Claims,
-// which hand a sandbox back in one conditional write (reuse, reclaim), do
-// not touch the bucket; the engine's next fenced write (the reclaim's
-// expiry, the park) moves the count. A record whose invocation died between
-// is counted in its former state until reconcile recounts. A resume claim,
-// which takes a slot, counts it active at once (ClaimResume).
+// A bucket counts slots, not states: a record's state moves (park,
+// reclaim, pause) write the record alone. Capacity counts the states from
+// the state index when asked.
 const CapacityBuckets = 64
 
 // bucketPK is the key of capacity bucket b.
@@ -113,39 +105,21 @@ func threadHome(k core.ThreadKey, limit int) int {
 	return homeOf(k.Tenant+"\x00"+k.User+"\x00"+k.Thread, max(limit, 1), CapacityBuckets)
 }
 
-// countAttr is a bucket's count attribute for records counted in state.
-func countAttr(s core.State) string { return "n_" + string(s) }
-
-// movesAttr is a bucket's attribute moved by every write of its per-state
-// counts (the counter repair's condition for them).
-const movesAttr = "moves"
-
 // bucketItem is a stored capacity bucket.
 type bucketItem struct {
-	Index    int            `dynamodbav:"-"`
-	Used     int            `dynamodbav:"used"`
-	Revision int64          `dynamodbav:"revision"`
-	Moves    int64          `dynamodbav:"moves"`
-	Draining bool           `dynamodbav:"draining"`
-	Tenants  []string       `dynamodbav:"tenants,stringset"`
-	Granted  int            `dynamodbav:"granted"`
-	Lim      int            `dynamodbav:"lim"`
-	LimOf    int            `dynamodbav:"lim_of"`
-	Counts   map[string]int `dynamodbav:"-"`
+	Index    int      `dynamodbav:"-"`
+	Used     int      `dynamodbav:"used"`
+	Revision int64    `dynamodbav:"revision"`
+	Draining bool     `dynamodbav:"draining"`
+	Tenants  []string `dynamodbav:"tenants,stringset"`
+	Granted  int      `dynamodbav:"granted"`
+	Lim      int      `dynamodbav:"lim"`
+	LimOf    int      `dynamodbav:"lim_of"`
 }
 
 func decodeBucket(av map[string]types.AttributeValue) bucketItem {
 	var b bucketItem
 	_ = attributevalue.UnmarshalMap(av, &b) // absent attributes stay zero
-	b.Counts = map[string]int{}
-	for k, v := range av {
-		if st, ok := strings.CutPrefix(k, "n_"); ok {
-			if n, ok := v.(*types.AttributeValueMemberN); ok {
-				c, _ := strconv.Atoi(n.Value)
-				b.Counts[st] = c
-			}
-		}
-	}
 	return b
 }
 
@@ -195,7 +169,7 @@ func (s *Store) readBuckets(ctx context.Context, consistent bool) ([]bucketItem,
 	out := make([]bucketItem, len(idx))
 	at := make(map[int]int, len(idx))
 	for i, b := range idx {
-		out[i] = bucketItem{Index: b, Counts: map[string]int{}}
+		out[i] = bucketItem{Index: b}
 		at[b] = i
 	}
 	for _, av := range items {
@@ -220,14 +194,6 @@ func bucketStatus(buckets []bucketItem) (core.CapacityStatus, []string) {
 	for _, b := range buckets {
 		st.Used += b.Used
 		st.Draining = st.Draining || b.Draining
-		st.Reserved += b.Counts[string(core.StateCreating)]
-		st.Active += b.Counts[string(core.StateActive)]
-		st.Warm += b.Counts[string(core.StateWarm)]
-		for _, t := range []core.State{core.StateReleasing, core.StateReclaiming, core.StateClaiming, core.StatePausing, core.StateResuming} {
-			st.Transitioning += b.Counts[string(t)]
-		}
-		st.Tombstones += b.Counts[string(core.StateDestroying)]
-		st.Pool += b.Counts[string(core.StatePooled)]
 		st.Granted += b.Granted
 		for _, t := range b.Tenants {
 			if !slices.Contains(tenants, t) {
@@ -240,7 +206,8 @@ func bucketStatus(buckets []bucketItem) (core.CapacityStatus, []string) {
 }
 
 // Capacity sums the capacity buckets and the paused buckets (two
-// BatchGetItems, whatever the fleet's size).
+// BatchGetItems), and counts the records holding running slots by state
+// from the state index (countRunning).
 func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 	buckets, err := s.readBuckets(ctx, false)
 	if err != nil {
@@ -252,30 +219,27 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 		return core.CapacityStatus{}, err
 	}
 	st.Paused = pausedSum(paused).Used
+	counts, err := s.countRunning(ctx)
+	if err != nil {
+		return core.CapacityStatus{}, err
+	}
+	for state, n := range counts {
+		switch state {
+		case core.StateCreating:
+			st.Reserved += n
+		case core.StateActive, core.StateResuming:
+			st.Active += n
+		case core.StateWarm:
+			st.Warm += n
+		case core.StateDestroying:
+			st.Tombstones += n
+		case core.StatePooled:
+			st.Pool += n
+		default:
+			st.Transitioning += n
+		}
+	}
 	return st, nil
-}
-
-// countMove adds to u the clauses moving one record's count in its bucket
-// from state from to state to ("" or gone for none: a slot taken or
-// freed), and moving "moves", the per-state counts' revision. It leaves
-// "revision" alone: the revision moves with the slots only, so that parks
-// and reclaims do not keep a busy bucket's used count from ever looking
-// settled to reconcile. A busy bucket's per-state counts do not look
-// settled, and are corrected only once it is still between two passes:
-// they only inform (the capacity status, whether an eviction looks for a
-// warm sandbox), and a correction made while they move could be wrong.
-func countMove(u expression.UpdateBuilder, from, to core.State) expression.UpdateBuilder {
-	if from == to {
-		return u
-	}
-	u = u.Add(expression.Name(movesAttr), expression.Value(1))
-	if from != "" && from != core.StateGone {
-		u = u.Add(expression.Name(countAttr(from)), expression.Value(-1))
-	}
-	if to != "" && to != core.StateGone {
-		u = u.Add(expression.Name(countAttr(to)), expression.Value(1))
-	}
-	return u
 }
 
 // bucketUpdate is the transaction item applying u (under cond, if any) to

@@ -38,11 +38,12 @@ func (c *countingAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetIte
 	return c.Client.BatchGetItem(ctx, in, o...)
 }
 
-// TestCapacityCostsOneCallWhateverTheFleet: the capacity figures come from
-// the counters kept with the slots (one BatchGetItem of the buckets), and
-// agree with the records whatever the fleet's size; the slots spread over
-// the buckets.
-func TestCapacityCostsOneCallWhateverTheFleet(t *testing.T) {
+// TestCapacityCostsTheSameCallsWhateverTheFleet: the capacity figures
+// come from the counters kept with the slots (one BatchGetItem of the
+// buckets, one of the paused buckets) and one COUNT query of each index
+// key of the slot-holding states, and agree with the records whatever the
+// fleet's size; the slots spread over the buckets.
+func TestCapacityCostsTheSameCallsWhateverTheFleet(t *testing.T) {
 	client, table := newTable(t)
 	api := &countingAPI{Client: client}
 	s := ddbstore.New(api, table, "test")
@@ -56,8 +57,8 @@ func TestCapacityCostsOneCallWhateverTheFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := api.calls.Load(); n != 2 {
-			t.Errorf("Capacity with %d records made %d calls, want 2 (the capacity buckets, the paused buckets)", fleet, n)
+		if n, want := api.calls.Load(), int64(2+ddbstore.SlotStates*ddbstore.IndexShards); n != want {
+			t.Errorf("Capacity with %d records made %d calls, want %d", fleet, n, want)
 		}
 		if want := map[int]int{1: 1, 24: 25}[fleet]; st.Used != want || st.Active != want {
 			t.Errorf("capacity = %+v, want used and active %d", st, want)

@@ -228,7 +228,7 @@ func TestStoreClassifiesEveryOutcome(t *testing.T) {
 		av, _ := attributevalue.MarshalMap(bucketItem{Used: 3, Draining: draining})
 		return av
 	}
-	claim := core.Claim{SandboxID: "sbx1", Tenant: "acme", From: []core.State{core.StateWarm}, To: core.StateReclaiming,
+	claim := core.Claim{SandboxID: "sbx1", Tenant: "acme", From: []core.State{core.StateWarm}, To: core.StateActive,
 		Owner: "me", Now: now0, LeaseUntil: now0.Add(time.Minute)}
 	reservation := core.Reservation{Token: "res-1", ThreadKey: key, Limit: 3, MaxPerUser: 1, Now: now0, ExpiresAt: now0.Add(time.Minute)}
 	ccf := &types.ConditionalCheckFailedException{Message: aws.String("condition failed")}
@@ -261,14 +261,6 @@ func TestStoreClassifiesEveryOutcome(t *testing.T) {
 			return err
 		}, []outcome{{"condition failed", always(ccf), core.ErrLeaseHeld}}},
 		{"set draining", nil, func(s *Store) error { return s.SetDraining(context.Background(), true) }, commonSingle},
-		{"apply unless draining", nil, func(s *Store) error {
-			_, err := s.Apply(context.Background(), core.Update{SandboxID: "sbx1", Fence: 6, State: core.StateWarm, Now: now0, UnlessDraining: true})
-			return err
-		}, append([]outcome{
-			{"record's fence moved", failing(nil, "SBX#"), core.ErrStaleFence},
-			{"ledger draining", failing(nil, "CAP#"), core.ErrDraining},
-			{"both", failing(nil, "SBX#", "CAP#"), core.ErrStaleFence},
-		}, commonTxn...)},
 		{"reserve", ledger(false), func(s *Store) error { return s.Reserve(context.Background(), reservation) }, append([]outcome{
 			{"ledger full", failing(ledger(false), "CAP#"), errCapacity},
 			{"ledger draining", failing(ledger(true), "CAP#"), errDrainingRefus},

@@ -51,7 +51,6 @@ const exactRoom = CallTimeout
 // slots should be.
 type slotTally struct {
 	used   [CapacityBuckets]int
-	counts [CapacityBuckets]map[string]int
 	quota  map[string]int     // USR#/TEN#/TPA# key -> slots counted in it
 	paused [PausedBuckets]int // records holding a paused slot, by paused bucket
 	pool   int                // pool places held
@@ -97,8 +96,7 @@ func holdsPoolPlace(st core.State, it item) bool {
 type holder struct {
 	running      bool // holds a running slot (not a paused record or tombstone)
 	bucket       int
-	counted      string // the state its bucket counts it in
-	quota        bool   // counted in its user's and tenant's slot counts (as its flag says: a free takes them down by it)
+	quota        bool // counted in its user's and tenant's slot counts (as its flag says: a free takes them down by it)
 	tenant, user string
 	pausedSlot   bool
 	pausedBucket int
@@ -132,7 +130,7 @@ func (h holders) see(st core.State, it item) {
 	}
 	h[it.PK] = holder{
 		running: holdsRunningSlot(st, it), bucket: min(max(it.Bucket, 0), CapacityBuckets-1),
-		counted: it.Counted, quota: it.Quota, tenant: it.Tenant, user: it.User,
+		quota: it.Quota, tenant: it.Tenant, user: it.User,
 		pausedSlot: holdsPausedSlot(st, it), pausedBucket: pausedBucketOf(it.PausedBucket), poolPlace: holdsPoolPlace(st, it),
 		tenantPaused: holdsPausedSlot(st, it) && it.TenantPaused && it.Tenant != "",
 	}
@@ -141,9 +139,6 @@ func (h holders) see(st core.State, it item) {
 // tally counts the holders in every counter they hold a place of.
 func (h holders) tally(deployment string) *slotTally {
 	t := &slotTally{quota: map[string]int{}}
-	for b := range t.counts {
-		t.counts[b] = map[string]int{}
-	}
 	for _, o := range h {
 		if o.pausedSlot {
 			t.paused[o.pausedBucket]++
@@ -158,9 +153,6 @@ func (h holders) tally(deployment string) *slotTally {
 			continue
 		}
 		t.used[o.bucket]++
-		if o.counted != "" {
-			t.counts[o.bucket][o.counted]++
-		}
 		k := core.ThreadKey{Tenant: o.tenant, User: o.user}
 		held := 0
 		if o.quota {
@@ -175,17 +167,47 @@ func (h holders) tally(deployment string) *slotTally {
 // tallySlots reads every slot-holding index entry (the whole fleet: for
 // reconcile only), one query of each index key of tallyStates, one state
 // after another, and returns the tally of every counter kept with the
-// slots. The states
-// are not read at one instant: a holder that moves back to a state read
-// already is missed; see exactTally.
+// slots. The states are not read at one instant: a holder that moves back
+// to a state read already is missed; see exactTally. It reads all
+// IndexShards keys of each state and files the entries it finds under a
+// key the store no longer reads (its shard count went down) under their
+// key now (refile).
 func (s *Store) tallySlots(ctx context.Context) (*slotTally, error) {
 	h := holders{}
+	var stray []item
 	for _, st := range tallyStates {
-		if err := s.eachItemInState(ctx, st, func(it item) { h.see(st, it) }); err != nil {
+		err := s.eachItemIn(ctx, st, shardPKs(s.deployment, st, IndexShards), func(it item) {
+			h.see(st, it)
+			if it.GSI1PK != s.statePK(st, entryID(it)) {
+				stray = append(stray, it)
+			}
+		})
+		if err != nil {
 			return nil, err
 		}
 	}
+	for _, it := range stray {
+		s.refile(ctx, it)
+	}
 	return h.tally(s.deployment), nil
+}
+
+// entryID is the id an index entry is filed by: a record's sandbox id, a
+// reservation's token.
+func entryID(it item) string {
+	if id, ok := strings.CutPrefix(it.PK, "SBX#"); ok {
+		return id
+	}
+	return strings.TrimPrefix(it.PK, "RES#")
+}
+
+// refile moves an index entry to its state's key under the store's shard
+// count, if the item is still filed where it was read. Best effort: an
+// entry not moved is found again by the next pass.
+func (s *Store) refile(ctx context.Context, it item) {
+	to := s.statePK(core.State(it.State), entryID(it))
+	_ = s.conditionalUpdate(ctx, "refile index entry", it.PK, expression.Name(AttrGSI1PK).Equal(expression.Value(it.GSI1PK)),
+		expression.Set(expression.Name(AttrGSI1PK), expression.Value(to)))
 }
 
 // exactTally counts every holder once, as no read of the state index can
@@ -219,8 +241,14 @@ func (s *Store) exactTally(ctx context.Context) (*slotTally, error) {
 
 // eachItemInState calls fn with every index entry of state st, decoded.
 func (s *Store) eachItemInState(ctx context.Context, st core.State, fn func(item)) error {
+	return s.eachItemIn(ctx, st, s.statePKs(st), fn)
+}
+
+// eachItemIn calls fn with every index entry of state st under the keys
+// pks, decoded.
+func (s *Store) eachItemIn(ctx context.Context, st core.State, pks []string, fn func(item)) error {
 	var derr error
-	err := s.eachInState(ctx, st, nil, 0, func(av map[string]types.AttributeValue) bool {
+	err := s.eachInKeys(ctx, pks, st, nil, 0, func(av map[string]types.AttributeValue) bool {
 		var it item
 		if derr = attributevalue.UnmarshalMap(av, &it); derr != nil {
 			return false
@@ -520,14 +548,12 @@ type bucketCheck struct {
 	rev  int64
 }
 
-// bucketRepairs are bucket b's two repairs: its used and granted slots
-// (under "revision": every take, free and grant moves it), and its
-// per-state counts (under "moves": every count move moves it). Each is
-// one write, so that counters drifted together are corrected together.
+// bucketRepairs is bucket b's repair: its used and granted slots (under
+// "revision": every take, free and grant moves it), in one write, so that
+// counters drifted together are corrected together.
 func (r *repairRead) bucketRepairs(b bucketItem) []bucketCheck {
 	i := b.Index
 	slots := func(t *slotTally, g map[int]int) string { return fmt.Sprintf("%d,%d", t.used[i]+g[i], g[i]) }
-	perState := func(t *slotTally, _ map[int]int) string { return countsKey(t.counts[i]) }
 	return []bucketCheck{{dueRepair{name: "slots#" + strconv.Itoa(i), want: slots(r.tally, r.grants), counted: slots,
 		apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
 			used, granted := r.tally.used[i]+r.grants[i], r.grants[i]
@@ -539,42 +565,7 @@ func (r *repairRead) bucketRepairs(b bucketItem) []bucketCheck {
 				}
 			}
 			return err
-		}}, fmt.Sprintf("%d,%d", b.Used, b.Granted), b.Revision},
-		{dueRepair{name: "n#" + strconv.Itoa(i), want: perState(r.tally, nil), counted: perState,
-			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
-				err := s.setBucketCounts(ctx, b, r.tally.counts[i])
-				if err == nil {
-					for st := range mergedKeys(b.Counts, r.tally.counts[i]) {
-						if b.Counts[st] != r.tally.counts[i][st] {
-							rep.Counters++
-						}
-					}
-				}
-				return err
-			}}, countsKey(b.Counts), b.Moves}}
-}
-
-// countsKey is per-state counts as text (those not zero, by state).
-func countsKey(counts map[string]int) string {
-	var sb strings.Builder
-	for _, st := range slices.Sorted(maps.Keys(counts)) {
-		if counts[st] != 0 {
-			fmt.Fprintf(&sb, "%s=%d;", st, counts[st])
-		}
-	}
-	return sb.String()
-}
-
-// mergedKeys is the set of the keys of a and b.
-func mergedKeys(a, b map[string]int) map[string]bool {
-	out := map[string]bool{}
-	for k := range a {
-		out[k] = true
-	}
-	for k := range b {
-		out[k] = true
-	}
-	return out
+		}}, fmt.Sprintf("%d,%d", b.Used, b.Granted), b.Revision}}
 }
 
 // revisionMark is a counter's revision as a noted difference ends with it.
@@ -597,19 +588,6 @@ func (s *Store) setBucketSlots(ctx context.Context, b bucketItem, used, granted 
 	return s.conditionalUpdate(ctx, "repair bucket slots", bucketPK(s.deployment, b.Index), cond,
 		expression.Set(expression.Name("used"), expression.Value(used)).Set(expression.Name("granted"), expression.Value(granted)).
 			Add(expression.Name("revision"), expression.Value(1)))
-}
-
-// setBucketCounts sets bucket b's per-state counts to counts (every state
-// it or counts names) if they and its moves are still the ones read
-// (ErrConflict otherwise), moving the moves.
-func (s *Store) setBucketCounts(ctx context.Context, b bucketItem, counts map[string]int) error {
-	upd := expression.Add(expression.Name(movesAttr), expression.Value(1))
-	cond := valueIs(movesAttr, b.Moves)
-	for st := range mergedKeys(b.Counts, counts) {
-		upd = upd.Set(expression.Name(countAttr(core.State(st))), expression.Value(counts[st]))
-		cond = cond.And(valueIs(countAttr(core.State(st)), b.Counts[st]))
-	}
-	return s.conditionalUpdate(ctx, "repair per-state counts", bucketPK(s.deployment, b.Index), cond, upd)
 }
 
 // valueIs is the condition that number attribute attr is still v (absent

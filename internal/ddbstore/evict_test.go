@@ -126,7 +126,7 @@ func TestSample(t *testing.T) {
 				shards := map[int]bool{}
 				for _, r := range got {
 					gotIDs = append(gotIDs, r.SandboxID)
-					shards[ddbstore.ShardOf(r.SandboxID)] = true
+					shards[ddbstore.ShardOf(r.SandboxID, ddbstore.IndexShards)] = true
 				}
 				queries := calls.counts()["Query"]
 				if tc.exact {
@@ -141,7 +141,7 @@ func TestSample(t *testing.T) {
 				// The oldest of the shards drawn from, in park order.
 				var want []string
 				for _, id := range ids {
-					if shards[ddbstore.ShardOf(id)] && len(want) < limit {
+					if shards[ddbstore.ShardOf(id, ddbstore.IndexShards)] && len(want) < limit {
 						want = append(want, id)
 					}
 				}

@@ -33,3 +33,6 @@ func SetSweepSegments(s *Store, n int32) {
 	}
 	s.sweep = n
 }
+
+// SlotStates is how many states hold slots (slotStates).
+var SlotStates = len(slotStates)

@@ -19,18 +19,38 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
-// IndexShards is how many partition keys the state index spreads each
+// IndexShards is the most partition keys the state index spreads each
 // state over. An entry's gsi1pk is "ST#<deployment>#<state>#<n>" with n =
-// shardOf(sandbox id or reservation token). A DynamoDB partition takes
-// about 1,000 write units a second, and every change of a record writes
-// the index under its state's key: a state change twice (the entry deleted
-// under the state it leaves, put under the one it enters), any other
-// update once (the index projects every attribute). Active, releasing and
-// warm are each written about twice per acquire: IndexShards keys spread
-// that load so that the busiest stays within a partition's rate at the
-// loads BenchmarkHotKeys measures (docs/benchmarks.md). Every state has
-// the same count.
+// shardOf(sandbox id or reservation token) modulo the store's shard count
+// (shardsFor the deployment limit, WithLimit). A DynamoDB
+// partition takes about 1,000 write units a second, and every change of a
+// record writes the index under its state's key: a state change twice
+// (the entry deleted under the state it leaves, put under the one it
+// enters), any other update once (the index projects every attribute).
+// Active, releasing and warm are each written about twice per acquire.
+// Every state has the same count.
 const IndexShards = 32
+
+// slotsPerShard is how many slots of the deployment limit one index key
+// serves (shardsFor): a slot is written about twice per acquire, so
+// a key stays within a partition's rate while each slot serves fewer than
+// about 60 acquires a second. Fewer keys make every fan-out (an eviction's
+// sample, the dead-slot check) that many fewer queries.
+const slotsPerShard = 8
+
+// shardsFor is the state index's shard count for a deployment limit: one
+// key per slotsPerShard slots, between 1 and IndexShards.
+func shardsFor(limit int) int {
+	return min(max((limit+slotsPerShard-1)/slotsPerShard, 1), IndexShards)
+}
+
+// WithLimit sizes the state index for a deployment limit (shardsFor;
+// without it, IndexShards keys per state). A changed limit files entries
+// under the new keys from their next write; reconcile moves the others
+// (RepairCounters), and until then a read may miss them.
+func WithLimit(limit int) Option {
+	return func(s *Store) { s.shards = shardsFor(limit) }
+}
 
 // queryParallel bounds the shard queries one fan-out runs at once: every
 // index key of a state in one round, so a fan-out costs one query's
@@ -45,21 +65,21 @@ const queryParallel = IndexShards
 // pool, and closes them again.
 const ConcurrentCalls = queryParallel
 
-// shardOf is the index shard of a sandbox id or reservation token:
-// FNV-1a of the id, modulo IndexShards (stable across processes).
-func shardOf(id string) int {
+// shardOf is the index shard of a sandbox id or reservation token among n:
+// FNV-1a of the id, modulo n (stable across processes).
+func shardOf(id string, n int) int {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(id))
-	return int(h.Sum32() % IndexShards)
+	return int(h.Sum32() % uint32(n))
 }
 
 // statePK is the index partition key of id's entry in state. Pool
 // members are all filed under the first shard (poolShard).
-func statePK(deployment string, s core.State, id string) string {
-	if s == core.StatePooled {
-		return stateShardPK(deployment, s, poolShard)
+func (s *Store) statePK(st core.State, id string) string {
+	if st == core.StatePooled {
+		return stateShardPK(s.deployment, st, poolShard)
 	}
-	return stateShardPK(deployment, s, shardOf(id))
+	return stateShardPK(s.deployment, st, shardOf(id, s.shards))
 }
 
 // poolShard is the one index shard pool members are filed under, so that
@@ -73,12 +93,17 @@ func stateShardPK(deployment string, s core.State, n int) string {
 	return "ST#" + deployment + "#" + string(s) + "#" + strconv.Itoa(n)
 }
 
-// statePKs lists every partition key a query over state reads: its
-// shards.
-func statePKs(deployment string, s core.State) []string {
-	pks := make([]string, IndexShards)
-	for n := range pks {
-		pks[n] = stateShardPK(deployment, s, n)
+// statePKs lists every partition key a query over state reads: the
+// store's shards.
+func (s *Store) statePKs(st core.State) []string {
+	return shardPKs(s.deployment, st, s.shards)
+}
+
+// shardPKs lists the first n index keys of state.
+func shardPKs(deployment string, st core.State, n int) []string {
+	pks := make([]string, n)
+	for i := range pks {
+		pks[i] = stateShardPK(deployment, st, i)
 	}
 	return pks
 }
@@ -155,7 +180,7 @@ func (s *Store) eachMerged(ctx context.Context, what string, kqs []keyQuery, key
 // page is read in parallel; later pages as the merge reaches them. page,
 // when > 0, bounds the entries a page reads (a caller wanting few).
 func (s *Store) eachInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, page int32, fn func(map[string]types.AttributeValue) bool) error {
-	return s.eachInKeys(ctx, statePKs(s.deployment, state), state, sk, page, fn)
+	return s.eachInKeys(ctx, s.statePKs(state), state, sk, page, fn)
 }
 
 // eachInKeys is eachInState over the index partition keys pks (of state)
@@ -206,7 +231,7 @@ func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expres
 // sampled query reads first (a quarter of them); sampleEnough is how many
 // entries it must find there, else it reads the other shards too.
 const (
-	sampleShards = IndexShards / 4
+	sampleShards = IndexShards / 4 // of IndexShards; of n keys, max(1, n/4)
 	sampleEnough = 4
 )
 
@@ -218,7 +243,7 @@ const (
 // exactly recordsInState's (and it is empty only when the state has no
 // entry).
 func (s *Store) sampleInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, limit int) ([]core.Record, error) {
-	pks := statePKs(s.deployment, state)
+	pks := s.statePKs(state)
 	rand.Shuffle(len(pks), func(i, j int) { pks[i], pks[j] = pks[j], pks[i] })
 	collect := func(keys []string) ([]map[string]types.AttributeValue, error) {
 		var avs []map[string]types.AttributeValue
@@ -228,12 +253,12 @@ func (s *Store) sampleInState(ctx context.Context, state core.State, sk *express
 		})
 		return avs, err
 	}
-	n := sampleShards
+	n := max(1, len(pks)*sampleShards/IndexShards)
 	avs, err := collect(pks[:n])
 	if err != nil {
 		return nil, err
 	}
-	if len(avs) < min(sampleEnough, limit) {
+	if len(avs) < min(sampleEnough, limit) && n < len(pks) {
 		rest, err := collect(pks[n:])
 		if err != nil {
 			return nil, err
@@ -316,15 +341,15 @@ func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Re
 const maxCountPages = 1000
 
 // countState counts state's index entries: one COUNT query per shard, in
-// parallel.
-func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
-	pks := statePKs(s.deployment, state)
+// parallel; with running, only those holding a running slot.
+func (s *Store) countState(ctx context.Context, state core.State, running bool) (int, error) {
+	pks := s.statePKs(state)
 	counts := make([]int, len(pks))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(queryParallel)
 	for i, pk := range pks {
 		g.Go(func() error {
-			n, err := s.countKey(gctx, state, pk)
+			n, err := s.countKey(gctx, state, pk, running)
 			counts[i] = n
 			return err
 		})
@@ -339,13 +364,31 @@ func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
 	return n, nil
 }
 
-func (s *Store) countKey(ctx context.Context, state core.State, pk string) (int, error) {
-	expr, err := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk))).Build()
+// countRunning counts the records and reservations holding a running
+// slot, by state (every state of slotStates, one after another).
+func (s *Store) countRunning(ctx context.Context) (map[core.State]int, error) {
+	out := make(map[core.State]int, len(slotStates))
+	for _, st := range slotStates {
+		n, err := s.countState(ctx, st, true)
+		if err != nil {
+			return nil, err
+		}
+		out[st] = n
+	}
+	return out, nil
+}
+
+func (s *Store) countKey(ctx context.Context, state core.State, pk string, running bool) (int, error) {
+	eb := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk)))
+	if running {
+		eb = eb.WithFilter(expression.AttributeNotExists(expression.Name("no_running_slot")))
+	}
+	expr, err := eb.Build()
 	if err != nil {
 		return 0, err
 	}
 	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
-		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
+		KeyConditionExpression: expr.KeyCondition(), FilterExpression: expr.Filter(), ExpressionAttributeNames: expr.Names(),
 		ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
 	n := 0
 	for pages := 0; p.HasMorePages(); pages++ {

@@ -79,7 +79,7 @@ func TestIndexShardsPerState(t *testing.T) {
 	used := map[int]bool{}
 	for i := range 2000 {
 		id := fmt.Sprintf("sbx-%d", i)
-		got := ddbstore.ShardOf(id)
+		got := ddbstore.ShardOf(id, ddbstore.IndexShards)
 		h := fnv.New32a()
 		_, _ = h.Write([]byte(id))
 		if want := int(h.Sum32() % ddbstore.IndexShards); got != want {
@@ -89,5 +89,51 @@ func TestIndexShardsPerState(t *testing.T) {
 	}
 	if len(used) != ddbstore.IndexShards {
 		t.Errorf("entries used %d keys, want all %d", len(used), ddbstore.IndexShards)
+	}
+}
+
+// TestIndexSizedForTheLimitAndRefiled: a store sized for 8 slots files
+// every entry of a state under one key, so a sample of the warm pool is
+// one query; entries a store of more keys filed are moved under that key
+// by the counter repair, and are then found.
+func TestIndexSizedForTheLimitAndRefiled(t *testing.T) {
+	client, table := newTable(t)
+	api := &countingAPI{Client: client}
+	wide := ddbstore.New(client, table, "test")
+	narrow := ddbstore.New(api, table, "test", ddbstore.WithLimit(8))
+	ctx := context.Background()
+	park := func(s *ddbstore.Store, i int) {
+		t.Helper()
+		id := fmt.Sprintf("sbx%02d", i)
+		rec := activeRecord(t, s, thread(i), id)
+		at := t0.Add(time.Duration(i) * time.Second)
+		if _, err := s.Apply(ctx, core.Update{SandboxID: id, Fence: rec.Fence, State: core.StateWarm, Now: at, ParkedAt: at}); err != nil {
+			t.Fatalf("Apply warm %s: %v", id, err)
+		}
+	}
+	for i := range 6 {
+		park(wide, i)
+	}
+	park(narrow, 6)
+	warm := func() int {
+		t.Helper()
+		api.calls.Store(0)
+		got, err := narrow.Sample(ctx, core.StateWarm, 20)
+		if err != nil {
+			t.Fatalf("Sample: %v", err)
+		}
+		if n := api.calls.Load(); n != 1 {
+			t.Errorf("Sample made %d queries, want 1 (one index key)", n)
+		}
+		return len(got)
+	}
+	if n := warm(); n != 1 {
+		t.Errorf("before the repair the sample found %d, want the 1 filed under the narrow key", n)
+	}
+	if _, err := narrow.RepairCounters(ctx, 8); err != nil {
+		t.Fatalf("RepairCounters: %v", err)
+	}
+	if n := warm(); n != 7 {
+		t.Errorf("after the repair the sample found %d, want all 7", n)
 	}
 }

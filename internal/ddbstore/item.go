@@ -57,12 +57,11 @@ type item struct {
 	PausedBucket  int   `dynamodbav:"paused_bucket,omitempty"`
 	TenantPaused  bool  `dynamodbav:"paused_tenant,omitempty"`
 	PausedMS      int64 `dynamodbav:"paused_ms,omitempty"`
-	// Bucket, Counted and Quota are the record's core.Slot.
-	Bucket  int    `dynamodbav:"bucket,omitempty"`
-	Counted string `dynamodbav:"counted,omitempty"`
-	Quota   bool   `dynamodbav:"quota,omitempty"`
-	GSI1PK  string `dynamodbav:"gsi1pk,omitempty"`
-	GSI1SK  string `dynamodbav:"gsi1sk,omitempty"`
+	// Bucket and Quota are the record's core.Slot.
+	Bucket int    `dynamodbav:"bucket,omitempty"`
+	Quota  bool   `dynamodbav:"quota,omitempty"`
+	GSI1PK string `dynamodbav:"gsi1pk,omitempty"`
+	GSI1SK string `dynamodbav:"gsi1sk,omitempty"`
 	// GSI2PK and GSI2SK file a warm record in the owner index (owner.go).
 	GSI2PK string `dynamodbav:"gsi2pk,omitempty"`
 	GSI2SK string `dynamodbav:"gsi2sk,omitempty"`
@@ -161,11 +160,12 @@ func (it item) record() core.Record {
 		MeteredState:     core.State(it.MeteredState),
 		Slots:            core.Slots{NoRunning: it.NoRunningSlot, Paused: it.PausedSlot, PausedBucket: it.PausedBucket, TenantPaused: it.TenantPaused},
 		PausedFor:        time.Duration(it.PausedMS) * time.Millisecond,
-		Slot:             core.Slot{Bucket: it.Bucket, Counted: core.State(it.Counted), Quota: it.Quota},
+		Slot:             core.Slot{Bucket: it.Bucket, Quota: it.Quota},
 	}
 }
 
-func recordItem(r core.Record, deployment string) item {
+func (s *Store) recordItem(r core.Record) item {
+	deployment := s.deployment
 	it := item{
 		PK: sandboxPK(r.SandboxID), SK: sortKey, SandboxID: r.SandboxID,
 		Tenant: r.Tenant, User: r.User, Thread: r.Thread, Seed: r.Seed, State: string(r.State),
@@ -176,10 +176,10 @@ func recordItem(r core.Record, deployment string) item {
 		MeteredAt: ms(r.MeteredAt), PrevMeteredAt: ms(r.PrevMeteredAt), MeteredState: string(r.MeteredState),
 		NoRunningSlot: r.Slots.NoRunning, PausedSlot: r.Slots.Paused, PausedBucket: r.Slots.PausedBucket, TenantPaused: r.Slots.TenantPaused,
 		PausedMS: r.PausedFor.Milliseconds(),
-		Bucket:   r.Slot.Bucket, Counted: string(r.Slot.Counted), Quota: r.Slot.Quota,
+		Bucket:   r.Slot.Bucket, Quota: r.Slot.Quota,
 	}
 	if r.State != core.StateGone {
-		it.GSI1PK = statePK(deployment, r.State, r.SandboxID)
+		it.GSI1PK = s.statePK(r.State, r.SandboxID)
 		it.GSI1SK = stateSK(r.UpdatedAt, r.SandboxID)
 		if parkedState(r.State) {
 			it.GSI1SK = stateSK(r.ParkedAt, r.SandboxID)

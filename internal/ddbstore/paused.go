@@ -254,8 +254,8 @@ func (s *Store) ClaimPause(ctx context.Context, c core.Claim, limit int) (core.R
 
 // ClaimReleasePause implements core.PauseStore: ClaimPause of a releasing
 // record at the release's fence, parked now and ending at r.ExpiresAt.
-// Its capacity bucket is not written: the bucket goes on counting the
-// slot active until the settle frees it (or the abort counts it warm).
+// Its capacity bucket is not written: the record keeps its running slot
+// until the settle frees it (or the abort parks it warm).
 func (s *Store) ClaimReleasePause(ctx context.Context, r core.ReleasePause) (core.Record, error) {
 	c := r.Claim
 	c.From = []core.State{core.StateReleasing}
@@ -410,7 +410,7 @@ func (s *Store) settlePause(ctx context.Context, op string, rec core.Record, now
 		Set(expression.Name("paused_slot"), expression.Value(true)).
 		Remove(expression.Name("expires_at")) // the provider does not end a paused sandbox: reconcile does (its TTL)
 	upd = s.stateIndex(upd, to, at, rec.SandboxID, core.ThreadKey{}).
-		Remove(expression.Name("bucket")).Remove(expression.Name("counted")).Remove(expression.Name("quota"))
+		Remove(expression.Name("bucket")).Remove(expression.Name("quota"))
 	running := rec
 	running.Slots = core.Slots{} // the running slot and its counters only
 	release, err := s.slotsRelease(running)
@@ -439,32 +439,18 @@ func (s *Store) abortPause(ctx context.Context, op string, rec core.Record, now 
 		Set(expression.Name("updated_at"), expression.Value(ms(now))).
 		Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket")).Remove(expression.Name("paused_tenant"))
 	upd = s.stateIndex(upd, to, at, rec.SandboxID, rec.ThreadKey)
-	slots := s.tenantPausedRelease(rec)
-	if to == core.StateWarm {
-		// A pause at release left the slot counted active.
-		var err error
-		if upd, slots, err = s.recount(upd, slots, rec.Slot, to); err != nil {
-			return core.Record{}, fmt.Errorf("%s: %w", op, err)
-		}
-	}
-	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing}, upd, slots...); err != nil {
+	if err := s.settle(ctx, op, rec, now, []core.State{core.StatePausing}, upd, s.tenantPausedRelease(rec)...); err != nil {
 		return core.Record{}, err
 	}
 	rec = settled(rec, to, now)
 	rec.Slots = core.Slots{}
-	if rec.Slot.Counted != "" {
-		rec.Slot.Counted = to
-	}
 	return rec, nil
 }
 
 // ClaimResume implements core.PauseStore: one transaction of the record
 // (paused to resuming, leased, holding a running slot again in a capacity
 // bucket, as a reservation takes one: see takeSlot), the bucket and the
-// user's and tenant's counters, then a read of the record. The bucket
-// counts the slot active from the claim on, so that the settle that
-// activates the sandbox writes no bucket (a resume is one provider call;
-// one that fails is discarded, which moves the count as any tombstone).
+// user's and tenant's counters, then a read of the record.
 func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Record, error) {
 	c := r.Claim
 	c.From = []core.State{core.StatePaused}
@@ -483,14 +469,13 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Claim, b int) error {
 	upd := s.claimUpdate(c, core.StateResuming, c.Now).Remove(expression.Name("no_running_slot")).
 		Set(expression.Name("bucket"), expression.Value(b)).
-		Set(expression.Name("counted"), expression.Value(string(core.StateActive))).
 		Set(expression.Name("quota"), expression.Value(true))
 	cond := claimCondition(c).And(expression.Name("user_id").Equal(expression.Value(r.Key.User)))
 	rec, err := s.recordTxnItem(c.SandboxID, cond, upd)
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}
-	take, err := s.slotTake(b, r.Limit, core.StateActive, c.Tenant, r.Grant)
+	take, err := s.slotTake(b, r.Limit, c.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("claim resume: %w", err)
 	}
@@ -522,19 +507,6 @@ func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Cl
 	return err
 }
 
-// recount adds to upd and items the move of slot's count in its bucket to
-// st, when the bucket counts it in another state.
-func (s *Store) recount(upd expression.UpdateBuilder, items []types.TransactWriteItem, slot core.Slot, st core.State) (expression.UpdateBuilder, []types.TransactWriteItem, error) {
-	if slot.Counted == "" || slot.Counted == st {
-		return upd, items, nil
-	}
-	bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, slot.Counted, st))
-	if err != nil {
-		return upd, items, err
-	}
-	return upd.Set(expression.Name("counted"), expression.Value(string(st))), append(items, bucket), nil
-}
-
 // SettleResume implements core.PauseStore.
 func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresAt time.Time) (core.Record, error) {
 	upd := expression.Set(expression.Name("state"), expression.Value(string(core.StateActive))).
@@ -544,14 +516,7 @@ func (s *Store) SettleResume(ctx context.Context, rec core.Record, now, expiresA
 		Remove(expression.Name("parked_at")).Remove(expression.Name("paused_slot")).Remove(expression.Name("paused_bucket")).
 		Remove(expression.Name("paused_tenant")).Remove(expression.Name("no_running_slot"))
 	upd = s.stateIndex(upd, core.StateActive, now, rec.SandboxID, core.ThreadKey{})
-	upd, slots, err := s.recount(upd, s.tenantPausedRelease(rec), rec.Slot, core.StateActive)
-	if err != nil {
-		return core.Record{}, fmt.Errorf("settle resume: %w", err)
-	}
-	if rec.Slot.Counted != "" {
-		rec.Slot.Counted = core.StateActive
-	}
-	if err := s.settle(ctx, "settle resume", rec, now, []core.State{core.StateResuming, core.StateClaiming}, upd, slots...); err != nil {
+	if err := s.settle(ctx, "settle resume", rec, now, []core.State{core.StateResuming, core.StateClaiming}, upd, s.tenantPausedRelease(rec)...); err != nil {
 		return core.Record{}, err
 	}
 	rec = settled(rec, core.StateActive, now)

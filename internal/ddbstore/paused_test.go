@@ -59,7 +59,7 @@ func countSlots(t *testing.T, s *ddbstore.Store, key core.ThreadKey) slotCounts 
 		t.Fatalf("Capacity: %v", err)
 	}
 	counted := 0
-	for _, state := range []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm, core.StateReclaiming,
+	for _, state := range []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
 		core.StatePausing, core.StatePaused, core.StateResuming, core.StateDestroying} {
 		if err := s.ScanState(ctx, state, func(r core.Record) bool {
 			if r.Slots.Running() {
@@ -530,7 +530,7 @@ func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: Capacity: %v", step, err)
 		}
-		if got := (core.CapacityStatus{Used: st.Used, Active: st.Active, Warm: st.Warm, Paused: st.Paused}); got != want {
+		if got := (core.CapacityStatus{Used: st.Used, Active: st.Active, Warm: st.Warm, Transitioning: st.Transitioning, Paused: st.Paused}); got != want {
 			t.Errorf("%s: capacity %+v, want %+v", step, got, want)
 		}
 	}
@@ -555,7 +555,7 @@ func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
 		if got, _ := s.Get(ctx, "sbx1"); got.State != core.StateReleasing || got.Fence != rec.Fence {
 			t.Errorf("%s: record %s fence %d, want releasing fence %d: nothing written", tc.name, got.State, got.Fence, rec.Fence)
 		}
-		capacity(tc.name, core.CapacityStatus{Used: 1, Active: 1})
+		capacity(tc.name, core.CapacityStatus{Used: 1, Transitioning: 1})
 		if err := s.SetDraining(ctx, false); err != nil {
 			t.Fatalf("SetDraining(false): %v", err)
 		}
@@ -568,14 +568,14 @@ func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
 		t.Errorf("claimed = %s lease %q parked %s expires %s; want pausing, rel's, parked %s, expiring %s",
 			pausing.State, pausing.LeaseOwner, pausing.ParkedAt, pausing.ExpiresAt, at, at.Add(30*time.Minute))
 	}
-	// The bucket counts it active until its pause settles or is given up.
-	capacity("claimed", core.CapacityStatus{Used: 1, Active: 1, Paused: 1})
+	// It holds its running slot until its pause settles or is given up.
+	capacity("claimed", core.CapacityStatus{Used: 1, Transitioning: 1, Paused: 1})
 	if _, err := s.AbortPause(ctx, pausing, at.Add(time.Second)); err != nil {
 		t.Fatalf("AbortPause: %v", err)
 	}
 	capacity("given up", core.CapacityStatus{Used: 1, Warm: 1})
-	if got, _ := s.Get(ctx, "sbx1"); got.State != core.StateWarm || got.Slot.Counted != core.StateWarm || !got.ParkedAt.Equal(at) {
-		t.Errorf("given up: record %s counted %s parked %s, want warm, counted warm, parked %s", got.State, got.Slot.Counted, got.ParkedAt, at)
+	if got, _ := s.Get(ctx, "sbx1"); got.State != core.StateWarm || !got.ParkedAt.Equal(at) {
+		t.Errorf("given up: record %s parked %s, want warm, parked %s", got.State, got.ParkedAt, at)
 	}
 
 	rec2 := releasing(t, s, thread(2), "sbx2")

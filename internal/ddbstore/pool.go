@@ -48,14 +48,14 @@ func (s *Store) poolCount(delta int) types.TransactWriteItem {
 func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
 	b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit)}, func(b int) error { return s.reservePoolIn(ctx, r, b) })
 	if err == nil {
-		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating})
+		s.slots.remember(r.Token, core.Slot{Bucket: b})
 	}
 	return err
 }
 
 // reservePoolIn is ReservePool in bucket b.
 func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, b int) error {
-	bucket, err := s.takeUpdate(b, r.Limit, core.StateCreating, "")
+	bucket, err := s.takeUpdate(b, r.Limit, "")
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
 	}
@@ -71,8 +71,8 @@ func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, b int
 	resItem, err := attributevalue.MarshalMap(item{
 		PK: reservationPK(r.Token), SK: sortKey, State: string(core.StateCreating), Reservation: r.Token,
 		Deployment: s.deployment, CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
-		Bucket: b, Counted: string(core.StateCreating),
-		GSI1PK: statePK(s.deployment, core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
+		Bucket: b,
+		GSI1PK: s.statePK(core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
 	})
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
@@ -122,7 +122,7 @@ func (s *Store) FinalizePool(ctx context.Context, token string, rec core.Record)
 // (the oldest may be past their age, awaiting recycling): one query of
 // the index key every member is filed under (poolShard).
 func (s *Store) SomePoolMembers(ctx context.Context, limit int) ([]core.Record, error) {
-	return s.inKey(ctx, core.StatePooled, statePK(s.deployment, core.StatePooled, ""), limit, true)
+	return s.inKey(ctx, core.StatePooled, s.statePK(core.StatePooled, ""), limit, true)
 }
 
 // PoolMembers lists pooled records, oldest first.
@@ -155,17 +155,47 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 // bucket b (a running member's own slot, or one a paused member takes).
 func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) (core.Record, error) {
 	m := c.Member
-	paused := m.Slots.Paused
-	slot := core.Slot{Bucket: b, Quota: true}
-	upd := expression.Set(expression.Name("quota"), expression.Value(true))
-	if m.Slot.Counted != "" || paused {
-		slot.Counted = core.StateClaiming
-		upd = upd.Set(expression.Name("counted"), expression.Value(string(core.StateClaiming)))
+	recItem, err := s.poolClaimRecord(c, b)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
 	}
-	// A running member's slot is the one listed; a paused member holds
-	// none yet.
+	bind, err := s.bindingPut(c.ThreadKey, m.SandboxID, c.Now, replaceCondition(c.ReplaceSandboxID, c.ReplaceReservation))
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	capItems, err := s.poolClaimSlot(c, b)
+	if err != nil {
+		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "claim pool member", append([]types.TransactWriteItem{recItem, bind, s.poolCount(-1)}, capItems...))
+	if done, ok := s.poolClaimApplied(ctx, c, failed); ok {
+		return done, nil
+	}
+	if err := s.poolClaimRefusal(c, b, failed, err); err != nil {
+		return core.Record{}, err
+	}
+	rec := m
+	rec.ThreadKey, rec.Seed = c.ThreadKey, c.Seed()
+	rec.State, rec.PrevState = core.StateClaiming, core.StatePooled
+	rec.Fence++
+	rec.LeaseOwner, rec.LeaseExpiresAt = c.Owner, c.LeaseUntil
+	rec.UpdatedAt = c.Now
+	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = poolMetered(m, c.Now), c.Now, core.StatePooled
+	rec.Slot = core.Slot{Bucket: b, Quota: true}
+	if m.Slots.Paused {
+		rec.Slots = core.Slots{Paused: true, PausedBucket: m.Slots.PausedBucket}
+	}
+	return rec, nil
+}
+
+// poolClaimRecord is the transaction item moving c's member from pooled
+// to claiming for c's thread, its running slot in bucket b: a running
+// member's own slot, as listed; a paused member holds none yet.
+func (s *Store) poolClaimRecord(c core.PoolClaim, b int) (types.TransactWriteItem, error) {
+	m := c.Member
+	upd := expression.Set(expression.Name("quota"), expression.Value(true))
 	held := slotCondition(m.Slot)
-	if paused {
+	if m.Slots.Paused {
 		held = expression.Name("paused_slot").Equal(expression.Value(true)).
 			And(expression.Name("no_running_slot").Equal(expression.Value(true)))
 		upd = upd.Set(expression.Name("bucket"), expression.Value(b)).Remove(expression.Name("no_running_slot"))
@@ -189,87 +219,76 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 			Add(expression.Name("fence"), expression.Value(1)), core.StateClaiming, c.Now, m.SandboxID, core.ThreadKey{})).
 		Build()
 	if err != nil {
-		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+		return types.TransactWriteItem{}, err
 	}
-	bind, err := s.bindingPut(c.ThreadKey, m.SandboxID, c.Now, replaceCondition(c.ReplaceSandboxID, c.ReplaceReservation))
-	if err != nil {
-		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
-	}
-	var capItems []types.TransactWriteItem
-	if paused {
-		capItems, err = s.slotTake(b, c.Limit, core.StateClaiming, c.Tenant, c.Grant)
-	} else {
-		notDrain := notDraining()
-		var capItem types.TransactWriteItem
-		capItem, err = s.bucketUpdate(b, &notDrain, countMove(
-			expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))), m.Slot.Counted, slot.Counted))
-		capItems = []types.TransactWriteItem{capItem}
-	}
-	if err != nil {
-		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
-	}
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(m.SandboxID)),
+		ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
+		ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+}
+
+// poolClaimSlot is the transaction items of c's slot in bucket b: the
+// user's and tenant's counts, and a slot taken (a paused member) or the
+// draining check of the member's own bucket (a running one).
+func (s *Store) poolClaimSlot(c core.PoolClaim, b int) ([]types.TransactWriteItem, error) {
 	user, err := s.counterTake(userPK(s.deployment, c.ThreadKey), c.MaxPerUser)
 	if err != nil {
-		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+		return nil, err
 	}
 	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), c.MaxPerTenant)
 	if err != nil {
-		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
+		return nil, err
 	}
-	failed, err := s.writeTxn(ctx, "claim pool member", append([]types.TransactWriteItem{
-		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(m.SandboxID)),
-			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
-			ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values(),
-			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
-		bind,
-		user,
-		tenant,
-		s.poolCount(-1),
-	}, capItems...))
-	// A lost race for the member first (the caller tries the next one),
-	// then the thread's binding, then the quotas, draining (or, for a
-	// paused member, a full bucket) last.
-	if r, ok := failed[sandboxPK(m.SandboxID)]; ok && len(r.Item) > 0 {
-		// The SDK sends a transaction again when a reply is lost: the
-		// member already claimed for this thread under this claimer's
-		// lease is this claim, applied.
-		if old, derr := s.decodeRecord(ctx, r.Item); derr == nil && old.State == core.StateClaiming &&
-			old.ThreadKey == c.ThreadKey && old.LeaseOwner == c.Owner {
-			return old, nil
-		}
+	items := []types.TransactWriteItem{user, tenant}
+	if c.Member.Slots.Paused {
+		take, err := s.slotTake(b, c.Limit, c.Tenant, c.Grant)
+		return append(items, take...), err
 	}
+	notDrain := notDraining()
+	check, err := s.bucketUpdate(b, &notDrain, expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))))
+	return append(items, check), err
+}
+
+// poolClaimApplied reports whether a claim refused on its member finds it
+// claimed already by this claim: the SDK sends a transaction again when
+// a reply is lost, and the member claimed for this thread under this
+// claimer's lease is this claim, applied.
+func (s *Store) poolClaimApplied(ctx context.Context, c core.PoolClaim, failed map[string]types.CancellationReason) (core.Record, bool) {
+	r, ok := failed[sandboxPK(c.Member.SandboxID)]
+	if !ok || len(r.Item) == 0 {
+		return core.Record{}, false
+	}
+	old, err := s.decodeRecord(ctx, r.Item)
+	if err != nil || old.State != core.StateClaiming || old.ThreadKey != c.ThreadKey || old.LeaseOwner != c.Owner {
+		return core.Record{}, false
+	}
+	return old, true
+}
+
+// poolClaimRefusal says why c's transaction in bucket b failed (err, the
+// items refused): a lost race for the member first (the caller tries the
+// next one), then the thread's binding, then the quotas, draining (or,
+// for a paused member, a full bucket) last. Nil when it applied.
+func (s *Store) poolClaimRefusal(c core.PoolClaim, b int, failed map[string]types.CancellationReason, err error) error {
 	switch {
-	case has(failed, sandboxPK(m.SandboxID)):
-		return core.Record{}, fmt.Errorf("pool member %s: %w", m.SandboxID, core.ErrConflict)
+	case has(failed, sandboxPK(c.Member.SandboxID)):
+		return fmt.Errorf("pool member %s: %w", c.Member.SandboxID, core.ErrConflict)
 	case has(failed, bindingPK(c.ThreadKey)):
-		return core.Record{}, fmt.Errorf("thread %s: %w", c.ThreadKey, core.ErrThreadBound)
+		return fmt.Errorf("thread %s: %w", c.ThreadKey, core.ErrThreadBound)
 	case s.grantFailed(failed, c.Grant):
-		return core.Record{}, fmt.Errorf("claim pool member: %w", core.ErrGrantLost)
+		return fmt.Errorf("claim pool member: %w", core.ErrGrantLost)
 	case has(failed, userPK(s.deployment, c.ThreadKey)):
-		return core.Record{}, &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second}
+		return &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second}
 	case has(failed, tenantPK(s.deployment, c.Tenant)):
-		return core.Record{}, &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second}
-	case has(failed, bucketPK(s.deployment, b)) && paused:
-		return core.Record{}, bucketRefusal(failed[bucketPK(s.deployment, b)].Item, c.Limit)
+		return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second}
+	case has(failed, bucketPK(s.deployment, b)) && c.Member.Slots.Paused:
+		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, c.Limit)
 	case has(failed, bucketPK(s.deployment, b)):
-		return core.Record{}, &core.CapacityError{Reason: api.RefusalDraining, Status: core.CapacityStatus{Draining: true}}
+		return &core.CapacityError{Reason: api.RefusalDraining, Status: core.CapacityStatus{Draining: true}}
 	case len(failed) > 0:
-		return core.Record{}, fmt.Errorf("claim pool member: condition failed on an unexpected item: %w", core.ErrConflict)
-	case err != nil:
-		return core.Record{}, err
+		return fmt.Errorf("claim pool member: condition failed on an unexpected item: %w", core.ErrConflict)
 	}
-	rec := m
-	rec.ThreadKey, rec.Seed = c.ThreadKey, c.Seed()
-	rec.State, rec.PrevState = core.StateClaiming, core.StatePooled
-	rec.Fence++
-	rec.LeaseOwner, rec.LeaseExpiresAt = c.Owner, c.LeaseUntil
-	rec.UpdatedAt = c.Now
-	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = poolMetered(m, c.Now), c.Now, core.StatePooled
-	rec.Slot = slot
-	if paused {
-		rec.Slots = core.Slots{Paused: true, PausedBucket: m.Slots.PausedBucket}
-	}
-	return rec, nil
+	return err
 }
 
 // ClaimPoolPause implements core.PoolStore: ClaimPause of a pooled member

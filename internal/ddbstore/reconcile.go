@@ -167,7 +167,7 @@ func bindingCondition(from core.Binding, bound bool) expression.ConditionBuilder
 func liveCondition() expression.ConditionBuilder {
 	return expression.Name("state").In(expression.Value(string(core.StateActive)),
 		expression.Value(string(core.StateReleasing)), expression.Value(string(core.StateWarm)),
-		expression.Value(string(core.StateReclaiming)), expression.Value(string(core.StatePausing)),
+		expression.Value(string(core.StatePausing)),
 		expression.Value(string(core.StatePaused)), expression.Value(string(core.StateResuming)))
 }
 
@@ -268,13 +268,18 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 		}
 		return rec, nil
 	}
-	// A new slot in the record's home bucket, taken without a limit check:
-	// the sandbox runs already.
+	return s.adoptNew(ctx, op, a, pool, bindItems)
+}
+
+// adoptNew is Adopt of a running sandbox no reservation names: a new slot
+// in the record's home bucket, taken without a limit check (the sandbox
+// runs already), with extra in the same transaction.
+func (s *Store) adoptNew(ctx context.Context, op string, a core.Adoption, pool bool, bindItems []types.TransactWriteItem) (core.Record, error) {
 	rec := a.Record
 	rec.Fence = 1
 	b := int(hashOf(rec.SandboxID) % CapacityBuckets)
-	rec.Slot = core.Slot{Bucket: b, Counted: rec.State, Quota: !pool}
-	ri := recordItem(rec, s.deployment)
+	rec.Slot = core.Slot{Bucket: b, Quota: !pool}
+	ri := s.recordItem(rec)
 	ri.PoolPlace = pool
 	if err := s.seal(ctx, &ri); err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
@@ -287,7 +292,7 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 	if !pool {
 		take = take.Add(expression.Name("tenants"), expression.Value(tenantSet(rec.Tenant)))
 	}
-	bucket, err := s.bucketUpdate(b, nil, countMove(take, "", rec.State))
+	bucket, err := s.bucketUpdate(b, nil, take)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
@@ -321,7 +326,7 @@ func (s *Store) adoptPaused(ctx context.Context, op string, a core.Adoption, ext
 	rec := a.Record
 	rec.Fence = 1
 	rec.Slot = core.Slot{}
-	ri := recordItem(rec, s.deployment)
+	ri := s.recordItem(rec)
 	if err := s.seal(ctx, &ri); err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
@@ -574,7 +579,5 @@ func (s *Store) Seen(ctx context.Context, cycle string) ([]core.SeenSandbox, err
 
 // slotStates are the states whose records (and reservations) hold a
 // running slot (a tombstone of a paused sandbox does not: see CountSlots).
-// StateReclaiming is no longer written by this version (reclaim is one
-// write to active), but a record left in it still holds its slot.
 var slotStates = []core.State{core.StateCreating, core.StateActive, core.StateReleasing, core.StateWarm,
-	core.StateReclaiming, core.StatePausing, core.StateResuming, core.StateDestroying, core.StatePooled, core.StateClaiming}
+	core.StatePausing, core.StateResuming, core.StateDestroying, core.StatePooled, core.StateClaiming}

@@ -394,7 +394,6 @@ type rawItem struct {
 	Tenant       string `dynamodbav:"tenant"`
 	User         string `dynamodbav:"user_id"`
 	Bucket       int    `dynamodbav:"bucket"`
-	Counted      string `dynamodbav:"counted"`
 	Quota        bool   `dynamodbav:"quota"`
 	NoRunning    bool   `dynamodbav:"no_running_slot"`
 	PausedSlot   bool   `dynamodbav:"paused_slot"`
@@ -410,11 +409,6 @@ func (it rawItem) stored(av map[string]types.AttributeValue, have map[string]int
 	switch {
 	case strings.HasPrefix(it.PK, "CAP#test"):
 		have[it.PK+"/used"], have[it.PK+"/granted"] = it.Used, it.Granted
-		for k, v := range av {
-			if n, ok := v.(*types.AttributeValueMemberN); ok && strings.HasPrefix(k, "n_") {
-				have[it.PK+"/"+k], _ = strconv.Atoi(n.Value)
-			}
-		}
 	case strings.HasPrefix(it.PK, "USR#test#"), strings.HasPrefix(it.PK, "TEN#test#"), strings.HasPrefix(it.PK, "PAU#test"):
 		have[it.PK] = it.Used
 	case it.PK == "POOL#test":
@@ -436,9 +430,6 @@ func (it rawItem) holds(want map[string]int) {
 	}
 	if !it.NoRunning && st != core.StatePaused {
 		want[capPK(it.Bucket)+"/used"]++
-		if it.Counted != "" {
-			want[capPK(it.Bucket)+"/n_"+it.Counted]++
-		}
 		if it.Quota && it.Tenant != "" {
 			want["TEN#test#"+it.Tenant]++
 			want["USR#test#"+it.Tenant+"#"+it.User]++

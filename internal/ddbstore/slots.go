@@ -43,7 +43,7 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	p := threadPlan(r.ThreadKey, r.Limit)
 	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
 	if err == nil {
-		s.slots.remember(r.Token, core.Slot{Bucket: b, Counted: core.StateCreating, Quota: true})
+		s.slots.remember(r.Token, core.Slot{Bucket: b, Quota: true})
 	}
 	return err
 }
@@ -185,20 +185,20 @@ func updateTried(buckets []bucketItem, b int, err error) {
 	}
 }
 
-// takeUpdate is the bucket update taking one slot of bucket b, counted in
-// state (tenant, when not empty, joins the bucket's tenant set).
-func (s *Store) takeUpdate(b int, limit int, state core.State, tenant string) (types.TransactWriteItem, error) {
+// takeUpdate is the bucket update taking one slot of bucket b (tenant,
+// when not empty, joins the bucket's tenant set).
+func (s *Store) takeUpdate(b int, limit int, tenant string) (types.TransactWriteItem, error) {
 	take := takeCondition(limit)
 	u := expression.Add(expression.Name("used"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1))
 	if tenant != "" {
 		u = u.Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))
 	}
-	return s.bucketUpdate(b, &take, countMove(u, "", state))
+	return s.bucketUpdate(b, &take, u)
 }
 
 // reserveIn is Reserve in bucket b: errBucketFull when b has no room.
 func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error {
-	take, err := s.slotTake(b, r.Limit, core.StateCreating, r.Tenant, r.Grant)
+	take, err := s.slotTake(b, r.Limit, r.Tenant, r.Grant)
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
@@ -206,8 +206,8 @@ func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error 
 		PK: reservationPK(r.Token), SK: sortKey, Tenant: r.Tenant, User: r.User, Thread: r.Thread, Seed: r.Seed,
 		State: string(core.StateCreating), Reservation: r.Token, Deployment: s.deployment,
 		CreatedAt: ms(r.Now), UpdatedAt: ms(r.Now), ExpiresAt: ms(r.ExpiresAt),
-		Bucket: b, Counted: string(core.StateCreating), Quota: true,
-		GSI1PK: statePK(s.deployment, core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
+		Bucket: b, Quota: true,
+		GSI1PK: s.statePK(core.StateCreating, r.Token), GSI1SK: stateSK(r.Now, r.Token),
 	})
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
@@ -297,7 +297,7 @@ func (r *reservationSlots) guess(token string, quota bool) core.Slot {
 		delete(r.m, token)
 		return slot
 	}
-	return core.Slot{Bucket: int(hashOf(token) % CapacityBuckets), Counted: core.StateCreating, Quota: quota}
+	return core.Slot{Bucket: int(hashOf(token) % CapacityBuckets), Quota: quota}
 }
 
 // slotCondition is the condition that an item's stored slot is slot.
@@ -307,11 +307,6 @@ func slotCondition(slot core.Slot) expression.ConditionBuilder {
 		cond = cond.And(expression.AttributeNotExists(expression.Name("bucket")))
 	} else {
 		cond = cond.And(expression.Name("bucket").Equal(expression.Value(slot.Bucket)))
-	}
-	if slot.Counted == "" {
-		cond = cond.And(expression.AttributeNotExists(expression.Name("counted")))
-	} else {
-		cond = cond.And(expression.Name("counted").Equal(expression.Value(string(slot.Counted))))
 	}
 	if slot.Quota {
 		cond = cond.And(expression.Name("quota").Equal(expression.Value(true)))
@@ -345,7 +340,7 @@ func (s *Store) withReservationSlot(ctx context.Context, op, token string, quota
 		if derr := attributevalue.UnmarshalMap(r.Item, &it); derr != nil {
 			return nil, fmt.Errorf("%s: decode reservation: %w", op, derr)
 		}
-		stored := core.Slot{Bucket: it.Bucket, Counted: core.State(it.Counted), Quota: it.Quota}
+		stored := core.Slot{Bucket: it.Bucket, Quota: it.Quota}
 		if stored == slot || attempt > 0 {
 			return failed, err
 		}
@@ -398,14 +393,14 @@ func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (co
 }
 
 // fromReservation returns rec (fence 1) holding the slot of token's
-// reservation, counted in rec.State, and the transaction items that make it so: the
-// reservation's delete (conditional on its slot), the record's put (a pool
-// record's with its pool place) and the move of the count in its bucket.
+// reservation, and the transaction items that make it so: the
+// reservation's delete (conditional on its slot) and the record's put (a
+// pool record's with its pool place).
 func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slot, rec core.Record, pool bool) (core.Record, []types.TransactWriteItem, error) {
 	rec.Fence = 1
 	rec.ReservationToken = token // the counter repair counts the record and its reservation once by it
-	rec.Slot = core.Slot{Bucket: slot.Bucket, Counted: rec.State, Quota: slot.Quota}
-	ri := recordItem(rec, s.deployment)
+	rec.Slot = core.Slot{Bucket: slot.Bucket, Quota: slot.Quota}
+	ri := s.recordItem(rec)
 	ri.PoolPlace = pool
 	if err := s.seal(ctx, &ri); err != nil {
 		return rec, nil, err
@@ -423,11 +418,7 @@ func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slo
 	if pool {
 		put = notLivePut(&s.table, recItem)
 	}
-	bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.UpdateBuilder{}, core.StateCreating, rec.State))
-	if err != nil {
-		return rec, nil, err
-	}
-	return rec, []types.TransactWriteItem{del, put, bucket}, nil
+	return rec, []types.TransactWriteItem{del, put}, nil
 }
 
 // FreeReservation drops a reservation and its slot (in its bucket, and its
@@ -455,11 +446,11 @@ func (s *Store) FreeReservation(ctx context.Context, token string, key core.Thre
 }
 
 // slotRelease appends to items the writes that return a slot: its
-// bucket's used count (and its per-state count), and its user's and
+// bucket's used count, and its user's and
 // tenant's counts when the slot is in them.
 func (s *Store) slotRelease(items []types.TransactWriteItem, key core.ThreadKey, slot core.Slot) ([]types.TransactWriteItem, error) {
-	bucket, err := s.bucketUpdate(slot.Bucket, nil, countMove(expression.Add(expression.Name("used"), expression.Value(-1)).
-		Add(expression.Name("revision"), expression.Value(1)), slot.Counted, ""))
+	bucket, err := s.bucketUpdate(slot.Bucket, nil, expression.Add(expression.Name("used"), expression.Value(-1)).
+		Add(expression.Name("revision"), expression.Value(1)))
 	if err != nil {
 		return nil, err
 	}

@@ -44,6 +44,7 @@ type Store struct {
 	slots      reservationSlots
 	scan       int   // tickets a read of the wait queue's head returns (queueScan)
 	sweep      int32 // the parts of the counter repair's sweep (sweepSegments)
+	shards     int   // the state index's keys per state (WithLimit)
 }
 
 var _ core.Store = (*Store)(nil)
@@ -51,7 +52,7 @@ var _ core.Store = (*Store)(nil)
 // New returns a store over table, scoping the capacity ledger and state
 // index to deployment.
 func New(db API, table, deployment string, opts ...Option) *Store {
-	s := &Store{db: db, table: table, deployment: deployment, scan: queueScan, sweep: sweepSegments}
+	s := &Store{db: db, table: table, deployment: deployment, scan: queueScan, sweep: sweepSegments, shards: IndexShards}
 	for _, o := range opts {
 		o(s)
 	}
@@ -119,6 +120,19 @@ func decodeCounter(av map[string]types.AttributeValue) int {
 // SetDraining writes every bucket in one transaction, which DynamoDB
 // bounds to 100 items: this fails to compile when the buckets outgrow it.
 const _ = uint(100 - CapacityBuckets - PausedBuckets)
+
+// Draining reads bucket 0's draining flag (SetDraining writes every
+// bucket at once; an eventually consistent GetItem).
+func (s *Store) Draining(ctx context.Context) (bool, error) {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(bucketPK(s.deployment, 0)),
+		ProjectionExpression: aws.String("draining")})
+	if err != nil {
+		return false, unavailable("read draining", err)
+	}
+	return decodeBucket(out.Item).Draining, nil
+}
 
 // SetDraining marks the deployment draining (or not): every capacity
 // bucket and paused bucket, in one transaction (96 items, within
@@ -203,7 +217,7 @@ func (s *Store) stateIndex(u expression.UpdateBuilder, st core.State, at time.Ti
 	if st == core.StateGone {
 		return u.Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK))
 	}
-	return u.Set(expression.Name(AttrGSI1PK), expression.Value(statePK(s.deployment, st, id))).
+	return u.Set(expression.Name(AttrGSI1PK), expression.Value(s.statePK(st, id))).
 		Set(expression.Name(AttrGSI1SK), expression.Value(stateSK(at, id)))
 }
 
@@ -422,59 +436,11 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	if u.KillAttempt {
 		upd = upd.Add(expression.Name("kill_attempts"), expression.Value(1))
 	}
-	moves := u.Slot.Counted != "" && u.Slot.Counted != u.State
-	if moves {
-		upd = upd.Set(expression.Name("counted"), expression.Value(string(u.State)))
-	}
-	if u.UnlessDraining || moves {
-		// Not metered: a transaction returns no record to meter from (the
-		// record's next write meters the interval).
-		return s.applyWithBucket(ctx, u, cond, upd, moves)
-	}
 	rec, old, err := s.update(ctx, "apply", sandboxPK(u.SandboxID), cond, meter(upd, u.Now))
 	if err != nil && old != nil {
 		return *old, fmt.Errorf("sandbox %s fence %d, now %d: %w", u.SandboxID, u.Fence, old.Fence, core.ErrStaleFence)
 	}
 	return rec, err
-}
-
-// applyWithBucket makes a fenced update in a transaction with the record's
-// capacity bucket: a check that the deployment is not draining
-// (UnlessDraining) and/or the move of the record's count from
-// u.Slot.Counted to u.State. Transactions return no item: it returns the
-// zero Record on success (its callers need none), saving a read.
-func (s *Store) applyWithBucket(ctx context.Context, u core.Update, cond expression.ConditionBuilder, upd expression.UpdateBuilder, moves bool) (core.Record, error) {
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
-	if err != nil {
-		return core.Record{}, fmt.Errorf("apply: %w", err)
-	}
-	var bucketCond *expression.ConditionBuilder
-	if u.UnlessDraining {
-		c := notDraining()
-		bucketCond = &c
-	}
-	var bucket types.TransactWriteItem
-	if moves {
-		bucket, err = s.bucketUpdate(u.Slot.Bucket, bucketCond, countMove(expression.UpdateBuilder{}, u.Slot.Counted, u.State))
-	} else {
-		bucket, err = s.conditionCheck(bucketPK(s.deployment, u.Slot.Bucket), *bucketCond)
-	}
-	if err != nil {
-		return core.Record{}, fmt.Errorf("apply: %w", err)
-	}
-	failed, err := s.writeTxn(ctx, "apply", []types.TransactWriteItem{
-		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(u.SandboxID)),
-			ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}},
-		bucket,
-	})
-	if has(failed, sandboxPK(u.SandboxID)) {
-		return core.Record{}, fmt.Errorf("sandbox %s fence %d: %w", u.SandboxID, u.Fence, core.ErrStaleFence)
-	}
-	if has(failed, bucketPK(s.deployment, u.Slot.Bucket)) {
-		return core.Record{}, core.ErrDraining
-	}
-	return core.Record{}, err
 }
 
 // dropBinding deletes the thread's binding if attr still equals value.
@@ -542,7 +508,7 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 			Remove(expression.Name(AttrGSI2PK)).Remove(expression.Name(AttrGSI2SK)).
 			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
 			Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
-			Remove(expression.Name(attrPoolPlace)).Remove(expression.Name("counted"))).
+			Remove(expression.Name(attrPoolPlace))).
 		Build()
 	if err != nil {
 		return types.TransactWriteItem{}, err
@@ -560,7 +526,7 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core.State]int, error) {
 	out := make(map[core.State]int, len(states))
 	for _, st := range states {
-		n, err := s.countState(ctx, st)
+		n, err := s.countState(ctx, st, false)
 		if err != nil {
 			return nil, err
 		}

@@ -164,8 +164,8 @@ func TestClaimHasOneWinner(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, err := s.Claim(ctx, core.Claim{SandboxID: id, Tenant: "acme", From: []core.State{core.StateWarm, core.StateReclaiming},
-					To: core.StateReclaiming, Owner: fmt.Sprintf("w%d", w), Now: t0, LeaseUntil: t0.Add(time.Minute)})
+				_, err := s.Claim(ctx, core.Claim{SandboxID: id, Tenant: "acme", From: []core.State{core.StateWarm, core.StateActive},
+					To: core.StateActive, Owner: fmt.Sprintf("w%d", w), Now: t0, LeaseUntil: t0.Add(time.Minute)})
 				switch {
 				case err == nil:
 					wins.Add(1)
@@ -308,7 +308,7 @@ func TestFinalizeRefusedAfterReservationTakeover(t *testing.T) {
 	}
 }
 
-func TestDrainingRefusesReservationsAndParking(t *testing.T) {
+func TestDrainingRefusesReservations(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
 	rec := activeRecord(t, s, thread(1), "sbx1")
@@ -320,12 +320,8 @@ func TestDrainingRefusesReservationsAndParking(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Reason != "draining" {
 		t.Fatalf("Reserve while draining = %v, want CapacityError reason draining", err)
 	}
-	_, err = s.Apply(ctx, core.Update{SandboxID: "sbx1", Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0, UnlessDraining: true})
-	if !errors.Is(err, core.ErrDraining) {
-		t.Fatalf("park while draining = %v, want ErrDraining", err)
-	}
-	if got, _ := s.Get(ctx, "sbx1"); got.State != core.StateActive || got.Fence != rec.Fence {
-		t.Errorf("record after refused park = %s fence %d, want unchanged active fence %d", got.State, got.Fence, rec.Fence)
+	if draining, err := s.Draining(ctx); err != nil || !draining {
+		t.Errorf("Draining = %v, %v; want true", draining, err)
 	}
 	for n := range 20 { // every thread's lookup reads one of the buckets
 		if look, _ := s.Lookup(ctx, thread(n), 10); !look.Draining {
@@ -335,7 +331,7 @@ func TestDrainingRefusesReservationsAndParking(t *testing.T) {
 	if err := s.SetDraining(ctx, false); err != nil {
 		t.Fatalf("undrain: %v", err)
 	}
-	if _, err := s.Apply(ctx, core.Update{SandboxID: "sbx1", Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0, UnlessDraining: true}); err != nil {
+	if _, err := s.Apply(ctx, core.Update{SandboxID: "sbx1", Fence: rec.Fence, State: core.StateWarm, Now: t0, ParkedAt: t0}); err != nil {
 		t.Errorf("park after undrain: %v", err)
 	}
 	if err := s.Reserve(ctx, core.Reservation{Token: "res-3", ThreadKey: thread(2), Limit: 10, Now: t0}); err != nil {

@@ -28,7 +28,7 @@ func (s *Store) TenantSandboxes(ctx context.Context, tenant, cursor string, limi
 // sort key is after skFrom ("" = all), in sort-key order across the
 // state's shards, until fn returns false.
 func (s *Store) eachTenantInState(ctx context.Context, tenant string, state core.State, skFrom string, fn func(core.Record, string) bool) error {
-	pks := statePKs(s.deployment, state)
+	pks := s.statePKs(state)
 	kqs := make([]keyQuery, len(pks))
 	for i, pk := range pks {
 		kc := expression.Key(AttrGSI1PK).Equal(expression.Value(pk))

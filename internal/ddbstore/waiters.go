@@ -537,9 +537,9 @@ func (s *Store) dropPlace(ctx context.Context, t core.Ticket) error {
 // limit, or with g the one b holds in trust for g's ticket, whose ticket
 // and place leave the queue in the same transaction (the bucket's used
 // count is unchanged: the slot only changes holder).
-func (s *Store) slotTake(b int, limit int, state core.State, tenant string, g *core.Grant) ([]types.TransactWriteItem, error) {
+func (s *Store) slotTake(b int, limit int, tenant string, g *core.Grant) ([]types.TransactWriteItem, error) {
 	if g == nil {
-		it, err := s.takeUpdate(b, limit, state, tenant)
+		it, err := s.takeUpdate(b, limit, tenant)
 		return []types.TransactWriteItem{it}, err
 	}
 	cond := notDraining()
@@ -547,7 +547,7 @@ func (s *Store) slotTake(b int, limit int, state core.State, tenant string, g *c
 	if tenant != "" {
 		u = u.Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))
 	}
-	bucket, err := s.bucketUpdate(g.Bucket, &cond, countMove(u, "", state))
+	bucket, err := s.bucketUpdate(g.Bucket, &cond, u)
 	if err != nil {
 		return nil, err
 	}

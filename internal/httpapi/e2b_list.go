@@ -27,7 +27,7 @@ const e2bListMax = 100
 // paused), "" when it is ending.
 func e2bState(st core.State) string {
 	switch st {
-	case core.StateActive, core.StateCreating, core.StateReclaiming, core.StateResuming:
+	case core.StateActive, core.StateCreating, core.StateResuming:
 		return "running"
 	case core.StateReleasing, core.StateWarm, core.StatePausing, core.StatePaused:
 		return "paused"

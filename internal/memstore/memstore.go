@@ -308,8 +308,7 @@ func (s *Store) checkBelow(c core.Claim) error {
 	return nil
 }
 
-// Apply makes a fenced update (see core.Update). With UnlessDraining it
-// returns the zero Record, as the DynamoDB store does.
+// Apply makes a fenced update (see core.Update).
 func (s *Store) Apply(_ context.Context, u core.Update) (core.Record, error) {
 	u.Now, u.ParkedAt, u.ExpiresAt = ms(u.Now), ms(u.ParkedAt), ms(u.ExpiresAt)
 	return s.writeRecord("Apply", func() (core.Record, error) {
@@ -319,9 +318,6 @@ func (s *Store) Apply(_ context.Context, u core.Update) (core.Record, error) {
 		}
 		if e.rec.Fence != u.Fence {
 			return e.rec, fmt.Errorf("sandbox %s fence %d, now %d: %w", u.SandboxID, u.Fence, e.rec.Fence, core.ErrStaleFence)
-		}
-		if u.UnlessDraining && s.draining {
-			return core.Record{}, core.ErrDraining
 		}
 		metered := e.rec
 		at := u.Now
@@ -345,13 +341,15 @@ func (s *Store) Apply(_ context.Context, u core.Update) (core.Record, error) {
 		if u.KillAttempt {
 			e.rec.KillAttempts++
 		}
-		if u.UnlessDraining {
-			// Not metered, as a transaction of the DynamoDB store is not.
-			e.rec.MeteredAt, e.rec.PrevMeteredAt, e.rec.MeteredState = metered.MeteredAt, metered.PrevMeteredAt, metered.MeteredState
-			return core.Record{}, nil
-		}
 		return e.rec, nil
 	})
+}
+
+// Draining reports whether the deployment drains.
+func (s *Store) Draining(context.Context) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining, nil
 }
 
 // SetDraining marks the deployment draining (or not); starting a drain

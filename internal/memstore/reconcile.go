@@ -97,7 +97,7 @@ func (s *Store) Adopt(_ context.Context, a core.Adoption) (core.Record, error) {
 }
 
 // liveStates are the states a binding may be pointed at (Rebind).
-var liveStates = []core.State{core.StateActive, core.StateReleasing, core.StateWarm, core.StateReclaiming,
+var liveStates = []core.State{core.StateActive, core.StateReleasing, core.StateWarm,
 	core.StatePausing, core.StatePaused, core.StateResuming}
 
 // Rebind points key's binding at id if it is still from and the record is

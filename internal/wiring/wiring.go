@@ -160,7 +160,7 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 	if err != nil {
 		return nil, err
 	}
-	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment, ddbstore.WithSealer(sealer))
+	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment, ddbstore.WithSealer(sealer), ddbstore.WithLimit(cfg.Settings.Limit()))
 	opts := []core.Option{core.WithLogger(logger), core.WithReconcileSettings(cfg.Reconcile), core.WithPool(cfg.Pool.PoolSettings),
 		core.WithEventSink(eventpub.New(eventbridge.NewFromConfig(awsCfg), cfg.EventBusName))}
 	if cfg.Pool.Size > 0 && cfg.Pool.RefillFunction != "" {

@@ -135,7 +135,7 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	if err := ddbstore.CreateTable(ctx, db, table); err != nil {
 		t.Fatalf("CreateTable: %v", err)
 	}
-	st.store, st.db, st.table = ddbstore.New(db, table, st.deployment), db, table
+	st.store, st.db, st.table = ddbstore.New(db, table, st.deployment, ddbstore.WithLimit(limit)), db, table
 	faultyDB := dynamodb.New(db.Options(), func(o *dynamodb.Options) { o.HTTPClient = &http.Client{Transport: st.ddb} })
 	st.s3c = testenv.S3Client(t)
 	st.bucket = testenv.Bucket(t, st.s3c)
@@ -178,7 +178,7 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour, Parked: core.PoolParkedPaused}))
 	}
 	st.pool = cfg.pool != noPool
-	st.faulty = ddbstore.New(faultyDB, table, st.deployment)
+	st.faulty = ddbstore.New(faultyDB, table, st.deployment, ddbstore.WithLimit(limit))
 	st.eng, err = core.New(s, st.faulty, prov, syncer, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -339,7 +339,7 @@ func (st *stack) checkInvariants() {
 	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n, err := st.store.CountStates(ctx, core.StateCreating, core.StateReleasing, core.StateReclaiming, core.StateClaiming,
+	n, err := st.store.CountStates(ctx, core.StateCreating, core.StateReleasing, core.StateClaiming,
 		core.StatePausing, core.StateResuming, core.StateDestroying)
 	if err != nil {
 		st.t.Fatalf("count states: %v", err)
@@ -791,7 +791,8 @@ var steps = []step{
 	// and every sandbox's envd): the outputs cannot even be listed.
 	{"release/provider-outage", provLayer, func(faults.Request) bool { return true }, releaseStep(false)},
 	{"release/sync", s3Layer, faults.PathContains("PUT", "/outputs/"), releaseStep(false)},
-	{"release/park", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"warm"`), releaseStep(false)},
+	{"release/drain-read", ddbLayer, faults.BodyContains(faults.DynamoDB("GetItem"), `draining`), releaseStep(false)},
+	{"release/park", ddbLayer, faults.BodyContains(faults.DynamoDB("UpdateItem"), `"S":"warm"`), releaseStep(false)},
 	{"release/kill", provLayer, faults.PathContains("DELETE", "/sandboxes/"), releaseStep(true)},
 	// Pause-parking: the pause of an idle warm sandbox (reconcile) and
 	// the resume of a paused one (acquire), at the provider and in the
