@@ -235,7 +235,8 @@ func (s CapacityStatus) String() string {
 
 // HandOut is the source of the acquire that last handed out an active
 // record, read from the state its claim found (PrevState): reused from
-// active, reclaimed from warm, resumed from paused, taken from the pool,
+// active, reclaimed from warm (or from a release that died), resumed from
+// paused, taken from the pool,
 // else created (a record created active has none; one reconcile adopted
 // reads as created too). "" when the record is not active.
 func (r Record) HandOut() Source {
