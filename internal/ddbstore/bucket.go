@@ -255,6 +255,17 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 	return st, nil
 }
 
+// TenantsHolding implements core.CapacityStore: the buckets' tenant sets,
+// in one eventually consistent read of the buckets.
+func (s *Store) TenantsHolding(ctx context.Context) ([]string, error) {
+	buckets, err := s.readBuckets(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	_, tenants := bucketStatus(buckets)
+	return tenants, nil
+}
+
 // countMove adds to u the clauses moving one record's count in its bucket
 // from state from to state to ("" or gone for none: a slot taken or
 // freed), and moving "moves", the per-state counts' revision. It leaves

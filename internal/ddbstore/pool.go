@@ -212,10 +212,11 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
 	}
-	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), c.MaxPerTenant)
+	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), tenantBound(c))
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
 	}
+	tenant.Update.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	failed, err := s.writeTxn(ctx, "claim pool member", append([]types.TransactWriteItem{
 		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(m.SandboxID)),
 			ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
@@ -248,7 +249,7 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 	case has(failed, userPK(s.deployment, c.ThreadKey)):
 		return core.Record{}, &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second}
 	case has(failed, tenantPK(s.deployment, c.Tenant)):
-		return core.Record{}, &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second}
+		return core.Record{}, tenantRefusal(c, failed[tenantPK(s.deployment, c.Tenant)].Item)
 	case has(failed, bucketPK(s.deployment, b)) && paused:
 		return core.Record{}, bucketRefusal(failed[bucketPK(s.deployment, b)].Item, c.Limit)
 	case has(failed, bucketPK(s.deployment, b)):
@@ -270,6 +271,31 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 		rec.Slots = core.Slots{Paused: true, PausedBucket: m.Slots.PausedBucket}
 	}
 	return rec, nil
+}
+
+// tenantBound is the count a pool claim's tenant must stay below: its
+// quota (c.MaxPerTenant), or its fair share (c.Below) when lower; 0 for
+// none.
+func tenantBound(c core.PoolClaim) int {
+	bound := c.MaxPerTenant
+	if c.Below != nil && (bound == 0 || c.Below.Slots < bound) {
+		bound = c.Below.Slots
+	}
+	return bound
+}
+
+// tenantRefusal is why a pool claim's tenant count refused it, from the
+// count as found (old): its quota when it holds c.MaxPerTenant slots,
+// else its fair share (c.Below).
+func tenantRefusal(c core.PoolClaim, old map[string]types.AttributeValue) error {
+	var it struct {
+		Used int `dynamodbav:"used"`
+	}
+	_ = attributevalue.UnmarshalMap(old, &it) // an absent count is zero
+	if c.Below == nil || (c.MaxPerTenant > 0 && it.Used >= c.MaxPerTenant) {
+		return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second}
+	}
+	return fmt.Errorf("tenant %s holds %d slots: %w", c.Tenant, it.Used, core.ErrAtFairShare)
 }
 
 // ClaimPoolPause implements core.PoolStore: ClaimPause of a pooled member
