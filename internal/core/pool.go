@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
@@ -120,10 +121,15 @@ func WithPoolRefill(kick func(ctx context.Context) error) Option {
 	return func(e *Engine) { e.poolConfig().kick = kick }
 }
 
-// poolConfig is what the pool options set (Engine.pc).
+// poolConfig is what the pool options set (Engine.pc), and the tenants
+// holding slots as a claim last read them (see poolShareBelow).
 type poolConfig struct {
 	settings PoolSettings
 	kick     func(ctx context.Context) error
+
+	mu        sync.Mutex
+	tenants   []string
+	tenantsAt time.Time
 }
 
 func (e *Engine) poolConfig() *poolConfig {
@@ -323,16 +329,36 @@ func (e *Engine) fromPool(ctx context.Context, key ThreadKey, owner, replaceID, 
 // among the tenants holding slots, key's counted), as an eviction of
 // another tenant's sandbox does (fairShareBelow), so that one tenant
 // cannot claim every member. It is nil when the tenant held its share at
-// the lookup: the acquire creates instead. The tenants are read once per
-// claim (Store.TenantsHolding); when that read fails, the share is that of
-// the tenant alone, the loosest, and the claim's condition still bounds it.
+// the lookup: the acquire creates instead.
 func (e *Engine) poolShareBelow(ctx context.Context, key ThreadKey, st *acquireState) *TenantBelow {
+	return e.fairShareBelow(key, st, e.tenantsHolding(ctx))
+}
+
+// tenantsFor is how long the engine reuses the tenants holding slots it
+// read for a claim: the read costs as much as the rest of the claim, and
+// a burst of claims needs it once. A tenant that starts holding slots
+// within it is not counted yet: the shares are larger for that long.
+const tenantsFor = 2 * time.Second
+
+// tenantsHolding returns the tenants holding slots (Store.TenantsHolding),
+// read at most once per tenantsFor. When the read fails the last set read
+// is kept (none at first: the share is then the deployment's limit, and
+// the claim's condition still bounds the tenant by it).
+func (e *Engine) tenantsHolding(ctx context.Context) []string {
+	pc := e.poolConfig()
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	now := e.now()
+	if !pc.tenantsAt.IsZero() && now.Sub(pc.tenantsAt) < tenantsFor && !now.Before(pc.tenantsAt) {
+		return pc.tenants
+	}
 	tenants, err := e.store.TenantsHolding(ctx)
 	if err != nil {
-		e.log.WarnContext(ctx, "reading the tenants holding slots failed; the pool claim is bounded by the deployment's limit", "err", err)
-		tenants = nil
+		e.log.WarnContext(ctx, "reading the tenants holding slots failed; the last set read bounds the pool claim", "err", err)
+		return pc.tenants
 	}
-	return e.fairShareBelow(key, st, tenants)
+	pc.tenants, pc.tenantsAt = tenants, now
+	return tenants
 }
 
 // cmpBool orders false before true.
