@@ -17,7 +17,8 @@ func (f *fixture) stored(k core.ThreadKey) core.Stored {
 // testStorage: a thread's stored bytes move its tenant's total by the
 // difference, so another thread's change never resets it; the tenant's cap
 // refuses a growth past it (nothing written) but never a shrink; a change
-// from bytes no longer recorded is a conflict; other tenants are apart.
+// from bytes no longer recorded is a conflict; other tenants are apart; a
+// change whose reply was lost applied once.
 func testStorage(f *fixture) {
 	a1, a2, z1 := key("acme", "u1", 1), key("acme", "u2", 2), key("zeta", "u1", 1)
 	if st := f.stored(a1); st != (core.Stored{}) {
@@ -59,5 +60,13 @@ func testStorage(f *fixture) {
 	}
 	if st := f.stored(z1); st.Thread != 900 || st.Tenant != 900 {
 		f.t.Errorf("z1 = %+v; want 900 of 900", st)
+	}
+	// A change whose reply was lost applied once: the same change again is
+	// a conflict, and the totals count it once.
+	f.sub.FailNext(true)
+	f.wantIs("a change with its reply lost", record(z1, 900, 950), core.ErrStoreUnavailable)
+	f.wantIs("the same change again", record(z1, 900, 950), core.ErrConflict)
+	if st := f.stored(z1); st.Thread != 950 || st.Tenant != 950 {
+		f.t.Errorf("z1 after a lost reply = %+v; want 950 of 950", st)
 	}
 }
