@@ -160,18 +160,20 @@ func (s *Syncer) fileReason(w *window, p *pass, size int64) string {
 }
 
 // settleStored records, at the pass's end, what the thread stores now: the
-// bytes listed at its start, moved by the uploads and deletes made. It is
-// recorded without the tenant's quota, as it is the truth: it adds
-// nothing planUploads did not record first, except objects the ledger did
-// not know of. A pass that dies before it leaves the planned bytes, more
-// than the truth, until the thread's next pass. A conflict (the recorded
+// bytes listed at its start, moved by the uploads and deletes made. An
+// upload that failed counts as made (its reply may have been lost), a
+// delete that failed as not made: whatever goes wrong, the ledger counts
+// no fewer bytes than S3 holds. It is recorded without the tenant's
+// quota: it adds nothing planUploads did not record first, except objects
+// the ledger did not know of. A pass that dies before it leaves the
+// planned bytes, more than the truth, until the thread's next pass. A conflict (the recorded
 // bytes were not known) reads them again once. A pass that changed
 // nothing leaves the ledger alone.
 func (s *Syncer) settleStored(ctx context.Context, t core.SyncTarget, p *pass, stored storedObjects) {
-	if s.opts.Ledger == nil || !stored.complete || (!p.ledgerUsed && p.grown == 0 && p.deleted == 0) {
+	final := stored.bytes + p.grown + p.maybe - p.deleted
+	if s.opts.Ledger == nil || !stored.complete || (!p.ledgerUsed && final == stored.bytes) {
 		return // nothing changed that the ledger counts
 	}
-	final := stored.bytes + p.grown - p.deleted
 	for try := 0; try < 2; try++ {
 		lctx, cancel := core.CleanupContext(ctx, s3CallTimeout)
 		if !p.recordedKnown {

@@ -258,10 +258,11 @@ type pass struct {
 	plannedBytes int64
 	// The thread's stored bytes (see ledger.go): as recorded in the
 	// ledger (known false when unread or when a write's outcome is
-	// unknown), and what the uploads and deletes of the pass changed.
-	recorded       int64
-	recordedKnown  bool
-	grown, deleted int64
+	// unknown), and what the uploads and deletes of the pass changed
+	// (maybe: what failed uploads may have added all the same).
+	recorded              int64
+	recordedKnown         bool
+	grown, maybe, deleted int64
 	// ledgerUsed: the pass planned uploads that add bytes, against the
 	// ledger.
 	ledgerUsed bool
@@ -708,6 +709,11 @@ func (s *Syncer) uploadOne(w *window, ref core.SandboxRef, job fileJob, p *pass)
 	}
 	log.WarnContext(ctx, "file deferred", "path", rel, "reason", reason, "err", err)
 	p.deferFile(rel, reason)
+	// The object may be stored all the same (a reply lost): counted as
+	// stored until a pass lists it.
+	p.mu.Lock()
+	p.maybe += max(job.grow, 0)
+	p.mu.Unlock()
 }
 
 // report sorts deferrals by path and caps their number.
