@@ -4,13 +4,18 @@ import (
 	"context"
 	"errors"
 	"math"
+	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
 // ledgerTries bounds how often a pass plans again after another pass of
-// the tenant moved its total between the read and the write.
-const ledgerTries = 3
+// the tenant moved its total between the read and the write;
+// ledgerCallTimeout bounds each call to the ledger.
+const (
+	ledgerTries       = 3
+	ledgerCallTimeout = 10 * time.Second
+)
 
 // upload plan of one pass, before the ledger accepted it.
 type uploadPlan struct {
@@ -49,7 +54,7 @@ func (s *Syncer) planUploads(ctx context.Context, w *window, t core.SyncTarget, 
 	}
 	p.ledgerUsed = true
 	for try := 1; ; try++ {
-		lctx, cancel := context.WithTimeout(w.pass, s3CallTimeout)
+		lctx, cancel := context.WithTimeout(w.pass, ledgerCallTimeout)
 		rec, err := s.opts.Ledger.StoredBytes(lctx, t.ThreadKey)
 		cancel()
 		if err != nil {
@@ -63,7 +68,7 @@ func (s *Syncer) planUploads(ctx context.Context, w *window, t core.SyncTarget, 
 		if want <= rec.Thread {
 			return p.take(pl) // the bytes recorded already cover it
 		}
-		lctx, cancel = context.WithTimeout(w.pass, s3CallTimeout)
+		lctx, cancel = context.WithTimeout(w.pass, ledgerCallTimeout)
 		err = s.opts.Ledger.RecordStored(lctx, core.StoredChange{ThreadKey: t.ThreadKey, Prev: rec.Thread, Bytes: want,
 			TenantLimit: s.opts.MaxTenantBytes})
 		cancel()
@@ -175,7 +180,7 @@ func (s *Syncer) settleStored(ctx context.Context, t core.SyncTarget, p *pass, s
 		return // nothing changed that the ledger counts
 	}
 	for try := 0; try < 2; try++ {
-		lctx, cancel := core.CleanupContext(ctx, s3CallTimeout)
+		lctx, cancel := core.CleanupContext(ctx, ledgerCallTimeout)
 		if !p.recordedKnown {
 			rec, err := s.opts.Ledger.StoredBytes(lctx, t.ThreadKey)
 			if err != nil {
