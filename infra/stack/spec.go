@@ -306,6 +306,8 @@ var Parameters = []Parameter{
 		Description: "Larger files are skipped (empty = the syncer's default)."},
 	{Name: "SyncMaxThreadBytes", Env: config.EnvSyncMaxThreadBytes, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
 		Description: "Bytes one thread may store in all (empty = the syncer's default)."},
+	{Name: "SyncMaxTenantBytes", Env: config.EnvSyncMaxTenantBytes, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
+		Description: "Bytes one tenant may store in all, every thread together (empty = the syncer's default)."},
 	{Name: "SyncDeadlineSeconds", Env: config.EnvSyncDeadlineSeconds, Default: "", AllowedPattern: `^([1-9][0-9]*)?$`,
 		Description: "Wall-time budget of a sync pass (empty = the default; capped at 20 s in HTTP API functions)."},
 	{Name: "SyncMirrorDeletes", Env: config.EnvSyncMirrorDeletes, Default: "false", AllowedValues: []string{"true", "false"},

@@ -80,6 +80,7 @@ const (
 	EnvSyncMaxTotalBytes  = "SYNC_MAX_TOTAL_BYTES"
 	EnvSyncMaxFileBytes   = "SYNC_MAX_FILE_BYTES"
 	EnvSyncMaxThreadBytes = "SYNC_MAX_THREAD_BYTES"
+	EnvSyncMaxTenantBytes = "SYNC_MAX_TENANT_BYTES"
 	// Sandbox access tokens are stored sealed (internal/tokenseal): under
 	// data keys of the KMS key EnvTokenKMSKeyARN (deployed stacks), or
 	// under the local key EnvTokenLocalKey (base64 of 32 bytes; `make
@@ -153,6 +154,10 @@ type Sync struct {
 	// MaxThreadBytes (SYNC_MAX_THREAD_BYTES): what one thread may store in
 	// S3 in all; files past it are excluded (reason thread_quota).
 	MaxThreadBytes int64
+	// MaxTenantBytes (SYNC_MAX_TENANT_BYTES): what one tenant may store
+	// in S3, all its threads together; files past it are excluded (reason
+	// tenant_quota).
+	MaxTenantBytes int64
 	Deadline       time.Duration // SYNC_DEADLINE_SECONDS: wall-time budget of a pass
 	// MirrorDeletes (SYNC_MIRROR_DELETES, default false): objects of files
 	// deleted in the sandbox are deleted from S3 on a complete pass.
@@ -227,11 +232,11 @@ func (c Config) String() string {
 	if c.E2B.APIKey != "" {
 		key = "[redacted]"
 	}
-	return fmt.Sprintf("deployment=%s replicas=%d policy=%s burst=%d acquire_timeout=%s idle_timeout=%s active_timeout=%s template=%q e2b_api_url=%s e2b_sandbox_url=%s e2b_api_key=%s table=%s bucket=%s prefix=%q sync_max_files=%d sync_max_total_bytes=%d sync_max_file_bytes=%d sync_max_thread_bytes=%d sync_deadline=%s sync_mirror_deletes=%t log_level=%s",
+	return fmt.Sprintf("deployment=%s replicas=%d policy=%s burst=%d acquire_timeout=%s idle_timeout=%s active_timeout=%s template=%q e2b_api_url=%s e2b_sandbox_url=%s e2b_api_key=%s table=%s bucket=%s prefix=%q sync_max_files=%d sync_max_total_bytes=%d sync_max_file_bytes=%d sync_max_thread_bytes=%d sync_max_tenant_bytes=%d sync_deadline=%s sync_mirror_deletes=%t log_level=%s",
 		c.Settings.Deployment, c.Settings.Replicas, c.Settings.Policy, c.Settings.BurstLimit,
 		c.Settings.AcquireTimeout, c.Settings.IdleTimeout, c.Settings.ActiveTimeout, c.Settings.Template,
 		c.E2B.APIURL, c.E2B.SandboxURL, key, c.TableName, c.OutputBucket, c.OutputPrefix,
-		c.Sync.MaxFiles, c.Sync.MaxTotalBytes, c.Sync.MaxFileBytes, c.Sync.MaxThreadBytes, c.Sync.Deadline, c.Sync.MirrorDeletes, c.LogLevel) +
+		c.Sync.MaxFiles, c.Sync.MaxTotalBytes, c.Sync.MaxFileBytes, c.Sync.MaxThreadBytes, c.Sync.MaxTenantBytes, c.Sync.Deadline, c.Sync.MirrorDeletes, c.LogLevel) +
 		c.providerString()
 }
 
@@ -331,6 +336,7 @@ func Parse(environ []string) (Config, []string, error) {
 			MaxTotalBytes:  p.byteCount(EnvSyncMaxTotalBytes),
 			MaxFileBytes:   p.byteCount(EnvSyncMaxFileBytes),
 			MaxThreadBytes: p.byteCount(EnvSyncMaxThreadBytes),
+			MaxTenantBytes: p.byteCount(EnvSyncMaxTenantBytes),
 			Deadline:       p.seconds(EnvSyncDeadlineSeconds, 0),
 			MirrorDeletes:  p.boolVar(EnvSyncMirrorDeletes, false),
 		},

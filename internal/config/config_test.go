@@ -99,6 +99,7 @@ func TestParseInvalidNamesVariable(t *testing.T) {
 		{"sync max files zero", base("SYNC_MAX_FILES=0"), "SYNC_MAX_FILES"},
 		{"sync total bytes unit", base("SYNC_MAX_TOTAL_BYTES=1GiB"), "SYNC_MAX_TOTAL_BYTES"},
 		{"sync file bytes negative", base("SYNC_MAX_FILE_BYTES=-1"), "SYNC_MAX_FILE_BYTES"},
+		{"sync tenant bytes unit", base("SYNC_MAX_TENANT_BYTES=100GiB"), "SYNC_MAX_TENANT_BYTES"},
 		{"sync deadline zero", base("SYNC_DEADLINE_SECONDS=0"), "SYNC_DEADLINE_SECONDS"},
 		{"sync mirror deletes", base("SYNC_MIRROR_DELETES=maybe"), "SYNC_MIRROR_DELETES"},
 		{"pause after -2", base("SANDBOX_PAUSE_AFTER_SECONDS=-2"), "SANDBOX_PAUSE_AFTER_SECONDS"},
@@ -199,8 +200,9 @@ func TestParseSyncCaps(t *testing.T) {
 	}{
 		{"unset means syncer defaults", base(), Sync{}},
 		{"all set", base("SYNC_MAX_FILES=50", "SYNC_MAX_TOTAL_BYTES=1073741824", "SYNC_MAX_FILE_BYTES=1048576",
-			"SYNC_DEADLINE_SECONDS=15", "SYNC_MIRROR_DELETES=true"),
-			Sync{MaxFiles: 50, MaxTotalBytes: 1 << 30, MaxFileBytes: 1 << 20, Deadline: 15 * time.Second, MirrorDeletes: true}},
+			"SYNC_MAX_THREAD_BYTES=2048", "SYNC_MAX_TENANT_BYTES=4096", "SYNC_DEADLINE_SECONDS=15", "SYNC_MIRROR_DELETES=true"),
+			Sync{MaxFiles: 50, MaxTotalBytes: 1 << 30, MaxFileBytes: 1 << 20, MaxThreadBytes: 2048, MaxTenantBytes: 4096,
+				Deadline: 15 * time.Second, MirrorDeletes: true}},
 		{"mirror deletes off", base("SYNC_MIRROR_DELETES=false"), Sync{}},
 	}
 	for _, tt := range tests {

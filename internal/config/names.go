@@ -40,6 +40,7 @@ func VariableNames() []string {
 		EnvSyncMaxTotalBytes,
 		EnvSyncMaxFileBytes,
 		EnvSyncMaxThreadBytes,
+		EnvSyncMaxTenantBytes,
 		EnvTokenKMSKeyARN,
 		EnvTokenLocalKey,
 		EnvSyncDeadlineSeconds,

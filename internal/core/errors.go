@@ -33,6 +33,10 @@ var (
 	// ErrAtFairShare: a claim conditional on a tenant's slot count
 	// (Claim.Below) found the tenant holding that many slots or more.
 	ErrAtFairShare = errors.New("tenant at its fair share")
+	// ErrStorageFull: a change of a thread's stored bytes would take its
+	// tenant's total past the tenant's cap (StoredChange.TenantLimit);
+	// nothing was written.
+	ErrStorageFull = errors.New("tenant storage full")
 	// ErrPausedFull: every paused slot is held (Settings.PausedLimit);
 	// nothing more is paused until one frees.
 	ErrPausedFull = errors.New("paused slots full")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
@@ -120,10 +121,15 @@ func WithPoolRefill(kick func(ctx context.Context) error) Option {
 	return func(e *Engine) { e.poolConfig().kick = kick }
 }
 
-// poolConfig is what the pool options set (Engine.pc).
+// poolConfig is what the pool options set (Engine.pc), and the tenants
+// holding slots as a claim last read them (see poolShareBelow).
 type poolConfig struct {
 	settings PoolSettings
 	kick     func(ctx context.Context) error
+
+	mu        sync.Mutex
+	tenants   []string
+	tenantsAt time.Time
 }
 
 func (e *Engine) poolConfig() *poolConfig {
@@ -173,6 +179,11 @@ type PoolClaim struct {
 	// Grant, for a member parked paused, is Reservation.Grant: the slot
 	// it takes is the one held in trust for the waiter's ticket.
 	Grant *Grant
+	// Below, when set, makes the claim also conditional on the thread's
+	// tenant (Below.Tenant) holding fewer than Below.Slots slots
+	// (ErrAtFairShare when it does not, nothing written): a tenant at its
+	// fair share leaves the pool's members to the others.
+	Below *TenantBelow
 }
 
 // PoolStore is the store access the pool needs beyond Store
@@ -201,7 +212,8 @@ type PoolStore interface {
 	// write. It returns the claimed record. Errors: ErrConflict (the
 	// member is no longer pooled), ErrThreadBound, a *CapacityError
 	// (RefusalUserQuota, RefusalTenantQuota, RefusalDraining, and for a
-	// paused member RefusalCapacity).
+	// paused member RefusalCapacity), ErrAtFairShare (c.Below; checked
+	// after the quotas).
 	ClaimPoolMember(ctx context.Context, c PoolClaim) (Record, error)
 	// ClaimPoolPause moves a pooled member holding a running slot to
 	// StatePausing under c's lease (c.From, c.To and c.Tenant are
@@ -249,16 +261,24 @@ const poolCandidates = 8
 // fromPool hands the thread a pool member when a pool is kept and has one
 // (the thread has no usable sandbox: replaceID / replaceRes name what its
 // binding holds, as for a create). handled is false when the caller should
-// create instead: no pool, an empty pool, every member taken by peers, or
-// maxPoolTries members already found dead.
+// create instead: no pool, an empty pool, every member taken by peers,
+// maxPoolTries members already found dead, or the thread's tenant at its
+// fair share (see poolShareBelow).
 func (e *Engine) fromPool(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (res AcquireResult, handled, retry bool, err error) {
 	ps := e.poolStore()
-	if ps == nil || st.poolTries >= maxPoolTries {
+	if ps == nil || st.poolTries >= maxPoolTries || st.atShare {
 		return res, false, false, nil
 	}
 	members, err := ps.SomePoolMembers(ctx, poolCandidates)
 	if err != nil {
 		e.log.WarnContext(ctx, "listing pool members failed; creating", "err", err)
+		return res, false, false, nil
+	}
+	if len(members) == 0 {
+		return res, false, false, nil
+	}
+	below := e.poolShareBelow(ctx, key, st)
+	if below == nil {
 		return res, false, false, nil
 	}
 	rand.Shuffle(len(members), func(i, j int) { members[i], members[j] = members[j], members[i] })
@@ -270,7 +290,7 @@ func (e *Engine) fromPool(ctx context.Context, key ThreadKey, owner, replaceID, 
 		if m.CreatedAt.Before(oldest) {
 			continue // reconcile recycles it
 		}
-		rec, err := e.claimMember(ctx, ps, m, key, owner, replaceID, replaceRes, st)
+		rec, err := e.claimMember(ctx, ps, m, key, owner, replaceID, replaceRes, st, below)
 		var ce *CapacityError
 		switch {
 		case err == nil:
@@ -284,6 +304,9 @@ func (e *Engine) fromPool(ctx context.Context, key ThreadKey, owner, replaceID, 
 			return res, true, retry, err
 		case errors.Is(err, ErrConflict):
 			continue // a peer claimed or discarded it
+		case errors.Is(err, ErrAtFairShare):
+			st.atShare = true // the tenant's peers took its share since the lookup
+			return res, false, false, nil
 		case errors.As(err, &ce) && ce.Reason == api.RefusalDraining:
 			return res, true, false, e.drainingError()
 		case errors.As(err, &ce):
@@ -299,6 +322,43 @@ func (e *Engine) fromPool(ctx context.Context, key ThreadKey, owner, replaceID, 
 		}
 	}
 	return res, false, false, nil
+}
+
+// poolShareBelow is the condition a pool claim of key's thread carries:
+// its tenant holds fewer slots than its fair share (Settings.FairShare
+// among the tenants holding slots, key's counted), as an eviction of
+// another tenant's sandbox does (fairShareBelow), so that one tenant
+// cannot claim every member. It is nil when the tenant held its share at
+// the lookup: the acquire creates instead.
+func (e *Engine) poolShareBelow(ctx context.Context, key ThreadKey, st *acquireState) *TenantBelow {
+	return e.fairShareBelow(key, st, e.tenantsHolding(ctx))
+}
+
+// tenantsFor is how long the engine reuses the tenants holding slots it
+// read for a claim: the read costs as much as the rest of the claim, and
+// a burst of claims needs it once. A tenant that starts holding slots
+// within it is not counted yet: the shares are larger for that long.
+const tenantsFor = 2 * time.Second
+
+// tenantsHolding returns the tenants holding slots (Store.TenantsHolding),
+// read at most once per tenantsFor. When the read fails the last set read
+// is kept (none at first: the share is then the deployment's limit, and
+// the claim's condition still bounds the tenant by it).
+func (e *Engine) tenantsHolding(ctx context.Context) []string {
+	pc := e.poolConfig()
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	now := e.now()
+	if !pc.tenantsAt.IsZero() && now.Sub(pc.tenantsAt) < tenantsFor && !now.Before(pc.tenantsAt) {
+		return pc.tenants
+	}
+	tenants, err := e.store.TenantsHolding(ctx)
+	if err != nil {
+		e.log.WarnContext(ctx, "reading the tenants holding slots failed; the last set read bounds the pool claim", "err", err)
+		return pc.tenants
+	}
+	pc.tenants, pc.tenantsAt = tenants, now
+	return tenants
 }
 
 // cmpBool orders false before true.
@@ -317,7 +377,7 @@ func cmpBool(a, b bool) int {
 // paused takes a running slot: as for a create's reservation, the slots
 // of sandboxes the provider ended are freed and a sandbox evicted when
 // the deployment is full (see takeSlot). ErrConflict: a peer took m.
-func (e *Engine) claimMember(ctx context.Context, ps PoolStore, m Record, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (Record, error) {
+func (e *Engine) claimMember(ctx context.Context, ps PoolStore, m Record, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState, below *TenantBelow) (Record, error) {
 	var grant *Grant // a waiter's granted slot, for a member that takes one
 	if m.Slots.Paused {
 		grant = st.grant
@@ -325,7 +385,7 @@ func (e *Engine) claimMember(ctx context.Context, ps PoolStore, m Record, key Th
 	claim := func(now time.Time) (Record, error) {
 		rec, err := ps.ClaimPoolMember(ctx, PoolClaim{Member: m, ThreadKey: key, Owner: owner, Now: now,
 			LeaseUntil: e.leaseUntil(ctx), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant,
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Limit: e.s.Limit(), Grant: grant})
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Limit: e.s.Limit(), Grant: grant, Below: below})
 		if errors.Is(err, ErrStoreUnavailable) {
 			// Maybe applied: the record says whether the member is ours.
 			rec, err = e.claimOutcome(ctx, m.SandboxID, key, owner, err)

@@ -378,6 +378,11 @@ type CapacityStore interface {
 	// Capacity reports the deployment's slots: those held and granted,
 	// and the records holding running slots by state.
 	Capacity(ctx context.Context) (CapacityStatus, error)
+	// TenantsHolding lists, sorted, the tenants holding running slots as
+	// a capacity refusal names them (CapacityError.Tenants: a tenant that
+	// just freed its last slot may stay listed until reconcile drops it).
+	// One read of the counters, eventually consistent.
+	TenantsHolding(ctx context.Context) ([]string, error)
 	// SetDraining marks the deployment draining (or not); starting a
 	// drain also marks every waiting ticket (TicketState.Draining).
 	SetDraining(ctx context.Context, draining bool) error

@@ -59,3 +59,38 @@ type OutputRestorer interface {
 type RestoreResumer interface {
 	ResumeRestore(ctx context.Context, t SyncTarget) (res SyncResult, ran bool, err error)
 }
+
+// Stored is what the output sink holds as the store records it: the bytes
+// of one thread's objects, and its tenant's total over all its threads.
+type Stored struct {
+	Thread int64
+	Tenant int64
+}
+
+// StoredChange sets the bytes recorded for a thread.
+type StoredChange struct {
+	ThreadKey
+	// Prev is the thread's bytes as read (Stored.Thread): the change
+	// applies only while they are still recorded (else ErrConflict).
+	Prev int64
+	// Bytes is what the thread's bytes become; its tenant's total moves
+	// by Bytes-Prev.
+	Bytes int64
+	// TenantLimit, when > 0 and Bytes > Prev, caps the tenant's total
+	// after the move (ErrStorageFull when it would pass it).
+	TenantLimit int64
+}
+
+// StorageStore records what each thread and tenant stores in the output
+// sink, so that a tenant's cap holds over all its threads: a sync pass
+// lists only its own thread's objects. The tenant's total is the sum of
+// its threads' recorded bytes, moved in the same transaction as each of
+// them. Errors follow Store's classification, ErrStorageFull included.
+type StorageStore interface {
+	// StoredBytes reads what is recorded for key's thread and for its
+	// tenant (zero when nothing is), strongly consistent.
+	StoredBytes(ctx context.Context, key ThreadKey) (Stored, error)
+	// RecordStored applies c: the thread's bytes and its tenant's total,
+	// in one transaction.
+	RecordStored(ctx context.Context, c StoredChange) error
+}

@@ -242,6 +242,17 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 	return st, nil
 }
 
+// TenantsHolding implements core.CapacityStore: the buckets' tenant sets,
+// in one eventually consistent read of the buckets.
+func (s *Store) TenantsHolding(ctx context.Context) ([]string, error) {
+	buckets, err := s.readBuckets(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	_, tenants := bucketStatus(buckets)
+	return tenants, nil
+}
+
 // bucketUpdate is the transaction item applying u (under cond, if any) to
 // bucket b.
 func (s *Store) bucketUpdate(b int, cond *expression.ConditionBuilder, u expression.UpdateBuilder) (types.TransactWriteItem, error) {

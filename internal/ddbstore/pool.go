@@ -235,10 +235,11 @@ func (s *Store) poolClaimSlot(c core.PoolClaim, b int) ([]types.TransactWriteIte
 	if err != nil {
 		return nil, err
 	}
-	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), c.MaxPerTenant)
+	tenant, err := s.counterTake(tenantPK(s.deployment, c.Tenant), tenantBound(c))
 	if err != nil {
 		return nil, err
 	}
+	tenant.Update.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	items := []types.TransactWriteItem{user, tenant}
 	if c.Member.Slots.Paused {
 		take, err := s.slotTake(b, c.Limit, c.Tenant, c.Grant)
@@ -280,7 +281,7 @@ func (s *Store) poolClaimRefusal(c core.PoolClaim, b int, failed map[string]type
 	case has(failed, userPK(s.deployment, c.ThreadKey)):
 		return &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second}
 	case has(failed, tenantPK(s.deployment, c.Tenant)):
-		return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second}
+		return tenantRefusal(c, failed[tenantPK(s.deployment, c.Tenant)].Item)
 	case has(failed, bucketPK(s.deployment, b)) && c.Member.Slots.Paused:
 		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, c.Limit)
 	case has(failed, bucketPK(s.deployment, b)):
@@ -289,6 +290,31 @@ func (s *Store) poolClaimRefusal(c core.PoolClaim, b int, failed map[string]type
 		return fmt.Errorf("claim pool member: condition failed on an unexpected item: %w", core.ErrConflict)
 	}
 	return err
+}
+
+// tenantBound is the count a pool claim's tenant must stay below: its
+// quota (c.MaxPerTenant), or its fair share (c.Below) when lower; 0 for
+// none.
+func tenantBound(c core.PoolClaim) int {
+	bound := c.MaxPerTenant
+	if c.Below != nil && (bound == 0 || c.Below.Slots < bound) {
+		bound = c.Below.Slots
+	}
+	return bound
+}
+
+// tenantRefusal is why a pool claim's tenant count refused it, from the
+// count as found (old): its quota when it holds c.MaxPerTenant slots,
+// else its fair share (c.Below).
+func tenantRefusal(c core.PoolClaim, old map[string]types.AttributeValue) error {
+	var it struct {
+		Used int `dynamodbav:"used"`
+	}
+	_ = attributevalue.UnmarshalMap(old, &it) // an absent count is zero
+	if c.Below == nil || (c.MaxPerTenant > 0 && it.Used >= c.MaxPerTenant) {
+		return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second}
+	}
+	return fmt.Errorf("tenant %s holds %d slots: %w", c.Tenant, it.Used, core.ErrAtFairShare)
 }
 
 // ClaimPoolPause implements core.PoolStore: ClaimPause of a pooled member

@@ -20,6 +20,9 @@
 //	                              "bucket", "grant_until"; see waiters.go)
 //	PAU#<deployment>[#<b>]        paused bucket b (none for b = 0) of PausedBuckets: paused slots held
 //	                              ("used", "revision"), for SANDBOX_MAX_PAUSED (paused.go)
+//	OUT#<deployment>#<tenant>#<user>#<thread>  bytes the thread's synced outputs take ("bytes")
+//	OUTSUM#<deployment>#<tenant>  bytes the tenant's threads take, summed ("bytes"), for
+//	                              SYNC_MAX_TENANT_BYTES (storage.go)
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and
 // reservations by state, spread over IndexShards partition keys each

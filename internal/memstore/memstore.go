@@ -1,5 +1,6 @@
 // Package memstore is the broker's whole store contract (core.Store,
-// core.PauseStore, core.PoolStore and core.ReconcileStore) in memory: one
+// core.PauseStore, core.PoolStore, core.ReconcileStore and
+// core.StorageStore) in memory: one
 // mutex over maps of records, reservations, bindings, wait tickets and
 // counters. Every write is atomic and exact, so the store never loses a
 // race it did not have to, and it keeps one ledger for the running slots
@@ -51,6 +52,11 @@ type Store struct {
 	cursor      core.ReconcileCursor
 	cursorSaved bool
 	seen        map[string]map[string][]core.SeenSandbox
+
+	// storedThread and storedTenant are the output storage ledger
+	// (core.StorageStore).
+	storedThread map[core.ThreadKey]int64
+	storedTenant map[string]int64
 }
 
 // entry is a stored record and what the store keeps beside it.
@@ -90,6 +96,8 @@ func New() *Store {
 		places:       map[placeKey]place{},
 		firstSeen:    map[string]time.Time{},
 		seen:         map[string]map[string][]core.SeenSandbox{},
+		storedThread: map[core.ThreadKey]int64{},
+		storedTenant: map[string]int64{},
 	}
 }
 

@@ -91,7 +91,7 @@ func (s *Store) ClaimPoolMember(_ context.Context, c core.PoolClaim) (core.Recor
 		if !s.bindingIs(c.ThreadKey, c.ReplaceSandboxID, c.ReplaceReservation) {
 			return core.Record{}, fmt.Errorf("thread %s: %w", c.ThreadKey, core.ErrThreadBound)
 		}
-		t := take{key: c.ThreadKey, limit: c.Limit, maxUser: c.MaxPerUser, maxTenant: c.MaxPerTenant, grant: c.Grant, skipRoom: !paused}
+		t := take{key: c.ThreadKey, limit: c.Limit, maxUser: c.MaxPerUser, maxTenant: c.MaxPerTenant, grant: c.Grant, skipRoom: !paused, below: c.Below}
 		if !paused {
 			t.grant = nil
 		}

@@ -36,10 +36,13 @@ type take struct {
 	maxUser, maxTenant  int
 	grant               *core.Grant
 	skipQuota, skipRoom bool
+	// below, when set, is a fair-share condition on the tenant's count.
+	below *core.TenantBelow
 }
 
 // checkTake reports why t cannot be taken, in the DynamoDB store's order:
-// the grant lost, the user's quota, the tenant's, draining, capacity.
+// the grant lost, the user's quota, the tenant's, its fair share,
+// draining, capacity.
 func (s *Store) checkTake(t take) error {
 	if t.grant != nil && !s.holdsGrant(*t.grant) {
 		return fmt.Errorf("take: %w", core.ErrGrantLost)
@@ -51,6 +54,9 @@ func (s *Store) checkTake(t take) error {
 		if t.maxTenant > 0 && s.tenants[t.key.Tenant] >= t.maxTenant {
 			return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: quotaRetry, Status: core.CapacityStatus{Limit: t.limit}}
 		}
+	}
+	if t.below != nil && s.tenants[t.below.Tenant] >= t.below.Slots {
+		return fmt.Errorf("tenant %s holds %d slots: %w", t.below.Tenant, s.tenants[t.below.Tenant], core.ErrAtFairShare)
 	}
 	if s.draining {
 		st, tenants := s.status()
@@ -265,6 +271,14 @@ func (s *Store) Capacity(context.Context) (core.CapacityStatus, error) {
 	defer s.mu.Unlock()
 	st, _ := s.status()
 	return st, nil
+}
+
+// TenantsHolding lists the tenants holding slots, sorted.
+func (s *Store) TenantsHolding(context.Context) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, tenants := s.status()
+	return tenants, nil
 }
 
 // list returns up to limit records in state that keep, in listing order

@@ -10,8 +10,9 @@
 // every new or changed file (size or mtime differ) streamed from the sandbox
 // to <prefix>/<tenant>/<user>/<thread>/<outputs|workspace>/<rel> with
 // bounded memory and full-object CRC32 checksums that S3 verifies; caps on files,
-// bytes, per-file size and wall time, and a quota on what a thread stores
-// in all. Already-synced files are skipped
+// bytes, per-file size and wall time, and quotas on what a thread, and
+// all of a tenant's threads, store in all. Every file is counted by its
+// listed (apparent) size before it is read. Already-synced files are skipped
 // before caps are counted, so capped passes converge; a capped or
 // incomplete pass prunes nothing from the manifest. Paths that are not
 // valid UTF-8, contain control or Unicode format (Cf) characters, "." or

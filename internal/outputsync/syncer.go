@@ -56,6 +56,9 @@ const (
 	DefaultMaxFileBytes  = 256 << 20 // 256 MiB per file
 	// DefaultMaxThreadBytes bounds what one thread stores in S3 in all.
 	DefaultMaxThreadBytes = 10 << 30 // 10 GiB
+	// DefaultMaxTenantBytes bounds what one tenant's threads store in S3
+	// together (with a Ledger).
+	DefaultMaxTenantBytes = 100 << 30 // 100 GiB
 	DefaultDeadline       = 60 * time.Second
 	DefaultPartSize       = 8 << 20 // multipart part size and buffer size
 	DefaultConcurrency    = 4
@@ -96,15 +99,17 @@ const (
 	ReasonError             = "error"               // sandbox read or S3 failure (logged)
 	ReasonReportTruncated   = "report_truncated"    // more deferrals than MaxReported
 	ReasonThreadQuota       = "thread_quota"        // the thread would store more than MaxThreadBytes
+	ReasonTenantQuota       = "tenant_quota"        // the tenant's threads would store more than MaxTenantBytes
 )
 
 // excludedReasons are the policy reasons: the file stays out of the sink
-// until it or the thread's stored bytes change (it shrinks, is renamed,
-// or the thread's stored objects are removed), so another pass would
-// upload nothing more and it never makes a pass incomplete. A listing
-// record that cannot be parsed is the same: the next listing is alike.
+// until it or the bytes stored change (it shrinks, is renamed, or the
+// thread's or the tenant's stored objects are removed), so another pass
+// would upload nothing more and it never makes a pass incomplete. A
+// listing record that cannot be parsed is the same: the next listing is
+// alike.
 var excludedReasons = map[string]bool{ReasonFileTooLarge: true, ReasonUnsafePath: true, ReasonPathTooLong: true,
-	ReasonThreadQuota: true, ReasonUnparsable: true}
+	ReasonThreadQuota: true, ReasonTenantQuota: true, ReasonUnparsable: true}
 
 // Options configure a Syncer. Zero values take the defaults above.
 type Options struct {
@@ -122,8 +127,15 @@ type Options struct {
 	// MaxFileBytes: larger files are deferred without being read.
 	MaxFileBytes int64
 	// MaxThreadBytes caps the bytes a thread stores under its prefix, all
-	// passes together (SYNC_MAX_THREAD_BYTES); see transfer.
+	// passes together (SYNC_MAX_THREAD_BYTES); see planUploads.
 	MaxThreadBytes int64
+	// MaxTenantBytes caps the bytes a tenant's threads store together
+	// (SYNC_MAX_TENANT_BYTES), counted in Ledger; see planUploads.
+	MaxTenantBytes int64
+	// Ledger records what each thread and tenant stores (the broker's
+	// store). nil keeps no tenant total: MaxTenantBytes is then not
+	// enforced.
+	Ledger core.StorageStore
 	// Deadline is the wall-time budget of a pass, from the start of Sync;
 	// no upload starts after it and running ones are cut off by it. The
 	// listing has its own ListTimeout; the manifest write after the
@@ -187,7 +199,7 @@ func New(sb Sandbox, s3c S3API, opts Options) (*Syncer, error) {
 	if opts.Home, err = cleanHome(opts.Home); err != nil {
 		return nil, fmt.Errorf("outputsync: %w", err)
 	}
-	if opts.MaxFiles < 0 || opts.MaxTotalBytes < 0 || opts.MaxFileBytes < 0 || opts.MaxThreadBytes < 0 || opts.Deadline < 0 ||
+	if opts.MaxFiles < 0 || opts.MaxTotalBytes < 0 || opts.MaxFileBytes < 0 || opts.MaxThreadBytes < 0 || opts.MaxTenantBytes < 0 || opts.Deadline < 0 ||
 		opts.PartSize < 0 || opts.Concurrency < 0 || opts.ListTimeout < 0 || opts.MaxListBytes < 0 || opts.MaxReported < 0 {
 		return nil, errors.New("outputsync: caps, sizes and durations must not be negative")
 	}
@@ -195,6 +207,7 @@ func New(sb Sandbox, s3c S3API, opts Options) (*Syncer, error) {
 	setDefault(&opts.MaxTotalBytes, DefaultMaxTotalBytes)
 	setDefault(&opts.MaxFileBytes, DefaultMaxFileBytes)
 	setDefault(&opts.MaxThreadBytes, DefaultMaxThreadBytes)
+	setDefault(&opts.MaxTenantBytes, DefaultMaxTenantBytes)
 	setDefault(&opts.Deadline, DefaultDeadline)
 	setDefault(&opts.PartSize, DefaultPartSize)
 	setDefault(&opts.Concurrency, DefaultConcurrency)
@@ -243,6 +256,16 @@ type pass struct {
 	// caps; only the loop that starts them touches them.
 	planned      int
 	plannedBytes int64
+	// The thread's stored bytes (see ledger.go): as recorded in the
+	// ledger (known false when unread or when a write's outcome is
+	// unknown), and what the uploads and deletes of the pass changed
+	// (maybe: what failed uploads may have added all the same).
+	recorded              int64
+	recordedKnown         bool
+	grown, maybe, deleted int64
+	// ledgerUsed: the pass planned uploads that add bytes, against the
+	// ledger.
+	ledgerUsed bool
 	// Sync's: the manifest's key and the pass's logger.
 	mkey string
 	log  *slog.Logger
@@ -338,8 +361,9 @@ func (s *Syncer) Sync(ctx context.Context, t core.SyncTarget) (core.SyncResult, 
 	// Prune entries of files that are gone, only when this pass saw the
 	// whole tree and spent no cap (a capped pass prunes nothing).
 	if !listIncomplete && len(bad) == 0 && !p.capped && p.goneErr == nil && ctx.Err() == nil {
-		s.prune(ctx, t, files, p)
+		s.prune(ctx, t, files, p, stored)
 	}
+	s.settleStored(ctx, t, p, stored)
 
 	storeErr := s.storeFinal(ctx, p)
 	res := p.res
@@ -431,7 +455,7 @@ func (s *Syncer) verifyStored(ctx context.Context, t core.SyncTarget, p *pass) (
 // prune drops the manifest entries of files no longer listed (and, with
 // MirrorDeletes, their objects; an entry whose delete fails is kept for the
 // next pass).
-func (s *Syncer) prune(ctx context.Context, t core.SyncTarget, files []listedFile, p *pass) {
+func (s *Syncer) prune(ctx context.Context, t core.SyncTarget, files []listedFile, p *pass, stored storedObjects) {
 	seen := make(map[string]struct{}, len(files))
 	for _, f := range files {
 		if rel, err := relPath(s.opts.Home, f.Path); err == nil {
@@ -443,10 +467,12 @@ func (s *Syncer) prune(ctx context.Context, t core.SyncTarget, files []listedFil
 			continue
 		}
 		if s.opts.MirrorDeletes {
-			if err := s.deleteObject(ctx, threadPrefix(s.opts.Prefix, t.ThreadKey)+rel); err != nil {
+			key := threadPrefix(s.opts.Prefix, t.ThreadKey) + rel
+			if err := s.deleteObject(ctx, key); err != nil {
 				p.log.WarnContext(ctx, "mirror delete failed; entry kept for the next pass", "path", rel, "err", err)
 				continue
 			}
+			p.deleted += stored.byKey[key].Size
 		}
 		delete(p.m.Files, rel)
 		p.dirty = true
@@ -497,75 +523,24 @@ func head(b []byte, n int) []byte {
 	return b
 }
 
-// transfer decides file by file (in path order) whether to skip, defer or
-// upload, and runs the uploads with bounded concurrency. Files whose size
-// and mtime match the manifest are skipped before any cap is counted, so
-// successive capped passes drain the deferred tail.
-//
-// The thread quota (MaxThreadBytes) counts what S3 stores under the
-// thread's prefix, as listed at the start of the pass (objects of files
-// deleted since included, unless MirrorDeletes removed them): a file that
-// would take it past the quota, counting what replacing its object adds,
-// is deferred with ReasonThreadQuota.
+// transfer plans the pass's uploads (see planUploads: every file is
+// counted by its listed size, before any byte of it is read) and runs
+// them with bounded concurrency. A transfer due to start after the pass
+// stopped (the deadline passed, the sandbox is gone, the caller left) is
+// deferred unread.
 func (s *Syncer) transfer(ctx context.Context, t core.SyncTarget, start time.Time, files []listedFile, p *pass, stored storedObjects) {
 	w, closeWindow := s.openWindow(ctx, start)
 	defer closeWindow()
+	jobs := s.planUploads(ctx, w, t, files, p, stored)
 	g := new(errgroup.Group)
 	g.SetLimit(s.opts.Concurrency)
-	log := p.log
-
-	unsafe := 0
-	threadBytes := stored.bytes
-	defer func() {
-		if unsafe > maxUnsafeLogged {
-			log.WarnContext(ctx, "refused unsafe paths", "count", unsafe)
-		}
-	}()
-	for _, f := range files {
-		rel, err := relPath(s.opts.Home, f.Path)
-		if err != nil {
-			if unsafe++; unsafe <= maxUnsafeLogged {
-				log.WarnContext(ctx, "refusing unsafe path", "path", displayPath(s.opts.Home, f.Path))
-			}
-			p.deferFile(displayPath(s.opts.Home, f.Path), ReasonUnsafePath)
-			continue
-		}
-		key, err := objectKey(s.opts.Prefix, t.ThreadKey, rel)
-		if err != nil {
-			p.deferFile(rel, ReasonPathTooLong)
-			continue
-		}
-		p.mu.Lock()
-		e, ok := p.m.Files[rel]
-		p.mu.Unlock()
-		if ok && e.Size == f.Size && e.MtimeNs == f.MtimeNs {
-			p.mu.Lock()
-			p.res.Skipped++
-			p.mu.Unlock()
-			continue
-		}
-		if f.Size > s.opts.MaxFileBytes {
-			p.deferFile(rel, ReasonFileTooLarge)
-			continue
-		}
-		if reason := s.capReason(w, p, f.Size); reason != "" {
-			if reason == ReasonDeadline || reason == ReasonMaxFiles || reason == ReasonMaxTotalBytes {
-				p.mu.Lock()
-				p.capped = true
-				p.mu.Unlock()
-			}
-			p.deferFile(rel, reason)
-			continue
-		}
-		grow := f.Size - stored.byKey[key].Size
-		if threadBytes+grow > s.opts.MaxThreadBytes {
-			p.deferFile(rel, ReasonThreadQuota)
-			continue
-		}
-		threadBytes += grow
-		p.plan(f.Size)
+	for _, job := range jobs {
 		g.Go(func() error {
-			s.uploadOne(w, t.Ref, fileJob{f: f, rel: rel, key: key}, p)
+			if reason := s.stopReason(w, p); reason != "" {
+				p.stop(job.rel, reason)
+				return nil
+			}
+			s.uploadOne(w, t.Ref, job, p)
 			s.checkpoint(ctx, p)
 			return nil
 		})
@@ -622,6 +597,22 @@ func (s *Syncer) passDeadline(ctx context.Context, start time.Time) time.Time {
 // MaxFiles/MaxTotalBytes cap would be exceeded. It returns "" when the file
 // may start. Sync and Restore share these caps.
 func (s *Syncer) capReason(w *window, p *pass, size int64) string {
+	if reason := s.stopReason(w, p); reason != "" {
+		return reason
+	}
+	switch {
+	case p.planned >= s.opts.MaxFiles:
+		return ReasonMaxFiles
+	case p.plannedBytes+size > s.opts.MaxTotalBytes:
+		return ReasonMaxTotalBytes
+	}
+	return ""
+}
+
+// stopReason says why no transfer may start any more in pass p: the
+// sandbox is gone, the caller's context ended, or the pass deadline passed
+// (or its context ended); "" when one may.
+func (s *Syncer) stopReason(w *window, p *pass) string {
 	switch {
 	case p.isGone():
 		return ReasonSandboxGone
@@ -629,12 +620,19 @@ func (s *Syncer) capReason(w *window, p *pass, size int64) string {
 		return ReasonCanceled
 	case !s.now().Before(w.deadline) || w.pass.Err() != nil:
 		return ReasonDeadline
-	case p.planned >= s.opts.MaxFiles:
-		return ReasonMaxFiles
-	case p.plannedBytes+size > s.opts.MaxTotalBytes:
-		return ReasonMaxTotalBytes
 	}
 	return ""
+}
+
+// stop defers the file at rel for reason, a cap's or stopReason's: a cap
+// spent marks the pass capped (it prunes nothing).
+func (p *pass) stop(rel, reason string) {
+	if reason == ReasonDeadline || reason == ReasonMaxFiles || reason == ReasonMaxTotalBytes {
+		p.mu.Lock()
+		p.capped = true
+		p.mu.Unlock()
+	}
+	p.deferFile(rel, reason)
 }
 
 func (p *pass) isGone() bool {
@@ -648,6 +646,9 @@ func (p *pass) isGone() bool {
 type fileJob struct {
 	f        listedFile
 	rel, key string
+	// grow is what the upload adds to the thread's stored bytes: the
+	// file's size less that of the object it replaces.
+	grow int64
 }
 
 // uploadOne streams one file and records the outcome in p.
@@ -671,6 +672,7 @@ func (s *Syncer) uploadOne(w *window, ref core.SandboxRef, job fileJob, p *pass)
 		p.dirty = true
 		p.res.Uploaded++
 		p.res.Bytes += f.Size
+		p.grown += job.grow
 		p.mu.Unlock()
 		log.DebugContext(ctx, "uploaded", "path", rel, "bytes", f.Size)
 		return
@@ -707,6 +709,11 @@ func (s *Syncer) uploadOne(w *window, ref core.SandboxRef, job fileJob, p *pass)
 	}
 	log.WarnContext(ctx, "file deferred", "path", rel, "reason", reason, "err", err)
 	p.deferFile(rel, reason)
+	// The object may be stored all the same (a reply lost): counted as
+	// stored until a pass lists it.
+	p.mu.Lock()
+	p.maybe += max(job.grow, 0)
+	p.mu.Unlock()
 }
 
 // report sorts deferrals by path and caps their number.

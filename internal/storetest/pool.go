@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
 // member reserves a pool place (pool size size) and finalizes sandbox id
@@ -134,5 +135,44 @@ func testReconcile(f *fixture) {
 		return true
 	}); err != nil || len(tokens) != 1 || tokens[0] != "res-3" {
 		f.t.Errorf("ScanState(creating) = %v, %v; want res-3", tokens, err)
+	}
+}
+
+// testPoolFairShare: the tenants holding slots are listed; a pool claim
+// carrying a fair share is refused (ErrAtFairShare, nothing written) for a
+// tenant holding that many slots and applies for one holding fewer; the
+// tenant's quota is still the refusal when it is the one reached.
+func testPoolFairShare(f *fixture) {
+	if tenants, err := f.s.TenantsHolding(f.ctx); err != nil || len(tenants) != 0 {
+		f.t.Errorf("TenantsHolding of an empty store = %v, %v; want none", tenants, err)
+	}
+	f.active(key("acme", "u1", 1), "a1")
+	f.active(key("zeta", "u1", 1), "z1")
+	if tenants, err := f.s.TenantsHolding(f.ctx); err != nil || len(tenants) != 2 || tenants[0] != "acme" || tenants[1] != "zeta" {
+		f.t.Errorf("TenantsHolding = %v, %v; want [acme zeta]", tenants, err)
+	}
+	m := f.member("p1", 2)
+	k := key("acme", "u1", 2)
+	at := poolClaim(m, k, "o1")
+	at.Below = &core.TenantBelow{Tenant: "acme", Slots: 1}
+	_, err := f.s.ClaimPoolMember(f.ctx, at)
+	f.wantIs("a claim of a tenant at its share", err, core.ErrAtFairShare)
+	if got := f.get("p1"); got.State != core.StatePooled {
+		f.t.Errorf("member after a refused claim = %s; want pooled", got.State)
+	}
+	if look := f.lookup(k); look.Bound || look.TenantUsed != 1 {
+		f.t.Errorf("lookup after a refused claim = %+v; want unbound, acme using 1", look)
+	}
+	quota := at
+	quota.MaxPerTenant = 1
+	_, err = f.s.ClaimPoolMember(f.ctx, quota)
+	f.wantRefusal("a claim at the tenant's quota and share", err, api.RefusalTenantQuota)
+	below := poolClaim(m, k, "o1")
+	below.Below = &core.TenantBelow{Tenant: "acme", Slots: 2}
+	if rec, err := f.s.ClaimPoolMember(f.ctx, below); err != nil || rec.ThreadKey != k {
+		f.t.Fatalf("a claim below the share = %+v, %v; want claimed for %s", rec, err, k)
+	}
+	if look := f.lookup(k); look.TenantUsed != 2 {
+		f.t.Errorf("acme's slots after the claim = %d; want 2", look.TenantUsed)
 	}
 }

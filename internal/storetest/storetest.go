@@ -1,8 +1,8 @@
 // Package storetest is the conformance suite of the broker's store
-// contract (core.Store, core.PauseStore, core.PoolStore and
-// core.ReconcileStore): Run holds every implementation to the same
-// behaviour, in the domain's terms (records, bindings, slots, tickets,
-// leases), including concurrent callers and writes whose outcome is
+// contract (core.Store, core.PauseStore, core.PoolStore,
+// core.ReconcileStore and core.StorageStore): Run holds every
+// implementation to the same behaviour, in the domain's terms (records,
+// bindings, slots, tickets, leases, stored bytes), including concurrent callers and writes whose outcome is
 // unknown. The DynamoDB store and the in-memory store both run it.
 package storetest
 
@@ -23,6 +23,7 @@ type Store interface {
 	core.PauseStore
 	core.PoolStore
 	core.ReconcileStore
+	core.StorageStore
 }
 
 // Subject is one fresh, empty store under test.
@@ -52,6 +53,8 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"PauseAbortAndLimit", testPauseAbortAndLimit},
 		{"Resume", testResume},
 		{"Pool", testPool},
+		{"PoolFairShare", testPoolFairShare},
+		{"Storage", testStorage},
 		{"EnterWait", testEnterWait},
 		{"DispatchOrder", testDispatchOrder},
 		{"GrantTakenAndPassedOn", testGrantTakenAndPassedOn},

@@ -141,6 +141,11 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 		logger.Warn("configuration", "warning", fmt.Sprintf("%s=%s capped at %s for HTTP API functions",
 			config.EnvSyncDeadlineSeconds, cfg.Sync.Deadline, MaxHTTPSyncDeadline))
 	}
+	sealer, err := TokenSealer(cfg.TokenSeal, func() tokenseal.KMSAPI { return kms.NewFromConfig(awsCfg) })
+	if err != nil {
+		return nil, err
+	}
+	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment, ddbstore.WithSealer(sealer), ddbstore.WithLimit(cfg.Settings.Limit()))
 	syncer, err := outputsync.New(prov, s3c, outputsync.Options{
 		Bucket:         cfg.OutputBucket,
 		Prefix:         cfg.OutputPrefix,
@@ -149,6 +154,8 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 		MaxTotalBytes:  cfg.Sync.MaxTotalBytes,
 		MaxFileBytes:   cfg.Sync.MaxFileBytes,
 		MaxThreadBytes: cfg.Sync.MaxThreadBytes,
+		MaxTenantBytes: cfg.Sync.MaxTenantBytes,
+		Ledger:         store,
 		Deadline:       deadline,
 		MirrorDeletes:  cfg.Sync.MirrorDeletes,
 		Logger:         logger,
@@ -156,11 +163,6 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 	if err != nil {
 		return nil, fmt.Errorf("output syncer: %w", err)
 	}
-	sealer, err := TokenSealer(cfg.TokenSeal, func() tokenseal.KMSAPI { return kms.NewFromConfig(awsCfg) })
-	if err != nil {
-		return nil, err
-	}
-	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment, ddbstore.WithSealer(sealer), ddbstore.WithLimit(cfg.Settings.Limit()))
 	opts := []core.Option{core.WithLogger(logger), core.WithReconcileSettings(cfg.Reconcile), core.WithPool(cfg.Pool.PoolSettings),
 		core.WithEventSink(eventpub.New(eventbridge.NewFromConfig(awsCfg), cfg.EventBusName))}
 	if cfg.Pool.Size > 0 && cfg.Pool.RefillFunction != "" {

@@ -216,13 +216,15 @@ func testReject(t *testing.T) {
 	}
 }
 
-// testWait: one slot, policy wait. Thread B's acquire waits while thread A
-// is active and succeeds, within SANDBOX_ACQUIRE_TIMEOUT_SECONDS, once A
-// releases (A's warm sandbox is evicted for B). A third thread then waits
-// the whole timeout and gets 429.
+// testWait: one slot, policy wait, one emulator per function (the
+// acquire function limited to one concurrent invocation). Thread B's
+// acquire waits while thread A is active and succeeds, within
+// SANDBOX_ACQUIRE_TIMEOUT_SECONDS, once A releases (A's warm sandbox is
+// evicted for B). A third thread then waits the whole timeout and gets
+// 429. Then testWaitFairness, with B's sandbox as the slot held.
 func testWait(t *testing.T) {
 	const timeout = 8 * time.Second
-	s := startStackWith(t, stackOptions{provider: "e2b", env: []string{
+	s := startStackWith(t, stackOptions{provider: "e2b", instances: 1, env: []string{
 		"SANDBOX_REPLICAS=1", "SANDBOX_OVERFLOW_POLICY=wait",
 		"SANDBOX_ACQUIRE_TIMEOUT_SECONDS=" + strconv.Itoa(int(timeout/time.Second)), "LOG_LEVEL=DEBUG"}})
 	a := newAPI(t, s)
@@ -286,6 +288,7 @@ func testWait(t *testing.T) {
 	if got := emf(t, s, "acquire", "CapacityRejected"); sum(got) != 1 {
 		t.Errorf("CapacityRejected values %v, want one 429 counted (waiting attempts are not refusals)", got)
 	}
+	testWaitFairness(t, a, str(res.r.body, "sandbox_id"))
 }
 
 // testBurst: one replica, burst limit 2, policy burst: of four threads

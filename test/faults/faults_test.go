@@ -141,7 +141,9 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	st.bucket = testenv.Bucket(t, st.s3c)
 	faultyS3 := s3.New(st.s3c.Options(), func(o *s3.Options) { o.HTTPClient = &http.Client{Transport: st.s3} })
 	logger := slog.New(slog.NewJSONHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	syncer, err := outputsync.New(prov, faultyS3, outputsync.Options{Bucket: st.bucket, Prefix: "outputs", Logger: logger})
+	st.faulty = ddbstore.New(faultyDB, table, st.deployment, ddbstore.WithLimit(limit))
+	syncer, err := outputsync.New(prov, faultyS3, outputsync.Options{Bucket: st.bucket, Prefix: "outputs", Logger: logger,
+		Ledger: st.faulty})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +180,6 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 		opts = append(opts, core.WithPool(core.PoolSettings{Size: 1, MaxAge: 24 * time.Hour, Parked: core.PoolParkedPaused}))
 	}
 	st.pool = cfg.pool != noPool
-	st.faulty = ddbstore.New(faultyDB, table, st.deployment, ddbstore.WithLimit(limit))
 	st.eng, err = core.New(s, st.faulty, prov, syncer, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -491,6 +492,34 @@ func (st *stack) checkOutputs(thread string, files map[string][]byte, res core.R
 		}
 		st.t.Errorf("outputs/%s is neither in S3 with its bytes (%v) nor named as deferred (%+v)", name, err, res.Sync)
 	}
+	st.checkStored(ctx, thread)
+}
+
+// checkStored checks the storage ledger against S3: the bytes recorded
+// for the thread are never fewer than its objects take (a pass that died
+// leaves more, until the thread's next pass), and the tenant's total
+// counts them.
+func (st *stack) checkStored(ctx context.Context, thread string) {
+	st.t.Helper()
+	prefix := fmt.Sprintf("outputs/acme/alice/%s/", thread)
+	var inS3 int64
+	pages := s3.NewListObjectsV2Paginator(st.s3c, &s3.ListObjectsV2Input{Bucket: aws.String(st.bucket), Prefix: aws.String(prefix)})
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			st.t.Fatalf("list %s: %v", prefix, err)
+		}
+		for _, o := range page.Contents {
+			inS3 += aws.ToInt64(o.Size)
+		}
+	}
+	got, err := st.store.StoredBytes(ctx, core.ThreadKey{Tenant: "acme", User: "alice", Thread: thread})
+	if err != nil {
+		st.t.Fatalf("StoredBytes: %v", err)
+	}
+	if got.Thread < inS3 || got.Tenant < got.Thread {
+		st.t.Errorf("ledger %+v for a thread whose objects take %d bytes: want at least those, counted in the tenant's total", got, inS3)
+	}
 }
 
 // step is one step of acquire or release where a fault is injected: the
@@ -793,6 +822,9 @@ var steps = []step{
 	{"release/sync", s3Layer, faults.PathContains("PUT", "/outputs/"), releaseStep(false)},
 	{"release/drain-read", ddbLayer, faults.BodyContains(faults.DynamoDB("GetItem"), `draining`), releaseStep(false)},
 	{"release/park", ddbLayer, faults.BodyContains(faults.DynamoDB("UpdateItem"), `"S":"warm"`), releaseStep(false)},
+	// The sync's record of the thread's stored bytes (the tenant's
+	// storage cap): before its uploads and at its end.
+	{"release/record-stored", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `OUT#`), releaseStep(false)},
 	{"release/kill", provLayer, faults.PathContains("DELETE", "/sandboxes/"), releaseStep(true)},
 	// Pause-parking: the pause of an idle warm sandbox (reconcile) and
 	// the resume of a paused one (acquire), at the provider and in the
