@@ -95,6 +95,9 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	if err := p.releases(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	if err := p.owedOutputs(ctx, draining); err != nil {
+		errs = append(errs, err)
+	}
 	if err := p.expireWarm(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
@@ -228,13 +231,15 @@ func (p *pass) outOfTime() bool { return !p.stopAt.IsZero() && !time.Now().Befor
 // sandbox while draining), syncing their outputs first. It
 // holds a lease on the warm record while it syncs, and destroys the
 // sandbox only when every output is in S3 (or the provider already ended
-// it): an incomplete or failed sync leaves it warm, counted Deferred, for
-// the next pass. Syncs end by the invocation's stop time.
+// it): an incomplete or failed sync leaves it warm, counted Deferred, its
+// provider's timer moved for the next pass (holdForOutputs), up to
+// MaxOutputsWait past its idle timeout; past that it is destroyed anyway,
+// counted OutputsAbandoned. Syncs end by the invocation's stop time.
 func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 	e := p.e
-	before, reason := p.start.Add(-(e.s.IdleTimeout - e.s.ExpiryLead())), EventReasonIdleExpired
+	before, reason := p.expiryCutoff(draining), EventReasonIdleExpired
 	if draining {
-		before, reason = p.start.Add(time.Millisecond), EventReasonDraining
+		reason = EventReasonDraining
 	}
 	idle, err := e.store.WarmParkedBefore(ctx, before, reconcileBatch)
 	if err != nil {
@@ -253,9 +258,11 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 			continue
 		}
 		if complete, gone := p.syncParked(ctx, claimed, "expiry"); !complete && !gone {
-			p.st.Deferred++
-			e.unleaseWarm(ctx, claimed) // back to plain warm, still idle: the next pass retries
-			continue
+			if !p.holdForOutputs(ctx, claimed) {
+				p.st.Deferred++ // back to plain warm, still idle: the next pass retries
+				continue
+			}
+			p.abandonOutputs(ctx, claimed, "kept running for them as long as allowed, or ended by the provider")
 		}
 		tomb, err := e.applyRecord(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateDestroying,
 			KeepLease: true, Now: e.now(), Slot: claimed.Slot})

@@ -24,8 +24,9 @@ import (
 //	pk REC#<deployment>, sk R                     the inventory cursor (reconcileCursorItem)
 //	pk REC#<deployment>, sk SEEN#<cycle>#<part>   ids (and reservation tokens) one pass saw
 //	pk FST#<sandbox id>, sk R                     when reconcile first saw an anomalous sandbox
+//	pk REC#<deployment>, sk OWED#<sandbox id>     a sandbox whose outputs are owed (outputs.go)
 //
-// SEEN and FST items carry a "ttl" (garbage collection only).
+// SEEN, FST and OWED items carry a "ttl" (garbage collection only).
 
 var _ core.ReconcileStore = (*Store)(nil)
 

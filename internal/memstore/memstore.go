@@ -51,6 +51,9 @@ type Store struct {
 	cursor      core.ReconcileCursor
 	cursorSaved bool
 	seen        map[string]map[string][]core.SeenSandbox
+	// owed notes the sandboxes whose outputs are not all stored, with
+	// when each was noted (NoteOutputsOwed).
+	owed map[string]time.Time
 }
 
 // entry is a stored record and what the store keeps beside it.
@@ -90,6 +93,7 @@ func New() *Store {
 		places:       map[placeKey]place{},
 		firstSeen:    map[string]time.Time{},
 		seen:         map[string]map[string][]core.SeenSandbox{},
+		owed:         map[string]time.Time{},
 	}
 }
 

@@ -57,6 +57,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"GrantTakenAndPassedOn", testGrantTakenAndPassedOn},
 		{"Draining", testDraining},
 		{"Reconcile", testReconcile},
+		{"OutputsOwed", testOutputsOwed},
 		{"TenantSandboxes", testTenantSandboxes},
 		{"RaceLedger", testRaceLedger},
 		{"RaceBinding", testRaceBinding},
