@@ -222,6 +222,9 @@ func (p *pass) group(ctx context.Context, key ThreadKey, g []SandboxInfo, look R
 			continue // tombstone (retried above) or gone (a sandbox killed late is found again later)
 		}
 		if in.ID == canonical {
+			if tracked {
+				p.keepTimer(ctx, in, rec)
+			}
 			continue
 		}
 		token := in.Metadata[MetaReservation]

@@ -545,6 +545,49 @@ func releaseStep(drain bool) func(*stack, string, func(), func()) (map[string][]
 	}
 }
 
+// renewStep acquires the thread, then, a minute later, renews its
+// sandbox for two hours under the fault. Whatever the renewal answered,
+// after one reconcile pass the provider's timer must end after the
+// record's end (reconcile moves a timer that a renewal left short).
+func renewStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	res, ok := st.acquire(thread)
+	if !ok {
+		st.t.Fatalf("setup acquire failed")
+	}
+	id := res.Record.SandboxID
+	st.clock.advance(time.Minute)
+	ctx, cancel := invocation()
+	arm()
+	got, err := st.eng.Renew(ctx, "acme", id, 2*time.Hour)
+	disarm()
+	cancel()
+	st.t.Logf("renew under the fault: %+v, %v", got, err)
+	st.reconcile()
+	st.timerCoversEnd(id)
+	return nil, core.ReleaseResult{}, false
+}
+
+// timerCoversEnd: the provider's timer of active sandbox id ends after the
+// record's end. The provider's clock is real time, the engine's runs
+// ahead by what the case advanced.
+func (st *stack) timerCoversEnd(id string) {
+	st.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec, err := st.store.Get(ctx, id)
+	if err != nil || rec.State != core.StateActive {
+		st.t.Fatalf("record of %s = %+v, %v; want it active", id, rec, err)
+	}
+	info, err := st.clean.Info(ctx, id)
+	if err != nil {
+		st.t.Fatalf("info %s: %v", id, err)
+	}
+	ends := info.EndAt.Add(time.Duration(st.clock.off.Load()))
+	if ends.Before(rec.ExpiresAt) {
+		st.t.Errorf("provider timer of %s ends %s, before its record's end %s", id, ends, rec.ExpiresAt)
+	}
+}
+
 // warm leaves the thread with a warm sandbox.
 func warm(st *stack, thread string) {
 	res, ok := st.acquire(thread)
@@ -812,6 +855,10 @@ var steps = []step{
 	{"wait/grant", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `grant_until`), waitStep},
 	{"wait/take-grant", ddbLayer, faults.BodyContains(faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"creating"`),
 		`"S":"granted"`), waitStep},
+	// Renewal: its conditional write on the record (the only write
+	// naming the tenant and the active state) and its provider call.
+	{"renew/write", ddbLayer, faults.BodyContains(faults.BodyContains(faults.DynamoDB("UpdateItem"), `"S":"acme"`), `"S":"active"`), renewStep},
+	{"renew/timer", provLayer, faults.PathSuffix("POST", "/timeout"), renewStep},
 }
 
 // pauseAtReleaseSteps are the steps of a release that pauses its sandbox
@@ -852,9 +899,13 @@ var quotaSteps = []step{
 // names).
 var poolSteps = []step{
 	{"pool/claim-write", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"claiming"`), claimStep},
-	{"pool/member-check", provLayer, faults.PathSuffix("GET", "/files"), claimStep},
+	{"pool/member-check", provLayer, memberCheck, claimStep},
 	{"pool/refill-create", provLayer, faults.PathSuffix("POST", "/v2/sandboxes"), refillStep},
 }
+
+// memberCheck matches the claim's probe of a pool member: a command
+// printing the member's marker.
+var memberCheck = faults.BodyContains(faults.PathSuffix("POST", "/process.Process/Start"), ".sbx-pool-member")
 
 // pausedPoolSteps are the steps of a pool of one member parked paused:
 // the refill's pause of its member (the paused slot's claim, the
@@ -870,7 +921,7 @@ var pausedPoolSteps = []step{
 		`"S":"pooled"`), `"N":"-1"`), refillStep},
 	{"pool-paused/claim-write", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"claiming"`), claimStep},
 	{"pool-paused/resume", provLayer, faults.PathSuffix("POST", "/connect"), claimStep},
-	{"pool-paused/member-check", provLayer, faults.PathSuffix("GET", "/files"), claimStep},
+	{"pool-paused/member-check", provLayer, memberCheck, claimStep},
 	{"pool-paused/activate", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), claimStep},
 }
 
