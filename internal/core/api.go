@@ -68,6 +68,10 @@ type ReconcileStats struct {
 	// PoolRecycled: pool members destroyed for their age, an excess of the
 	// pool's size, draining, or an interrupted hand-out.
 	PoolRecycled int `json:"pool_recycled"`
+	// PoolRefillFailures: the pool refill's failed creates in a row, as
+	// the pass's refill left them (0 once a create succeeds); while it is
+	// not 0 the refill backs off (RefillBackoff).
+	PoolRefillFailures int `json:"pool_refill_failures"`
 	// TimersExtended: provider timers moved later by the pass, of active
 	// sandboxes whose timer would end before their end, and of warm ones
 	// kept running until their outputs are stored.

@@ -225,6 +225,12 @@ type PoolStore interface {
 	// RepairPoolPlaces sets the pool's place count to counted if its
 	// revision is still revision (else ErrConflict).
 	RepairPoolPlaces(ctx context.Context, revision int64, counted int) error
+	// RefillBackoff reads the refill's back-off state, kept with the
+	// pool's place count (the zero value when none was set).
+	RefillBackoff(ctx context.Context) (RefillBackoff, error)
+	// SetRefillBackoff replaces the refill's back-off state (the zero
+	// value clears it), leaving the place count and its revision alone.
+	SetRefillBackoff(ctx context.Context, b RefillBackoff) error
 }
 
 // poolStore is the PoolStore when a pool is configured, else nil.

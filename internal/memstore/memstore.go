@@ -39,6 +39,7 @@ type Store struct {
 	running, granted, paused int
 	pool                     int
 	poolRevision             int64
+	refillBackoff            core.RefillBackoff
 	users                    map[userKey]int
 	tenants                  map[string]int
 	tenantPaused             map[string]int

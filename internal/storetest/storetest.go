@@ -52,6 +52,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"PauseAbortAndLimit", testPauseAbortAndLimit},
 		{"Resume", testResume},
 		{"Pool", testPool},
+		{"RefillBackoff", testRefillBackoff},
 		{"EnterWait", testEnterWait},
 		{"DispatchOrder", testDispatchOrder},
 		{"GrantTakenAndPassedOn", testGrantTakenAndPassedOn},

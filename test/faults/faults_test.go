@@ -6,7 +6,7 @@
 // pool (members parked running and paused: refill, pause, claim, resume),
 // fair waiting (queueing, the grant, its take, and the give-back of a
 // slow waiter's place), and the eviction of a user's own warm sandbox for
-// its quota. After at most two reconcile passes the broker's invariants
+// its quota, and renewal (its write and its provider call). After at most two reconcile passes the broker's invariants
 // must hold: no record in a transitional state, running and paused slots
 // used equal to the running and paused sandboxes (running ones within the
 // limit), no sandbox handed out that does not answer (a
