@@ -52,6 +52,14 @@ type FakeProvider struct {
 	misuse []string
 	// OpenFileErr, when set, fails OpenFile of a live sandbox.
 	OpenFileErr error
+	// Locating declares Capabilities.Locate (the fake's Locate): the
+	// endpoint and access token a create returned, read by id; set it
+	// before the engine is built. LocateErr makes Locate fail.
+	// CheckTokens makes Run refuse (401) a call whose access token is not
+	// the sandbox's.
+	Locating    bool
+	LocateErr   error
+	CheckTokens bool
 	// Clock, when set (before the sandboxes are created), dates each
 	// timeout set: Info and List then report when the sandbox ends
 	// (SandboxInfo.EndAt). The fake never ends a sandbox on its own.
@@ -93,7 +101,30 @@ func (f *FakeProvider) Capabilities() core.Capabilities {
 	if f.Pausable {
 		c.Pause = f
 	}
+	if f.Locating {
+		c.Locate = f.Locate
+	}
 	return c
+}
+
+// endpoint is the endpoint a create of id returns.
+func endpoint(id string) core.Endpoint {
+	return core.Endpoint{Protocol: core.ProtocolEnvd, URL: "http://envd.invalid", AccessToken: "tok-" + id}
+}
+
+// Locate is Capabilities.Locate when Locating: id's endpoint, token
+// included, as its create returned it.
+func (f *FakeProvider) Locate(_ context.Context, id string) (core.Endpoint, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "locate "+id)
+	if f.LocateErr != nil {
+		return core.Endpoint{}, f.LocateErr
+	}
+	if _, ok := f.sandboxes[id]; !ok {
+		return core.Endpoint{}, core.ErrSandboxGone
+	}
+	return endpoint(id), nil
 }
 
 // state is the SandboxInfo.State of sb.
@@ -201,7 +232,7 @@ func (f *FakeProvider) Create(_ context.Context, spec core.CreateSpec) (core.San
 	sb := &fakeSandbox{meta: maps.Clone(spec.Metadata)}
 	f.setTimer(sb, spec.Timeout)
 	f.sandboxes[id] = sb
-	return core.SandboxRef{ID: id, Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd, URL: "http://envd.invalid", AccessToken: "tok-" + id}}, nil
+	return core.SandboxRef{ID: id, Endpoint: endpoint(id)}, nil
 }
 
 // Info implements core.Provider.
@@ -293,6 +324,9 @@ func (f *FakeProvider) Run(_ context.Context, ref core.SandboxRef, cmd core.Comm
 		return core.CommandResult{}, errPaused
 	}
 	sb := f.sandboxes[ref.ID]
+	if f.CheckTokens && ref.Endpoint.AccessToken != endpoint(ref.ID).AccessToken {
+		return core.CommandResult{}, &core.ProviderError{Op: "envd", StatusCode: 401, Message: "wrong access token"}
+	}
 	if sb.wedged {
 		return core.CommandResult{}, errWedged
 	}
