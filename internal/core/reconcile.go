@@ -58,14 +58,18 @@ type pass struct {
 }
 
 // Reconcile runs one bounded pass: retries tombstones (with
-// back-off), expires warm sandboxes idle past the idle timeout (all of them
-// while draining), walks the provider inventory of this deployment from
-// where the last pass stopped (adopting, deferring or killing), settles
-// crashed creates and dead records once a walk completes, and repairs the
-// capacity ledger. It never calls anything that extends a sandbox's life
-// (List, Info, Capabilities.Discover and Kill only; warm sandboxes are synced through envd before
-// they are destroyed). Stats are logged as one JSON line that is also a
-// CloudWatch embedded-metric-format record.
+// back-off), copies the outputs releases deferred, expires warm sandboxes
+// idle past the idle timeout (all of them while draining), walks the
+// provider inventory of this deployment from where the last pass stopped
+// (adopting, deferring or killing), settles crashed creates and dead
+// records once a walk completes, and repairs the capacity ledger. It
+// extends a sandbox's life only on purpose, with Provider.SetTimeout: a
+// warm sandbox whose outputs are not all stored (holdForOutputs), and an
+// active one whose timer would end before its end (keepTimer); its other
+// provider calls are reads (List, Info, Locate, Capabilities.Discover)
+// and Kill, and warm sandboxes are synced through envd before they are
+// destroyed. Stats are logged as one JSON line that is also a CloudWatch
+// embedded-metric-format record.
 //
 // Errors: invalid ReconcileSettings; store or provider failures (the stats
 // say what was done before).

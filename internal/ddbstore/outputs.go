@@ -10,7 +10,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
@@ -59,29 +58,17 @@ func (s *Store) NoteOutputsOwed(ctx context.Context, id string, now time.Time) e
 // strongly consistent query of the notes (all of them: there are at most
 // as many as warm sandboxes), sorted here.
 func (s *Store) OutputsOwed(ctx context.Context, limit int) ([]string, error) {
-	expr, err := expression.NewBuilder().WithKeyCondition(
-		expression.Key(AttrPK).Equal(expression.Value(reconcilePK(s.deployment))).
-			And(expression.Key(AttrSK).BeginsWith(owedPrefix))).Build()
+	var notes []owedItem
+	err := s.queryReconcile(ctx, "owed outputs", owedPrefix, func(av map[string]types.AttributeValue) error {
+		var it owedItem
+		if err := attributevalue.UnmarshalMap(av, &it); err != nil {
+			return fmt.Errorf("decode owed outputs: %w", err)
+		}
+		notes = append(notes, it)
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, ConsistentRead: aws.Bool(true),
-		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
-	var notes []owedItem
-	for p.HasMorePages() {
-		cctx, cancel := s.ctx(ctx)
-		page, err := p.NextPage(cctx)
-		cancel()
-		if err != nil {
-			return nil, unavailable("query owed outputs", err)
-		}
-		for _, av := range page.Items {
-			var it owedItem
-			if err := attributevalue.UnmarshalMap(av, &it); err != nil {
-				return nil, fmt.Errorf("decode owed outputs: %w", err)
-			}
-			notes = append(notes, it)
-		}
 	}
 	sort.Slice(notes, func(i, j int) bool {
 		if notes[i].NotedAt != notes[j].NotedAt {
