@@ -6,7 +6,9 @@
 // pool (members parked running and paused: refill, pause, claim, resume),
 // fair waiting (queueing, the grant, its take, and the give-back of a
 // slow waiter's place), and the eviction of a user's own warm sandbox for
-// its quota, and renewal (its write and its provider call). After at most two reconcile passes the broker's invariants
+// its quota, renewal (its write and its provider call), and the copy of
+// outputs a release deferred (the next pass's copy, and the timer move that
+// keeps an expiring sandbox running for them). After at most two reconcile passes the broker's invariants
 // must hold: no record in a transitional state, running and paused slots
 // used equal to the running and paused sandboxes (running ones within the
 // limit), no sandbox handed out that does not answer (a
@@ -859,6 +861,58 @@ var steps = []step{
 	// naming the tenant and the active state) and its provider call.
 	{"renew/write", ddbLayer, faults.BodyContains(faults.BodyContains(faults.DynamoDB("UpdateItem"), `"S":"acme"`), `"S":"active"`), renewStep},
 	{"renew/timer", provLayer, faults.PathSuffix("POST", "/timeout"), renewStep},
+	// Outputs a release left deferred: the copy of the next pass, and
+	// the timer move that keeps an expiring sandbox running for them.
+	{"reconcile/owed-copy", s3Layer, outputsPut, owedCopyStep},
+	{"reconcile/hold-timer", provLayer, faults.PathSuffix("POST", "/timeout"), holdTimerStep},
+}
+
+// outputsPut matches the upload of a thread's output file to S3 (not
+// the sync's manifest, under the broker's own prefix).
+var outputsPut = faults.PathContains("PUT", "/outputs/acme/")
+
+// releaseOwing acquires the thread, writes files, then releases it while
+// S3 refuses every upload: the sandbox is parked warm, its outputs owed.
+// It returns the files, which the case checks are all in S3 once the
+// passes that follow are done (faults off).
+func releaseOwing(st *stack, thread string) map[string][]byte {
+	res, ok := st.acquire(thread)
+	if !ok {
+		st.t.Fatalf("setup acquire failed")
+	}
+	files := map[string][]byte{"a.txt": st.write(res.Record, "a.txt"), "b.txt": st.write(res.Record, "b.txt")}
+	st.s3.Arm(faults.Fail, outputsPut)
+	rel, ok := st.release(res.Record.SandboxID)
+	st.s3.Disarm()
+	if !ok || rel.State != string(core.StateWarm) || rel.Sync == nil || rel.Sync.Complete {
+		st.t.Fatalf("setup release = %+v, %v; want parked warm with its outputs deferred", rel, ok)
+	}
+	return files
+}
+
+// owedCopyStep runs the pass that copies the owed outputs under the
+// fault.
+func owedCopyStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	files := releaseOwing(st, thread)
+	arm()
+	st.reconcile()
+	disarm()
+	return files, core.ReleaseResult{}, false
+}
+
+// holdTimerStep leaves the thread's sandbox owing outputs past its idle
+// time less the expiry lead, S3 still refusing uploads, and runs the pass
+// whose expiry keeps it running (the provider's timer moved) under the
+// fault.
+func holdTimerStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	files := releaseOwing(st, thread)
+	st.clock.advance(core.DefaultSettings().IdleTimeout)
+	st.s3.Arm(faults.Fail, outputsPut)
+	arm()
+	st.reconcile()
+	disarm()
+	st.s3.Disarm()
+	return files, core.ReleaseResult{}, false
 }
 
 // pauseAtReleaseSteps are the steps of a release that pauses its sandbox
