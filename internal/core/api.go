@@ -68,6 +68,21 @@ type ReconcileStats struct {
 	// PoolRecycled: pool members destroyed for their age, an excess of the
 	// pool's size, draining, or an interrupted hand-out.
 	PoolRecycled int `json:"pool_recycled"`
+	// PoolRefillFailures: the pool refill's failed creates in a row, as
+	// the pass's refill left them (0 once a create succeeds); while it is
+	// not 0 the refill backs off (RefillBackoff).
+	PoolRefillFailures int `json:"pool_refill_failures"`
+	// TimersExtended: provider timers moved later by the pass, of active
+	// sandboxes whose timer would end before their end, and of warm ones
+	// kept running until their outputs are stored.
+	TimersExtended int `json:"timers_extended"`
+	// OutputsStored: warm sandboxes whose outputs a release left
+	// deferred, all stored by the pass.
+	OutputsStored int `json:"outputs_stored"`
+	// OutputsAbandoned: sandboxes destroyed before their outputs were all
+	// stored (kept running MaxOutputsWait past their idle timeout, or
+	// ended by the provider); each is logged as an error.
+	OutputsAbandoned int `json:"outputs_abandoned"`
 	// LedgerRepaired is the correction applied to the ledger's used count.
 	LedgerRepaired int `json:"ledger_repaired"`
 	// Pages: provider inventory pages read.

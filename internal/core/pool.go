@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -238,6 +237,12 @@ type PoolStore interface {
 	// RepairPoolPlaces sets the pool's place count to counted if its
 	// revision is still revision (else ErrConflict).
 	RepairPoolPlaces(ctx context.Context, revision int64, counted int) error
+	// RefillBackoff reads the refill's back-off state, kept with the
+	// pool's place count (the zero value when none was set).
+	RefillBackoff(ctx context.Context) (RefillBackoff, error)
+	// SetRefillBackoff replaces the refill's back-off state (the zero
+	// value clears it), leaving the place count and its revision alone.
+	SetRefillBackoff(ctx context.Context, b RefillBackoff) error
 }
 
 // poolStore is the PoolStore when a pool is configured, else nil.
@@ -594,23 +599,19 @@ func (e *Engine) takeOverClaim(ctx context.Context, rec Record, owner string) (A
 const poolMarker = "/tmp/.sbx-pool-member"
 
 // checkMember checks, under the probe's timeout, that a claimed member
-// answers: its marker (poolMarker) reads back with its id through the
-// sandbox's daemon. A file read starts no process, so the check costs
-// one round trip to the sandbox.
+// answers as a warm reclaim's probe does, with a command: a process
+// must start and print the member's marker (poolMarker), its id. A
+// member whose processes are stopped (wedged) fails it, even if its
+// daemon still serves files. One round trip to the sandbox.
 func (e *Engine) checkMember(ctx context.Context, ref SandboxRef) error {
 	cctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	rc, err := e.prov.OpenFile(cctx, ref, poolMarker, int64(len(ref.ID)))
+	out, err := e.prov.Run(cctx, ref, Command{Script: "cat -- " + poolMarker, Timeout: probeTimeout})
 	if err != nil {
 		return fmt.Errorf("check: %w", err)
 	}
-	defer rc.Close()
-	b, err := io.ReadAll(rc)
-	if err != nil {
-		return fmt.Errorf("check: %w", err)
-	}
-	if string(b) != ref.ID {
-		return fmt.Errorf("check: the marker names %q", b)
+	if out.ExitCode != 0 || string(out.Stdout) != ref.ID {
+		return fmt.Errorf("check: exit code %d, the marker names %q", out.ExitCode, out.Stdout)
 	}
 	return nil
 }

@@ -18,6 +18,8 @@ type PoolStats struct {
 	Failed int `json:"failed"`
 	// Recycled: members destroyed for their age, an excess or draining.
 	Recycled int `json:"recycled"`
+	// Backoff is the refill's back-off state as the refill left it.
+	Backoff RefillBackoff `json:"backoff"`
 }
 
 // refillParallel bounds the creates one refill runs at once.
@@ -30,7 +32,10 @@ func (p PoolSettings) poolLead() time.Duration { return min(2*time.Minute, p.Max
 
 // RefillPool creates pool members until the pool's places are all taken
 // (members, refills in flight, members being destroyed), the deployment
-// has no free slot, or ctx ends. It never evicts anything. Concurrent
+// has no free slot, or ctx ends. It never evicts anything. After failed
+// creates it backs off (RefillBackoff): it creates nothing until the
+// back-off's end, then one member at a time until a create succeeds, and
+// one refill stops after maxRefillFailures failures. Concurrent
 // refills never overshoot the pool: each create first takes a pool place
 // and a slot in one conditional write. A refill that dies midway leaves a
 // reservation (freed by reconcile) or a sandbox marked as a pool member in
@@ -48,17 +53,31 @@ func (e *Engine) refill(ctx context.Context) (PoolStats, error) {
 	if ps == nil {
 		return PoolStats{}, nil
 	}
+	was := e.refillBackoff(ctx, ps)
+	if e.now().Before(was.Until) {
+		return PoolStats{Backoff: was}, nil
+	}
+	workers := min(refillParallel, e.poolConfig().settings.Size)
+	if was.Failures > 0 {
+		workers = 1 // after failures, one create tries the provider
+	}
 	var (
 		mu   sync.Mutex
 		st   PoolStats
 		errs []error
 		wg   sync.WaitGroup
 	)
-	for range min(refillParallel, e.poolConfig().settings.Size) {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
+				mu.Lock()
+				stop := st.Failed >= maxRefillFailures
+				mu.Unlock()
+				if stop {
+					return
+				}
 				created, err := e.refillOne(ctx, ps)
 				mu.Lock()
 				if created {
@@ -76,6 +95,7 @@ func (e *Engine) refill(ctx context.Context) (PoolStats, error) {
 		}()
 	}
 	wg.Wait()
+	st.Backoff = e.noteRefill(ctx, ps, was, st)
 	if st.Created > 0 || st.Failed > 0 {
 		e.log.InfoContext(ctx, "pool refill", "created", st.Created, "failed", st.Failed)
 	}
@@ -211,6 +231,7 @@ func (p *pass) pool(ctx context.Context, draining bool) error {
 	defer cancel()
 	st, err := e.refill(rctx)
 	p.st.PoolCreated += st.Created
+	p.st.PoolRefillFailures = st.Backoff.Failures
 	if err != nil {
 		return fmt.Errorf("refill pool: %w", err)
 	}

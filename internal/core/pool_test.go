@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -391,20 +392,42 @@ func TestPoolClaimKicksARefillAndACreateDoesNot(t *testing.T) {
 }
 
 // TestPoolWedgedMemberIsNotHandedOut: a member the provider still lists
-// but whose daemon does not answer fails the claim's check and is
-// discarded, never handed out.
+// and whose daemon still serves files, but whose processes are stopped,
+// fails the claim's probe (a command) and is discarded, its slot and
+// place freed; the thread's first acquire gets a sandbox that runs
+// commands. So does a member whose marker is missing.
 func TestPoolWedgedMemberIsNotHandedOut(t *testing.T) {
-	h := newPoolHarness(t, 1, func(s *core.Settings) { s.AcquireTimeout = time.Second })
-	h.refill(t, 1)
-	member := h.members(t)[0]
-	h.prov.Set(func(f *coretest.FakeProvider) { f.OpenFileErr = errors.New("envd does not answer") })
-	res, err := h.eng.Acquire(context.Background(), key("t1"))
-	if err == nil && res.Record.SandboxID == member.SandboxID {
-		t.Fatalf("handed out the wedged member %s", member.SandboxID)
-	}
-	rec, gerr := h.store.Get(context.Background(), member.SandboxID)
-	if gerr != nil || rec.State != core.StateGone || h.prov.Alive(member.SandboxID) {
-		t.Errorf("wedged member record = %s, %v, alive %t; want gone and killed", rec.State, gerr, h.prov.Alive(member.SandboxID))
+	for _, tc := range []struct {
+		name  string
+		spoil func(h *harness, id string)
+	}{
+		{"wedged", func(h *harness, id string) { h.prov.Wedge(id) }},
+		{"marker missing", func(h *harness, id string) {
+			if err := h.prov.WriteFile(context.Background(), core.SandboxRef{ID: id}, "/tmp/.sbx-pool-member", strings.NewReader("other")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newPoolHarness(t, 1, nil)
+			h.refill(t, 1)
+			member := h.members(t)[0]
+			tc.spoil(h, member.SandboxID)
+			res, err := h.eng.Acquire(context.Background(), key("t1"))
+			if err != nil || res.Record.SandboxID == member.SandboxID || res.Source != core.SourceCreated {
+				t.Fatalf("Acquire = %s from %s, %v; want a created sandbox, not the member %s", res.Record.SandboxID, res.Source, err, member.SandboxID)
+			}
+			if out, err := h.prov.Run(context.Background(), res.Record.Ref(), core.Command{Script: "true"}); err != nil || out.ExitCode != 0 {
+				t.Errorf("a command in the handed-out sandbox = %+v, %v; want it to run", out, err)
+			}
+			rec, gerr := h.store.Get(context.Background(), member.SandboxID)
+			if gerr != nil || rec.State != core.StateGone || h.prov.Alive(member.SandboxID) {
+				t.Errorf("member record = %s, %v, alive %t; want gone and killed", rec.State, gerr, h.prov.Alive(member.SandboxID))
+			}
+			if st := h.capacity(t); st.Used != 1 || st.Active != 1 || h.poolCount(t) != 0 {
+				t.Errorf("capacity = %+v, pool count %d; want the member's slot and place freed", st, h.poolCount(t))
+			}
+		})
 	}
 }
 

@@ -52,10 +52,13 @@ type Capabilities struct {
 	// cursor). nil: reconcile lists everything with Provider.List and
 	// pages it in memory.
 	Pager PagedLister
-	// Locate addresses a sandbox's endpoint from its id alone, without a
-	// call that would extend its life; reconcile gives a sandbox it adopts
-	// this endpoint. nil: adopted records carry no endpoint.
-	Locate func(id string) Endpoint
+	// Locate addresses a sandbox's endpoint, its access token included,
+	// with a read that neither extends its life nor resumes it (E2B: GET
+	// /sandboxes/{id}); ErrSandboxGone when the sandbox is no more.
+	// Reconcile gives a sandbox it adopts for its thread this endpoint,
+	// so the thread's next acquire can reach it. nil: adopted records
+	// carry no endpoint.
+	Locate func(ctx context.Context, id string) (Endpoint, error)
 	// Pause pauses and resumes sandboxes (memory and files kept). An
 	// acquire that finds the thread's sandbox paused resumes it with
 	// Pause.Resume; nil: the provider cannot resume, so a sandbox it

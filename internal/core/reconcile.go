@@ -58,14 +58,18 @@ type pass struct {
 }
 
 // Reconcile runs one bounded pass: retries tombstones (with
-// back-off), expires warm sandboxes idle past the idle timeout (all of them
-// while draining), walks the provider inventory of this deployment from
-// where the last pass stopped (adopting, deferring or killing), settles
-// crashed creates and dead records once a walk completes, and repairs the
-// capacity ledger. It never calls anything that extends a sandbox's life
-// (List, Info, Capabilities.Discover and Kill only; warm sandboxes are synced through envd before
-// they are destroyed). Stats are logged as one JSON line that is also a
-// CloudWatch embedded-metric-format record.
+// back-off), copies the outputs releases deferred, expires warm sandboxes
+// idle past the idle timeout (all of them while draining), walks the
+// provider inventory of this deployment from where the last pass stopped
+// (adopting, deferring or killing), settles crashed creates and dead
+// records once a walk completes, and repairs the capacity ledger. It
+// extends a sandbox's life only on purpose, with Provider.SetTimeout: a
+// warm sandbox whose outputs are not all stored (holdForOutputs), and an
+// active one whose timer would end before its end (keepTimer); its other
+// provider calls are reads (List, Info, Locate, Capabilities.Discover)
+// and Kill, and warm sandboxes are synced through envd before they are
+// destroyed. Stats are logged as one JSON line that is also a CloudWatch
+// embedded-metric-format record.
 //
 // Errors: invalid ReconcileSettings; store or provider failures (the stats
 // say what was done before).
@@ -93,6 +97,9 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 		errs = append(errs, err)
 	}
 	if err := p.releases(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.owedOutputs(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
 	if err := p.expireWarm(ctx, draining); err != nil {
@@ -228,13 +235,15 @@ func (p *pass) outOfTime() bool { return !p.stopAt.IsZero() && !time.Now().Befor
 // sandbox while draining), syncing their outputs first. It
 // holds a lease on the warm record while it syncs, and destroys the
 // sandbox only when every output is in S3 (or the provider already ended
-// it): an incomplete or failed sync leaves it warm, counted Deferred, for
-// the next pass. Syncs end by the invocation's stop time.
+// it): an incomplete or failed sync leaves it warm, counted Deferred, its
+// provider's timer moved for the next pass (holdForOutputs), up to
+// MaxOutputsWait past its idle timeout; past that it is destroyed anyway,
+// counted OutputsAbandoned. Syncs end by the invocation's stop time.
 func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 	e := p.e
-	before, reason := p.start.Add(-(e.s.IdleTimeout - e.s.ExpiryLead())), EventReasonIdleExpired
+	before, reason := p.expiryCutoff(draining), EventReasonIdleExpired
 	if draining {
-		before, reason = p.start.Add(time.Millisecond), EventReasonDraining
+		reason = EventReasonDraining
 	}
 	idle, err := e.store.WarmParkedBefore(ctx, before, reconcileBatch)
 	if err != nil {
@@ -253,9 +262,11 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 			continue
 		}
 		if complete, gone := p.syncParked(ctx, claimed, "expiry"); !complete && !gone {
-			p.st.Deferred++
-			e.unleaseWarm(ctx, claimed) // back to plain warm, still idle: the next pass retries
-			continue
+			if !p.holdForOutputs(ctx, claimed) {
+				p.st.Deferred++ // back to plain warm, still idle: the next pass retries
+				continue
+			}
+			p.abandonOutputs(ctx, claimed, "kept running for them as long as allowed, or ended by the provider")
 		}
 		tomb, err := e.applyRecord(ctx, Update{SandboxID: claimed.SandboxID, Fence: claimed.Fence, State: StateDestroying,
 			KeepLease: true, Now: e.now(), Slot: claimed.Slot})

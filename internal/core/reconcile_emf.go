@@ -24,7 +24,10 @@ func (s ReconcileStats) Metrics() []Metric {
 		count("Paused", s.Paused), count("PausedExpired", s.PausedExpired), count("PausesFinished", s.PausesFinished),
 		count("TombstonesRetried", s.TombstonesRetried),
 		count("ReservationsSettled", s.ReservationsSettled), count("PoolCreated", s.PoolCreated),
-		count("PoolRecycled", s.PoolRecycled), count("LedgerRepaired", s.LedgerRepaired),
+		count("PoolRecycled", s.PoolRecycled), count("PoolRefillFailures", s.PoolRefillFailures),
+		count("TimersExtended", s.TimersExtended),
+		count("OutputsStored", s.OutputsStored), count("OutputsAbandoned", s.OutputsAbandoned),
+		count("LedgerRepaired", s.LedgerRepaired),
 		count("Pages", s.Pages), count("BudgetExhausted", exhausted), count("Errors", s.Errors),
 		{Name: "DurationMs", Unit: "Milliseconds", Value: float64(s.Duration.Milliseconds())},
 	}

@@ -228,6 +228,9 @@ func (p *pass) group(ctx context.Context, key ThreadKey, g []SandboxInfo, look R
 			continue // tombstone (retried above) or gone (a sandbox killed late is found again later)
 		}
 		if in.ID == canonical {
+			if tracked {
+				p.keepTimer(ctx, in, rec)
+			}
 			continue
 		}
 		token := in.Metadata[MetaReservation]
@@ -245,7 +248,11 @@ func (p *pass) group(ctx context.Context, key ThreadKey, g []SandboxInfo, look R
 			if tracked {
 				err = p.rst.Rebind(ctx, key, in.ID, b, bound)
 			} else {
-				a := Adoption{Record: p.adoptedRecord(in, key, p.adoptedState(in)), Bind: true, From: b, FromBound: bound}
+				rec := p.adoptedRecord(in, key, p.adoptedState(in))
+				if !p.locate(ctx, &rec) {
+					continue
+				}
+				a := Adoption{Record: rec, Bind: true, From: b, FromBound: bound}
 				if hasRes {
 					a.Reservation = token
 				}
@@ -282,9 +289,6 @@ func (p *pass) adoptedRecord(in SandboxInfo, key ThreadKey, state State) Record 
 	r := Record{SandboxID: in.ID, ThreadKey: key, Seed: key.Seed(), State: state, Backend: p.e.prov.Name(),
 		ReservationToken: in.Metadata[MetaReservation], CreatedAt: created, UpdatedAt: now, ExpiresAt: in.EndAt,
 		PrevMeteredAt: created, MeteredAt: now} // it ran untracked since its start
-	if p.e.caps.Locate != nil {
-		r.Endpoint = p.e.caps.Locate(in.ID)
-	}
 	switch state {
 	case StateWarm:
 		r.ParkedAt = now
@@ -294,6 +298,31 @@ func (p *pass) adoptedRecord(in SandboxInfo, key ThreadKey, state State) Record 
 		r.LeaseOwner, r.LeaseExpiresAt = p.owner, now.Add(p.e.s.LeaseDuration)
 	}
 	return r
+}
+
+// locate gives rec, a sandbox about to be adopted for its thread, its
+// endpoint and access token (Capabilities.Locate), so that the thread's
+// next acquire reaches it: without its token the sandbox would be
+// discarded as unresponsive, having held a slot for nothing. A read that
+// failed defers the adoption to the next pass (counted Deferred), before
+// any slot is taken; a sandbox gone meanwhile is not adopted at all.
+func (p *pass) locate(ctx context.Context, rec *Record) bool {
+	loc := p.e.caps.Locate
+	if loc == nil {
+		return true
+	}
+	cctx, cancel := context.WithTimeout(ctx, timerCallTimeout)
+	defer cancel()
+	ep, err := loc(cctx, rec.SandboxID)
+	if err != nil {
+		p.st.Deferred++
+		if !errors.Is(err, ErrSandboxGone) {
+			p.e.log.InfoContext(ctx, "reconcile: adoption deferred: the sandbox's endpoint was not read", "sandbox_id", rec.SandboxID, "err", err)
+		}
+		return false
+	}
+	rec.Endpoint = ep
+	return true
 }
 
 // adopted accounts for a sandbox adopted for its thread and publishes

@@ -116,6 +116,16 @@ type ReconcileStore interface {
 	// its limit, and drops tenants holding no slot from the fair-share
 	// sets.
 	RepairCounters(ctx context.Context, limit int) (CounterRepair, error)
+	// NoteOutputsOwed records that sandboxID's outputs are not all stored
+	// (a release deferred some), so that reconcile copies the rest at
+	// its next pass; noting it again changes nothing.
+	NoteOutputsOwed(ctx context.Context, sandboxID string, now time.Time) error
+	// OutputsOwed lists up to limit sandboxes noted by NoteOutputsOwed
+	// and not forgotten since, oldest note first (strongly consistent).
+	OutputsOwed(ctx context.Context, limit int) ([]string, error)
+	// ForgetOutputsOwed drops sandboxID's note (nothing to do when there
+	// is none).
+	ForgetOutputsOwed(ctx context.Context, sandboxID string) error
 }
 
 // CounterRepair is what one ReconcileStore.RepairCounters call corrected.

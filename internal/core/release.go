@@ -139,6 +139,9 @@ func (e *Engine) finishReleaseAs(ctx context.Context, rec Record, strict bool, o
 	if err != nil {
 		return out, fmt.Errorf("park warm: %w", err)
 	}
+	if out.Sync != nil && !out.Sync.Complete {
+		e.noteOwed(ctx, rec)
+	}
 	e.emit(ctx, rec, rec.PrevState, StateWarm, EventReleased, "")
 	out.State = string(StateWarm)
 	return out, nil

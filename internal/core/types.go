@@ -227,6 +227,9 @@ type CapacityStatus struct {
 	PausedLimit int    `json:"paused_limit"`
 	Policy      string `json:"policy"`
 	Draining    bool   `json:"draining"`
+	// PoolRefill is the pool refill's back-off after failed creates (nil
+	// when no pool is kept or its last create succeeded).
+	PoolRefill *RefillBackoff `json:"pool_refill,omitempty"`
 }
 
 func (s CapacityStatus) String() string {

@@ -22,7 +22,9 @@ import (
 //	POOL#<deployment>  "members": pool reservations (refills in flight),
 //	                   pooled records, and thread-less records being paused
 //	                   or destroyed; "revision": moved by every change of it
-//	                   and every repair (see RepairPoolPlaces)
+//	                   and every repair (see RepairPoolPlaces);
+//	                   "refill_failures", "refill_until": the refill's
+//	                   back-off (RefillBackoff), which moves no revision
 //
 // Every write that adds or removes one of those moves the count in the
 // same transaction: ReservePool takes a place, ClaimPoolMember gives it
@@ -446,6 +448,45 @@ func (s *Store) freePoolReservation(ctx context.Context, token string) error {
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("free pool reservation %s: %w", token, core.ErrConflict)
+	}
+	return nil
+}
+
+// RefillBackoff reads the refill's back-off state from the pool's count
+// item (strongly consistent; the zero value when none is set).
+func (s *Store) RefillBackoff(ctx context.Context) (core.RefillBackoff, error) {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
+		ConsistentRead: aws.Bool(true), ProjectionExpression: aws.String("refill_failures, refill_until")})
+	if err != nil {
+		return core.RefillBackoff{}, unavailable("get pool refill back-off", err)
+	}
+	var b struct {
+		Failures int   `dynamodbav:"refill_failures"`
+		Until    int64 `dynamodbav:"refill_until"`
+	}
+	if err := attributevalue.UnmarshalMap(out.Item, &b); err != nil {
+		return core.RefillBackoff{}, fmt.Errorf("decode pool refill back-off: %w", err)
+	}
+	return core.RefillBackoff{Failures: b.Failures, Until: fromMS(b.Until)}, nil
+}
+
+// SetRefillBackoff writes the refill's back-off state on the pool's count
+// item (one unconditional update; the zero value removes it).
+func (s *Store) SetRefillBackoff(ctx context.Context, b core.RefillBackoff) error {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	in := &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
+		UpdateExpression: aws.String("REMOVE refill_failures, refill_until")}
+	if b != (core.RefillBackoff{}) {
+		in.UpdateExpression = aws.String("SET refill_failures = :f, refill_until = :u")
+		in.ExpressionAttributeValues = map[string]types.AttributeValue{
+			":f": &types.AttributeValueMemberN{Value: fmt.Sprint(b.Failures)},
+			":u": &types.AttributeValueMemberN{Value: fmt.Sprint(ms(b.Until))}}
+	}
+	if _, err := s.db.UpdateItem(cctx, in); err != nil {
+		return unavailable("set pool refill back-off", err)
 	}
 	return nil
 }

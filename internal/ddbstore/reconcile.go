@@ -24,8 +24,9 @@ import (
 //	pk REC#<deployment>, sk R                     the inventory cursor (reconcileCursorItem)
 //	pk REC#<deployment>, sk SEEN#<cycle>#<part>   ids (and reservation tokens) one pass saw
 //	pk FST#<sandbox id>, sk R                     when reconcile first saw an anomalous sandbox
+//	pk REC#<deployment>, sk OWED#<sandbox id>     a sandbox whose outputs are owed (outputs.go)
 //
-// SEEN and FST items carry a "ttl" (garbage collection only).
+// SEEN, FST and OWED items carry a "ttl" (garbage collection only).
 
 var _ core.ReconcileStore = (*Store)(nil)
 
@@ -547,34 +548,47 @@ func (s *Store) SaveSeen(ctx context.Context, cycle, part string, seen []core.Se
 
 // Seen reads every stored part of a cycle's inventory.
 func (s *Store) Seen(ctx context.Context, cycle string) ([]core.SeenSandbox, error) {
+	var out []core.SeenSandbox
+	err := s.queryReconcile(ctx, "seen", "SEEN#"+cycle+"#", func(av map[string]types.AttributeValue) error {
+		var ids []string
+		if err := attributevalue.Unmarshal(av["ids"], &ids); err != nil {
+			return fmt.Errorf("decode seen: %w", err)
+		}
+		for _, v := range ids {
+			id, tok, _ := strings.Cut(v, "\t")
+			out = append(out, core.SeenSandbox{ID: id, Reservation: tok})
+		}
+		return nil
+	})
+	return out, err
+}
+
+// queryReconcile calls each for every item beside the reconcile cursor
+// whose sort key starts with prefix (a strongly consistent query, every
+// page), until each fails; what names the items in errors.
+func (s *Store) queryReconcile(ctx context.Context, what, prefix string, each func(map[string]types.AttributeValue) error) error {
 	expr, err := expression.NewBuilder().WithKeyCondition(
 		expression.Key(AttrPK).Equal(expression.Value(reconcilePK(s.deployment))).
-			And(expression.Key(AttrSK).BeginsWith("SEEN#" + cycle + "#"))).Build()
+			And(expression.Key(AttrSK).BeginsWith(prefix))).Build()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, ConsistentRead: aws.Bool(true),
 		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
-	var out []core.SeenSandbox
 	for p.HasMorePages() {
 		cctx, cancel := s.ctx(ctx)
 		page, err := p.NextPage(cctx)
 		cancel()
 		if err != nil {
-			return nil, unavailable("query seen", err)
+			return unavailable("query "+what, err)
 		}
 		for _, av := range page.Items {
-			var ids []string
-			if err := attributevalue.Unmarshal(av["ids"], &ids); err != nil {
-				return nil, fmt.Errorf("decode seen: %w", err)
-			}
-			for _, v := range ids {
-				id, tok, _ := strings.Cut(v, "\t")
-				out = append(out, core.SeenSandbox{ID: id, Reservation: tok})
+			if err := each(av); err != nil {
+				return err
 			}
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // slotStates are the states whose records (and reservations) hold a

@@ -211,8 +211,8 @@ func baseURL(field, raw string) (string, error) {
 func (c *Client) Name() string { return "e2b" }
 
 // Capabilities implements core.Provider: envd endpoints, a paged inventory
-// (ListPage), endpoints located from the sandbox id (Locate) and pause and
-// resume (Pause, Resume).
+// (ListPage), endpoints and access tokens read by id (Locate) and pause
+// and resume (Pause, Resume).
 func (c *Client) Capabilities() core.Capabilities {
 	return core.Capabilities{Protocol: core.ProtocolEnvd, Pager: c, Locate: c.Locate, Pause: c, Metrics: c.Metrics}
 }
@@ -272,12 +272,17 @@ func (c *Client) Create(ctx context.Context, spec core.CreateSpec) (core.Sandbox
 		// The create may well have happened: we cannot tell which sandbox.
 		return core.SandboxRef{}, &core.ProviderError{Op: op, StatusCode: status, Message: "unreadable create reply: " + snippet(reply), Ambiguous: true}
 	}
-	domain := DefaultDomain
-	if sb.Domain != nil && *sb.Domain != "" {
-		domain = *sb.Domain
+	return core.SandboxRef{ID: sb.SandboxID, Endpoint: c.endpoint(sb.SandboxID, sb.Domain, sb.EnvdAccessToken)}, nil
+}
+
+// endpoint is the envd endpoint of sandbox id in domain (nil or empty:
+// DefaultDomain) with its access token.
+func (c *Client) endpoint(id string, domain *string, token string) core.Endpoint {
+	d := DefaultDomain
+	if domain != nil && *domain != "" {
+		d = *domain
 	}
-	return core.SandboxRef{ID: sb.SandboxID, Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd,
-		URL: c.envdURL(sb.SandboxID, domain), AccessToken: sb.EnvdAccessToken}}, nil
+	return core.Endpoint{Protocol: core.ProtocolEnvd, URL: c.envdURL(id, d), AccessToken: token}
 }
 
 // createAmbiguous reports whether a create answered with status may still
@@ -303,28 +308,37 @@ func (c *Client) envdURL(id, domain string) string {
 // life. A 404 from the API (or an empty reply, as the SDK reads it) is
 // core.ErrSandboxGone.
 func (c *Client) Info(ctx context.Context, id string) (core.SandboxInfo, error) {
-	if err := core.ValidateSandboxID(id); err != nil {
+	d, err := c.detail(ctx, id)
+	if err != nil {
 		return core.SandboxInfo{}, err
+	}
+	return sandboxInfo(d.ListedSandbox), nil
+}
+
+// detail reads GET /sandboxes/{id} (see Info).
+func (c *Client) detail(ctx context.Context, id string) (e2bapi.SandboxDetail, error) {
+	if err := core.ValidateSandboxID(id); err != nil {
+		return e2bapi.SandboxDetail{}, err
 	}
 	const op = "get sandbox"
 	status, _, reply, err := c.call(ctx, c.timeouts.ControlPlane, op, http.MethodGet, "/sandboxes/"+url.PathEscape(id), nil, nil)
 	if err != nil {
-		return core.SandboxInfo{}, err
+		return e2bapi.SandboxDetail{}, err
 	}
 	if apiNotFound(status, reply) || (status == http.StatusOK && len(bytes.TrimSpace(reply)) == 0) {
-		return core.SandboxInfo{}, fmt.Errorf("e2b %s %s: %w", op, id, core.ErrSandboxGone)
+		return e2bapi.SandboxDetail{}, fmt.Errorf("e2b %s %s: %w", op, id, core.ErrSandboxGone)
 	}
 	if status != http.StatusOK {
-		return core.SandboxInfo{}, statusError(op, status, reply, providerhttp.AmbiguousStatus(status))
+		return e2bapi.SandboxDetail{}, statusError(op, status, reply, providerhttp.AmbiguousStatus(status))
 	}
 	var d e2bapi.SandboxDetail
 	if err := json.Unmarshal(reply, &d); err != nil {
-		return core.SandboxInfo{}, &core.ProviderError{Op: op, StatusCode: status, Message: "unreadable reply: " + err.Error(), Ambiguous: true}
+		return e2bapi.SandboxDetail{}, &core.ProviderError{Op: op, StatusCode: status, Message: "unreadable reply: " + err.Error(), Ambiguous: true}
 	}
 	if d.SandboxID == "" {
 		d.SandboxID = id
 	}
-	return sandboxInfo(d.ListedSandbox), nil
+	return d, nil
 }
 
 // List returns every sandbox matching f with GET /v2/sandboxes, following

@@ -85,9 +85,13 @@ func (c *Client) fetchPage(ctx context.Context, op string, q url.Values) ([]core
 	return out, header.Get("X-Next-Token"), nil
 }
 
-// Locate addresses a sandbox's envd from its id alone (no call, so
-// nothing extends its life). The access token is unknown (empty): it is
-// only returned by create and connect.
-func (c *Client) Locate(id string) core.Endpoint {
-	return core.Endpoint{Protocol: core.ProtocolEnvd, URL: c.envdURL(id, DefaultDomain)}
+// Locate addresses a sandbox's envd, its access token included, with
+// GET /sandboxes/{id}: a read, so nothing extends the sandbox's life or
+// resumes it. ErrSandboxGone when the API no longer has it.
+func (c *Client) Locate(ctx context.Context, id string) (core.Endpoint, error) {
+	d, err := c.detail(ctx, id)
+	if err != nil {
+		return core.Endpoint{}, err
+	}
+	return c.endpoint(id, d.Domain, d.EnvdAccessToken), nil
 }

@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"strings"
 	"testing"
@@ -55,7 +56,26 @@ func TestListPageWalksTheInventoryWithACursor(t *testing.T) {
 	if strings.Join(got, ",") != strings.Join(want, ",") || pages != 2 {
 		t.Errorf("walked %v in %d pages, want %v in 2", got, pages, want)
 	}
-	if ep := c.Locate("abc"); ep.Protocol != core.ProtocolEnvd || ep.URL == "" || ep.AccessToken != "" {
-		t.Errorf("Locate = %+v, want an envd endpoint with a URL and no token", ep)
+}
+
+// TestLocateReadsTheAccessToken: Locate gives a sandbox's envd endpoint
+// with the access token its create returned, and ErrSandboxGone for a
+// sandbox that is no more.
+func TestLocateReadsTheAccessToken(t *testing.T) {
+	c, _ := startHost(t, nil)
+	ctx := context.Background()
+	ref, err := c.Create(ctx, core.CreateSpec{Timeout: time.Minute})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	ep, err := c.Locate(ctx, ref.ID)
+	if err != nil || ep != ref.Endpoint || ep.AccessToken == "" {
+		t.Errorf("Locate = %+v, %v; want the create's endpoint %+v", ep, err, ref.Endpoint)
+	}
+	if err := c.Kill(ctx, ref.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Locate(ctx, ref.ID); !errors.Is(err, core.ErrSandboxGone) {
+		t.Errorf("Locate of a killed sandbox: %v; want ErrSandboxGone", err)
 	}
 }

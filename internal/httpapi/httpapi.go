@@ -579,9 +579,13 @@ func files(fs []core.DeferredFile) []api.DeferredFile {
 }
 
 func capacityBody(st core.CapacityStatus) api.Capacity {
-	return api.Capacity{Limit: st.Limit, Used: st.Used, Active: st.Active, Warm: st.Warm, Reserved: st.Reserved,
+	out := api.Capacity{Limit: st.Limit, Used: st.Used, Active: st.Active, Warm: st.Warm, Reserved: st.Reserved,
 		Transitioning: st.Transitioning, Tombstones: st.Tombstones, Pool: st.Pool, Granted: st.Granted, Paused: st.Paused, PausedLimit: st.PausedLimit,
 		Policy: st.Policy, Draining: st.Draining}
+	if b := st.PoolRefill; b != nil {
+		out.PoolRefill = &api.PoolRefill{Failures: b.Failures, BackingOffUntil: b.Until.UTC()}
+	}
+	return out
 }
 
 // Errors.

@@ -622,3 +622,28 @@ func TestRenewRoute(t *testing.T) {
 		t.Errorf("renew of another tenant's sandbox = %d %s, want 404", resp.StatusCode, resp.Body)
 	}
 }
+
+// TestCapacityShowsThePoolRefillsBackoff: GET /v1/capacity carries
+// pool_refill while the pool's refill backs off, and omits it otherwise.
+func TestCapacityShowsThePoolRefillsBackoff(t *testing.T) {
+	until := time.Date(2026, 12, 7, 9, 30, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name   string
+		refill *core.RefillBackoff
+		want   any
+	}{
+		{"backing off", &core.RefillBackoff{Failures: 3, Until: until},
+			map[string]any{"failures": float64(3), "backing_off_until": "2026-12-07T09:30:00Z"}},
+		{"not backing off", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fb := &fakeBroker{capacity: core.CapacityStatus{Limit: 3, PoolRefill: tc.refill}}
+			ev := event(RouteCapacity, "/v1/capacity", "", "acme", nil)
+			resp, body, _ := serve(t, fb, ev)
+			got, present := body["pool_refill"]
+			if resp.StatusCode != 200 || present != (tc.want != nil) || !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("status %d, pool_refill = %v (present %v); want %v", resp.StatusCode, got, present, tc.want)
+			}
+		})
+	}
+}

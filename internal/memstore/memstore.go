@@ -40,6 +40,7 @@ type Store struct {
 	running, granted, paused int
 	pool                     int
 	poolRevision             int64
+	refillBackoff            core.RefillBackoff
 	users                    map[userKey]int
 	tenants                  map[string]int
 	tenantPaused             map[string]int
@@ -57,6 +58,9 @@ type Store struct {
 	// (core.StorageStore).
 	storedThread map[core.ThreadKey]int64
 	storedTenant map[string]int64
+	// owed notes the sandboxes whose outputs are not all stored, with
+	// when each was noted (NoteOutputsOwed).
+	owed map[string]time.Time
 }
 
 // entry is a stored record and what the store keeps beside it.
@@ -98,6 +102,7 @@ func New() *Store {
 		seen:         map[string]map[string][]core.SeenSandbox{},
 		storedThread: map[core.ThreadKey]int64{},
 		storedTenant: map[string]int64{},
+		owed:         map[string]time.Time{},
 	}
 }
 

@@ -183,3 +183,19 @@ func (s *Store) RepairPoolPlaces(_ context.Context, revision int64, counted int)
 		return nil
 	})
 }
+
+// RefillBackoff reads the refill's back-off state.
+func (s *Store) RefillBackoff(context.Context) (core.RefillBackoff, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refillBackoff, nil
+}
+
+// SetRefillBackoff replaces the refill's back-off state.
+func (s *Store) SetRefillBackoff(_ context.Context, b core.RefillBackoff) error {
+	return s.write("SetRefillBackoff", func() error {
+		b.Until = ms(b.Until)
+		s.refillBackoff = b
+		return nil
+	})
+}

@@ -176,3 +176,33 @@ func testPoolFairShare(f *fixture) {
 		f.t.Errorf("acme's slots after the claim = %d; want 2", look.TenantUsed)
 	}
 }
+
+// testRefillBackoff: the refill's back-off state reads back as set, is
+// cleared by the zero value, and leaves the pool's place count alone.
+func testRefillBackoff(f *fixture) {
+	if b, err := f.s.RefillBackoff(f.ctx); err != nil || b != (core.RefillBackoff{}) {
+		f.t.Fatalf("RefillBackoff of an empty store = %+v, %v; want the zero value", b, err)
+	}
+	if err := f.s.ReservePool(f.ctx, core.PoolReservation{Token: "res-p1", Limit: big, Size: 2, Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
+		f.t.Fatalf("ReservePool: %v", err)
+	}
+	want := core.RefillBackoff{Failures: 3, Until: t0.Add(4 * time.Minute)}
+	if err := f.s.SetRefillBackoff(f.ctx, want); err != nil {
+		f.t.Fatalf("SetRefillBackoff: %v", err)
+	}
+	if b, err := f.s.RefillBackoff(f.ctx); err != nil || b.Failures != want.Failures || !b.Until.Equal(want.Until) {
+		f.t.Errorf("RefillBackoff = %+v, %v; want %+v", b, err, want)
+	}
+	if n, err := f.s.PoolCount(f.ctx); err != nil || n != 1 {
+		f.t.Errorf("pool places = %d, %v; want the reservation's one", n, err)
+	}
+	if err := f.s.SetRefillBackoff(f.ctx, core.RefillBackoff{}); err != nil {
+		f.t.Fatalf("SetRefillBackoff(zero): %v", err)
+	}
+	if b, err := f.s.RefillBackoff(f.ctx); err != nil || b != (core.RefillBackoff{}) {
+		f.t.Errorf("RefillBackoff after clearing = %+v, %v; want the zero value", b, err)
+	}
+	if n, err := f.s.PoolCount(f.ctx); err != nil || n != 1 {
+		f.t.Errorf("pool places after clearing = %d, %v; want 1", n, err)
+	}
+}

@@ -65,8 +65,8 @@ func refillHandler(ctx context.Context, b core.Broker, logger *slog.Logger, ev e
 	if err != nil {
 		logger.ErrorContext(ctx, "pool refill invocation failed; the next reconcile pass refills", "created", st.Created,
 			"failed", st.Failed, "error", err.Error())
-		return core.ReconcileStats{PoolCreated: st.Created}, true
+		return core.ReconcileStats{PoolCreated: st.Created, PoolRefillFailures: st.Backoff.Failures}, true
 	}
 	logger.InfoContext(ctx, "pool refill invocation", "created", st.Created)
-	return core.ReconcileStats{PoolCreated: st.Created}, true
+	return core.ReconcileStats{PoolCreated: st.Created, PoolRefillFailures: st.Backoff.Failures}, true
 }

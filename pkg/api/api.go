@@ -279,6 +279,17 @@ type Capacity struct {
 	Policy      string `json:"policy"`
 	// Draining is true while the deployment drains.
 	Draining bool `json:"draining"`
+	// PoolRefill, present while the pre-warmed pool's refill backs off
+	// after failed creates, says how many failed and until when it waits.
+	PoolRefill *PoolRefill `json:"pool_refill,omitempty"`
+}
+
+// PoolRefill is the pool refill's back-off (Capacity.PoolRefill).
+type PoolRefill struct {
+	// Failures counts the refill's failed creates since one succeeded.
+	Failures int `json:"failures"`
+	// BackingOffUntil is when a refill may create again.
+	BackingOffUntil time.Time `json:"backing_off_until"`
 }
 
 // DrainStatus is the reply of POST /v1/admin/drain and /v1/admin/undrain.

@@ -6,7 +6,9 @@
 // pool (members parked running and paused: refill, pause, claim, resume),
 // fair waiting (queueing, the grant, its take, and the give-back of a
 // slow waiter's place), and the eviction of a user's own warm sandbox for
-// its quota. After at most two reconcile passes the broker's invariants
+// its quota, renewal (its write and its provider call), and the copy of
+// outputs a release deferred (the next pass's copy, and the timer move that
+// keeps an expiring sandbox running for them). After at most two reconcile passes the broker's invariants
 // must hold: no record in a transitional state, running and paused slots
 // used equal to the running and paused sandboxes (running ones within the
 // limit), no sandbox handed out that does not answer (a
@@ -574,6 +576,49 @@ func releaseStep(drain bool) func(*stack, string, func(), func()) (map[string][]
 	}
 }
 
+// renewStep acquires the thread, then, a minute later, renews its
+// sandbox for two hours under the fault. Whatever the renewal answered,
+// after one reconcile pass the provider's timer must end after the
+// record's end (reconcile moves a timer that a renewal left short).
+func renewStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	res, ok := st.acquire(thread)
+	if !ok {
+		st.t.Fatalf("setup acquire failed")
+	}
+	id := res.Record.SandboxID
+	st.clock.advance(time.Minute)
+	ctx, cancel := invocation()
+	arm()
+	got, err := st.eng.Renew(ctx, "acme", id, 2*time.Hour)
+	disarm()
+	cancel()
+	st.t.Logf("renew under the fault: %+v, %v", got, err)
+	st.reconcile()
+	st.timerCoversEnd(id)
+	return nil, core.ReleaseResult{}, false
+}
+
+// timerCoversEnd: the provider's timer of active sandbox id ends after the
+// record's end. The provider's clock is real time, the engine's runs
+// ahead by what the case advanced.
+func (st *stack) timerCoversEnd(id string) {
+	st.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec, err := st.store.Get(ctx, id)
+	if err != nil || rec.State != core.StateActive {
+		st.t.Fatalf("record of %s = %+v, %v; want it active", id, rec, err)
+	}
+	info, err := st.clean.Info(ctx, id)
+	if err != nil {
+		st.t.Fatalf("info %s: %v", id, err)
+	}
+	ends := info.EndAt.Add(time.Duration(st.clock.off.Load()))
+	if ends.Before(rec.ExpiresAt) {
+		st.t.Errorf("provider timer of %s ends %s, before its record's end %s", id, ends, rec.ExpiresAt)
+	}
+}
+
 // warm leaves the thread with a warm sandbox.
 func warm(st *stack, thread string) {
 	res, ok := st.acquire(thread)
@@ -845,6 +890,62 @@ var steps = []step{
 	{"wait/grant", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `grant_until`), waitStep},
 	{"wait/take-grant", ddbLayer, faults.BodyContains(faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"creating"`),
 		`"S":"granted"`), waitStep},
+	// Renewal: its conditional write on the record (the only write
+	// naming the tenant and the active state) and its provider call.
+	{"renew/write", ddbLayer, faults.BodyContains(faults.BodyContains(faults.DynamoDB("UpdateItem"), `"S":"acme"`), `"S":"active"`), renewStep},
+	{"renew/timer", provLayer, faults.PathSuffix("POST", "/timeout"), renewStep},
+	// Outputs a release left deferred: the copy of the next pass, and
+	// the timer move that keeps an expiring sandbox running for them.
+	{"reconcile/owed-copy", s3Layer, outputsPut, owedCopyStep},
+	{"reconcile/hold-timer", provLayer, faults.PathSuffix("POST", "/timeout"), holdTimerStep},
+}
+
+// outputsPut matches the upload of a thread's output file to S3 (not
+// the sync's manifest, under the broker's own prefix).
+var outputsPut = faults.PathContains("PUT", "/outputs/acme/")
+
+// releaseOwing acquires the thread, writes files, then releases it while
+// S3 refuses every upload: the sandbox is parked warm, its outputs owed.
+// It returns the files, which the case checks are all in S3 once the
+// passes that follow are done (faults off).
+func releaseOwing(st *stack, thread string) map[string][]byte {
+	res, ok := st.acquire(thread)
+	if !ok {
+		st.t.Fatalf("setup acquire failed")
+	}
+	files := map[string][]byte{"a.txt": st.write(res.Record, "a.txt"), "b.txt": st.write(res.Record, "b.txt")}
+	st.s3.Arm(faults.Fail, outputsPut)
+	rel, ok := st.release(res.Record.SandboxID)
+	st.s3.Disarm()
+	if !ok || rel.State != string(core.StateWarm) || rel.Sync == nil || rel.Sync.Complete {
+		st.t.Fatalf("setup release = %+v, %v; want parked warm with its outputs deferred", rel, ok)
+	}
+	return files
+}
+
+// owedCopyStep runs the pass that copies the owed outputs under the
+// fault.
+func owedCopyStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	files := releaseOwing(st, thread)
+	arm()
+	st.reconcile()
+	disarm()
+	return files, core.ReleaseResult{}, false
+}
+
+// holdTimerStep leaves the thread's sandbox owing outputs past its idle
+// time less the expiry lead, S3 still refusing uploads, and runs the pass
+// whose expiry keeps it running (the provider's timer moved) under the
+// fault.
+func holdTimerStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	files := releaseOwing(st, thread)
+	st.clock.advance(core.DefaultSettings().IdleTimeout)
+	st.s3.Arm(faults.Fail, outputsPut)
+	arm()
+	st.reconcile()
+	disarm()
+	st.s3.Disarm()
+	return files, core.ReleaseResult{}, false
 }
 
 // pauseAtReleaseSteps are the steps of a release that pauses its sandbox
@@ -885,9 +986,13 @@ var quotaSteps = []step{
 // names).
 var poolSteps = []step{
 	{"pool/claim-write", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"claiming"`), claimStep},
-	{"pool/member-check", provLayer, faults.PathSuffix("GET", "/files"), claimStep},
+	{"pool/member-check", provLayer, memberCheck, claimStep},
 	{"pool/refill-create", provLayer, faults.PathSuffix("POST", "/v2/sandboxes"), refillStep},
 }
+
+// memberCheck matches the claim's probe of a pool member: a command
+// printing the member's marker.
+var memberCheck = faults.BodyContains(faults.PathSuffix("POST", "/process.Process/Start"), ".sbx-pool-member")
 
 // pausedPoolSteps are the steps of a pool of one member parked paused:
 // the refill's pause of its member (the paused slot's claim, the
@@ -903,7 +1008,7 @@ var pausedPoolSteps = []step{
 		`"S":"pooled"`), `"N":"-1"`), refillStep},
 	{"pool-paused/claim-write", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"claiming"`), claimStep},
 	{"pool-paused/resume", provLayer, faults.PathSuffix("POST", "/connect"), claimStep},
-	{"pool-paused/member-check", provLayer, faults.PathSuffix("GET", "/files"), claimStep},
+	{"pool-paused/member-check", provLayer, memberCheck, claimStep},
 	{"pool-paused/activate", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), claimStep},
 }
 

@@ -20,8 +20,10 @@ import (
 // FakeProvider is an in-memory core.Provider. Each *Err field, when set,
 // makes the matching call fail with it. Commands are not executed: Run
 // answers the engine's bootstrap script with its success marker (or
-// RunExit when set) and exit code 0 for anything else. Files written are
-// kept per sandbox (by path as given) and read back by OpenFile.
+// RunExit when set), "cat -- <path>" with the file written at path (exit
+// code 1 when there is none), and exit code 0 for anything else. Files
+// written are kept per sandbox (by path as given) and read back by
+// OpenFile and cat. A wedged sandbox (Wedge) times out every command.
 type FakeProvider struct {
 	mu        sync.Mutex
 	next      int
@@ -50,12 +52,26 @@ type FakeProvider struct {
 	misuse []string
 	// OpenFileErr, when set, fails OpenFile of a live sandbox.
 	OpenFileErr error
+	// Locating declares Capabilities.Locate (the fake's Locate): the
+	// endpoint and access token a create returned, read by id; set it
+	// before the engine is built. LocateErr makes Locate fail.
+	// CheckTokens makes Run refuse (401) a call whose access token is not
+	// the sandbox's.
+	Locating    bool
+	LocateErr   error
+	CheckTokens bool
+	// Clock, when set (before the sandboxes are created), dates each
+	// timeout set: Info and List then report when the sandbox ends
+	// (SandboxInfo.EndAt). The fake never ends a sandbox on its own.
+	Clock func() time.Time
 }
 
 type fakeSandbox struct {
 	meta    map[string]string
 	timeout time.Duration
+	endAt   time.Time // when timeout was set, plus timeout (zero without Clock)
 	paused  bool
+	wedged  bool              // its processes are stopped: commands time out
 	files   map[string][]byte // by path, as written
 }
 
@@ -85,7 +101,30 @@ func (f *FakeProvider) Capabilities() core.Capabilities {
 	if f.Pausable {
 		c.Pause = f
 	}
+	if f.Locating {
+		c.Locate = f.Locate
+	}
 	return c
+}
+
+// endpoint is the endpoint a create of id returns.
+func endpoint(id string) core.Endpoint {
+	return core.Endpoint{Protocol: core.ProtocolEnvd, URL: "http://envd.invalid", AccessToken: "tok-" + id}
+}
+
+// Locate is Capabilities.Locate when Locating: id's endpoint, token
+// included, as its create returned it.
+func (f *FakeProvider) Locate(_ context.Context, id string) (core.Endpoint, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "locate "+id)
+	if f.LocateErr != nil {
+		return core.Endpoint{}, f.LocateErr
+	}
+	if _, ok := f.sandboxes[id]; !ok {
+		return core.Endpoint{}, core.ErrSandboxGone
+	}
+	return endpoint(id), nil
 }
 
 // state is the SandboxInfo.State of sb.
@@ -138,14 +177,16 @@ func (f *FakeProvider) Resume(_ context.Context, id string, timeout time.Duratio
 	sb, ok := f.sandboxes[id]
 	if f.ResumeErr != nil {
 		if ok && f.ResumeApplies {
-			sb.paused, sb.timeout = false, timeout
+			sb.paused = false
+			f.setTimer(sb, timeout)
 		}
 		return f.ResumeErr
 	}
 	if !ok {
 		return core.ErrSandboxGone
 	}
-	sb.paused, sb.timeout = false, timeout
+	sb.paused = false
+	f.setTimer(sb, timeout)
 	return nil
 }
 
@@ -188,8 +229,10 @@ func (f *FakeProvider) Create(_ context.Context, spec core.CreateSpec) (core.San
 	}
 	f.next++
 	id := fmt.Sprintf("sb%04d", f.next)
-	f.sandboxes[id] = &fakeSandbox{meta: maps.Clone(spec.Metadata), timeout: spec.Timeout}
-	return core.SandboxRef{ID: id, Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd, URL: "http://envd.invalid", AccessToken: "tok-" + id}}, nil
+	sb := &fakeSandbox{meta: maps.Clone(spec.Metadata)}
+	f.setTimer(sb, spec.Timeout)
+	f.sandboxes[id] = sb
+	return core.SandboxRef{ID: id, Endpoint: endpoint(id)}, nil
 }
 
 // Info implements core.Provider.
@@ -204,7 +247,7 @@ func (f *FakeProvider) Info(_ context.Context, id string) (core.SandboxInfo, err
 	if !ok {
 		return core.SandboxInfo{}, core.ErrSandboxGone
 	}
-	return core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: sb.state()}, nil
+	return core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: sb.state(), EndAt: sb.endAt}, nil
 }
 
 // List implements core.Provider.
@@ -218,7 +261,7 @@ func (f *FakeProvider) List(_ context.Context, filter core.ListFilter) ([]core.S
 			match = match && sb.meta[k] == v
 		}
 		if match && (len(filter.States) == 0 || slices.Contains(filter.States, sb.state())) {
-			out = append(out, core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: sb.state()})
+			out = append(out, core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: sb.state(), EndAt: sb.endAt})
 		}
 	}
 	return out, nil
@@ -254,8 +297,16 @@ func (f *FakeProvider) SetTimeout(_ context.Context, id string, d time.Duration)
 	if f.usePaused("timeout", id) {
 		return errPaused
 	}
-	sb.timeout = d
+	f.setTimer(sb, d)
 	return nil
+}
+
+// setTimer sets sb's timeout to d from now (caller holds f.mu).
+func (f *FakeProvider) setTimer(sb *fakeSandbox, d time.Duration) {
+	sb.timeout = d
+	if f.Clock != nil {
+		sb.endAt = f.Clock().Add(d)
+	}
 }
 
 // Run implements core.Provider (see the type comment).
@@ -272,13 +323,41 @@ func (f *FakeProvider) Run(_ context.Context, ref core.SandboxRef, cmd core.Comm
 	if f.usePaused("run", ref.ID) {
 		return core.CommandResult{}, errPaused
 	}
+	sb := f.sandboxes[ref.ID]
+	if f.CheckTokens && ref.Endpoint.AccessToken != endpoint(ref.ID).AccessToken {
+		return core.CommandResult{}, &core.ProviderError{Op: "envd", StatusCode: 401, Message: "wrong access token"}
+	}
+	if sb.wedged {
+		return core.CommandResult{}, errWedged
+	}
 	if f.RunExit != 0 {
 		return core.CommandResult{ExitCode: f.RunExit, Stderr: []byte("injected failure")}, nil
 	}
 	if strings.Contains(cmd.Script, "BOOTSTRAP_OK") {
 		return core.CommandResult{Stdout: []byte("BOOTSTRAP_OK\n")}, nil
 	}
+	if path, ok := strings.CutPrefix(cmd.Script, "cat -- "); ok {
+		b, ok := sb.files[path]
+		if !ok {
+			return core.CommandResult{ExitCode: 1, Stderr: []byte("cat: " + path + ": No such file or directory")}, nil
+		}
+		return core.CommandResult{Stdout: bytes.Clone(b)}, nil
+	}
 	return core.CommandResult{}, nil
+}
+
+// errWedged is what a command in a wedged sandbox ends with: the envd
+// client's deadline, an ambiguous failure.
+var errWedged = &core.ProviderError{Op: "envd", Ambiguous: true, Message: "process did not start before the deadline"}
+
+// Wedge stops id's processes: its commands time out, while its files are
+// still served and the provider still lists it running.
+func (f *FakeProvider) Wedge(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if sb, ok := f.sandboxes[id]; ok {
+		sb.wedged = true
+	}
 }
 
 // OpenFile implements core.Provider: the bytes WriteFile stored at path.

@@ -14,4 +14,7 @@ func TestFakeProviderMeetsContract(t *testing.T) {
 	pausable := coretest.NewFakeProvider()
 	pausable.Pausable = true
 	providertest.RunWith(t, pausable, providertest.Capabilities{Pause: true})
+	locating := coretest.NewFakeProvider()
+	locating.Locating = true
+	providertest.Run(t, locating)
 }

@@ -47,7 +47,7 @@ func (f *FakeProvider) ListPage(_ context.Context, filter core.ListFilter, curso
 	for i, id := range ids {
 		sb := f.sandboxes[id]
 		started, _ := time.Parse(time.RFC3339, sb.meta[core.MetaCreatedAt])
-		out[i] = core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: sb.state(), StartedAt: started}
+		out[i] = core.SandboxInfo{ID: id, Metadata: maps.Clone(sb.meta), State: sb.state(), StartedAt: started, EndAt: sb.endAt}
 	}
 	return out, next, nil
 }

@@ -35,6 +35,9 @@ func RunWith(t *testing.T, p core.Provider, caps Capabilities) {
 	t.Run("InfoReportsMetadata", c.infoReportsMetadata)
 	t.Run("ListFiltersByMetadata", c.listFiltersByMetadata)
 	t.Run("SetTimeoutOnLiveSandbox", c.setTimeoutOnLiveSandbox)
+	if p.Capabilities().Locate != nil {
+		t.Run("LocateGivesTheEndpoint", c.locateGivesTheEndpoint)
+	}
 	t.Run("KilledSandboxIsGoneEverywhere", c.killedSandboxIsGoneEverywhere)
 	runOptional(t, p, caps, c.tag)
 }
@@ -132,6 +135,19 @@ func (c *contract) setTimeoutOnLiveSandbox(t *testing.T) {
 	}
 	if _, err := p.Info(ctx, refs[0].ID); err != nil {
 		t.Errorf("Info after SetTimeout: %v", err)
+	}
+}
+
+// locateGivesTheEndpoint: a provider that declares Capabilities.Locate
+// addresses a live sandbox as its create did, access token included, and
+// answers ErrSandboxGone for an unknown one.
+func (c *contract) locateGivesTheEndpoint(t *testing.T) {
+	locate := c.p.Capabilities().Locate
+	if ep, err := locate(c.ctx, c.refs[1].ID); err != nil || ep != c.refs[1].Endpoint {
+		t.Errorf("Locate = %+v, %v; want the create's endpoint %+v", ep, err, c.refs[1].Endpoint)
+	}
+	if _, err := locate(c.ctx, "doesnotexist0000"); !errors.Is(err, core.ErrSandboxGone) {
+		t.Errorf("Locate(unknown) = %v, want ErrSandboxGone", err)
 	}
 }
 
