@@ -422,6 +422,9 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	if u.KillAttempt {
 		upd = upd.Add(expression.Name("kill_attempts"), expression.Value(1))
 	}
+	if u.EndReason != "" {
+		upd = upd.Set(expression.Name("end_reason"), expression.Value(u.EndReason))
+	}
 	moves := u.Slot.Counted != "" && u.Slot.Counted != u.State
 	if moves {
 		upd = upd.Set(expression.Name("counted"), expression.Value(string(u.State)))
@@ -533,17 +536,19 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 	if pool {
 		cond = cond.And(expression.AttributeExists(expression.Name(attrPoolPlace)))
 	}
-	recExpr, err := expression.NewBuilder().WithCondition(cond).
-		WithUpdate(expression.Set(expression.Name("state"), expression.Value(string(core.StateGone))).
-			Set(expression.Name("updated_at"), expression.Value(ms(now))).
-			Set(expression.Name(AttrTTL), expression.Value(now.Add(goneTTL).Unix())).
-			Add(expression.Name("fence"), expression.Value(1)).
-			Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
-			Remove(expression.Name(AttrGSI2PK)).Remove(expression.Name(AttrGSI2SK)).
-			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
-			Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
-			Remove(expression.Name(attrPoolPlace)).Remove(expression.Name("counted"))).
-		Build()
+	upd := expression.Set(expression.Name("state"), expression.Value(string(core.StateGone))).
+		Set(expression.Name("updated_at"), expression.Value(ms(now))).
+		Set(expression.Name(AttrTTL), expression.Value(now.Add(goneTTL).Unix())).
+		Add(expression.Name("fence"), expression.Value(1)).
+		Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
+		Remove(expression.Name(AttrGSI2PK)).Remove(expression.Name(AttrGSI2SK)).
+		Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
+		Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
+		Remove(expression.Name(attrPoolPlace)).Remove(expression.Name("counted"))
+	if rec.EndReason != "" {
+		upd = upd.Set(expression.Name("end_reason"), expression.Value(rec.EndReason))
+	}
+	recExpr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
 	if err != nil {
 		return types.TransactWriteItem{}, err
 	}

@@ -345,6 +345,9 @@ func (s *Store) Apply(_ context.Context, u core.Update) (core.Record, error) {
 		if u.KillAttempt {
 			e.rec.KillAttempts++
 		}
+		if u.EndReason != "" {
+			e.rec.EndReason = u.EndReason
+		}
 		if u.UnlessDraining {
 			// Not metered, as a transaction of the DynamoDB store is not.
 			e.rec.MeteredAt, e.rec.PrevMeteredAt, e.rec.MeteredState = metered.MeteredAt, metered.PrevMeteredAt, metered.MeteredState
@@ -382,7 +385,7 @@ func ms(t time.Time) time.Time {
 
 // msRecord is rec with its times (and PausedFor) in whole milliseconds.
 func msRecord(rec core.Record) core.Record {
-	for _, t := range []*time.Time{&rec.LeaseExpiresAt, &rec.CreatedAt, &rec.UpdatedAt, &rec.ParkedAt, &rec.ExpiresAt,
+	for _, t := range []*time.Time{&rec.LeaseExpiresAt, &rec.CreatedAt, &rec.UpdatedAt, &rec.ParkedAt, &rec.ExpiresAt, &rec.ExpiringSentFor,
 		&rec.DestroyingSince, &rec.MeteredAt, &rec.PrevMeteredAt} {
 		*t = ms(*t)
 	}

@@ -48,6 +48,8 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"Claims", testClaims},
 		{"FencedApply", testFencedApply},
 		{"Renew", testRenew},
+		{"MarkExpiring", testMarkExpiring},
+		{"EndReason", testEndReason},
 		{"PauseSettle", testPauseSettle},
 		{"PauseAbortAndLimit", testPauseAbortAndLimit},
 		{"Resume", testResume},
