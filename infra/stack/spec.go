@@ -253,6 +253,8 @@ var Parameters = []Parameter{
 		Description: "How long a handed-out sandbox is its thread's before a renewal (its provider timer runs 2 minutes longer)."},
 	{Name: "SandboxMaxLifetimeSeconds", Env: config.EnvMaxLifetimeSeconds, Default: "86400", AllowedPattern: `^[1-9][0-9]*$`,
 		Description: "No renewal goes past this long after a sandbox's creation."},
+	{Name: "SandboxExpiringLeadSeconds", Env: config.EnvExpiringLeadSeconds, Default: "60", AllowedPattern: `^[0-9]+$`,
+		Description: "How long before an unrenewed lease ends the sandbox.expiring event is sent (0 = never)."},
 	{Name: "SandboxTemplate", Env: config.EnvTemplate, Default: "",
 		Description: "E2B template ID (empty = the provider's default)."},
 	{Name: "SandboxPoolSize", Env: config.EnvPoolSize, Default: "0", AllowedPattern: `^[0-9]+$`,

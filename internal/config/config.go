@@ -29,11 +29,14 @@ const (
 	EnvIdleTimeoutSeconds    = "SANDBOX_IDLE_TIMEOUT_SECONDS"
 	EnvActiveTimeoutSeconds  = "SANDBOX_ACTIVE_TIMEOUT_SECONDS"
 	EnvMaxLifetimeSeconds    = "SANDBOX_MAX_LIFETIME_SECONDS"
-	EnvTemplate              = "SANDBOX_TEMPLATE"
-	EnvDeploymentID          = "SANDBOX_DEPLOYMENT_ID"
-	EnvMaxPerUser            = "SANDBOX_MAX_PER_USER"
-	EnvMaxPerTenant          = "SANDBOX_MAX_PER_TENANT"
-	EnvMaxWaitersPerTenant   = "SANDBOX_MAX_WAITERS_PER_TENANT"
+	// EnvExpiringLeadSeconds: how long before an unrenewed lease ends
+	// reconcile sends sandbox.expiring (0: never).
+	EnvExpiringLeadSeconds = "SANDBOX_EXPIRING_LEAD_SECONDS"
+	EnvTemplate            = "SANDBOX_TEMPLATE"
+	EnvDeploymentID        = "SANDBOX_DEPLOYMENT_ID"
+	EnvMaxPerUser          = "SANDBOX_MAX_PER_USER"
+	EnvMaxPerTenant        = "SANDBOX_MAX_PER_TENANT"
+	EnvMaxWaitersPerTenant = "SANDBOX_MAX_WAITERS_PER_TENANT"
 	// Pause-parking (providers that can pause): idle seconds before a warm
 	// sandbox is paused (0: at release, -1: never), the paused slots
 	// (default 10 × SANDBOX_REPLICAS) and how long one stays paused.
@@ -119,7 +122,8 @@ var deploymentPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 var knownSandboxVars = map[string]bool{
 	EnvReplicas: true, EnvOverflowPolicy: true, EnvAcquireTimeoutSeconds: true,
 	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true, EnvMaxLifetimeSeconds: true,
-	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
+	EnvExpiringLeadSeconds: true,
+	EnvTemplate:            true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
 	EnvPoolSize: true, EnvPoolMaxAgeSeconds: true, EnvPoolParked: true,
 	EnvPauseAfterSeconds: true, EnvMaxPaused: true, EnvPausedTTLSeconds: true,
 }
@@ -287,6 +291,7 @@ func Parse(environ []string) (Config, []string, error) {
 	s.IdleTimeout = p.seconds(EnvIdleTimeoutSeconds, s.IdleTimeout)
 	s.ActiveTimeout = p.seconds(EnvActiveTimeoutSeconds, s.ActiveTimeout)
 	s.MaxLifetime = p.seconds(EnvMaxLifetimeSeconds, s.MaxLifetime)
+	s.ExpiringLead = time.Duration(p.intVar(EnvExpiringLeadSeconds, int(s.ExpiringLead/time.Second), 0)) * time.Second
 	s.Template = p.str(EnvTemplate, s.Template)
 	s.Deployment = p.str(EnvDeploymentID, s.Deployment)
 	s.MaxPerUser = p.intVar(EnvMaxPerUser, s.MaxPerUser, 0)

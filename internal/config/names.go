@@ -17,6 +17,7 @@ func VariableNames() []string {
 		EnvIdleTimeoutSeconds,
 		EnvActiveTimeoutSeconds,
 		EnvMaxLifetimeSeconds,
+		EnvExpiringLeadSeconds,
 		EnvTemplate,
 		EnvPoolSize,
 		EnvPoolMaxAgeSeconds,

@@ -64,17 +64,20 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 				// The quota counts the caller's warm sandboxes too: evict
 				// its own least recently parked one, whatever the policy
 				// (a quota bounds the caller's slots, not the deployment's).
-				if e.evictForQuota(ctx, key, owner, ce.Reason) {
+				ok, killErr := e.evictForQuota(ctx, key, owner, ce.Reason)
+				if ok {
 					continue
 				}
+				st.notePendingKill(killErr)
 			}
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
 			if ce.Reason == api.RefusalCapacity && evicting && evictions < maxEvictions {
-				ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants), ce.Status)
+				ok, atShare, killErr := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants), ce.Status)
 				if ok {
 					continue
 				}
+				st.notePendingKill(killErr)
 				if atShare && !st.atShare {
 					// The tenant reached its share since its lookup: try
 					// again, evicting only its own.
@@ -91,6 +94,12 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 				if e.freeDead(ctx, owner) > 0 {
 					continue
 				}
+			}
+			if st.killErr != nil {
+				// The slot an eviction freed is held by a kill the provider
+				// did not confirm: the refusal is the provider's outage,
+				// not a full deployment.
+				return false, unavailable(fmt.Errorf("no slot freed for %s (%s): %w", key, ce.Reason, st.killErr))
 			}
 			return true, e.refused(ce)
 		case errors.Is(err, ErrThreadBound), errors.Is(err, ErrLeaseHeld), errors.Is(err, ErrConflict), errors.Is(err, ErrNotFound):

@@ -31,45 +31,78 @@ func (e *Engine) kill(ctx context.Context, id string) error {
 
 // destroyClaimed turns a record this invocation holds the lease on into a
 // tombstone, kills the sandbox and frees its slot once the kill is confirmed,
-// publishing EventDestroyed with reason (one of EventReasons).
-// An uncertain kill leaves the tombstone (and its slot) for a later retry.
-// It reports whether the sandbox is confirmed gone.
+// publishing EventDestroyed with reason (one of EventReasons), after
+// EventLost when its thread lost it (lostWhileHeld). The record keeps
+// reason as its EndReason (a tombstone's first reason stays, through
+// kill retries). An uncertain kill leaves the tombstone (and its slot)
+// for a later retry. It reports whether the sandbox is confirmed gone.
 func (e *Engine) destroyClaimed(ctx context.Context, rec Record, reason string) bool {
+	return e.destroyClaimedErr(ctx, rec, reason) == nil
+}
+
+// errKillUncertain: the provider did not confirm a kill (an outage, a
+// timeout): the tombstone keeps its slot.
+var errKillUncertain = errors.New("kill uncertain")
+
+// destroyClaimedErr is destroyClaimed, answering why the sandbox is not
+// confirmed gone: an error wrapping errKillUncertain and the provider's
+// error when the kill was not confirmed, or the store's error.
+func (e *Engine) destroyClaimedErr(ctx context.Context, rec Record, reason string) error {
 	from := rec.State // the state the sandbox left to be destroyed
 	if from == StateDestroying {
 		from = rec.PrevState // "": recorded as a tombstone (an untracked sandbox)
 	}
+	stored := rec.EndReason != "" // as read: a tombstone's first reason stays
+	if !stored {
+		rec.EndReason = reason
+	}
 	if rec.State != StateDestroying {
 		tctx, cancel := settle(ctx)
 		tomb, err := e.applyRecord(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
-			KeepLease: true, Now: e.now(), KillAttempt: true, Slot: rec.Slot})
+			KeepLease: true, Now: e.now(), KillAttempt: true, Slot: rec.Slot, EndReason: rec.EndReason})
 		cancel()
 		if err != nil {
 			e.log.WarnContext(ctx, "tombstone write failed", "sandbox_id", rec.SandboxID, "err", err)
-			return false
+			return fmt.Errorf("tombstone: %w", err)
 		}
-		rec = tomb
+		tomb.EndReason, rec, stored = rec.EndReason, tomb, true
 	}
 	if err := e.kill(ctx, rec.SandboxID); err != nil {
 		e.log.WarnContext(ctx, "kill uncertain; tombstone keeps its slot", "sandbox_id", rec.SandboxID, "err", err)
-		if rec.Slot.Counted != "" && rec.Slot.Counted != StateDestroying {
-			// Claimed straight into a tombstone (an eviction): count it as one
-			// while it keeps its slot. Best effort: reconcile recounts.
-			tctx, cancel := settle(ctx)
-			_, _ = e.store.Apply(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
-				KeepLease: true, Now: e.now(), Slot: rec.Slot})
-			cancel()
-		}
-		return false
+		e.keepTombstone(ctx, rec, !stored)
+		return fmt.Errorf("%w: %w", errKillUncertain, err)
 	}
 	fctx, cancel := settle(ctx)
 	defer cancel()
 	if err := e.store.Free(fctx, rec, e.now()); err != nil {
 		e.log.WarnContext(ctx, "free slot after kill failed", "sandbox_id", rec.SandboxID, "err", err)
-		return false
+		return fmt.Errorf("free: %w", err)
+	}
+	if lostWhileHeld(rec, from, rec.EndReason) {
+		e.emit(ctx, rec, from, StateGone, EventLost, rec.EndReason)
 	}
 	e.emit(ctx, rec, from, StateGone, EventDestroyed, reason)
-	return true
+	return nil
+}
+
+// keepTombstone records rec, a tombstone whose kill was not confirmed, as
+// one: counted as a tombstone when it was claimed straight into one (an
+// eviction), and with its end's reason (rec.EndReason) when the store does
+// not have it yet (unrecorded). Best effort: reconcile recounts, and the
+// retry that frees it writes the reason.
+func (e *Engine) keepTombstone(ctx context.Context, rec Record, unrecorded bool) {
+	recount := rec.Slot.Counted != "" && rec.Slot.Counted != StateDestroying
+	if !recount && !unrecorded {
+		return
+	}
+	u := Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying, KeepLease: true, Now: e.now(),
+		EndReason: rec.EndReason}
+	if recount {
+		u.Slot = rec.Slot
+	}
+	tctx, cancel := settle(ctx)
+	_, _ = e.store.Apply(tctx, u)
+	cancel()
 }
 
 // deadBatch bounds the dead sandboxes one acquire frees, and deadSample
@@ -144,7 +177,7 @@ func (e *Engine) freeDead(ctx context.Context, owner string) int {
 			continue // a peer moved it
 		}
 		e.log.InfoContext(ctx, "freeing the slot of a sandbox the provider ended", "sandbox_id", r.SandboxID, "state", r.State)
-		if e.destroyClaimed(ctx, claimed, EventReasonGone) {
+		if e.destroyClaimed(ctx, claimed, e.endedReason(r, r.State)) {
 			freed++
 		}
 	}

@@ -32,11 +32,12 @@ const (
 // its fair share never takes another tenant's warm sandbox; when the
 // sample holds none of its own, the pool's exact order is read). It
 // reports whether a slot was freed, and atShare when a claim found the tenant at its fair share. A kill that
-// fails leaves a tombstone holding the slot and stops the eviction.
+// fails leaves a tombstone holding the slot and stops the eviction; its
+// error (wrapping errKillUncertain) is killErr.
 //
 // counts (the refusal's) spares the index queries of a kind the counters
 // say there is none of (each query reads every index shard).
-func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow, counts CapacityStatus) (freed, atShare bool) {
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow, counts CapacityStatus) (freed, atShare bool, killErr error) {
 	now := e.now()
 	if counts.Tombstones > 0 {
 		// Any whose retry lease lapsed will do: a sample of them.
@@ -47,15 +48,16 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 				if err != nil {
 					continue // a peer holds its retry lease
 				}
-				return e.destroyClaimed(ctx, claimed, EventReasonKillRetried), false
+				err = e.destroyClaimedErr(ctx, claimed, EventReasonKillRetried)
+				return err == nil, false, uncertainKill(err)
 			}
 		}
 	}
 	if e.evictPoolMember(ctx, owner, false) {
-		return true, false
+		return true, false, nil
 	}
 	if counts.Warm == 0 {
-		return false, false
+		return false, false, nil
 	}
 	ownTenant := below == nil
 	may := func(rec Record) bool {
@@ -71,7 +73,7 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 	}
 	if err != nil {
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
-		return false, false
+		return false, false, nil
 	}
 	return e.evictParked(ctx, key, owner, warm, may, evictGuard{below: below}, EventReasonCapacity)
 }
@@ -94,8 +96,8 @@ const quotaCandidates = 5
 // never one in use: the claim applies only to a record still warm and
 // unleased (Store.OwnWarm lists the candidates from the tenant's or
 // user's own entries, never the warm pool). It reports whether one was
-// destroyed (its slot freed).
-func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string, reason api.RefusalReason) bool {
+// destroyed (its slot freed), and killErr as evictOne.
+func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string, reason api.RefusalReason) (bool, error) {
 	user := key.User
 	if reason == api.RefusalTenantQuota {
 		user = "" // any of the tenant's users
@@ -103,11 +105,11 @@ func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string,
 	warm, err := e.store.OwnWarm(ctx, key.Tenant, user, quotaCandidates)
 	if err != nil {
 		e.log.WarnContext(ctx, "list own warm sandboxes for a quota failed", "err", err, "reason", reason)
-		return false
+		return false, nil
 	}
 	may := func(rec Record) bool { return rec.Tenant == key.Tenant && (user == "" || rec.User == user) }
-	evicted, _ := e.evictParked(ctx, key, owner, warm, may, evictGuard{}, EventReasonQuota)
-	return evicted
+	evicted, _, killErr := e.evictParked(ctx, key, owner, warm, may, evictGuard{}, EventReasonQuota)
+	return evicted, killErr
 }
 
 // evictGuard is what the claim of another tenant's record carries in an
@@ -124,8 +126,8 @@ type evictGuard struct {
 // atShare, and the other tenants' records are then skipped). It reports
 // whether one was destroyed (a peer that moved a record first wins it; a
 // kill that fails leaves a tombstone holding its slot and stops the
-// eviction). reason (one of EventReasons) is why.
-func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, guard evictGuard, reason string) (evicted, atShare bool) {
+// eviction: killErr, as evictOne). reason (one of EventReasons) is why.
+func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, guard evictGuard, reason string) (evicted, atShare bool, killErr error) {
 	for _, rec := range parked {
 		other := rec.Tenant != key.Tenant
 		if rec.ThreadKey == key || !may(rec) || (other && atShare) {
@@ -147,7 +149,17 @@ func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, p
 		claimed = keepPause(claimed, rec)
 		e.log.InfoContext(ctx, "evicting "+string(rec.State)+" sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
 		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, reason)
-		return e.destroyClaimed(ctx, claimed, reason), atShare
+		err = e.destroyClaimedErr(ctx, claimed, reason)
+		return err == nil, atShare, uncertainKill(err)
 	}
-	return false, atShare
+	return false, atShare, nil
+}
+
+// uncertainKill is err when it is a kill the provider did not confirm
+// (errKillUncertain), else nil.
+func uncertainKill(err error) error {
+	if errors.Is(err, errKillUncertain) {
+		return err
+	}
+	return nil
 }

@@ -95,6 +95,9 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	if err := p.releases(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	if err := p.warnExpiring(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	if err := p.expireWarm(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
@@ -252,7 +255,8 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 			p.skip(ctx, "claim idle warm sandbox", rec.SandboxID, err) // usually a peer took it (reclaim or another pass)
 			continue
 		}
-		if complete, gone := p.syncParked(ctx, claimed, "expiry"); !complete && !gone {
+		complete, gone := p.syncParked(ctx, claimed, "expiry")
+		if !complete && !gone {
 			p.st.Deferred++
 			e.unleaseWarm(ctx, claimed) // back to plain warm, still idle: the next pass retries
 			continue
@@ -264,7 +268,11 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 			continue
 		}
 		tomb.PrevState = StateWarm // the state it left: the claim only took a lease
-		if e.destroyClaimed(ctx, tomb, reason) {
+		ended := reason
+		if gone {
+			ended = e.endedReason(claimed, StateWarm) // the provider ended it first
+		}
+		if e.destroyClaimed(ctx, tomb, ended) {
 			p.st.Expired++
 		} else {
 			p.st.Errors++

@@ -242,7 +242,7 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 	case res.Head != me || !res.Read:
 		return nil
 	}
-	ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants), res.Status)
+	ok, atShare, _ := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants), res.Status)
 	if atShare {
 		st.atShare = true // evict only its own from now on
 	}

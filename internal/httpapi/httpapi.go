@@ -526,7 +526,17 @@ func acquireBody(res core.AcquireResult) api.Sandbox {
 		Connection: api.EndpointConnection(ep.Protocol, ep.URL, ep.AccessToken),
 		ExpiresAt:  res.Record.ExpiresAt,
 		Restore:    restoreBody(res.Restore),
+		Previous:   previousBody(res.Previous),
 	}
+}
+
+// previousBody names the thread's earlier sandbox an acquire replaced;
+// nil when it replaced none that ended without the thread asking.
+func previousBody(p *core.Previous) *api.Previous {
+	if p == nil {
+		return nil
+	}
+	return &api.Previous{SandboxID: p.SandboxID, Reason: p.Reason}
 }
 
 // recordBody is GET /v1/sandboxes/{id}: the record without secrets or
@@ -535,7 +545,7 @@ func recordBody(r core.Record) api.Record {
 	return api.Record{
 		SandboxID: r.SandboxID, State: string(r.State), UserID: r.User, ThreadID: r.Thread,
 		Backend: r.Backend, CreatedAt: api.Time(r.CreatedAt), UpdatedAt: api.Time(r.UpdatedAt),
-		ParkedAt: api.Time(r.ParkedAt), ExpiresAt: api.Time(r.ExpiresAt),
+		ParkedAt: api.Time(r.ParkedAt), ExpiresAt: api.Time(r.ExpiresAt), EndReason: r.EndReason,
 	}
 }
 
