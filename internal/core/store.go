@@ -265,6 +265,17 @@ type Store interface {
 	PauseStore
 	PoolStore
 	ReconcileStore
+	WebhookStore
+}
+
+// WebhookStore remembers the provider webhooks applied, so that a replay
+// is refused.
+type WebhookStore interface {
+	// SeenWebhook records the webhook event id as seen until until, in one
+	// conditional write: ErrConflict when it was recorded before and that
+	// record has not lapsed at now (a replay). The store may forget it
+	// after until.
+	SeenWebhook(ctx context.Context, id string, now, until time.Time) error
 }
 
 // RecordStore reads and moves sandbox records and thread bindings.

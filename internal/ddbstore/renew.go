@@ -125,3 +125,33 @@ func (s *Store) MarkExpiring(ctx context.Context, sandboxID string, end time.Tim
 	}
 	return nil
 }
+
+// webhookPK is the item remembering a provider webhook event id.
+func webhookPK(deployment, id string) string { return "WHK#" + deployment + "#" + id }
+
+// SeenWebhook records a webhook event id (see core.WebhookStore): one
+// conditional update creating an item that DynamoDB's TTL deletes after
+// until.
+func (s *Store) SeenWebhook(ctx context.Context, id string, now, until time.Time) error {
+	cond := expression.AttributeNotExists(expression.Name(AttrPK)).
+		Or(expression.Name("until").LessThanEqual(expression.Value(ms(now))))
+	upd := expression.Set(expression.Name("until"), expression.Value(ms(until))).
+		Set(expression.Name(AttrTTL), expression.Value(until.Add(time.Hour).Unix()))
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return fmt.Errorf("seen webhook: build expression: %w", err)
+	}
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err = s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(webhookPK(s.deployment, id)),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case errors.As(err, &ccf):
+		return fmt.Errorf("webhook %s seen before: %w", id, core.ErrConflict)
+	case err != nil:
+		return unavailable("seen webhook", err)
+	}
+	return nil
+}

@@ -51,6 +51,7 @@ type Store struct {
 	cursor      core.ReconcileCursor
 	cursorSaved bool
 	seen        map[string]map[string][]core.SeenSandbox
+	webhooks    map[string]time.Time // event id -> remembered until
 }
 
 // entry is a stored record and what the store keeps beside it.
@@ -90,7 +91,19 @@ func New() *Store {
 		places:       map[placeKey]place{},
 		firstSeen:    map[string]time.Time{},
 		seen:         map[string]map[string][]core.SeenSandbox{},
+		webhooks:     map[string]time.Time{},
 	}
+}
+
+// SeenWebhook records a webhook event id (see core.WebhookStore).
+func (s *Store) SeenWebhook(_ context.Context, id string, now, until time.Time) error {
+	return s.write("SeenWebhook", func() error {
+		if u, ok := s.webhooks[id]; ok && now.Before(u) {
+			return fmt.Errorf("webhook %s seen before: %w", id, core.ErrConflict)
+		}
+		s.webhooks[id] = until
+		return nil
+	})
 }
 
 // Fault is what a fault hook decides for one write.

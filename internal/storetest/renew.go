@@ -107,3 +107,20 @@ func testEndReason(f *fixture) {
 	}
 	f.wantUsed(0, 0)
 }
+
+// testSeenWebhook: a webhook event id is recorded once; a second record
+// before it lapses is a conflict (a replay), one after it is accepted;
+// other ids are independent.
+func testSeenWebhook(f *fixture) {
+	until := t0.Add(10 * time.Minute)
+	if err := f.s.SeenWebhook(f.ctx, "ev1", t0, until); err != nil {
+		f.t.Fatalf("SeenWebhook: %v", err)
+	}
+	f.wantIs("a replay", f.s.SeenWebhook(f.ctx, "ev1", t0.Add(time.Minute), until), core.ErrConflict)
+	if err := f.s.SeenWebhook(f.ctx, "ev2", t0, until); err != nil {
+		f.t.Errorf("another id: %v", err)
+	}
+	if err := f.s.SeenWebhook(f.ctx, "ev1", until.Add(time.Second), until.Add(time.Hour)); err != nil {
+		f.t.Errorf("after it lapsed: %v", err)
+	}
+}

@@ -50,6 +50,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"Renew", testRenew},
 		{"MarkExpiring", testMarkExpiring},
 		{"EndReason", testEndReason},
+		{"SeenWebhook", testSeenWebhook},
 		{"PauseSettle", testPauseSettle},
 		{"PauseAbortAndLimit", testPauseAbortAndLimit},
 		{"Resume", testResume},
