@@ -66,6 +66,12 @@ const (
 	// once at cold start. Set either it or EnvE2BAPIKey.
 	EnvE2BAPIKeySecretARN = "E2B_API_KEY_SECRET_ARN"
 	EnvTableName          = "TABLE_NAME"
+	// EnvWebhookSecret is the secret E2B signs its lifecycle webhooks
+	// with (POST /webhooks/e2b; local runs), and EnvWebhookSecretARN a
+	// Secrets Manager secret holding it (deployed stacks; internal/wiring
+	// reads it at cold start). Neither set: the route answers 404.
+	EnvWebhookSecret    = "BROKER_WEBHOOK_SECRET"
+	EnvWebhookSecretARN = "BROKER_WEBHOOK_SECRET_ARN"
 	// EnvEventBusName names the EventBridge event bus the lifecycle events
 	// are published to (a name or an event-bus ARN; default
 	// DefaultEventBusName, the account's default bus).
@@ -213,12 +219,22 @@ type Config struct {
 	Pool Pool
 	// TokenSeal says how sandbox access tokens are sealed at rest.
 	TokenSeal TokenSeal
+	// Webhook is the provider webhooks' signing secret.
+	Webhook Webhook
 	// AdminTenants may call the /v1/admin routes (BROKER_ADMIN_TENANTS).
 	AdminTenants []string
 	// TenantClaim is the JWT claim naming the caller's tenant
 	// (BROKER_TENANT_CLAIM, default DefaultTenantClaim).
 	TenantClaim string
 	LogLevel    slog.Level
+}
+
+// Webhook is the secret provider webhooks are signed with: Secret itself
+// (BROKER_WEBHOOK_SECRET; never logged), or the Secrets Manager secret
+// SecretARN holding it (BROKER_WEBHOOK_SECRET_ARN).
+type Webhook struct {
+	Secret    string
+	SecretARN string
 }
 
 // String renders c for logs with the API key redacted.
@@ -321,6 +337,7 @@ func Parse(environ []string) (Config, []string, error) {
 		OutputPrefix: strings.Trim(p.str(EnvOutputPrefix, ""), "/"),
 		S3PathStyle:  env[EnvS3Endpoint] != "" || env[EnvEndpoint] != "",
 		TokenSeal:    p.tokenSeal(),
+		Webhook:      Webhook{Secret: p.str(EnvWebhookSecret, ""), SecretARN: p.str(EnvWebhookSecretARN, "")},
 		Sync: Sync{
 			MaxFiles:       p.intVar(EnvSyncMaxFiles, 0, 1),
 			MaxTotalBytes:  p.byteCount(EnvSyncMaxTotalBytes),

@@ -33,6 +33,8 @@ func VariableNames() []string {
 		EnvProvisionerURL,
 		EnvProvisionerAPIKey,
 		EnvTableName,
+		EnvWebhookSecret,
+		EnvWebhookSecretARN,
 		EnvEventBusName,
 		EnvOutputBucket,
 		EnvOutputPrefix,

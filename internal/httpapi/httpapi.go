@@ -95,6 +95,9 @@ type handler struct {
 	// e2bTemplate is the deployment's template, the one E2B creates may
 	// name (WithE2BTemplate).
 	e2bTemplate string
+	// webhookSecret and webhooks serve RouteWebhookE2B (WithE2BWebhook).
+	webhookSecret string
+	webhooks      WebhookApplier
 }
 
 // request is the per-request state threaded through the route functions.
@@ -171,7 +174,7 @@ func method(ev events.APIGatewayV2HTTPRequest) string {
 // path exists under another method.
 func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool) {
 	switch ev.RouteKey {
-	case RouteAcquire, RouteCapacity, RouteDrain, RouteUndrain, RouteOpenAPI:
+	case RouteAcquire, RouteCapacity, RouteDrain, RouteUndrain, RouteOpenAPI, RouteWebhookE2B:
 		return ev.RouteKey, "", true
 	case RouteGet, RouteRelease, RouteSync, RouteRenew:
 		if v, ok := ev.PathParameters["id"]; ok {
@@ -195,6 +198,8 @@ func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool
 		want = RouteCapacity
 	case len(segs) == 2 && segs[0] == "v1" && segs[1] == "openapi.json":
 		want = RouteOpenAPI
+	case len(segs) == 2 && segs[0] == "webhooks" && segs[1] == "e2b":
+		want = RouteWebhookE2B
 	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "admin" && segs[2] == "drain":
 		want = RouteDrain
 	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "admin" && segs[2] == "undrain":
@@ -224,6 +229,9 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 			return r.errorResponse(http.StatusMethodNotAllowed, apiError{Code: api.CodeMethodNotAllowed, Message: "method not allowed on this path"}, 0)
 		}
 		return r.errorResponse(http.StatusNotFound, apiError{Code: api.CodeRouteNotFound, Message: "no such route"}, 0)
+	}
+	if route == RouteWebhookE2B {
+		return h.webhook(ctx, r) // signed, not authorized: no tenant
 	}
 	tenant, ok := tenantOf(r.ev, h.tenantClaim)
 	e2b := isE2B(route)

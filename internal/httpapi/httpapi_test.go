@@ -67,6 +67,9 @@ func (f *fakeBroker) Sandboxes(_ context.Context, tenant, cursor string, limit i
 func (f *fakeBroker) Sync(_ context.Context, tenant, id string) (core.SyncResult, error) {
 	return f.sync, f.note("Sync %s %s", tenant, id)
 }
+func (f *fakeBroker) ApplyProviderEvent(_ context.Context, ev core.ProviderEvent) (core.WebhookOutcome, error) {
+	return core.WebhookApplied, f.note("Webhook %s %s %s", ev.ID, ev.Kind, ev.SandboxID)
+}
 func (f *fakeBroker) Renew(_ context.Context, tenant, id string, d time.Duration) (core.RenewResult, error) {
 	err := f.note("Renew %s %s %s", tenant, id, d)
 	if err == nil && f.record.SandboxID != "" && f.record.State != core.StateActive {
