@@ -47,7 +47,9 @@ func samDeployment(file string) (deployment, error) {
 		return deployment{}, err
 	}
 	for _, r := range app.Routes {
-		d.Tokens[r.Key()] = r.TokenHeader
+		if r.TokenHeader != devstack.NoAuthorizer {
+			d.Tokens[r.Key()] = r.TokenHeader
+		}
 	}
 	global := map[string]bool{}
 	if g, err := tpl.GetServerlessGlobalFunction(); err == nil && g.Environment != nil {
@@ -133,7 +135,8 @@ func cdkDeployment(s *synthesized) deployment {
 			}
 		}
 		d.Routes[p["RouteKey"].(string)] = fn
-		if ref, ok := p["AuthorizerId"].(map[string]any)["Ref"].(string); ok {
+		authz, _ := p["AuthorizerId"].(map[string]any) // none: a route without an authorizer
+		if ref, ok := authz["Ref"].(string); ok {
 			src, _ := props(s.Resources("AWS::ApiGatewayV2::Authorizer")[ref])["IdentitySource"].([]any)
 			if len(src) == 1 {
 				h, _ := src[0].(string)
@@ -194,6 +197,9 @@ func functionEnv(f Function) []string {
 	if f.RefillsPool {
 		set[config.EnvPoolRefillFunction] = true
 	}
+	if f.ServesWebhooks() {
+		set[config.EnvWebhookSecretARN] = true
+	}
 	return sortedKeys(set)
 }
 
@@ -227,7 +233,9 @@ func TestParity(t *testing.T) {
 		want.Env[f.Name] = functionEnv(f)
 		for _, r := range f.Routes {
 			want.Routes[r.Key()] = f.Name
-			want.Tokens[r.Key()] = cmp.Or(r.TokenHeader, "Authorization")
+			if !r.Public() {
+				want.Tokens[r.Key()] = cmp.Or(r.TokenHeader, "Authorization")
+			}
 		}
 		if f.Schedule != "" {
 			want.Schedules[f.Name] = f.Schedule

@@ -39,7 +39,7 @@ func TestResourceCounts(t *testing.T) {
 		"AWS::Logs::LogGroup":            len(Functions) + 1, // + API access logs
 		"AWS::DynamoDB::Table":           1,
 		"AWS::S3::Bucket":                2, // outputs + their access logs
-		"AWS::SecretsManager::Secret":    1,
+		"AWS::SecretsManager::Secret":    2, // the E2B key, the webhook secret
 		"AWS::ApiGatewayV2::Api":         1,
 		"AWS::ApiGatewayV2::Stage":       1,
 		"AWS::ApiGatewayV2::Authorizer":  2,      // Authorization, and X-API-Key for /e2b
@@ -143,10 +143,16 @@ func TestRoutesRequireTheAuthorizer(t *testing.T) {
 		got := map[string]string{}
 		for id, r := range routes {
 			p := props(r)
-			if p["AuthorizationType"] != tc.authType {
+			switch {
+			case p["RouteKey"] == "POST /webhooks/e2b":
+				// Without the JWT authorizer: the webhook's signature
+				// authenticates it.
+				if p["AuthorizationType"] != "NONE" || p["AuthorizerId"] != nil {
+					t.Errorf("%s: webhook route authorization = %v (%v), want NONE", name, p["AuthorizationType"], p["AuthorizerId"])
+				}
+			case p["AuthorizationType"] != tc.authType:
 				t.Errorf("%s: route %s (%v) authorization = %v, want %s", name, id, p["RouteKey"], p["AuthorizationType"], tc.authType)
-			}
-			if tc.authType == "JWT" && p["AuthorizerId"] == nil {
+			case tc.authType == "JWT" && p["AuthorizerId"] == nil:
 				t.Errorf("%s: route %v has no AuthorizerId", name, p["RouteKey"])
 			}
 			// Target: integrations/<integration>; the integration's URI is
@@ -290,8 +296,8 @@ func TestSecret(t *testing.T) {
 	// With an existing secret, nothing is created and the policies and the
 	// environment name that ARN.
 	v := variantSynth(t)
-	if n := len(v.Resources("AWS::SecretsManager::Secret")); n != 0 {
-		t.Errorf("variant creates %d secrets, want 0", n)
+	if n := len(v.Resources("AWS::SecretsManager::Secret")); n != 1 || v.Resources("AWS::SecretsManager::Secret")[LogicalWebhookSecret] == nil {
+		t.Errorf("variant creates %d secrets, want the webhook secret only", n)
 	}
 	arn := "arn:aws:secretsmanager:eu-west-1:123456789012:secret:e2b-key-AbCdEf"
 	for _, f := range Functions {
@@ -369,6 +375,9 @@ func TestIAMLeastPrivilege(t *testing.T) {
 		expect("OutputObjects", S3ObjectActions, prefixObjects)
 		expect("ListOutputBucket", S3BucketActions, str(getAtt(LogicalBucket, "Arn")))
 		expect("ReadE2BApiKey", SecretActions, str(ref(LogicalSecret)))
+		if f.ServesWebhooks() {
+			expect("ReadWebhookSecret", SecretActions, str(ref(LogicalWebhookSecret)))
+		}
 		expect("SealAccessTokens", KMSActions, str(getAtt(LogicalTokenKey, "Arn")))
 		expect("PublishEvents", EventActions, `{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":events:",{"Ref":"AWS::Region"},":",`+
 			`{"Ref":"AWS::AccountId"},":event-bus/",{"Ref":"EventBusName"}]]}`)

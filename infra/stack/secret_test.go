@@ -27,8 +27,8 @@ func TestSecretByName(t *testing.T) {
 	if len(s.errors) != 0 {
 		t.Errorf("cdk-nag errors: %s", strings.Join(s.errors, "\n"))
 	}
-	if n := len(s.Resources("AWS::SecretsManager::Secret")); n != 0 {
-		t.Errorf("%d secrets created, want 0", n)
+	if n := len(s.Resources("AWS::SecretsManager::Secret")); n != 1 {
+		t.Errorf("%d secrets created, want the webhook secret only", n)
 	}
 	wantRead := `{"Action":"secretsmanager:GetSecretValue","Effect":"Allow","Resource":{"Fn::Sub":"arn:${AWS::Partition}:secretsmanager:${AWS::Region}:${AWS::AccountId}:secret:e2b-key-??????"},"Sid":"ReadE2BApiKey"}`
 	wantDecrypt := `{"Action":"kms:Decrypt","Condition":{"StringEquals":{"kms:ViaService":{"Fn::Sub":"secretsmanager.${AWS::Region}.amazonaws.com"}}},"Effect":"Allow","Resource":"` + testSecretKey + `","Sid":"DecryptE2BApiKey"}`

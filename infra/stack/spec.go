@@ -29,6 +29,13 @@ type Route struct {
 // the tenant's token there.
 const APIKeyHeader = "X-API-Key"
 
+// NoAuthorizer is the TokenHeader of a route without an authorizer: it
+// authenticates its callers itself (a provider webhook's signature).
+const NoAuthorizer = "NONE"
+
+// Public reports whether the route has no authorizer.
+func (r Route) Public() bool { return r.TokenHeader == NoAuthorizer }
+
 // Key is the API Gateway route key, "METHOD /path".
 func (r Route) Key() string { return r.Method + " " + r.Path }
 
@@ -61,6 +68,11 @@ type Function struct {
 	// TestFunctionActions. Its policy grants exactly these.
 	Actions []string
 }
+
+// ServesWebhooks reports whether f serves a provider webhook route (a
+// public one): it gets the webhook secret (BROKER_WEBHOOK_SECRET_ARN, and
+// GetSecretValue on that secret alone).
+func (f Function) ServesWebhooks() bool { return slices.ContainsFunc(f.Routes, Route.Public) }
 
 // Allows reports whether f's code calls action.
 func (f Function) Allows(action string) bool { return slices.Contains(f.Actions, action) }
@@ -139,8 +151,8 @@ var Functions = []Function{
 	},
 	{
 		Name: "release", LogicalID: "ReleaseFunction", MemoryMB: 512, TimeoutSeconds: 29,
-		Description:     "POST /v1/sandboxes/{id}/release (syncs outputs to S3, parks warm) and /renew",
-		Routes:          []Route{{"POST", "/v1/sandboxes/{id}/release", ""}, {"POST", "/v1/sandboxes/{id}/renew", ""}},
+		Description:     "POST /v1/sandboxes/{id}/release (syncs outputs to S3, parks warm), /renew, and POST /webhooks/e2b (E2B's signed lifecycle webhooks)",
+		Routes:          []Route{{"POST", "/v1/sandboxes/{id}/release", ""}, {"POST", "/v1/sandboxes/{id}/renew", ""}, {"POST", "/webhooks/e2b", NoAuthorizer}},
 		PublishesEvents: true,
 		Actions:         actions(tableWrites, outputAccess, readKey, openTokens, publish, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
 	},
@@ -253,6 +265,8 @@ var Parameters = []Parameter{
 		Description: "How long a handed-out sandbox is its thread's before a renewal (its provider timer runs 2 minutes longer)."},
 	{Name: "SandboxMaxLifetimeSeconds", Env: config.EnvMaxLifetimeSeconds, Default: "86400", AllowedPattern: `^[1-9][0-9]*$`,
 		Description: "No renewal goes past this long after a sandbox's creation."},
+	{Name: "SandboxExpiringLeadSeconds", Env: config.EnvExpiringLeadSeconds, Default: "60", AllowedPattern: `^[0-9]+$`,
+		Description: "How long before an unrenewed lease ends the sandbox.expiring event is sent (0 = never)."},
 	{Name: "SandboxTemplate", Env: config.EnvTemplate, Default: "",
 		Description: "E2B template ID (empty = the provider's default)."},
 	{Name: "SandboxPoolSize", Env: config.EnvPoolSize, Default: "0", AllowedPattern: `^[0-9]+$`,
@@ -344,6 +358,7 @@ var NotDeployed = map[string]string{
 		"a provisioner deployment needs one before it can use a key",
 	config.EnvTokenLocalKey: "local runs only (devstack); deployed stacks seal access tokens with the KMS key (TOKEN_KMS_KEY_ARN)",
 	config.EnvS3Endpoint:    "local S3 stand-ins only (devstack)",
+	config.EnvWebhookSecret: "the secret is read from Secrets Manager (BROKER_WEBHOOK_SECRET_ARN), never an environment variable",
 	config.EnvEndpoint:      "local AWS stand-ins only (devstack)",
 }
 
@@ -362,6 +377,9 @@ const (
 	LogicalTable  = "Table"
 	LogicalBucket = "OutputBucket"
 	LogicalSecret = "E2BApiKeySecret"
+	// LogicalWebhookSecret holds the secret provider webhooks are signed
+	// with (BROKER_WEBHOOK_SECRET_ARN).
+	LogicalWebhookSecret = "WebhookSecret"
 	// LogicalTokenKey is the KMS key sandbox access tokens are sealed
 	// under (envelope encryption, internal/tokenseal).
 	LogicalTokenKey = "TokenKey"

@@ -113,6 +113,8 @@ type Stack struct {
 	// secret's ARN, or an existing secret's name as given: GetSecretValue
 	// takes either); secretResource is what their policies name.
 	secretRef, secretResource *string
+	// WebhookSecret is the secret provider webhooks are signed with.
+	WebhookSecret awssecretsmanager.Secret
 }
 
 // DynamoDBActions are the IAM actions a function may get on the table
@@ -202,6 +204,7 @@ func New(scope constructs.Construct, id string, props Props) *Stack {
 	s.table(props)
 	s.buckets()
 	s.secret(props)
+	s.webhookSecret()
 	s.tokenKey()
 	for _, f := range Functions {
 		s.Functions[f.Name] = s.function(f, props, s.environment(f, deployment), prefix, retention)
@@ -408,6 +411,9 @@ func (s *Stack) environment(f Function, deployment *string) map[string]*string {
 	env["OUTPUT_BUCKET"] = s.Bucket.BucketName()
 	env["E2B_API_KEY_SECRET_ARN"] = s.secretRef
 	env[config.EnvTokenKMSKeyARN] = s.TokenKey.KeyArn()
+	if f.ServesWebhooks() {
+		env[config.EnvWebhookSecretARN] = s.WebhookSecret.SecretArn()
+	}
 	return env
 }
 
@@ -462,6 +468,23 @@ func (s *Stack) schedule() {
 	}
 }
 
+// webhookSecret defines the secret E2B signs its lifecycle webhooks with
+// (POST /webhooks/e2b): generated here, given to E2B when the webhook is
+// registered (docs/operations.md), read by the functions serving the
+// route at cold start.
+func (s *Stack) webhookSecret() {
+	sec := awssecretsmanager.NewSecret(s.Stack, jsii.String(LogicalWebhookSecret), &awssecretsmanager.SecretProps{
+		Description: jsii.String("sandbox-broker: the secret E2B signs its lifecycle webhooks with (SecretString)"),
+		GenerateSecretString: &awssecretsmanager.SecretStringGenerator{
+			ExcludePunctuation: jsii.Bool(true),
+			PasswordLength:     jsii.Number(48),
+		},
+		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
+	})
+	overrideID(sec, LogicalWebhookSecret)
+	s.WebhookSecret = sec
+}
+
 // outputs defines the stack's outputs.
 func (s *Stack) outputs() {
 	out := func(id string, v *string, desc string) {
@@ -471,6 +494,7 @@ func (s *Stack) outputs() {
 	out("TableName", s.Table.TableName(), "DynamoDB table")
 	out("OutputBucketName", s.Bucket.BucketName(), "S3 bucket for thread outputs")
 	out("E2BApiKeySecretArn", s.secretRef, "Put the E2B API key here (SecretString)")
+	out("WebhookSecretArn", s.WebhookSecret.SecretArn(), "Give this secret to E2B when registering the webhook (docs/operations.md)")
 }
 
 // function defines one Lambda function with its own role, log group and
@@ -518,6 +542,9 @@ func (s *Stack) function(f Function, props Props, env map[string]*string, prefix
 	grant("OutputObjects", S3ObjectActions, objects)
 	grant("ListOutputBucket", S3BucketActions, s.Bucket.BucketArn())
 	grant("ReadE2BApiKey", SecretActions, s.secretResource)
+	if f.ServesWebhooks() {
+		grant("ReadWebhookSecret", SecretActions, s.WebhookSecret.SecretArn())
+	}
 	if key := props.ExistingSecretKMSKeyARN; key != "" && props.ExistingSecretARN != "" && len(f.Granted(SecretActions)) > 0 {
 		// Secrets Manager decrypts an existing secret under its customer
 		// managed key as the caller: GetSecretValue needs kms:Decrypt on it.
@@ -616,9 +643,12 @@ func (s *Stack) api(props Props, retention awslogs.RetentionDays) {
 				PayloadFormatVersion: awsapigatewayv2.PayloadFormatVersion_VERSION_2_0(),
 			})
 		for _, r := range f.Routes {
-			routeAuthz := authz
-			if r.TokenHeader == APIKeyHeader {
+			var routeAuthz awsapigatewayv2.IHttpRouteAuthorizer = authz
+			switch {
+			case r.TokenHeader == APIKeyHeader:
 				routeAuthz = apiKeyAuthz
+			case r.Public():
+				routeAuthz = awsapigatewayv2.NewHttpNoneAuthorizer() // the webhook's signature authenticates it
 			}
 			s.API.AddRoutes(&awsapigatewayv2.AddRoutesOptions{
 				Path:        jsii.String(r.Path),

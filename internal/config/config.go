@@ -29,11 +29,14 @@ const (
 	EnvIdleTimeoutSeconds    = "SANDBOX_IDLE_TIMEOUT_SECONDS"
 	EnvActiveTimeoutSeconds  = "SANDBOX_ACTIVE_TIMEOUT_SECONDS"
 	EnvMaxLifetimeSeconds    = "SANDBOX_MAX_LIFETIME_SECONDS"
-	EnvTemplate              = "SANDBOX_TEMPLATE"
-	EnvDeploymentID          = "SANDBOX_DEPLOYMENT_ID"
-	EnvMaxPerUser            = "SANDBOX_MAX_PER_USER"
-	EnvMaxPerTenant          = "SANDBOX_MAX_PER_TENANT"
-	EnvMaxWaitersPerTenant   = "SANDBOX_MAX_WAITERS_PER_TENANT"
+	// EnvExpiringLeadSeconds: how long before an unrenewed lease ends
+	// reconcile sends sandbox.expiring (0: never).
+	EnvExpiringLeadSeconds = "SANDBOX_EXPIRING_LEAD_SECONDS"
+	EnvTemplate            = "SANDBOX_TEMPLATE"
+	EnvDeploymentID        = "SANDBOX_DEPLOYMENT_ID"
+	EnvMaxPerUser          = "SANDBOX_MAX_PER_USER"
+	EnvMaxPerTenant        = "SANDBOX_MAX_PER_TENANT"
+	EnvMaxWaitersPerTenant = "SANDBOX_MAX_WAITERS_PER_TENANT"
 	// Pause-parking (providers that can pause): idle seconds before a warm
 	// sandbox is paused (0: at release, -1: never), the paused slots
 	// (default 10 × SANDBOX_REPLICAS) and how long one stays paused.
@@ -67,6 +70,12 @@ const (
 	// once at cold start. Set either it or EnvE2BAPIKey.
 	EnvE2BAPIKeySecretARN = "E2B_API_KEY_SECRET_ARN"
 	EnvTableName          = "TABLE_NAME"
+	// EnvWebhookSecret is the secret E2B signs its lifecycle webhooks
+	// with (POST /webhooks/e2b; local runs), and EnvWebhookSecretARN a
+	// Secrets Manager secret holding it (deployed stacks; internal/wiring
+	// reads it at cold start). Neither set: the route answers 404.
+	EnvWebhookSecret    = "BROKER_WEBHOOK_SECRET"
+	EnvWebhookSecretARN = "BROKER_WEBHOOK_SECRET_ARN"
 	// EnvEventBusName names the EventBridge event bus the lifecycle events
 	// are published to (a name or an event-bus ARN; default
 	// DefaultEventBusName, the account's default bus).
@@ -124,7 +133,8 @@ var deploymentPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 var knownSandboxVars = map[string]bool{
 	EnvReplicas: true, EnvOverflowPolicy: true, EnvAcquireTimeoutSeconds: true,
 	EnvBurstLimit: true, EnvIdleTimeoutSeconds: true, EnvActiveTimeoutSeconds: true, EnvMaxLifetimeSeconds: true,
-	EnvTemplate: true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
+	EnvExpiringLeadSeconds: true,
+	EnvTemplate:            true, EnvDeploymentID: true, EnvMaxPerUser: true, EnvMaxPerTenant: true, EnvMaxWaitersPerTenant: true, EnvSandboxProvider: true,
 	EnvPoolSize: true, EnvPoolMaxAgeSeconds: true, EnvPoolParked: true,
 	EnvPauseAfterSeconds: true, EnvMaxPaused: true, EnvPausedTTLSeconds: true, EnvTenantUsage: true,
 }
@@ -218,12 +228,22 @@ type Config struct {
 	Pool Pool
 	// TokenSeal says how sandbox access tokens are sealed at rest.
 	TokenSeal TokenSeal
+	// Webhook is the provider webhooks' signing secret.
+	Webhook Webhook
 	// AdminTenants may call the /v1/admin routes (BROKER_ADMIN_TENANTS).
 	AdminTenants []string
 	// TenantClaim is the JWT claim naming the caller's tenant
 	// (BROKER_TENANT_CLAIM, default DefaultTenantClaim).
 	TenantClaim string
 	LogLevel    slog.Level
+}
+
+// Webhook is the secret provider webhooks are signed with: Secret itself
+// (BROKER_WEBHOOK_SECRET; never logged), or the Secrets Manager secret
+// SecretARN holding it (BROKER_WEBHOOK_SECRET_ARN).
+type Webhook struct {
+	Secret    string
+	SecretARN string
 }
 
 // String renders c for logs with the API key redacted.
@@ -296,6 +316,7 @@ func Parse(environ []string) (Config, []string, error) {
 	s.IdleTimeout = p.seconds(EnvIdleTimeoutSeconds, s.IdleTimeout)
 	s.ActiveTimeout = p.seconds(EnvActiveTimeoutSeconds, s.ActiveTimeout)
 	s.MaxLifetime = p.seconds(EnvMaxLifetimeSeconds, s.MaxLifetime)
+	s.ExpiringLead = time.Duration(p.intVar(EnvExpiringLeadSeconds, int(s.ExpiringLead/time.Second), 0)) * time.Second
 	s.Template = p.str(EnvTemplate, s.Template)
 	s.Deployment = p.str(EnvDeploymentID, s.Deployment)
 	s.MaxPerUser = p.intVar(EnvMaxPerUser, s.MaxPerUser, 0)
@@ -331,6 +352,7 @@ func Parse(environ []string) (Config, []string, error) {
 		OutputPrefix: strings.Trim(p.str(EnvOutputPrefix, ""), "/"),
 		S3PathStyle:  env[EnvS3Endpoint] != "" || env[EnvEndpoint] != "",
 		TokenSeal:    p.tokenSeal(),
+		Webhook:      Webhook{Secret: p.str(EnvWebhookSecret, ""), SecretARN: p.str(EnvWebhookSecretARN, "")},
 		Sync: Sync{
 			MaxFiles:       p.intVar(EnvSyncMaxFiles, 0, 1),
 			MaxTotalBytes:  p.byteCount(EnvSyncMaxTotalBytes),

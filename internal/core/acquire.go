@@ -97,6 +97,9 @@ func (e *Engine) attempt(ctx context.Context, key ThreadKey, owner string, st *a
 	for attempt := 0; ; attempt++ {
 		res, retry, err := e.acquireOnce(ctx, key, owner, st)
 		if err == nil {
+			if pr := st.previous; pr != nil && pr.SandboxID != res.Record.SandboxID {
+				res.Previous = pr
+			}
 			return res, nil
 		}
 		if errors.Is(err, ErrProviderUnavailable) {
@@ -194,6 +197,20 @@ type acquireState struct {
 	atShare    bool
 	// poolTries counts the pool members this acquire claimed.
 	poolTries int
+	// killErr is the last eviction's kill the provider did not confirm
+	// (see takeSlot).
+	killErr error
+	// previous is the ended sandbox the thread's binding named at the
+	// last attempt's lookup, which that attempt replaces (see previousOf).
+	previous *Previous
+}
+
+// notePendingKill keeps err, an eviction's kill the provider did not
+// confirm (nil: none).
+func (st *acquireState) notePendingKill(err error) {
+	if err != nil {
+		st.killErr = err
+	}
 }
 
 // acquireOnce makes one attempt. retry reports whether waiting and trying
@@ -207,6 +224,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 		return res, false, e.drainingError()
 	}
 	var replaceID, replaceRes string
+	st.previous = nil
 	b := look.Binding
 	switch {
 	case !look.Bound:
@@ -239,8 +257,8 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 			return e.resumeParked(ctx, key, rec, owner, st)
 		case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
 			// The binding names a record that is gone or being destroyed:
-			// the thread needs a new sandbox.
-			replaceID = b.SandboxID
+			// the thread needs a new sandbox, and learns why it changed.
+			replaceID, st.previous = b.SandboxID, previousOf(rec)
 		default:
 			return res, false, fmt.Errorf("claim thread's sandbox: %w", err)
 		}
@@ -334,7 +352,7 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 			// S3 yet. A slow but living sandbox may still hand them over.
 			e.log.WarnContext(ctx, "active sandbox does not answer; copying its outputs, then discarding", "sandbox_id", rec.SandboxID, "err", perr)
 			e.salvage(ctx, rec, "unresponsive active sandbox")
-			e.destroy(ctx, rec, owner, StateActive, EventReasonUnresponsive)
+			e.destroy(ctx, rec, owner, StateActive, e.unanswered(ctx, rec, StateActive))
 			return AcquireResult{}, true, unavailable(fmt.Errorf("sandbox %s does not answer: %v", rec.SandboxID, perr))
 		}
 	}
@@ -347,7 +365,7 @@ func (e *Engine) reuse(ctx context.Context, rec Record, owner string) (AcquireRe
 		return AcquireResult{Record: rec, Source: SourceReused, Restore: e.resumeRestore(ctx, rec)}, false, nil
 	case errors.Is(err, ErrSandboxGone):
 		e.log.InfoContext(ctx, "active sandbox gone; replacing", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
-		e.destroy(ctx, rec, owner, StateActive, EventReasonGone)
+		e.destroy(ctx, rec, owner, StateActive, e.endedReason(rec, StateActive))
 		return AcquireResult{}, true, unavailable(fmt.Errorf("sandbox %s was gone", rec.SandboxID))
 	default:
 		return AcquireResult{}, false, fmt.Errorf("probe sandbox: %w", err)
@@ -379,7 +397,11 @@ var errCannotResume = errors.New("the provider cannot resume paused sandboxes")
 func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (AcquireResult, bool, error) {
 	if err := e.prov.SetTimeout(ctx, rec.SandboxID, e.activeTimer()); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox reconnect failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
-		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
+		reason := EventReasonUnresponsive
+		if errors.Is(err, ErrSandboxGone) {
+			reason = e.endedReason(rec, rec.PrevState)
+		}
+		e.destroyClaimed(ctx, rec, reason)
 		return AcquireResult{}, true, unavailable(fmt.Errorf("reconnect warm sandbox: %v", err))
 	}
 	rec.ExpiresAt = e.now().Add(e.s.ActiveTimeout)
@@ -387,7 +409,7 @@ func (e *Engine) reclaim(ctx context.Context, rec Record, owner string) (Acquire
 	// the sandbox answers: a wedged one is discarded, not handed out.
 	if err := e.bootstrap(ctx, rec.Ref(), probeTimeout); err != nil {
 		e.log.WarnContext(ctx, "warm sandbox bootstrap failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
-		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
+		e.destroyClaimed(ctx, rec, e.unanswered(ctx, rec, StateActive))
 		return AcquireResult{}, true, unavailable(err)
 	}
 	rec = e.recordExpiry(ctx, rec)

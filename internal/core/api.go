@@ -15,6 +15,10 @@ type AcquireResult struct {
 	// Waiting, set by AcquireOrWait instead of a sandbox, is the
 	// acquire's place in the wait queue.
 	Waiting *Waiting
+	// Previous names the thread's earlier sandbox and why it ended, when
+	// this acquire replaced one that ended without the thread asking.
+	// Only the acquire that moves the thread's binding off it answers it.
+	Previous *Previous
 }
 
 // ReleaseResult is the outcome of a release.
@@ -59,6 +63,9 @@ type ReconcileStats struct {
 	// PausesFinished: records left pausing or resuming by an invocation
 	// that died (lease lapsed), paused by the pass.
 	PausesFinished int `json:"pauses_finished"`
+	// ExpiringSent: sandbox.expiring events sent (leases ending within
+	// Settings.ExpiringLead, not renewed).
+	ExpiringSent int `json:"expiring_sent"`
 	// TombstonesRetried: tombstones whose kill was attempted again.
 	TombstonesRetried int `json:"tombstones_retried"`
 	// ReservationsSettled: crashed creates adopted, killed or freed.

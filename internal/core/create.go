@@ -64,17 +64,20 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 				// The quota counts the caller's warm sandboxes too: evict
 				// its own least recently parked one, whatever the policy
 				// (a quota bounds the caller's slots, not the deployment's).
-				if e.evictForQuota(ctx, key, owner, ce.Reason) {
+				ok, killErr := e.evictForQuota(ctx, key, owner, ce.Reason)
+				if ok {
 					continue
 				}
+				st.notePendingKill(killErr)
 			}
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
 			if ce.Reason == api.RefusalCapacity && evicting && evictions < maxEvictions {
-				ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants))
+				ok, atShare, killErr := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants))
 				if ok {
 					continue
 				}
+				st.notePendingKill(killErr)
 				if atShare && !st.atShare {
 					// The tenant reached its share since its lookup: try
 					// again, evicting only its own.
@@ -86,9 +89,17 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 				// Nothing may be evicted: before refusing, free the slots
 				// no sandbox uses (freeLost).
 				st.lostChecked = true
-				if e.freeLost(ctx, owner) {
+				freed, killErr := e.freeLost(ctx, owner)
+				if freed {
 					continue
 				}
+				st.notePendingKill(killErr)
+			}
+			if st.killErr != nil {
+				// The slot an eviction freed is held by a kill the provider
+				// did not confirm: the refusal is the provider's outage,
+				// not a full deployment.
+				return false, unavailable(fmt.Errorf("no slot freed for %s (%s): %w", key, ce.Reason, st.killErr))
 			}
 			return true, e.refused(ce)
 		case errors.Is(err, ErrThreadBound), errors.Is(err, ErrLeaseHeld), errors.Is(err, ErrConflict), errors.Is(err, ErrNotFound):

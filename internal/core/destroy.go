@@ -32,37 +32,115 @@ func (e *Engine) kill(ctx context.Context, id string) error {
 
 // destroyClaimed turns a record this invocation holds the lease on into a
 // tombstone, kills the sandbox and frees its slot once the kill is confirmed,
-// publishing EventDestroyed with reason (one of EventReasons).
-// An uncertain kill leaves the tombstone (and its slot) for a later retry.
-// It reports whether the sandbox is confirmed gone.
+// publishing EventDestroyed with reason (one of EventReasons), after
+// EventLost when its thread lost it (lostWhileHeld). The record keeps
+// reason as its EndReason (a tombstone's first reason stays, through
+// kill retries). An uncertain kill leaves the tombstone (and its slot)
+// for a later retry. It reports whether the sandbox is confirmed gone.
 func (e *Engine) destroyClaimed(ctx context.Context, rec Record, reason string) bool {
+	return e.destroyClaimedErr(ctx, rec, reason) == nil
+}
+
+// errKillUncertain: the provider did not confirm a kill (an outage, a
+// timeout): the tombstone keeps its slot.
+var errKillUncertain = errors.New("kill uncertain")
+
+// destroyClaimedErr is destroyClaimed, answering why the sandbox is not
+// confirmed gone: an error wrapping errKillUncertain and the provider's
+// error when the kill was not confirmed, or the store's error.
+func (e *Engine) destroyClaimedErr(ctx context.Context, rec Record, reason string) error {
 	from := rec.State // the state the sandbox left to be destroyed
 	if from == StateDestroying {
 		from = rec.PrevState // "": recorded as a tombstone (an untracked sandbox)
 	}
+	stored := rec.EndReason != "" // as read: a tombstone's first reason stays
+	if !stored {
+		rec.EndReason = reason
+	}
 	if rec.State != StateDestroying {
 		tctx, cancel := settle(ctx)
 		tomb, err := e.applyRecord(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying,
-			KeepLease: true, Now: e.now(), KillAttempt: true, Slot: rec.Slot})
+			KeepLease: true, Now: e.now(), KillAttempt: true, Slot: rec.Slot, EndReason: rec.EndReason})
 		cancel()
 		if err != nil {
 			e.log.WarnContext(ctx, "tombstone write failed", "sandbox_id", rec.SandboxID, "err", err)
-			return false
+			return fmt.Errorf("tombstone: %w", err)
 		}
-		rec = tomb
+		tomb.EndReason, rec, stored = rec.EndReason, tomb, true
 	}
 	if err := e.kill(ctx, rec.SandboxID); err != nil {
 		e.log.WarnContext(ctx, "kill uncertain; tombstone keeps its slot", "sandbox_id", rec.SandboxID, "err", err)
-		return false
+		e.keepTombstone(ctx, rec, !stored)
+		return fmt.Errorf("%w: %w", errKillUncertain, err)
 	}
 	fctx, cancel := settle(ctx)
 	defer cancel()
 	if err := e.store.Free(fctx, rec, e.now()); err != nil {
 		e.log.WarnContext(ctx, "free slot after kill failed", "sandbox_id", rec.SandboxID, "err", err)
-		return false
+		return fmt.Errorf("free: %w", err)
+	}
+	if lostWhileHeld(rec, from, rec.EndReason) {
+		e.emit(ctx, rec, from, StateGone, EventLost, rec.EndReason)
 	}
 	e.emit(ctx, rec, from, StateGone, EventDestroyed, reason)
-	return true
+	return nil
+}
+
+// keepTombstone writes the reason rec's end has (rec.EndReason) on rec, a
+// tombstone whose kill was not confirmed, when the store does not have it
+// yet (unrecorded). Best effort: the retry that frees it writes the
+// reason.
+func (e *Engine) keepTombstone(ctx context.Context, rec Record, unrecorded bool) {
+	if !unrecorded {
+		return
+	}
+	tctx, cancel := settle(ctx)
+	_, _ = e.store.Apply(tctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateDestroying, KeepLease: true,
+		Now: e.now(), EndReason: rec.EndReason})
+	cancel()
+}
+
+// lostSlotsInterval is how often one engine looks for lost slots before
+// refusing (freeLost): at most once per interval, so that refusals under
+// contention do not each pay the search. Reconcile frees them on every
+// pass too.
+const lostSlotsInterval = 2 * time.Second
+
+// freeLost frees slots that no sandbox uses, when nothing may be evicted:
+// a tombstone's whose kill can be retried, else those of sandboxes the
+// provider has ended (freeDead). At most once per lostSlotsInterval per
+// engine (by its clock); it reports whether it freed any, and killErr
+// when a retried kill was not confirmed (as evictOne).
+func (e *Engine) freeLost(ctx context.Context, owner string) (freed bool, killErr error) {
+	now := e.now().UnixNano()
+	next := e.lostCheck.Load()
+	if now < next || !e.lostCheck.CompareAndSwap(next, now+int64(lostSlotsInterval)) {
+		return false, nil
+	}
+	if freed, killErr = e.retryTombstone(ctx, owner); freed {
+		return true, nil
+	}
+	return e.freeDead(ctx, owner) > 0, killErr
+}
+
+// retryTombstone frees a tombstone's slot by retrying its kill, if one of
+// a sample of them has a lapsed retry lease; it reports whether it did,
+// and killErr when the kill was not confirmed.
+func (e *Engine) retryTombstone(ctx context.Context, owner string) (bool, error) {
+	tombs, err := e.store.Sample(ctx, StateDestroying, 5)
+	if err != nil {
+		return false, nil
+	}
+	for _, rec := range tombs {
+		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
+			Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
+		if err != nil {
+			continue // a peer holds its retry lease
+		}
+		err = e.destroyClaimedErr(ctx, claimed, EventReasonKillRetried)
+		return err == nil, uncertainKill(err)
+	}
+	return false, nil
 }
 
 // deadBatch bounds the dead sandboxes one acquire frees, and deadSample
@@ -102,25 +180,6 @@ func (e *Engine) confirmedGone(ctx context.Context, id string) (bool, error) {
 // sandbox exists.
 var errPresenceUnknown = errors.New("sandbox presence unknown")
 
-// lostSlotsInterval is how often one engine looks for lost slots before
-// refusing (freeLost): at most once per interval, so that refusals under
-// contention do not each pay the search. Reconcile frees them on every
-// pass too.
-const lostSlotsInterval = 2 * time.Second
-
-// freeLost frees slots that no sandbox uses, when nothing may be evicted:
-// a tombstone's whose kill can be retried, else those of sandboxes the
-// provider has ended (freeDead). At most once per lostSlotsInterval per
-// engine (by its clock); it reports whether it freed any.
-func (e *Engine) freeLost(ctx context.Context, owner string) bool {
-	now := e.now().UnixNano()
-	next := e.lostCheck.Load()
-	if now < next || !e.lostCheck.CompareAndSwap(next, now+int64(lostSlotsInterval)) {
-		return false
-	}
-	return e.retryTombstone(ctx, owner) || e.freeDead(ctx, owner) > 0
-}
-
 // freeDead frees the slots of records whose provider end time has passed,
 // once the provider confirms the sandbox is gone (a read, as the kill
 // path's confirmation): warm ones parked longer than the idle timeout and
@@ -156,7 +215,7 @@ func (e *Engine) freeDead(ctx context.Context, owner string) int {
 			continue // a peer moved it
 		}
 		e.log.InfoContext(ctx, "freeing the slot of a sandbox the provider ended", "sandbox_id", r.SandboxID, "state", r.State)
-		if e.destroyClaimed(ctx, claimed, EventReasonGone) {
+		if e.destroyClaimed(ctx, claimed, e.endedReason(r, r.State)) {
 			freed++
 		}
 	}

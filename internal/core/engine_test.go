@@ -296,8 +296,9 @@ func TestCapacityBurstAllowsLimitedOverflow(t *testing.T) {
 }
 
 // TestCapacityKeepsSlotWhenWarmEvictionKillFails: an eviction whose kill
-// fails leaves a tombstone holding the slot; the acquire is refused; a
-// later eviction retries the tombstone (one retry owner) and frees it.
+// fails leaves a tombstone holding the slot; the acquire answers the
+// provider's outage; a later eviction retries the tombstone (one retry
+// owner) and frees it.
 func TestCapacityKeepsSlotWhenWarmEvictionKillFails(t *testing.T) {
 	h := newHarness(t, func(s *core.Settings) { s.Replicas = 1; s.Policy = core.PolicyReject })
 	ctx := context.Background()
@@ -307,8 +308,8 @@ func TestCapacityKeepsSlotWhenWarmEvictionKillFails(t *testing.T) {
 	}
 	h.prov.Set(func(f *coretest.FakeProvider) { f.KillErr = errors.New("connection reset") })
 	var ce *core.CapacityError
-	if _, err := h.eng.Acquire(ctx, key("t2")); !errors.As(err, &ce) {
-		t.Fatalf("Acquire with failing eviction = %v, want CapacityError", err)
+	if _, err := h.eng.Acquire(ctx, key("t2")); !errors.Is(err, core.ErrProviderUnavailable) || errors.As(err, &ce) {
+		t.Fatalf("Acquire with failing eviction = %v, want ErrProviderUnavailable", err)
 	}
 	if st := h.capacity(t); st.Used != 1 || st.Tombstones != 1 {
 		t.Errorf("capacity = %+v, want the tombstone holding the slot", st)

@@ -47,21 +47,34 @@ const (
 	// EventDestroyed: the provider confirmed the sandbox gone and its slot
 	// was freed (-> gone). Reason says why it was destroyed.
 	EventDestroyed EventKind = "destroyed"
+	// EventExpiring: the sandbox's lease ends within
+	// Settings.ExpiringLead and has not been renewed (active -> active);
+	// sent once per end, by reconcile. Event.ExpiresAt is the end.
+	EventExpiring EventKind = "expiring"
+	// EventLost: a sandbox vanished while its thread held it (active ->
+	// gone), for one of LostReasons; its EventDestroyed follows.
+	EventLost EventKind = "lost"
 )
 
 // EventKinds lists every lifecycle event kind.
 func EventKinds() []EventKind {
 	return []EventKind{EventCreated, EventPoolClaimed, EventReused, EventReclaimed, EventResumed, EventReleased,
-		EventPaused, EventEvicted, EventAdopted, EventDestroyed}
+		EventPaused, EventEvicted, EventAdopted, EventDestroyed, EventExpiring, EventLost}
 }
 
 // Event reasons: why a sandbox was evicted or destroyed (Event.Reason).
 const (
-	// EventReasonGone: the provider no longer runs the sandbox (it ended
-	// it, or it died).
-	EventReasonGone = "gone"
-	// EventReasonUnresponsive: the sandbox did not answer (a failed probe,
-	// bootstrap or reconnect) and was discarded.
+	// EventReasonProviderTimeout: the provider ended the sandbox at the
+	// timer the broker set (the lease, or the idle time, ran out).
+	EventReasonProviderTimeout = "provider_timeout"
+	// EventReasonProviderKilled: the provider ended the sandbox before its
+	// timer (killed at the provider, or it died).
+	EventReasonProviderKilled = "provider_killed"
+	// EventReasonMaxLifetime: the provider ended the sandbox at its
+	// lifetime bound (Settings.MaxLifetime), which no renewal passes.
+	EventReasonMaxLifetime = "max_lifetime"
+	// EventReasonUnresponsive: the sandbox exists but did not answer (a
+	// failed probe, bootstrap or reconnect) and was discarded.
 	EventReasonUnresponsive = "unresponsive"
 	// EventReasonNotResumable: the provider reports the sandbox paused and
 	// it could not be resumed.
@@ -95,9 +108,15 @@ const (
 // EventReasons lists every Event.Reason the broker produces ("" aside:
 // the kind says it all).
 func EventReasons() []string {
-	return []string{EventReasonGone, EventReasonUnresponsive, EventReasonNotResumable, EventReasonDraining,
+	return []string{EventReasonProviderTimeout, EventReasonProviderKilled, EventReasonMaxLifetime, EventReasonUnresponsive, EventReasonNotResumable, EventReasonDraining,
 		EventReasonCapacity, EventReasonQuota, EventReasonIdleExpired, EventReasonDuplicate, EventReasonOrphan,
 		EventReasonKillRetried, EventReasonKilled, EventReasonUntracked, EventReasonPoolRecycled, EventReasonClaimInterrupted}
+}
+
+// LostReasons lists the reasons of EventLost: why a sandbox its thread
+// held ended without the thread asking.
+func LostReasons() []string {
+	return []string{EventReasonProviderTimeout, EventReasonProviderKilled, EventReasonUnresponsive, EventReasonMaxLifetime}
 }
 
 // Event is one lifecycle transition of a sandbox record, as published
@@ -121,6 +140,8 @@ type Event struct {
 	// paused time from its creation to Time.
 	RunningSeconds float64 `json:"running_seconds"`
 	PausedSeconds  float64 `json:"paused_seconds"`
+	// ExpiresAt is the lease's end, on EventExpiring only.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 }
 
 // EventSink publishes lifecycle events to an event bus (or a JSON-lines
@@ -298,6 +319,11 @@ func (e *Engine) emit(ctx context.Context, rec Record, from, to State, kind Even
 	if e.events == nil {
 		return
 	}
+	e.publish(ctx, e.event(rec, from, to, kind, reason))
+}
+
+// event is the Event of rec's transition from from to to, now.
+func (e *Engine) event(rec Record, from, to State, kind EventKind, reason string) Event {
 	now := e.now()
 	running, paused := rec.usageSoFar(now)
 	ev := Event{Kind: kind, Deployment: e.s.Deployment, Tenant: rec.Tenant, User: rec.User, Thread: rec.Thread,
@@ -306,6 +332,12 @@ func (e *Engine) emit(ctx context.Context, rec Record, from, to State, kind Even
 	if ev.Backend == "" {
 		ev.Backend = e.prov.Name()
 	}
+	return ev
+}
+
+// publish publishes ev in the background of the operation of ctx (see
+// emit).
+func (e *Engine) publish(ctx context.Context, ev Event) {
 	if p, ok := ctx.Value(publisherKey{}).(*publisher); ok {
 		p.start(ev)
 		return

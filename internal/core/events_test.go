@@ -175,21 +175,22 @@ func TestDestroyEventReasons(t *testing.T) {
 		name  string
 		fault func(t *testing.T, h *harness, rec core.Record)
 		act   func(t *testing.T, h *harness, rec core.Record)
-		want  string
+		want  []string
 	}{
 		{"found dead at release", func(t *testing.T, h *harness, _ core.Record) {
 			h.sync.set(func(s *fakeSyncer) { s.err = fmt.Errorf("envd: %w", core.ErrSandboxGone) })
-		}, release, "destroyed releasing->gone gone"},
+		}, release, []string{"destroyed releasing->gone provider_killed"}},
 		{"released while draining", func(t *testing.T, h *harness, _ core.Record) {
 			if err := h.eng.SetDraining(context.Background(), true); err != nil {
 				t.Fatalf("SetDraining: %v", err)
 			}
-		}, release, "destroyed releasing->gone draining"},
+		}, release, []string{"destroyed releasing->gone draining"}},
 		{"killed behind the broker's back", func(t *testing.T, h *harness, rec core.Record) {
 			if err := h.prov.Kill(context.Background(), rec.SandboxID); err != nil {
 				t.Fatalf("Kill: %v", err)
 			}
-		}, func(t *testing.T, h *harness, _ core.Record) { h.acquire(t, key("t1"), core.SourceCreated) }, "destroyed active->gone gone"},
+		}, func(t *testing.T, h *harness, _ core.Record) { h.acquire(t, key("t1"), core.SourceCreated) },
+			[]string{"lost active->gone provider_killed", "destroyed active->gone provider_killed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			events := &eventLog{}
@@ -197,8 +198,8 @@ func TestDestroyEventReasons(t *testing.T) {
 			rec := h.acquire(t, key("t1"), core.SourceCreated)
 			tc.fault(t, h, rec)
 			tc.act(t, h, rec)
-			want := []string{"created creating->active ", tc.want}
-			if got := events.seen(rec.SandboxID); !sameList(got, want) {
+			want := append([]string{"created creating->active "}, tc.want...)
+			if got := events.seen(rec.SandboxID); !sameEvents(got, want) {
 				t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 			}
 		})

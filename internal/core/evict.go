@@ -25,17 +25,18 @@ const (
 // else by destroying the least recently parked warm sandbox of another
 // thread among a random quarter of the warm pool (Store.Sample: the whole
 // pool when small; on average the fourth oldest of a large one, one of
-// its 16 oldest with probability 1 - (3/4)^16 > 99%). A warm sandbox of another
-// tenant is taken only under below, which the claim checks (key's tenant
-// holds fewer slots than its fair share); of key's own tenant only when
-// below is nil (a tenant at or over its fair share never takes another
-// tenant's warm sandbox; when the sample holds none of its own, the
-// pool's exact order is read). It reports whether a slot was freed, and
-// atShare when a claim found the tenant at its fair share. A kill that
-// fails leaves a tombstone holding the slot and stops the eviction.
-func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow) (freed, atShare bool) {
+// its 16 oldest with probability 1 - (3/4)^16 > 99%). A warm sandbox of
+// another tenant is taken only under below, which the claim checks (key's
+// tenant holds fewer slots than its fair share); of key's own tenant only
+// when below is nil (a tenant at or over its fair share never takes
+// another tenant's warm sandbox; when the sample holds none of its own,
+// the pool's exact order is read). It reports whether a slot was freed,
+// and atShare when a claim found the tenant at its fair share. A kill
+// that fails leaves a tombstone holding the slot and stops the eviction;
+// its error (wrapping errKillUncertain) is killErr.
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow) (freed, atShare bool, killErr error) {
 	if e.evictPoolMember(ctx, owner, false) {
-		return true, false
+		return true, false, nil
 	}
 	ownTenant := below == nil
 	may := func(rec Record) bool {
@@ -51,27 +52,9 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 	}
 	if err != nil {
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
-		return false, false
+		return false, false, nil
 	}
 	return e.evictParked(ctx, key, owner, warm, may, evictGuard{below: below}, EventReasonCapacity)
-}
-
-// retryTombstone frees a tombstone's slot by retrying its kill, if one of
-// a sample of them has a lapsed retry lease; it reports whether it did.
-func (e *Engine) retryTombstone(ctx context.Context, owner string) bool {
-	tombs, err := e.store.Sample(ctx, StateDestroying, 5)
-	if err != nil {
-		return false
-	}
-	for _, rec := range tombs {
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
-			Owner: owner, Now: e.now(), LeaseUntil: e.leaseUntil(ctx)})
-		if err != nil {
-			continue // a peer holds its retry lease
-		}
-		return e.destroyClaimed(ctx, claimed, EventReasonKillRetried)
-	}
-	return false
 }
 
 // quotaRefusal reports whether reason is a refusal for one of the
@@ -92,8 +75,8 @@ const quotaCandidates = 5
 // never one in use: the claim applies only to a record still warm and
 // unleased (Store.OwnWarm lists the candidates from the tenant's or
 // user's own entries, never the warm pool). It reports whether one was
-// destroyed (its slot freed).
-func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string, reason api.RefusalReason) bool {
+// destroyed (its slot freed), and killErr as evictOne.
+func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string, reason api.RefusalReason) (bool, error) {
 	user := key.User
 	if reason == api.RefusalTenantQuota {
 		user = "" // any of the tenant's users
@@ -101,11 +84,11 @@ func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string,
 	warm, err := e.store.OwnWarm(ctx, key.Tenant, user, quotaCandidates)
 	if err != nil {
 		e.log.WarnContext(ctx, "list own warm sandboxes for a quota failed", "err", err, "reason", reason)
-		return false
+		return false, nil
 	}
 	may := func(rec Record) bool { return rec.Tenant == key.Tenant && (user == "" || rec.User == user) }
-	evicted, _ := e.evictParked(ctx, key, owner, warm, may, evictGuard{}, EventReasonQuota)
-	return evicted
+	evicted, _, killErr := e.evictParked(ctx, key, owner, warm, may, evictGuard{}, EventReasonQuota)
+	return evicted, killErr
 }
 
 // evictGuard is what the claim of another tenant's record carries in an
@@ -122,8 +105,8 @@ type evictGuard struct {
 // atShare, and the other tenants' records are then skipped). It reports
 // whether one was destroyed (a peer that moved a record first wins it; a
 // kill that fails leaves a tombstone holding its slot and stops the
-// eviction). reason (one of EventReasons) is why.
-func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, guard evictGuard, reason string) (evicted, atShare bool) {
+// eviction: killErr, as evictOne). reason (one of EventReasons) is why.
+func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, guard evictGuard, reason string) (evicted, atShare bool, killErr error) {
 	for _, rec := range parked {
 		other := rec.Tenant != key.Tenant
 		if rec.ThreadKey == key || !may(rec) || (other && atShare) {
@@ -145,7 +128,17 @@ func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, p
 		claimed = keepPause(claimed, rec)
 		e.log.InfoContext(ctx, "evicting "+string(rec.State)+" sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
 		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, reason)
-		return e.destroyClaimed(ctx, claimed, reason), atShare
+		err = e.destroyClaimedErr(ctx, claimed, reason)
+		return err == nil, atShare, uncertainKill(err)
 	}
-	return false, atShare
+	return false, atShare, nil
+}
+
+// uncertainKill is err when it is a kill the provider did not confirm
+// (errKillUncertain), else nil.
+func uncertainKill(err error) error {
+	if errors.Is(err, errKillUncertain) {
+		return err
+	}
+	return nil
 }

@@ -195,7 +195,7 @@ func (e *Engine) checkWarm(ctx context.Context, rec Record, owner string, check 
 	}
 	switch passed, gone := check(held); {
 	case gone:
-		e.destroyClaimed(ctx, held, EventReasonGone)
+		e.destroyClaimed(ctx, held, e.endedReason(held, StateWarm))
 		return held, pauseDestroyed, false
 	case !passed:
 		e.unleaseWarm(ctx, held)
@@ -256,7 +256,7 @@ func (e *Engine) finishPause(ctx context.Context, rec Record) pauseResult {
 		return pauseDone
 	case errors.Is(err, ErrSandboxGone):
 		e.log.InfoContext(ctx, "sandbox to pause was gone", "sandbox_id", rec.SandboxID)
-		e.destroyClaimed(ctx, rec, EventReasonGone)
+		e.destroyClaimed(ctx, rec, e.endedReason(rec, StateWarm))
 		return pauseDestroyed
 	case IsAmbiguous(err):
 		// Maybe paused: the record stays pausing, holding both slots,
@@ -306,7 +306,7 @@ func (e *Engine) evictPaused(ctx context.Context, key ThreadKey, owner string) b
 		return false
 	}
 	may, guard := e.pausedShare(ctx, key, paused)
-	freed, _ := e.evictParked(ctx, key, owner, paused, may, guard, EventReasonCapacity)
+	freed, _, _ := e.evictParked(ctx, key, owner, paused, may, guard, EventReasonCapacity)
 	return freed
 }
 
@@ -382,14 +382,14 @@ func (e *Engine) finishResume(ctx context.Context, rec Record) (AcquireResult, b
 		e.log.WarnContext(ctx, "resume failed; discarding the paused sandbox", "sandbox_id", rec.SandboxID, "err", err)
 		reason := EventReasonNotResumable
 		if errors.Is(err, ErrSandboxGone) {
-			reason = EventReasonGone
+			reason = e.endedReason(rec, StatePaused)
 		}
 		e.destroyClaimed(ctx, rec, reason)
 		return AcquireResult{}, true, unavailable(fmt.Errorf("resume sandbox %s: %v", rec.SandboxID, err))
 	}
 	if err := e.bootstrap(ctx, rec.Ref(), probeTimeout); err != nil {
 		e.log.WarnContext(ctx, "resumed sandbox bootstrap failed; discarding", "sandbox_id", rec.SandboxID, "err", err)
-		e.destroyClaimed(ctx, rec, EventReasonUnresponsive)
+		e.destroyClaimed(ctx, rec, e.unanswered(ctx, rec, StatePaused)) // its timer was just set: gone is a kill
 		return AcquireResult{}, true, unavailable(err)
 	}
 	now := e.now()

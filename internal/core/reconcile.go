@@ -102,6 +102,9 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	if err := p.owedOutputs(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
+	if err := p.warnExpiring(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	if err := p.expireWarm(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
@@ -261,7 +264,8 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 			p.skip(ctx, "claim idle warm sandbox", rec.SandboxID, err) // usually a peer took it (reclaim or another pass)
 			continue
 		}
-		if complete, gone := p.syncParked(ctx, claimed, "expiry"); !complete && !gone {
+		complete, gone := p.syncParked(ctx, claimed, "expiry")
+		if !complete && !gone {
 			if !p.holdForOutputs(ctx, claimed) {
 				p.st.Deferred++ // back to plain warm, still idle: the next pass retries
 				continue
@@ -275,7 +279,11 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 			continue
 		}
 		tomb.PrevState = StateWarm // the state it left: the claim only took a lease
-		if e.destroyClaimed(ctx, tomb, reason) {
+		ended := reason
+		if gone {
+			ended = e.endedReason(claimed, StateWarm) // the provider ended it first
+		}
+		if e.destroyClaimed(ctx, tomb, ended) {
 			p.st.Expired++
 		} else {
 			p.st.Errors++

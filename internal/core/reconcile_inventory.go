@@ -511,7 +511,7 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 			p.skip(ctx, "claim dead record", r.SandboxID, err)
 			continue
 		}
-		if e.destroyClaimed(ctx, claimed, EventReasonGone) {
+		if e.destroyClaimed(ctx, claimed, e.endedReason(r, r.State)) {
 			p.st.Dead++
 		} else {
 			p.st.Errors++

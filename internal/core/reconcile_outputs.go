@@ -86,8 +86,12 @@ func (p *pass) copyOwed(ctx context.Context, rec Record) {
 			return
 		}
 	}
-	p.abandonOutputs(ctx, claimed, "the provider ended it")
-	p.killClaimed(ctx, claimed, EventReasonGone)
+	p.abandonOutputs(ctx, claimed, "the provider ended it, or the wait for them passed its bound")
+	reason := EventReasonIdleExpired // kept running for its outputs as long as allowed
+	if gone, _ := e.confirmedGone(ctx, claimed.SandboxID); gone {
+		reason = e.endedReason(claimed, StateWarm)
+	}
+	p.killClaimed(ctx, claimed, reason)
 	p.forgetOwed(ctx, rec.SandboxID)
 }
 

@@ -114,7 +114,7 @@ func (e *Engine) finishReleaseAs(ctx context.Context, rec Record, strict bool, o
 		}
 	}
 	if dead {
-		e.destroyClaimed(ctx, rec, EventReasonGone)
+		e.destroyClaimed(ctx, rec, e.endedReason(rec, StateActive))
 		out.State = releaseDestroyed
 		return out, nil
 	}
@@ -176,7 +176,7 @@ func (e *Engine) Sync(ctx context.Context, tenant, sandboxID string) (SyncResult
 	}
 	res, serr := e.sync.Sync(ctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
 	if errors.Is(serr, ErrSandboxGone) {
-		e.destroyClaimed(ctx, rec, EventReasonGone)
+		e.destroyClaimed(ctx, rec, e.endedReason(rec, rec.State))
 		return res, fmt.Errorf("sync: %w", serr)
 	}
 	dctx, dcancel := settle(ctx)

@@ -50,6 +50,9 @@ type Settings struct {
 	// MaxLifetime bounds a sandbox's life from its CreatedAt: no renewal
 	// and no provider timer it sets goes past it (0: no bound).
 	MaxLifetime time.Duration
+	// ExpiringLead is how long before a lease's end (Record.ExpiresAt)
+	// reconcile sends sandbox.expiring when it was not renewed (0: never).
+	ExpiringLead time.Duration
 	// LeaseDuration bounds how long one invocation may hold a record in a
 	// transitional state before peers may take it over.
 	LeaseDuration time.Duration
@@ -112,6 +115,7 @@ func DefaultSettings() Settings {
 		IdleTimeout:         1800 * time.Second,
 		ActiveTimeout:       3600 * time.Second,
 		MaxLifetime:         24 * time.Hour,
+		ExpiringLead:        time.Minute,
 		LeaseDuration:       120 * time.Second,
 		Home:                "/home/user",
 		PauseAfter:          300 * time.Second,
@@ -187,6 +191,9 @@ func (s Settings) Validate() error {
 	case "", TenantUsageMetrics, TenantUsageEvents:
 	default:
 		errs = append(errs, fmt.Errorf("TenantUsage: must be %s or %s, got %q", TenantUsageMetrics, TenantUsageEvents, s.TenantUsage))
+	}
+	if s.ExpiringLead < 0 {
+		errs = append(errs, fmt.Errorf("ExpiringLead: must be >= 0, got %s", s.ExpiringLead))
 	}
 	if s.BurstLimit < 0 {
 		errs = append(errs, fmt.Errorf("BurstLimit: must be >= 0, got %d", s.BurstLimit))

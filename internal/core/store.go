@@ -77,6 +77,8 @@ type Update struct {
 	ExpiresAt time.Time
 	// KillAttempt increments the record's kill attempt counter.
 	KillAttempt bool
+	// EndReason, when set, records why the sandbox ends (Record.EndReason).
+	EndReason string
 	// Owner is the record's thread: with State StateWarm the record is
 	// listed among its user's and tenant's warm records (Store.OwnWarm);
 	// zero lists it nowhere.
@@ -258,6 +260,17 @@ type Store interface {
 	PauseStore
 	PoolStore
 	ReconcileStore
+	WebhookStore
+}
+
+// WebhookStore remembers the provider webhooks applied, so that a replay
+// is refused.
+type WebhookStore interface {
+	// SeenWebhook records the webhook event id as seen until until, in one
+	// conditional write: ErrConflict when it was recorded before and that
+	// record has not lapsed at now (a replay). The store may forget it
+	// after until.
+	SeenWebhook(ctx context.Context, id string, now, until time.Time) error
 }
 
 // RecordStore reads and moves sandbox records and thread bindings.
@@ -285,6 +298,14 @@ type RecordStore interface {
 	Renew(ctx context.Context, r Renewal) (Renewed, error)
 	// Apply makes a fenced update and returns the new record.
 	Apply(ctx context.Context, u Update) (Record, error)
+	// MarkExpiring notes that a sandbox.expiring event is due for the end
+	// end of the active record sandboxID (Record.ExpiringSentFor): it
+	// applies only when the record is active, ends at end and was not
+	// marked for it yet (else ErrConflict; ErrNotFound when there is no
+	// record). One conditional write that leaves the fence as it is (it
+	// moves nothing a lease holder relies on); the caller whose write
+	// applied sends the event, so it is sent once per end.
+	MarkExpiring(ctx context.Context, sandboxID string, end time.Time) error
 	// WarmParkedBefore lists up to limit warm records parked before t,
 	// oldest first.
 	WarmParkedBefore(ctx context.Context, t time.Time, limit int) ([]Record, error)

@@ -141,6 +141,12 @@ type Record struct {
 	// unless destroying); kill retries keep it, so tombstone age is honest.
 	DestroyingSince time.Time
 	KillAttempts    int
+	// EndReason is why the sandbox ended (one of EventReasons), set with
+	// its tombstone or when it is gone; "" while it lives.
+	EndReason string
+	// ExpiringSentFor is the end (ExpiresAt) a sandbox.expiring event was
+	// sent for: reconcile warns once per end (Store.MarkExpiring).
+	ExpiringSentFor time.Time
 
 	// Usage metering. Every write that moves the record (a claim to
 	// another state, a fenced update, the free) sets MeteredAt to its time

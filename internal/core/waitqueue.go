@@ -242,13 +242,13 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 	case res.Head != me || !res.Read:
 		return nil
 	}
-	ok, atShare := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants))
+	ok, atShare, _ := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants))
 	if atShare {
 		st.atShare = true // evict only its own from now on
 	}
 	if !ok && !st.lostChecked {
 		st.lostChecked = true
-		e.freeLost(ctx, owner)
+		_, _ = e.freeLost(ctx, owner)
 	}
 	return nil
 }

@@ -41,6 +41,10 @@ type item struct {
 	ExpiresAt    int64  `dynamodbav:"expires_at,omitempty"`
 	KillAttempts int    `dynamodbav:"kill_attempts,omitempty"`
 	DestroyingAt int64  `dynamodbav:"destroying_since,omitempty"`
+	// EndReason and ExpiringSent are core.Record.EndReason and
+	// ExpiringSentFor.
+	EndReason    string `dynamodbav:"end_reason,omitempty"`
+	ExpiringSent int64  `dynamodbav:"expiring_sent,omitempty"`
 	// PoolPlace: a thread-less record holding one of the pool's places
 	// (see pool.go).
 	PoolPlace bool `dynamodbav:"pool_place,omitempty"`
@@ -155,6 +159,8 @@ func (it item) record() core.Record {
 		ExpiresAt:        fromMS(it.ExpiresAt),
 		KillAttempts:     it.KillAttempts,
 		DestroyingSince:  fromMS(it.DestroyingAt),
+		EndReason:        it.EndReason,
+		ExpiringSentFor:  fromMS(it.ExpiringSent),
 		MeteredAt:        fromMS(it.MeteredAt),
 		PrevMeteredAt:    fromMS(it.PrevMeteredAt),
 		MeteredState:     core.State(it.MeteredState),
@@ -173,6 +179,7 @@ func (s *Store) recordItem(r core.Record) item {
 		Protocol: r.Endpoint.Protocol, EndpointURL: r.Endpoint.URL, Token: r.Endpoint.AccessToken, Reservation: r.ReservationToken, Deployment: deployment,
 		CreatedAt: ms(r.CreatedAt), UpdatedAt: ms(r.UpdatedAt), ParkedAt: ms(r.ParkedAt), ExpiresAt: ms(r.ExpiresAt),
 		KillAttempts: r.KillAttempts, DestroyingAt: ms(r.DestroyingSince),
+		EndReason: r.EndReason, ExpiringSent: ms(r.ExpiringSentFor),
 		MeteredAt: ms(r.MeteredAt), PrevMeteredAt: ms(r.PrevMeteredAt), MeteredState: string(r.MeteredState),
 		NoRunningSlot: r.Slots.NoRunning, PausedSlot: r.Slots.Paused, PausedBucket: r.Slots.PausedBucket, TenantPaused: r.Slots.TenantPaused,
 		PausedMS: r.PausedFor.Milliseconds(),

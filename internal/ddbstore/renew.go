@@ -92,3 +92,66 @@ func (s *Store) renewTo(ctx context.Context, r core.Renewal, until time.Time, li
 	rec.Fence++
 	return core.Renewed{Record: rec, Prev: prev}, nil, nil
 }
+
+// MarkExpiring notes the sandbox.expiring event of an active record's end
+// (see core.Store.MarkExpiring): one conditional update.
+func (s *Store) MarkExpiring(ctx context.Context, sandboxID string, end time.Time) error {
+	cond := expression.AttributeExists(expression.Name(AttrPK)).
+		And(expression.Name("state").Equal(expression.Value(string(core.StateActive)))).
+		And(expression.Name("expires_at").Equal(expression.Value(ms(end)))).
+		And(expression.Or(expression.AttributeNotExists(expression.Name("expiring_sent")),
+			expression.Name("expiring_sent").NotEqual(expression.Value(ms(end)))))
+	expr, err := expression.NewBuilder().WithCondition(cond).
+		WithUpdate(expression.Set(expression.Name("expiring_sent"), expression.Value(ms(end)))).Build()
+	if err != nil {
+		return fmt.Errorf("mark expiring: build expression: %w", err)
+	}
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err = s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
+		TableName: &s.table, Key: s.key(sandboxPK(sandboxID)),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case errors.As(err, &ccf) && len(ccf.Item) == 0:
+		return core.ErrNotFound
+	case errors.As(err, &ccf):
+		return fmt.Errorf("mark sandbox %s expiring: %w", sandboxID, core.ErrConflict)
+	case err != nil:
+		return unavailable("mark expiring", err)
+	}
+	return nil
+}
+
+// webhookPK is the item remembering a provider webhook event id.
+func webhookPK(deployment, id string) string { return "WHK#" + deployment + "#" + id }
+
+// SeenWebhook records a webhook event id (see core.WebhookStore): one
+// conditional update creating an item that DynamoDB's TTL deletes after
+// until.
+func (s *Store) SeenWebhook(ctx context.Context, id string, now, until time.Time) error {
+	cond := expression.AttributeNotExists(expression.Name(AttrPK)).
+		Or(expression.Name("until").LessThanEqual(expression.Value(ms(now))))
+	upd := expression.Set(expression.Name("until"), expression.Value(ms(until))).
+		Set(expression.Name(AttrTTL), expression.Value(until.Add(time.Hour).Unix()))
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return fmt.Errorf("seen webhook: build expression: %w", err)
+	}
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err = s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(webhookPK(s.deployment, id)),
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case errors.As(err, &ccf):
+		return fmt.Errorf("webhook %s seen before: %w", id, core.ErrConflict)
+	case err != nil:
+		return unavailable("seen webhook", err)
+	}
+	return nil
+}

@@ -436,6 +436,9 @@ func (s *Store) Apply(ctx context.Context, u core.Update) (core.Record, error) {
 	if u.KillAttempt {
 		upd = upd.Add(expression.Name("kill_attempts"), expression.Value(1))
 	}
+	if u.EndReason != "" {
+		upd = upd.Set(expression.Name("end_reason"), expression.Value(u.EndReason))
+	}
 	rec, old, err := s.update(ctx, "apply", sandboxPK(u.SandboxID), cond, meter(upd, u.Now))
 	if err != nil && old != nil {
 		return *old, fmt.Errorf("sandbox %s fence %d, now %d: %w", u.SandboxID, u.Fence, old.Fence, core.ErrStaleFence)
@@ -499,17 +502,19 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 	if pool {
 		cond = cond.And(expression.AttributeExists(expression.Name(attrPoolPlace)))
 	}
-	recExpr, err := expression.NewBuilder().WithCondition(cond).
-		WithUpdate(expression.Set(expression.Name("state"), expression.Value(string(core.StateGone))).
-			Set(expression.Name("updated_at"), expression.Value(ms(now))).
-			Set(expression.Name(AttrTTL), expression.Value(now.Add(goneTTL).Unix())).
-			Add(expression.Name("fence"), expression.Value(1)).
-			Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
-			Remove(expression.Name(AttrGSI2PK)).Remove(expression.Name(AttrGSI2SK)).
-			Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
-			Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
-			Remove(expression.Name(attrPoolPlace))).
-		Build()
+	upd := expression.Set(expression.Name("state"), expression.Value(string(core.StateGone))).
+		Set(expression.Name("updated_at"), expression.Value(ms(now))).
+		Set(expression.Name(AttrTTL), expression.Value(now.Add(goneTTL).Unix())).
+		Add(expression.Name("fence"), expression.Value(1)).
+		Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
+		Remove(expression.Name(AttrGSI2PK)).Remove(expression.Name(AttrGSI2SK)).
+		Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
+		Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
+		Remove(expression.Name(attrPoolPlace))
+	if rec.EndReason != "" {
+		upd = upd.Set(expression.Name("end_reason"), expression.Value(rec.EndReason))
+	}
+	recExpr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
 	if err != nil {
 		return types.TransactWriteItem{}, err
 	}

@@ -203,6 +203,10 @@ type Stack struct {
 	// (the table lives in memory, so nothing sealed outlives it), never
 	// written to the stack file.
 	tokenKey string
+	// webhook is where the sandbox host sends its signed lifecycle
+	// webhooks: the API's POST /webhooks/e2b, signed with a secret made up
+	// at each start (the functions' BROKER_WEBHOOK_SECRET).
+	webhook sandboxhost.Webhook
 }
 
 // Start brings the stack up and returns once every part answers and every
@@ -248,7 +252,8 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	s := &Stack{log: o.Logger, fns: map[string]*lambdaFn{}, app: app, cancel: cancel, failed: make(chan error, 1),
-		tokenKey: randomBase64(32)}
+		tokenKey: randomBase64(32),
+		webhook:  sandboxhost.Webhook{URL: "http://" + ln.Addr().String() + "/webhooks/e2b", Secret: randomHex(24)}}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
@@ -637,6 +642,7 @@ func (s *Stack) functionEnv(extra []string) []string {
 		"OUTPUT_BUCKET=" + s.Info.S3.Bucket,
 		"OUTPUT_PREFIX=" + s.Info.S3.Prefix,
 		"TOKEN_LOCAL_KEY=" + s.tokenKey,
+		"BROKER_WEBHOOK_SECRET=" + s.webhook.Secret,
 		// A pool claim's refill: an asynchronous invocation of the
 		// scheduled function, through the local Invoke API.
 		"AWS_ENDPOINT_URL_LAMBDA=" + s.invokeURL(),

@@ -147,7 +147,10 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		apiMessage(w, status, http.StatusText(status))
 		return
 	}
-	tenant, ok := g.authorize(r, route.TokenHeader)
+	tenant, ok := "", true // a route without an authorizer passes as it is
+	if route.TokenHeader != NoAuthorizer {
+		tenant, ok = g.authorize(r, route.TokenHeader)
+	}
 	if !ok {
 		status = http.StatusUnauthorized
 		apiMessage(w, status, "Unauthorized")
@@ -294,10 +297,12 @@ func (g *gateway) event(in inbound) events.APIGatewayV2HTTPRequest {
 				SourceIP:  sourceIP,
 				UserAgent: r.UserAgent(),
 			},
-			Authorizer: &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
-				Lambda: map[string]any{"tenant": tenant},
-			},
 		},
+	}
+	if tenant != "" {
+		ev.RequestContext.Authorizer = &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{
+			Lambda: map[string]any{"tenant": tenant},
+		}
 	}
 	if len(body) > 0 {
 		if utf8.Valid(body) {

@@ -147,6 +147,7 @@ func (s *Stack) startSandboxHost(ctx context.Context, o Options, logDir string) 
 		Isolation: o.Isolation,
 		Limits:    o.SandboxLimits,
 		Logger:    slog.New(slog.NewJSONHandler(lf, nil)),
+		Webhook:   s.webhook,
 	}, o.SandboxAPIAddr, o.EnvdAddr)
 	if err != nil {
 		lf.Close()

@@ -20,7 +20,9 @@ type Route struct {
 	Function string // function name (the CodeUri directory name, e.g. "release")
 	// TokenHeader is the request header carrying the caller's token: the
 	// identity source of the route's authorizer (its own Auth.Authorizer,
-	// else the API's DefaultAuthorizer), "Authorization" when none says.
+	// else the API's DefaultAuthorizer), "Authorization" when none says;
+	// NoAuthorizer for a route whose Auth.Authorizer is NONE (it
+	// authenticates its callers itself).
 	TokenHeader string
 }
 
@@ -223,6 +225,9 @@ func readRoute(id, evName string, ev serverless.Function_EventSource, auth apiAu
 		return Route{}, fmt.Errorf("%s event %s: Method and Path are required here", id, evName)
 	}
 	header := "Authorization"
+	if authz == NoAuthorizer {
+		return Route{Method: strings.ToUpper(*method), Path: *p, TokenHeader: NoAuthorizer}, nil
+	}
 	if authz != "" {
 		h, ok := auth.headers[authz]
 		if !ok {
@@ -232,6 +237,10 @@ func readRoute(id, evName string, ev serverless.Function_EventSource, auth apiAu
 	}
 	return Route{Method: strings.ToUpper(*method), Path: *p, TokenHeader: header}, nil
 }
+
+// NoAuthorizer is SAM's Auth.Authorizer of a route that has none, and
+// that route's Route.TokenHeader.
+const NoAuthorizer = "NONE"
 
 // authorizers reads the HTTP APIs' authorizers: name -> the header of its
 // identity source ("$request.header.X-API-Key" -> "X-API-Key"), and the

@@ -47,6 +47,7 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 		"POST /v1/sandboxes/{id}/release -> release",
 		"POST /v1/sandboxes/{id}/renew -> release",
 		"POST /v1/sandboxes/{id}/sync -> sync",
+		"POST /webhooks/e2b -> release",
 	}
 	want = append(want, "ANY /e2b/{proxy+} -> status", "POST /e2b/sandboxes/{id}/connect -> status", "POST /e2b/v2/sandboxes/{id}/connect -> status")
 	slices.Sort(want)
@@ -54,6 +55,9 @@ func TestLoadTemplateReadsRepoTemplate(t *testing.T) {
 		wantHeader := "Authorization"
 		if strings.HasPrefix(r.Path, "/e2b/") {
 			wantHeader = "X-API-Key" // the E2B SDKs send the key there
+		}
+		if r.Path == "/webhooks/e2b" {
+			wantHeader = NoAuthorizer // its signature authenticates it
 		}
 		if r.TokenHeader != wantHeader {
 			t.Errorf("%s: token header %q, want %q", r.Key(), r.TokenHeader, wantHeader)

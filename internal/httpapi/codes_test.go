@@ -9,10 +9,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bwebhook"
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
@@ -150,11 +152,26 @@ func TestErrorTableIsWhatTheAdapterAnswers(t *testing.T) {
 		{"provider refuses the key", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
 			return acquire(&core.ProviderError{Op: "create", StatusCode: 401, Message: "unauthorized"})
 		}},
+		{"unsigned webhook", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
+			return &fakeBroker{}, webhookEvent(killedBody("ev", "sb1", time.Now()), "")
+		}},
+		{"stale webhook", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
+			body := killedBody("ev", "sb1", time.Now())
+			return &fakeBroker{err: &core.ValidationError{Field: "timestamp", Message: "stale"}}, webhookEvent(body, e2bwebhook.Sign(testWebhookSecret, []byte(body)))
+		}},
+		{"replayed webhook", func() (core.Broker, events.APIGatewayV2HTTPRequest) {
+			body := killedBody("ev", "sb1", time.Now())
+			return &fakeBroker{err: core.ErrReplayed}, webhookEvent(body, e2bwebhook.Sign(testWebhookSecret, []byte(body)))
+		}},
 	}
 	var got []errorRow
 	for _, c := range cases {
 		b, ev := c.in()
-		h := NewHandler(b, nil, WithAdminTenants("ops"))
+		opts := []Option{WithAdminTenants("ops")}
+		if fb, ok := b.(*fakeBroker); ok {
+			opts = append(opts, WithE2BWebhook(testWebhookSecret, fb))
+		}
+		h := NewHandler(b, nil, opts...)
 		resp, err := h(context.Background(), ev)
 		if err != nil {
 			t.Fatalf("%s: handler: %v", c.name, err)

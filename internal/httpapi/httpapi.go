@@ -97,6 +97,9 @@ type handler struct {
 	e2bTemplate string
 	// now is the clock the answer deadline is checked against (WithClock).
 	now func() time.Time
+	// webhookSecret and webhooks serve RouteWebhookE2B (WithE2BWebhook).
+	webhookSecret string
+	webhooks      WebhookApplier
 }
 
 // request is the per-request state threaded through the route functions.
@@ -176,7 +179,7 @@ func method(ev events.APIGatewayV2HTTPRequest) string {
 // path exists under another method.
 func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool) {
 	switch ev.RouteKey {
-	case RouteAcquire, RouteCapacity, RouteDrain, RouteUndrain, RouteOpenAPI:
+	case RouteAcquire, RouteCapacity, RouteDrain, RouteUndrain, RouteOpenAPI, RouteWebhookE2B:
 		return ev.RouteKey, "", true
 	case RouteGet, RouteRelease, RouteSync, RouteRenew:
 		if v, ok := ev.PathParameters["id"]; ok {
@@ -200,6 +203,8 @@ func match(ev events.APIGatewayV2HTTPRequest) (route, id string, pathExists bool
 		want = RouteCapacity
 	case len(segs) == 2 && segs[0] == "v1" && segs[1] == "openapi.json":
 		want = RouteOpenAPI
+	case len(segs) == 2 && segs[0] == "webhooks" && segs[1] == "e2b":
+		want = RouteWebhookE2B
 	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "admin" && segs[2] == "drain":
 		want = RouteDrain
 	case len(segs) == 3 && segs[0] == "v1" && segs[1] == "admin" && segs[2] == "undrain":
@@ -229,6 +234,9 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 			return r.errorResponse(http.StatusMethodNotAllowed, apiError{Code: api.CodeMethodNotAllowed, Message: "method not allowed on this path"}, 0)
 		}
 		return r.errorResponse(http.StatusNotFound, apiError{Code: api.CodeRouteNotFound, Message: "no such route"}, 0)
+	}
+	if route == RouteWebhookE2B {
+		return h.webhook(ctx, r) // signed, not authorized: no tenant
 	}
 	tenant, ok := tenantOf(r.ev, h.tenantClaim)
 	e2b := isE2B(route)
@@ -531,7 +539,17 @@ func acquireBody(res core.AcquireResult) api.Sandbox {
 		Connection: api.EndpointConnection(ep.Protocol, ep.URL, ep.AccessToken),
 		ExpiresAt:  res.Record.ExpiresAt,
 		Restore:    restoreBody(res.Restore),
+		Previous:   previousBody(res.Previous),
 	}
+}
+
+// previousBody names the thread's earlier sandbox an acquire replaced;
+// nil when it replaced none that ended without the thread asking.
+func previousBody(p *core.Previous) *api.Previous {
+	if p == nil {
+		return nil
+	}
+	return &api.Previous{SandboxID: p.SandboxID, Reason: p.Reason}
 }
 
 // recordBody is GET /v1/sandboxes/{id}: the record without secrets or
@@ -540,7 +558,7 @@ func recordBody(r core.Record) api.Record {
 	return api.Record{
 		SandboxID: r.SandboxID, State: string(r.State), UserID: r.User, ThreadID: r.Thread,
 		Backend: r.Backend, CreatedAt: api.Time(r.CreatedAt), UpdatedAt: api.Time(r.UpdatedAt),
-		ParkedAt: api.Time(r.ParkedAt), ExpiresAt: api.Time(r.ExpiresAt), Source: string(r.HandOut()),
+		ParkedAt: api.Time(r.ParkedAt), ExpiresAt: api.Time(r.ExpiresAt), Source: string(r.HandOut()), EndReason: r.EndReason,
 	}
 }
 

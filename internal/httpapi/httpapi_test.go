@@ -81,6 +81,9 @@ func (f *fakeBroker) Sandboxes(_ context.Context, tenant, cursor string, limit i
 func (f *fakeBroker) Sync(_ context.Context, tenant, id string) (core.SyncResult, error) {
 	return f.sync, f.note("Sync %s %s", tenant, id)
 }
+func (f *fakeBroker) ApplyProviderEvent(_ context.Context, ev core.ProviderEvent) (core.WebhookOutcome, error) {
+	return core.WebhookApplied, f.note("Webhook %s %s %s", ev.ID, ev.Kind, ev.SandboxID)
+}
 func (f *fakeBroker) Renew(_ context.Context, tenant, id string, d time.Duration) (core.RenewResult, error) {
 	err := f.note("Renew %s %s %s", tenant, id, d)
 	if err == nil && f.record.SandboxID != "" && f.record.State != core.StateActive {
@@ -321,6 +324,32 @@ func TestAcquireReportsRestore(t *testing.T) {
 	}
 }
 
+// TestAcquireNamesPrevious: an acquire that replaced the thread's ended
+// sandbox names it and its reason; one that did not carries no previous.
+func TestAcquireNamesPrevious(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		prev *core.Previous
+		want any
+	}{
+		{"none", nil, nil},
+		{"lost", &core.Previous{SandboxID: "old", Reason: core.EventReasonProviderTimeout},
+			map[string]any{"sandbox_id": "old", "reason": "provider_timeout"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			fb := &fakeBroker{acquire: core.AcquireResult{Source: core.SourceCreated, Previous: tt.prev,
+				Record: core.Record{SandboxID: "s", Backend: "e2b"}}}
+			resp, body, _ := serve(t, fb, event(RouteAcquire, "/v1/sandboxes/acquire", `{"user_id":"u","thread_id":"t"}`, "acme", nil))
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, resp.Body)
+			}
+			if got := body["previous"]; !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("previous = %#v, want %#v", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestAcquireBase64Body(t *testing.T) {
 	fb := &fakeBroker{acquire: core.AcquireResult{Source: core.SourceReused, Record: core.Record{SandboxID: "s"}}}
 	ev := event(RouteAcquire, "/v1/sandboxes/acquire", base64.StdEncoding.EncodeToString([]byte(`{"user_id":"u","thread_id":"t"}`)), "acme", nil)
@@ -479,6 +508,7 @@ func TestErrorMapping(t *testing.T) {
 		{"provider transport", &core.ProviderError{Op: "create", Message: "connection refused"}, 503, "PROVIDER_UNAVAILABLE", "2", true, true},
 		{"deadline", fmt.Errorf("create: %w", context.DeadlineExceeded), 503, "PROVIDER_UNAVAILABLE", "2", true, true},
 		{"created sandboxes unusable", fmt.Errorf("acquire: %w: sandbox sb1 was gone", core.ErrProviderUnavailable), 503, "PROVIDER_UNAVAILABLE", "2", true, true},
+		{"full, eviction's kill unconfirmed", fmt.Errorf("%w: no slot freed (capacity): kill uncertain: provider kill: HTTP 503", core.ErrProviderUnavailable), 503, "PROVIDER_UNAVAILABLE", "2", true, true},
 		{"provider 4xx", &core.ProviderError{Op: "create", StatusCode: 400, Message: "template secret-x not found"}, 500, "INTERNAL", "", false, true},
 		{"provider 401", fmt.Errorf("acquire: %w", &core.ProviderError{Op: "create", StatusCode: 401, Message: "unauthorized (check the E2B API key): invalid"}), 503, "PROVIDER_UNAVAILABLE", "30", true, true},
 		{"provider 403", &core.ProviderError{Op: "list", StatusCode: 403, Message: "forbidden: team"}, 503, "PROVIDER_UNAVAILABLE", "30", true, true},

@@ -60,7 +60,8 @@ type Store struct {
 	storedTenant map[string]int64
 	// owed notes the sandboxes whose outputs are not all stored, with
 	// when each was noted (NoteOutputsOwed).
-	owed map[string]time.Time
+	owed     map[string]time.Time
+	webhooks map[string]time.Time // event id -> remembered until
 }
 
 // entry is a stored record and what the store keeps beside it.
@@ -103,7 +104,19 @@ func New() *Store {
 		storedThread: map[core.ThreadKey]int64{},
 		storedTenant: map[string]int64{},
 		owed:         map[string]time.Time{},
+		webhooks:     map[string]time.Time{},
 	}
+}
+
+// SeenWebhook records a webhook event id (see core.WebhookStore).
+func (s *Store) SeenWebhook(_ context.Context, id string, now, until time.Time) error {
+	return s.write("SeenWebhook", func() error {
+		if u, ok := s.webhooks[id]; ok && now.Before(u) {
+			return fmt.Errorf("webhook %s seen before: %w", id, core.ErrConflict)
+		}
+		s.webhooks[id] = until
+		return nil
+	})
 }
 
 // Fault is what a fault hook decides for one write.
@@ -354,6 +367,9 @@ func (s *Store) Apply(_ context.Context, u core.Update) (core.Record, error) {
 		if u.KillAttempt {
 			e.rec.KillAttempts++
 		}
+		if u.EndReason != "" {
+			e.rec.EndReason = u.EndReason
+		}
 		return e.rec, nil
 	})
 }
@@ -393,7 +409,7 @@ func ms(t time.Time) time.Time {
 
 // msRecord is rec with its times (and PausedFor) in whole milliseconds.
 func msRecord(rec core.Record) core.Record {
-	for _, t := range []*time.Time{&rec.LeaseExpiresAt, &rec.CreatedAt, &rec.UpdatedAt, &rec.ParkedAt, &rec.ExpiresAt,
+	for _, t := range []*time.Time{&rec.LeaseExpiresAt, &rec.CreatedAt, &rec.UpdatedAt, &rec.ParkedAt, &rec.ExpiresAt, &rec.ExpiringSentFor,
 		&rec.DestroyingSince, &rec.MeteredAt, &rec.PrevMeteredAt} {
 		*t = ms(*t)
 	}

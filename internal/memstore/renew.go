@@ -40,6 +40,23 @@ func (s *Store) Renew(_ context.Context, r core.Renewal) (core.Renewed, error) {
 	return out, err
 }
 
+// MarkExpiring notes the sandbox.expiring event of an active record's end
+// (see core.Store.MarkExpiring).
+func (s *Store) MarkExpiring(_ context.Context, sandboxID string, end time.Time) error {
+	end = ms(end)
+	return s.write("MarkExpiring", func() error {
+		e, ok := s.records[sandboxID]
+		switch {
+		case !ok:
+			return core.ErrNotFound
+		case e.rec.State != core.StateActive || !e.rec.ExpiresAt.Equal(end) || e.rec.ExpiringSentFor.Equal(end):
+			return fmt.Errorf("sandbox %s is %s, ending %s: %w", sandboxID, e.rec.State, e.rec.ExpiresAt, core.ErrConflict)
+		}
+		e.rec.ExpiringSentFor = end
+		return nil
+	})
+}
+
 func minTime(a, b time.Time) time.Time {
 	if b.Before(a) {
 		return b

@@ -228,6 +228,9 @@ func (s *Store) Free(_ context.Context, rec core.Record, now time.Time) error {
 		e.rec.Fence++
 		e.rec.LeaseOwner, e.rec.LeaseExpiresAt = "", time.Time{}
 		e.rec.Endpoint.AccessToken = ""
+		if rec.EndReason != "" {
+			e.rec.EndReason = rec.EndReason
+		}
 		return nil
 	})
 }

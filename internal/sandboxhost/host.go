@@ -76,6 +76,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bwebhook"
 )
 
 // Isolation modes accepted in Options.Isolation.
@@ -139,6 +141,9 @@ type Options struct {
 	// defaults), through cgroups where the host can make them and, as
 	// root, through each sandbox's own uid.
 	Limits Limits
+	// Webhook receives signed lifecycle webhooks (none when its URL is
+	// empty).
+	Webhook Webhook
 }
 
 // Host runs sandboxes. Create it with New; it is safe for concurrent use.
@@ -633,6 +638,7 @@ func (h *Host) kill(id string) error {
 	h.tombs.add(sb.id, sb.token)
 	h.teardown(sb)
 	h.log.Info("sandbox killed", "sandbox_id", id)
+	h.notify(sb, e2bwebhook.TypeKilled)
 	return nil
 }
 

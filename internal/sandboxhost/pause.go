@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/internal/e2bwebhook"
 )
 
 // Pause and resume, as E2B does them (POST /sandboxes/{id}/pause, then
@@ -119,6 +121,7 @@ func (h *Host) pause(sb *sandbox) error {
 	sb.endAt = now
 	sb.mu.Unlock()
 	h.log.Info("sandbox paused", "sandbox_id", sb.id, "remaining_s", remaining.Seconds())
+	h.notify(sb, e2bwebhook.TypePaused)
 	return nil
 }
 
@@ -157,6 +160,7 @@ func (h *Host) connect(sb *sandbox, timeout time.Duration) (resumed bool, err er
 	}
 	h.setDeadline(sb, timeout, false)
 	h.log.Info("sandbox resumed", "sandbox_id", sb.id, "timeout_s", timeout.Seconds())
+	h.notify(sb, e2bwebhook.TypeResumed)
 	return true, nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
+	"github.com/sandbox-broker/sandbox-broker/internal/config"
 	"github.com/sandbox-broker/sandbox-broker/internal/e2b"
 )
 
@@ -116,4 +117,20 @@ func (k *SecretKey) read(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("read secret %s: %w", k.arn, ErrEmptySecret)
 	}
 	return strings.TrimSpace(*out.SecretString), nil
+}
+
+// WebhookSecret is the secret provider webhooks are signed with:
+// cfg.Webhook.Secret, else the SecretString of cfg.Webhook.SecretARN read
+// once (newSM makes the client: it is called only then), else "" (the
+// webhook route is not served). A rotated secret reaches an environment
+// at its next cold start.
+func WebhookSecret(ctx context.Context, cfg config.Config, newSM func() SecretsAPI) (string, error) {
+	if cfg.Webhook.Secret != "" || cfg.Webhook.SecretARN == "" {
+		return cfg.Webhook.Secret, nil
+	}
+	v, err := NewSecretKey(newSM(), cfg.Webhook.SecretARN, nil).read(ctx)
+	if err != nil {
+		return "", fmt.Errorf("webhook secret: %w", err)
+	}
+	return v, nil
 }

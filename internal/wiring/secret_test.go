@@ -191,3 +191,34 @@ func TestNewBrokerReadsKeyFromSecret(t *testing.T) {
 		t.Error("NewBroker with a missing secret: want an error")
 	}
 }
+
+// TestWebhookSecret: the secret itself wins; else the ARN's secret is read
+// once; neither set means no webhook route, and a missing secret fails
+// the cold start.
+func TestWebhookSecret(t *testing.T) {
+	arn := "arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook"
+	v := "  whsec-1 \n"
+	srv, calls := fakeSecrets(t, map[string]*string{arn: &v})
+	sm := func() SecretsAPI { return secretsClient(srv.URL) }
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		w    config.Webhook
+		want string
+	}{
+		{"none", config.Webhook{}, ""},
+		{"local", config.Webhook{Secret: "local", SecretARN: arn}, "local"},
+		{"from the ARN", config.Webhook{SecretARN: arn}, "whsec-1"},
+	} {
+		got, err := WebhookSecret(ctx, config.Config{Webhook: tc.w}, sm)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: WebhookSecret = %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("GetSecretValue calls = %d, want 1", n)
+	}
+	if _, err := WebhookSecret(ctx, config.Config{Webhook: config.Webhook{SecretARN: arn + "-gone"}}, sm); err == nil {
+		t.Error("a missing secret was not an error")
+	}
+}

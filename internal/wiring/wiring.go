@@ -202,7 +202,25 @@ func setup(function string) (*core.Engine, config.Config, *slog.Logger) {
 // handler serves every route; template.yaml decides which routes reach it.
 func StartHTTP(function string) {
 	eng, cfg, logger := setup(function)
-	lambda.Start(httpapi.NewHandler(eng, logger, HTTPOptions(cfg)...))
+	ctx, cancel := context.WithTimeout(context.Background(), initTimeout)
+	secret, err := WebhookSecret(ctx, cfg, func() SecretsAPI {
+		awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+		if err != nil {
+			logger.Error("init failed", "error", fmt.Sprintf("aws config: %v", err))
+			os.Exit(1)
+		}
+		return secretsmanager.NewFromConfig(awsCfg)
+	})
+	cancel()
+	if err != nil {
+		logger.Error("init failed", "error", err.Error())
+		os.Exit(1)
+	}
+	opts := HTTPOptions(cfg)
+	if secret != "" {
+		opts = append(opts, httpapi.WithE2BWebhook(secret, eng))
+	}
+	lambda.Start(httpapi.NewHandler(eng, logger, opts...))
 }
 
 // HTTPOptions are the httpapi options of the HTTP API functions: the admin

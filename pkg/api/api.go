@@ -131,6 +131,20 @@ type Sandbox struct {
 	// Restore reports the thread's earlier outputs brought back into the
 	// sandbox by this acquire; nil (absent) when none ran.
 	Restore *RestoreResult `json:"restore,omitempty"`
+	// Previous names the thread's earlier sandbox and why it ended, when
+	// this acquire replaced one that ended without the thread asking; nil
+	// (absent) otherwise. Only one acquire answers it.
+	Previous *Previous `json:"previous,omitempty"`
+}
+
+// Previous is a thread's earlier sandbox, as the acquire that replaced it
+// names it.
+type Previous struct {
+	SandboxID string `json:"sandbox_id"`
+	// Reason is why it ended: provider_timeout, provider_killed,
+	// unresponsive, max_lifetime, or another reason of a sandbox.destroyed
+	// event (idle_expired, capacity, ...).
+	Reason string `json:"reason"`
 }
 
 // RestoreResult reports a restore of a thread's outputs into its sandbox.
@@ -201,6 +215,9 @@ type Record struct {
 	// Source, for an active sandbox, is the source of the acquire that
 	// last handed it out (as the acquire reply's); absent otherwise.
 	Source string `json:"source,omitempty"`
+	// EndReason is why the sandbox ended (a destroying or gone record),
+	// as its sandbox.destroyed event names it.
+	EndReason string `json:"end_reason,omitempty"`
 }
 
 // DeferredFile is an output file a sync pass did not copy, and why.

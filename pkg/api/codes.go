@@ -76,11 +76,17 @@ const (
 	ReasonProviderAuth = "provider_auth"
 	ReasonInternal     = "internal"
 	ReasonBody         = "body"
+	// ReasonSignature: a provider webhook without a valid signature
+	// (UNAUTHORIZED, 401).
+	ReasonSignature = "signature"
+	// ReasonReplayed: a provider webhook whose event was applied before
+	// (CONFLICT, 409); nothing changed.
+	ReasonReplayed = "replayed"
 )
 
 // ErrorReasons lists every reason an HTTP API error answer other than a
 // capacity refusal or a field validation carries.
 func ErrorReasons() []string {
 	return []string{ReasonNotFound, ReasonLeaseHeld, ReasonConflict, ReasonNotAdmin, ReasonStoreUnavailable,
-		ReasonProviderUnavailable, ReasonProviderAuth, ReasonInternal, ReasonBody}
+		ReasonProviderUnavailable, ReasonProviderAuth, ReasonInternal, ReasonBody, ReasonSignature, ReasonReplayed}
 }

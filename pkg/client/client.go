@@ -143,6 +143,9 @@ type (
 	// RestoreResult reports a restore of a thread's outputs into its
 	// sandbox (Sandbox.Restore).
 	RestoreResult = api.RestoreResult
+	// Previous names the thread's earlier sandbox and why it ended
+	// (Sandbox.Previous).
+	Previous = api.Previous
 )
 
 // Connection kinds (Connection.Kind).

@@ -97,6 +97,9 @@ type stackOptions struct {
 	env       []string          // Options.FunctionEnv
 	instances int               // per HTTP function (default 2)
 	tokens    map[string]string // default tokenA -> tenantA, tokenB -> tenantB
+	// schedule, when > 0, is every scheduled function's rate
+	// (Options.ScheduleOverride).
+	schedule time.Duration
 }
 
 // startStackWith starts the local stack with o, on the functions built
@@ -115,14 +118,15 @@ func startStackWith(t *testing.T, o stackOptions) *devstack.Stack {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s, err := devstack.Start(ctx, devstack.Options{
-		Root:        root,
-		BuildDir:    buildDir,
-		RunDir:      runDir,
-		Addr:        "127.0.0.1:0",
-		Tokens:      o.tokens,
-		FunctionEnv: o.env,
-		Instances:   o.instances,
-		Provider:    o.provider,
+		Root:             root,
+		BuildDir:         buildDir,
+		RunDir:           runDir,
+		Addr:             "127.0.0.1:0",
+		Tokens:           o.tokens,
+		FunctionEnv:      o.env,
+		Instances:        o.instances,
+		Provider:         o.provider,
+		ScheduleOverride: o.schedule,
 	})
 	if err != nil {
 		t.Fatalf("devstack.Start: %v", err)

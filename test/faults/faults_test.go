@@ -5,10 +5,11 @@
 // an idle warm sandbox or at release, the resume of a paused one) and the pre-warmed
 // pool (members parked running and paused: refill, pause, claim, resume),
 // fair waiting (queueing, the grant, its take, and the give-back of a
-// slow waiter's place), and the eviction of a user's own warm sandbox for
-// its quota, renewal (its write and its provider call), and the copy of
-// outputs a release deferred (the next pass's copy, and the timer move that
-// keeps an expiring sandbox running for them). After at most two reconcile passes the broker's invariants
+// slow waiter's place), the eviction of a user's own warm sandbox for
+// its quota, renewal (its write and its provider call), the copy of
+// outputs a release deferred (the next pass's copy, and the timer move
+// that keeps an expiring sandbox running for them), and a provider's
+// killed webhook (webhook_test.go). After at most two reconcile passes the broker's invariants
 // must hold: no record in a transitional state, running and paused slots
 // used equal to the running and paused sandboxes (running ones within the
 // limit), no sandbox handed out that does not answer (a
@@ -1159,7 +1160,7 @@ func TestOneFaultAtEachStep(t *testing.T) {
 		configs[sp.name] = stackConfig{pauseAtRelease: true}
 	}
 	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps, pausedShareSteps,
-		pauseAtReleaseSteps) {
+		pauseAtReleaseSteps, webhookSteps) {
 		cfg := configs[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++

@@ -134,6 +134,10 @@ class Lease:
     # The thread's outputs brought back into the sandbox by this acquire
     # ({"complete", "restored", "remaining", ...}); None when none ran.
     restore: dict[str, Any] | None = None
+    # The thread's earlier sandbox when this acquire replaced one that
+    # ended without the thread asking ({"sandbox_id", "reason"}, e.g.
+    # reason "provider_timeout"); None otherwise. Only one acquire names it.
+    previous: dict[str, str] | None = None
 
     @property
     def kind(self) -> str:
@@ -253,6 +257,7 @@ class Client:
             connection={str(k): str(v) for k, v in conn.items() if v is not None},
             expires_at=str(body.get("expires_at") or ""),
             restore=body.get("restore") if isinstance(body.get("restore"), dict) else None,
+            previous=body.get("previous") if isinstance(body.get("previous"), dict) else None,
         )
 
     def release(self, sandbox_id: str) -> dict[str, Any]:

@@ -182,10 +182,11 @@ class ClientErrorTests(unittest.TestCase):
                 self.assertEqual(err.reason, body.get("error", {}).get("reason", ""))
 
     def test_request_shape(self) -> None:
-        self.server.script.append((200, {}, {"sandbox_id": "sb1", "state": "active", "source": "created", "backend": "e2b", "connection": {"envd_url": "http://e", "envd_access_token": "secret"}, "expires_at": "2026-01-01T00:00:00Z", "restore": {"complete": True, "restored": 2}}))  # type: ignore[attr-defined]
+        self.server.script.append((200, {}, {"sandbox_id": "sb1", "state": "active", "source": "created", "backend": "e2b", "connection": {"envd_url": "http://e", "envd_access_token": "secret"}, "expires_at": "2026-01-01T00:00:00Z", "restore": {"complete": True, "restored": 2}, "previous": {"sandbox_id": "sb0", "reason": "provider_timeout"}}))  # type: ignore[attr-defined]
         lease = self.client().acquire("alice", "t-1")
         self.assertEqual((lease.sandbox_id, lease.kind, lease.expires_at), ("sb1", "envd", "2026-01-01T00:00:00Z"))
         self.assertEqual(lease.restore, {"complete": True, "restored": 2})
+        self.assertEqual(lease.previous, {"sandbox_id": "sb0", "reason": "provider_timeout"})
         self.assertNotIn("secret", repr(lease), "the access token must stay out of repr")
         method, path, headers, body = self.server.requests[0]  # type: ignore[attr-defined]
         self.assertEqual((method, path), ("POST", "/prefix/v1/sandboxes/acquire"))
