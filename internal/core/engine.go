@@ -154,8 +154,8 @@ func backoff(n int) time.Duration {
 // an acquire still answers before Lambda or API Gateway gives up.
 const responseMargin = time.Second
 
-// applyRecord makes the fenced update u and returns the record as stored:
-// read back when the write was a transaction and returned none.
+// applyRecord makes the fenced update u and returns the record as stored
+// (read back when the store returned none).
 func (e *Engine) applyRecord(ctx context.Context, u Update) (Record, error) {
 	rec, err := e.store.Apply(ctx, u)
 	if err != nil || rec.SandboxID != "" {

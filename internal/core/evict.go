@@ -21,8 +21,8 @@ const (
 	ownTenantCandidates = 50
 )
 
-// evictOne frees one slot for key's thread: by giving up a pool member,
-// else by destroying the least recently parked warm sandbox of another
+// evictOne frees one slot for key's thread: by giving up a pool member
+// (only below its tenant's fair share, as a pool claim), else by destroying the least recently parked warm sandbox of another
 // thread among a random quarter of the warm pool (Store.Sample: the whole
 // pool when small; on average the fourth oldest of a large one, one of
 // its 16 oldest with probability 1 - (3/4)^16 > 99%). A warm sandbox of
@@ -35,7 +35,7 @@ const (
 // that fails leaves a tombstone holding the slot and stops the eviction;
 // its error (wrapping errKillUncertain) is killErr.
 func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow) (freed, atShare bool, killErr error) {
-	if e.evictPoolMember(ctx, owner, false) {
+	if below != nil && e.evictPoolMember(ctx, owner, false) {
 		return true, false, nil
 	}
 	ownTenant := below == nil

@@ -358,7 +358,7 @@ func (p *pass) reconcileStore(ctx context.Context) error {
 }
 
 // ledger repairs the counters kept with the slots (RepairCounters): the
-// capacity buckets' used and per-state counts, the paused buckets, the
+// capacity buckets' used slots, the paused buckets, the
 // users' and tenants' slot counts, the buckets' limits and the fair-share
 // tenant sets.
 func (p *pass) ledger(ctx context.Context) error {

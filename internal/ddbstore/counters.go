@@ -25,7 +25,7 @@ import (
 // The counter repair keeps, between reconcile passes, the differences it
 // saw (pk REC#<deployment>, sk COUNTS, attribute "noted": counter name ->
 // "<stored>|<counted>|<revision>", where a bucket's "slots#<b>" is its
-// used and granted slots and "n#<b>" its per-state counts); a difference
+// used and granted slots); a difference
 // is corrected only when the next pass sees it again, unchanged.
 const countsSK = "COUNTS"
 
@@ -186,11 +186,19 @@ func (s *Store) tallySlots(ctx context.Context) (*slotTally, error) {
 			return nil, err
 		}
 	}
-	for _, it := range stray {
+	for _, it := range stray[:min(len(stray), maxRefiled)] {
+		if ctx.Err() != nil {
+			break
+		}
 		s.refile(ctx, it)
 	}
 	return h.tally(s.deployment), nil
 }
+
+// maxRefiled bounds the index entries one tally moves (refile): the rest
+// wait for the next pass, so that a changed shard count does not use up a
+// pass.
+const maxRefiled = 500
 
 // entryID is the id an index entry is filed by: a record's sandbox id, a
 // reservation's token.

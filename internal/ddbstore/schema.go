@@ -9,7 +9,7 @@
 //	THR#<tenant>#<user>#<thread>  the thread's binding: sandbox_id or reservation
 //	CAP#<deployment>              the capacity ledger: "used" slots, "revision", "draining",
 //	                              "tenants" (string set: tenants holding or lately holding slots),
-//	                              "granted", "n_<state>", "moves" (CAP#<deployment>#<b>: the
+//	                              "granted" (CAP#<deployment>#<b>: the
 //	                              other buckets, see bucket.go)
 //	USR#<deployment>#<tenant>#<user>  slots held by one user ("used", "revision"), for SANDBOX_MAX_PER_USER
 //	TEN#<deployment>#<tenant>     slots held by one tenant ("used", "revision"), for SANDBOX_MAX_PER_TENANT
@@ -25,8 +25,8 @@
 //	                              SYNC_MAX_TENANT_BYTES (storage.go)
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and
-// reservations by state, spread over IndexShards partition keys each
-// (shardOf, index.go): gsi1pk =
+// reservations by state, spread over 1 to IndexShards partition keys each
+// (the store's count, WithLimit; shardOf, index.go): gsi1pk =
 // "ST#<deployment>#<state>#<n>" with n = FNV-1a(sandbox id or reservation
 // token) mod that count, gsi1sk = "<unix ms, 15 digits>#<id>"
 // (park time for warm and paused records). A query over a state reads

@@ -532,7 +532,7 @@ func (s *Store) dropPlace(ctx context.Context, t core.Ticket) error {
 }
 
 // slotTake returns the transaction items that take a running slot in
-// bucket b for a record or reservation counted in state (tenant, when not
+// bucket b for a record or reservation (tenant, when not
 // empty, joins the bucket's tenant set): a free one within b's limit for
 // limit, or with g the one b holds in trust for g's ticket, whose ticket
 // and place leave the queue in the same transaction (the bucket's used

@@ -648,10 +648,8 @@ func (r *request) fail(err error) events.APIGatewayV2HTTPResponse {
 			}
 		}
 		details := map[string]any{"limit": ce.Status.Limit}
-		if reason == api.RefusalCapacity { // other refusals carry no counts: zeros would mislead
-			details["used"], details["active"], details["warm"] = ce.Status.Used, ce.Status.Active, ce.Status.Warm
-			details["reserved"], details["tombstones"] = ce.Status.Reserved, ce.Status.Tombstones
-			details["paused"] = ce.Status.Paused
+		if reason == api.RefusalCapacity { // the ledger's count; other refusals carry none: zeros would mislead
+			details["used"] = ce.Status.Used
 		}
 		if ce.Status.Draining {
 			details["draining"] = true

@@ -552,7 +552,7 @@ func TestErrorMapping(t *testing.T) {
 				t.Errorf("reason %v, want provider_auth", e["reason"])
 			}
 			if tt.code == "SANDBOX_CAPACITY_EXCEEDED" {
-				want := map[string]any{"limit": 1.0, "used": 1.0, "active": 1.0, "warm": 0.0, "reserved": 0.0, "tombstones": 0.0, "paused": 0.0}
+				want := map[string]any{"limit": 1.0, "used": 1.0}
 				if !reflect.DeepEqual(e["details"], want) || e["reason"] != "capacity" {
 					t.Errorf("details %v reason %v", e["details"], e["reason"])
 				}

@@ -148,7 +148,8 @@ class BrokerSandboxProvider(_ProviderBase):  # type: ignore[misc,valid-type]
                 str(err),
                 retry_after_seconds=err.retry_after if err.retry_after is not None else 5.0,
                 reason=err.reason or "capacity",
-                active=int(err.details.get("active", 0) or 0),
+                # The refusal counts the slots in use, not their states.
+                active=int(err.details.get("active", err.details.get("used", 0)) or 0),
                 warm=int(err.details.get("warm", 0) or 0),
                 reserved=int(err.details.get("reserved", 0) or 0),
                 replicas=int(err.details.get("limit", 0) or 0),
