@@ -104,7 +104,9 @@ func TestLifecycleEvents(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(wantEvents, "\n") {
 		t.Errorf("events of %s:\n%s\nwant:\n%s", id, strings.Join(got, "\n"), strings.Join(wantEvents, "\n"))
 	}
-	if got := emfTenant(t, s, "release", "SandboxRunningSeconds", tenantA); len(got) != 2 {
-		t.Errorf("release: SandboxRunningSeconds of %s = %v, want one interval per release", tenantA, got)
+	// Two intervals per release: the active one its claim ends, and the
+	// releasing one its park ends.
+	if got := emfTenant(t, s, "release", "SandboxRunningSeconds", tenantA); len(got) != 4 {
+		t.Errorf("release: SandboxRunningSeconds of %s = %v, want two intervals per release", tenantA, got)
 	}
 }
