@@ -103,12 +103,12 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	if err := p.owedOutputs(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
-	if err := p.warnExpiring(ctx); err != nil {
-		errs = append(errs, err)
+	due, ended, serr := p.activeDue(ctx)
+	if serr != nil {
+		errs = append(errs, serr)
 	}
-	if err := p.takeBackEnded(ctx); err != nil {
-		errs = append(errs, err)
-	}
+	p.warnExpiring(ctx, due)
+	p.takeBackEnded(ctx, ended)
 	if err := p.expireWarm(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}

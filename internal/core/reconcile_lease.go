@@ -2,38 +2,23 @@ package core
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
-// takeBackEnded takes back the active sandboxes whose lease ended
-// without a renewal or a release (Record.ExpiresAt passed): their outputs
-// are copied to S3 first, then they are destroyed and their thread is told
-// why (leaseEndReason: EventLost, and Previous at its next acquire). The
-// provider's timer runs TimerMargin past the end, so the sandbox still
-// runs for the copy. A copy that fails or is incomplete leaves the sandbox
-// to the next pass until half of that margin has passed; after that it is
-// destroyed anyway, counted OutputsAbandoned.
+// takeBackEnded takes back the active sandboxes of ended (activeDue),
+// whose lease ended without a renewal or a release (Record.ExpiresAt
+// passed): their outputs are copied to S3 first, then they are destroyed
+// and their thread is told why (leaseEndReason: EventLost, and Previous
+// at its next acquire). The provider's timer runs TimerMargin past the
+// end, so the sandbox still runs for the copy. A copy that fails or is
+// incomplete leaves the sandbox to the next pass until half of that
+// margin has passed; after that it is destroyed anyway, counted
+// OutputsAbandoned.
 //
 // A renewal wins: the claim reads the end again, and a renewal after the
 // claim moves the fence, so the tombstone's write fails and nothing is
 // killed (the claim's lease then lapses).
-func (p *pass) takeBackEnded(ctx context.Context) error {
-	e := p.e
-	if p.rst == nil {
-		return nil
-	}
-	now := e.now()
-	var ended []Record
-	err := p.rst.ScanState(ctx, StateActive, func(r Record) bool {
-		if leaseEnded(r, now) {
-			ended = append(ended, r)
-		}
-		return len(ended) < reconcileBatch
-	})
-	if err != nil {
-		return fmt.Errorf("scan active records: %w", err)
-	}
+func (p *pass) takeBackEnded(ctx context.Context, ended []Record) {
 	for _, rec := range ended {
 		if p.outOfTime() {
 			p.st.BudgetExhausted = true
@@ -41,7 +26,6 @@ func (p *pass) takeBackEnded(ctx context.Context) error {
 		}
 		p.takeBack(ctx, rec)
 	}
-	return nil
 }
 
 // leaseEnded reports whether rec is an active sandbox whose end has
