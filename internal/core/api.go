@@ -66,6 +66,9 @@ type ReconcileStats struct {
 	// ExpiringSent: sandbox.expiring events sent (leases ending within
 	// Settings.ExpiringLead, not renewed).
 	ExpiringSent int `json:"expiring_sent"`
+	// LeasesEnded: active sandboxes taken back because their lease ended
+	// without a renewal or a release (outputs copied, then destroyed).
+	LeasesEnded int `json:"leases_ended"`
 	// TombstonesRetried: tombstones whose kill was attempted again.
 	TombstonesRetried int `json:"tombstones_retried"`
 	// ReservationsSettled: crashed creates adopted, killed or freed.

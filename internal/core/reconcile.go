@@ -58,8 +58,9 @@ type pass struct {
 }
 
 // Reconcile runs one bounded pass: retries tombstones (with
-// back-off), copies the outputs releases deferred, expires warm sandboxes
-// idle past the idle timeout (all of them while draining), walks the
+// back-off), copies the outputs releases deferred, takes back active
+// sandboxes whose lease ended without renewal (outputs first), expires
+// warm sandboxes idle past the idle timeout (all of them while draining), walks the
 // provider inventory of this deployment from where the last pass stopped
 // (adopting, deferring or killing), settles crashed creates and dead
 // records once a walk completes, and repairs the capacity ledger. It
@@ -67,8 +68,8 @@ type pass struct {
 // warm sandbox whose outputs are not all stored (holdForOutputs), and an
 // active one whose timer would end before its end (keepTimer); its other
 // provider calls are reads (List, Info, Locate, Capabilities.Discover)
-// and Kill, and warm sandboxes are synced through envd before they are
-// destroyed. Stats are logged as one JSON line that is also a CloudWatch
+// and Kill, and warm sandboxes and ended leases are synced through envd
+// before they are destroyed. Stats are logged as one JSON line that is also a CloudWatch
 // embedded-metric-format record.
 //
 // Errors: invalid ReconcileSettings; store or provider failures (the stats
@@ -102,9 +103,12 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	if err := p.owedOutputs(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
-	if err := p.warnExpiring(ctx); err != nil {
-		errs = append(errs, err)
+	due, ended, serr := p.activeDue(ctx)
+	if serr != nil {
+		errs = append(errs, serr)
 	}
+	p.warnExpiring(ctx, due)
+	p.takeBackEnded(ctx, ended)
 	if err := p.expireWarm(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
@@ -310,10 +314,10 @@ func (p *pass) syncParked(ctx context.Context, rec Record, what string) (complet
 	case errors.Is(err, ErrSandboxGone):
 		return false, true
 	case err != nil:
-		e.log.WarnContext(ctx, "reconcile: sync before "+what+" failed; kept warm for the next pass", "sandbox_id", rec.SandboxID, "err", err)
+		e.log.WarnContext(ctx, "reconcile: sync before "+what+" failed; left for the next pass", "sandbox_id", rec.SandboxID, "err", err)
 		return false, false
 	case !res.Complete:
-		e.log.WarnContext(ctx, "reconcile: sync before "+what+" incomplete; kept warm for the next pass", "sandbox_id", rec.SandboxID, "deferred", len(res.Deferred))
+		e.log.WarnContext(ctx, "reconcile: sync before "+what+" incomplete; left for the next pass", "sandbox_id", rec.SandboxID, "deferred", len(res.Deferred))
 		return false, false
 	}
 	return true, false

@@ -23,6 +23,7 @@ func (s ReconcileStats) Metrics() []Metric {
 		count("Dead", s.Dead), count("Expired", s.Expired), count("ReleasesTakenOver", s.ReleasesTakenOver),
 		count("Paused", s.Paused), count("PausedExpired", s.PausedExpired), count("PausesFinished", s.PausesFinished),
 		count("TombstonesRetried", s.TombstonesRetried), count("ExpiringSent", s.ExpiringSent),
+		count("LeasesEnded", s.LeasesEnded),
 		count("ReservationsSettled", s.ReservationsSettled), count("PoolCreated", s.PoolCreated),
 		count("PoolRecycled", s.PoolRecycled), count("PoolRefillFailures", s.PoolRefillFailures),
 		count("TimersExtended", s.TimersExtended),

@@ -899,6 +899,29 @@ var steps = []step{
 	// the timer move that keeps an expiring sandbox running for them.
 	{"reconcile/owed-copy", s3Layer, outputsPut, owedCopyStep},
 	{"reconcile/hold-timer", provLayer, faults.PathSuffix("POST", "/timeout"), holdTimerStep},
+	// A lease that ended without renewal: the pass's copy of its
+	// outputs, its tombstone's write and the kill.
+	{"reconcile/lease-end-copy", s3Layer, outputsPut, leaseEndStep},
+	{"reconcile/lease-end-tombstone", ddbLayer, faults.BodyContains(faults.DynamoDB("UpdateItem"), `"S":"destroying"`), leaseEndStep},
+	{"reconcile/lease-end-kill", provLayer, faults.PathContains("DELETE", "/sandboxes/"), leaseEndStep},
+}
+
+// leaseEndStep acquires the thread and writes files, lets its lease end
+// without renewal on the engine's clock (the provider's timer, in real
+// time, still runs), then runs the pass that takes the sandbox back
+// under the fault. Once the passes that follow are done, every file is
+// in S3.
+func leaseEndStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	res, ok := st.acquire(thread)
+	if !ok {
+		st.t.Fatalf("setup acquire failed")
+	}
+	files := map[string][]byte{"a.txt": st.write(res.Record, "a.txt"), "b.txt": st.write(res.Record, "b.txt")}
+	st.clock.advance(core.DefaultSettings().ActiveTimeout + time.Second)
+	arm()
+	st.reconcile()
+	disarm()
+	return files, core.ReleaseResult{}, false
 }
 
 // outputsPut matches the upload of a thread's output file to S3 (not
