@@ -419,7 +419,14 @@ func TestSandboxEndsWithItsAgent(t *testing.T) {
 			marker, done := startSleeper(t, c)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			_, _ = c.runReq(ctx, &envd.StartRequest{Process: envd.ProcessConfig{Cmd: "/usr/bin/pkill", Args: []string{"-KILL", "-f", "^/proc/self/fd/[0-9]+ " + agentArg + "$"}}})
+			// Inside its own PID namespace the sandbox sees only its own
+			// agent; without one (isolation none) it is killed by its pid,
+			// never by a pattern that would match every host's agents.
+			kill := envd.ProcessConfig{Cmd: "/usr/bin/pkill", Args: []string{"-KILL", "-f", "^/proc/self/fd/[0-9]+ " + agentArg + "$"}}
+			if mode == IsolationNone {
+				kill = envd.ProcessConfig{Cmd: "/bin/kill", Args: []string{"-KILL", strconv.Itoa(srv.Host.mustGet(t, created.SandboxID).agent.pid)}}
+			}
+			_, _ = c.runReq(ctx, &envd.StartRequest{Process: kill})
 			waitFor(t, 20*time.Second, "the sandbox to end", func() bool {
 				status, _ := apiCall(t, srv, "GET", "/sandboxes/"+created.SandboxID, nil, nil)
 				return status == http.StatusNotFound
