@@ -261,11 +261,8 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 			p.st.BudgetExhausted = true
 			break
 		}
-		now := e.now()
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateWarm},
-			Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
-		if err != nil {
-			p.skip(ctx, "claim idle warm sandbox", rec.SandboxID, err) // usually a peer took it (reclaim or another pass)
+		claimed, ok := p.leaseOf(ctx, rec, "claim idle warm sandbox") // usually a peer took it (reclaim or another pass)
+		if !ok {
 			continue
 		}
 		complete, gone := p.syncParked(ctx, claimed, "expiry")
@@ -324,6 +321,19 @@ func (p *pass) syncParked(ctx context.Context, rec Record, what string) (complet
 }
 
 func (p *pass) timeUp() bool { return !p.e.now().Before(p.deadline) || p.outOfTime() }
+
+// leaseOf takes a lease of the pass on rec, still in its state and
+// unleased; false when it could not (skipped, as what).
+func (p *pass) leaseOf(ctx context.Context, rec Record, what string) (Record, bool) {
+	now := p.e.now()
+	claimed, err := p.e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{rec.State},
+		Owner: p.owner, Now: now, LeaseUntil: now.Add(p.e.s.LeaseDuration)})
+	if err != nil {
+		p.skip(ctx, what, rec.SandboxID, err)
+		return Record{}, false
+	}
+	return claimed, true
+}
 
 // skip accounts for an item the pass leaves alone because a write or read
 // about it failed. Contention (a peer holds or moved the record, or settled

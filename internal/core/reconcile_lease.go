@@ -38,11 +38,8 @@ func leaseEnded(rec Record, now time.Time) bool {
 // takeBackEnded).
 func (p *pass) takeBack(ctx context.Context, rec Record) {
 	e := p.e
-	now := e.now()
-	claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateActive},
-		Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
-	if err != nil {
-		p.skip(ctx, "claim an ended lease", rec.SandboxID, err) // usually its thread is releasing it
+	claimed, ok := p.leaseOf(ctx, rec, "claim an ended lease") // usually its thread is releasing it
+	if !ok {
 		return
 	}
 	if !leaseEnded(claimed, e.now()) {

@@ -66,11 +66,8 @@ func (p *pass) owedOutputs(ctx context.Context, draining bool) error {
 // a lease of the pass.
 func (p *pass) copyOwed(ctx context.Context, rec Record) {
 	e := p.e
-	now := e.now()
-	claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateWarm},
-		Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
-	if err != nil {
-		p.skip(ctx, "claim warm sandbox owing outputs", rec.SandboxID, err) // usually its thread took it back
+	claimed, ok := p.leaseOf(ctx, rec, "claim warm sandbox owing outputs") // usually its thread took it back
+	if !ok {
 		return
 	}
 	complete, gone := p.syncParked(ctx, claimed, "storing owed outputs")
