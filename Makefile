@@ -57,11 +57,14 @@ print-deploy-build:
 run: deps build ## start the local stack (devstack); SANDBOX_* and BROKER_* env vars pass through
 	exec $(BUILD)/bin/devstack
 
-# The fault suite is named first so that it starts first: its cases mostly
-# wait (on deadlines and lapsing leases), and run beside the packages that
-# keep the CPUs busy rather than alone at the end.
+# The fault and end-to-end suites are named first so that they start first:
+# their cases mostly wait (on deadlines, lapsing leases and reconcile's
+# schedule), so they run four at a time (-parallel), beside the packages
+# that keep the CPUs busy rather than alone at the end.
+TEST_FLAGS := -race -count=1 -shuffle=on -timeout 20m -parallel 4
+
 test: deps build ## run all tests with the race detector, in shuffled order
-	$(GO) test -race -count=1 -shuffle=on -timeout 20m ./test/faults ./...
+	$(GO) test $(TEST_FLAGS) ./test/faults ./test/e2e ./...
 
 # The fast tier: unit tests and the engine's tests on the in-memory store,
 # no stand-in started (testenv.NeedsStandIns skips the tests that need

@@ -4,22 +4,31 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/awslabs/goformation/v7"
 	"github.com/awslabs/goformation/v7/cloudformation"
 	"github.com/awslabs/goformation/v7/intrinsics"
 )
 
+// goformationMu serializes goformation's parsing: its YAML processing
+// registers tag resolvers in a package-level map on every call, so two
+// stacks started at once in one process would race on it.
+var goformationMu sync.Mutex
+
 // OpenTemplate parses a SAM template with goformation, as
 // goformation.OpenWithOptions(file, nil) does, after removing the SAM
 // properties goformation v7 cannot parse and the local stack does not use
 // (unparsedSAM). goformation refuses an unknown property of an HttpApi,
-// and reads a Schedule event with one as no Schedule at all.
+// and reads a Schedule event with one as no Schedule at all. Safe for
+// concurrent use.
 func OpenTemplate(file string) (*cloudformation.Template, error) {
 	raw, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
 	}
+	goformationMu.Lock()
+	defer goformationMu.Unlock()
 	js, err := intrinsics.ProcessYAML(raw, nil)
 	if err != nil {
 		return nil, err

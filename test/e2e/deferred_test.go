@@ -22,6 +22,7 @@ import (
 // record's expires_at goes past the idle timeout) and destroys the
 // sandbox only once every file is in S3.
 func TestDeferredOutputsStoredBeforeExpiry(t *testing.T) {
+	t.Parallel()
 	const files, perPass = 4000, 250
 	s := startStackWith(t, stackOptions{provider: "e2b", schedule: 5 * time.Second, env: []string{
 		"SANDBOX_REPLICAS=1", "SANDBOX_OVERFLOW_POLICY=reject", "SANDBOX_IDLE_TIMEOUT_SECONDS=60",

@@ -47,6 +47,7 @@ func e2bCall(t *testing.T, a api, method, path, key string) (int, map[string]any
 // refusal it retries, kill and create again); under the provisioner
 // backend connect answers a clear refusal.
 func TestE2BSDKOnBrokeredSandbox(t *testing.T) {
+	t.Parallel()
 	t.Run("e2b", func(t *testing.T) {
 		dir := filepath.Join(repoRoot(t), "test", "e2b-sdk")
 		if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err != nil {

@@ -64,6 +64,7 @@ func stackEvents(t *testing.T, s *devstack.Stack) []deliveredEvent {
 // transition (make run records them in .run/events.jsonl); the usage of
 // the sandbox is metered under its tenant's dimension.
 func TestLifecycleEvents(t *testing.T) {
+	t.Parallel()
 	s := startStack(t, "e2b")
 	a := newAPI(t, s)
 

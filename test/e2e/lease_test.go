@@ -30,6 +30,7 @@ const leaseSeconds = 20
 // are in S3, and the thread's next acquire names the sandbox and why it
 // ended.
 func TestLeaseRenewedOrLost(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, stackOptions{provider: "e2b", schedule: 3 * time.Second, env: []string{
 		"SANDBOX_REPLICAS=3", "SANDBOX_OVERFLOW_POLICY=reject", "LOG_LEVEL=DEBUG",
 		"SANDBOX_ACTIVE_TIMEOUT_SECONDS=" + strconv.Itoa(leaseSeconds), "SANDBOX_EXPIRING_LEAD_SECONDS=10",

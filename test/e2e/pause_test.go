@@ -14,6 +14,7 @@ import (
 // its files and its background process still there, the process running
 // again.
 func TestPauseAtReleaseThenResume(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, stackOptions{provider: "e2b", env: []string{
 		"SANDBOX_REPLICAS=1", "SANDBOX_OVERFLOW_POLICY=reject", "SANDBOX_PAUSE_AFTER_SECONDS=0", "LOG_LEVEL=DEBUG",
 	}})

@@ -12,6 +12,7 @@ import (
 // invocation of the reconcile function (through the local Lambda Invoke
 // API) refills the pool, the schedule (a minute) aside.
 func TestPoolClaimStartsARefill(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, stackOptions{provider: "e2b", env: []string{
 		"SANDBOX_REPLICAS=3", "SANDBOX_OVERFLOW_POLICY=reject", "SANDBOX_POOL_SIZE=1", "LOG_LEVEL=DEBUG",
 	}})

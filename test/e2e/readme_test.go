@@ -44,6 +44,7 @@ func blockAfter(t *testing.T, md, marker, lang string) string {
 // Every command must succeed, and the stored output must be listed. Then
 // it runs the README's Python example against the same stack.
 func TestReadmeSession(t *testing.T) {
+	t.Parallel()
 	root := repoRoot(t)
 	md, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 // local S3 through the AWS SDK's endpoint override, the sbx CLI built from
 // this source. It must acquire, exec, release and find the object in S3.
 func TestSmokeScript(t *testing.T) {
+	t.Parallel()
 	root := repoRoot(t)
 	s := startStackWith(t, stackOptions{provider: "e2b", env: []string{"SANDBOX_REPLICAS=2", "LOG_LEVEL=DEBUG"}})
 	bin := filepath.Join(t.TempDir(), "sbx")

@@ -14,6 +14,7 @@ import (
 // thread's next acquire names it once. A forged webhook, sent through
 // the gateway without a token as E2B would, changes nothing.
 func TestWebhookFreesKilledSandboxAtOnce(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, stackOptions{provider: "e2b", schedule: time.Hour,
 		env: []string{"SANDBOX_REPLICAS=1", "SANDBOX_OVERFLOW_POLICY=reject"}})
 	a := newAPI(t, s)
