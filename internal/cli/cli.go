@@ -596,6 +596,9 @@ func (a *App) capacityCmd(g *globals) *cobra.Command {
 			if capa.Draining {
 				more += "; draining: acquires refused"
 			}
+			if !capa.CountedAt.IsZero() {
+				more += "; states counted at " + capa.CountedAt.UTC().Format(time.TimeOnly)
+			}
 			fmt.Fprintf(a.Stdout, "%d of %d slots used (active %d, warm %d, reserved %d, transitioning %d), overflow policy %s%s\n",
 				capa.Used, capa.Limit, capa.Active, capa.Warm, capa.Reserved, capa.Transitioning, capa.Policy, more)
 			return nil

@@ -385,13 +385,13 @@ func TestStackFromEnvInAScratchDirectory(t *testing.T) {
 
 func TestCapacityShowsDrainingAndTombstones(t *testing.T) {
 	h := newHarness(t, map[string]route{
-		"GET /v1/capacity": {status: 200, body: `{"limit":3,"used":2,"active":1,"warm":0,"reserved":0,"transitioning":0,"tombstones":1,"granted":1,"policy":"wait","draining":true}`},
+		"GET /v1/capacity": {status: 200, body: `{"limit":3,"used":2,"active":1,"warm":0,"reserved":0,"transitioning":0,"tombstones":1,"granted":1,"policy":"wait","draining":true,"counted_at":"2026-12-07T10:11:12Z"}`},
 	})
 	code, out, errOut := h.run(nil, "capacity")
 	if code != ExitOK {
 		t.Fatalf("exit = %d, want 0 (stderr %q)", code, errOut)
 	}
-	if want := "2 of 3 slots used (active 1, warm 0, reserved 0, transitioning 0), overflow policy wait, 1 tombstones, 1 held for waiting acquires; draining: acquires refused"; !strings.Contains(out, want) {
+	if want := "2 of 3 slots used (active 1, warm 0, reserved 0, transitioning 0), overflow policy wait, 1 tombstones, 1 held for waiting acquires; draining: acquires refused; states counted at 10:11:12"; !strings.Contains(out, want) {
 		t.Errorf("stdout = %q, want it to contain %q", out, want)
 	}
 	code, out, errOut = h.run(nil, "--json", "capacity")

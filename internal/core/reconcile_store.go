@@ -107,11 +107,12 @@ type ReconcileStore interface {
 	// CreatedAt and ExpiresAt), until fn returns false.
 	ScanState(ctx context.Context, state State, fn func(Record) bool) error
 	// RepairCounters compares the counters kept with the slots (used slots
-	// and per-state counts of each capacity bucket, the paused slots of
-	// each paused bucket, each user's and tenant's slot count) with the records and reservations holding
-	// slots, and corrects each difference that the previous call saw
-	// unchanged (so a write in flight is never mistaken for drift),
-	// without overwriting a concurrent change. It also rebalances the
+	// of each capacity bucket, the paused slots of each paused bucket,
+	// each user's and tenant's slot count) with the records and
+	// reservations holding slots, and corrects each difference that the
+	// previous call saw unchanged (so a write in flight is never mistaken
+	// for drift), without overwriting a concurrent change. It keeps the
+	// counts by state it read for Capacity. It also rebalances the
 	// buckets' limits (for the deployment limit) when one holds more than
 	// its limit, and drops tenants holding no slot from the fair-share
 	// sets.
@@ -132,8 +133,8 @@ type ReconcileStore interface {
 type CounterRepair struct {
 	// Slots is the correction applied to the deployment's used slots.
 	Slots int
-	// Counters is how many other counters were corrected (per-state
-	// counts, users' and tenants' slot counts).
+	// Counters is how many other counters were corrected (users' and
+	// tenants' slot counts).
 	Counters int
 	// Rebalanced reports that the buckets' limits were rewritten.
 	Rebalanced bool

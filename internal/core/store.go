@@ -397,7 +397,9 @@ type CapacityStore interface {
 	// user's and tenant's): call only after the provider confirmed the sandbox is gone.
 	Free(ctx context.Context, rec Record, now time.Time) error
 	// Capacity reports the deployment's slots: those held and granted,
-	// and the records holding running slots by state.
+	// read now, and the records holding running slots by state as the
+	// last RepairCounters counted them (a store may count on every read),
+	// in reads whose number does not grow with the fleet.
 	Capacity(ctx context.Context) (CapacityStatus, error)
 	// TenantsHolding lists, sorted, the tenants holding running slots as
 	// a capacity refusal names them (CapacityError.Tenants: a tenant that

@@ -213,6 +213,10 @@ func (r Record) Ref() SandboxRef {
 }
 
 // CapacityStatus is the deployment-wide slot usage (GET /v1/capacity).
+// Used, Granted, Paused and Draining are the ledger's, read at once. The
+// counts by state (Active, Warm, Reserved, Transitioning, Tombstones,
+// Pool) are the last counter repair's (reconcile counts them once a pass,
+// never on a read), taken at CountedAt.
 type CapacityStatus struct {
 	Limit         int `json:"limit"`
 	Used          int `json:"used"`
@@ -236,6 +240,28 @@ type CapacityStatus struct {
 	// PoolRefill is the pool refill's back-off after failed creates (nil
 	// when no pool is kept or its last create succeeded).
 	PoolRefill *RefillBackoff `json:"pool_refill,omitempty"`
+	// CountedAt is when the counts by state were taken: zero when no
+	// repair has counted yet, or when the store counts on every read.
+	CountedAt time.Time `json:"counted_at,omitzero"`
+}
+
+// AddState counts n records holding running slots in state st under
+// the field that reports st.
+func (s *CapacityStatus) AddState(st State, n int) {
+	switch st {
+	case StateCreating:
+		s.Reserved += n
+	case StateActive, StateResuming:
+		s.Active += n
+	case StateWarm:
+		s.Warm += n
+	case StateDestroying:
+		s.Tombstones += n
+	case StatePooled:
+		s.Pool += n
+	default:
+		s.Transitioning += n
+	}
 }
 
 func (s CapacityStatus) String() string {

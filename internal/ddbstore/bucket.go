@@ -206,8 +206,8 @@ func bucketStatus(buckets []bucketItem) (core.CapacityStatus, []string) {
 }
 
 // Capacity sums the capacity buckets and the paused buckets (two
-// BatchGetItems), and counts the records holding running slots by state
-// from the state index (countRunning).
+// BatchGetItems), and reads the counts by state that the last counter
+// repair kept (one GetItem): three reads, whatever the fleet.
 func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 	buckets, err := s.readBuckets(ctx, false)
 	if err != nil {
@@ -219,26 +219,14 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 		return core.CapacityStatus{}, err
 	}
 	st.Paused = pausedSum(paused).Used
-	counts, err := s.countRunning(ctx)
+	noted, err := s.notedCounts(ctx, false)
 	if err != nil {
 		return core.CapacityStatus{}, err
 	}
-	for state, n := range counts {
-		switch state {
-		case core.StateCreating:
-			st.Reserved += n
-		case core.StateActive, core.StateResuming:
-			st.Active += n
-		case core.StateWarm:
-			st.Warm += n
-		case core.StateDestroying:
-			st.Tombstones += n
-		case core.StatePooled:
-			st.Pool += n
-		default:
-			st.Transitioning += n
-		}
+	for state, n := range noted.States {
+		st.AddState(core.State(state), n)
 	}
+	st.CountedAt = noted.CountedAt
 	return st, nil
 }
 

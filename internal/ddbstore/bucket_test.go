@@ -40,9 +40,10 @@ func (c *countingAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetIte
 
 // TestCapacityCostsTheSameCallsWhateverTheFleet: the capacity figures
 // come from the counters kept with the slots (one BatchGetItem of the
-// buckets, one of the paused buckets) and one COUNT query of each index
-// key of the slot-holding states, and agree with the records whatever the
-// fleet's size; the slots spread over the buckets.
+// buckets, one of the paused buckets) and the counts by state the last
+// counter repair kept (one GetItem): three calls whatever the fleet's
+// size. The counts by state agree with the records as of that repair;
+// the slots spread over the buckets.
 func TestCapacityCostsTheSameCallsWhateverTheFleet(t *testing.T) {
 	client, table := newTable(t)
 	api := &countingAPI{Client: client}
@@ -52,16 +53,30 @@ func TestCapacityCostsTheSameCallsWhateverTheFleet(t *testing.T) {
 		for i := range fleet {
 			activeRecord(t, s, thread(fleet*100+i), fmt.Sprintf("sbx-%d-%d", fleet, i))
 		}
+		want := map[int]int{1: 1, 24: 25}[fleet]
 		api.calls.Store(0)
 		st, err := s.Capacity(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n, want := api.calls.Load(), int64(2+ddbstore.SlotStates*ddbstore.IndexShards); n != want {
-			t.Errorf("Capacity with %d records made %d calls, want %d", fleet, n, want)
+		if n := api.calls.Load(); n != 3 {
+			t.Errorf("Capacity with %d records made %d calls, want 3", fleet, n)
 		}
-		if want := map[int]int{1: 1, 24: 25}[fleet]; st.Used != want || st.Active != want {
-			t.Errorf("capacity = %+v, want used and active %d", st, want)
+		if st.Used != want || st.Active != map[int]int{1: 0, 24: 1}[fleet] {
+			t.Errorf("capacity before the repair counts = %+v, want used %d and the last count's active", st, want)
+		}
+		if _, err := s.RepairCounters(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		api.calls.Store(0)
+		if st, err = s.Capacity(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := api.calls.Load(); n != 3 {
+			t.Errorf("Capacity with %d records after a repair made %d calls, want 3", fleet, n)
+		}
+		if st.Used != want || st.Active != want || st.CountedAt.IsZero() {
+			t.Errorf("capacity after the repair = %+v, want used and active %d, and when they were counted", st, want)
 		}
 	}
 	out, err := client.Scan(ctx, &dynamodb.ScanInput{TableName: aws.String(table),

@@ -50,6 +50,7 @@ const exactRoom = CallTimeout
 // slotTally is what the slot holders say each counter kept with the
 // slots should be.
 type slotTally struct {
+	states map[core.State]int // holders of running slots, by state
 	used   [CapacityBuckets]int
 	quota  map[string]int     // USR#/TEN#/TPA# key -> slots counted in it
 	paused [PausedBuckets]int // records holding a paused slot, by paused bucket
@@ -94,6 +95,7 @@ func holdsPoolPlace(st core.State, it item) bool {
 
 // holder is what a tally counts of one slot holder, as a read last saw it.
 type holder struct {
+	state        core.State
 	running      bool // holds a running slot (not a paused record or tombstone)
 	bucket       int
 	quota        bool // counted in its user's and tenant's slot counts (as its flag says: a free takes them down by it)
@@ -129,7 +131,7 @@ func (h holders) see(st core.State, it item) {
 		}
 	}
 	h[it.PK] = holder{
-		running: holdsRunningSlot(st, it), bucket: min(max(it.Bucket, 0), CapacityBuckets-1),
+		state: st, running: holdsRunningSlot(st, it), bucket: min(max(it.Bucket, 0), CapacityBuckets-1),
 		quota: it.Quota, tenant: it.Tenant, user: it.User,
 		pausedSlot: holdsPausedSlot(st, it), pausedBucket: pausedBucketOf(it.PausedBucket), poolPlace: holdsPoolPlace(st, it),
 		tenantPaused: holdsPausedSlot(st, it) && it.TenantPaused && it.Tenant != "",
@@ -138,7 +140,7 @@ func (h holders) see(st core.State, it item) {
 
 // tally counts the holders in every counter they hold a place of.
 func (h holders) tally(deployment string) *slotTally {
-	t := &slotTally{quota: map[string]int{}}
+	t := &slotTally{quota: map[string]int{}, states: map[core.State]int{}}
 	for _, o := range h {
 		if o.pausedSlot {
 			t.paused[o.pausedBucket]++
@@ -153,6 +155,7 @@ func (h holders) tally(deployment string) *slotTally {
 			continue
 		}
 		t.used[o.bucket]++
+		t.states[o.state]++
 		k := core.ThreadKey{Tenant: o.tenant, User: o.user}
 		held := 0
 		if o.quota {
@@ -376,7 +379,12 @@ func (s *Store) RepairCounters(ctx context.Context, limit int) (core.CounterRepa
 			errs = append(errs, err)
 		}
 	}
-	if err := s.saveNotedCounts(ctx, notedState{Noted: noted, Sweep: (r.sweep + 1) % s.sweep}); err != nil {
+	tally := r.tally
+	if confirm != nil {
+		tally = confirm
+	}
+	if err := s.saveNotedCounts(ctx, notedState{Noted: noted, Sweep: (r.sweep + 1) % s.sweep,
+		States: stateCounts(tally), CountedAt: time.Now().UTC()}); err != nil {
 		errs = append(errs, err)
 	}
 	if rep.Slots == 0 {
@@ -445,7 +453,7 @@ func (s *Store) readForRepair(ctx context.Context) (*repairRead, error) {
 	if r.buckets, err = s.readBuckets(ctx, true); err != nil {
 		return nil, err
 	}
-	noted, err := s.notedCounts(ctx)
+	noted, err := s.notedCounts(ctx, true)
 	if err != nil {
 		return nil, err
 	}

@@ -369,7 +369,7 @@ func TestPerStateCountRepairWaitsForTheBucketToHoldStill(t *testing.T) {
 		}
 	}
 	move(core.StateActive)
-	if st, err := plain.Capacity(ctx); err != nil || st.Active != 1 {
+	if st, err := counted(t, plain, 100); err != nil || st.Active != 1 {
 		t.Errorf("capacity %+v, %v; want 1 active", st, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
@@ -69,19 +70,33 @@ func (s *Store) readCounters(ctx context.Context, keys []string) (map[string]cou
 }
 
 // notedState is the counter repair's item: the differences the last pass
-// noted, and the segment of the table the next pass sweeps.
+// noted, the segment of the table the next pass sweeps, and the holders of
+// running slots by state that the pass counted (what Capacity reports).
 type notedState struct {
-	Noted map[string]string `dynamodbav:"noted"`
-	Sweep int32             `dynamodbav:"sweep"`
+	Noted     map[string]string `dynamodbav:"noted"`
+	Sweep     int32             `dynamodbav:"sweep"`
+	States    map[string]int    `dynamodbav:"states,omitempty"`
+	CountedAt time.Time         `dynamodbav:"counted_at,omitempty"`
 }
 
-// notedCounts reads the counter repair's item.
-func (s *Store) notedCounts(ctx context.Context) (notedState, error) {
+// stateCounts is t's count of running-slot holders by state, keyed as
+// notedState keeps it.
+func stateCounts(t *slotTally) map[string]int {
+	out := make(map[string]int, len(t.states))
+	for st, n := range t.states {
+		out[string(st)] = n
+	}
+	return out
+}
+
+// notedCounts reads the counter repair's item (strongly consistent when
+// consistent).
+func (s *Store) notedCounts(ctx context.Context, consistent bool) (notedState, error) {
 	var n notedState
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
 	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: keySK(reconcilePK(s.deployment), countsSK),
-		ConsistentRead: aws.Bool(true)})
+		ConsistentRead: aws.Bool(consistent)})
 	if err != nil {
 		return n, unavailable("get noted counts", err)
 	}

@@ -341,15 +341,15 @@ func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Re
 const maxCountPages = 1000
 
 // countState counts state's index entries: one COUNT query per shard, in
-// parallel; with running, only those holding a running slot.
-func (s *Store) countState(ctx context.Context, state core.State, running bool) (int, error) {
+// parallel.
+func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
 	pks := s.statePKs(state)
 	counts := make([]int, len(pks))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(queryParallel)
 	for i, pk := range pks {
 		g.Go(func() error {
-			n, err := s.countKey(gctx, state, pk, running)
+			n, err := s.countKey(gctx, state, pk)
 			counts[i] = n
 			return err
 		})
@@ -364,31 +364,13 @@ func (s *Store) countState(ctx context.Context, state core.State, running bool) 
 	return n, nil
 }
 
-// countRunning counts the records and reservations holding a running
-// slot, by state (every state of slotStates, one after another).
-func (s *Store) countRunning(ctx context.Context) (map[core.State]int, error) {
-	out := make(map[core.State]int, len(slotStates))
-	for _, st := range slotStates {
-		n, err := s.countState(ctx, st, true)
-		if err != nil {
-			return nil, err
-		}
-		out[st] = n
-	}
-	return out, nil
-}
-
-func (s *Store) countKey(ctx context.Context, state core.State, pk string, running bool) (int, error) {
-	eb := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk)))
-	if running {
-		eb = eb.WithFilter(expression.AttributeNotExists(expression.Name("no_running_slot")))
-	}
-	expr, err := eb.Build()
+func (s *Store) countKey(ctx context.Context, state core.State, pk string) (int, error) {
+	expr, err := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk))).Build()
 	if err != nil {
 		return 0, err
 	}
 	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
-		KeyConditionExpression: expr.KeyCondition(), FilterExpression: expr.Filter(), ExpressionAttributeNames: expr.Names(),
+		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
 		ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
 	n := 0
 	for pages := 0; p.HasMorePages(); pages++ {

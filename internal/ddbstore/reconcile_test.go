@@ -266,7 +266,7 @@ func TestRepairCountersNeedsTheSameDifferenceTwice(t *testing.T) {
 	if u, counted := used(t, s); u != 1 || counted != 1 {
 		t.Errorf("used %d, counted %d; want 1 and 1", u, counted)
 	}
-	if st, _ := s.Capacity(ctx); st.Warm != 1 {
+	if st, _ := counted(t, s, 100); st.Warm != 1 {
 		t.Errorf("warm = %d, want 1", st.Warm)
 	}
 }

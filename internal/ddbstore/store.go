@@ -527,11 +527,13 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 	return types.TransactWriteItem{Update: u}, nil
 }
 
-// CountStates counts the deployment's records in each of states.
+// CountStates counts the deployment's records in each of states, from
+// the state index (one COUNT query per index key): for checks and tools,
+// never on a request's path.
 func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core.State]int, error) {
 	out := make(map[core.State]int, len(states))
 	for _, st := range states {
-		n, err := s.countState(ctx, st, false)
+		n, err := s.countState(ctx, st)
 		if err != nil {
 			return nil, err
 		}

@@ -42,6 +42,16 @@ func thread(n int) core.ThreadKey {
 	return core.ThreadKey{Tenant: "acme", User: "u1", Thread: fmt.Sprintf("t%d", n)}
 }
 
+// counted is s's capacity after a counter repair for limit: the counts
+// by state as of that repair (Capacity reads what the last one kept).
+func counted(t *testing.T, s *ddbstore.Store, limit int) (core.CapacityStatus, error) {
+	t.Helper()
+	if _, err := s.RepairCounters(context.Background(), limit); err != nil {
+		t.Fatalf("RepairCounters: %v", err)
+	}
+	return s.Capacity(context.Background())
+}
+
 // activeRecord reserves a slot for key and finalizes it as sandbox id.
 func activeRecord(t *testing.T, s *ddbstore.Store, key core.ThreadKey, id string) core.Record {
 	t.Helper()
@@ -70,7 +80,7 @@ func TestReserveFinalizeBindsThread(t *testing.T) {
 	if b := look.Binding; !look.Bound || b.SandboxID != "sbx1" || b.Reservation != "" {
 		t.Errorf("binding = %+v, want sandbox sbx1 and no reservation", look)
 	}
-	if st, err := s.Capacity(ctx); err != nil || st.Used != 1 || st.Active != 1 || look.Draining {
+	if st, err := counted(t, s, 100); err != nil || st.Used != 1 || st.Active != 1 || look.Draining {
 		t.Errorf("capacity = %+v, %v, draining %v; want used 1, active 1, not draining", st, err, look.Draining)
 	}
 	got, err := s.Get(ctx, "sbx1")
@@ -80,7 +90,7 @@ func TestReserveFinalizeBindsThread(t *testing.T) {
 	if got.State != core.StateActive || got.Tenant != "acme" || got.Fence != rec.Fence || got.Endpoint != rec.Endpoint {
 		t.Errorf("Get = %+v, want active acme record with fence %d", got, rec.Fence)
 	}
-	st, err := s.Capacity(ctx)
+	st, err := counted(t, s, 100)
 	if err != nil {
 		t.Fatalf("Capacity: %v", err)
 	}
@@ -106,7 +116,7 @@ func TestReserveRefusesSecondBindingForThread(t *testing.T) {
 	if err := s.Reserve(ctx, core.Reservation{Token: "res-4", ThreadKey: key, Limit: 100, Now: t0, ReplaceSandboxID: "sbx1"}); err != nil {
 		t.Fatalf("Reserve replacing sbx1: %v", err)
 	}
-	st, _ := s.Capacity(ctx)
+	st, _ := counted(t, s, 100)
 	if st.Used != 2 || st.Reserved != 1 {
 		t.Errorf("capacity = %+v, want used 2 (old record keeps its slot), reserved 1", st)
 	}
@@ -140,7 +150,7 @@ func TestReserveNeverExceedsLimitUnderConcurrency(t *testing.T) {
 	if ok.Load() != limit || full.Load() != workers-limit {
 		t.Errorf("reserved %d, refused %d; want %d and %d", ok.Load(), full.Load(), limit, workers-limit)
 	}
-	st, _ := s.Capacity(ctx)
+	st, _ := counted(t, s, limit)
 	if st.Used != limit || st.Reserved != limit {
 		t.Errorf("capacity = %+v, want used and reserved %d", st, limit)
 	}
@@ -254,7 +264,7 @@ func TestFreeReleasesSlotOnceAndIndexesFollowState(t *testing.T) {
 	if err := s.Free(ctx, tomb, t0); !errors.Is(err, core.ErrStaleFence) {
 		t.Errorf("second Free = %v, want ErrStaleFence (slot must not be freed twice)", err)
 	}
-	st, _ := s.Capacity(ctx)
+	st, _ := counted(t, s, 100)
 	if st.Used != 0 || st.Warm != 0 || st.Transitioning != 0 || st.Tombstones != 0 {
 		t.Errorf("capacity after free = %+v, want all zero", st)
 	}

@@ -599,7 +599,7 @@ func files(fs []core.DeferredFile) []api.DeferredFile {
 func capacityBody(st core.CapacityStatus) api.Capacity {
 	out := api.Capacity{Limit: st.Limit, Used: st.Used, Active: st.Active, Warm: st.Warm, Reserved: st.Reserved,
 		Transitioning: st.Transitioning, Tombstones: st.Tombstones, Pool: st.Pool, Granted: st.Granted, Paused: st.Paused, PausedLimit: st.PausedLimit,
-		Policy: st.Policy, Draining: st.Draining}
+		Policy: st.Policy, Draining: st.Draining, CountedAt: st.CountedAt.UTC()}
 	if b := st.PoolRefill; b != nil {
 		out.PoolRefill = &api.PoolRefill{Failures: b.Failures, BackingOffUntil: b.Until.UTC()}
 	}

@@ -244,18 +244,7 @@ func (s *Store) status() (core.CapacityStatus, []string) {
 		if !e.rec.Slots.Running() || e.rec.State == core.StateGone {
 			continue
 		}
-		switch e.rec.State {
-		case core.StateActive, core.StateResuming:
-			st.Active++
-		case core.StateWarm:
-			st.Warm++
-		case core.StateDestroying:
-			st.Tombstones++
-		case core.StatePooled:
-			st.Pool++
-		default:
-			st.Transitioning++
-		}
+		st.AddState(e.rec.State, 1)
 	}
 	var tenants []string
 	for t, n := range s.tenants {
@@ -267,8 +256,9 @@ func (s *Store) status() (core.CapacityStatus, []string) {
 	return st, tenants
 }
 
-// Capacity reports the deployment's slots by state (Limit and Policy are
-// the caller's to fill).
+// Capacity reports the deployment's slots, with the counts by state of
+// this moment (CountedAt zero: counted on every read; Limit and Policy
+// are the caller's to fill).
 func (s *Store) Capacity(context.Context) (core.CapacityStatus, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -156,9 +156,13 @@ func (f *fixture) warm(k core.ThreadKey, id string) core.Record {
 	return f.park(f.active(k, id), t0)
 }
 
-// capacity reads the capacity status.
+// capacity reads the capacity status after a counter repair (for a
+// limit of big): its counts by state are the repair's.
 func (f *fixture) capacity() core.CapacityStatus {
 	f.t.Helper()
+	if _, err := f.s.RepairCounters(f.ctx, big); err != nil {
+		f.t.Fatalf("RepairCounters: %v", err)
+	}
 	st, err := f.s.Capacity(f.ctx)
 	if err != nil {
 		f.t.Fatalf("Capacity: %v", err)

@@ -299,6 +299,10 @@ type Capacity struct {
 	// PoolRefill, present while the pre-warmed pool's refill backs off
 	// after failed creates, says how many failed and until when it waits.
 	PoolRefill *PoolRefill `json:"pool_refill,omitempty"`
+	// CountedAt is when reconcile last counted the running slots by state
+	// (Active, Warm, Reserved, Transitioning, Tombstones, Pool); zero
+	// before its first count. The other fields are read at once.
+	CountedAt time.Time `json:"counted_at,omitzero"`
 }
 
 // PoolRefill is the pool refill's back-off (Capacity.PoolRefill).

@@ -61,7 +61,10 @@ class ClientTests(StackTest):
         rec = self.client.get(lease.sandbox_id)
         self.assertEqual((rec["state"], rec["user_id"], rec["thread_id"]), ("active", self.user, self.thread))
         cap = self.client.capacity()
-        self.assertEqual((cap["limit"], cap["used"], cap["active"]), (1, 1, 1))
+        # used is the ledger's, read at once; the counts by state are
+        # reconcile's last pass (counted_at).
+        self.assertEqual((cap["limit"], cap["used"]), (1, 1))
+        self.assertIn("active", cap)
 
     def test_sync(self) -> None:
         self.sb.write_file("/mnt/user-data/outputs/sync-me.txt", "synced\n")
