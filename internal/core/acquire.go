@@ -203,6 +203,10 @@ type acquireState struct {
 	// previous is the ended sandbox the thread's binding named at the
 	// last attempt's lookup, which that attempt replaces (see previousOf).
 	previous *Previous
+	// freeing: at the last attempt's lookup a peer held the lease of the
+	// thread's own sandbox, destroying it (a webhook, reconcile): its slot
+	// is about to be freed, so a capacity refusal waits for it.
+	freeing bool
 }
 
 // notePendingKill keeps err, an eviction's kill the provider did not
@@ -224,7 +228,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 		return res, false, e.drainingError()
 	}
 	var replaceID, replaceRes string
-	st.previous = nil
+	st.previous, st.freeing = nil, false
 	b := look.Binding
 	switch {
 	case !look.Bound:
@@ -259,6 +263,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 			// The binding names a record that is gone or being destroyed:
 			// the thread needs a new sandbox, and learns why it changed.
 			replaceID, st.previous = b.SandboxID, previousOf(rec)
+			st.freeing = rec.State == StateDestroying && rec.Leased(owner, now)
 		default:
 			return res, false, fmt.Errorf("claim thread's sandbox: %w", err)
 		}

@@ -101,6 +101,11 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 				// not a full deployment.
 				return false, unavailable(fmt.Errorf("no slot freed for %s (%s): %w", key, ce.Reason, st.killErr))
 			}
+			if ce.Reason == api.RefusalCapacity && st.freeing {
+				// A peer is freeing the slot of the thread's own ended
+				// sandbox: look again once it is done, never refuse.
+				return true, fmt.Errorf("thread %s: its ended sandbox is being freed: %w", key, ErrLeaseHeld)
+			}
 			return true, e.refused(ce)
 		case errors.Is(err, ErrThreadBound), errors.Is(err, ErrLeaseHeld), errors.Is(err, ErrConflict), errors.Is(err, ErrNotFound):
 			// The binding or the record moved under us: look again.
