@@ -83,17 +83,6 @@ func runGuide(t *testing.T, md string) (log, output string, err error) {
 	return string(b), string(out), err
 }
 
-// calls returns the logged invocations of name.
-func calls(log, name string) []string {
-	var out []string
-	for _, l := range strings.Split(log, "\n") {
-		if strings.HasPrefix(l, name+" ") {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // TestGuideRunsAsWritten: every shell block of docs/deploy.md runs in a
 // shell without an error, and the tools get what a real deploy needs.
 func TestGuideRunsAsWritten(t *testing.T) {

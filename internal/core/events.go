@@ -105,14 +105,6 @@ const (
 	EventReasonUntracked = "untracked"
 )
 
-// EventReasons lists every Event.Reason the broker produces ("" aside:
-// the kind says it all).
-func EventReasons() []string {
-	return []string{EventReasonProviderTimeout, EventReasonProviderKilled, EventReasonMaxLifetime, EventReasonUnresponsive, EventReasonNotResumable, EventReasonDraining,
-		EventReasonCapacity, EventReasonQuota, EventReasonIdleExpired, EventReasonDuplicate, EventReasonOrphan,
-		EventReasonKillRetried, EventReasonKilled, EventReasonUntracked, EventReasonPoolRecycled, EventReasonClaimInterrupted}
-}
-
 // LostReasons lists the reasons of EventLost: why a sandbox its thread
 // held ended without the thread asking.
 func LostReasons() []string {

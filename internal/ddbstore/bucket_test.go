@@ -123,6 +123,3 @@ func TestLoweredLimitHoldsAcrossBuckets(t *testing.T) {
 		t.Errorf("after freeing to 9 of limit 10: %d reserved, used %d; want 1 and 10", ok, st.Used)
 	}
 }
-
-func str(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
-func num(v int) types.AttributeValue    { return &types.AttributeValueMemberN{Value: fmt.Sprint(v)} }

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/config"
+	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 )
 
@@ -482,6 +483,20 @@ func TestAPIListsEveryRoute(t *testing.T) {
 	for _, r := range templateRoutes(t) {
 		if !strings.Contains(string(b), "`"+r+"`") {
 			t.Errorf("template.yaml routes %s; docs/api.md does not name it (as `%s`)", r, r)
+		}
+	}
+}
+
+// TestAPIListsEveryEventKind: docs/api.md names every lifecycle event
+// kind the broker publishes, written `kind` or `sandbox.kind`.
+func TestAPIListsEveryEventKind(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root, "docs", "api.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range core.EventKinds() {
+		if !strings.Contains(string(b), "`"+string(k)+"`") && !strings.Contains(string(b), "`sandbox."+string(k)+"`") {
+			t.Errorf("the broker publishes sandbox.%s; docs/api.md does not name it", k)
 		}
 	}
 }

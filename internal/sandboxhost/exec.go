@@ -1,7 +1,6 @@
 package sandboxhost
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -324,12 +323,6 @@ func closeAll(fs ...*os.File) {
 	}
 }
 
-// discard drains r's output so the process never blocks on a full pipe.
-func (r *running) discard() {
-	for range r.events {
-	}
-}
-
 // exitInfo reports exit code, exited flag and status text of a finished
 // process, as envd does (exit code -1 when killed by a signal).
 func (p *process) exitInfo() (code int, exited bool, status string, errText string) {
@@ -346,18 +339,4 @@ func (p *process) exitInfo() (code int, exited bool, status string, errText stri
 	default:
 		return -1, false, "unknown", ""
 	}
-}
-
-// runToEnd waits for the process to finish, discarding output, honouring
-// ctx by killing the process group.
-func (r *running) runToEnd(ctx context.Context) {
-	go func() {
-		select {
-		case <-ctx.Done():
-			r.signal(syscall.SIGKILL)
-		case <-r.done:
-		}
-	}()
-	r.discard()
-	<-r.done
 }

@@ -3,7 +3,6 @@ package sandboxhost
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
 	"runtime"
 
 	"golang.org/x/sys/unix"
@@ -118,21 +117,4 @@ func seccompProgram() ([]byte, error) {
 		out = binary.NativeEndian.AppendUint32(out, f.K)
 	}
 	return out, nil
-}
-
-// seccompFile returns a readable file holding prog for one bwrap run
-// (the read end of a pipe; the program is far smaller than a pipe's
-// buffer).
-func seccompFile(prog []byte) (*os.File, error) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("seccomp pipe: %w", err)
-	}
-	_, err = w.Write(prog)
-	w.Close()
-	if err != nil {
-		r.Close()
-		return nil, fmt.Errorf("seccomp pipe: %w", err)
-	}
-	return r, nil
 }

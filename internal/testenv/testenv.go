@@ -143,18 +143,6 @@ var (
 	servers   []*server
 )
 
-// Stop kills every stand-in this process started and removes their temporary directories. Calling it
-// from TestMain is optional: the processes die with the test process anyway (Pdeathsig), and
-// leftover directories of dead processes are removed by the next run.
-func Stop() {
-	serversMu.Lock()
-	defer serversMu.Unlock()
-	for _, s := range servers {
-		s.kill()
-	}
-	servers = nil
-}
-
 func (s *server) kill() {
 	if s.cmd.Process != nil {
 		// Negative pid: the whole process group (Setpgid below).
