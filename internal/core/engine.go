@@ -199,9 +199,9 @@ func (e *Engine) Capacity(ctx context.Context) (CapacityStatus, error) {
 	st.Limit = e.s.Limit()
 	st.PausedLimit = e.s.PausedLimit()
 	st.Policy = string(e.s.Policy)
-	if ps := e.poolStore(); ps != nil {
+	if e.poolStore() != nil {
 		// The refill's failures, when a pool is kept and its creates fail.
-		if b, err := ps.RefillBackoff(ctx); err != nil {
+		if b, err := e.store.RefillBackoff(ctx); err != nil {
 			return st, fmt.Errorf("capacity: %w", err)
 		} else if b.Failures > 0 {
 			st.PoolRefill = &b

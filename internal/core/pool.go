@@ -231,6 +231,11 @@ type PoolStore interface {
 	// reservation's slot and place when set, else taking new ones without
 	// a limit check. ErrConflict when a condition failed.
 	AdoptPoolSandbox(ctx context.Context, rec Record, reservation string) (Record, error)
+}
+
+// PoolPlaceStore keeps the pool's place count and its refill's back-off,
+// which reconcile repairs and reads.
+type PoolPlaceStore interface {
 	// PoolCount reads the pool's taken places (members, refills in flight
 	// and members being destroyed).
 	PoolCount(ctx context.Context) (int, error)

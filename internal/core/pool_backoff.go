@@ -47,8 +47,8 @@ func backoffAfter(b RefillBackoff, created, failed int, now time.Time) RefillBac
 
 // refillBackoff reads the refill's state; a failed read counts as none
 // (the refill's own writes then fail too, and say so).
-func (e *Engine) refillBackoff(ctx context.Context, ps PoolStore) RefillBackoff {
-	b, err := ps.RefillBackoff(ctx)
+func (e *Engine) refillBackoff(ctx context.Context) RefillBackoff {
+	b, err := e.store.RefillBackoff(ctx)
 	if err != nil {
 		e.log.WarnContext(ctx, "reading the pool refill's back-off failed; refilling", "err", err)
 		return RefillBackoff{}
@@ -59,14 +59,14 @@ func (e *Engine) refillBackoff(ctx context.Context, ps PoolStore) RefillBackoff 
 // noteRefill stores the refill's state after a refill (only when it
 // changed). A failed write leaves the earlier state: at worst a refill
 // too many, or one skipped.
-func (e *Engine) noteRefill(ctx context.Context, ps PoolStore, was RefillBackoff, st PoolStats) RefillBackoff {
+func (e *Engine) noteRefill(ctx context.Context, was RefillBackoff, st PoolStats) RefillBackoff {
 	b := backoffAfter(was, st.Created, st.Failed, e.now())
 	if b == was {
 		return b
 	}
 	sctx, cancel := settle(ctx)
 	defer cancel()
-	if err := ps.SetRefillBackoff(sctx, b); err != nil {
+	if err := e.store.SetRefillBackoff(sctx, b); err != nil {
 		e.log.WarnContext(ctx, "storing the pool refill's back-off failed", "err", err)
 	}
 	if b.Failures > 0 {

@@ -53,7 +53,7 @@ func (e *Engine) refill(ctx context.Context) (PoolStats, error) {
 	if ps == nil {
 		return PoolStats{}, nil
 	}
-	was := e.refillBackoff(ctx, ps)
+	was := e.refillBackoff(ctx)
 	if e.now().Before(was.Until) {
 		return PoolStats{Backoff: was}, nil
 	}
@@ -95,7 +95,7 @@ func (e *Engine) refill(ctx context.Context) (PoolStats, error) {
 		}()
 	}
 	wg.Wait()
-	st.Backoff = e.noteRefill(ctx, ps, was, st)
+	st.Backoff = e.noteRefill(ctx, was, st)
 	if st.Created > 0 || st.Failed > 0 {
 		e.log.InfoContext(ctx, "pool refill", "created", st.Created, "failed", st.Failed)
 	}
@@ -287,11 +287,10 @@ func (p *pass) interruptedClaims(ctx context.Context) error {
 // records being paused or destroyed, as RepairCounters counted them. Only
 // while a pool is kept: nothing reads the count otherwise.
 func (p *pass) poolLedger(ctx context.Context, seen *HolderCount) error {
-	ps := p.e.poolStore()
-	if ps == nil || seen == nil {
+	if p.e.poolStore() == nil || seen == nil {
 		return nil
 	}
-	return p.repairCount(ctx, "pool place count", &p.cursor.Pool, *seen, ps.RepairPoolPlaces)
+	return p.repairCount(ctx, "pool place count", &p.cursor.Pool, *seen, p.e.store.RepairPoolPlaces)
 }
 
 // poolSandbox handles a sandbox of the inventory created for the pool

@@ -380,7 +380,7 @@ func (p *pass) ledger(ctx context.Context) error {
 	// the stop time, leaving the reserve for the cursor's save.
 	wctx, cancel := p.workContext(ctx)
 	defer cancel()
-	rep, err := p.rst.RepairCounters(wctx, p.e.s.Limit())
+	rep, err := p.e.store.RepairCounters(wctx, p.e.s.Limit())
 	p.st.LedgerRepaired = rep.Slots
 	if rep.Slots != 0 || rep.PausedSlots != 0 || rep.Counters != 0 || rep.Rebalanced {
 		p.e.log.WarnContext(ctx, "reconcile: slot counters repaired", "slots", rep.Slots, "paused_slots", rep.PausedSlots,

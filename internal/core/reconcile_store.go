@@ -77,8 +77,9 @@ type SeenSandbox struct {
 	Reservation string
 }
 
-// ReconcileStore is the store access reconcile needs beyond Store
-// (*ddbstore.Store implements it). Errors follow Store's classification:
+// ReconcileStore is the store access reconcile's inventory walk needs:
+// records, bindings and reservations by id, adoption, and the walk's
+// cursor and sightings. Errors follow Store's classification:
 // ErrConflict means a condition did not hold and nothing was written.
 type ReconcileStore interface {
 	// LookupMany reads records, bindings and reservations (strongly consistent).
@@ -106,17 +107,11 @@ type ReconcileStore interface {
 	// every reservation, as a Record with ReservationToken, ThreadKey,
 	// CreatedAt and ExpiresAt), until fn returns false.
 	ScanState(ctx context.Context, state State, fn func(Record) bool) error
-	// RepairCounters compares the counters kept with the slots (used slots
-	// of each capacity bucket, the paused slots of each paused bucket,
-	// each user's and tenant's slot count) with the records and
-	// reservations holding slots, and corrects each difference that the
-	// previous call saw unchanged (so a write in flight is never mistaken
-	// for drift), without overwriting a concurrent change. It keeps the
-	// counts by state it read for Capacity. It also rebalances the
-	// buckets' limits (for the deployment limit) when one holds more than
-	// its limit, and drops tenants holding no slot from the fair-share
-	// sets.
-	RepairCounters(ctx context.Context, limit int) (CounterRepair, error)
+}
+
+// OwedOutputsStore notes the sandboxes whose outputs a release left
+// partly uncopied, until reconcile has copied them.
+type OwedOutputsStore interface {
 	// NoteOutputsOwed records that sandboxID's outputs are not all stored
 	// (a release deferred some), so that reconcile copies the rest at
 	// its next pass; noting it again changes nothing.

@@ -259,7 +259,9 @@ type Store interface {
 	WaitStore
 	PauseStore
 	PoolStore
+	PoolPlaceStore
 	ReconcileStore
+	OwedOutputsStore
 	WebhookStore
 }
 
@@ -412,6 +414,17 @@ type CapacityStore interface {
 	// Draining reports whether the deployment drains (a read that may
 	// lag a SetDraining by up to a second).
 	Draining(ctx context.Context) (bool, error)
+	// RepairCounters compares the counters kept with the slots (used slots
+	// of each capacity bucket, the paused slots of each paused bucket,
+	// each user's and tenant's slot count) with the records and
+	// reservations holding slots, and corrects each difference that the
+	// previous call saw unchanged (so a write in flight is never mistaken
+	// for drift), without overwriting a concurrent change. It keeps the
+	// counts by state it read for Capacity. It also rebalances the
+	// buckets' limits (for the deployment limit) when one holds more than
+	// its limit, and drops tenants holding no slot from the fair-share
+	// sets.
+	RepairCounters(ctx context.Context, limit int) (CounterRepair, error)
 }
 
 // WaitStore keeps the wait queue: its tickets, waiter places and grants

@@ -336,7 +336,7 @@ func (s *Store) scanEach(ctx context.Context, op string, in *dynamodb.ScanInput,
 	}
 }
 
-// RepairCounters implements core.ReconcileStore.
+// RepairCounters implements core.CapacityStore.
 //
 // A counter is corrected to its tally only when three things agree: the
 // last pass noted the same difference at the same revision (no take or

@@ -231,7 +231,7 @@ func (s *Store) ScanState(_ context.Context, state core.State, fn func(core.Reco
 	return nil
 }
 
-// RepairCounters implements core.ReconcileStore: the store's counters
+// RepairCounters implements core.CapacityStore: the store's counters
 // move with their holders under one lock and never drift, so there is
 // nothing to correct.
 func (s *Store) RepairCounters(context.Context, int) (core.CounterRepair, error) {
