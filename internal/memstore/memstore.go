@@ -1,6 +1,5 @@
-// Package memstore is the broker's whole store contract (core.Store,
-// core.PauseStore, core.PoolStore, core.ReconcileStore and the rest, and
-// core.StorageStore) in memory: one
+// Package memstore is the broker's whole store contract (core.Store, with
+// every interface it embeds, and core.StorageStore) in memory: one
 // mutex over maps of records, reservations, bindings, wait tickets and
 // counters. Every write is atomic and exact, so the store never loses a
 // race it did not have to, and it keeps one ledger for the running slots
