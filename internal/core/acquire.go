@@ -144,6 +144,9 @@ func (e *Engine) attempt(ctx context.Context, key ThreadKey, owner string, st *a
 			}
 		}
 		if !e.now().Add(wait).Before(deadline) {
+			if st.refusal != nil && errors.Is(err, ErrLeaseHeld) {
+				return AcquireResult{}, st.refusal
+			}
 			return AcquireResult{}, contended(err)
 		}
 		if serr := e.sleep(ctx, wait); serr != nil {
@@ -204,9 +207,12 @@ type acquireState struct {
 	// last attempt's lookup, which that attempt replaces (see previousOf).
 	previous *Previous
 	// freeing: at the last attempt's lookup a peer held the lease of the
-	// thread's own sandbox, destroying it (a webhook, reconcile): its slot
-	// is about to be freed, so a capacity refusal waits for it.
+	// thread's own sandbox, destroying it (a webhook, reconcile, an
+	// eviction): its running slot is about to be freed, so a capacity
+	// refusal waits for it. refusal is that refusal, answered if the
+	// acquire's time runs out first.
 	freeing bool
+	refusal *CapacityError
 }
 
 // notePendingKill keeps err, an eviction's kill the provider did not
@@ -228,7 +234,7 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 		return res, false, e.drainingError()
 	}
 	var replaceID, replaceRes string
-	st.previous, st.freeing = nil, false
+	st.previous, st.freeing, st.refusal = nil, false, nil
 	b := look.Binding
 	switch {
 	case !look.Bound:
@@ -263,7 +269,8 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 			// The binding names a record that is gone or being destroyed:
 			// the thread needs a new sandbox, and learns why it changed.
 			replaceID, st.previous = b.SandboxID, previousOf(rec)
-			st.freeing = rec.State == StateDestroying && rec.Leased(owner, now)
+			st.freeing = rec.State == StateDestroying && rec.Slots.Running() && rec.Leased(owner, now) &&
+				e.s.Policy != PolicyWait // a waiter queues: the free dispatches the queue
 		default:
 			return res, false, fmt.Errorf("claim thread's sandbox: %w", err)
 		}

@@ -103,7 +103,9 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			}
 			if ce.Reason == api.RefusalCapacity && st.freeing {
 				// A peer is freeing the slot of the thread's own ended
-				// sandbox: look again once it is done, never refuse.
+				// sandbox: look again once it is done (the refusal stands
+				// if the acquire's time runs out first).
+				st.refusal = e.refused(ce)
 				return true, fmt.Errorf("thread %s: its ended sandbox is being freed: %w", key, ErrLeaseHeld)
 			}
 			return true, e.refused(ce)

@@ -29,7 +29,7 @@ func (p *pass) expiryCutoff(draining bool) time.Time {
 }
 
 // owedOutputs copies at once the outputs releases left deferred
-// (ReconcileStore.NoteOutputsOwed), not only when the sandbox's idle time
+// (OwedOutputsStore.NoteOutputsOwed), not only when the sandbox's idle time
 // is nearly over. Each noted warm sandbox is leased and synced: a
 // complete copy drops the note, an incomplete one keeps it and the
 // sandbox running (holdForOutputs). A noted sandbox that is no longer

@@ -124,12 +124,13 @@ type OwedOutputsStore interface {
 	ForgetOutputsOwed(ctx context.Context, sandboxID string) error
 }
 
-// CounterRepair is what one ReconcileStore.RepairCounters call corrected.
+// CounterRepair is what one CapacityStore.RepairCounters call corrected.
 type CounterRepair struct {
 	// Slots is the correction applied to the deployment's used slots.
 	Slots int
 	// Counters is how many other counters were corrected (users' and
-	// tenants' slot counts).
+	// tenants' slot counts, tenants' paused counts, the buckets' granted
+	// slots).
 	Counters int
 	// Rebalanced reports that the buckets' limits were rewritten.
 	Rebalanced bool

@@ -348,6 +348,7 @@ func (s *Store) scanEach(ctx context.Context, op string, in *dynamodb.ScanInput,
 // the exact count cannot, so a miss never lowers a counter.
 func (s *Store) RepairCounters(ctx context.Context, limit int) (core.CounterRepair, error) {
 	var rep core.CounterRepair
+	countedAt := time.Now().UTC() // before the tally's reads
 	r, err := s.readForRepair(ctx)
 	if err != nil {
 		return rep, err
@@ -359,6 +360,7 @@ func (s *Store) RepairCounters(ctx context.Context, limit int) (core.CounterRepa
 	var confirm *slotTally
 	if len(due) > 0 || r.notePool(noted) {
 		ectx, cancel := exactCtx(ctx)
+		exactAt := time.Now().UTC()
 		confirm, err = s.exactTally(ectx)
 		cancel()
 		if err != nil {
@@ -368,6 +370,7 @@ func (s *Store) RepairCounters(ctx context.Context, limit int) (core.CounterRepa
 			// The pool place count is repaired by the caller, on two
 			// passes' counts: give it the confirmed one.
 			r.pool.Counted = confirm.pool
+			countedAt = exactAt
 		}
 	}
 	for _, d := range due {
@@ -384,7 +387,7 @@ func (s *Store) RepairCounters(ctx context.Context, limit int) (core.CounterRepa
 		tally = confirm
 	}
 	if err := s.saveNotedCounts(ctx, notedState{Noted: noted, Sweep: (r.sweep + 1) % s.sweep,
-		States: stateCounts(tally), CountedAt: time.Now().UTC()}); err != nil {
+		States: stateCounts(tally), CountedAt: countedAt}); err != nil {
 		errs = append(errs, err)
 	}
 	if rep.Slots == 0 {

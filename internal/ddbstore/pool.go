@@ -394,7 +394,7 @@ func (s *Store) poolPlaces(ctx context.Context, consistent bool) (int, int64, er
 	return c.Members, c.Revision, nil
 }
 
-// RepairPoolPlaces implements core.PoolStore (a conditional write on the
+// RepairPoolPlaces implements core.PoolPlaceStore (a conditional write on the
 // count, compared with the revision the caller read).
 func (s *Store) RepairPoolPlaces(ctx context.Context, revision int64, counted int) error {
 	return s.repairCount(ctx, "pool places", poolPK(s.deployment), "members", revision, counted)
