@@ -115,6 +115,20 @@ type stackConfig struct {
 // newStack builds a case's stack over the shared sandbox host, DynamoDB
 // Local and versitygw, with its own table, bucket and deployment, as cfg
 // says.
+// startHost starts a local sandbox host for t's stacks, closed when t
+// and its subtests are done.
+func startHost(t *testing.T) *sandboxhost.Server {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	host, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: apiKey, RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("sandboxhost.Start: %v", err)
+	}
+	t.Cleanup(func() { _ = host.Close() })
+	return host
+}
+
 func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	t.Helper()
 	held := &faults.Transport{Next: standin.Loopback}
@@ -1148,13 +1162,7 @@ func pausedHomePK(deployment, id string) string {
 func TestOneFaultAtEachStep(t *testing.T) {
 	// Subtests run after this function returns: the host lives until
 	// they are done.
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	host, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: apiKey, RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("sandboxhost.Start: %v", err)
-	}
-	t.Cleanup(func() { _ = host.Close() })
+	host := startHost(t)
 	pairs := 0
 	configs := map[string]stackConfig{}
 	for _, sp := range poolSteps {

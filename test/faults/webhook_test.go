@@ -8,7 +8,6 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/faults"
-	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 )
 
 // webhookSteps are the DynamoDB writes of a provider's killed webhook:
@@ -60,13 +59,7 @@ func webhookStep(st *stack, thread string, arm, disarm func()) (map[string][]byt
 // slot once and refuses the second as a replay. The invariants hold
 // either way, and the thread works again.
 func TestWebhookLostOrDuplicated(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	host, err := sandboxhost.Start(ctx, sandboxhost.Options{APIKey: apiKey, RootDir: t.TempDir()}, "127.0.0.1:0", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("sandboxhost.Start: %v", err)
-	}
-	t.Cleanup(func() { _ = host.Close() })
+	host := startHost(t)
 	t.Run("lost", func(t *testing.T) {
 		t.Parallel()
 		st := newStack(t, host, stackConfig{})
