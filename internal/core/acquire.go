@@ -207,10 +207,11 @@ type acquireState struct {
 	// last attempt's lookup, which that attempt replaces (see previousOf).
 	previous *Previous
 	// freeing: at the last attempt's lookup a peer held the lease of the
-	// thread's own sandbox, destroying it (a webhook, reconcile, an
-	// eviction): its running slot is about to be freed, so a capacity
-	// refusal waits for it. refusal is that refusal, answered if the
-	// acquire's time runs out first.
+	// thread's own active sandbox, destroying it (a webhook, reconcile;
+	// an eviction takes only parked ones, for its own thread): its running
+	// slot is about to be freed, so a capacity refusal waits for it.
+	// refusal is that refusal, answered if the acquire's time runs out
+	// first.
 	freeing bool
 	refusal *CapacityError
 }
@@ -269,8 +270,8 @@ func (e *Engine) acquireOnce(ctx context.Context, key ThreadKey, owner string, s
 			// The binding names a record that is gone or being destroyed:
 			// the thread needs a new sandbox, and learns why it changed.
 			replaceID, st.previous = b.SandboxID, previousOf(rec)
-			st.freeing = rec.State == StateDestroying && rec.Slots.Running() && rec.Leased(owner, now) &&
-				e.s.Policy != PolicyWait // a waiter queues: the free dispatches the queue
+			st.freeing = rec.State == StateDestroying && rec.PrevState == StateActive && rec.Slots.Running() &&
+				rec.Leased(owner, now) && e.s.Policy != PolicyWait // a waiter queues: the free dispatches the queue
 		default:
 			return res, false, fmt.Errorf("claim thread's sandbox: %w", err)
 		}
