@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -154,7 +153,7 @@ func (a *AIO) Exec(ctx context.Context, req ExecRequest) (int, error) {
 		if ctx.Err() != nil {
 			return -1, fmt.Errorf("exec: %w", ctx.Err())
 		}
-		if errors.Is(rctx.Err(), context.DeadlineExceeded) {
+		if deadlinePassed(rctx) {
 			return -1, fmt.Errorf("exec: %w", ErrExecTimeout)
 		}
 		return -1, fmt.Errorf("exec: %w", err)

@@ -254,7 +254,7 @@ func (e *Envd) execErr(parent, run context.Context, err error) error {
 	if parent.Err() != nil {
 		return fmt.Errorf("exec: %w", parent.Err())
 	}
-	if errors.Is(run.Err(), context.DeadlineExceeded) {
+	if deadlinePassed(run) {
 		return fmt.Errorf("exec: %w", ErrExecTimeout)
 	}
 	switch connect.CodeOf(err) {
@@ -264,6 +264,17 @@ func (e *Envd) execErr(parent, run context.Context, err error) error {
 		return fmt.Errorf("exec: %w: %v", ErrExecTimeout, err)
 	}
 	return fmt.Errorf("exec: %w", err)
+}
+
+// deadlinePassed reports whether ctx's deadline has passed. A call may
+// fail on the deadline (the transport compares the clock with it) before
+// the context's own timer ends it, so its Err alone can still be nil.
+func deadlinePassed(ctx context.Context) bool {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // kill sends SIGKILL to pid, best effort, bounded by 5 s.
