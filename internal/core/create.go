@@ -31,11 +31,26 @@ echo ` + bootstrapMarker
 // bootstraps a sandbox and records it.
 func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (AcquireResult, bool, error) {
 	var token string
-	retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
+	retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time, k *killed) error {
+		if k != nil && st.grant != nil {
+			// The grant's slot is the one to take: free the evicted one.
+			if err := e.freeKilled(ctx, *k); err != nil {
+				return err
+			}
+			k, now = nil, e.now()
+		}
 		token = "res-" + newOwner()[4:]
-		return e.took(st, e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
+		r := Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Grant: st.grant}))
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Grant: st.grant}
+		if k != nil {
+			r.Handover = &k.tomb
+		}
+		err := e.took(st, e.store.Reserve(ctx, r))
+		if k != nil {
+			e.handedOver(ctx, *k, err)
+		}
+		return err
 	})
 	if err != nil {
 		return AcquireResult{}, retry, err
@@ -43,14 +58,60 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 	return e.createReserved(ctx, key, token)
 }
 
+// handedOver settles k, whose slot a reservation was to take over, once
+// the reservation answered err: taken over, k's end is published; not
+// taken (any answer but the store's outage), its slots are freed as an
+// eviction's are. After an outage the write may have applied: the
+// tombstone, if it is still there, is freed by the next retry of its
+// kill (freeLost, reconcile), and a reservation its sandbox never used by
+// reconcile.
+func (e *Engine) handedOver(ctx context.Context, k killed, err error) {
+	switch {
+	case err == nil:
+		e.ended(ctx, k)
+	case !errors.Is(err, ErrStoreUnavailable):
+		_ = e.freeKilled(ctx, k)
+	}
+}
+
+// freedFirst adapts take, a write that cannot take a slot over, to
+// takeSlot: it first frees the slot of the sandbox an eviction killed for
+// it.
+func (e *Engine) freedFirst(ctx context.Context, take func(now time.Time) error) func(time.Time, *killed) error {
+	return func(now time.Time, k *killed) error {
+		if k == nil {
+			return take(now)
+		}
+		if err := e.freeKilled(ctx, *k); err != nil {
+			return err
+		}
+		return take(e.now())
+	}
+}
+
+// handOverable is the sandbox ev killed, for the take to take its slot
+// over; nil when it killed none, or under the wait policy, where a freed
+// slot goes to the head of the wait queue (its slot is freed then, and
+// the queue dispatched).
+func (e *Engine) handOverable(ctx context.Context, ev eviction) *killed {
+	if ev.killed != nil && e.s.Policy == PolicyWait {
+		_ = e.freeKilled(ctx, *ev.killed)
+		return nil
+	}
+	return ev.killed
+}
+
 // takeSlot runs take, a write that takes a running slot for key's thread
 // (a reservation, a resume claim), until it applies: when the deployment
-// is full it evicts (see evictOne), else frees the slots no sandbox uses (freeLost),
-// and otherwise returns the refusal (retry: the wait policy may poll).
-// Store outages fail closed.
-func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *acquireState, take func(now time.Time) error) (retry bool, _ error) {
+// is full it evicts (see evictOne) and runs take again with the evicted
+// sandbox, whose tombstone holds the slot, else frees the slots no
+// sandbox uses (freeLost), and otherwise returns the refusal (retry: the
+// wait policy may poll). Store outages fail closed.
+func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *acquireState, take func(now time.Time, evicted *killed) error) (retry bool, _ error) {
+	var evicted *killed
 	for evictions := 0; ; evictions++ {
-		err := take(e.now())
+		err := take(e.now(), evicted)
+		evicted = nil
 		var ce *CapacityError
 		switch {
 		case err == nil:
@@ -64,21 +125,23 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 				// The quota counts the caller's warm sandboxes too: evict
 				// its own least recently parked one, whatever the policy
 				// (a quota bounds the caller's slots, not the deployment's).
-				ok, killErr := e.evictForQuota(ctx, key, owner, ce.Reason)
-				if ok {
+				ev := e.evictForQuota(ctx, key, owner, ce.Reason)
+				if ev.freed {
+					evicted = e.handOverable(ctx, ev)
 					continue
 				}
-				st.notePendingKill(killErr)
+				st.notePendingKill(ev.killErr)
 			}
 			// burst with a zero burst limit behaves as reject, eviction included.
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
 			if ce.Reason == api.RefusalCapacity && evicting && evictions < maxEvictions {
-				ok, atShare, killErr := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants))
-				if ok {
+				ev := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants))
+				if ev.freed {
+					evicted = e.handOverable(ctx, ev)
 					continue
 				}
-				st.notePendingKill(killErr)
-				if atShare && !st.atShare {
+				st.notePendingKill(ev.killErr)
+				if ev.atShare && !st.atShare {
 					// The tenant reached its share since its lookup: try
 					// again, evicting only its own.
 					st.atShare = true

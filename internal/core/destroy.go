@@ -31,12 +31,9 @@ func (e *Engine) kill(ctx context.Context, id string) error {
 }
 
 // destroyClaimed turns a record this invocation holds the lease on into a
-// tombstone, kills the sandbox and frees its slot once the kill is confirmed,
-// publishing EventDestroyed with reason (one of EventReasons), after
-// EventLost when its thread lost it (lostWhileHeld). The record keeps
-// reason as its EndReason (a tombstone's first reason stays, through
-// kill retries). An uncertain kill leaves the tombstone (and its slot)
-// for a later retry. It reports whether the sandbox is confirmed gone.
+// tombstone, kills the sandbox (killClaimed) and frees its slots once the
+// kill is confirmed, publishing its end (freeKilled). It reports whether
+// the sandbox is confirmed gone.
 func (e *Engine) destroyClaimed(ctx context.Context, rec Record, reason string) bool {
 	return e.destroyClaimedErr(ctx, rec, reason) == nil
 }
@@ -49,9 +46,32 @@ var errKillUncertain = errors.New("kill uncertain")
 // confirmed gone: an error wrapping errKillUncertain and the provider's
 // error when the kill was not confirmed, or the store's error.
 func (e *Engine) destroyClaimedErr(ctx context.Context, rec Record, reason string) error {
-	from := rec.State // the state the sandbox left to be destroyed
-	if from == StateDestroying {
-		from = rec.PrevState // "": recorded as a tombstone (an untracked sandbox)
+	k, err := e.killClaimed(ctx, rec, reason)
+	if err != nil {
+		return err
+	}
+	return e.freeKilled(ctx, k)
+}
+
+// killed is a sandbox whose kill the provider confirmed: its tombstone,
+// which still holds its slots (freeKilled frees them; a reservation may
+// take its running slot over, Reservation.Handover), the state it left
+// and why it was destroyed (one of EventReasons).
+type killed struct {
+	tomb   Record
+	from   State
+	reason string
+}
+
+// killClaimed turns rec, held under this invocation's lease, into a
+// tombstone (unless it is one) and kills its sandbox. The tombstone keeps
+// reason as its EndReason (a tombstone's first reason stays, through kill
+// retries). An uncertain kill leaves the tombstone, and its slot, for a
+// later retry: errKillUncertain.
+func (e *Engine) killClaimed(ctx context.Context, rec Record, reason string) (killed, error) {
+	k := killed{from: rec.State, reason: reason}
+	if k.from == StateDestroying {
+		k.from = rec.PrevState // "": recorded as a tombstone (an untracked sandbox)
 	}
 	stored := rec.EndReason != "" // as read: a tombstone's first reason stays
 	if !stored {
@@ -64,26 +84,40 @@ func (e *Engine) destroyClaimedErr(ctx context.Context, rec Record, reason strin
 		cancel()
 		if err != nil {
 			e.log.WarnContext(ctx, "tombstone write failed", "sandbox_id", rec.SandboxID, "err", err)
-			return fmt.Errorf("tombstone: %w", err)
+			return killed{}, fmt.Errorf("tombstone: %w", err)
 		}
 		tomb.EndReason, rec, stored = rec.EndReason, tomb, true
 	}
 	if err := e.kill(ctx, rec.SandboxID); err != nil {
 		e.log.WarnContext(ctx, "kill uncertain; tombstone keeps its slot", "sandbox_id", rec.SandboxID, "err", err)
 		e.keepTombstone(ctx, rec, !stored)
-		return fmt.Errorf("%w: %w", errKillUncertain, err)
+		return killed{}, fmt.Errorf("%w: %w", errKillUncertain, err)
 	}
+	k.tomb = rec
+	return k, nil
+}
+
+// freeKilled frees the slots of k's tombstone and publishes its end
+// (ended). A free that fails leaves the tombstone, and its slots, to a
+// later retry of its kill.
+func (e *Engine) freeKilled(ctx context.Context, k killed) error {
 	fctx, cancel := settle(ctx)
 	defer cancel()
-	if err := e.store.Free(fctx, rec, e.now()); err != nil {
-		e.log.WarnContext(ctx, "free slot after kill failed", "sandbox_id", rec.SandboxID, "err", err)
+	if err := e.store.Free(fctx, k.tomb, e.now()); err != nil {
+		e.log.WarnContext(ctx, "free slot after kill failed", "sandbox_id", k.tomb.SandboxID, "err", err)
 		return fmt.Errorf("free: %w", err)
 	}
-	if lostWhileHeld(rec, from, rec.EndReason) {
-		e.emit(ctx, rec, from, StateGone, EventLost, rec.EndReason)
-	}
-	e.emit(ctx, rec, from, StateGone, EventDestroyed, reason)
+	e.ended(ctx, k)
 	return nil
+}
+
+// ended publishes the end of k's sandbox, gone: EventLost when its thread
+// lost it (lostWhileHeld), then EventDestroyed.
+func (e *Engine) ended(ctx context.Context, k killed) {
+	if lostWhileHeld(k.tomb, k.from, k.tomb.EndReason) {
+		e.emit(ctx, k.tomb, k.from, StateGone, EventLost, k.tomb.EndReason)
+	}
+	e.emit(ctx, k.tomb, k.from, StateGone, EventDestroyed, k.reason)
 }
 
 // keepTombstone writes the reason rec's end has (rec.EndReason) on rec, a

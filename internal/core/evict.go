@@ -31,12 +31,10 @@ const (
 // when below is nil (a tenant at or over its fair share never takes
 // another tenant's warm sandbox; when the sample holds none of its own,
 // the pool's exact order is read). It reports whether a slot was freed,
-// and atShare when a claim found the tenant at its fair share. A kill
-// that fails leaves a tombstone holding the slot and stops the eviction;
-// its error (wrapping errKillUncertain) is killErr.
-func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow) (freed, atShare bool, killErr error) {
+// and what it did (see eviction).
+func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow) eviction {
 	if below != nil && e.evictPoolMember(ctx, owner, false) {
-		return true, false, nil
+		return eviction{freed: true}
 	}
 	ownTenant := below == nil
 	may := func(rec Record) bool {
@@ -52,9 +50,34 @@ func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, belo
 	}
 	if err != nil {
 		e.log.WarnContext(ctx, "list warm pool for eviction failed", "err", err)
-		return false, false, nil
+		return eviction{}
 	}
 	return e.evictParked(ctx, key, owner, warm, may, evictGuard{below: below}, EventReasonCapacity)
+}
+
+// eviction is what an eviction for a take did.
+type eviction struct {
+	// freed: a slot was freed for the take, or killed holds one.
+	freed bool
+	// killed, when set, is the sandbox destroyed for the take: its
+	// tombstone still holds the slot, for the take to take over
+	// (Reservation.Handover) or free (freeKilled).
+	killed *killed
+	// atShare: a claim found the acquiring tenant at its fair share.
+	atShare bool
+	// killErr: a kill the provider did not confirm (wrapping
+	// errKillUncertain) left a tombstone holding the slot and stopped
+	// the eviction.
+	killErr error
+}
+
+// freeEvicted frees the slot ev.killed holds, if any, and reports whether a slot
+// was freed.
+func (e *Engine) freeEvicted(ctx context.Context, ev eviction) bool {
+	if ev.killed != nil {
+		return e.freeKilled(ctx, *ev.killed) == nil
+	}
+	return ev.freed
 }
 
 // quotaRefusal reports whether reason is a refusal for one of the
@@ -74,9 +97,9 @@ const quotaCandidates = 5
 // (RefusalTenantQuota), never another tenant's, never key's own thread's,
 // never one in use: the claim applies only to a record still warm and
 // unleased (Store.OwnWarm lists the candidates from the tenant's or
-// user's own entries, never the warm pool). It reports whether one was
-// destroyed (its slot freed), and killErr as evictOne.
-func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string, reason api.RefusalReason) (bool, error) {
+// user's own entries, never the warm pool). It reports what it did as
+// evictOne.
+func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string, reason api.RefusalReason) eviction {
 	user := key.User
 	if reason == api.RefusalTenantQuota {
 		user = "" // any of the tenant's users
@@ -84,11 +107,10 @@ func (e *Engine) evictForQuota(ctx context.Context, key ThreadKey, owner string,
 	warm, err := e.store.OwnWarm(ctx, key.Tenant, user, quotaCandidates)
 	if err != nil {
 		e.log.WarnContext(ctx, "list own warm sandboxes for a quota failed", "err", err, "reason", reason)
-		return false, nil
+		return eviction{}
 	}
 	may := func(rec Record) bool { return rec.Tenant == key.Tenant && (user == "" || rec.User == user) }
-	evicted, _, killErr := e.evictParked(ctx, key, owner, warm, may, evictGuard{}, EventReasonQuota)
-	return evicted, killErr
+	return e.evictParked(ctx, key, owner, warm, may, evictGuard{}, EventReasonQuota)
 }
 
 // evictGuard is what the claim of another tenant's record carries in an
@@ -98,18 +120,19 @@ type evictGuard struct {
 	paused *PausedBelow
 }
 
-// evictParked destroys the first of parked (warm or paused records, least
+// evictParked kills the first of parked (warm or paused records, least
 // recently parked first) that belongs to another thread than key's and
-// that may passes, for key's thread; the claim of another tenant's record
-// carries guard (a claim finding key's tenant at its share reports
-// atShare, and the other tenants' records are then skipped). It reports
-// whether one was destroyed (a peer that moved a record first wins it; a
-// kill that fails leaves a tombstone holding its slot and stops the
-// eviction: killErr, as evictOne). reason (one of EventReasons) is why.
-func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, guard evictGuard, reason string) (evicted, atShare bool, killErr error) {
+// that may passes, for key's thread, leaving its tombstone holding its
+// slots (eviction.killed); the claim of another tenant's record carries
+// guard (a claim finding key's tenant at its share reports atShare, and
+// the other tenants' records are then skipped). A peer that moved a
+// record first wins it; a kill that fails stops the eviction (killErr).
+// reason (one of EventReasons) is why.
+func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, parked []Record, may func(Record) bool, guard evictGuard, reason string) eviction {
+	var ev eviction
 	for _, rec := range parked {
 		other := rec.Tenant != key.Tenant
-		if rec.ThreadKey == key || !may(rec) || (other && atShare) {
+		if rec.ThreadKey == key || !may(rec) || (other && ev.atShare) {
 			continue
 		}
 		c := Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{rec.State},
@@ -119,7 +142,7 @@ func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, p
 		}
 		claimed, err := e.store.Claim(ctx, c)
 		if errors.Is(err, ErrAtFairShare) {
-			atShare = true
+			ev.atShare = true
 			continue // its own tenant's may still be taken
 		}
 		if err != nil {
@@ -128,10 +151,15 @@ func (e *Engine) evictParked(ctx context.Context, key ThreadKey, owner string, p
 		claimed = keepPause(claimed, rec)
 		e.log.InfoContext(ctx, "evicting "+string(rec.State)+" sandbox", "sandbox_id", rec.SandboxID, "parked_at", rec.ParkedAt, "for_thread", key.String())
 		e.emit(ctx, claimed, rec.State, StateDestroying, EventEvicted, reason)
-		err = e.destroyClaimedErr(ctx, claimed, reason)
-		return err == nil, atShare, uncertainKill(err)
+		k, err := e.killClaimed(ctx, claimed, reason)
+		if err != nil {
+			ev.killErr = uncertainKill(err)
+			return ev
+		}
+		ev.freed, ev.killed = true, &k
+		return ev
 	}
-	return false, atShare, nil
+	return ev
 }
 
 // uncertainKill is err when it is a kill the provider did not confirm

@@ -306,8 +306,7 @@ func (e *Engine) evictPaused(ctx context.Context, key ThreadKey, owner string) b
 		return false
 	}
 	may, guard := e.pausedShare(ctx, key, paused)
-	freed, _, _ := e.evictParked(ctx, key, owner, paused, may, guard, EventReasonCapacity)
-	return freed
+	return e.freeEvicted(ctx, e.evictParked(ctx, key, owner, paused, may, guard, EventReasonCapacity))
 }
 
 // pausedShare reads the paused counts of key's tenant and of the tenants
@@ -346,13 +345,13 @@ func (e *Engine) resumeParked(ctx context.Context, key ThreadKey, rec Record, ow
 	ps := e.pauseStore()
 	var claimed Record
 	if rec.State == StatePaused {
-		retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
+		retry, err := e.takeSlot(ctx, key, owner, st, e.freedFirst(ctx, func(now time.Time) error {
 			var err error
 			claimed, err = ps.ClaimResume(ctx, ResumeClaim{Claim: Claim{SandboxID: rec.SandboxID, Tenant: key.Tenant, Owner: owner,
 				Now: now, LeaseUntil: e.leaseUntil(ctx)}, Key: key, Limit: e.s.Limit(), MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant,
 				Grant: st.grant})
 			return e.took(st, err)
-		})
+		}))
 		if err != nil {
 			return AcquireResult{}, retry, fmt.Errorf("resume: %w", err)
 		}

@@ -409,7 +409,7 @@ func (e *Engine) claimMember(ctx context.Context, ps PoolStore, m Record, key Th
 		rec  Record
 		lost error
 	)
-	_, err := e.takeSlot(ctx, key, owner, st, func(now time.Time) error {
+	_, err := e.takeSlot(ctx, key, owner, st, e.freedFirst(ctx, func(now time.Time) error {
 		var err error
 		rec, err = claim(now)
 		_ = e.took(st, err)
@@ -418,7 +418,7 @@ func (e *Engine) claimMember(ctx context.Context, ps PoolStore, m Record, key Th
 			return nil
 		}
 		return err
-	})
+	}))
 	if lost != nil {
 		return Record{}, lost
 	}

@@ -137,6 +137,14 @@ type Reservation struct {
 	// leave the queue, in the same transaction; ErrGrantLost when the
 	// ticket no longer holds it.
 	Grant *Grant
+	// Handover, when set, is the tombstone of another thread's sandbox
+	// whose kill the caller confirmed, under its lease (its Fence
+	// current): its running slot passes to the reservation in the same
+	// write. The record ends gone, its user's and tenant's counts give the
+	// slot up, and Limit is not checked (the slot was held); the
+	// reservation's own quotas and draining are. ErrStaleFence when the
+	// record moved. Never with Grant.
+	Handover *Record
 }
 
 // Waiter is one acquire about to wait for a slot: it holds one of its

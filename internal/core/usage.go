@@ -134,14 +134,34 @@ func (m meteredStore) Finalize(ctx context.Context, token string, rec Record) (R
 // is then offered to the wait queue (dispatchFreed).
 func (m meteredStore) Free(ctx context.Context, rec Record, now time.Time) error {
 	err := m.Store.Free(ctx, rec, now)
-	if err == nil && !rec.MeteredAt.IsZero() {
-		rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = rec.MeteredAt, now, rec.State
-		m.e.meterFinal(ctx, rec, true)
+	if err == nil {
+		m.meterEnd(ctx, rec, now)
 	}
 	if err == nil && rec.Slots.Running() {
 		m.e.dispatchFreed(ctx, rec.Slot.Bucket)
 	}
 	return err
+}
+
+// Reserve meters the last interval of the tombstone whose slot the
+// reservation took over (Reservation.Handover), as Free does; the slot
+// changed holder, so there is nothing to offer the wait queue.
+func (m meteredStore) Reserve(ctx context.Context, r Reservation) error {
+	err := m.Store.Reserve(ctx, r)
+	if err == nil && r.Handover != nil {
+		m.meterEnd(ctx, *r.Handover, r.Now)
+	}
+	return err
+}
+
+// meterEnd meters rec's last interval, from its last metering write to
+// now, when rec ended (gone) at now.
+func (m meteredStore) meterEnd(ctx context.Context, rec Record, now time.Time) {
+	if rec.MeteredAt.IsZero() {
+		return
+	}
+	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = rec.MeteredAt, now, rec.State
+	m.e.meterFinal(ctx, rec, true)
 }
 
 // FreeReservation frees the reservation's slot, then offers it to the

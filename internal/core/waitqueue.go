@@ -242,11 +242,11 @@ func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *
 	case res.Head != me || !res.Read:
 		return nil
 	}
-	ok, atShare, _ := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants))
-	if atShare {
+	ev := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, res.Tenants))
+	if ev.atShare {
 		st.atShare = true // evict only its own from now on
 	}
-	if !ok && !st.lostChecked {
+	if !e.freeEvicted(ctx, ev) && !st.lostChecked {
 		st.lostChecked = true
 		_, _ = e.freeLost(ctx, owner)
 	}

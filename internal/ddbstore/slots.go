@@ -40,6 +40,13 @@ var (
 // Reserve takes a slot and binds the thread to the reservation,
 // atomically (see takeSlot for the bucket it takes).
 func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
+	if r.Handover != nil {
+		err := s.reserveHandedOver(ctx, r)
+		if err == nil {
+			s.slots.remember(r.Token, core.Slot{Bucket: r.Handover.Slot.Bucket, Quota: true})
+		}
+		return err
+	}
 	p := threadPlan(r.ThreadKey, r.Limit)
 	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
 	if err == nil {
@@ -202,6 +209,68 @@ func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error 
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
+	userItem, err := s.counterTake(userPK(s.deployment, r.ThreadKey), r.MaxPerUser)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	tenantItem, err := s.counterTake(tenantPK(s.deployment, r.Tenant), r.MaxPerTenant)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	return s.writeReservation(ctx, r, b, append([]types.TransactWriteItem{userItem, tenantItem}, take...))
+}
+
+// reserveHandedOver is Reserve taking over the running slot r.Handover
+// holds (core.Reservation.Handover): the tombstone's gone update (fenced)
+// and, in its bucket, the slot changing holder (its used count unchanged,
+// not draining); the user's and tenant's counts move from the tombstone's
+// thread to r's, and an item both would write (the same user or tenant)
+// is left as it is.
+func (s *Store) reserveHandedOver(ctx context.Context, r core.Reservation) error {
+	h := *r.Handover
+	if r.Grant != nil || !h.Slots.Running() {
+		return fmt.Errorf("reserve: a handover needs a tombstone holding a running slot, and no grant: %w", core.ErrConflict)
+	}
+	gone, err := s.goneUpdate(h, r.Now, false)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	cond := notDraining()
+	bucket, err := s.bucketUpdate(h.Slot.Bucket, &cond, expression.Add(expression.Name("revision"), expression.Value(1)).
+		Add(expression.Name("tenants"), expression.Value(tenantSet(r.Tenant))))
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	items := []types.TransactWriteItem{gone, bucket}
+	for _, c := range []struct {
+		to, from string
+		max      int
+	}{
+		{userPK(s.deployment, r.ThreadKey), userPK(s.deployment, h.ThreadKey), r.MaxPerUser},
+		{tenantPK(s.deployment, r.Tenant), tenantPK(s.deployment, h.Tenant), r.MaxPerTenant},
+	} {
+		if h.Slot.Quota && c.from == c.to {
+			continue // the slot stays in this count
+		}
+		take, err := s.counterTake(c.to, c.max)
+		if err != nil {
+			return fmt.Errorf("reserve: %w", err)
+		}
+		items = append(items, take)
+		if h.Slot.Quota {
+			items = append(items, s.counterRelease(c.from))
+		}
+	}
+	if h.Slots.Paused {
+		items = append(items, s.tenantPausedRelease(h)...)
+	}
+	return s.writeReservation(ctx, r, h.Slot.Bucket, items)
+}
+
+// writeReservation writes r's reservation (in bucket b) and binding with
+// slot, the items that take its slot and counts, in one transaction, and
+// says why it was refused.
+func (s *Store) writeReservation(ctx context.Context, r core.Reservation, b int, slot []types.TransactWriteItem) error {
 	resItem, err := attributevalue.MarshalMap(item{
 		PK: reservationPK(r.Token), SK: sortKey, Tenant: r.Tenant, User: r.User, Thread: r.Thread, Seed: r.Seed,
 		State: string(core.StateCreating), Reservation: r.Token, Deployment: s.deployment,
@@ -221,22 +290,12 @@ func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error 
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
-	userItem, err := s.counterTake(userPK(s.deployment, r.ThreadKey), r.MaxPerUser)
-	if err != nil {
-		return fmt.Errorf("reserve: %w", err)
-	}
-	tenantItem, err := s.counterTake(tenantPK(s.deployment, r.Tenant), r.MaxPerTenant)
-	if err != nil {
-		return fmt.Errorf("reserve: %w", err)
-	}
 	notExists := "attribute_not_exists(pk)"
 	failed, err := s.writeTxn(ctx, "reserve", append([]types.TransactWriteItem{
 		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
 		{Put: &types.Put{TableName: &s.table, Item: bindItem, ConditionExpression: bindExpr.Condition(),
 			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
-		userItem,
-		tenantItem,
-	}, take...))
+	}, slot...))
 	if len(failed) == 0 {
 		return err
 	}
@@ -250,6 +309,8 @@ func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error 
 		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
 	case has(failed, reservationPK(r.Token)):
 		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
+	case r.Handover != nil && has(failed, sandboxPK(r.Handover.SandboxID)):
+		return fmt.Errorf("reserve: sandbox %s fence %d: %w", r.Handover.SandboxID, r.Handover.Fence, core.ErrStaleFence)
 	case s.grantFailed(failed, r.Grant):
 		return fmt.Errorf("reserve: %w", core.ErrGrantLost)
 	case has(failed, userPK(s.deployment, r.ThreadKey)):

@@ -134,15 +134,46 @@ func (s *Store) Reserve(_ context.Context, r core.Reservation) error {
 			return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
 		}
 		t := take{key: r.ThreadKey, limit: r.Limit, maxUser: r.MaxPerUser, maxTenant: r.MaxPerTenant, grant: r.Grant}
-		if err := s.checkTake(t); err != nil {
+		if r.Handover != nil {
+			if err := s.handOver(r, t); err != nil {
+				return err
+			}
+		} else if err := s.checkTake(t); err != nil {
 			return err
+		} else {
+			s.doTake(t)
 		}
-		s.doTake(t)
 		s.reservations[r.Token] = &reservation{quota: true, seed: r.Seed, pending: core.PendingReservation{
 			Token: r.Token, ThreadKey: r.ThreadKey, CreatedAt: r.Now, ExpiresAt: r.ExpiresAt}}
 		s.bindings[r.ThreadKey] = core.Binding{ThreadKey: r.ThreadKey, Reservation: r.Token, ReservationExpiresAt: r.ExpiresAt}
 		return nil
 	})
+}
+
+// handOver is t, a reservation's take, of the running slot r.Handover
+// holds: the tombstone ends gone and its slot (with its user's and
+// tenant's counts) passes to t's thread, the room not checked.
+func (s *Store) handOver(r core.Reservation, t take) error {
+	if r.Grant != nil {
+		return fmt.Errorf("reserve: a handover with a grant: %w", core.ErrConflict)
+	}
+	e, err := s.current(*r.Handover)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	if !e.rec.Slots.Running() {
+		return fmt.Errorf("reserve: sandbox %s holds no running slot: %w", e.rec.SandboxID, core.ErrStaleFence)
+	}
+	from := take{key: e.rec.ThreadKey, skipQuota: !e.quota}
+	s.freeRunning(from.key, e.quota)
+	t.skipRoom = true
+	if err := s.checkTake(t); err != nil {
+		s.doTake(from) // undone: the tombstone keeps its slot
+		return err
+	}
+	s.doTake(t)
+	s.end(e, r.Handover.EndReason, r.Now)
+	return nil
 }
 
 // Finalize turns reservation token into rec (fence 1), moving the binding
@@ -210,29 +241,45 @@ func (s *Store) movePool(delta int) {
 func (s *Store) Free(_ context.Context, rec core.Record, now time.Time) error {
 	now = ms(now)
 	return s.write("Free", func() error {
-		e, ok := s.records[rec.SandboxID]
-		if !ok || e.rec.Fence != rec.Fence || e.rec.State == core.StateGone {
-			return fmt.Errorf("free sandbox %s fence %d: %w", rec.SandboxID, rec.Fence, core.ErrStaleFence)
+		e, err := s.current(rec)
+		if err != nil {
+			return err
 		}
 		if e.rec.Slots.Running() {
 			s.freeRunning(e.rec.ThreadKey, e.quota)
 		}
-		if e.rec.Slots.Paused {
-			s.freePaused(e)
-		}
-		if e.poolPlace {
-			s.movePool(-1)
-		}
-		e.quota, e.poolPlace = false, false
-		e.rec.State, e.rec.UpdatedAt, e.at = core.StateGone, now, now
-		e.rec.Fence++
-		e.rec.LeaseOwner, e.rec.LeaseExpiresAt = "", time.Time{}
-		e.rec.Endpoint.AccessToken = ""
-		if rec.EndReason != "" {
-			e.rec.EndReason = rec.EndReason
-		}
+		s.end(e, rec.EndReason, now)
 		return nil
 	})
+}
+
+// current is rec's entry when rec is current (its fence, not gone), else
+// ErrStaleFence.
+func (s *Store) current(rec core.Record) (*entry, error) {
+	e, ok := s.records[rec.SandboxID]
+	if !ok || e.rec.Fence != rec.Fence || e.rec.State == core.StateGone {
+		return nil, fmt.Errorf("sandbox %s fence %d: %w", rec.SandboxID, rec.Fence, core.ErrStaleFence)
+	}
+	return e, nil
+}
+
+// end marks e gone for reason (when set), freeing its paused slot and
+// pool place; its running slot is the caller's to free or pass on.
+func (s *Store) end(e *entry, reason string, now time.Time) {
+	if e.rec.Slots.Paused {
+		s.freePaused(e)
+	}
+	if e.poolPlace {
+		s.movePool(-1)
+	}
+	e.quota, e.poolPlace = false, false
+	e.rec.State, e.rec.UpdatedAt, e.at = core.StateGone, now, now
+	e.rec.Fence++
+	e.rec.LeaseOwner, e.rec.LeaseExpiresAt = "", time.Time{}
+	e.rec.Endpoint.AccessToken = ""
+	if reason != "" {
+		e.rec.EndReason = reason
+	}
 }
 
 // status sums the slots by state (every record holding a running slot,

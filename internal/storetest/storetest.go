@@ -72,6 +72,9 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"RaceClaim", testRaceClaim},
 		{"MaybeAppliedReserve", testMaybeAppliedReserve},
 		{"MaybeAppliedFinalizeFree", testMaybeAppliedFinalizeFree},
+		{"Handover", testHandover},
+		{"HandoverSameHolder", testHandoverSameHolder},
+		{"MaybeAppliedHandover", testMaybeAppliedHandover},
 		{"NotApplied", testNotApplied},
 	}
 	for _, c := range cases {

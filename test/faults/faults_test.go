@@ -110,6 +110,8 @@ type stackConfig struct {
 	// pauseAtRelease pauses a sandbox at its release
 	// (SANDBOX_PAUSE_AFTER_SECONDS=0) rather than when idle.
 	pauseAtRelease bool
+	// policy is SANDBOX_OVERFLOW_POLICY ("": the default, wait).
+	policy core.OverflowPolicy
 }
 
 // newStack builds a case's stack over the shared sandbox host, DynamoDB
@@ -178,6 +180,9 @@ func newStack(t *testing.T, host *sandboxhost.Server, cfg stackConfig) *stack {
 	s.MaxPaused = cfg.maxPaused
 	if cfg.pauseAtRelease {
 		s.PauseAfter = 0
+	}
+	if cfg.policy != "" {
+		s.Policy = cfg.policy
 	}
 	rs := core.DefaultReconcileSettings()
 	rs.Grace = 0
@@ -843,6 +848,28 @@ func quotaStep(st *stack, thread string, arm, disarm func()) (map[string][]byte,
 	return nil, core.ReleaseResult{}, false
 }
 
+// evictStep fills the deployment with the thread's warm sandbox of
+// another thread and active ones, then acquires for the thread under the
+// fault: the reservation is refused for capacity, so the acquire evicts
+// the warm sandbox (claim, tombstone, kill) and takes its slot over.
+func evictStep(st *stack, thread string, arm, disarm func()) (map[string][]byte, core.ReleaseResult, bool) {
+	warm(st, thread+"-warm")
+	for i := range limit - 1 {
+		if _, ok := st.acquire(fmt.Sprintf("%s-h%d", thread, i)); !ok {
+			st.t.Fatalf("setup acquire failed")
+		}
+	}
+	arm()
+	st.acquire(thread)
+	disarm()
+	return nil, core.ReleaseResult{}, false
+}
+
+// handoverWrite matches a reservation that takes over an evicted
+// sandbox's slot: one transaction writing the tombstone gone and the
+// reservation.
+var handoverWrite = faults.BodyContains(faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"creating"`), `"S":"gone"`)
+
 // steps are the steps of acquire (reuse, reclaim, create, bootstrap,
 // restore, resume), release (sync, park, kill) and reconcile's pause, each
 // at the dependency call that makes it, and the DynamoDB writes that
@@ -874,6 +901,9 @@ var steps = []step{
 	// The state writes of those steps, in DynamoDB.
 	{"acquire/reuse-claim", ddbLayer, faults.DynamoDB("UpdateItem"),
 		acquireStep(func(st *stack, thread string) { st.acquire(thread) })},
+	// An acquire in a full deployment that evicts another thread's warm
+	// sandbox: the reservation that takes over the slot its kill left.
+	{"acquire/evict-handover", ddbLayer, handoverWrite, evictStep},
 	{"acquire/create-finalize", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), acquireStep(nil)},
 	{"release/kill-free", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"gone"`), releaseStep(true)},
 	// The provider entirely unreachable during a release (control plane
@@ -1014,6 +1044,7 @@ var slowWaiterSteps = []step{
 var quotaSteps = []step{
 	{"quota/list-own", ddbLayer, faults.BodyContains(faults.DynamoDB("Query"), `"gsi2"`), quotaStep},
 	{"quota/evict-claim", ddbLayer, faults.BodyContains(faults.DynamoDB("UpdateItem"), `"S":"destroying"`), quotaStep},
+	{"quota/handover", ddbLayer, handoverWrite, quotaStep},
 }
 
 // poolSteps are the steps of the pre-warmed pool (a stack with a pool of
@@ -1174,6 +1205,10 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	for _, sp := range quotaSteps {
 		configs[sp.name] = stackConfig{maxPerUser: 1}
 	}
+	// Under the wait policy an evicted sandbox's slot goes to the wait
+	// queue; under reject the acquire takes it over.
+	configs["acquire/evict-handover"] = stackConfig{policy: core.PolicyReject}
+	configs["quota/handover"] = stackConfig{maxPerUser: 1, policy: core.PolicyReject}
 	for _, sp := range steps {
 		if strings.HasPrefix(sp.name, "wait/") {
 			// A waiter asks again once a second: a wait of a few asks
