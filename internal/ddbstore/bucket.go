@@ -28,6 +28,8 @@ import (
 //	tenants       tenants that reserved in it (fair share; reconcile drops idle ones)
 //	revision      bumped by every write that moves "used" or "granted", and by a
 //	              grant's hand-over to the next ticket (the counts stay)
+//	shards        the most state-index keys a store that set the limits files
+//	              entries under (a high-water mark: see tallyShards)
 //
 // The limits of the buckets always sum to the deployment limit: they are
 // written together, in one transaction conditional on every bucket's
@@ -115,6 +117,7 @@ type bucketItem struct {
 	Granted  int      `dynamodbav:"granted"`
 	Lim      int      `dynamodbav:"lim"`
 	LimOf    int      `dynamodbav:"lim_of"`
+	Shards   int      `dynamodbav:"shards"`
 }
 
 func decodeBucket(av map[string]types.AttributeValue) bucketItem {
@@ -268,6 +271,23 @@ func takeCondition(total int) expression.ConditionBuilder {
 		And(notDraining())
 }
 
+// tallyShards is how many state-index keys of each state can hold
+// entries: the most that the stores which set the buckets' limits file
+// entries under (each records its own, and the mark never goes down), so
+// that the counter repair reads only those. Every record begins with a
+// reservation, which takes a slot only once a store of its limit has set
+// the limits, and stores of one limit file entries under as many keys
+// (WithLimit). A repair that an entry outside them escaped still repairs
+// nothing on its read alone (see RepairCounters). 0 when no limit was
+// ever set.
+func tallyShards(buckets []bucketItem) int {
+	n := 0
+	for _, b := range buckets {
+		n = max(n, b.Shards)
+	}
+	return n
+}
+
 // bucketLimits divides total among the buckets: each keeps what it holds
 // (the excess, when they hold more than total, taken from the fullest),
 // and the spare goes where the limit is least above the bucket's even
@@ -318,11 +338,13 @@ func needsLimits(buckets []bucketItem, total int) bool {
 // ErrConflict when a bucket moved (the caller reads again).
 func (s *Store) setLimits(ctx context.Context, buckets []bucketItem, total int) error {
 	lims := bucketLimits(buckets, total)
+	shards := max(s.shards, tallyShards(buckets))
 	items := make([]types.TransactWriteItem, 0, len(buckets))
 	for i, b := range buckets {
 		cond := valueIs("revision", b.Revision)
 		it, err := s.bucketUpdate(b.Index, &cond, expression.Set(expression.Name("lim"), expression.Value(lims[i])).
-			Set(expression.Name("lim_of"), expression.Value(total)).Add(expression.Name("revision"), expression.Value(1)))
+			Set(expression.Name("lim_of"), expression.Value(total)).Set(expression.Name("shards"), expression.Value(shards)).
+			Add(expression.Name("revision"), expression.Value(1)))
 		if err != nil {
 			return fmt.Errorf("set bucket limits: %w", err)
 		}

@@ -171,15 +171,15 @@ func (h holders) tally(deployment string) *slotTally {
 // reconcile only), one query of each index key of tallyStates, one state
 // after another, and returns the tally of every counter kept with the
 // slots. The states are not read at one instant: a holder that moves back
-// to a state read already is missed; see exactTally. It reads all
-// IndexShards keys of each state and files the entries it finds under a
-// key the store no longer reads (its shard count went down) under their
-// key now (refile).
-func (s *Store) tallySlots(ctx context.Context) (*slotTally, error) {
+// to a state read already is missed; see exactTally. It reads the first
+// shards keys of each state (tallyShards: every key an entry may be under)
+// and files the entries it finds under a key the store no longer reads
+// (its shard count went down) under their key now (refile).
+func (s *Store) tallySlots(ctx context.Context, shards int) (*slotTally, error) {
 	h := holders{}
 	var stray []item
 	for _, st := range tallyStates {
-		err := s.eachItemIn(ctx, st, shardPKs(s.deployment, st, IndexShards), func(it item) {
+		err := s.eachItemIn(ctx, st, shardPKs(s.deployment, st, max(shards, s.shards)), func(it item) {
 			h.see(st, it)
 			if it.GSI1PK != s.statePK(st, entryID(it)) {
 				stray = append(stray, it)
@@ -469,7 +469,7 @@ func (s *Store) readForRepair(ctx context.Context) (*repairRead, error) {
 	if err != nil {
 		r.errs = append(r.errs, err)
 	}
-	if r.paused, r.pool, r.tally, err = s.countHolders(ctx); err != nil {
+	if r.paused, r.pool, r.tally, err = s.countHolders(ctx, tallyShards(r.buckets)); err != nil {
 		return nil, err
 	}
 	if r.grants, err = s.queueGrants(ctx); err != nil {

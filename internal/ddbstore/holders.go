@@ -18,7 +18,7 @@ import (
 // (with revisions: the paused buckets' summed), then counts their holders
 // from the state index, as RepairCounters does; it repairs nothing.
 func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount, err error) {
-	counts, pool, tally, err := s.countHolders(ctx)
+	counts, pool, tally, err := s.countHolders(ctx, IndexShards)
 	if err != nil {
 		return paused, pool, err
 	}
@@ -33,14 +33,14 @@ func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount
 // countHolders reads the paused buckets and the pool place count with
 // their revisions (strongly consistent), then tallies the state index
 // (tallySlots): their holders, and every other counter's.
-func (s *Store) countHolders(ctx context.Context) (paused []countItem, pool core.HolderCount, tally *slotTally, err error) {
+func (s *Store) countHolders(ctx context.Context, shards int) (paused []countItem, pool core.HolderCount, tally *slotTally, err error) {
 	if paused, err = s.readPaused(ctx, true); err != nil {
 		return nil, pool, nil, err
 	}
 	if pool.Used, pool.Revision, err = s.poolPlaces(ctx, true); err != nil {
 		return nil, pool, nil, err
 	}
-	if tally, err = s.tallySlots(ctx); err != nil {
+	if tally, err = s.tallySlots(ctx, shards); err != nil {
 		return nil, pool, nil, err
 	}
 	pool.Counted = tally.pool

@@ -137,3 +137,46 @@ func TestIndexSizedForTheLimitAndRefiled(t *testing.T) {
 		t.Errorf("after the repair the sample found %d, want all 7", n)
 	}
 }
+
+// TestRepairReadsTheKeysInUse: a deployment whose limits were only ever
+// set by stores of few index keys has its slot holders counted from
+// those keys alone, not from every key a state may have; once a store of
+// more keys set them, the repair reads those too and finds its entries.
+func TestRepairReadsTheKeysInUse(t *testing.T) {
+	client, table := newTable(t)
+	api := &countingAPI{Client: client}
+	narrow := ddbstore.New(api, table, "test", ddbstore.WithLimit(8))
+	ctx := context.Background()
+	repair := func(want int) int64 {
+		t.Helper()
+		api.calls.Store(0)
+		if _, err := narrow.RepairCounters(ctx, 100); err != nil {
+			t.Fatalf("RepairCounters: %v", err)
+		}
+		st, err := narrow.Capacity(ctx)
+		if err != nil {
+			t.Fatalf("Capacity: %v", err)
+		}
+		if st.Active != want {
+			t.Errorf("active counted by the repair = %d, want %d", st.Active, want)
+		}
+		return api.calls.Load()
+	}
+	activeRecord(t, narrow, thread(1), "sbx01")
+	if calls := repair(1); calls >= ddbstore.IndexShards {
+		t.Errorf("the repair made %d calls, want fewer than the %d keys of one state", calls, ddbstore.IndexShards)
+	}
+	wide := ddbstore.New(client, table, "test")
+	for i := 2; i < 10; i++ {
+		if err := wide.Reserve(ctx, core.Reservation{Token: fmt.Sprintf("res-w%d", i), ThreadKey: thread(i), Limit: 200,
+			Now: t0, ExpiresAt: t0.Add(time.Minute)}); err != nil {
+			t.Fatalf("Reserve: %v", err)
+		}
+		if _, err := wide.Finalize(ctx, fmt.Sprintf("res-w%d", i), core.Record{SandboxID: fmt.Sprintf("sbx%02d", i), ThreadKey: thread(i),
+			State: core.StateActive, Backend: "e2b", CreatedAt: t0, UpdatedAt: t0,
+			Endpoint: core.Endpoint{Protocol: core.ProtocolEnvd, URL: "http://envd.invalid", AccessToken: "tok"}}); err != nil {
+			t.Fatalf("Finalize: %v", err)
+		}
+	}
+	repair(9)
+}
