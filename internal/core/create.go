@@ -31,26 +31,30 @@ echo ` + bootstrapMarker
 // bootstraps a sandbox and records it.
 func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, replaceRes string, st *acquireState) (AcquireResult, bool, error) {
 	var token string
+	reserve := func(now time.Time, from *Record) error {
+		token = "res-" + newOwner()[4:]
+		return e.took(st, e.store.Reserve(ctx, Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
+			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
+			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Grant: st.grant, Handover: from}))
+	}
 	retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time, k *killed) error {
-		if k != nil && st.grant != nil {
-			// The grant's slot is the one to take: free the evicted one.
-			if err := e.freeKilled(ctx, *k); err != nil {
+		if k != nil && st.grant == nil {
+			switch err := reserve(now, &k.tomb); {
+			case err == nil:
+				e.ended(ctx, *k)
+				return nil
+			case errors.Is(err, ErrStoreUnavailable):
+				// It may have applied: the tombstone, if it is still
+				// there, is freed by the next retry of its kill
+				// (freeLost, reconcile), and a reservation no sandbox
+				// used by reconcile.
 				return err
 			}
-			k, now = nil, e.now()
+			// Refused (the tombstone moved, a quota, a lowered limit):
+			// free it and reserve as usual. A grant's slot is taken
+			// as it is, so with one the evicted slot is freed too.
 		}
-		token = "res-" + newOwner()[4:]
-		r := Reservation{Token: token, ThreadKey: key, Seed: key.Seed(), Limit: e.s.Limit(),
-			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
-			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Grant: st.grant}
-		if k != nil {
-			r.Handover = &k.tomb
-		}
-		err := e.took(st, e.store.Reserve(ctx, r))
-		if k != nil {
-			e.handedOver(ctx, *k, err)
-		}
-		return err
+		return e.freedFirst(ctx, func(now time.Time) error { return reserve(now, nil) })(now, k)
 	})
 	if err != nil {
 		return AcquireResult{}, retry, err
@@ -58,31 +62,15 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 	return e.createReserved(ctx, key, token)
 }
 
-// handedOver settles k, whose slot a reservation was to take over, once
-// the reservation answered err: taken over, k's end is published; not
-// taken (any answer but the store's outage), its slots are freed as an
-// eviction's are. After an outage the write may have applied: the
-// tombstone, if it is still there, is freed by the next retry of its
-// kill (freeLost, reconcile), and a reservation its sandbox never used by
-// reconcile.
-func (e *Engine) handedOver(ctx context.Context, k killed, err error) {
-	switch {
-	case err == nil:
-		e.ended(ctx, k)
-	case !errors.Is(err, ErrStoreUnavailable):
-		_ = e.freeKilled(ctx, k)
-	}
-}
-
 // freedFirst adapts take, a write that cannot take a slot over, to
 // takeSlot: it first frees the slot of the sandbox an eviction killed for
-// it.
+// it (one a peer freed first is gone already).
 func (e *Engine) freedFirst(ctx context.Context, take func(now time.Time) error) func(time.Time, *killed) error {
 	return func(now time.Time, k *killed) error {
 		if k == nil {
 			return take(now)
 		}
-		if err := e.freeKilled(ctx, *k); err != nil {
+		if err := e.freeKilled(ctx, *k); err != nil && !errors.Is(err, ErrStaleFence) {
 			return err
 		}
 		return take(e.now())
@@ -90,15 +78,15 @@ func (e *Engine) freedFirst(ctx context.Context, take func(now time.Time) error)
 }
 
 // handOverable is the sandbox ev killed, for the take to take its slot
-// over; nil when it killed none, or under the wait policy, where a freed
-// slot goes to the head of the wait queue (its slot is freed then, and
-// the queue dispatched).
-func (e *Engine) handOverable(ctx context.Context, ev eviction) *killed {
-	if ev.killed != nil && e.s.Policy == PolicyWait {
-		_ = e.freeKilled(ctx, *ev.killed)
-		return nil
+// over. Under the wait policy a freed slot goes to the head of the wait
+// queue: the slot is freed (and the queue dispatched), and an eviction
+// whose free failed made no slot (ev.freed false).
+func (e *Engine) handOverable(ctx context.Context, ev *eviction) *killed {
+	if ev.killed == nil || e.s.Policy != PolicyWait {
+		return ev.killed
 	}
-	return ev.killed
+	ev.freed = e.freeKilled(ctx, *ev.killed) == nil
+	return nil
 }
 
 // takeSlot runs take, a write that takes a running slot for key's thread
@@ -126,8 +114,7 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 				// its own least recently parked one, whatever the policy
 				// (a quota bounds the caller's slots, not the deployment's).
 				ev := e.evictForQuota(ctx, key, owner, ce.Reason)
-				if ev.freed {
-					evicted = e.handOverable(ctx, ev)
+				if evicted = e.handOverable(ctx, &ev); ev.freed {
 					continue
 				}
 				st.notePendingKill(ev.killErr)
@@ -136,8 +123,7 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
 			if ce.Reason == api.RefusalCapacity && evicting && evictions < maxEvictions {
 				ev := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants))
-				if ev.freed {
-					evicted = e.handOverable(ctx, ev)
+				if evicted = e.handOverable(ctx, &ev); ev.freed {
 					continue
 				}
 				st.notePendingKill(ev.killErr)

@@ -21,17 +21,18 @@ const (
 	ownTenantCandidates = 50
 )
 
-// evictOne frees one slot for key's thread: by giving up a pool member
-// (only below its tenant's fair share, as a pool claim), else by destroying the least recently parked warm sandbox of another
-// thread among a random quarter of the warm pool (Store.Sample: the whole
-// pool when small; on average the fourth oldest of a large one, one of
-// its 16 oldest with probability 1 - (3/4)^16 > 99%). A warm sandbox of
-// another tenant is taken only under below, which the claim checks (key's
-// tenant holds fewer slots than its fair share); of key's own tenant only
-// when below is nil (a tenant at or over its fair share never takes
-// another tenant's warm sandbox; when the sample holds none of its own,
-// the pool's exact order is read). It reports whether a slot was freed,
-// and what it did (see eviction).
+// evictOne makes one slot for key's thread: it gives up a pool member
+// (only below its tenant's fair share, as a pool claim), else kills the
+// least recently parked warm sandbox of another thread among a random
+// quarter of the warm pool (Store.Sample: the whole pool when small; on
+// average the fourth oldest of a large one, one of its 16 oldest with
+// probability 1 - (3/4)^16 > 99%), whose tombstone then holds the slot
+// for the take. A warm sandbox of another tenant is taken only under
+// below, which the claim checks (key's tenant holds fewer slots than its
+// fair share); of key's own tenant only when below is nil (a tenant at or
+// over its fair share never takes another tenant's warm sandbox; when the
+// sample holds none of its own, the pool's exact order is read). It
+// reports what it did (see eviction).
 func (e *Engine) evictOne(ctx context.Context, key ThreadKey, owner string, below *TenantBelow) eviction {
 	if below != nil && e.evictPoolMember(ctx, owner, false) {
 		return eviction{freed: true}

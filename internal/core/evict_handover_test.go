@@ -109,24 +109,29 @@ func TestEvictionHandsTheSlotToTheNewSandbox(t *testing.T) {
 	}
 }
 
-// A handover the store certainly refused (a peer moved the binding, say)
-// leaves the tombstone holding the slot: the acquire frees it as an
-// eviction does, and its next attempt takes the slot.
+// A handover the store certainly refused (a peer moved the binding or
+// the tombstone, a lowered limit) leaves the tombstone holding the slot
+// unless a peer freed it: the acquire frees it as an eviction does and
+// takes a slot as usual.
 func TestRefusedHandoverFreesTheTombstone(t *testing.T) {
-	h, spy, mem, events, warm := evictionHarness(t, core.PolicyReject)
-	refused := failFirstHandover(mem, spy, memstore.Fault{Err: core.ErrConflict})
-	h.acquire(t, key("t2"), core.SourceCreated)
-	if !refused.Load() {
-		t.Fatal("no handover was tried")
-	}
-	if frees, _ := spy.counts(); !slices.Contains(frees, warm.SandboxID) {
-		t.Errorf("frees %v; want the tombstone %s freed", frees, warm.SandboxID)
-	}
-	if got := events.seen(warm.SandboxID); !slices.Contains(got, "destroyed warm->gone capacity") {
-		t.Errorf("events of the evicted sandbox = %v; want it destroyed", got)
-	}
-	if st := h.capacity(t); st.Used != 1 || st.Tombstones != 0 {
-		t.Errorf("capacity = %+v; want one slot used, no tombstone", st)
+	for _, refusal := range []error{core.ErrConflict, core.ErrStaleFence} {
+		t.Run(refusal.Error(), func(t *testing.T) {
+			h, spy, mem, events, warm := evictionHarness(t, core.PolicyReject)
+			refused := failFirstHandover(mem, spy, memstore.Fault{Err: refusal})
+			h.acquire(t, key("t2"), core.SourceCreated)
+			if !refused.Load() {
+				t.Fatal("no handover was tried")
+			}
+			if frees, _ := spy.counts(); !slices.Contains(frees, warm.SandboxID) {
+				t.Errorf("frees %v; want the tombstone %s freed", frees, warm.SandboxID)
+			}
+			if got := events.seen(warm.SandboxID); !slices.Contains(got, "destroyed warm->gone capacity") {
+				t.Errorf("events of the evicted sandbox = %v; want it destroyed", got)
+			}
+			if st := h.capacity(t); st.Used != 1 || st.Tombstones != 0 {
+				t.Errorf("capacity = %+v; want one slot used, no tombstone", st)
+			}
+		})
 	}
 }
 

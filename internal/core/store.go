@@ -140,10 +140,12 @@ type Reservation struct {
 	// Handover, when set, is the tombstone of another thread's sandbox
 	// whose kill the caller confirmed, under its lease (its Fence
 	// current): its running slot passes to the reservation in the same
-	// write. The record ends gone, its user's and tenant's counts give the
-	// slot up, and Limit is not checked (the slot was held); the
-	// reservation's own quotas and draining are. ErrStaleFence when the
-	// record moved. Never with Grant.
+	// write, as if freed and taken again at once. The record ends gone,
+	// its user's and tenant's counts give the slot up, and the
+	// reservation's quotas, Limit and draining are checked as for a free
+	// slot. ErrStaleFence when the record moved; ErrConflict when the slot
+	// cannot change holder (a lowered limit: free it and take one as
+	// usual), with Grant, or for a record of no tenant.
 	Handover *Record
 }
 
@@ -388,9 +390,9 @@ func PageTenant(cursor string, limit int, walk func(st State, after string, yiel
 // CapacityStore takes and frees running slots, with the bindings and
 // records they move together with.
 type CapacityStore interface {
-	// Reserve takes a slot (a *CapacityError when Limit slots are held) and
-	// binds the thread to the reservation (ErrThreadBound when the binding is
-	// not what r expects).
+	// Reserve takes a slot (a *CapacityError when Limit slots are held),
+	// or the slot of r.Handover's tombstone, and binds the thread to the
+	// reservation (ErrThreadBound when the binding is not what r expects).
 	// The *CapacityError's reason is RefusalCapacity when Limit slots are
 	// held (with the deployment's counts and Tenants filled in),
 	// RefusalDraining when the deployment drains, RefusalUserQuota when the

@@ -272,17 +272,21 @@ func takeCondition(total int) expression.ConditionBuilder {
 }
 
 // tallyShards is how many state-index keys of each state can hold
-// entries: the most that the stores which set the buckets' limits file
-// entries under (each records its own, and the mark never goes down), so
-// that the counter repair reads only those. Every record begins with a
-// reservation, which takes a slot only once a store of its limit has set
-// the limits, and stores of one limit file entries under as many keys
-// (WithLimit). A repair that an entry outside them escaped still repairs
-// nothing on its read alone (see RepairCounters). 0 when no limit was
-// ever set.
+// entries, so that the counter repair reads only those: the most that the
+// stores which set the buckets' limits file entries under (each records
+// its own; the mark never goes down), or every key when limits were set
+// before any was recorded. It relies on every store of a deployment
+// filing entries under the keys of the limit it enforces (WithLimit, as
+// the functions are wired): a store of a new limit sets the limits before
+// its first slot. An entry outside the mark is missed by the tally, which
+// then only notes a difference that the exact count must confirm before
+// any counter moves (see RepairCounters). 0 when no limit was ever set.
 func tallyShards(buckets []bucketItem) int {
 	n := 0
 	for _, b := range buckets {
+		if b.LimOf != 0 && b.Shards == 0 {
+			return IndexShards
+		}
 		n = max(n, b.Shards)
 	}
 	return n

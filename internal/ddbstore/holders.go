@@ -16,7 +16,8 @@ import (
 
 // CountHolders reads the paused slots held and the pool place count
 // (with revisions: the paused buckets' summed), then counts their holders
-// from the state index, as RepairCounters does; it repairs nothing.
+// from every key of the state index; it repairs no counter (it files a
+// stray entry under its key, as the repair's tally does).
 func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount, err error) {
 	counts, pool, tally, err := s.countHolders(ctx, IndexShards)
 	if err != nil {

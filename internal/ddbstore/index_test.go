@@ -166,6 +166,9 @@ func TestRepairReadsTheKeysInUse(t *testing.T) {
 	if calls := repair(1); calls >= ddbstore.IndexShards {
 		t.Errorf("the repair made %d calls, want fewer than the %d keys of one state", calls, ddbstore.IndexShards)
 	}
+	// A store of every key, reserving for another limit, sets the limits
+	// (and records its keys) before its first slot, as a store of a new
+	// limit does.
 	wide := ddbstore.New(client, table, "test")
 	for i := 2; i < 10; i++ {
 		if err := wide.Reserve(ctx, core.Reservation{Token: fmt.Sprintf("res-w%d", i), ThreadKey: thread(i), Limit: 200,

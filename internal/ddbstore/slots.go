@@ -221,21 +221,23 @@ func (s *Store) reserveIn(ctx context.Context, r core.Reservation, b int) error 
 }
 
 // reserveHandedOver is Reserve taking over the running slot r.Handover
-// holds (core.Reservation.Handover): the tombstone's gone update (fenced)
-// and, in its bucket, the slot changing holder (its used count unchanged,
-// not draining); the user's and tenant's counts move from the tombstone's
-// thread to r's, and an item both would write (the same user or tenant)
-// is left as it is.
+// holds (core.Reservation.Handover), as if freed and taken again at once:
+// the tombstone's gone update (fenced) and, in its bucket, the slot
+// changing holder (its used count unchanged: within its limit, set for
+// r.Limit, and not draining; else ErrConflict, or the draining refusal).
+// The user's and tenant's counts move from the tombstone's thread to r's;
+// a count both share keeps the slot and is checked against r's quota.
 func (s *Store) reserveHandedOver(ctx context.Context, r core.Reservation) error {
 	h := *r.Handover
-	if r.Grant != nil || !h.Slots.Running() {
-		return fmt.Errorf("reserve: a handover needs a tombstone holding a running slot, and no grant: %w", core.ErrConflict)
+	if r.Grant != nil || h.Tenant == "" || !h.Slots.Running() {
+		return fmt.Errorf("reserve: a handover needs a tenant's tombstone holding a running slot, and no grant: %w", core.ErrConflict)
 	}
 	gone, err := s.goneUpdate(h, r.Now, false)
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
-	cond := notDraining()
+	cond := expression.Name("lim_of").Equal(expression.Value(r.Limit)).
+		And(expression.Name("used").LessThanEqual(expression.Name("lim"))).And(notDraining())
 	bucket, err := s.bucketUpdate(h.Slot.Bucket, &cond, expression.Add(expression.Name("revision"), expression.Value(1)).
 		Add(expression.Name("tenants"), expression.Value(tenantSet(r.Tenant))))
 	if err != nil {
@@ -250,7 +252,8 @@ func (s *Store) reserveHandedOver(ctx context.Context, r core.Reservation) error
 		{tenantPK(s.deployment, r.Tenant), tenantPK(s.deployment, h.Tenant), r.MaxPerTenant},
 	} {
 		if h.Slot.Quota && c.from == c.to {
-			continue // the slot stays in this count
+			items = append(items, s.counterKeep(c.to, c.max))
+			continue
 		}
 		take, err := s.counterTake(c.to, c.max)
 		if err != nil {
@@ -264,7 +267,11 @@ func (s *Store) reserveHandedOver(ctx context.Context, r core.Reservation) error
 	if h.Slots.Paused {
 		items = append(items, s.tenantPausedRelease(h)...)
 	}
-	return s.writeReservation(ctx, r, h.Slot.Bucket, items)
+	err = s.writeReservation(ctx, r, h.Slot.Bucket, items)
+	if errors.Is(err, errBucketFull) || errors.Is(err, errLimitsUnset) {
+		return fmt.Errorf("reserve: the slot of %s cannot change holder: %w", h.SandboxID, core.ErrConflict)
+	}
+	return err
 }
 
 // writeReservation writes r's reservation (in bucket b) and binding with

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -486,6 +487,24 @@ func (s *Store) counterTake(pk string, max int) (types.TransactWriteItem, error)
 	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
 		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
 		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+}
+
+// counterKeep is the transaction item by which a user or tenant counter
+// (pk) keeps a slot that changes holder within it: its count unchanged,
+// within max when max > 0 (as if given up and taken again), its revision
+// moved.
+func (s *Store) counterKeep(pk string, max int) types.TransactWriteItem {
+	u := "ADD #revision :one"
+	it := &types.Update{TableName: &s.table, Key: s.key(pk), UpdateExpression: &u,
+		ExpressionAttributeNames:  map[string]string{"#revision": "revision"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}}}
+	if max > 0 {
+		cond := "attribute_not_exists(#used) OR #used <= :max"
+		it.ConditionExpression = &cond
+		it.ExpressionAttributeNames["#used"] = "used"
+		it.ExpressionAttributeValues[":max"] = &types.AttributeValueMemberN{Value: strconv.Itoa(max)}
+	}
+	return types.TransactWriteItem{Update: it}
 }
 
 // tenantSet is the string set {tenant}, added to the ledger's "tenants".

@@ -126,6 +126,9 @@ func (s *Store) takePaused(e *entry) {
 // capacity.
 func (s *Store) Reserve(_ context.Context, r core.Reservation) error {
 	r.Now, r.ExpiresAt = ms(r.Now), ms(r.ExpiresAt)
+	if h := r.Handover; h != nil && (r.Grant != nil || h.Tenant == "") {
+		return fmt.Errorf("reserve: a handover of %s with a grant or of no tenant: %w", h.SandboxID, core.ErrConflict)
+	}
 	return s.write("Reserve", func() error {
 		if !s.bindingIs(r.ThreadKey, r.ReplaceSandboxID, r.ReplaceReservation) {
 			return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
@@ -151,24 +154,24 @@ func (s *Store) Reserve(_ context.Context, r core.Reservation) error {
 }
 
 // handOver is t, a reservation's take, of the running slot r.Handover
-// holds: the tombstone ends gone and its slot (with its user's and
-// tenant's counts) passes to t's thread, the room not checked.
+// holds, as if freed and taken again at once: the tombstone ends gone and
+// its slot (with its user's and tenant's counts) passes to t's thread.
+// ErrConflict when the slot cannot change holder (over a lowered limit).
 func (s *Store) handOver(r core.Reservation, t take) error {
-	if r.Grant != nil {
-		return fmt.Errorf("reserve: a handover with a grant: %w", core.ErrConflict)
-	}
 	e, err := s.current(*r.Handover)
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
 	if !e.rec.Slots.Running() {
-		return fmt.Errorf("reserve: sandbox %s holds no running slot: %w", e.rec.SandboxID, core.ErrStaleFence)
+		return fmt.Errorf("reserve: sandbox %s holds no running slot: %w", e.rec.SandboxID, core.ErrConflict)
 	}
 	from := take{key: e.rec.ThreadKey, skipQuota: !e.quota}
 	s.freeRunning(from.key, e.quota)
-	t.skipRoom = true
 	if err := s.checkTake(t); err != nil {
 		s.doTake(from) // undone: the tombstone keeps its slot
+		if ce, ok := err.(*core.CapacityError); ok && ce.Reason == api.RefusalCapacity {
+			return fmt.Errorf("reserve: the slot of %s cannot change holder: %w", e.rec.SandboxID, core.ErrConflict)
+		}
 		return err
 	}
 	s.doTake(t)

@@ -124,3 +124,26 @@ func testMaybeAppliedHandover(f *fixture) {
 	f.wantIs("the tombstone handed over to another thread", f.handOver(key("beta", "u1", 3), "res-3", big, 0, tomb), core.ErrStaleFence)
 	f.wantUsed(1, 0)
 }
+
+// testHandoverWithinTheLimit: a slot changes holder only as a free and a
+// take would: over a lowered limit it cannot (ErrConflict, nothing
+// changed), and a user over its quota cannot keep it for another of its
+// threads.
+func testHandoverWithinTheLimit(f *fixture) {
+	const limit = 3
+	tomb := f.tombstone(key("acme", "u1", 1), "sbx1")
+	for n := range 2 { // u1 holds 3 slots
+		if err := f.reserve(key("acme", "u1", 10+n), tok(n), limit); err != nil {
+			f.t.Fatalf("Reserve %d: %v", n, err)
+		}
+	}
+	f.wantIs("a handover over a lowered limit", f.handOver(key("beta", "u2", 2), "res-2", 1, 0, tomb), core.ErrConflict)
+	f.wantRefusal("a handover to the same user over its quota", f.handOver(key("acme", "u1", 3), "res-3", limit, 2, tomb), api.RefusalUserQuota)
+	if got := f.get("sbx1"); got.State != core.StateDestroying || got.Fence != tomb.Fence {
+		f.t.Fatalf("tombstone after refused handovers = %+v; want unchanged", got)
+	}
+	if err := f.handOver(key("acme", "u1", 3), "res-3", limit, 3, tomb); err != nil {
+		f.t.Fatalf("a handover within the user's quota and the limit: %v", err)
+	}
+	f.wantUsed(limit, 0)
+}

@@ -74,6 +74,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"MaybeAppliedFinalizeFree", testMaybeAppliedFinalizeFree},
 		{"Handover", testHandover},
 		{"HandoverSameHolder", testHandoverSameHolder},
+		{"HandoverWithinTheLimit", testHandoverWithinTheLimit},
 		{"MaybeAppliedHandover", testMaybeAppliedHandover},
 		{"NotApplied", testNotApplied},
 	}

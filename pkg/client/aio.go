@@ -153,6 +153,9 @@ func (a *AIO) Exec(ctx context.Context, req ExecRequest) (int, error) {
 		if ctx.Err() != nil {
 			return -1, fmt.Errorf("exec: %w", ctx.Err())
 		}
+		if deadlinePassed(ctx) {
+			return -1, fmt.Errorf("exec: %w", context.DeadlineExceeded)
+		}
 		if deadlinePassed(rctx) {
 			return -1, fmt.Errorf("exec: %w", ErrExecTimeout)
 		}

@@ -254,6 +254,9 @@ func (e *Envd) execErr(parent, run context.Context, err error) error {
 	if parent.Err() != nil {
 		return fmt.Errorf("exec: %w", parent.Err())
 	}
+	if deadlinePassed(parent) {
+		return fmt.Errorf("exec: %w", context.DeadlineExceeded)
+	}
 	if deadlinePassed(run) {
 		return fmt.Errorf("exec: %w", ErrExecTimeout)
 	}
