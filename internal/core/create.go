@@ -82,10 +82,10 @@ func (e *Engine) freedFirst(ctx context.Context, take func(now time.Time) error)
 // queue: the slot is freed (and the queue dispatched), and an eviction
 // whose free failed made no slot (ev.freed false).
 func (e *Engine) handOverable(ctx context.Context, ev *eviction) *killed {
-	if ev.killed == nil || e.s.Policy != PolicyWait {
+	if e.s.Policy != PolicyWait {
 		return ev.killed
 	}
-	ev.freed = e.freeKilled(ctx, *ev.killed) == nil
+	ev.freed = e.freeEvicted(ctx, *ev)
 	return nil
 }
 

@@ -72,8 +72,8 @@ type eviction struct {
 	killErr error
 }
 
-// freeEvicted frees the slot ev.killed holds, if any, and reports whether a slot
-// was freed.
+// freeEvicted frees the slot ev.killed holds, if any, and reports whether
+// ev made a slot.
 func (e *Engine) freeEvicted(ctx context.Context, ev eviction) bool {
 	if ev.killed != nil {
 		return e.freeKilled(ctx, *ev.killed) == nil

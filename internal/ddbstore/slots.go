@@ -251,16 +251,17 @@ func (s *Store) reserveHandedOver(ctx context.Context, r core.Reservation) error
 		{userPK(s.deployment, r.ThreadKey), userPK(s.deployment, h.ThreadKey), r.MaxPerUser},
 		{tenantPK(s.deployment, r.Tenant), tenantPK(s.deployment, h.Tenant), r.MaxPerTenant},
 	} {
-		if h.Slot.Quota && c.from == c.to {
-			items = append(items, s.counterKeep(c.to, c.max))
-			continue
+		shared := h.Slot.Quota && c.from == c.to // the slot stays in this count
+		delta := 1
+		if shared {
+			delta = 0
 		}
-		take, err := s.counterTake(c.to, c.max)
+		move, err := s.counterMove(c.to, delta, c.max)
 		if err != nil {
 			return fmt.Errorf("reserve: %w", err)
 		}
-		items = append(items, take)
-		if h.Slot.Quota {
+		items = append(items, move)
+		if h.Slot.Quota && !shared {
 			items = append(items, s.counterRelease(c.from))
 		}
 	}

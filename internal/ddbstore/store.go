@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -475,10 +474,18 @@ func (s *Store) counterRelease(pk string) types.TransactWriteItem {
 // tenant counter (pk), conditional on the count staying within max when
 // max > 0, moving its revision.
 func (s *Store) counterTake(pk string, max int) (types.TransactWriteItem, error) {
-	b := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(1))))
+	return s.counterMove(pk, 1, max)
+}
+
+// counterMove is the transaction item that adds delta slots to a user or
+// tenant counter (pk), conditional on the count staying within max when
+// max > 0, moving its revision. A delta of 0 keeps a slot that changes
+// holder within the counter, checked as if given up and taken again.
+func (s *Store) counterMove(pk string, delta, max int) (types.TransactWriteItem, error) {
+	b := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(delta))))
 	if max > 0 {
 		b = b.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
-			expression.Name("used").LessThan(expression.Value(max))))
+			expression.Name("used").LessThanEqual(expression.Value(max-delta))))
 	}
 	expr, err := b.Build()
 	if err != nil {
@@ -487,24 +494,6 @@ func (s *Store) counterTake(pk string, max int) (types.TransactWriteItem, error)
 	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
 		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
 		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
-}
-
-// counterKeep is the transaction item by which a user or tenant counter
-// (pk) keeps a slot that changes holder within it: its count unchanged,
-// within max when max > 0 (as if given up and taken again), its revision
-// moved.
-func (s *Store) counterKeep(pk string, max int) types.TransactWriteItem {
-	u := "ADD #revision :one"
-	it := &types.Update{TableName: &s.table, Key: s.key(pk), UpdateExpression: &u,
-		ExpressionAttributeNames:  map[string]string{"#revision": "revision"},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}}}
-	if max > 0 {
-		cond := "attribute_not_exists(#used) OR #used <= :max"
-		it.ConditionExpression = &cond
-		it.ExpressionAttributeNames["#used"] = "used"
-		it.ExpressionAttributeValues[":max"] = &types.AttributeValueMemberN{Value: strconv.Itoa(max)}
-	}
-	return types.TransactWriteItem{Update: it}
 }
 
 // tenantSet is the string set {tenant}, added to the ledger's "tenants".
