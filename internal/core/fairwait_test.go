@@ -205,7 +205,7 @@ func TestDeadWaiterDoesNotBlockTheQueue(t *testing.T) {
 				if err := h.eng.SetDraining(ctx, false); err != nil {
 					t.Fatal(err)
 				}
-				res, err := h.store.Dispatch(ctx, core.Dispatch{Now: h.clock.now(), Limit: 1, Bucket: -1, Scan: true, GrantFor: 5 * time.Second})
+				res, err := h.store.Dispatch(ctx, core.Dispatch{Now: h.clock.now(), Limit: 1, Freed: core.NoSlotRef, Scan: true, GrantFor: 5 * time.Second})
 				if err != nil || len(res.Granted) != 1 || res.Granted[0].Tenant != "a" {
 					t.Fatalf("dispatch granted %+v, %v; want the dead waiter's ticket", res.Granted, err)
 				}
@@ -298,7 +298,7 @@ func TestLapsedGrantGivesBackThePlace(t *testing.T) {
 	// The grant lapses; a dispatch frees its slot (nobody else waits) and
 	// another acquire takes it: the deployment is full again.
 	h.clock.advance(6 * time.Second)
-	if res, err := h.store.Dispatch(ctx, core.Dispatch{Now: h.clock.now(), Limit: 1, Bucket: -1, Scan: true, GrantFor: 5 * time.Second}); err != nil || res.Cleaned != 1 {
+	if res, err := h.store.Dispatch(ctx, core.Dispatch{Now: h.clock.now(), Limit: 1, Freed: core.NoSlotRef, Scan: true, GrantFor: 5 * time.Second}); err != nil || res.Cleaned != 1 {
 		t.Fatalf("dispatch = %+v, %v; want the lapsed grant cleaned", res, err)
 	}
 	h.acquire(t, tenantKey("x", "next"), core.SourceCreated)
@@ -417,7 +417,7 @@ func TestGrantLostAtTheDeadlineIsACapacityRefusal(t *testing.T) {
 			// frees the lapsed grant's slot (nobody else waits) and another
 			// acquire takes it.
 			h.clock.advance(2 * timeout)
-			if res, err := h.store.Dispatch(ctx, core.Dispatch{Now: h.clock.now(), Limit: 1, Bucket: -1, Scan: true,
+			if res, err := h.store.Dispatch(ctx, core.Dispatch{Now: h.clock.now(), Limit: 1, Freed: core.NoSlotRef, Scan: true,
 				GrantFor: 5 * time.Second}); err != nil || res.Cleaned != 1 {
 				t.Fatalf("dispatch = %+v, %v; want the lapsed grant cleaned", res, err)
 			}

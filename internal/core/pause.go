@@ -123,8 +123,8 @@ func (e *Engine) claimPauseEvicting(ctx context.Context, key ThreadKey, owner st
 // pauseAtRelease pauses rec (releasing under this invocation's lease, its
 // outputs copied and its idle timeout set) straight from its release: the
 // claim moves it to pausing under the release's lease, with no park warm
-// before it, so that its capacity bucket is written once, by the settle
-// that frees the slot (see PauseStore.ClaimReleasePause). It sets
+// before it, so that its running slot's count is written once, by the
+// settle that frees the slot (see PauseStore.ClaimReleasePause). It sets
 // out.State. done is false when the claim certainly changed nothing and
 // the sandbox is to be parked warm instead (the paused slots full, or the
 // record no longer the release's: the park's fence tells); a claim that

@@ -308,7 +308,7 @@ func TestInterruptedPauseIsFinished(t *testing.T) {
 			if st := h.reconcile(t); st.Paused != 0 || st.Deferred == 0 {
 				t.Fatalf("pass with a failing pause: paused %d deferred %d, want 0 and a deferral", st.Paused, st.Deferred)
 			}
-			if got := h.state(t, rec.SandboxID); got.State != core.StatePausing || got.Slots != (core.Slots{Paused: true, PausedBucket: got.Slots.PausedBucket, TenantPaused: true}) {
+			if got := h.state(t, rec.SandboxID); got.State != core.StatePausing || got.Slots != (core.Slots{Paused: true, PausedRef: got.Slots.PausedRef, TenantPaused: true}) {
 				t.Fatalf("record = %s %+v, want pausing holding both slots, counted for its tenant", got.State, got.Slots)
 			}
 			h.prov.Set(func(p *coretest.FakeProvider) { p.PauseErr = nil })
@@ -397,7 +397,7 @@ func TestReconcileAdoptsAnUntrackedPausedSandboxPaused(t *testing.T) {
 	if st.Adopted != 1 {
 		t.Fatalf("adopted %d, want the paused sandbox adopted (stats %+v)", st.Adopted, st)
 	}
-	if got := h.state(t, ref.ID); got.State != core.StatePaused || got.Slots != (core.Slots{NoRunning: true, Paused: true, PausedBucket: got.Slots.PausedBucket, TenantPaused: true}) {
+	if got := h.state(t, ref.ID); got.State != core.StatePaused || got.Slots != (core.Slots{NoRunning: true, Paused: true, PausedRef: got.Slots.PausedRef, TenantPaused: true}) {
 		t.Errorf("adopted record = %s %+v, want paused holding a paused slot", got.State, got.Slots)
 	}
 	if c := h.capacity(t); c.Used != 0 || c.Paused != 1 {
@@ -567,7 +567,7 @@ func TestReconcileRepairsThePausedSlotCount(t *testing.T) {
 	h := newDDBHarnessWith(t, prov, nil) // it corrupts a DynamoDB item
 	rec := h.pauseThread(t, "t1")
 	pk := "PAU#test"
-	if b := h.state(t, rec.SandboxID).Slots.PausedBucket; b > 0 {
+	if b := h.state(t, rec.SandboxID).Slots.PausedRef; b > 0 {
 		pk += fmt.Sprint("#", b)
 	}
 	if _, err := h.db.UpdateItem(context.Background(), &dynamodb.UpdateItemInput{TableName: &h.table,

@@ -36,8 +36,8 @@ type PauseStore interface {
 	// r.Claim's lease at r.Fence) straight to StatePausing, parked at
 	// r.Claim.Now and ending at r.ExpiresAt should the pause be given up,
 	// and takes a paused slot as ClaimPause does, so that the release
-	// writes its capacity bucket once (when the settle frees the running
-	// slot) rather than also when it parks warm. ErrDraining when the
+	// writes its running slot's count once (when the settle frees the
+	// running slot) rather than also when it parks warm. ErrDraining when the
 	// deployment drains; otherwise as ClaimPause.
 	ClaimReleasePause(ctx context.Context, r ReleasePause) (Record, error)
 	// SettlePause moves rec (pausing or resuming, fenced by rec.Fence:
@@ -116,7 +116,7 @@ func (m meteredPauseStore) ClaimReleasePause(ctx context.Context, r ReleasePause
 func (m meteredPauseStore) SettlePause(ctx context.Context, rec Record, now time.Time) (Record, error) {
 	out, err := m.PauseStore.SettlePause(ctx, rec, now)
 	if err == nil && rec.Slots.Running() {
-		m.e.dispatchFreed(ctx, rec.Slot.Bucket)
+		m.e.dispatchFreed(ctx, rec.Slot.Ref)
 	}
 	return m.metered(ctx, out, err)
 }

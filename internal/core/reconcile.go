@@ -372,9 +372,8 @@ func (p *pass) reconcileStore(ctx context.Context) error {
 }
 
 // ledger repairs the counters kept with the slots (RepairCounters): the
-// capacity buckets' used slots, the paused buckets, the
-// users' and tenants' slot counts, the buckets' limits and the fair-share
-// tenant sets.
+// running and paused slots held, the users' and tenants' slot counts,
+// the limits' split and the fair-share tenant sets.
 func (p *pass) ledger(ctx context.Context) error {
 	// The repair may read the whole table (its exact count): it ends by
 	// the stop time, leaving the reserve for the cursor's save.
@@ -403,7 +402,7 @@ func (p *pass) ledger(ctx context.Context) error {
 // lapsed grants passed on or freed, and the room there is (a slot freed
 // by a repair, a raised limit) granted to the first waiters.
 func (p *pass) waitQueue(ctx context.Context) error {
-	res, err := p.e.store.Dispatch(ctx, Dispatch{Now: p.e.now(), Limit: p.e.s.Limit(), Bucket: -1, Scan: true,
+	res, err := p.e.store.Dispatch(ctx, Dispatch{Now: p.e.now(), Limit: p.e.s.Limit(), Freed: NoSlotRef, Scan: true,
 		GrantFor: grantFor})
 	if err != nil {
 		return fmt.Errorf("serve the wait queue: %w", err)

@@ -129,15 +129,15 @@ type CounterRepair struct {
 	// Slots is the correction applied to the deployment's used slots.
 	Slots int
 	// Counters is how many other counters were corrected (users' and
-	// tenants' slot counts, tenants' paused counts, the buckets' granted
-	// slots).
+	// tenants' slot counts, tenants' paused counts, the slots held in
+	// trust for waiters).
 	Counters int
-	// Rebalanced reports that the buckets' limits were rewritten.
+	// Rebalanced reports that the limit's split was rewritten.
 	Rebalanced bool
 	// TenantsDropped lists the tenants that left the fair-share sets.
 	TenantsDropped []string
 	// PausedSlots is the correction applied to the paused slots held
-	// (counted with the running slots, in buckets of their own).
+	// (counted apart from the running slots).
 	PausedSlots int
 	// Pool is the pool place count as this call read it, with the holders
 	// it counted: an exact count when it sees a difference the second time

@@ -132,8 +132,8 @@ type Reservation struct {
 	ReplaceSandboxID   string
 	ReplaceReservation string
 	// Grant, when set, is the slot a dispatch holds in trust for this
-	// acquire's ticket: the reservation takes it over (its bucket's used
-	// count unchanged, Limit not checked) and the ticket and its place
+	// acquire's ticket: the reservation takes it over (the slots held
+	// unchanged, Limit not checked) and the ticket and its place
 	// leave the queue, in the same transaction; ErrGrantLost when the
 	// ticket no longer holds it.
 	Grant *Grant
@@ -180,13 +180,13 @@ type Ticket struct {
 }
 
 // Grant is a running slot a dispatch holds in trust for a waiting ticket:
-// counted in Bucket's used slots, so no other acquire takes it, until the
+// counted where Slot says, so no other acquire takes it, until the
 // ticket's waiter consumes it (Reservation.Grant, ResumeClaim.Grant), or
 // gives it back (LeaveWait), or it lapses at Until and a dispatch passes
 // it on to the next waiter (or frees it).
 type Grant struct {
 	Ticket Ticket
-	Bucket int
+	Slot   SlotRef
 	Until  time.Time
 }
 
@@ -209,14 +209,14 @@ type TicketState struct {
 type Dispatch struct {
 	Now   time.Time
 	Limit int
-	// Bucket is the capacity bucket where a slot was just freed, the one
-	// to try first (-1: none).
-	Bucket int
-	// Scan reads every bucket for room when Bucket has none (reconcile; a
-	// free that does not know its bucket). Self, when set, is the
-	// dispatching waiter's ticket: the buckets are read only when it is
-	// the first live waiting ticket (so waiting does not read capacity,
-	// except the head's own turn).
+	// Freed is where a slot was just freed, the place to try first
+	// (NoSlotRef: none).
+	Freed SlotRef
+	// Scan looks for room anywhere when Freed has none (reconcile; a free
+	// that does not know its place). Self, when set, is the dispatching
+	// waiter's ticket: capacity is read only when it is the first live
+	// waiting ticket (so waiting does not read capacity, except the
+	// head's own turn).
 	Scan bool
 	Self string
 	// GrantFor is how long a grant stays its ticket's before it lapses.
@@ -233,8 +233,8 @@ type DispatchResult struct {
 	// that ticket, ahead of the waiter's though not always the queue's
 	// first.
 	Head string
-	// Read reports that the buckets were read: Status and Tenants are
-	// their sums and tenant sets (as a capacity refusal's).
+	// Read reports that capacity was read: Status and Tenants are as a
+	// capacity refusal's.
 	Read    bool
 	Status  CapacityStatus
 	Tenants []string
@@ -424,15 +424,14 @@ type CapacityStore interface {
 	// Draining reports whether the deployment drains (a read that may
 	// lag a SetDraining by up to a second).
 	Draining(ctx context.Context) (bool, error)
-	// RepairCounters compares the counters kept with the slots (used slots
-	// of each capacity bucket, the paused slots of each paused bucket,
-	// each user's and tenant's slot count) with the records and
+	// RepairCounters compares the counters kept with the slots (running
+	// and paused slots held, each user's and tenant's slot count) with the records and
 	// reservations holding slots, and corrects each difference that the
 	// previous call saw unchanged (so a write in flight is never mistaken
 	// for drift), without overwriting a concurrent change. It keeps the
-	// counts by state it read for Capacity. It also rebalances the
-	// buckets' limits (for the deployment limit) when one holds more than
-	// its limit, and drops tenants holding no slot from the fair-share
+	// counts by state it read for Capacity. It also splits the limit
+	// afresh when one part holds more than its share (an adopted
+	// sandbox), and drops tenants holding no slot from the fair-share
 	// sets.
 	RepairCounters(ctx context.Context, limit int) (CounterRepair, error)
 }

@@ -164,10 +164,18 @@ type Record struct {
 	Slot Slot
 }
 
-// Slot locates a record's (or reservation's) capacity slot in the store.
+// SlotRef says where the store counts a slot. It is the store's to
+// choose and to read: the engine only carries it from the read or write
+// that took the slot to the one that frees it. NoSlotRef: not known.
+type SlotRef int
+
+// NoSlotRef is a SlotRef that names no place.
+const NoSlotRef SlotRef = -1
+
+// Slot locates a record's (or reservation's) running slot in the store.
 type Slot struct {
-	// Bucket is the capacity bucket that holds the slot.
-	Bucket int
+	// Ref is where the store counts the slot.
+	Ref SlotRef
 	// Quota reports that the slot is counted in its user's and tenant's
 	// slot counts (false for a pool member's, which no thread holds).
 	Quota bool
@@ -182,9 +190,8 @@ type Slots struct {
 	// Paused: the record holds a paused slot (pausing, paused, resuming,
 	// or the tombstone of one of those).
 	Paused bool
-	// PausedBucket is where the store counts the paused slot (when
-	// Paused).
-	PausedBucket int
+	// PausedRef is where the store counts the paused slot (when Paused).
+	PausedRef SlotRef
 	// TenantPaused reports that the paused slot is counted in its
 	// tenant's paused count (PauseStore.TenantsPaused): false for a pool
 	// member's.

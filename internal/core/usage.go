@@ -138,7 +138,7 @@ func (m meteredStore) Free(ctx context.Context, rec Record, now time.Time) error
 		m.meterEnd(ctx, rec, now)
 	}
 	if err == nil && rec.Slots.Running() {
-		m.e.dispatchFreed(ctx, rec.Slot.Bucket)
+		m.e.dispatchFreed(ctx, rec.Slot.Ref)
 	}
 	return err
 }
@@ -165,7 +165,7 @@ func (m meteredStore) meterEnd(ctx context.Context, rec Record, now time.Time) {
 }
 
 // FreeReservation frees the reservation's slot, then offers it to the
-// wait queue (its bucket is the store's to know: every bucket is read
+// wait queue (where it was is the store's to know: capacity is read
 // when someone waits).
 func (m meteredStore) FreeReservation(ctx context.Context, token string, key ThreadKey) error {
 	err := m.Store.FreeReservation(ctx, token, key)

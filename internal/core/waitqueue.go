@@ -221,7 +221,7 @@ func (e *Engine) giveUpTicket(ctx context.Context, req AcquireRequest) {
 
 // waitTurn is a waiter's own dispatch: it cleans the head of the queue and
 // grants the slots there is room for (reading each ticket first), reading
-// the capacity buckets only when this waiter is the first live waiting
+// capacity only when this waiter is the first live waiting
 // ticket. The head then frees a slot for itself as a refused acquire does
 // (one eviction under its tenant's fair share, else, once per acquire,
 // the slots of sandboxes the provider ended): the free's dispatch serves
@@ -231,7 +231,7 @@ func (e *Engine) giveUpTicket(ctx context.Context, req AcquireRequest) {
 func (e *Engine) waitTurn(ctx context.Context, key ThreadKey, owner string, st *acquireState) error {
 	me := st.wait.ticket.ID
 	tctx, cancel := context.WithTimeout(ctx, dispatchBudget)
-	res, err := e.store.Dispatch(tctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: -1, Self: me, GrantFor: grantFor})
+	res, err := e.store.Dispatch(tctx, Dispatch{Now: e.now(), Limit: e.s.Limit(), Freed: NoSlotRef, Self: me, GrantFor: grantFor})
 	cancel()
 	switch {
 	case err != nil:
@@ -286,17 +286,17 @@ func (e *Engine) leaveWait(ctx context.Context, st *acquireState) {
 }
 
 // dispatchFreed serves the wait queue after a write freed a running slot
-// in bucket (-1: not known; every bucket is then read when someone
+// at ref (NoSlotRef: not known; capacity is then read when someone
 // waits). Only the wait policy queues. A failure is logged: the waiters'
 // own turns and reconcile serve the queue too.
-func (e *Engine) dispatchFreed(ctx context.Context, bucket int) {
+func (e *Engine) dispatchFreed(ctx context.Context, ref SlotRef) {
 	if e.s.Policy != PolicyWait {
 		return
 	}
 	dctx, cancel := context.WithTimeout(ctx, dispatchBudget)
 	defer cancel()
-	d := Dispatch{Now: e.now(), Limit: e.s.Limit(), Bucket: bucket, Scan: bucket < 0, GrantFor: grantFor}
+	d := Dispatch{Now: e.now(), Limit: e.s.Limit(), Freed: ref, Scan: ref == NoSlotRef, GrantFor: grantFor}
 	if _, err := e.store.Store.Dispatch(dctx, d); err != nil {
-		e.log.WarnContext(ctx, "dispatch after a free failed", "bucket", bucket, "err", err)
+		e.log.WarnContext(ctx, "dispatch after a free failed", "slot", ref, "err", err)
 	}
 }

@@ -159,7 +159,7 @@ func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUn
 // when grants fill a shard's page: that read cannot tell).
 func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchResult, error) {
 	var res core.DispatchResult
-	if d.Self != "" && d.Bucket < 0 && !d.Scan {
+	if d.Self != "" && d.Freed < 0 && !d.Scan {
 		ahead, err := s.aheadInShard(ctx, d, &res)
 		if err != nil || ahead != "" {
 			res.Head = ahead
@@ -167,11 +167,11 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 		}
 	}
 	w := walk{room: map[int]int{}}
-	if d.Bucket >= 0 {
-		w.room[d.Bucket] = 1 // a slot was freed there; whether it still is, the take decides
+	if d.Freed >= 0 {
+		w.room[int(d.Freed)] = 1 // a slot was freed there; whether it still is, the take decides
 	}
 	for attempt := range dispatchAttempts {
-		r := headRead{limit: s.scan, eventual: attempt == 0 && d.Bucket >= 0, after: w.after}
+		r := headRead{limit: s.scan, eventual: attempt == 0 && d.Freed >= 0, after: w.after}
 		q, err := s.queueHead(ctx, r)
 		if err != nil {
 			return res, err

@@ -164,9 +164,9 @@ func (it item) record() core.Record {
 		MeteredAt:        fromMS(it.MeteredAt),
 		PrevMeteredAt:    fromMS(it.PrevMeteredAt),
 		MeteredState:     core.State(it.MeteredState),
-		Slots:            core.Slots{NoRunning: it.NoRunningSlot, Paused: it.PausedSlot, PausedBucket: it.PausedBucket, TenantPaused: it.TenantPaused},
+		Slots:            core.Slots{NoRunning: it.NoRunningSlot, Paused: it.PausedSlot, PausedRef: core.SlotRef(it.PausedBucket), TenantPaused: it.TenantPaused},
 		PausedFor:        time.Duration(it.PausedMS) * time.Millisecond,
-		Slot:             core.Slot{Bucket: it.Bucket, Quota: it.Quota},
+		Slot:             core.Slot{Ref: core.SlotRef(it.Bucket), Quota: it.Quota},
 	}
 }
 
@@ -181,9 +181,9 @@ func (s *Store) recordItem(r core.Record) item {
 		KillAttempts: r.KillAttempts, DestroyingAt: ms(r.DestroyingSince),
 		EndReason: r.EndReason, ExpiringSent: ms(r.ExpiringSentFor),
 		MeteredAt: ms(r.MeteredAt), PrevMeteredAt: ms(r.PrevMeteredAt), MeteredState: string(r.MeteredState),
-		NoRunningSlot: r.Slots.NoRunning, PausedSlot: r.Slots.Paused, PausedBucket: r.Slots.PausedBucket, TenantPaused: r.Slots.TenantPaused,
+		NoRunningSlot: r.Slots.NoRunning, PausedSlot: r.Slots.Paused, PausedBucket: int(r.Slots.PausedRef), TenantPaused: r.Slots.TenantPaused,
 		PausedMS: r.PausedFor.Milliseconds(),
-		Bucket:   r.Slot.Bucket, Quota: r.Slot.Quota,
+		Bucket:   int(r.Slot.Ref), Quota: r.Slot.Quota,
 	}
 	if r.State != core.StateGone {
 		it.GSI1PK = s.statePK(r.State, r.SandboxID)

@@ -191,7 +191,7 @@ func (s *Store) slotsRelease(rec core.Record) ([]types.TransactWriteItem, error)
 // slot: its paused bucket's, and its tenant's paused count when counted
 // in it.
 func (s *Store) tenantPausedRelease(rec core.Record) []types.TransactWriteItem {
-	items := []types.TransactWriteItem{s.pausedRelease(rec.Slots.PausedBucket)}
+	items := []types.TransactWriteItem{s.pausedRelease(int(rec.Slots.PausedRef))}
 	if rec.Slots.TenantPaused && rec.Tenant != "" {
 		items = append(items, s.counterRelease(tenantPausedPK(s.deployment, rec.Tenant)))
 	}
@@ -422,7 +422,7 @@ func (s *Store) settlePause(ctx context.Context, op string, rec core.Record, now
 	}
 	rec = settled(rec, to, now)
 	rec.ParkedAt, rec.ExpiresAt, rec.Slot = now, time.Time{}, core.Slot{}
-	rec.Slots = core.Slots{NoRunning: true, Paused: true, PausedBucket: rec.Slots.PausedBucket, TenantPaused: rec.Slots.TenantPaused}
+	rec.Slots = core.Slots{NoRunning: true, Paused: true, PausedRef: rec.Slots.PausedRef, TenantPaused: rec.Slots.TenantPaused}
 	return rec, nil
 }
 

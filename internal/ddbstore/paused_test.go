@@ -384,7 +384,7 @@ func TestPausedBucketRepairNeedsTheSameRevisionTwice(t *testing.T) {
 		if _, err := s.AbortPause(ctx, rec, t0.Add(time.Hour)); err != nil {
 			t.Fatalf("AbortPause: %v", err)
 		}
-		return rec.Slots.PausedBucket
+		return int(rec.Slots.PausedRef)
 	}
 	b := takeAndFree()
 	if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
@@ -438,7 +438,7 @@ func TestPausedSlotsFillEveryBucketBeforeRefusing(t *testing.T) {
 				case i == limit && !errors.Is(err, core.ErrPausedFull):
 					t.Fatalf("pause past the limit = %v, want ErrPausedFull", err)
 				case err == nil:
-					buckets[rec.Slots.PausedBucket]++
+					buckets[int(rec.Slots.PausedRef)]++
 				}
 			}
 			if n, err := s.PausedUsed(ctx); err != nil || n != limit {

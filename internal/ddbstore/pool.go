@@ -50,7 +50,7 @@ func (s *Store) poolCount(delta int) types.TransactWriteItem {
 func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
 	b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit)}, func(b int) error { return s.reservePoolIn(ctx, r, b) })
 	if err == nil {
-		s.slots.remember(r.Token, core.Slot{Bucket: b})
+		s.slots.remember(r.Token, core.Slot{Ref: core.SlotRef(b)})
 	}
 	return err
 }
@@ -142,7 +142,7 @@ func (s *Store) PoolMembers(ctx context.Context, limit int) ([]core.Record, erro
 // (SettleResume).
 func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Record, error) {
 	if !c.Member.Slots.Paused {
-		return s.claimPoolMemberIn(ctx, c, c.Member.Slot.Bucket)
+		return s.claimPoolMemberIn(ctx, c, int(c.Member.Slot.Ref))
 	}
 	var rec core.Record
 	_, err := s.takeSlotOrGrant(ctx, threadPlan(c.ThreadKey, c.Limit), c.Grant, func(b int) error {
@@ -183,9 +183,9 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 	rec.LeaseOwner, rec.LeaseExpiresAt = c.Owner, c.LeaseUntil
 	rec.UpdatedAt = c.Now
 	rec.PrevMeteredAt, rec.MeteredAt, rec.MeteredState = poolMetered(m, c.Now), c.Now, core.StatePooled
-	rec.Slot = core.Slot{Bucket: b, Quota: true}
+	rec.Slot = core.Slot{Ref: core.SlotRef(b), Quota: true}
 	if m.Slots.Paused {
-		rec.Slots = core.Slots{Paused: true, PausedBucket: m.Slots.PausedBucket}
+		rec.Slots = core.Slots{Paused: true, PausedRef: m.Slots.PausedRef}
 	}
 	return rec, nil
 }

@@ -49,7 +49,7 @@ func TestPausedPoolMemberMovesItsSlots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("SettlePoolPause: %v", err)
 	}
-	if paused.State != core.StatePooled || paused.Slots != (core.Slots{NoRunning: true, Paused: true, PausedBucket: paused.Slots.PausedBucket}) {
+	if paused.State != core.StatePooled || paused.Slots != (core.Slots{NoRunning: true, Paused: true, PausedRef: paused.Slots.PausedRef}) {
 		t.Fatalf("settled member = %s %+v, want pooled holding a paused slot", paused.State, paused.Slots)
 	}
 	check("pooled paused", poolSlots{used: 0, paused: 1, places: 1, pausedHolders: 1, placeHolders: 1})
@@ -65,7 +65,7 @@ func TestPausedPoolMemberMovesItsSlots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ClaimPoolMember: %v", err)
 	}
-	if claimed.State != core.StateClaiming || claimed.Slots != (core.Slots{Paused: true, PausedBucket: claimed.Slots.PausedBucket}) || !claimed.Slot.Quota {
+	if claimed.State != core.StateClaiming || claimed.Slots != (core.Slots{Paused: true, PausedRef: claimed.Slots.PausedRef}) || !claimed.Slot.Quota {
 		t.Errorf("claimed = %s %+v %+v, want claiming, both slots, in the quotas", claimed.State, claimed.Slots, claimed.Slot)
 	}
 	if stored, err := s.Get(ctx, "m1"); err != nil || stored.Slots != claimed.Slots || stored.Slot != claimed.Slot || stored.Fence != claimed.Fence {

@@ -63,12 +63,12 @@ func (f *queueFixture) fill(n int) []core.Record {
 
 // free frees rec's slot (no dispatch: the engine runs it) and returns
 // its bucket.
-func (f *queueFixture) free(rec core.Record) int {
+func (f *queueFixture) free(rec core.Record) core.SlotRef {
 	f.t.Helper()
 	if err := f.s.Free(context.Background(), rec, t0); err != nil {
 		f.t.Fatalf("Free %s: %v", rec.SandboxID, err)
 	}
-	return rec.Slot.Bucket
+	return rec.Slot.Ref
 }
 
 // enter queues a ticket for tenant arriving at at, waiting a minute.
@@ -105,7 +105,7 @@ func (f *queueFixture) poll(tk core.Ticket) core.TicketState {
 
 // takeAndFree takes the slot granted to tk with a reservation, then
 // frees the reservation (no dispatch), and returns the slot's bucket.
-func (f *queueFixture) takeAndFree(tk core.Ticket, now time.Time) int {
+func (f *queueFixture) takeAndFree(tk core.Ticket, now time.Time) core.SlotRef {
 	f.t.Helper()
 	ts := f.poll(tk)
 	key := core.ThreadKey{Tenant: tk.Tenant, User: "u", Thread: tk.ID}
@@ -116,7 +116,7 @@ func (f *queueFixture) takeAndFree(tk core.Ticket, now time.Time) int {
 	if err := f.s.FreeReservation(context.Background(), "res-"+tk.ID, key); err != nil {
 		f.t.Fatalf("free %s's reservation: %v", tk.ID, err)
 	}
-	return ts.Grant.Bucket
+	return ts.Grant.Slot
 }
 
 // repairsNothing runs the counter repair passes times and fails the test
@@ -212,7 +212,7 @@ func TestEnterWaitRounds(t *testing.T) {
 	}
 	// The queue's order: one slot, freed again by each waiter served.
 	now := t0.Add(30 * time.Second)
-	res := f.dispatch(core.Dispatch{Now: now, Bucket: -1, Scan: true})
+	res := f.dispatch(core.Dispatch{Now: now, Freed: core.NoSlotRef, Scan: true})
 	if len(res.Granted) != 0 || res.Head != "a2" {
 		t.Fatalf("full deployment: granted %v, head %q; want none and a2", ids(res.Granted), res.Head)
 	}
@@ -220,7 +220,7 @@ func TestEnterWaitRounds(t *testing.T) {
 	want := []string{"a2", "b2", "d1", "c2", "a3", "a4"}
 	var got []string
 	for range want {
-		res := f.dispatch(core.Dispatch{Now: now, Bucket: bucket})
+		res := f.dispatch(core.Dispatch{Now: now, Freed: bucket})
 		if len(res.Granted) != 1 {
 			t.Fatalf("after %v: granted %v, want one", got, ids(res.Granted))
 		}
@@ -246,7 +246,7 @@ func TestDispatchGrantsInFairOrderAndTheGrantIsTaken(t *testing.T) {
 	now := t0.Add(3 * time.Second)
 
 	b := f.free(recs[0])
-	res := f.dispatch(core.Dispatch{Now: now, Bucket: b})
+	res := f.dispatch(core.Dispatch{Now: now, Freed: b})
 	if got := ids(res.Granted); !slices.Equal(got, []string{"a1"}) || res.Head != "b1" {
 		t.Fatalf("granted %v, head %q; want [a1] and b1 (round 0 before a's second)", got, res.Head)
 	}
@@ -254,7 +254,7 @@ func TestDispatchGrantsInFairOrderAndTheGrantIsTaken(t *testing.T) {
 		t.Errorf("used %d granted %d, want 2 and 1 (the freed slot held in trust)", used, granted)
 	}
 	ts := f.poll(a1)
-	if !ts.Granted || ts.Grant.Bucket != b {
+	if !ts.Granted || ts.Grant.Slot != b {
 		t.Fatalf("a1 = %+v, want granted in bucket %d", ts, b)
 	}
 	// Nobody else can take the trusted slot.
@@ -280,7 +280,7 @@ func TestDispatchGrantsInFairOrderAndTheGrantIsTaken(t *testing.T) {
 		t.Errorf("second take of a1's grant: %v, want ErrGrantLost", err)
 	}
 	// a's place was given back with the take: a may queue 10 again.
-	res = f.dispatch(core.Dispatch{Now: now, Bucket: f.free(recs[1])})
+	res = f.dispatch(core.Dispatch{Now: now, Freed: f.free(recs[1])})
 	if got := ids(res.Granted); !slices.Equal(got, []string{"b1"}) {
 		t.Errorf("second free granted %v, want [b1]", got)
 	}
@@ -300,7 +300,7 @@ func TestDispatchSkipsLapsedTickets(t *testing.T) {
 		t.Fatal(err)
 	}
 	live := f.enter("b", "live", t0.Add(500*time.Millisecond))
-	res := f.dispatch(core.Dispatch{Now: t0.Add(2 * time.Second), Bucket: f.free(recs[0])})
+	res := f.dispatch(core.Dispatch{Now: t0.Add(2 * time.Second), Freed: f.free(recs[0])})
 	if got := ids(res.Granted); !slices.Equal(got, []string{"live"}) || res.Cleaned != 1 {
 		t.Fatalf("granted %v, cleaned %d; want [live] and 1", got, res.Cleaned)
 	}
@@ -323,7 +323,7 @@ func TestLapsedGrantPassesOnOrFrees(t *testing.T) {
 	b := f.enter("b", "b", t0.Add(time.Millisecond))
 	c := f.enter("c", "c", t0.Add(2*time.Millisecond))
 	now := t0.Add(time.Second)
-	res := f.dispatch(core.Dispatch{Now: now, Bucket: f.free(recs[0])})
+	res := f.dispatch(core.Dispatch{Now: now, Freed: f.free(recs[0])})
 	if got := ids(res.Granted); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("granted %v, want [a]", got)
 	}
@@ -332,7 +332,7 @@ func TestLapsedGrantPassesOnOrFrees(t *testing.T) {
 	// repair counts grants only while it holds still).
 	later := now.Add(6 * time.Second)
 	_, _, rev := f.bucketSums()
-	res = f.dispatch(core.Dispatch{Now: later, Bucket: -1})
+	res = f.dispatch(core.Dispatch{Now: later, Freed: core.NoSlotRef})
 	if got := ids(res.Granted); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("after a's grant lapsed: granted %v, want [b]", got)
 	}
@@ -357,7 +357,7 @@ func TestLapsedGrantPassesOnOrFrees(t *testing.T) {
 		t.Errorf("the buckets' revisions sum to %d after b left, want more than %d", after, rev)
 	}
 	// c's grant lapses with nobody waiting: the slot is freed.
-	res = f.dispatch(core.Dispatch{Now: later.Add(6 * time.Second), Bucket: -1})
+	res = f.dispatch(core.Dispatch{Now: later.Add(6 * time.Second), Freed: core.NoSlotRef})
 	if len(res.Granted) != 0 || res.Cleaned != 1 {
 		t.Errorf("granted %v, cleaned %d; want none and 1", ids(res.Granted), res.Cleaned)
 	}
@@ -376,14 +376,14 @@ func TestConcurrentDispatchersNeverOvergrant(t *testing.T) {
 	for i := range waiters {
 		tickets = append(tickets, f.enter(fmt.Sprint("t", i), fmt.Sprintf("w%02d", i), t0.Add(time.Duration(i)*time.Millisecond)))
 	}
-	var buckets []int
+	var buckets []core.SlotRef
 	for _, r := range recs[:freed] {
 		buckets = append(buckets, f.free(r))
 	}
 	now := t0.Add(time.Second)
 	var ds []core.Dispatch
 	for i := range dispatchers {
-		ds = append(ds, core.Dispatch{Now: now, Limit: limit, Bucket: buckets[i%freed], Scan: i%2 == 0, GrantFor: 5 * time.Second})
+		ds = append(ds, core.Dispatch{Now: now, Limit: limit, Freed: buckets[i%freed], Scan: i%2 == 0, GrantFor: 5 * time.Second})
 	}
 	granted := dispatchAtOnce(t, f, ds)
 	if want := []string{"w00", "w01", "w02"}; !slices.Equal(granted, want) {
@@ -438,10 +438,10 @@ func TestFreesRacingOnTheHeadGrantEveryFreedSlot(t *testing.T) {
 				now := t0.Add(time.Second)
 				var ds []core.Dispatch
 				for _, r := range recs[:tc.freed] {
-					ds = append(ds, core.Dispatch{Now: now, Limit: tc.limit, Bucket: f.free(r), GrantFor: 5 * time.Second})
+					ds = append(ds, core.Dispatch{Now: now, Limit: tc.limit, Freed: f.free(r), GrantFor: 5 * time.Second})
 				}
 				if tc.withTurn {
-					ds = append(ds, core.Dispatch{Now: now, Limit: tc.limit, Bucket: -1, Self: tickets[0].ID, GrantFor: 5 * time.Second})
+					ds = append(ds, core.Dispatch{Now: now, Limit: tc.limit, Freed: core.NoSlotRef, Self: tickets[0].ID, GrantFor: 5 * time.Second})
 				}
 				granted := dispatchAtOnce(t, f, ds)
 				if !slices.Equal(granted, want) {
@@ -492,7 +492,7 @@ func TestCounterRepairKeepsTrustedSlots(t *testing.T) {
 	f.enter("b", "b", t0.Add(time.Millisecond))
 	now := t0.Add(time.Second)
 	for _, r := range recs[:2] {
-		f.dispatch(core.Dispatch{Now: now, Bucket: f.free(r)})
+		f.dispatch(core.Dispatch{Now: now, Freed: f.free(r)})
 	}
 	if used, granted := f.counts(); used != 3 || granted != 2 {
 		t.Fatalf("before repair: used %d granted %d, want 3 and 2", used, granted)
@@ -577,7 +577,7 @@ func TestDispatchCutAfterLosingTheHeadLeavesNothingHalfDone(t *testing.T) {
 			db := &raceDB{API: f.client, probe: tc.probe}
 			db.before = func() {
 				if grants++; grants == 1 { // the peer grants the head between this dispatch's read and its grant
-					f.dispatch(core.Dispatch{Now: now, Bucket: peer})
+					f.dispatch(core.Dispatch{Now: now, Freed: peer})
 				}
 			}
 			db.after = func() {
@@ -586,7 +586,7 @@ func TestDispatchCutAfterLosingTheHeadLeavesNothingHalfDone(t *testing.T) {
 				}
 			}
 			s := ddbstore.New(db, f.table, "test")
-			if _, err := s.Dispatch(ctx, core.Dispatch{Now: now, Limit: limit, Bucket: mine, GrantFor: 5 * time.Second}); err == nil {
+			if _, err := s.Dispatch(ctx, core.Dispatch{Now: now, Limit: limit, Freed: mine, GrantFor: 5 * time.Second}); err == nil {
 				t.Fatal("dispatch: got nil error, want the injected failure")
 			}
 			if grants != 1 {
@@ -602,7 +602,7 @@ func TestDispatchCutAfterLosingTheHeadLeavesNothingHalfDone(t *testing.T) {
 				t.Fatalf("after the cut dispatch: used %d granted %d, want 1 and 1 (the peer's grant)", used, g)
 			}
 			f.repairsNothing(2, "")
-			res := f.dispatch(core.Dispatch{Now: now, Bucket: mine})
+			res := f.dispatch(core.Dispatch{Now: now, Freed: mine})
 			if got := ids(res.Granted); !slices.Equal(got, []string{w1.ID}) {
 				t.Fatalf("next dispatch granted %v, want [%s]", got, w1.ID)
 			}
@@ -625,7 +625,7 @@ func TestDispatchLooksBehindGrantedTickets(t *testing.T) {
 	}
 	now := t0.Add(time.Second)
 	for i, r := range recs[:granted] {
-		res := f.dispatch(core.Dispatch{Now: now, Bucket: f.free(r)})
+		res := f.dispatch(core.Dispatch{Now: now, Freed: f.free(r)})
 		if got, want := ids(res.Granted), []string{fmt.Sprintf("w%02d", i)}; !slices.Equal(got, want) {
 			t.Fatalf("free %d: granted %v, want %v", i, got, want)
 		}
@@ -633,10 +633,10 @@ func TestDispatchLooksBehindGrantedTickets(t *testing.T) {
 	// The next waiter's turn finds itself the head behind them (and so
 	// reads the buckets, to free a slot for itself).
 	next := fmt.Sprintf("w%02d", granted)
-	if res := f.dispatch(core.Dispatch{Now: now, Bucket: -1, Self: next}); res.Head != next || !res.Read {
+	if res := f.dispatch(core.Dispatch{Now: now, Freed: core.NoSlotRef, Self: next}); res.Head != next || !res.Read {
 		t.Fatalf("turn of %s behind %d granted tickets: head %q, read the buckets %v; want itself, true", next, granted, res.Head, res.Read)
 	}
-	res := f.dispatch(core.Dispatch{Now: now, Bucket: f.free(recs[granted])})
+	res := f.dispatch(core.Dispatch{Now: now, Freed: f.free(recs[granted])})
 	if got, want := ids(res.Granted), []string{next}; !slices.Equal(got, want) {
 		t.Fatalf("free behind %d granted tickets: granted %v, want %v", granted, got, want)
 	}
@@ -658,7 +658,7 @@ func TestLapsedGrantsPassOnBehindGrantedTickets(t *testing.T) {
 		want []string // granted by the pass, besides the pile
 	}{
 		{name: "a free's dispatch", pass: func(f *queueFixture, _ core.Ticket, rec core.Record, at time.Time) []string {
-			return ids(f.dispatch(core.Dispatch{Now: at, Bucket: f.free(rec)}).Granted)
+			return ids(f.dispatch(core.Dispatch{Now: at, Freed: f.free(rec)}).Granted)
 		}, want: []string{"w10", "w11"}},
 		{name: "the waiter leaving", pass: func(f *queueFixture, head core.Ticket, _ core.Record, at time.Time) []string {
 			if err := f.s.LeaveWait(context.Background(), head, at, 5*time.Second); err != nil {
@@ -682,7 +682,7 @@ func TestLapsedGrantsPassOnBehindGrantedTickets(t *testing.T) {
 				if i == 0 {
 					grantFor = time.Second // the head's grant lapses first
 				}
-				f.dispatch(core.Dispatch{Now: now, Bucket: f.free(r), GrantFor: grantFor})
+				f.dispatch(core.Dispatch{Now: now, Freed: f.free(r), GrantFor: grantFor})
 			}
 			at := now.Add(2 * time.Second)
 			got := tc.pass(f, tickets[0], recs[pile], at)
@@ -743,12 +743,12 @@ func TestATurnReadsItsTicketBeforeGrantingItself(t *testing.T) {
 	now := t0.Add(time.Second)
 	db := &turnDB{API: f.client}
 	db.afterRead = func() { // a free's dispatch grants the head the slot it freed
-		if res := f.dispatch(core.Dispatch{Now: now, Bucket: freed}); !slices.Equal(ids(res.Granted), []string{w0.ID}) {
+		if res := f.dispatch(core.Dispatch{Now: now, Freed: freed}); !slices.Equal(ids(res.Granted), []string{w0.ID}) {
 			t.Errorf("the free's dispatch granted %v, want [%s]", ids(res.Granted), w0.ID)
 		}
 	}
 	turn := ddbstore.New(db, f.table, "test")
-	res, err := turn.Dispatch(context.Background(), core.Dispatch{Now: now, Limit: limit, Bucket: -1, Self: w0.ID, GrantFor: 5 * time.Second})
+	res, err := turn.Dispatch(context.Background(), core.Dispatch{Now: now, Limit: limit, Freed: core.NoSlotRef, Self: w0.ID, GrantFor: 5 * time.Second})
 	if err != nil {
 		t.Fatalf("the turn's Dispatch: %v", err)
 	}
@@ -761,7 +761,7 @@ func TestATurnReadsItsTicketBeforeGrantingItself(t *testing.T) {
 	if used, granted := f.counts(); used != limit-1 || granted != 1 {
 		t.Errorf("used %d granted %d, want %d and 1: the other freed slot still free", used, granted, limit-1)
 	}
-	if ts := f.poll(w0); !ts.Granted || ts.Grant.Bucket != freed {
+	if ts := f.poll(w0); !ts.Granted || ts.Grant.Slot != freed {
 		t.Errorf("w0 = %+v, want granted in bucket %d", ts, freed)
 	}
 	if ts := f.poll(w1); ts.Granted || ts.Gone {

@@ -80,9 +80,9 @@ func TestShardedQueueServesInFairOrder(t *testing.T) {
 			bucket := f.free(recs[0])
 			var got []string
 			for range tc.order {
-				d := core.Dispatch{Now: now, Bucket: bucket}
+				d := core.Dispatch{Now: now, Freed: bucket}
 				if tc.scan {
-					d = core.Dispatch{Now: now, Bucket: -1, Scan: true}
+					d = core.Dispatch{Now: now, Freed: core.NoSlotRef, Scan: true}
 				}
 				res := f.dispatch(d)
 				if len(res.Granted) != 1 {
@@ -138,7 +138,7 @@ func TestWaiterTurnReadsItsShardFirst(t *testing.T) {
 	now := t0.Add(2 * time.Second)
 
 	turn := func(self core.Ticket) core.DispatchResult {
-		return f.dispatch(core.Dispatch{Now: now, Bucket: -1, Self: self.ID})
+		return f.dispatch(core.Dispatch{Now: now, Freed: core.NoSlotRef, Self: self.ID})
 	}
 	res := turn(behind)
 	if res.Head != ahead.ID || res.Read || res.Cleaned != 1 || len(res.Granted) != 0 {

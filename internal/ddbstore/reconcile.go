@@ -235,8 +235,8 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 		bindItems = append(bindItems, it)
 	}
 	if a.Record.Slots.Paused {
-		a.Record.Slots.PausedBucket = homeOf(a.Record.SandboxID, 0, PausedBuckets)
-		take, err := s.pausedTake(a.Record.Slots.PausedBucket, 0, false) // as the running slot: the sandbox exists whatever the count says
+		a.Record.Slots.PausedRef = core.SlotRef(homeOf(a.Record.SandboxID, 0, PausedBuckets))
+		take, err := s.pausedTake(int(a.Record.Slots.PausedRef), 0, false) // as the running slot: the sandbox exists whatever the count says
 		if err != nil {
 			return core.Record{}, fmt.Errorf("adopt: %w", err)
 		}
@@ -279,7 +279,7 @@ func (s *Store) adoptNew(ctx context.Context, op string, a core.Adoption, pool b
 	rec := a.Record
 	rec.Fence = 1
 	b := int(hashOf(rec.SandboxID) % CapacityBuckets)
-	rec.Slot = core.Slot{Bucket: b, Quota: !pool}
+	rec.Slot = core.Slot{Ref: core.SlotRef(b), Quota: !pool}
 	ri := s.recordItem(rec)
 	ri.PoolPlace = pool
 	if err := s.seal(ctx, &ri); err != nil {

@@ -239,8 +239,8 @@ func TestRepairCountersNeedsTheSameDifferenceTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	bucket := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "CAP#test"}, "sk": &types.AttributeValueMemberS{Value: "R"}}
-	if rec.Slot.Bucket != 0 {
-		bucket["pk"] = &types.AttributeValueMemberS{Value: fmt.Sprintf("CAP#test#%d", rec.Slot.Bucket)}
+	if rec.Slot.Ref != 0 {
+		bucket["pk"] = &types.AttributeValueMemberS{Value: fmt.Sprintf("CAP#test#%d", rec.Slot.Ref)}
 	}
 	touch := func(expr string, v int) {
 		t.Helper()

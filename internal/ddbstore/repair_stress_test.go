@@ -325,7 +325,7 @@ func (q *queueActor) step(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	_, _ = q.s.Dispatch(ctx, core.Dispatch{Now: now, Limit: stressLimit, Bucket: -1, Scan: true, GrantFor: 5 * time.Second})
+	_, _ = q.s.Dispatch(ctx, core.Dispatch{Now: now, Limit: stressLimit, Freed: core.NoSlotRef, Scan: true, GrantFor: 5 * time.Second})
 	ts, err := q.s.PollTicket(ctx, tk)
 	if err != nil {
 		return

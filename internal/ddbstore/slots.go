@@ -43,14 +43,14 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 	if r.Handover != nil {
 		err := s.reserveHandedOver(ctx, r)
 		if err == nil {
-			s.slots.remember(r.Token, core.Slot{Bucket: r.Handover.Slot.Bucket, Quota: true})
+			s.slots.remember(r.Token, core.Slot{Ref: r.Handover.Slot.Ref, Quota: true})
 		}
 		return err
 	}
 	p := threadPlan(r.ThreadKey, r.Limit)
 	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
 	if err == nil {
-		s.slots.remember(r.Token, core.Slot{Bucket: b, Quota: true})
+		s.slots.remember(r.Token, core.Slot{Ref: core.SlotRef(b), Quota: true})
 	}
 	return err
 }
@@ -238,7 +238,7 @@ func (s *Store) reserveHandedOver(ctx context.Context, r core.Reservation) error
 	}
 	cond := expression.Name("lim_of").Equal(expression.Value(r.Limit)).
 		And(expression.Name("used").LessThanEqual(expression.Name("lim"))).And(notDraining())
-	bucket, err := s.bucketUpdate(h.Slot.Bucket, &cond, expression.Add(expression.Name("revision"), expression.Value(1)).
+	bucket, err := s.bucketUpdate(int(h.Slot.Ref), &cond, expression.Add(expression.Name("revision"), expression.Value(1)).
 		Add(expression.Name("tenants"), expression.Value(tenantSet(r.Tenant))))
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
@@ -268,7 +268,7 @@ func (s *Store) reserveHandedOver(ctx context.Context, r core.Reservation) error
 	if h.Slots.Paused {
 		items = append(items, s.tenantPausedRelease(h)...)
 	}
-	err = s.writeReservation(ctx, r, h.Slot.Bucket, items)
+	err = s.writeReservation(ctx, r, int(h.Slot.Ref), items)
 	if errors.Is(err, errBucketFull) || errors.Is(err, errLimitsUnset) {
 		return fmt.Errorf("reserve: the slot of %s cannot change holder: %w", h.SandboxID, core.ErrConflict)
 	}
@@ -366,16 +366,16 @@ func (r *reservationSlots) guess(token string, quota bool) core.Slot {
 		delete(r.m, token)
 		return slot
 	}
-	return core.Slot{Bucket: int(hashOf(token) % CapacityBuckets), Quota: quota}
+	return core.Slot{Ref: core.SlotRef(int(hashOf(token) % CapacityBuckets)), Quota: quota}
 }
 
 // slotCondition is the condition that an item's stored slot is slot.
 func slotCondition(slot core.Slot) expression.ConditionBuilder {
 	cond := expression.AttributeExists(expression.Name(AttrPK))
-	if slot.Bucket == 0 {
+	if slot.Ref == 0 {
 		cond = cond.And(expression.AttributeNotExists(expression.Name("bucket")))
 	} else {
-		cond = cond.And(expression.Name("bucket").Equal(expression.Value(slot.Bucket)))
+		cond = cond.And(expression.Name("bucket").Equal(expression.Value(slot.Ref)))
 	}
 	if slot.Quota {
 		cond = cond.And(expression.Name("quota").Equal(expression.Value(true)))
@@ -409,7 +409,7 @@ func (s *Store) withReservationSlot(ctx context.Context, op, token string, quota
 		if derr := attributevalue.UnmarshalMap(r.Item, &it); derr != nil {
 			return nil, fmt.Errorf("%s: decode reservation: %w", op, derr)
 		}
-		stored := core.Slot{Bucket: it.Bucket, Quota: it.Quota}
+		stored := core.Slot{Ref: core.SlotRef(it.Bucket), Quota: it.Quota}
 		if stored == slot || attempt > 0 {
 			return failed, err
 		}
@@ -468,7 +468,7 @@ func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (co
 func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slot, rec core.Record, pool bool) (core.Record, []types.TransactWriteItem, error) {
 	rec.Fence = 1
 	rec.ReservationToken = token // the counter repair counts the record and its reservation once by it
-	rec.Slot = core.Slot{Bucket: slot.Bucket, Quota: slot.Quota}
+	rec.Slot = core.Slot{Ref: slot.Ref, Quota: slot.Quota}
 	ri := s.recordItem(rec)
 	ri.PoolPlace = pool
 	if err := s.seal(ctx, &ri); err != nil {
@@ -518,7 +518,7 @@ func (s *Store) FreeReservation(ctx context.Context, token string, key core.Thre
 // bucket's used count, and its user's and
 // tenant's counts when the slot is in them.
 func (s *Store) slotRelease(items []types.TransactWriteItem, key core.ThreadKey, slot core.Slot) ([]types.TransactWriteItem, error) {
-	bucket, err := s.bucketUpdate(slot.Bucket, nil, expression.Add(expression.Name("used"), expression.Value(-1)).
+	bucket, err := s.bucketUpdate(int(slot.Ref), nil, expression.Add(expression.Name("used"), expression.Value(-1)).
 		Add(expression.Name("revision"), expression.Value(1)))
 	if err != nil {
 		return nil, err

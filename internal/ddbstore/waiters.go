@@ -357,7 +357,7 @@ func (s *Store) PollTicket(ctx context.Context, t core.Ticket) (core.TicketState
 	if !it.granted() {
 		return core.TicketState{Draining: it.Draining}, nil
 	}
-	return core.TicketState{Granted: true, Grant: core.Grant{Ticket: it.ticket(), Bucket: it.Bucket, Until: fromMS(it.GrantUntil)}}, nil
+	return core.TicketState{Granted: true, Grant: core.Grant{Ticket: it.ticket(), Slot: core.SlotRef(it.Bucket), Until: fromMS(it.GrantUntil)}}, nil
 }
 
 // getTicket reads the ticket stored at pk, key (nil when there is none).
@@ -547,11 +547,11 @@ func (s *Store) slotTake(b int, limit int, tenant string, g *core.Grant) ([]type
 	if tenant != "" {
 		u = u.Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))
 	}
-	bucket, err := s.bucketUpdate(g.Bucket, &cond, u)
+	bucket, err := s.bucketUpdate(int(g.Slot), &cond, u)
 	if err != nil {
 		return nil, err
 	}
-	del, err := s.ticketDelete(s.ticketPK(g.Ticket), g.Ticket.Key, ticketGranted, g.Bucket, 0)
+	del, err := s.ticketDelete(s.ticketPK(g.Ticket), g.Ticket.Key, ticketGranted, int(g.Slot), 0)
 	if err != nil {
 		return nil, err
 	}
@@ -568,7 +568,7 @@ func (s *Store) grantFailed(failed map[string]types.CancellationReason, g *core.
 // bucket: the slot is the one held there in trust (slotTake).
 func (s *Store) takeSlotOrGrant(ctx context.Context, p slotPlan, g *core.Grant, take func(int) error) (int, error) {
 	if g != nil {
-		return g.Bucket, take(g.Bucket)
+		return int(g.Slot), take(int(g.Slot))
 	}
 	return s.takeSlot(ctx, p, take)
 }

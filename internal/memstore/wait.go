@@ -197,7 +197,7 @@ func (s *Store) Dispatch(_ context.Context, d core.Dispatch) (core.DispatchResul
 	err := s.write("Dispatch", func() error {
 		waiting := s.cleanQueue(d, &res)
 		room := 0
-		if d.Bucket >= 0 {
+		if d.Freed >= 0 {
 			room = 1
 		}
 		read := false

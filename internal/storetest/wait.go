@@ -49,7 +49,7 @@ func (f *fixture) fill(limit int) []core.ThreadKey {
 // dispatch serves the queue at now under limit, reading the ledger.
 func (f *fixture) dispatch(now time.Time, limit int) core.DispatchResult {
 	f.t.Helper()
-	res, err := f.s.Dispatch(f.ctx, core.Dispatch{Now: now, Limit: limit, Bucket: -1, Scan: true, GrantFor: grantFor})
+	res, err := f.s.Dispatch(f.ctx, core.Dispatch{Now: now, Limit: limit, Freed: core.NoSlotRef, Scan: true, GrantFor: grantFor})
 	if err != nil {
 		f.t.Fatalf("Dispatch: %v", err)
 	}

@@ -250,7 +250,7 @@ func (st *stack) lapseGrant(holder core.Record, ticket core.Ticket) {
 	defer cancel()
 	st.end(holder)
 	dispatch := func() {
-		if _, err := st.store.Dispatch(ctx, core.Dispatch{Now: st.clock.now(), Limit: limit, Bucket: -1, Scan: true,
+		if _, err := st.store.Dispatch(ctx, core.Dispatch{Now: st.clock.now(), Limit: limit, Freed: core.NoSlotRef, Scan: true,
 			GrantFor: grantTerm}); err != nil {
 			st.t.Fatalf("setup dispatch: %v", err)
 		}
