@@ -433,7 +433,7 @@ func exactCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // noted.
 type repairRead struct {
 	buckets   []bucketItem
-	paused    []countItem
+	paused    []bucketItem
 	pool      core.HolderCount
 	tally     *slotTally
 	grants    map[int]int          // granted tickets by bucket
@@ -453,7 +453,7 @@ type repairRead struct {
 func (s *Store) readForRepair(ctx context.Context) (*repairRead, error) {
 	r := &repairRead{}
 	var err error
-	if r.buckets, err = s.readBuckets(ctx, true); err != nil {
+	if r.buckets, err = s.readLedger(ctx, runningSlots, true); err != nil {
 		return nil, err
 	}
 	noted, err := s.notedCounts(ctx, true)
@@ -535,7 +535,7 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 		note(dueRepair{name: "paused#" + strconv.Itoa(i), want: strconv.Itoa(r.tally.paused[i]),
 			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.paused[i]) },
 			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
-				err := s.repairCount(ctx, "paused slots", pausedPK(s.deployment, i), "used", c.Revision, r.tally.paused[i])
+				err := s.repairCount(ctx, "paused slots", s.bucketPK(pausedSlots, i), "used", c.Revision, r.tally.paused[i])
 				if err == nil {
 					rep.PausedSlots += r.tally.paused[i] - c.Used
 				}
@@ -604,7 +604,7 @@ func countFixed(rep *core.CounterRepair, err error) error {
 // otherwise), moving the revision.
 func (s *Store) setBucketSlots(ctx context.Context, b bucketItem, used, granted int) error {
 	cond := valueIs("revision", b.Revision)
-	return s.conditionalUpdate(ctx, "repair bucket slots", bucketPK(s.deployment, b.Index), cond,
+	return s.conditionalUpdate(ctx, "repair bucket slots", s.bucketPK(runningSlots, b.Index), cond,
 		expression.Set(expression.Name("used"), expression.Value(used)).Set(expression.Name("granted"), expression.Value(granted)).
 			Add(expression.Name("revision"), expression.Value(1)))
 }
@@ -646,7 +646,7 @@ func (s *Store) rebalance(ctx context.Context, buckets []bucketItem, limit int) 
 	if !needsLimits(buckets, limit) {
 		return false, nil
 	}
-	switch err := s.setLimits(ctx, buckets, limit); {
+	switch err := s.setLimits(ctx, runningSlots, buckets, limit); {
 	case err == nil:
 		return true, nil
 	case errors.Is(err, core.ErrConflict):
@@ -683,7 +683,7 @@ func (s *Store) dropIdleTenants(ctx context.Context, buckets []bucketItem, store
 		for _, b := range holders[t] {
 			del := "DELETE #tenants :tenant"
 			items = append(items, types.TransactWriteItem{Update: &types.Update{TableName: &s.table,
-				Key: s.key(bucketPK(s.deployment, b)), UpdateExpression: &del,
+				Key: s.key(s.bucketPK(runningSlots, b)), UpdateExpression: &del,
 				ExpressionAttributeNames:  map[string]string{"#tenants": "tenants"},
 				ExpressionAttributeValues: map[string]types.AttributeValue{":tenant": tenantSet(t)}}})
 		}

@@ -73,7 +73,7 @@ func (s *Store) passOn(ctx context.Context, g ticketItem, next *ticketItem, now 
 		// change of the grants, so that the counter repair never counts
 		// the grants from a read that straddled this one.
 		grant, gerr := s.grantUpdate(*next, g.Bucket, ms(now.Add(grantFor)))
-		bucket, berr := s.bucketUpdate(g.Bucket, nil, expression.Add(expression.Name("revision"), expression.Value(1)))
+		bucket, berr := s.bucketUpdate(runningSlots, g.Bucket, nil, expression.Add(expression.Name("revision"), expression.Value(1)))
 		more, err = []types.TransactWriteItem{grant, bucket}, errors.Join(gerr, berr)
 	} else {
 		var release types.TransactWriteItem
@@ -91,9 +91,7 @@ func (s *Store) passOn(ctx context.Context, g ticketItem, next *ticketItem, now 
 // errLimitsUnset, or a draining refusal) when b refuses, ErrConflict when
 // t is no longer waiting (errGrantedElsewhere when a peer granted it).
 func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUntil int64) error {
-	take := takeCondition(limit)
-	bucket, err := s.bucketUpdate(b, &take, expression.Add(expression.Name("used"), expression.Value(1)).
-		Add(expression.Name("granted"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1)))
+	bucket, err := s.bucketUpdate(runningSlots, b, takeCondition(limit, true), slotTaken().Add(expression.Name("granted"), expression.Value(1)))
 	if err != nil {
 		return fmt.Errorf("grant: %w", err)
 	}
@@ -103,8 +101,8 @@ func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUn
 	}
 	failed, err := s.writeTxn(ctx, "grant", []types.TransactWriteItem{bucket, grant})
 	switch {
-	case has(failed, bucketPK(s.deployment, b)): // first: the slot is gone, whatever the ticket
-		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, limit)
+	case has(failed, s.bucketPK(runningSlots, b)): // first: the slot is gone, whatever the ticket
+		return bucketRefusal(failed[s.bucketPK(runningSlots, b)].Item, limit)
 	case has(failed, ticketID(t.PK, t.SK)):
 		var now ticketItem
 		if av := failed[ticketID(t.PK, t.SK)].Item; av != nil && attributevalue.UnmarshalMap(av, &now) == nil && now.granted() {
@@ -387,7 +385,7 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 // readRoom reads every bucket (once per Dispatch) into w.room and res.
 func (s *Store) readRoom(ctx context.Context, d core.Dispatch, w *walk, res *core.DispatchResult) error {
 	w.read = true
-	buckets, err := s.readBuckets(ctx, false)
+	buckets, err := s.readLedger(ctx, runningSlots, false)
 	if err != nil {
 		return err
 	}

@@ -1,16 +1,19 @@
 package ddbstore
 
-// ShardOf, ThreadHome, OwnerShard, QueueShardOf, PausedPK and ItemPK
-// expose shardOf, threadHome, ownerShard, queueShardOf, pausedPK and
-// itemPK to the tests.
+// ShardOf, ThreadHome, OwnerShard, QueueShardOf and ItemPK expose
+// shardOf, threadHome, ownerShard, queueShardOf and itemPK to the tests.
 var (
 	ItemPK       = itemPK
 	ShardOf      = shardOf
 	ThreadHome   = threadHome
 	OwnerShard   = ownerShard
 	QueueShardOf = queueShardOf
-	PausedPK     = pausedPK
 )
+
+// PausedPK is the key of paused-slot bucket b of deployment.
+func PausedPK(deployment string, b int) string {
+	return (&Store{deployment: deployment}).bucketPK(pausedSlots, b)
+}
 
 // SampleShards is sampleShards.
 const SampleShards = sampleShards

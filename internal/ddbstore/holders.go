@@ -23,8 +23,7 @@ func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount
 	if err != nil {
 		return paused, pool, err
 	}
-	sum := pausedSum(counts)
-	paused = core.HolderCount{Used: sum.Used, Revision: sum.Revision}
+	paused.Used, paused.Revision = usedSum(counts)
 	for _, n := range tally.paused {
 		paused.Counted += n
 	}
@@ -34,18 +33,26 @@ func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount
 // countHolders reads the paused buckets and the pool place count with
 // their revisions (strongly consistent), then tallies the state index
 // (tallySlots): their holders, and every other counter's.
-func (s *Store) countHolders(ctx context.Context, shards int) (paused []countItem, pool core.HolderCount, tally *slotTally, err error) {
-	if paused, err = s.readPaused(ctx, true); err != nil {
+func (s *Store) countHolders(ctx context.Context, shards int) (paused []bucketItem, pool core.HolderCount, tally *slotTally, err error) {
+	if paused, err = s.readLedger(ctx, pausedSlots, true); err != nil {
 		return nil, pool, nil, err
 	}
-	if pool.Used, pool.Revision, err = s.poolPlaces(ctx, true); err != nil {
+	places, err := s.readLedger(ctx, poolPlaces, true)
+	if err != nil {
 		return nil, pool, nil, err
 	}
+	pool.Used, pool.Revision = usedSum(places)
 	if tally, err = s.tallySlots(ctx, shards); err != nil {
 		return nil, pool, nil, err
 	}
 	pool.Counted = tally.pool
 	return paused, pool, tally, nil
+}
+
+// countItem is a user's or tenant's slot counter, as stored.
+type countItem struct {
+	Used     int   `dynamodbav:"used"`
+	Revision int64 `dynamodbav:"revision"`
 }
 
 // readCounters reads the USR#/TEN# counters keys, strongly consistent

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -19,42 +16,20 @@ import (
 )
 
 // Paused slots (pause-parking). A record pausing, paused or resuming
-// holds a paused slot, counted in one of PausedBuckets items
-//
-//	PAU#<deployment>     paused bucket 0
-//	PAU#<deployment>#<b> paused bucket b, for b = 1..PausedBuckets-1
-//
-// each holding "used" (the paused slots of the records naming it,
-// "paused_bucket") and "revision" (moved by every take, free and repair,
-// so that a repair can tell a count that moved and came back from one
-// that never moved). Every transition taking or freeing a paused slot
-// moves its bucket in the same transaction as the record; reconcile's
-// counter repair compares each bucket with its holders. The record says
-// which slots it holds (no_running_slot, paused_slot, paused_bucket), so
-// Free returns exactly those.
-//
-// A bucket's limit is its even share of SANDBOX_MAX_PAUSED (evenShare),
-// computed by each take from the limit it enforces rather than stored:
-// every take checks its bucket's count against its share, so the paused
-// slots never exceed the limit (and two versions enforcing two limits
-// during a deploy, never the larger). A take tries its home bucket (a
-// hash of the sandbox id), and only when that one is full reads every
-// paused bucket (one BatchGetItem) and tries those with room:
-// ErrPausedFull means every bucket was full. Why 32: a pause and its
-// resume write their bucket in two transactions (about 4 write units);
-// under BenchmarkHotKeys' waiting load one item took 3.9 units per
-// acquire, 32 take about 0.12 each on average.
+// holds a paused slot, counted in a bucket of the paused slots' ledger
+// (pausedSlots, see ledger), whose limit is SANDBOX_MAX_PAUSED. Every
+// transition taking or freeing a paused slot moves its bucket in the same
+// transaction as the record; reconcile's counter repair compares each
+// bucket with its holders. The record says which slots it holds
+// (no_running_slot, paused_slot, paused_bucket), so Free returns exactly
+// those. A pause checks the drain in the bucket it takes: SetDraining
+// flags the paused buckets as it does the running slots'. Why 32: a pause
+// and its resume write their bucket in two transactions (about 4 write
+// units); under BenchmarkHotKeys' waiting load one item took 3.9 units
+// per acquire, 32 take about 0.12 each on average.
 const PausedBuckets = 32
 
 var _ core.PauseStore = (*Store)(nil)
-
-// pausedPK is the key of paused bucket b.
-func pausedPK(deployment string, b int) string {
-	if b == 0 {
-		return "PAU#" + deployment
-	}
-	return "PAU#" + deployment + "#" + strconv.Itoa(b)
-}
 
 // pausedBucketOf is the paused bucket a record names, bounded (an item
 // naming none, or one out of range, counts in bucket 0).
@@ -77,39 +52,17 @@ func keepsParkTime(st core.State) bool {
 }
 
 // pausedTake is the transaction item that takes one paused slot in
-// bucket b, within b's share of limit when limit > 0, and, for a pause
-// (pausing), unless the deployment drains: SetDraining flags the paused
-// buckets as it does the capacity buckets, so that a pause (a release's
-// above all) checks the drain in the item it writes anyway. Reconcile's
-// adoption takes a slot whatever: the paused sandbox exists.
+// bucket b under limit (none when 0: reconcile's adoption takes a slot
+// whatever, the paused sandbox exists) and, for a pause (pausing), unless
+// the deployment drains.
 func (s *Store) pausedTake(b, limit int, pausing bool) (types.TransactWriteItem, error) {
-	var conds []expression.ConditionBuilder
-	if limit > 0 {
-		conds = append(conds, expression.Or(expression.AttributeNotExists(expression.Name("used")),
-			expression.Name("used").LessThan(expression.Value(evenShare(limit, PausedBuckets, b)))))
-	}
-	if pausing {
-		conds = append(conds, notDraining())
-	}
-	eb := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(1))))
-	switch len(conds) {
-	case 1:
-		eb = eb.WithCondition(conds[0])
-	case 2:
-		eb = eb.WithCondition(conds[0].And(conds[1]))
-	}
-	it, err := s.pausedCountItem(b, eb)
-	if err == nil && it.Update.ConditionExpression != nil {
-		// A refusal returns the bucket: full, or draining.
-		it.Update.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
-	}
-	return it, err
+	return s.bucketUpdate(pausedSlots, pausedBucketOf(b), takeCondition(limit, pausing), slotTaken())
 }
 
 // pausedRelease is the transaction item that frees one paused slot of
 // bucket b.
 func (s *Store) pausedRelease(b int) types.TransactWriteItem {
-	it, err := s.pausedCountItem(b, expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(-1)))))
+	it, err := s.bucketUpdate(pausedSlots, pausedBucketOf(b), nil, slotFreed())
 	if err != nil {
 		panic(err) // a constant expression: cannot fail
 	}
@@ -121,53 +74,6 @@ func (s *Store) pausedRelease(b int) types.TransactWriteItem {
 // moved.
 func revised(u expression.UpdateBuilder) expression.UpdateBuilder {
 	return u.Add(expression.Name("revision"), expression.Value(1))
-}
-
-// pausedCountItem is the transaction item of b on paused bucket pb.
-func (s *Store) pausedCountItem(pb int, b expression.Builder) (types.TransactWriteItem, error) {
-	expr, err := b.Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pausedPK(s.deployment, pausedBucketOf(pb))),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
-}
-
-// pausedFallbacks bounds the other paused buckets one pause tries after
-// its home bucket.
-const pausedFallbacks = 1
-
-// takePaused runs take (a transaction taking a paused slot in bucket b,
-// answering errBucketFull when b has no room) in the home bucket, or when
-// that one is full in another with room (every paused bucket read with
-// one BatchGetItem), and returns the bucket that gave the slot.
-// ErrPausedFull when every bucket with a share of limit is full (or
-// pausedFallbacks more refused it: the paused slots are nearly all held).
-func (s *Store) takePaused(ctx context.Context, limit, home int, take func(b int) error) (int, error) {
-	b := home
-	var tried []int
-	for {
-		err := take(b)
-		if !errors.Is(err, errBucketFull) {
-			return b, err
-		}
-		tried = append(tried, b)
-		counts, err := s.readPaused(ctx, false)
-		if err != nil {
-			return b, fmt.Errorf("reading the paused buckets: %w", err)
-		}
-		var open []int
-		for i, c := range counts {
-			if c.Used < evenShare(limit, PausedBuckets, i) && !slices.Contains(tried, i) {
-				open = append(open, i)
-			}
-		}
-		if len(open) == 0 || len(tried) > pausedFallbacks {
-			return b, core.ErrPausedFull
-		}
-		b = open[rand.IntN(len(open))]
-	}
 }
 
 // slotsRelease are the transaction items that free the slots rec holds:
@@ -245,7 +151,7 @@ func (s *Store) claimRefusal(ctx context.Context, c core.Claim, user string, r t
 
 // ClaimPause implements core.PauseStore: one transaction of the record
 // (warm to pausing, leased, holding a paused slot) and a paused bucket
-// (another when that one is full: see takePaused), then a read of the
+// (another when that one is full: see takeIn), then a read of the
 // record.
 func (s *Store) ClaimPause(ctx context.Context, c core.Claim, limit int) (core.Record, error) {
 	c.From = []core.State{core.StateWarm}
@@ -279,25 +185,31 @@ type pauseClaim struct {
 }
 
 // claimPause runs p in the paused bucket a hash of the sandbox picks, or
-// another with room (takePaused).
+// another with room (takeIn): ErrPausedFull when none has, ErrDraining
+// when the deployment drains.
 func (s *Store) claimPause(ctx context.Context, p pauseClaim) (core.Record, error) {
 	if p.c.LeaseUntil.IsZero() {
 		return core.Record{}, fmt.Errorf("%s: a lease is required", p.op)
 	}
 	var out core.Record
-	_, err := s.takePaused(ctx, p.limit, homeOf(p.c.SandboxID, p.limit, PausedBuckets), func(b int) error {
+	_, err := s.takeIn(ctx, pausedSlots, p.limit, pausedSlots.homeOf(p.c.SandboxID, p.limit), func(b int) error {
 		var err error
 		out, err = s.claimPauseIn(ctx, p, b)
 		return err
 	})
-	if errors.Is(err, core.ErrPausedFull) {
-		return core.Record{}, fmt.Errorf("%s %s: %w", p.op, p.c.SandboxID, err)
+	var full *ledgerFull
+	switch {
+	case errors.As(err, &full) && full.draining:
+		return core.Record{}, fmt.Errorf("%s %s: %w", p.op, p.c.SandboxID, core.ErrDraining)
+	case errors.As(err, &full):
+		return core.Record{}, fmt.Errorf("%s %s: %w", p.op, p.c.SandboxID, core.ErrPausedFull)
 	}
 	return out, err
 }
 
 // claimPauseIn is claimPause's transaction, its paused slot in bucket b:
-// errBucketFull when b has no room, ErrDraining when it says the
+// errBucketFull or errLimitsUnset when b refuses it (limitRefusal),
+// ErrDraining when it says the
 // deployment drains.
 func (s *Store) claimPauseIn(ctx context.Context, p pauseClaim, b int) (core.Record, error) {
 	c, op := p.c, p.op
@@ -335,11 +247,11 @@ func (s *Store) claimPauseIn(ctx context.Context, p pauseClaim, b int) (core.Rec
 	if r, ok := failed[sandboxPK(c.SandboxID)]; ok {
 		return core.Record{}, s.claimRefusal(ctx, c, "", r)
 	}
-	if r, ok := failed[pausedPK(s.deployment, pausedBucketOf(b))]; ok {
+	if r, ok := failed[s.bucketPK(pausedSlots, pausedBucketOf(b))]; ok {
 		if decodeBucket(r.Item).Draining {
 			return core.Record{}, fmt.Errorf("%s: %w", op, core.ErrDraining)
 		}
-		return core.Record{}, errBucketFull
+		return core.Record{}, limitRefusal(r.Item, p.limit)
 	}
 	if err != nil {
 		return core.Record{}, err
@@ -499,8 +411,8 @@ func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Cl
 		return &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second, Status: core.CapacityStatus{Limit: r.Limit}}
 	case has(failed, tenantPK(s.deployment, key.Tenant)):
 		return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second, Status: core.CapacityStatus{Limit: r.Limit}}
-	case has(failed, bucketPK(s.deployment, b)):
-		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, r.Limit)
+	case has(failed, s.bucketPK(runningSlots, b)):
+		return bucketRefusal(failed[s.bucketPK(runningSlots, b)].Item, r.Limit)
 	case len(failed) > 0:
 		return fmt.Errorf("claim resume: condition failed on an unexpected item: %w", core.ErrConflict)
 	}
@@ -562,51 +474,9 @@ func (s *Store) TenantsPaused(ctx context.Context, tenants []string) (map[string
 
 // PausedUsed reads the number of paused slots held (strongly consistent).
 func (s *Store) PausedUsed(ctx context.Context) (int, error) {
-	counts, err := s.readPaused(ctx, true)
-	return pausedSum(counts).Used, err
-}
-
-// countItem is a count kept with its holders, as stored.
-type countItem struct {
-	Used     int   `dynamodbav:"used"`
-	Revision int64 `dynamodbav:"revision"`
-}
-
-// readPaused reads every paused bucket (one BatchGetItem; strongly
-// consistent only when consistent), absent ones as zero.
-func (s *Store) readPaused(ctx context.Context, consistent bool) ([]countItem, error) {
-	keys := make([]map[string]types.AttributeValue, PausedBuckets)
-	for b := range keys {
-		keys[b] = s.key(pausedPK(s.deployment, b))
-	}
-	items, err := s.batchGet(ctx, keys, consistent)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]countItem, PausedBuckets)
-	for _, av := range items {
-		pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
-		if pk == nil {
-			continue
-		}
-		for b := range out {
-			if pk.Value == pausedPK(s.deployment, b) {
-				_ = attributevalue.UnmarshalMap(av, &out[b]) // absent attributes stay zero
-			}
-		}
-	}
-	return out, nil
-}
-
-// pausedSum is the paused buckets together: the slots held, and a
-// revision that moves whenever one of theirs does.
-func pausedSum(counts []countItem) countItem {
-	var sum countItem
-	for _, c := range counts {
-		sum.Used += c.Used
-		sum.Revision += c.Revision
-	}
-	return sum
+	buckets, err := s.readLedger(ctx, pausedSlots, true)
+	used, _ := usedSum(buckets)
+	return used, err
 }
 
 // repairCount sets attribute attr of the count item pk to counted if the

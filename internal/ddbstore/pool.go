@@ -17,14 +17,12 @@ import (
 )
 
 // The pre-warmed pool. Pool records and reservations name no thread
-// (empty tenant, user and thread). The pool's places are counted in
-//
-//	POOL#<deployment>  "members": pool reservations (refills in flight),
-//	                   pooled records, and thread-less records being paused
-//	                   or destroyed; "revision": moved by every change of it
-//	                   and every repair (see RepairPoolPlaces);
-//	                   "refill_failures", "refill_until": the refill's
-//	                   back-off (RefillBackoff), which moves no revision
+// (empty tenant, user and thread). The pool's places are a ledger of
+// one bucket (poolPlaces, see ledger) whose limit is the pool's size. It
+// counts pool reservations (refills in flight), pooled records, and
+// thread-less records being paused or destroyed. Its item also keeps the
+// refill's back-off ("refill_failures", "refill_until": RefillBackoff),
+// which moves no revision.
 //
 // Every write that adds or removes one of those moves the count in the
 // same transaction: ReservePool takes a place, ClaimPoolMember gives it
@@ -34,25 +32,39 @@ import (
 
 var _ core.PoolStore = (*Store)(nil)
 
-func poolPK(deployment string) string { return "POOL#" + deployment }
-
-// poolCount is the transaction item that moves the pool's count by delta.
-func (s *Store) poolCount(delta int) types.TransactWriteItem {
-	u := "ADD #members :delta, #revision :one"
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
-		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#members": "members", "#revision": "revision"},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: fmt.Sprint(delta)},
-			":one": &types.AttributeValueMemberN{Value: "1"}}}}
+// poolPlaceFreed is the transaction item that gives a pool place back.
+func (s *Store) poolPlaceFreed() types.TransactWriteItem {
+	it, err := s.bucketUpdate(poolPlaces, 0, nil, slotFreed())
+	if err != nil {
+		panic(err) // a constant expression: cannot fail
+	}
+	return it
 }
 
-// ReservePool takes a slot (in a capacity bucket, as Reserve) and a pool
-// place and writes the pool reservation, in one transaction.
+// errPoolLimitUnset: the pool's place limit is not set for the size a
+// refill enforces.
+var errPoolLimitUnset = errors.New("pool place limit not set for this size")
+
+// ReservePool takes a slot (in a running-slot bucket, as Reserve) and a
+// pool place and writes the pool reservation, in one transaction. It sets
+// the place limit first when the size changed (setLimits).
 func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
-	b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit)}, func(b int) error { return s.reservePoolIn(ctx, r, b) })
-	if err == nil {
-		s.slots.remember(r.Token, core.Slot{Ref: core.SlotRef(b)})
+	for attempt := 0; ; attempt++ {
+		b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit)}, func(b int) error { return s.reservePoolIn(ctx, r, b) })
+		if err == nil {
+			s.slots.remember(r.Token, core.Slot{Ref: core.SlotRef(b)})
+		}
+		if !errors.Is(err, errPoolLimitUnset) || attempt >= limitAttempts {
+			return err
+		}
+		places, err := s.readLedger(ctx, poolPlaces, true)
+		if err != nil {
+			return fmt.Errorf("reserve pool: %w", err)
+		}
+		if err := s.setLimits(ctx, poolPlaces, places, r.Size); err != nil && !errors.Is(err, core.ErrConflict) {
+			return fmt.Errorf("reserve pool: %w", err)
+		}
 	}
-	return err
 }
 
 // reservePoolIn is ReservePool in bucket b.
@@ -61,12 +73,7 @@ func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, b int
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
 	}
-	poolExpr, err := expression.NewBuilder().
-		WithCondition(expression.Or(
-			expression.AttributeNotExists(expression.Name("members")),
-			expression.Name("members").LessThan(expression.Value(r.Size)))).
-		WithUpdate(revised(expression.Add(expression.Name("members"), expression.Value(1)))).
-		Build()
+	place, err := s.bucketUpdate(poolPlaces, 0, takeCondition(r.Size, false), slotTaken())
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
 	}
@@ -82,20 +89,21 @@ func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, b int
 	notExists := "attribute_not_exists(pk)"
 	failed, err := s.writeTxn(ctx, "reserve pool", []types.TransactWriteItem{
 		bucket,
-		{Update: &types.Update{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
-			ConditionExpression: poolExpr.Condition(), UpdateExpression: poolExpr.Update(),
-			ExpressionAttributeNames: poolExpr.Names(), ExpressionAttributeValues: poolExpr.Values()}},
+		place,
 		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
 	})
 	switch {
 	case len(failed) == 0:
 		return err
-	case has(failed, poolPK(s.deployment)):
+	case has(failed, s.bucketPK(poolPlaces, 0)):
+		if errors.Is(limitRefusal(failed[s.bucketPK(poolPlaces, 0)].Item, r.Size), errLimitsUnset) {
+			return errPoolLimitUnset
+		}
 		return core.ErrPoolFull
 	case has(failed, reservationPK(r.Token)):
 		return fmt.Errorf("reservation %s exists: %w", r.Token, core.ErrConflict)
 	}
-	return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, r.Limit)
+	return bucketRefusal(failed[s.bucketPK(runningSlots, b)].Item, r.Limit)
 }
 
 // FinalizePool turns a pool reservation into a pooled record (its slot and
@@ -169,7 +177,7 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim pool member: %w", err)
 	}
-	failed, err := s.writeTxn(ctx, "claim pool member", append([]types.TransactWriteItem{recItem, bind, s.poolCount(-1)}, capItems...))
+	failed, err := s.writeTxn(ctx, "claim pool member", append([]types.TransactWriteItem{recItem, bind, s.poolPlaceFreed()}, capItems...))
 	if done, ok := s.poolClaimApplied(ctx, c, failed); ok {
 		return done, nil
 	}
@@ -248,7 +256,7 @@ func (s *Store) poolClaimSlot(c core.PoolClaim, b int) ([]types.TransactWriteIte
 		return append(items, take...), err
 	}
 	notDrain := notDraining()
-	check, err := s.bucketUpdate(b, &notDrain, expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))))
+	check, err := s.bucketUpdate(runningSlots, b, &notDrain, expression.Add(expression.Name("tenants"), expression.Value(tenantSet(c.Tenant))))
 	return append(items, check), err
 }
 
@@ -284,9 +292,9 @@ func (s *Store) poolClaimRefusal(c core.PoolClaim, b int, failed map[string]type
 		return &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second}
 	case has(failed, tenantPK(s.deployment, c.Tenant)):
 		return tenantRefusal(c, failed[tenantPK(s.deployment, c.Tenant)].Item)
-	case has(failed, bucketPK(s.deployment, b)) && c.Member.Slots.Paused:
-		return bucketRefusal(failed[bucketPK(s.deployment, b)].Item, c.Limit)
-	case has(failed, bucketPK(s.deployment, b)):
+	case has(failed, s.bucketPK(runningSlots, b)) && c.Member.Slots.Paused:
+		return bucketRefusal(failed[s.bucketPK(runningSlots, b)].Item, c.Limit)
+	case has(failed, s.bucketPK(runningSlots, b)):
 		return &core.CapacityError{Reason: api.RefusalDraining, Status: core.CapacityStatus{Draining: true}}
 	case len(failed) > 0:
 		return fmt.Errorf("claim pool member: condition failed on an unexpected item: %w", core.ErrConflict)
@@ -372,32 +380,15 @@ func notLivePut(table *string, item map[string]types.AttributeValue) types.Trans
 
 // PoolCount reads the pool's taken places (strongly consistent; 0 if none).
 func (s *Store) PoolCount(ctx context.Context) (int, error) {
-	n, _, err := s.poolPlaces(ctx, true)
+	places, err := s.readLedger(ctx, poolPlaces, true)
+	n, _ := usedSum(places)
 	return n, err
-}
-
-// poolPlaces reads the pool's place count and its revision.
-func (s *Store) poolPlaces(ctx context.Context, consistent bool) (int, int64, error) {
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(poolPK(s.deployment)), ConsistentRead: aws.Bool(consistent)})
-	if err != nil {
-		return 0, 0, unavailable("get pool count", err)
-	}
-	var c struct {
-		Members  int   `dynamodbav:"members"`
-		Revision int64 `dynamodbav:"revision"`
-	}
-	if err := attributevalue.UnmarshalMap(out.Item, &c); err != nil {
-		return 0, 0, fmt.Errorf("decode pool count: %w", err)
-	}
-	return c.Members, c.Revision, nil
 }
 
 // RepairPoolPlaces implements core.PoolPlaceStore (a conditional write on the
 // count, compared with the revision the caller read).
 func (s *Store) RepairPoolPlaces(ctx context.Context, revision int64, counted int) error {
-	return s.repairCount(ctx, "pool places", poolPK(s.deployment), "members", revision, counted)
+	return s.repairCount(ctx, "pool places", s.bucketPK(poolPlaces, 0), "used", revision, counted)
 }
 
 // attrPoolPlace marks a thread-less record holding a pool place (a
@@ -417,7 +408,7 @@ func (s *Store) freePoolRecord(ctx context.Context, rec core.Record, now time.Ti
 		return fmt.Errorf("free pool member: %w", err)
 	}
 	release, err := s.slotsRelease(rec) // a running slot, a paused one, or both (a member being paused)
-	items := append([]types.TransactWriteItem{recUpdate, s.poolCount(-1)}, release...)
+	items := append([]types.TransactWriteItem{recUpdate, s.poolPlaceFreed()}, release...)
 	if err != nil {
 		return fmt.Errorf("free pool member: %w", err)
 	}
@@ -441,7 +432,7 @@ func (s *Store) freePoolReservation(ctx context.Context, token string) error {
 		if err != nil {
 			return nil, err
 		}
-		return s.slotRelease([]types.TransactWriteItem{del, s.poolCount(-1)}, core.ThreadKey{}, slot)
+		return s.slotRelease([]types.TransactWriteItem{del, s.poolPlaceFreed()}, core.ThreadKey{}, slot)
 	})
 	if err != nil {
 		return err
@@ -457,7 +448,7 @@ func (s *Store) freePoolReservation(ctx context.Context, token string) error {
 func (s *Store) RefillBackoff(ctx context.Context) (core.RefillBackoff, error) {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
-	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(s.bucketPK(poolPlaces, 0)),
 		ConsistentRead: aws.Bool(true), ProjectionExpression: aws.String("refill_failures, refill_until")})
 	if err != nil {
 		return core.RefillBackoff{}, unavailable("get pool refill back-off", err)
@@ -477,7 +468,7 @@ func (s *Store) RefillBackoff(ctx context.Context) (core.RefillBackoff, error) {
 func (s *Store) SetRefillBackoff(ctx context.Context, b core.RefillBackoff) error {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
-	in := &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(poolPK(s.deployment)),
+	in := &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(s.bucketPK(poolPlaces, 0)),
 		UpdateExpression: aws.String("REMOVE refill_failures, refill_until")}
 	if b != (core.RefillBackoff{}) {
 		in.UpdateExpression = aws.String("SET refill_failures = :f, refill_until = :u")

@@ -235,7 +235,7 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 		bindItems = append(bindItems, it)
 	}
 	if a.Record.Slots.Paused {
-		a.Record.Slots.PausedRef = core.SlotRef(homeOf(a.Record.SandboxID, 0, PausedBuckets))
+		a.Record.Slots.PausedRef = core.SlotRef(pausedSlots.homeOf(a.Record.SandboxID, 0))
 		take, err := s.pausedTake(int(a.Record.Slots.PausedRef), 0, false) // as the running slot: the sandbox exists whatever the count says
 		if err != nil {
 			return core.Record{}, fmt.Errorf("adopt: %w", err)
@@ -289,16 +289,21 @@ func (s *Store) adoptNew(ctx context.Context, op string, a core.Adoption, pool b
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
-	take := expression.Add(expression.Name("used"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1))
+	take := slotTaken()
 	if !pool {
 		take = take.Add(expression.Name("tenants"), expression.Value(tenantSet(rec.Tenant)))
 	}
-	bucket, err := s.bucketUpdate(b, nil, take)
+	bucket, err := s.bucketUpdate(runningSlots, b, nil, take)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
 	if pool {
-		items := append([]types.TransactWriteItem{notLivePut(&s.table, recAV), bucket, s.poolCount(1)}, bindItems...)
+		// The place is taken whatever the limit: the sandbox exists.
+		place, err := s.bucketUpdate(poolPlaces, 0, nil, slotTaken())
+		if err != nil {
+			return core.Record{}, fmt.Errorf("adopt: %w", err)
+		}
+		items := append([]types.TransactWriteItem{notLivePut(&s.table, recAV), bucket, place}, bindItems...)
 		if err := s.transact(ctx, op, items); err != nil {
 			return core.Record{}, err
 		}

@@ -401,7 +401,6 @@ type rawItem struct {
 	PoolPlace    bool   `dynamodbav:"pool_place"`
 	Used         int    `dynamodbav:"used"`
 	Granted      int    `dynamodbav:"granted"`
-	Members      int    `dynamodbav:"members"`
 }
 
 // stored records the counters a counter item keeps in have.
@@ -412,7 +411,7 @@ func (it rawItem) stored(av map[string]types.AttributeValue, have map[string]int
 	case strings.HasPrefix(it.PK, "USR#test#"), strings.HasPrefix(it.PK, "TEN#test#"), strings.HasPrefix(it.PK, "PAU#test"):
 		have[it.PK] = it.Used
 	case it.PK == "POOL#test":
-		have[it.PK] = it.Members
+		have[it.PK] = it.Used
 	}
 }
 

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 
@@ -17,25 +15,9 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
-// takeTries bounds the transactions of one take (its home's, then those
-// in the buckets its read showed with room, each a cancelled transaction
-// when a peer took the room first), and limitAttempts the times it sets
-// the buckets' limits for its limit (a concurrent reservation doing the
-// same wins the race).
-const (
-	takeTries     = 4
-	limitAttempts = 3
-)
-
-// errBucketFull: the bucket a reservation tried has no room;
-// errLimitsUnset: its limit is not set for the reservation's limit.
-var (
-	errBucketFull  = errors.New("capacity bucket full")
-	errLimitsUnset = errors.New("capacity bucket limits not set for this limit")
-	// errGrantedElsewhere: a grant found its ticket granted by a peer's
-	// dispatch since the grant read it waiting.
-	errGrantedElsewhere = fmt.Errorf("ticket granted by a peer: %w", core.ErrConflict)
-)
+// errGrantedElsewhere: a grant found its ticket granted by a peer's
+// dispatch since the grant read it waiting.
+var errGrantedElsewhere = fmt.Errorf("ticket granted by a peer: %w", core.ErrConflict)
 
 // Reserve takes a slot and binds the thread to the reservation,
 // atomically (see takeSlot for the bucket it takes).
@@ -69,138 +51,43 @@ func threadPlan(k core.ThreadKey, limit int) slotPlan {
 	return slotPlan{limit: limit, home: threadHome(k, limit)}
 }
 
-// takeSlot runs take (a transaction taking a slot in bucket b, which
-// answers errBucketFull or errLimitsUnset when b refuses it) in the plan's
-// home bucket and, when that one is full, reads every bucket once (one
-// BatchGetItem) and tries the emptiest of them with room; a take that
-// finds its bucket taken by peers since the read (a lost race) tries the
-// next emptiest, up to takeTries transactions in all. It returns the
-// bucket that gave the slot. It refuses for capacity when no bucket read
-// has room left to try, with every bucket's sums as the refusal's
-// details (the tried ones as their refused takes found them). Buckets
-// whose limits are not set for the limit get them first (setLimits), and
-// are read again.
+// takeSlot runs take, a transaction taking a running slot in bucket b,
+// where the plan says (takeIn). When no bucket has room it refuses for
+// capacity, or for the drain, with every bucket's sums as the refusal's
+// details.
 func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(int) error) (int, error) {
-	b, limit := p.home, p.limit
-	var tried []int
-	var buckets []bucketItem // the read of the buckets, once a take failed
-	for limits := 0; ; {
-		err := take(b)
-		if !errors.Is(err, errBucketFull) && !errors.Is(err, errLimitsUnset) {
-			return b, err
-		}
-		if errors.Is(err, errBucketFull) {
-			tried = append(tried, b)
-			updateTried(buckets, b, err)
-		} else {
-			buckets = nil // read them again
-		}
-		if buckets == nil {
-			if buckets, err = s.readForTake(ctx, limit); err != nil {
-				return b, fmt.Errorf("reading the capacity buckets: %w", err)
-			}
-		}
-		st, tenants := bucketStatus(buckets)
-		st.Limit = limit
-		if st.Draining {
-			return b, &core.CapacityError{Reason: api.RefusalDraining, Status: st, Tenants: tenants}
-		}
-		if needsLimits(buckets, limit) && limits < limitAttempts {
-			limits++
-			if lerr := s.setLimits(ctx, buckets, limit); lerr != nil && !errors.Is(lerr, core.ErrConflict) {
-				return b, lerr
-			}
-			tried, buckets = nil, nil
-			continue // read again: set by us or by a peer
-		}
-		next, ok := emptiest(buckets, limit, tried)
-		if !ok || len(tried) >= takeTries {
-			return b, &core.CapacityError{Reason: api.RefusalCapacity, Status: st, Tenants: tenants}
-		}
-		b = next
+	b, err := s.takeIn(ctx, runningSlots, p.limit, p.home, take)
+	var full *ledgerFull
+	if !errors.As(err, &full) {
+		return b, err
 	}
+	st, tenants := bucketStatus(full.buckets)
+	st.Limit = p.limit
+	reason := api.RefusalCapacity
+	if full.draining {
+		reason = api.RefusalDraining
+	}
+	return b, &core.CapacityError{Reason: reason, Status: st, Tenants: tenants}
 }
 
-// emptiest picks the bucket with the most room (limits set for limit)
-// among those not tried, at random among equals, so that concurrent takes
-// spread; false when none has room.
-func emptiest(buckets []bucketItem, limit int, tried []int) (int, bool) {
-	best, most, ties := 0, 0, 0
-	for _, bk := range buckets {
-		r := bk.room(limit)
-		switch {
-		case r <= 0 || slices.Contains(tried, bk.Index), r < most:
-		case r > most:
-			best, most, ties = bk.Index, r, 1
-		default: // r == most: keep one of the ties at random
-			if ties++; rand.IntN(ties) == 0 {
-				best = bk.Index
-			}
-		}
-	}
-	return best, most > 0
-}
-
-// readForTake reads every bucket for a take to pick from: strongly
-// consistent when they have limits to set for limit (setLimits conditions
-// on what it read, and writes every bucket).
-func (s *Store) readForTake(ctx context.Context, limit int) ([]bucketItem, error) {
-	buckets, err := s.readBuckets(ctx, false)
-	if err == nil && needsLimits(buckets, limit) {
-		buckets, err = s.readBuckets(ctx, true)
-	}
-	return buckets, err
-}
-
-// bucketRefusal says why bucket av (returned by a failed take) refused a
-// slot under limit: draining, limits unset for limit, or full (a
-// *fullBucket, carrying av when the take returned it).
+// bucketRefusal says why running-slot bucket av (returned by a failed
+// take) refused a slot under limit: draining, limits unset for limit, or
+// full (limitRefusal).
 func bucketRefusal(av map[string]types.AttributeValue, limit int) error {
-	switch bk := decodeBucket(av); {
-	case bk.Draining:
+	if decodeBucket(av).Draining {
 		return &core.CapacityError{Reason: api.RefusalDraining, Status: core.CapacityStatus{Limit: limit, Draining: true}}
-	case bk.LimOf != limit:
-		return errLimitsUnset
-	default:
-		return &fullBucket{bucket: bk, seen: len(av) > 0}
 	}
-}
-
-// fullBucket is errBucketFull with the bucket as the refused take found it
-// (seen: the take returned it), fresher than a read made before the take.
-type fullBucket struct {
-	bucket bucketItem
-	seen   bool
-}
-
-func (e *fullBucket) Error() string { return errBucketFull.Error() }
-func (e *fullBucket) Unwrap() error { return errBucketFull }
-
-// updateTried replaces bucket b in buckets with what its refused take
-// (err) found, if it returned the bucket: a refusal then reports the
-// slots peers took since the read.
-func updateTried(buckets []bucketItem, b int, err error) {
-	var fb *fullBucket
-	if !errors.As(err, &fb) || !fb.seen {
-		return
-	}
-	for i := range buckets {
-		if buckets[i].Index == b {
-			fb.bucket.Index = b
-			buckets[i] = fb.bucket
-		}
-	}
+	return limitRefusal(av, limit)
 }
 
 // takeUpdate is the bucket update taking one slot of bucket b (tenant,
 // when not empty, joins the bucket's tenant set).
 func (s *Store) takeUpdate(b int, limit int, tenant string) (types.TransactWriteItem, error) {
-	take := takeCondition(limit)
-	u := expression.Add(expression.Name("used"), expression.Value(1)).Add(expression.Name("revision"), expression.Value(1))
+	u := slotTaken()
 	if tenant != "" {
 		u = u.Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))
 	}
-	return s.bucketUpdate(b, &take, u)
+	return s.bucketUpdate(runningSlots, b, takeCondition(limit, true), u)
 }
 
 // reserveIn is Reserve in bucket b: errBucketFull when b has no room.
@@ -238,7 +125,7 @@ func (s *Store) reserveHandedOver(ctx context.Context, r core.Reservation) error
 	}
 	cond := expression.Name("lim_of").Equal(expression.Value(r.Limit)).
 		And(expression.Name("used").LessThanEqual(expression.Name("lim"))).And(notDraining())
-	bucket, err := s.bucketUpdate(int(h.Slot.Ref), &cond, expression.Add(expression.Name("revision"), expression.Value(1)).
+	bucket, err := s.bucketUpdate(runningSlots, int(h.Slot.Ref), &cond, expression.Add(expression.Name("revision"), expression.Value(1)).
 		Add(expression.Name("tenants"), expression.Value(tenantSet(r.Tenant))))
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
@@ -311,7 +198,7 @@ func (s *Store) writeReservation(ctx context.Context, r core.Reservation, b int,
 	// on first (a binding race, then the user's and the tenant's quota),
 	// capacity last, so neither a lost race nor a tenant at its quota ever
 	// triggers an eviction.
-	full, bucketFailed := failed[bucketPK(s.deployment, b)]
+	full, bucketFailed := failed[s.bucketPK(runningSlots, b)]
 	switch {
 	case has(failed, bindingPK(r.ThreadKey)):
 		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
@@ -518,8 +405,7 @@ func (s *Store) FreeReservation(ctx context.Context, token string, key core.Thre
 // bucket's used count, and its user's and
 // tenant's counts when the slot is in them.
 func (s *Store) slotRelease(items []types.TransactWriteItem, key core.ThreadKey, slot core.Slot) ([]types.TransactWriteItem, error) {
-	bucket, err := s.bucketUpdate(int(slot.Ref), nil, expression.Add(expression.Name("used"), expression.Value(-1)).
-		Add(expression.Name("revision"), expression.Value(1)))
+	bucket, err := s.bucketUpdate(runningSlots, int(slot.Ref), nil, slotFreed())
 	if err != nil {
 		return nil, err
 	}

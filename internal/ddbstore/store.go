@@ -75,7 +75,7 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 // BatchGetItem (strongly consistent), retrying
 // unprocessed keys.
 func (s *Store) Lookup(ctx context.Context, key core.ThreadKey, limit int) (core.Lookup, error) {
-	bucket := bucketPK(s.deployment, threadHome(key, limit))
+	bucket := s.bucketPK(runningSlots, threadHome(key, limit))
 	items, err := s.batchGet(ctx, []map[string]types.AttributeValue{s.key(bindingPK(key)), s.key(bucket),
 		s.key(tenantPK(s.deployment, key.Tenant))}, true)
 	if err != nil {
@@ -126,7 +126,7 @@ const _ = uint(100 - CapacityBuckets - PausedBuckets)
 func (s *Store) Draining(ctx context.Context) (bool, error) {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
-	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(bucketPK(s.deployment, 0)),
+	out, err := s.db.GetItem(cctx, &dynamodb.GetItemInput{TableName: &s.table, Key: s.key(s.bucketPK(runningSlots, 0)),
 		ProjectionExpression: aws.String("draining")})
 	if err != nil {
 		return false, unavailable("read draining", err)
@@ -134,29 +134,21 @@ func (s *Store) Draining(ctx context.Context) (bool, error) {
 	return decodeBucket(out.Item).Draining, nil
 }
 
-// SetDraining marks the deployment draining (or not): every capacity
-// bucket and paused bucket, in one transaction (96 items, within
-// DynamoDB's 100 a transaction); then, starting a drain, every waiting
-// ticket of the wait queue.
+// SetDraining marks the deployment draining (or not): every bucket of
+// the running and paused slots' ledgers, in one transaction (96 items,
+// within DynamoDB's 100 a transaction); then, starting a drain, every
+// waiting ticket of the wait queue.
 func (s *Store) SetDraining(ctx context.Context, draining bool) error {
 	items := make([]types.TransactWriteItem, 0, CapacityBuckets+PausedBuckets)
-	for b := range CapacityBuckets {
-		it, err := s.bucketUpdate(b, nil, expression.Set(expression.Name("draining"), expression.Value(draining)).
-			Add(expression.Name("revision"), expression.Value(1)))
-		if err != nil {
-			return fmt.Errorf("set draining: %w", err)
+	for _, l := range []ledger{runningSlots, pausedSlots} {
+		for b := range l.n {
+			it, err := s.bucketUpdate(l, b, nil, expression.Set(expression.Name("draining"), expression.Value(draining)).
+				Add(expression.Name("revision"), expression.Value(1)))
+			if err != nil {
+				return fmt.Errorf("set draining: %w", err)
+			}
+			items = append(items, it)
 		}
-		items = append(items, it)
-	}
-	for b := range PausedBuckets {
-		// A pause checks the drain in the paused bucket it takes (see
-		// pausedTake). No revision: the flag moves no count.
-		it, err := s.pausedCountItem(b, expression.NewBuilder().WithUpdate(
-			expression.Set(expression.Name("draining"), expression.Value(draining))))
-		if err != nil {
-			return fmt.Errorf("set draining: %w", err)
-		}
-		items = append(items, it)
 	}
 	if _, err := s.writeTxn(ctx, "set draining", items); err != nil {
 		return err

@@ -419,7 +419,7 @@ func (s *Store) grantUpdate(t ticketItem, b int, grantUntil int64) (types.Transa
 
 // trustRelease is the bucket update freeing a slot held in trust.
 func (s *Store) trustRelease(b int) (types.TransactWriteItem, error) {
-	return s.bucketUpdate(b, nil, expression.Add(expression.Name("used"), expression.Value(-1)).
+	return s.bucketUpdate(runningSlots, b, nil, expression.Add(expression.Name("used"), expression.Value(-1)).
 		Add(expression.Name("granted"), expression.Value(-1)).Add(expression.Name("revision"), expression.Value(1)))
 }
 
@@ -547,7 +547,7 @@ func (s *Store) slotTake(b int, limit int, tenant string, g *core.Grant) ([]type
 	if tenant != "" {
 		u = u.Add(expression.Name("tenants"), expression.Value(tenantSet(tenant)))
 	}
-	bucket, err := s.bucketUpdate(int(g.Slot), &cond, u)
+	bucket, err := s.bucketUpdate(runningSlots, int(g.Slot), &cond, u)
 	if err != nil {
 		return nil, err
 	}
