@@ -343,6 +343,24 @@ func evictStep(st *stack, thread string, arm, disarm func()) (map[string][]byte,
 	return nil, core.ReleaseResult{}, false
 }
 
+// limitSteps are the writes that set a ledger's limits, each the first
+// take of its ledger in a fresh deployment: the running slots' (the first
+// acquire), the paused slots' (the first pause) and the pool places' (the
+// first refill). Each is one transaction over the ledger's buckets,
+// conditional on their revisions; whatever became of it, the take reads
+// the buckets again or fails, and a later take sets them.
+var limitSteps = []step{
+	{"acquire/running-limits", ddbLayer, limitsWrite("CAP#", "shards"), acquireStep(nil)},
+	{"reconcile/paused-limits", ddbLayer, faults.BodyLacks(limitsWrite("PAU#", "lim_of"), `"S":"pausing"`), pauseStep},
+	{"pool/place-limit", ddbLayer, faults.BodyLacks(limitsWrite("POOL#", "lim_of"), `"S":"creating"`), refillStep},
+}
+
+// limitsWrite matches a transaction on a ledger's buckets (keys starting
+// with prefix) that names attribute attr.
+func limitsWrite(prefix, attr string) faults.Match {
+	return faults.BodyContains(faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"`+prefix), `"`+attr+`"`)
+}
+
 // handoverWrite matches a reservation that takes over an evicted
 // sandbox's slot: one transaction writing the tombstone gone and the
 // reservation.
@@ -703,8 +721,9 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	for _, sp := range pauseAtReleaseSteps {
 		configs[sp.name] = stackConfig{pauseAtRelease: true}
 	}
+	configs["pool/place-limit"] = stackConfig{pool: runningPool}
 	for _, sp := range slices.Concat(steps, slowWaiterSteps, poolSteps, pausedPoolSteps, quotaSteps, pausedFallbackSteps, pausedShareSteps,
-		pauseAtReleaseSteps, webhookSteps) {
+		pauseAtReleaseSteps, webhookSteps, limitSteps) {
 		cfg := configs[sp.name]
 		for _, kind := range faults.Kinds() {
 			pairs++
