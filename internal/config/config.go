@@ -303,6 +303,54 @@ func Parse(environ []string) (Config, []string, error) {
 	sort.Strings(warnings)
 
 	p := parser{env: env}
+	s := p.settings()
+
+	c := Config{
+		Settings:     s,
+		Provider:     p.str(EnvSandboxProvider, ProviderE2B),
+		TableName:    p.required(EnvTableName),
+		EventBusName: p.eventBus(),
+		OutputBucket: p.required(EnvOutputBucket),
+		OutputPrefix: strings.Trim(p.str(EnvOutputPrefix, ""), "/"),
+		S3PathStyle:  env[EnvS3Endpoint] != "" || env[EnvEndpoint] != "",
+		TokenSeal:    p.tokenSeal(),
+		Webhook:      Webhook{Secret: p.str(EnvWebhookSecret, ""), SecretARN: p.str(EnvWebhookSecretARN, "")},
+		Sync: Sync{
+			MaxFiles:       p.intVar(EnvSyncMaxFiles, 0, 1),
+			MaxTotalBytes:  p.byteCount(EnvSyncMaxTotalBytes),
+			MaxFileBytes:   p.byteCount(EnvSyncMaxFileBytes),
+			MaxThreadBytes: p.byteCount(EnvSyncMaxThreadBytes),
+			MaxTenantBytes: p.byteCount(EnvSyncMaxTenantBytes),
+			Deadline:       p.seconds(EnvSyncDeadlineSeconds, 0),
+			MirrorDeletes:  p.boolVar(EnvSyncMirrorDeletes, false),
+		},
+	}
+	p.provider(&c)
+	c.Reconcile = p.reconcile()
+	c.Pool = p.pool()
+	c.AdminTenants = p.tenantList(EnvAdminTenants)
+	c.TenantClaim = p.str(EnvTenantClaim, DefaultTenantClaim)
+	if !claimPattern.MatchString(c.TenantClaim) {
+		p.fail(EnvTenantClaim, "must match %s, got %q", claimPattern, c.TenantClaim)
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(p.str(EnvLogLevel, "INFO"))); err != nil {
+		p.fail(EnvLogLevel, "must be DEBUG, INFO, WARN or ERROR, got %q", env[EnvLogLevel])
+	}
+	if p.errs == nil {
+		// Every field was checked above under its variable's name; this is
+		// a safety net should core add rules.
+		if err := s.Validate(); err != nil {
+			p.errs = append(p.errs, fmt.Errorf("SANDBOX_* settings: %w", err))
+		}
+	}
+	if err := errors.Join(p.errs...); err != nil {
+		return Config{}, warnings, err
+	}
+	return c, warnings, nil
+}
+
+// settings parses the engine's SANDBOX_* settings.
+func (p *parser) settings() core.Settings {
 	s := core.DefaultSettings()
 	s.Replicas = p.intVar(EnvReplicas, s.Replicas, 1)
 	s.Policy = core.OverflowPolicy(p.str(EnvOverflowPolicy, string(s.Policy)))
@@ -342,27 +390,11 @@ func Parse(environ []string) (Config, []string, error) {
 		p.fail(EnvDeploymentID, "must name this deployment when it is deployed (%s is set), not %q: stacks sharing a provider account would reconcile each other's sandboxes",
 			EnvE2BAPIKeySecretARN, s.Deployment)
 	}
+	return s
+}
 
-	c := Config{
-		Settings:     s,
-		Provider:     p.str(EnvSandboxProvider, ProviderE2B),
-		TableName:    p.required(EnvTableName),
-		EventBusName: p.eventBus(),
-		OutputBucket: p.required(EnvOutputBucket),
-		OutputPrefix: strings.Trim(p.str(EnvOutputPrefix, ""), "/"),
-		S3PathStyle:  env[EnvS3Endpoint] != "" || env[EnvEndpoint] != "",
-		TokenSeal:    p.tokenSeal(),
-		Webhook:      Webhook{Secret: p.str(EnvWebhookSecret, ""), SecretARN: p.str(EnvWebhookSecretARN, "")},
-		Sync: Sync{
-			MaxFiles:       p.intVar(EnvSyncMaxFiles, 0, 1),
-			MaxTotalBytes:  p.byteCount(EnvSyncMaxTotalBytes),
-			MaxFileBytes:   p.byteCount(EnvSyncMaxFileBytes),
-			MaxThreadBytes: p.byteCount(EnvSyncMaxThreadBytes),
-			MaxTenantBytes: p.byteCount(EnvSyncMaxTenantBytes),
-			Deadline:       p.seconds(EnvSyncDeadlineSeconds, 0),
-			MirrorDeletes:  p.boolVar(EnvSyncMirrorDeletes, false),
-		},
-	}
+// provider parses the settings of the provider c.Provider names.
+func (p *parser) provider(c *Config) {
 	switch c.Provider {
 	case ProviderE2B:
 		c.E2B = E2B{
@@ -377,27 +409,6 @@ func Parse(environ []string) (Config, []string, error) {
 	default:
 		p.fail(EnvSandboxProvider, "must be one of %s, got %q", strings.Join(ProviderNames, ", "), c.Provider)
 	}
-	c.Reconcile = p.reconcile()
-	c.Pool = p.pool()
-	c.AdminTenants = p.tenantList(EnvAdminTenants)
-	c.TenantClaim = p.str(EnvTenantClaim, DefaultTenantClaim)
-	if !claimPattern.MatchString(c.TenantClaim) {
-		p.fail(EnvTenantClaim, "must match %s, got %q", claimPattern, c.TenantClaim)
-	}
-	if err := c.LogLevel.UnmarshalText([]byte(p.str(EnvLogLevel, "INFO"))); err != nil {
-		p.fail(EnvLogLevel, "must be DEBUG, INFO, WARN or ERROR, got %q", env[EnvLogLevel])
-	}
-	if p.errs == nil {
-		// Every field was checked above under its variable's name; this is
-		// a safety net should core add rules.
-		if err := s.Validate(); err != nil {
-			p.errs = append(p.errs, fmt.Errorf("SANDBOX_* settings: %w", err))
-		}
-	}
-	if err := errors.Join(p.errs...); err != nil {
-		return Config{}, warnings, err
-	}
-	return c, warnings, nil
 }
 
 type parser struct {
