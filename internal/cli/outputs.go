@@ -87,36 +87,9 @@ token picked from the stack.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 			defer cancel()
-			var cl *s3.Client
-			s := &S3Info{Bucket: bucket, Prefix: s3Prefix}
-			if bucket != "" {
-				awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
-				if err != nil {
-					return fmt.Errorf("aws config: %w", err)
-				}
-				endpoint := os.Getenv("AWS_ENDPOINT_URL_S3") != "" || os.Getenv("AWS_ENDPOINT_URL") != ""
-				cl = s3.NewFromConfig(awsCfg, func(o *s3.Options) {
-					o.UsePathStyle = endpoint // local S3 stand-ins
-					if a.HTTPClient != nil {
-						o.HTTPClient = a.HTTPClient
-					}
-				})
-			} else {
-				if cfg.Stack == nil || cfg.Stack.S3 == nil || cfg.Stack.S3.Bucket == "" {
-					return errors.New("ls-outputs needs --bucket, or the s3 section of " + StackFile + " (start the local stack with `make run`, or pass --stack)")
-				}
-				s = cfg.Stack.S3
-				region := s.Region
-				if region == "" {
-					region = "us-east-1"
-				}
-				cl = s3.New(s3.Options{
-					Region:       region,
-					BaseEndpoint: nilIfEmpty(s.Endpoint),
-					UsePathStyle: true,
-					Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
-					HTTPClient:   a.HTTPClient,
-				})
+			cl, s, err := a.outputsClient(ctx, cfg, bucket, s3Prefix)
+			if err != nil {
+				return err
 			}
 			prefix := threadPrefix(s.Prefix, cfg.Tenant, user, thread)
 			objs, err := listOutputs(ctx, cl, s.Bucket, prefix)
@@ -149,6 +122,44 @@ token picked from the stack.`,
 	cmd.Flags().StringVar(&bucket, "bucket", "", "a deployed stack's output bucket (AWS SDK configuration); default: the stack file's")
 	cmd.Flags().StringVar(&s3Prefix, "prefix", "outputs", "with --bucket: the stack's OutputPrefix")
 	return cmd
+}
+
+// outputsClient is the S3 client and location ls-outputs lists: a
+// deployed bucket through the AWS SDK's own configuration when bucket is
+// set, else the local stack's from the stack file.
+func (a *App) outputsClient(ctx context.Context, cfg Config, bucket, s3Prefix string) (*s3.Client, *S3Info, error) {
+	var cl *s3.Client
+	s := &S3Info{Bucket: bucket, Prefix: s3Prefix}
+	if bucket != "" {
+		awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("aws config: %w", err)
+		}
+		endpoint := os.Getenv("AWS_ENDPOINT_URL_S3") != "" || os.Getenv("AWS_ENDPOINT_URL") != ""
+		cl = s3.NewFromConfig(awsCfg, func(o *s3.Options) {
+			o.UsePathStyle = endpoint // local S3 stand-ins
+			if a.HTTPClient != nil {
+				o.HTTPClient = a.HTTPClient
+			}
+		})
+	} else {
+		if cfg.Stack == nil || cfg.Stack.S3 == nil || cfg.Stack.S3.Bucket == "" {
+			return nil, nil, errors.New("ls-outputs needs --bucket, or the s3 section of " + StackFile + " (start the local stack with `make run`, or pass --stack)")
+		}
+		s = cfg.Stack.S3
+		region := s.Region
+		if region == "" {
+			region = "us-east-1"
+		}
+		cl = s3.New(s3.Options{
+			Region:       region,
+			BaseEndpoint: nilIfEmpty(s.Endpoint),
+			UsePathStyle: true,
+			Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
+			HTTPClient:   a.HTTPClient,
+		})
+	}
+	return cl, s, nil
 }
 
 func (a *App) s3EnvCmd(g *globals) *cobra.Command {

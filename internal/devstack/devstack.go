@@ -231,13 +231,9 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 		return nil, err
 	}
 	// Bind the API address first: a taken BROKER_ADDR fails before anything starts.
-	addr, _, err := loopbackAddr(o.Addr)
+	ln, err := listenAPI(o.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("devstack: BROKER_ADDR: %w", err)
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("devstack: listen on %s: %w (set BROKER_ADDR to another port)", addr, err)
+		return nil, err
 	}
 	served := false
 	defer func() {
@@ -259,17 +255,7 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 			_ = s.Close()
 		}
 	}()
-	s.Info = Info{
-		Tokens:       orderTokens(o.Tokens, o.TenantOrder),
-		AdminTenants: adminTenants(o.FunctionEnv),
-		Functions:    map[string]string{},
-		StartedAt:    time.Now().UTC(),
-		PID:          os.Getpid(),
-		LogDir:       logDir,
-	}
-	if len(s.Info.Tokens) > 0 {
-		s.Info.DefaultTenant = s.Info.Tokens[0].Tenant
-	}
+	s.Info = newInfo(o, logDir)
 	if err := s.startServices(ctx, o, t, logDir); err != nil {
 		return nil, fmt.Errorf("devstack: %w", err)
 	}
@@ -297,6 +283,35 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 		return nil, fmt.Errorf("devstack: %w", err)
 	}
 	return s, nil
+}
+
+// listenAPI binds the API's loopback address (BROKER_ADDR).
+func listenAPI(want string) (net.Listener, error) {
+	addr, _, err := loopbackAddr(want)
+	if err != nil {
+		return nil, fmt.Errorf("devstack: BROKER_ADDR: %w", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("devstack: listen on %s: %w (set BROKER_ADDR to another port)", addr, err)
+	}
+	return ln, nil
+}
+
+// newInfo is the stack file's content before anything starts.
+func newInfo(o Options, logDir string) Info {
+	info := Info{
+		Tokens:       orderTokens(o.Tokens, o.TenantOrder),
+		AdminTenants: adminTenants(o.FunctionEnv),
+		Functions:    map[string]string{},
+		StartedAt:    time.Now().UTC(),
+		PID:          os.Getpid(),
+		LogDir:       logDir,
+	}
+	if len(info.Tokens) > 0 {
+		info.DefaultTenant = info.Tokens[0].Tenant
+	}
+	return info
 }
 
 // setDefaults fills the options left empty, paths under root.

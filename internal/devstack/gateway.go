@@ -156,22 +156,9 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		apiMessage(w, status, "Unauthorized")
 		return
 	}
-	// A slow body ends with the integration. The deadline is lifted once
-	// the body is read: a read deadline passing later would cancel the
-	// request's context.
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(deadline)
-	body, err := readBody(r)
-	_ = rc.SetReadDeadline(time.Time{})
-	if err != nil {
-		w.Header().Set("Connection", "close") // do not drain the rest of the body
-		if !errors.Is(err, errBodyTooLarge) {
-			status = http.StatusBadRequest
-			apiMessage(w, status, "Bad Request")
-			return
-		}
-		status = http.StatusRequestEntityTooLarge
-		tooLarge(w, strings.HasPrefix(rawPath, "/e2b/"))
+	body, failed := readWithin(w, r, deadline, strings.HasPrefix(rawPath, "/e2b/"))
+	if failed != 0 {
+		status = failed
 		return
 	}
 	ev := g.event(inbound{r: r, reqID: reqID, route: route, params: params, tenant: tenant, rawPath: rawPath, body: body, at: start})
@@ -206,6 +193,28 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	status = writeResponse(w, out)
+}
+
+// readWithin reads r's body by deadline (a slow body ends with the
+// integration). When that fails it answers as API Gateway does (e2b: the
+// E2B face's error shape) and returns the status sent, else 0. The
+// deadline is lifted once the body is read: a read deadline passing
+// later would cancel the request's context.
+func readWithin(w http.ResponseWriter, r *http.Request, deadline time.Time, e2b bool) ([]byte, int) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(deadline)
+	body, err := readBody(r)
+	_ = rc.SetReadDeadline(time.Time{})
+	if err == nil {
+		return body, 0
+	}
+	w.Header().Set("Connection", "close") // do not drain the rest of the body
+	if !errors.Is(err, errBodyTooLarge) {
+		apiMessage(w, http.StatusBadRequest, "Bad Request")
+		return nil, http.StatusBadRequest
+	}
+	tooLarge(w, e2b)
+	return nil, http.StatusRequestEntityTooLarge
 }
 
 // authorize is the local authorizer: a token of BROKER_DEV_TOKENS in the

@@ -268,6 +268,13 @@ func (h *handler) dispatch(ctx context.Context, r *request) events.APIGatewayV2H
 		}
 	}
 
+	return h.serveBroker(ctx, r, route, id, body)
+}
+
+// serveBroker serves the broker's own routes for r's tenant, id and body
+// already checked.
+func (h *handler) serveBroker(ctx context.Context, r *request, route, id string, body []byte) events.APIGatewayV2HTTPResponse {
+	tenant := r.tenant
 	switch route {
 	case RouteAcquire:
 		req, err := decodeAcquire(body)

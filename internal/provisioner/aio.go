@@ -203,9 +203,16 @@ func (c *Client) Run(ctx context.Context, ref core.SandboxRef, cmd core.Command)
 	if err := aioFailed(env, op); err != nil {
 		return core.CommandResult{}, err
 	}
+	return execResult(env.Data, r.status, timeout)
+}
+
+// execResult reads a sync exec's result (data, in a reply of status):
+// the command's output and exit code, or why its outcome is unknown.
+func execResult(data json.RawMessage, status int, timeout time.Duration) (core.CommandResult, error) {
+	const op = "run command"
 	var res aio.ExecResult
-	if err := json.Unmarshal(env.Data, &res); err != nil {
-		return core.CommandResult{}, &core.ProviderError{Op: op, StatusCode: r.status, Message: "malformed exec result", Ambiguous: true}
+	if err := json.Unmarshal(data, &res); err != nil {
+		return core.CommandResult{}, &core.ProviderError{Op: op, StatusCode: status, Message: "malformed exec result", Ambiguous: true}
 	}
 	out := core.CommandResult{ExitCode: -1}
 	if res.Stdout != "" {
