@@ -204,7 +204,10 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 func (s *Store) poolClaimRecord(c core.PoolClaim, b int) (types.TransactWriteItem, error) {
 	m := c.Member
 	upd := expression.Set(expression.Name("quota"), expression.Value(true))
-	held := slotCondition(m.Slot)
+	// Listed running, it must still hold its running slot: a member
+	// parked paused since holds none, and one whose slot was in the first
+	// bucket then names no bucket, as slotCondition(m.Slot) expects.
+	held := slotCondition(m.Slot).And(expression.AttributeNotExists(expression.Name("no_running_slot")))
 	if m.Slots.Paused {
 		held = expression.Name("paused_slot").Equal(expression.Value(true)).
 			And(expression.Name("no_running_slot").Equal(expression.Value(true)))

@@ -80,6 +80,57 @@ func testPool(f *fixture) {
 	f.wantUsed(1, 0)
 }
 
+// testPoolClaimAsListed: a claim takes the slots of the member as its
+// claimer listed it. A member listed running and parked paused since (its
+// running slot freed) is refused (ErrConflict, nothing written), or the
+// thread would get a sandbox that runs on no running slot; listed again,
+// it is claimed as the paused member it is, taking a running slot within
+// the limit. Limit 1 puts the member's running slot in the first bucket.
+func testPoolClaimAsListed(f *fixture) {
+	if err := f.s.ReservePool(f.ctx, core.PoolReservation{Token: "pool-p1", Limit: 1, Size: 1, Now: t0,
+		ExpiresAt: t0.Add(time.Minute)}); err != nil {
+		f.t.Fatalf("ReservePool: %v", err)
+	}
+	listed, err := f.s.FinalizePool(f.ctx, "pool-p1", record(core.ThreadKey{}, "p1"))
+	if err != nil {
+		f.t.Fatalf("FinalizePool: %v", err)
+	}
+	pausing, err := f.s.ClaimPoolPause(f.ctx, core.Claim{SandboxID: "p1", Owner: "refill", Now: t0, LeaseUntil: t0.Add(time.Minute)}, big)
+	if err != nil {
+		f.t.Fatalf("ClaimPoolPause: %v", err)
+	}
+	if _, err := f.s.SettlePoolPause(f.ctx, pausing, t0); err != nil {
+		f.t.Fatalf("SettlePoolPause: %v", err)
+	}
+	k := key("acme", "u1", 1)
+	claim := poolClaim(listed, k, "o1")
+	claim.Limit = 1
+	_, err = f.s.ClaimPoolMember(f.ctx, claim)
+	f.wantIs("a claim of a member listed running, parked paused since", err, core.ErrConflict)
+	if rec := f.get("p1"); rec.State != core.StatePooled || rec.Slots.Running() || !rec.Slots.Paused {
+		f.t.Errorf("member after the refused claim = %s %+v; want pooled, paused", rec.State, rec.Slots)
+	}
+	if look := f.lookup(k); look.Bound {
+		f.t.Errorf("lookup after the refused claim = %+v; want the thread unbound", look)
+	}
+	members, err := f.s.PoolMembers(f.ctx, 10)
+	if err != nil || len(members) != 1 || !members[0].Slots.Paused {
+		f.t.Fatalf("PoolMembers = %+v, %v; want p1, paused", members, err)
+	}
+	claim = poolClaim(members[0], k, "o1")
+	claim.Limit = 1
+	rec, err := f.s.ClaimPoolMember(f.ctx, claim)
+	if err != nil {
+		f.t.Fatalf("ClaimPoolMember as listed again: %v", err)
+	}
+	if rec.State != core.StateClaiming || !rec.Slots.Running() || !rec.Slots.Paused {
+		f.t.Errorf("claimed = %s %+v; want claiming, holding a running and a paused slot", rec.State, rec.Slots)
+	}
+	err = f.reserve(key("acme", "u2", 2), "res-full", 1)
+	f.wantRefusal("a reservation past the limit the claim reached", err, api.RefusalCapacity)
+	f.wantUsed(1, 1)
+}
+
 // testReconcile: an adoption takes a slot without a limit check and binds
 // the thread when asked; a rebind needs the binding as read; the first
 // sighting is kept; the cursor is compare-and-swap; the inventory parts

@@ -56,6 +56,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"PauseAbortAndLimit", testPauseAbortAndLimit},
 		{"Resume", testResume},
 		{"Pool", testPool},
+		{"PoolClaimAsListed", testPoolClaimAsListed},
 		{"PoolFairShare", testPoolFairShare},
 		{"Storage", testStorage},
 		{"RefillBackoff", testRefillBackoff},
