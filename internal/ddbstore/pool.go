@@ -446,7 +446,7 @@ func (s *Store) freePoolReservation(ctx context.Context, token string) error {
 	return nil
 }
 
-// RefillBackoff reads the refill's back-off state from the pool's count
+// RefillBackoff reads the refill's back-off state from the pool places'
 // item (strongly consistent; the zero value when none is set).
 func (s *Store) RefillBackoff(ctx context.Context) (core.RefillBackoff, error) {
 	cctx, cancel := s.ctx(ctx)
@@ -466,7 +466,7 @@ func (s *Store) RefillBackoff(ctx context.Context) (core.RefillBackoff, error) {
 	return core.RefillBackoff{Failures: b.Failures, Until: fromMS(b.Until)}, nil
 }
 
-// SetRefillBackoff writes the refill's back-off state on the pool's count
+// SetRefillBackoff writes the refill's back-off state on the pool places'
 // item (one unconditional update; the zero value removes it).
 func (s *Store) SetRefillBackoff(ctx context.Context, b core.RefillBackoff) error {
 	cctx, cancel := s.ctx(ctx)
