@@ -204,9 +204,10 @@ func (s *Store) claimPoolMemberIn(ctx context.Context, c core.PoolClaim, b int) 
 func (s *Store) poolClaimRecord(c core.PoolClaim, b int) (types.TransactWriteItem, error) {
 	m := c.Member
 	upd := expression.Set(expression.Name("quota"), expression.Value(true))
-	// Listed running, it must still hold its running slot: a member
-	// parked paused since holds none, and one whose slot was in the first
-	// bucket then names no bucket, as slotCondition(m.Slot) expects.
+	// The member as listed: its fence unchanged (no pause, abort or claim
+	// since) and, listed running, still holding its running slot (a
+	// member parked paused since holds none, and one whose slot was in the
+	// first bucket then names no bucket, as slotCondition(m.Slot) expects).
 	held := slotCondition(m.Slot).And(expression.AttributeNotExists(expression.Name("no_running_slot")))
 	if m.Slots.Paused {
 		held = expression.Name("paused_slot").Equal(expression.Value(true)).
@@ -215,7 +216,8 @@ func (s *Store) poolClaimRecord(c core.PoolClaim, b int) (types.TransactWriteIte
 	}
 	recExpr, err := expression.NewBuilder().
 		WithCondition(expression.Name("state").Equal(expression.Value(string(core.StatePooled))).
-			And(expression.AttributeExists(expression.Name(attrPoolPlace))).And(held)).
+			And(expression.AttributeExists(expression.Name(attrPoolPlace))).And(held).
+			And(expression.Name("fence").Equal(expression.Value(m.Fence)))).
 		WithUpdate(s.stateIndex(upd.Set(expression.Name("state"), expression.Value(string(core.StateClaiming))).
 			Set(expression.Name("prev_state"), expression.Value(string(core.StatePooled))).
 			Set(expression.Name("tenant"), expression.Value(c.Tenant)).

@@ -84,7 +84,7 @@ func (s *Store) ClaimPoolMember(_ context.Context, c core.PoolClaim) (core.Recor
 			return e.rec, nil
 		}
 		paused := m.Slots.Paused
-		if !ok || e.rec.State != core.StatePooled || !e.poolPlace ||
+		if !ok || e.rec.State != core.StatePooled || !e.poolPlace || e.rec.Fence != m.Fence ||
 			paused != (e.rec.Slots.Paused && !e.rec.Slots.Running()) || !paused && !e.rec.Slots.Running() {
 			return core.Record{}, fmt.Errorf("pool member %s: %w", m.SandboxID, core.ErrConflict)
 		}

@@ -131,6 +131,49 @@ func testPoolClaimAsListed(f *fixture) {
 	f.wantUsed(1, 1)
 }
 
+// testPoolClaimAtTheListedFence: a member whose pause was claimed and
+// given up since its listing is back as listed, but at a later fence: a
+// claim from the old listing is refused (ErrConflict, nothing written),
+// and one from a fresh listing returns the record at its fence.
+func testPoolClaimAtTheListedFence(f *fixture) {
+	if err := f.s.ReservePool(f.ctx, core.PoolReservation{Token: "pool-p1", Limit: 2, Size: 1, Now: t0,
+		ExpiresAt: t0.Add(time.Minute)}); err != nil {
+		f.t.Fatalf("ReservePool: %v", err)
+	}
+	listed, err := f.s.FinalizePool(f.ctx, "pool-p1", record(core.ThreadKey{}, "p1"))
+	if err != nil {
+		f.t.Fatalf("FinalizePool: %v", err)
+	}
+	pausing, err := f.s.ClaimPoolPause(f.ctx, core.Claim{SandboxID: "p1", Owner: "refill", Now: t0, LeaseUntil: t0.Add(time.Minute)}, big)
+	if err != nil {
+		f.t.Fatalf("ClaimPoolPause: %v", err)
+	}
+	if _, err := f.s.AbortPoolPause(f.ctx, pausing, t0); err != nil {
+		f.t.Fatalf("AbortPoolPause: %v", err)
+	}
+	k := key("acme", "u1", 1)
+	claim := poolClaim(listed, k, "o1")
+	claim.Limit = 2
+	_, err = f.s.ClaimPoolMember(f.ctx, claim)
+	f.wantIs("a claim at the fence before the given-up pause", err, core.ErrConflict)
+	if look := f.lookup(k); look.Bound {
+		f.t.Errorf("lookup after the refused claim = %+v; want the thread unbound", look)
+	}
+	members, err := f.s.PoolMembers(f.ctx, 10)
+	if err != nil || len(members) != 1 || members[0].Fence == listed.Fence {
+		f.t.Fatalf("PoolMembers = %+v, %v; want p1 at a later fence than %d", members, err, listed.Fence)
+	}
+	claim = poolClaim(members[0], k, "o1")
+	claim.Limit = 2
+	rec, err := f.s.ClaimPoolMember(f.ctx, claim)
+	if err != nil {
+		f.t.Fatalf("ClaimPoolMember as listed again: %v", err)
+	}
+	if got := f.get("p1"); got.Fence != rec.Fence || got.State != core.StateClaiming {
+		f.t.Errorf("claim returned fence %d; stored %s at fence %d", rec.Fence, got.State, got.Fence)
+	}
+}
+
 // testReconcile: an adoption takes a slot without a limit check and binds
 // the thread when asked; a rebind needs the binding as read; the first
 // sighting is kept; the cursor is compare-and-swap; the inventory parts

@@ -57,6 +57,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"Resume", testResume},
 		{"Pool", testPool},
 		{"PoolClaimAsListed", testPoolClaimAsListed},
+		{"PoolClaimAtTheListedFence", testPoolClaimAtTheListedFence},
 		{"PoolFairShare", testPoolFairShare},
 		{"Storage", testStorage},
 		{"RefillBackoff", testRefillBackoff},
