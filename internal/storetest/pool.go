@@ -80,14 +80,11 @@ func testPool(f *fixture) {
 	f.wantUsed(1, 0)
 }
 
-// testPoolClaimAsListed: a claim takes the slots of the member as its
-// claimer listed it. A member listed running and parked paused since (its
-// running slot freed) is refused (ErrConflict, nothing written), or the
-// thread would get a sandbox that runs on no running slot; listed again,
-// it is claimed as the paused member it is, taking a running slot within
-// the limit. Limit 1 puts the member's running slot in the first bucket.
-func testPoolClaimAsListed(f *fixture) {
-	if err := f.s.ReservePool(f.ctx, core.PoolReservation{Token: "pool-p1", Limit: 1, Size: 1, Now: t0,
+// listedThenPausing refills a pool of one running member p1 under limit
+// and returns the member as a claimer lists it, then as a refill's pause
+// claim leaves it (pausing, at the next fence).
+func (f *fixture) listedThenPausing(limit int) (listed, pausing core.Record) {
+	if err := f.s.ReservePool(f.ctx, core.PoolReservation{Token: "pool-p1", Limit: limit, Size: 1, Now: t0,
 		ExpiresAt: t0.Add(time.Minute)}); err != nil {
 		f.t.Fatalf("ReservePool: %v", err)
 	}
@@ -95,17 +92,28 @@ func testPoolClaimAsListed(f *fixture) {
 	if err != nil {
 		f.t.Fatalf("FinalizePool: %v", err)
 	}
-	pausing, err := f.s.ClaimPoolPause(f.ctx, core.Claim{SandboxID: "p1", Owner: "refill", Now: t0, LeaseUntil: t0.Add(time.Minute)}, big)
+	pausing, err = f.s.ClaimPoolPause(f.ctx, core.Claim{SandboxID: "p1", Owner: "refill", Now: t0, LeaseUntil: t0.Add(time.Minute)}, big)
 	if err != nil {
 		f.t.Fatalf("ClaimPoolPause: %v", err)
 	}
+	return listed, pausing
+}
+
+// testPoolClaimAsListed: a claim takes the slots of the member as its
+// claimer listed it. A member listed running and parked paused since (its
+// running slot freed) is refused (ErrConflict, nothing written), or the
+// thread would get a sandbox that runs on no running slot; listed again,
+// it is claimed as the paused member it is, taking a running slot within
+// the limit. Limit 1 puts the member's running slot in the first bucket.
+func testPoolClaimAsListed(f *fixture) {
+	listed, pausing := f.listedThenPausing(1)
 	if _, err := f.s.SettlePoolPause(f.ctx, pausing, t0); err != nil {
 		f.t.Fatalf("SettlePoolPause: %v", err)
 	}
 	k := key("acme", "u1", 1)
 	claim := poolClaim(listed, k, "o1")
 	claim.Limit = 1
-	_, err = f.s.ClaimPoolMember(f.ctx, claim)
+	_, err := f.s.ClaimPoolMember(f.ctx, claim)
 	f.wantIs("a claim of a member listed running, parked paused since", err, core.ErrConflict)
 	if rec := f.get("p1"); rec.State != core.StatePooled || rec.Slots.Running() || !rec.Slots.Paused {
 		f.t.Errorf("member after the refused claim = %s %+v; want pooled, paused", rec.State, rec.Slots)
@@ -136,25 +144,14 @@ func testPoolClaimAsListed(f *fixture) {
 // claim from the old listing is refused (ErrConflict, nothing written),
 // and one from a fresh listing returns the record at its fence.
 func testPoolClaimAtTheListedFence(f *fixture) {
-	if err := f.s.ReservePool(f.ctx, core.PoolReservation{Token: "pool-p1", Limit: 2, Size: 1, Now: t0,
-		ExpiresAt: t0.Add(time.Minute)}); err != nil {
-		f.t.Fatalf("ReservePool: %v", err)
-	}
-	listed, err := f.s.FinalizePool(f.ctx, "pool-p1", record(core.ThreadKey{}, "p1"))
-	if err != nil {
-		f.t.Fatalf("FinalizePool: %v", err)
-	}
-	pausing, err := f.s.ClaimPoolPause(f.ctx, core.Claim{SandboxID: "p1", Owner: "refill", Now: t0, LeaseUntil: t0.Add(time.Minute)}, big)
-	if err != nil {
-		f.t.Fatalf("ClaimPoolPause: %v", err)
-	}
+	listed, pausing := f.listedThenPausing(2)
 	if _, err := f.s.AbortPoolPause(f.ctx, pausing, t0); err != nil {
 		f.t.Fatalf("AbortPoolPause: %v", err)
 	}
 	k := key("acme", "u1", 1)
 	claim := poolClaim(listed, k, "o1")
 	claim.Limit = 2
-	_, err = f.s.ClaimPoolMember(f.ctx, claim)
+	_, err := f.s.ClaimPoolMember(f.ctx, claim)
 	f.wantIs("a claim at the fence before the given-up pause", err, core.ErrConflict)
 	if look := f.lookup(k); look.Bound {
 		f.t.Errorf("lookup after the refused claim = %+v; want the thread unbound", look)
