@@ -62,16 +62,16 @@ func bucketStatus(buckets []bucketItem) (core.CapacityStatus, []string) {
 	return st, tenants
 }
 
-// Capacity sums the capacity buckets and the paused buckets (two
+// Capacity sums the running and paused slots' buckets (two
 // BatchGetItems), and reads the counts by state that the last counter
 // repair kept (one GetItem): three reads, whatever the fleet.
 func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
-	buckets, err := s.readLedger(ctx, runningSlots, false)
+	buckets, err := s.readLedger(ctx, runningSlots, s.limit, false)
 	if err != nil {
 		return core.CapacityStatus{}, err
 	}
 	st, _ := bucketStatus(buckets)
-	paused, err := s.readLedger(ctx, pausedSlots, false)
+	paused, err := s.readLedger(ctx, pausedSlots, 0, false)
 	if err != nil {
 		return core.CapacityStatus{}, err
 	}
@@ -90,7 +90,7 @@ func (s *Store) Capacity(ctx context.Context) (core.CapacityStatus, error) {
 // TenantsHolding implements core.CapacityStore: the buckets' tenant sets,
 // in one eventually consistent read of the buckets.
 func (s *Store) TenantsHolding(ctx context.Context) ([]string, error) {
-	buckets, err := s.readLedger(ctx, runningSlots, false)
+	buckets, err := s.readLedger(ctx, runningSlots, s.limit, false)
 	if err != nil {
 		return nil, err
 	}

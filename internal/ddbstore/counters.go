@@ -453,7 +453,7 @@ type repairRead struct {
 func (s *Store) readForRepair(ctx context.Context) (*repairRead, error) {
 	r := &repairRead{}
 	var err error
-	if r.buckets, err = s.readLedger(ctx, runningSlots, true); err != nil {
+	if r.buckets, err = s.readLedger(ctx, runningSlots, 0, true); err != nil {
 		return nil, err
 	}
 	noted, err := s.notedCounts(ctx, true)

@@ -385,7 +385,7 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 // readRoom reads every bucket (once per Dispatch) into w.room and res.
 func (s *Store) readRoom(ctx context.Context, d core.Dispatch, w *walk, res *core.DispatchResult) error {
 	w.read = true
-	buckets, err := s.readLedger(ctx, runningSlots, false)
+	buckets, err := s.readLedger(ctx, runningSlots, d.Limit, false)
 	if err != nil {
 		return err
 	}

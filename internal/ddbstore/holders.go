@@ -34,10 +34,10 @@ func (s *Store) CountHolders(ctx context.Context) (paused, pool core.HolderCount
 // their revisions (strongly consistent), then tallies the state index
 // (tallySlots): their holders, and every other counter's.
 func (s *Store) countHolders(ctx context.Context, shards int) (paused []bucketItem, pool core.HolderCount, tally *slotTally, err error) {
-	if paused, err = s.readLedger(ctx, pausedSlots, true); err != nil {
+	if paused, err = s.readLedger(ctx, pausedSlots, 0, true); err != nil {
 		return nil, pool, nil, err
 	}
-	places, err := s.readLedger(ctx, poolPlaces, true)
+	places, err := s.readLedger(ctx, poolPlaces, 0, true)
 	if err != nil {
 		return nil, pool, nil, err
 	}

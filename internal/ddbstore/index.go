@@ -45,11 +45,12 @@ func shardsFor(limit int) int {
 }
 
 // WithLimit sizes the state index for a deployment limit (shardsFor;
-// without it, IndexShards keys per state). A changed limit files entries
+// without it, IndexShards keys per state), and names the running-slot
+// buckets that capacity reads and adoptions use (readLedger). A changed limit files entries
 // under the new keys from their next write; reconcile moves the others
 // (RepairCounters), and until then a read may miss them.
 func WithLimit(limit int) Option {
-	return func(s *Store) { s.shards = shardsFor(limit) }
+	return func(s *Store) { s.shards, s.limit = shardsFor(limit), limit }
 }
 
 // queryParallel bounds the shard queries one fan-out runs at once: every

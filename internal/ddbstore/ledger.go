@@ -31,6 +31,7 @@ import (
 //	draining      the deployment drains (running and paused slots; SetDraining)
 //	revision      moved by every write that moves "used", so that a repair
 //	              tells a count that moved and came back from one that held still
+//	spread        how many leading buckets may hold slots or limits (readLedger)
 //
 // and the running slots' buckets keep more (bucket.go). The limits of a
 // ledger's buckets always sum to its limit: setLimits writes them all in
@@ -108,6 +109,7 @@ type bucketItem struct {
 	Granted  int      `dynamodbav:"granted"`
 	Lim      int      `dynamodbav:"lim"`
 	LimOf    int      `dynamodbav:"lim_of"`
+	Spread   int      `dynamodbav:"spread"`
 	Shards   int      `dynamodbav:"shards"`
 }
 
@@ -136,16 +138,60 @@ func usedSum(buckets []bucketItem) (used int, revision int64) {
 	return used, revision
 }
 
-// readLedger reads every bucket of l (one BatchGetItem; strongly
-// consistent only when consistent: an eventually consistent read costs
-// half, and picking a bucket or reporting counts needs no more, the
-// take's own condition deciding). A bucket never written reads as empty.
-func (s *Store) readLedger(ctx context.Context, l ledger, consistent bool) ([]bucketItem, error) {
-	keys := make([]map[string]types.AttributeValue, l.n)
-	out := make([]bucketItem, l.n)
-	for b := range keys {
-		keys[b] = s.key(s.bucketPK(l, b))
-		out[b].Index = b
+// readLedger reads the buckets of l that may hold slots under limit
+// (every bucket when limit is 0), in one BatchGetItem (strongly consistent
+// only when consistent: an eventually consistent read costs half, and
+// picking a bucket or reporting counts needs no more, the take's own
+// condition deciding). Those are the buckets with a share of limit and,
+// when the limits were last set with a wider spread (a lowered limit, an
+// adopted sandbox), the rest of that spread, read with a second call. A
+// bucket never written reads as empty. Reading fewer buckets never lets a
+// take past a limit: that is the takes' conditions' job, and the limits
+// always sum to the ledger's.
+func (s *Store) readLedger(ctx context.Context, l ledger, limit int, consistent bool) ([]bucketItem, error) {
+	k := l.n
+	if limit > 0 {
+		k = min(l.n, limit)
+	}
+	out, err := s.readBuckets(ctx, l, 0, k, consistent)
+	if err != nil {
+		return nil, err
+	}
+	if spread := spreadOf(out, l.n); spread > k {
+		rest, err := s.readBuckets(ctx, l, k, spread, consistent)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rest...)
+	}
+	return out, nil
+}
+
+// spreadOf is how many leading buckets may hold slots or limits, as the
+// last setting of the limits recorded it in buckets: every bucket (n)
+// when none of them was ever set, or was set before the spread was
+// recorded.
+func spreadOf(buckets []bucketItem, n int) int {
+	spread := 0
+	for _, b := range buckets {
+		if b.LimOf != 0 && b.Spread == 0 {
+			return n
+		}
+		spread = max(spread, b.Spread)
+	}
+	if spread == 0 {
+		return n
+	}
+	return min(spread, n)
+}
+
+// readBuckets reads l's buckets from up to to (one BatchGetItem).
+func (s *Store) readBuckets(ctx context.Context, l ledger, from, to int, consistent bool) ([]bucketItem, error) {
+	keys := make([]map[string]types.AttributeValue, 0, to-from)
+	out := make([]bucketItem, to-from)
+	for b := from; b < to; b++ {
+		keys = append(keys, s.key(s.bucketPK(l, b)))
+		out[b-from].Index = b
 	}
 	items, err := s.batchGet(ctx, keys, consistent)
 	if err != nil {
@@ -156,9 +202,9 @@ func (s *Store) readLedger(ctx context.Context, l ledger, consistent bool) ([]bu
 		if pk == nil {
 			continue
 		}
-		if b := s.bucketOf(l, pk.Value); b >= 0 {
-			out[b] = decodeBucket(av)
-			out[b].Index = b
+		if b := s.bucketOf(l, pk.Value); b >= from && b < to {
+			out[b-from] = decodeBucket(av)
+			out[b-from].Index = b
 		}
 	}
 	return out, nil
@@ -318,13 +364,13 @@ func emptiest(buckets []bucketItem, limit int, tried []int) (int, bool) {
 	return best, most > 0
 }
 
-// readForTake reads l's buckets for a take to pick from: strongly
-// consistent when they have limits to set for limit (setLimits conditions
-// on what it read, and writes every bucket).
+// readForTake reads l's buckets for a take to pick from: every one,
+// strongly consistent, when they have limits to set for limit (setLimits
+// conditions on what it read, and writes every bucket).
 func (s *Store) readForTake(ctx context.Context, l ledger, limit int) ([]bucketItem, error) {
-	buckets, err := s.readLedger(ctx, l, false)
+	buckets, err := s.readLedger(ctx, l, limit, false)
 	if err == nil && needsLimits(buckets, limit) {
-		buckets, err = s.readLedger(ctx, l, true)
+		buckets, err = s.readLedger(ctx, l, 0, true)
 	}
 	return buckets, err
 }
@@ -407,14 +453,19 @@ func bucketLimits(buckets []bucketItem, total int) []int {
 }
 
 // needsLimits reports whether the buckets' limits must be (re)written for
-// total: not all set for it, or a bucket holding more than its limit (an
-// adopted sandbox). Never when total is 0 (no limit).
+// total: not all set for it, or set otherwise than bucketLimits would now
+// set them (a bucket holding more than its limit: an adopted sandbox).
+// Limits already as bucketLimits would set them are left alone, even with
+// the buckets over total (a count a repair is yet to correct): a rewrite
+// would change nothing but the revisions the repair compares. Never when
+// total is 0 (no limit).
 func needsLimits(buckets []bucketItem, total int) bool {
 	if total <= 0 {
 		return false
 	}
-	for _, b := range buckets {
-		if b.LimOf != total || b.Used > b.Lim {
+	lims := bucketLimits(buckets, total)
+	for i, b := range buckets {
+		if b.LimOf != total || b.Lim != lims[i] {
 			return true
 		}
 	}
@@ -422,19 +473,25 @@ func needsLimits(buckets []bucketItem, total int) bool {
 }
 
 // setLimits writes the limit of every bucket of l for total
-// (bucketLimits) in one transaction, each bucket conditional on its
-// revision as read: the limits always sum to total, and no bucket took a
-// slot since they were computed. The running slots' buckets also record
-// the state-index keys in use (tallyShards). ErrConflict when a bucket
-// moved (the caller reads again).
+// (bucketLimits, from a read of every bucket) in one transaction, each
+// bucket conditional on its revision as read: the limits always sum to
+// total, and no bucket took a slot since they were computed. Each bucket
+// also records the spread (limitSpread). The running slots' buckets
+// record the state-index keys in use too (tallyShards). ErrConflict when
+// a bucket moved (the caller reads again).
 func (s *Store) setLimits(ctx context.Context, l ledger, buckets []bucketItem, total int) error {
+	if len(buckets) != l.n {
+		return fmt.Errorf("set %s limits from %d of %d buckets", l.name, len(buckets), l.n)
+	}
 	lims := bucketLimits(buckets, total)
+	spread := limitSpread(buckets, lims, total)
 	shards := max(s.shards, tallyShards(buckets))
 	items := make([]types.TransactWriteItem, 0, len(buckets))
 	for i, b := range buckets {
 		cond := valueIs("revision", b.Revision)
 		u := expression.Set(expression.Name("lim"), expression.Value(lims[i])).
-			Set(expression.Name("lim_of"), expression.Value(total)).Add(expression.Name("revision"), expression.Value(1))
+			Set(expression.Name("lim_of"), expression.Value(total)).Set(expression.Name("spread"), expression.Value(spread)).
+			Add(expression.Name("revision"), expression.Value(1))
 		if l == runningSlots {
 			u = u.Set(expression.Name("shards"), expression.Value(shards))
 		}
@@ -445,4 +502,19 @@ func (s *Store) setLimits(ctx context.Context, l ledger, buckets []bucketItem, t
 		items = append(items, it)
 	}
 	return s.transact(ctx, "set "+l.name+" limits", items)
+}
+
+// limitSpread is how many leading buckets may hold slots or limits once
+// lims are set for total: those with a share of total, and up to the last
+// that holds slots or gets a limit. A take needs a limit above what its
+// bucket holds, so until the limits are set again no bucket past the
+// spread takes a slot (reconcile's adoption writes a bucket with a share).
+func limitSpread(buckets []bucketItem, lims []int, total int) int {
+	spread := min(len(buckets), max(total, 1))
+	for i, b := range buckets {
+		if b.Used > 0 || lims[i] > 0 {
+			spread = max(spread, b.Index+1)
+		}
+	}
+	return spread
 }

@@ -160,7 +160,7 @@ func (s *Store) ClaimPause(ctx context.Context, c core.Claim, limit int) (core.R
 
 // ClaimReleasePause implements core.PauseStore: ClaimPause of a releasing
 // record at the release's fence, parked now and ending at r.ExpiresAt.
-// Its capacity bucket is not written: the record keeps its running slot
+// Its running-slot bucket is not written: the record keeps its running slot
 // until the settle frees it (or the abort parks it warm).
 func (s *Store) ClaimReleasePause(ctx context.Context, r core.ReleasePause) (core.Record, error) {
 	c := r.Claim
@@ -474,7 +474,7 @@ func (s *Store) TenantsPaused(ctx context.Context, tenants []string) (map[string
 
 // PausedUsed reads the number of paused slots held (strongly consistent).
 func (s *Store) PausedUsed(ctx context.Context) (int, error) {
-	buckets, err := s.readLedger(ctx, pausedSlots, true)
+	buckets, err := s.readLedger(ctx, pausedSlots, 0, true)
 	used, _ := usedSum(buckets)
 	return used, err
 }

@@ -589,3 +589,37 @@ func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
 	}
 	capacity("sbx2 paused", core.CapacityStatus{Used: 1, Warm: 1, Paused: 1})
 }
+
+// A paused count drifted over the limit (a count a repair is yet to
+// correct) is left alone by the pauses it refuses: its limits are already
+// as they would be set, so no pause rewrites them (which would move the
+// revisions the repair compares), and the second repair corrects it.
+func TestRefusedPausesLeaveADriftedCountToTheRepair(t *testing.T) {
+	client, table := newTable(t)
+	s := ddbstore.New(client, table, "test")
+	ctx := context.Background()
+	const limit = 1
+	warmAt(t, s, thread(1), "sbx1")
+	rec, err := s.ClaimPause(ctx, pauseClaim("sbx1", "p", t0.Add(time.Hour)), limit)
+	if err != nil {
+		t.Fatalf("ClaimPause: %v", err)
+	}
+	if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+		Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: ddbstore.PausedPK("test", int(rec.Slots.PausedRef))}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+		UpdateExpression:          aws.String("ADD used :n, revision :one"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: "5"}, ":one": &types.AttributeValueMemberN{Value: "1"}}}); err != nil {
+		t.Fatal(err) // drift, as a bug would leave it
+	}
+	warmAt(t, s, thread(2), "sbx2")
+	for pass := range 2 {
+		if _, err := s.ClaimPause(ctx, pauseClaim("sbx2", "p", t0.Add(time.Hour)), limit); !errors.Is(err, core.ErrPausedFull) {
+			t.Fatalf("pass %d: a pause past the drifted count = %v, want ErrPausedFull", pass, err)
+		}
+		if _, err := s.RepairCounters(ctx, 10); err != nil {
+			t.Fatalf("pass %d: RepairCounters: %v", pass, err)
+		}
+	}
+	if n, err := s.PausedUsed(ctx); err != nil || n != 1 {
+		t.Errorf("paused slots held after two repairs = %d, %v; want 1 (the drift corrected)", n, err)
+	}
+}

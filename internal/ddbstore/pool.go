@@ -54,10 +54,15 @@ func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
 		if err == nil {
 			s.slots.remember(r.Token, core.Slot{Ref: core.SlotRef(b)})
 		}
-		if !errors.Is(err, errPoolLimitUnset) || attempt >= limitAttempts {
+		if !errors.Is(err, errPoolLimitUnset) {
 			return err
 		}
-		places, err := s.readLedger(ctx, poolPlaces, true)
+		if attempt >= limitAttempts {
+			// Peers kept setting the limit for other sizes (a deploy
+			// changing it): certainly not applied, as a full pool.
+			return fmt.Errorf("reserve pool: %w", core.ErrPoolFull)
+		}
+		places, err := s.readLedger(ctx, poolPlaces, 0, true)
 		if err != nil {
 			return fmt.Errorf("reserve pool: %w", err)
 		}
@@ -145,7 +150,7 @@ func (s *Store) PoolMembers(ctx context.Context, limit int) ([]core.Record, erro
 // claimer's lease), the binding, the ledger (not draining; the tenant
 // joins its tenant set), the user's and tenant's counts (within their
 // caps) and the pool's count (one place given back). A member parked
-// paused takes a running slot in a capacity bucket (as a reservation
+// paused takes a running slot in a running-slot bucket (as a reservation
 // does, see takeSlot) and keeps its paused slot until its activation
 // (SettleResume).
 func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Record, error) {
@@ -385,7 +390,7 @@ func notLivePut(table *string, item map[string]types.AttributeValue) types.Trans
 
 // PoolCount reads the pool's taken places (strongly consistent; 0 if none).
 func (s *Store) PoolCount(ctx context.Context) (int, error) {
-	places, err := s.readLedger(ctx, poolPlaces, true)
+	places, err := s.readLedger(ctx, poolPlaces, 0, true)
 	n, _ := usedSum(places)
 	return n, err
 }

@@ -22,7 +22,7 @@ func readPoolSlots(t *testing.T, s *ddbstore.Store) poolSlots {
 	if err != nil {
 		t.Fatalf("CountHolders: %v", err)
 	}
-	return poolSlots{used: ledger(t, s), paused: paused.Used, places: places.Used, pausedHolders: paused.Counted, placeHolders: places.Counted}
+	return poolSlots{used: runningUsed(t, s), paused: paused.Used, places: places.Used, pausedHolders: paused.Counted, placeHolders: places.Counted}
 }
 
 // A member parked paused moves its slots as a thread's paused sandbox

@@ -68,14 +68,15 @@ func TestReservePoolStopsAtSizeAndLimit(t *testing.T) {
 			if err := s.FreeReservation(ctx, "r0", core.ThreadKey{}); err != nil {
 				t.Fatalf("FreeReservation: %v", err)
 			}
-			if n, l := poolCount(t, s), ledger(t, s); n != 1 || l != 1 {
+			if n, l := poolCount(t, s), runningUsed(t, s); n != 1 || l != 1 {
 				t.Errorf("after freeing a pool reservation: pool count %d used %d, want 1 and 1", n, l)
 			}
 		})
 	}
 }
 
-func ledger(t *testing.T, s *ddbstore.Store) int {
+// runningUsed is the running slots s holds.
+func runningUsed(t *testing.T, s *ddbstore.Store) int {
 	t.Helper()
 	st, err := s.Capacity(context.Background())
 	if err != nil {
@@ -149,13 +150,13 @@ func TestFreeOfThreadlessRecordsKeepsThePoolCountRight(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Adopt: %v", err)
 	}
-	if n, used := poolCount(t, s), ledger(t, s); n != 1 || used != 2 {
+	if n, used := poolCount(t, s), runningUsed(t, s); n != 1 || used != 2 {
 		t.Fatalf("pool count %d used %d, want 1 and 2", n, used)
 	}
 	if err := s.Free(ctx, orphan, t0); err != nil {
 		t.Fatalf("Free orphan: %v", err)
 	}
-	if n, used := poolCount(t, s), ledger(t, s); n != 1 || used != 1 {
+	if n, used := poolCount(t, s), runningUsed(t, s); n != 1 || used != 1 {
 		t.Errorf("after the orphan's free: pool count %d used %d, want 1 and 1", n, used)
 	}
 	claimed, err := s.Claim(ctx, core.Claim{SandboxID: m.SandboxID, Tenant: "", From: []core.State{core.StatePooled}, To: core.StateDestroying,
@@ -166,7 +167,7 @@ func TestFreeOfThreadlessRecordsKeepsThePoolCountRight(t *testing.T) {
 	if err := s.Free(ctx, claimed, t0); err != nil {
 		t.Fatalf("Free member: %v", err)
 	}
-	if n, used := poolCount(t, s), ledger(t, s); n != 0 || used != 0 {
+	if n, used := poolCount(t, s), runningUsed(t, s); n != 0 || used != 0 {
 		t.Errorf("after the member's free: pool count %d used %d, want 0 and 0", n, used)
 	}
 	if err := s.Free(ctx, claimed, t0); !errors.Is(err, core.ErrStaleFence) {

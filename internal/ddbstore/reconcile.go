@@ -273,12 +273,12 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 }
 
 // adoptNew is Adopt of a running sandbox no reservation names: a new slot
-// in the record's home bucket, taken without a limit check (the sandbox
+// in the record's home bucket (one with a share of the store's limit), taken without a limit check (the sandbox
 // runs already), with extra in the same transaction.
 func (s *Store) adoptNew(ctx context.Context, op string, a core.Adoption, pool bool, bindItems []types.TransactWriteItem) (core.Record, error) {
 	rec := a.Record
 	rec.Fence = 1
-	b := int(hashOf(rec.SandboxID) % CapacityBuckets)
+	b := homeBucket(rec.SandboxID, s.limit)
 	rec.Slot = core.Slot{Ref: core.SlotRef(b), Quota: !pool}
 	ri := s.recordItem(rec)
 	ri.PoolPlace = pool

@@ -7,10 +7,9 @@
 //	SBX#<sandbox id>              the sandbox record (core.Record)
 //	RES#<token>                   a reservation: a slot taken for an in-flight create
 //	THR#<tenant>#<user>#<thread>  the thread's binding: sandbox_id or reservation
-//	CAP#<deployment>              the capacity ledger: "used" slots, "revision", "draining",
-//	                              "tenants" (string set: tenants holding or lately holding slots),
-//	                              "granted" (CAP#<deployment>#<b>: the
-//	                              other buckets, see bucket.go)
+//	CAP#<deployment>[#<b>]        bucket b (none for b = 0) of the running slots' ledger: "used",
+//	                              "revision", "lim", "lim_of", "spread", "draining", "tenants"
+//	                              (string set), "granted", "shards" (ledger.go, bucket.go)
 //	USR#<deployment>#<tenant>#<user>  slots held by one user ("used", "revision"), for SANDBOX_MAX_PER_USER
 //	TEN#<deployment>#<tenant>     slots held by one tenant ("used", "revision"), for SANDBOX_MAX_PER_TENANT
 //	TPA#<deployment>#<tenant>     paused slots held by one tenant ("used", "revision"), for the paused slots' share
@@ -18,8 +17,10 @@
 //	WQ#<deployment>#<n>           wait queue shard n (n = FNV-1a(ticket) mod 8): one item per ticket,
 //	                              sk = "<round>#<arrival ms>#<ticket>" ("state" waiting|granted, "until",
 //	                              "bucket", "grant_until"; see waiters.go)
-//	PAU#<deployment>[#<b>]        paused bucket b (none for b = 0) of PausedBuckets: paused slots held
-//	                              ("used", "revision"), for SANDBOX_MAX_PAUSED (paused.go)
+//	PAU#<deployment>[#<b>]        bucket b of the paused slots' ledger: "used", "revision", "lim",
+//	                              "lim_of", "spread", "draining", for SANDBOX_MAX_PAUSED (paused.go)
+//	POOL#<deployment>             the pool places' ledger, one bucket: "used", "revision", "lim",
+//	                              "lim_of", "spread", and the refill's back-off (pool.go)
 //	OUT#<deployment>#<tenant>#<user>#<thread>  bytes the thread's synced outputs take ("bytes")
 //	OUTSUM#<deployment>#<tenant>  bytes the tenant's threads take, summed ("bytes"), for
 //	                              SYNC_MAX_TENANT_BYTES (storage.go)

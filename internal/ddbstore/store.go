@@ -45,6 +45,7 @@ type Store struct {
 	scan       int   // tickets a read of the wait queue's head returns (queueScan)
 	sweep      int32 // the parts of the counter repair's sweep (sweepSegments)
 	shards     int   // the state index's keys per state (WithLimit)
+	limit      int   // the deployment limit (WithLimit; 0: not known)
 }
 
 var _ core.Store = (*Store)(nil)
@@ -70,7 +71,7 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, CallTimeout)
 }
 
-// Lookup reads the thread's binding, its home capacity bucket under limit
+// Lookup reads the thread's binding, its home running-slot bucket under limit
 // (threadHome: the draining flag) and the tenant's slot count in one
 // BatchGetItem (strongly consistent), retrying
 // unprocessed keys.

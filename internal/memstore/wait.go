@@ -189,7 +189,7 @@ func (s *Store) LeaveWait(_ context.Context, t core.Ticket, now time.Time, grant
 // Dispatch serves the queue in order (see core.Dispatch): lapsed waiting
 // tickets are removed, lapsed grants passed on to the first live waiting
 // tickets (or their slots freed), then live waiting tickets are granted
-// the room there is: the slot d.Bucket names (when the ledger has room
+// the room there is: the slot d.Freed names (when the ledger has room
 // under d.Limit), and the ledger's whole room when d.Scan, or when d.Self
 // is the first waiting ticket.
 func (s *Store) Dispatch(_ context.Context, d core.Dispatch) (core.DispatchResult, error) {
