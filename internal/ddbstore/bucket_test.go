@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,10 +18,12 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
-// countingAPI counts the DynamoDB calls made through it.
+// countingAPI counts the DynamoDB calls made through it, and the
+// running-slot buckets (CAP# keys) its BatchGetItems read.
 type countingAPI struct {
 	*dynamodb.Client
-	calls atomic.Int64
+	calls   atomic.Int64
+	capKeys atomic.Int64
 }
 
 func (c *countingAPI) GetItem(ctx context.Context, in *dynamodb.GetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
@@ -35,6 +38,13 @@ func (c *countingAPI) Query(ctx context.Context, in *dynamodb.QueryInput, o ...f
 
 func (c *countingAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
 	c.calls.Add(1)
+	for _, ka := range in.RequestItems {
+		for _, k := range ka.Keys {
+			if pk, ok := k["pk"].(*types.AttributeValueMemberS); ok && strings.HasPrefix(pk.Value, "CAP#") {
+				c.capKeys.Add(1)
+			}
+		}
+	}
 	return c.Client.BatchGetItem(ctx, in, o...)
 }
 
@@ -87,6 +97,47 @@ func TestCapacityCostsTheSameCallsWhateverTheFleet(t *testing.T) {
 	}
 	if len(out.Items) < 25/2 {
 		t.Errorf("25 slots held in %d of the %d buckets, want them spread", len(out.Items), ddbstore.CapacityBuckets)
+	}
+}
+
+// TestALedgerReadReadsTheBucketsInUse: under a limit of 4, a refused
+// reservation and a capacity read read the 4 running-slot buckets with a
+// share of it, not all 64; once the limit is lowered to 4 from 16, with a
+// slot held in each of 16 buckets, they read those 16 and count every
+// slot.
+func TestALedgerReadReadsTheBucketsInUse(t *testing.T) {
+	client, table := newTable(t)
+	api := &countingAPI{Client: client}
+	ctx := context.Background()
+	for _, c := range []struct {
+		before, limit, want int
+	}{{0, 4, 4}, {16, 4, 16}} {
+		reserve := func(s *ddbstore.Store, n, limit int) error {
+			n += 1000 * c.before // a thread of this case's own
+			return s.Reserve(ctx, core.Reservation{Token: fmt.Sprint("res-", n), ThreadKey: thread(n), Limit: limit, Now: t0, ExpiresAt: t0.Add(time.Minute)})
+		}
+		s := ddbstore.New(api, table, fmt.Sprint("d", c.before), ddbstore.WithLimit(c.limit))
+		held := max(c.before, c.limit)
+		for i := range held {
+			if err := reserve(s, i, max(c.before, c.limit)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := reserve(s, 100, c.limit); err == nil {
+			t.Fatalf("a reservation past the limit succeeded")
+		}
+		api.capKeys.Store(0)
+		var ce *core.CapacityError
+		if err := reserve(s, 101, c.limit); !errors.As(err, &ce) || ce.Status.Used != held {
+			t.Errorf("refusal = %v, want one naming %d used", err, held)
+		}
+		st, err := s.Capacity(ctx)
+		if err != nil || st.Used != held {
+			t.Errorf("Capacity = %+v, %v; want %d used", st, err, held)
+		}
+		if n := api.capKeys.Load(); n != int64(2*c.want) {
+			t.Errorf("limit %d after %d: a refusal and a capacity read read %d buckets, want %d each", c.limit, c.before, n, c.want)
+		}
 	}
 }
 
