@@ -463,9 +463,19 @@ func needsLimits(buckets []bucketItem, total int) bool {
 	if total <= 0 {
 		return false
 	}
+	over := false
+	for _, b := range buckets {
+		if b.LimOf != total {
+			return true
+		}
+		over = over || b.Used > b.Lim
+	}
+	if !over {
+		return false
+	}
 	lims := bucketLimits(buckets, total)
 	for i, b := range buckets {
-		if b.LimOf != total || b.Lim != lims[i] {
+		if b.Lim != lims[i] {
 			return true
 		}
 	}
