@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,12 +20,25 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
-// countingAPI counts the DynamoDB calls made through it, and the
-// running-slot buckets (CAP# keys) its BatchGetItems read.
+// countingAPI counts the DynamoDB calls made through it, the
+// running-slot buckets (CAP# keys) its BatchGetItems read, and the
+// transactions that set a ledger's limits.
 type countingAPI struct {
 	*dynamodb.Client
-	calls   atomic.Int64
-	capKeys atomic.Int64
+	calls     atomic.Int64
+	capKeys   atomic.Int64
+	limitSets atomic.Int64
+}
+
+func (c *countingAPI) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, o ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
+	for _, it := range in.TransactItems {
+		// Only a setting of the limits writes a bucket's spread.
+		if it.Update != nil && slices.Contains(slices.Collect(maps.Values(it.Update.ExpressionAttributeNames)), "spread") {
+			c.limitSets.Add(1)
+			break
+		}
+	}
+	return c.Client.TransactWriteItems(ctx, in, o...)
 }
 
 func (c *countingAPI) GetItem(ctx context.Context, in *dynamodb.GetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
@@ -138,6 +153,51 @@ func TestALedgerReadReadsTheBucketsInUse(t *testing.T) {
 		if n := api.capKeys.Load(); n != int64(2*c.want) {
 			t.Errorf("limit %d after %d: a refusal and a capacity read read %d buckets, want %d each", c.limit, c.before, n, c.want)
 		}
+	}
+}
+
+// TestATakeLeavesAnUnevenSplitAlone: a take that reads the buckets
+// rewrites their limits only when a bucket holds more than its limit,
+// not because the split is uneven (as a rebalance after an adoption
+// leaves it): limits 2 and 0 in the two buckets with a share of 2, both
+// empty, give a take homed in the second bucket the first one's slot,
+// with no rewrite of the 64 buckets.
+func TestATakeLeavesAnUnevenSplitAlone(t *testing.T) {
+	client, table := newTable(t)
+	api := &countingAPI{Client: client}
+	ctx := context.Background()
+	s := ddbstore.New(api, table, "test", ddbstore.WithLimit(2))
+	reserve := func(n int) error {
+		return s.Reserve(ctx, core.Reservation{Token: fmt.Sprint("res-", n), ThreadKey: thread(n), Limit: 2, Now: t0, ExpiresAt: t0.Add(time.Minute)})
+	}
+	if err := reserve(0); err != nil { // sets the limits: 1 and 1
+		t.Fatal(err)
+	}
+	if err := s.FreeReservation(ctx, "res-0", thread(0)); err != nil {
+		t.Fatal(err)
+	}
+	for b, lim := range []int{2, 0} {
+		pk := "CAP#test"
+		if b > 0 {
+			pk += fmt.Sprint("#", b)
+		}
+		if _, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table),
+			Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+			UpdateExpression:          aws.String("SET lim = :l"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":l": &types.AttributeValueMemberN{Value: fmt.Sprint(lim)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := 1
+	for ddbstore.ThreadHome(thread(n), 2) != 1 {
+		n++
+	}
+	api.limitSets.Store(0)
+	if err := reserve(n); err != nil {
+		t.Fatalf("a take homed in the bucket of limit 0: %v, want the other bucket's slot", err)
+	}
+	if got := api.limitSets.Load(); got != 0 {
+		t.Errorf("the take rewrote the limits %d times, want none", got)
 	}
 }
 
