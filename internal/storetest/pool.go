@@ -110,31 +110,14 @@ func testPoolClaimAsListed(f *fixture) {
 	if _, err := f.s.SettlePoolPause(f.ctx, pausing, t0); err != nil {
 		f.t.Fatalf("SettlePoolPause: %v", err)
 	}
-	k := key("acme", "u1", 1)
-	claim := poolClaim(listed, k, "o1")
-	claim.Limit = 1
-	_, err := f.s.ClaimPoolMember(f.ctx, claim)
-	f.wantIs("a claim of a member listed running, parked paused since", err, core.ErrConflict)
-	if rec := f.get("p1"); rec.State != core.StatePooled || rec.Slots.Running() || !rec.Slots.Paused {
-		f.t.Errorf("member after the refused claim = %s %+v; want pooled, paused", rec.State, rec.Slots)
-	}
-	if look := f.lookup(k); look.Bound {
-		f.t.Errorf("lookup after the refused claim = %+v; want the thread unbound", look)
-	}
-	members, err := f.s.PoolMembers(f.ctx, 10)
-	if err != nil || len(members) != 1 || !members[0].Slots.Paused {
-		f.t.Fatalf("PoolMembers = %+v, %v; want p1, paused", members, err)
-	}
-	claim = poolClaim(members[0], k, "o1")
-	claim.Limit = 1
-	rec, err := f.s.ClaimPoolMember(f.ctx, claim)
-	if err != nil {
-		f.t.Fatalf("ClaimPoolMember as listed again: %v", err)
+	relisted, rec := f.claimStaleThenRelisted(listed, 1, "a claim of a member listed running, parked paused since")
+	if relisted.Slots.Running() || !relisted.Slots.Paused {
+		f.t.Errorf("member after the refused claim = %s %+v; want pooled, paused", relisted.State, relisted.Slots)
 	}
 	if rec.State != core.StateClaiming || !rec.Slots.Running() || !rec.Slots.Paused {
 		f.t.Errorf("claimed = %s %+v; want claiming, holding a running and a paused slot", rec.State, rec.Slots)
 	}
-	err = f.reserve(key("acme", "u2", 2), "res-full", 1)
+	err := f.reserve(key("acme", "u2", 2), "res-full", 1)
 	f.wantRefusal("a reservation past the limit the claim reached", err, api.RefusalCapacity)
 	f.wantUsed(1, 1)
 }
@@ -148,27 +131,40 @@ func testPoolClaimAtTheListedFence(f *fixture) {
 	if _, err := f.s.AbortPoolPause(f.ctx, pausing, t0); err != nil {
 		f.t.Fatalf("AbortPoolPause: %v", err)
 	}
-	k := key("acme", "u1", 1)
-	claim := poolClaim(listed, k, "o1")
-	claim.Limit = 2
-	_, err := f.s.ClaimPoolMember(f.ctx, claim)
-	f.wantIs("a claim at the fence before the given-up pause", err, core.ErrConflict)
-	if look := f.lookup(k); look.Bound {
-		f.t.Errorf("lookup after the refused claim = %+v; want the thread unbound", look)
-	}
-	members, err := f.s.PoolMembers(f.ctx, 10)
-	if err != nil || len(members) != 1 || members[0].Fence == listed.Fence {
-		f.t.Fatalf("PoolMembers = %+v, %v; want p1 at a later fence than %d", members, err, listed.Fence)
-	}
-	claim = poolClaim(members[0], k, "o1")
-	claim.Limit = 2
-	rec, err := f.s.ClaimPoolMember(f.ctx, claim)
-	if err != nil {
-		f.t.Fatalf("ClaimPoolMember as listed again: %v", err)
+	relisted, rec := f.claimStaleThenRelisted(listed, 2, "a claim at the fence before the given-up pause")
+	if relisted.Fence == listed.Fence {
+		f.t.Errorf("member relisted at fence %d, want a later fence than %d", relisted.Fence, listed.Fence)
 	}
 	if got := f.get("p1"); got.Fence != rec.Fence || got.State != core.StateClaiming {
 		f.t.Errorf("claim returned fence %d; stored %s at fence %d", rec.Fence, got.State, got.Fence)
 	}
+}
+
+// claimStaleThenRelisted claims p1 for a thread from the stale listing
+// listed under limit, wanting ErrConflict (what) with the thread left
+// unbound and p1 still the pool's one member; then claims p1 as listed
+// again. It returns p1 as relisted, and the second claim's record.
+func (f *fixture) claimStaleThenRelisted(listed core.Record, limit int, what string) (relisted, claimed core.Record) {
+	f.t.Helper()
+	k := key("acme", "u1", 1)
+	claim := poolClaim(listed, k, "o1")
+	claim.Limit = limit
+	_, err := f.s.ClaimPoolMember(f.ctx, claim)
+	f.wantIs(what, err, core.ErrConflict)
+	if look := f.lookup(k); look.Bound {
+		f.t.Errorf("lookup after the refused claim = %+v; want the thread unbound", look)
+	}
+	members, err := f.s.PoolMembers(f.ctx, 10)
+	if err != nil || len(members) != 1 || members[0].State != core.StatePooled {
+		f.t.Fatalf("PoolMembers = %+v, %v; want p1, pooled", members, err)
+	}
+	claim = poolClaim(members[0], k, "o1")
+	claim.Limit = limit
+	rec, err := f.s.ClaimPoolMember(f.ctx, claim)
+	if err != nil {
+		f.t.Fatalf("ClaimPoolMember as listed again: %v", err)
+	}
+	return members[0], rec
 }
 
 // testReconcile: an adoption takes a slot without a limit check and binds
