@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 	"github.com/sandbox-broker/sandbox-broker/pkg/api"
@@ -172,5 +176,45 @@ func TestFreeOfThreadlessRecordsKeepsThePoolCountRight(t *testing.T) {
 	}
 	if err := s.Free(ctx, claimed, t0); !errors.Is(err, core.ErrStaleFence) {
 		t.Errorf("second Free = %v, want ErrStaleFence", err)
+	}
+}
+
+// sizeFlipper is a DynamoDB client whose pool place limit a peer sets
+// for another size before every refill's transaction, as peers of a
+// deploy that changes SANDBOX_POOL_SIZE would.
+type sizeFlipper struct {
+	*dynamodb.Client
+	table string
+}
+
+func (f *sizeFlipper) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, o ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
+	for _, it := range in.TransactItems {
+		if it.Put != nil && strings.HasPrefix(it.Put.Item["pk"].(*types.AttributeValueMemberS).Value, "RES#") {
+			if _, err := f.Client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(f.table),
+				Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "POOL#test"}, "sk": &types.AttributeValueMemberS{Value: "R"}},
+				UpdateExpression:          aws.String("SET lim = :n, lim_of = :n ADD revision :one"),
+				ExpressionAttributeValues: map[string]types.AttributeValue{":n": &types.AttributeValueMemberN{Value: "99"}, ":one": &types.AttributeValueMemberN{Value: "1"}}}); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return f.Client.TransactWriteItems(ctx, in, o...)
+}
+
+// A refill that keeps finding the pool's place limit set for another
+// size is refused as a full pool (certainly not applied, so the refill
+// does not back off as after a failed create), and takes nothing.
+func TestReservePoolRefusedWhilePeersSetAnotherSize(t *testing.T) {
+	client, table := newTable(t)
+	s := ddbstore.New(&sizeFlipper{Client: client, table: table}, table, "test")
+	err := s.ReservePool(context.Background(), core.PoolReservation{Token: "pool-1", Limit: 4, Size: 2, Now: t0, ExpiresAt: t0.Add(time.Minute)})
+	if !errors.Is(err, core.ErrPoolFull) {
+		t.Fatalf("ReservePool = %v, want ErrPoolFull", err)
+	}
+	if n := poolCount(t, s); n != 0 {
+		t.Errorf("pool places taken = %d, want 0", n)
+	}
+	if n := runningUsed(t, s); n != 0 {
+		t.Errorf("running slots taken = %d, want 0", n)
 	}
 }
