@@ -31,6 +31,9 @@ var sdkActions = map[string][]string{
 	"Scan":               {"dynamodb:Scan"},
 	"TransactWriteItems": {"dynamodb:ConditionCheckItem", "dynamodb:DeleteItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
 	"TransactGetItems":   {"dynamodb:GetItem"},
+	// A PartiQL SELECT (the store's only statement) is authorized as
+	// dynamodb:PartiQLSelect on the table.
+	"ExecuteStatement": {"dynamodb:PartiQLSelect"},
 	// S3
 	"GetObject": {"s3:GetObject"}, "HeadObject": {"s3:GetObject"}, "PutObject": {"s3:PutObject"},
 	"CreateMultipartUpload": {"s3:PutObject"}, "UploadPart": {"s3:PutObject"}, "CompleteMultipartUpload": {"s3:PutObject"},

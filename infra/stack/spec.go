@@ -98,6 +98,9 @@ var (
 	openTokens   = []string{"kms:Decrypt"}
 	sealTokens   = []string{"kms:Decrypt", "kms:GenerateDataKey"}
 	publish      = []string{"events:PutEvents"}
+	// readQueue is an acquire's read of the wait queue's shards in one
+	// PartiQL SELECT on their partition keys (ddbstore's AnyWaiting).
+	readQueue = []string{"dynamodb:PartiQLSelect"}
 )
 
 // actions joins action sets, sorted.
@@ -123,7 +126,7 @@ var Functions = []Function{
 		Routes:          []Route{{"POST", "/v1/sandboxes/acquire", ""}},
 		RefillsPool:     true,
 		PublishesEvents: true,
-		Actions: actions(tableWrites, outputAccess, readKey, sealTokens, publish, LambdaInvokeActions,
+		Actions: actions(tableWrites, outputAccess, readKey, sealTokens, publish, LambdaInvokeActions, readQueue,
 			[]string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
 	},
 	{
@@ -147,7 +150,7 @@ var Functions = []Function{
 		// the /e2b face, acquires (sealing new access tokens), releases
 		// (syncing outputs) and lists a tenant's sandboxes (an index
 		// query): no scan.
-		Actions: actions(tableWrites, outputAccess, readKey, sealTokens, publish, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
+		Actions: actions(tableWrites, outputAccess, readKey, sealTokens, publish, readQueue, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
 	},
 	{
 		Name: "release", LogicalID: "ReleaseFunction", MemoryMB: 512, TimeoutSeconds: 29,

@@ -119,12 +119,14 @@ type Stack struct {
 // PutItem, UpdateItem, DeleteItem and ConditionCheckItem; the store
 // queries the table for reconcile's inventory cycle, and scans it for the
 // counter repair's exact count and sweep, which read no item GetItem
-// could not).
+// could not; an acquire reads the wait queue's shards in one PartiQL
+// SELECT on their partition keys).
 var DynamoDBActions = []string{
 	"dynamodb:BatchGetItem",
 	"dynamodb:ConditionCheckItem",
 	"dynamodb:DeleteItem",
 	"dynamodb:GetItem",
+	"dynamodb:PartiQLSelect",
 	"dynamodb:PutItem",
 	"dynamodb:Query",
 	"dynamodb:Scan",

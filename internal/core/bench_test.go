@@ -350,9 +350,9 @@ func BenchmarkAcquireDynamoDBCalls(b *testing.B) {
 			func(i int) { prev = mustAcquire(b, eng, key(fmt.Sprint("t", i)), core.SourceCreated) })
 	})
 	b.Run("evict-then-create-wait-policy", func(b *testing.B) {
-		// The same under the wait policy: the free is followed by a
-		// dispatch of the wait queue (a Query of each of its shards when
-		// nobody waits).
+		// The same under the wait policy: one read of the wait queue
+		// finds nobody waiting, so the reservation takes the slot over
+		// as under reject.
 		eng, c, _, _ := benchEngine(b, func(s *core.Settings) { s.Replicas, s.Policy = 1, core.PolicyWait })
 		prev := mustAcquire(b, eng, key("t-first"), core.SourceCreated)
 		measure(b, c, func(int) { release(b, eng, prev.SandboxID) },

@@ -37,7 +37,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
 			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Grant: st.grant, Handover: from}))
 	}
-	retry, err := e.takeSlot(ctx, key, owner, st, func(now time.Time, k *killed) error {
+	retry, err := e.takeSlot(ctx, key, owner, st, slotTake{over: true, write: func(now time.Time, k *killed) error {
 		if k != nil && st.grant == nil {
 			switch err := reserve(now, &k.tomb); {
 			case err == nil:
@@ -54,19 +54,29 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 			// free it and reserve as usual. A grant's slot is taken
 			// as it is, so with one the evicted slot is freed too.
 		}
-		return e.freedFirst(ctx, func(now time.Time) error { return reserve(now, nil) })(now, k)
-	})
+		return e.freedFirst(ctx, func(now time.Time) error { return reserve(now, nil) }).write(now, k)
+	}})
 	if err != nil {
 		return AcquireResult{}, retry, err
 	}
 	return e.createReserved(ctx, key, token)
 }
 
-// freedFirst adapts take, a write that cannot take a slot over, to
-// takeSlot: it first frees the slot of the sandbox an eviction killed for
+// slotTake is a write that takes a running slot for a thread (a
+// reservation, a resume claim, a pool claim), given the sandbox an
+// eviction killed for it (nil: none), whose tombstone still holds a slot.
+// over: the write takes that slot over (Reservation.Handover); otherwise
+// it frees the slot first (freedFirst).
+type slotTake struct {
+	write func(now time.Time, evicted *killed) error
+	over  bool
+}
+
+// freedFirst is take, a write that cannot take a slot over, as a
+// slotTake: it first frees the slot of the sandbox an eviction killed for
 // it (one a peer freed first is gone already).
-func (e *Engine) freedFirst(ctx context.Context, take func(now time.Time) error) func(time.Time, *killed) error {
-	return func(now time.Time, k *killed) error {
+func (e *Engine) freedFirst(ctx context.Context, take func(now time.Time) error) slotTake {
+	return slotTake{write: func(now time.Time, k *killed) error {
 		if k == nil {
 			return take(now)
 		}
@@ -74,16 +84,25 @@ func (e *Engine) freedFirst(ctx context.Context, take func(now time.Time) error)
 			return err
 		}
 		return take(e.now())
-	}
+	}}
 }
 
-// handOverable is the sandbox ev killed, for the take to take its slot
-// over. Under the wait policy a freed slot goes to the head of the wait
-// queue: the slot is freed (and the queue dispatched), and an eviction
-// whose free failed made no slot (ev.freed false).
-func (e *Engine) handOverable(ctx context.Context, ev *eviction) *killed {
-	if e.s.Policy != PolicyWait {
+// handOverable is the sandbox ev killed, for take to take its slot over
+// (or free first). Under the wait policy a freed slot goes to the head of
+// the wait queue: when a ticket waits, when the queue cannot be read, or
+// when take cannot take a slot over, the slot is freed here (and the
+// queue dispatched), and an eviction whose free failed made no slot
+// (ev.freed false). A ticket queued after the read arrived after this
+// acquire was refused: the take coming first keeps the arrival order.
+func (e *Engine) handOverable(ctx context.Context, ev *eviction, take slotTake) *killed {
+	if e.s.Policy != PolicyWait || ev.killed == nil {
 		return ev.killed
+	}
+	if take.over {
+		waiting, err := e.store.AnyWaiting(ctx, e.now())
+		if err == nil && !waiting {
+			return ev.killed
+		}
 	}
 	ev.freed = e.freeEvicted(ctx, *ev)
 	return nil
@@ -95,10 +114,10 @@ func (e *Engine) handOverable(ctx context.Context, ev *eviction) *killed {
 // sandbox, whose tombstone holds the slot, else frees the slots no
 // sandbox uses (freeLost), and otherwise returns the refusal (retry: the
 // wait policy may poll). Store outages fail closed.
-func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *acquireState, take func(now time.Time, evicted *killed) error) (retry bool, _ error) {
+func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *acquireState, take slotTake) (retry bool, _ error) {
 	var evicted *killed
 	for evictions := 0; ; evictions++ {
-		err := take(e.now(), evicted)
+		err := take.write(e.now(), evicted)
 		evicted = nil
 		var ce *CapacityError
 		switch {
@@ -114,7 +133,7 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 				// its own least recently parked one, whatever the policy
 				// (a quota bounds the caller's slots, not the deployment's).
 				ev := e.evictForQuota(ctx, key, owner, ce.Reason)
-				if evicted = e.handOverable(ctx, &ev); ev.freed {
+				if evicted = e.handOverable(ctx, &ev, take); ev.freed {
 					continue
 				}
 				st.notePendingKill(ev.killErr)
@@ -123,7 +142,7 @@ func (e *Engine) takeSlot(ctx context.Context, key ThreadKey, owner string, st *
 			evicting := e.s.Policy != PolicyBurst || e.s.BurstLimit == 0
 			if ce.Reason == api.RefusalCapacity && evicting && evictions < maxEvictions {
 				ev := e.evictOne(ctx, key, owner, e.fairShareBelow(key, st, ce.Tenants))
-				if evicted = e.handOverable(ctx, &ev); ev.freed {
+				if evicted = e.handOverable(ctx, &ev, take); ev.freed {
 					continue
 				}
 				st.notePendingKill(ev.killErr)

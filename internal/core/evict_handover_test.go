@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,11 +18,20 @@ import (
 )
 
 // slotSpy counts the frees of a store and its reservations that take a
-// tombstone's slot over.
+// tombstone's slot over; with queueUnreadable set, its wait queue cannot
+// be read.
 type slotSpy struct {
 	storetest.Store
 	mu               sync.Mutex
 	frees, handovers []string
+	queueUnreadable  atomic.Bool
+}
+
+func (s *slotSpy) AnyWaiting(ctx context.Context, now time.Time) (bool, error) {
+	if s.queueUnreadable.Load() {
+		return false, fmt.Errorf("read wait queue: %w", core.ErrStoreUnavailable)
+	}
+	return s.Store.AnyWaiting(ctx, now)
 }
 
 func (s *slotSpy) Free(ctx context.Context, rec core.Record, now time.Time) error {
@@ -79,13 +89,13 @@ func failFirstHandover(mem *memstore.Store, spy *slotSpy, f memstore.Fault) *ato
 // An acquire that evicts a warm sandbox in a full deployment takes the
 // slot its kill left over in the reservation itself: the evicted sandbox
 // is never freed on its own, and its end is published as an eviction's.
-// Under the wait policy the slot is freed instead, for the head of the
-// wait queue.
+// Under the wait policy too, when nobody waits (see
+// TestEvictionFreesTheSlotForTheHeadWaiter).
 func TestEvictionHandsTheSlotToTheNewSandbox(t *testing.T) {
 	for _, c := range []struct {
 		policy                core.OverflowPolicy
 		wantFrees, wantHanded int
-	}{{core.PolicyReject, 0, 1}, {core.PolicyBurst, 0, 1}, {core.PolicyWait, 1, 0}} {
+	}{{core.PolicyReject, 0, 1}, {core.PolicyBurst, 0, 1}, {core.PolicyWait, 0, 1}} {
 		t.Run(string(c.policy), func(t *testing.T) {
 			h, spy, _, events, warm := evictionHarness(t, c.policy)
 			h.acquire(t, key("t2"), core.SourceCreated)
@@ -104,6 +114,47 @@ func TestEvictionHandsTheSlotToTheNewSandbox(t *testing.T) {
 			}
 			if st := h.capacity(t); st.Used != 1 {
 				t.Errorf("capacity = %+v; want the one slot used", st)
+			}
+		})
+	}
+}
+
+// Under the wait policy a slot an eviction makes goes to the head of the
+// wait queue when a ticket waits there (or the queue cannot be read): the
+// slot is freed and granted to that ticket, and the acquire that evicted
+// queues behind it.
+func TestEvictionFreesTheSlotForTheHeadWaiter(t *testing.T) {
+	for _, readFails := range []bool{false, true} {
+		name := map[bool]string{false: "a ticket waits", true: "the queue read fails"}[readFails]
+		t.Run(name, func(t *testing.T) {
+			h, spy, mem, _, warm := evictionHarness(t, core.PolicyWait)
+			now := h.clock.now()
+			var ticket core.Ticket
+			if readFails {
+				spy.queueUnreadable.Store(true)
+			} else {
+				var err error
+				ticket, err = mem.EnterWait(context.Background(), core.Waiter{Tenant: "other", Ticket: "w1", Max: 1, Now: now, Until: now.Add(time.Minute)})
+				if err != nil {
+					t.Fatalf("EnterWait: %v", err)
+				}
+			}
+			res, err := h.eng.AcquireOrWait(context.Background(), core.AcquireRequest{Key: key("t2")})
+			frees, handed := spy.counts()
+			if !slices.Contains(frees, warm.SandboxID) || len(handed) != 0 {
+				t.Errorf("frees %v, handovers %v; want the evicted %s freed, none handed over", frees, handed, warm.SandboxID)
+			}
+			if readFails {
+				if err != nil || res.Waiting != nil {
+					t.Errorf("acquire = %+v, %v; want a sandbox (nobody waits)", res, err)
+				}
+				return
+			}
+			if err != nil || res.Waiting == nil {
+				t.Errorf("acquire = %+v, %v; want it queued behind w1", res, err)
+			}
+			if st, err := mem.PollTicket(context.Background(), ticket); err != nil || !st.Granted {
+				t.Errorf("w1 = %+v, %v; want the freed slot granted to it", st, err)
 			}
 		})
 	}

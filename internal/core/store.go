@@ -453,4 +453,9 @@ type WaitStore interface {
 	LeaveWait(ctx context.Context, t Ticket, now time.Time, grantFor time.Duration) error
 	// Dispatch serves the wait queue (see Dispatch).
 	Dispatch(ctx context.Context, d Dispatch) (DispatchResult, error)
+	// AnyWaiting reports whether a live ticket waits for a slot at now
+	// (queued, neither granted nor lapsed), strongly consistent. It
+	// answers true when it cannot tell (a queue too long to read in one
+	// call).
+	AnyWaiting(ctx context.Context, now time.Time) (bool, error)
 }

@@ -94,6 +94,11 @@ func (f *faultDB) Scan(context.Context, *dynamodb.ScanInput, ...func(*dynamodb.O
 	return &dynamodb.ScanOutput{}, nil
 }
 
+// ExecuteStatement finds nothing (the wait queue: empty).
+func (f *faultDB) ExecuteStatement(context.Context, *dynamodb.ExecuteStatementInput, ...func(*dynamodb.Options)) (*dynamodb.ExecuteStatementOutput, error) {
+	return &dynamodb.ExecuteStatementOutput{}, nil
+}
+
 // cancel builds the TransactionCanceledException DynamoDB answers when
 // the items whose partition key starts with one of failing fail their
 // condition: one reason per item in request order, "None" for the others.

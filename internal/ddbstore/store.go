@@ -26,6 +26,9 @@ type API interface {
 	// Scan is reconcile's only: the counter repair's exact count of the
 	// records and its sweep of the slot counts (RepairCounters).
 	Scan(ctx context.Context, in *dynamodb.ScanInput, opts ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error)
+	// ExecuteStatement reads the wait queue's shards in one call
+	// (AnyWaiting): a SELECT on their partition keys, never a scan.
+	ExecuteStatement(ctx context.Context, in *dynamodb.ExecuteStatementInput, opts ...func(*dynamodb.Options)) (*dynamodb.ExecuteStatementOutput, error)
 }
 
 // CallTimeout bounds each DynamoDB call (SDK retries included).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -509,6 +510,40 @@ func (s *Store) firstWaiting(ctx context.Context, now time.Time) (*ticketItem, e
 		r.after = q[len(q)-1].SK
 	}
 	return nil, nil
+}
+
+// anyWaitingRead bounds the tickets AnyWaiting reads: a page of one read
+// unit a shard would do, and a long queue answers "maybe" at once.
+const anyWaitingRead = 2 * queueShards
+
+// AnyWaiting reads the queue's shards in one statement (strongly
+// consistent, at most anyWaitingRead tickets) and reports whether one is
+// a live waiting ticket. A read cut short answers true: DynamoDB pages a
+// statement over many partitions, so what it did not return may wait.
+func (s *Store) AnyWaiting(ctx context.Context, now time.Time) (bool, error) {
+	pks := s.queuePKs()
+	params := make([]types.AttributeValue, len(pks))
+	for i, pk := range pks {
+		params[i] = &types.AttributeValueMemberS{Value: pk}
+	}
+	stmt := fmt.Sprintf(`SELECT * FROM "%s" WHERE %s IN [%s]`, s.table, AttrPK, strings.TrimSuffix(strings.Repeat("?,", len(pks)), ","))
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.ExecuteStatement(ctx, &dynamodb.ExecuteStatementInput{Statement: &stmt, Parameters: params,
+		ConsistentRead: aws.Bool(true), Limit: aws.Int32(anyWaitingRead)})
+	if err != nil {
+		return true, unavailable("read wait queue", err)
+	}
+	for _, av := range out.Items {
+		var t ticketItem
+		if err := attributevalue.UnmarshalMap(av, &t); err != nil {
+			return true, fmt.Errorf("decode ticket: %w", err)
+		}
+		if !t.granted() && t.live(now) {
+			return true, nil
+		}
+	}
+	return out.NextToken != nil, nil
 }
 
 // dropOwnTicket deletes t's ticket if it is still waiting.

@@ -156,6 +156,13 @@ func (s *Store) firstWaiting(now time.Time, skip string) *ticket {
 	return nil
 }
 
+// AnyWaiting reports whether a live waiting ticket is queued.
+func (s *Store) AnyWaiting(_ context.Context, now time.Time) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.firstWaiting(now, "") != nil, nil
+}
+
 // passOn ends grant g's ticket and hands its slot to next for grantFor
 // from now, or frees it when next is nil.
 func (s *Store) passOn(g, next *ticket, now time.Time, grantFor time.Duration) {

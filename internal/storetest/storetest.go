@@ -63,6 +63,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Subject) {
 		{"RefillBackoff", testRefillBackoff},
 		{"EnterWait", testEnterWait},
 		{"DispatchOrder", testDispatchOrder},
+		{"AnyWaiting", testAnyWaiting},
 		{"GrantTakenAndPassedOn", testGrantTakenAndPassedOn},
 		{"Draining", testDraining},
 		{"Reconcile", testReconcile},

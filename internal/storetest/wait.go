@@ -137,6 +137,53 @@ func testDispatchOrder(f *fixture) {
 	}
 }
 
+// anyWaiting asks whether a live ticket waits at now.
+func (f *fixture) anyWaiting(now time.Time) bool {
+	f.t.Helper()
+	waiting, err := f.s.AnyWaiting(f.ctx, now)
+	if err != nil {
+		f.t.Fatalf("AnyWaiting: %v", err)
+	}
+	return waiting
+}
+
+// testAnyWaiting: an empty queue has nobody waiting; a queued ticket
+// waits until its wait ends or it is granted; a granted ticket, a lapsed
+// one and one that left do not wait.
+func testAnyWaiting(f *fixture) {
+	const limit = 1
+	if f.anyWaiting(t0) {
+		f.t.Errorf("AnyWaiting on an empty queue = true")
+	}
+	keys := f.fill(limit)
+	f.enter("a", "a1", 2, t0)
+	if !f.anyWaiting(t0.Add(time.Second)) {
+		f.t.Errorf("AnyWaiting with a1 queued = false")
+	}
+	if f.anyWaiting(t0.Add(11 * time.Minute)) {
+		f.t.Errorf("AnyWaiting after a1's wait ended = true")
+	}
+	if err := f.s.FreeReservation(f.ctx, tok(0), keys[0]); err != nil {
+		f.t.Fatalf("FreeReservation: %v", err)
+	}
+	if res := f.dispatch(t0.Add(2*time.Second), limit); len(res.Granted) != 1 {
+		f.t.Fatalf("dispatch of the freed slot granted %v; want a1", ids(res.Granted))
+	}
+	if f.anyWaiting(t0.Add(3 * time.Second)) {
+		f.t.Errorf("AnyWaiting with a1 granted = true")
+	}
+	b1 := f.enter("b", "b1", 2, t0.Add(4*time.Second))
+	if !f.anyWaiting(t0.Add(5 * time.Second)) {
+		f.t.Errorf("AnyWaiting with b1 queued behind a grant = false")
+	}
+	if err := f.s.LeaveWait(f.ctx, b1, t0.Add(6*time.Second), grantFor); err != nil {
+		f.t.Fatalf("LeaveWait: %v", err)
+	}
+	if f.anyWaiting(t0.Add(7 * time.Second)) {
+		f.t.Errorf("AnyWaiting after b1 left = true")
+	}
+}
+
 // testGrantTakenAndPassedOn: a reservation takes the slot its ticket was
 // granted (the ticket and place leave the queue); a waiter that leaves
 // with a grant passes it to the next waiter; a lapsed grant is passed on

@@ -400,6 +400,11 @@ var steps = []step{
 	// An acquire in a full deployment that evicts another thread's warm
 	// sandbox: the reservation that takes over the slot its kill left.
 	{"acquire/evict-handover", ddbLayer, handoverWrite, evictStep},
+	// The same under the wait policy: the read of the wait queue that
+	// finds nobody waiting (failed, the slot is freed for the queue
+	// instead), then the reservation taking the slot over.
+	{"acquire/evict-queue-read", ddbLayer, faults.DynamoDB("ExecuteStatement"), evictStep},
+	{"acquire/evict-handover-wait", ddbLayer, handoverWrite, evictStep},
 	{"acquire/create-finalize", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), acquireStep(nil)},
 	{"release/kill-free", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"gone"`), releaseStep(true)},
 	// The provider entirely unreachable during a release (control plane
