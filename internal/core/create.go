@@ -37,7 +37,7 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 			MaxPerUser: e.s.MaxPerUser, MaxPerTenant: e.s.MaxPerTenant, Now: now, ExpiresAt: e.leaseUntil(ctx),
 			ReplaceSandboxID: replaceID, ReplaceReservation: replaceRes, Grant: st.grant, Handover: from}))
 	}
-	retry, err := e.takeSlot(ctx, key, owner, st, slotTake{over: true, write: func(now time.Time, k *killed) error {
+	retry, err := e.takeSlot(ctx, key, owner, st, slotTake{over: st.grant == nil, write: func(now time.Time, k *killed) error {
 		if k != nil && st.grant == nil {
 			switch err := reserve(now, &k.tomb); {
 			case err == nil:
@@ -65,8 +65,9 @@ func (e *Engine) create(ctx context.Context, key ThreadKey, owner, replaceID, re
 // slotTake is a write that takes a running slot for a thread (a
 // reservation, a resume claim, a pool claim), given the sandbox an
 // eviction killed for it (nil: none), whose tombstone still holds a slot.
-// over: the write takes that slot over (Reservation.Handover); otherwise
-// it frees the slot first (freedFirst).
+// over: the write takes that slot over (Reservation.Handover: a
+// reservation holding no grant); otherwise it frees the slot first
+// (freedFirst).
 type slotTake struct {
 	write func(now time.Time, evicted *killed) error
 	over  bool
@@ -99,7 +100,11 @@ func (e *Engine) handOverable(ctx context.Context, ev *eviction, take slotTake) 
 		return ev.killed
 	}
 	if take.over {
-		waiting, err := e.store.AnyWaiting(ctx, e.now())
+		// Optional: any failure frees the slot, so the read gets a short
+		// bound of its own rather than the work's time.
+		rctx, cancel := context.WithTimeout(ctx, dispatchBudget)
+		waiting, err := e.store.AnyWaiting(rctx, e.now())
+		cancel()
 		if err == nil && !waiting {
 			return ev.killed
 		}

@@ -90,7 +90,7 @@ func failFirstHandover(mem *memstore.Store, spy *slotSpy, f memstore.Fault) *ato
 // slot its kill left over in the reservation itself: the evicted sandbox
 // is never freed on its own, and its end is published as an eviction's.
 // Under the wait policy too, when nobody waits (see
-// TestEvictionFreesTheSlotForTheHeadWaiter).
+// TestEvictionFreesTheSlotWhenSomeoneMayWait).
 func TestEvictionHandsTheSlotToTheNewSandbox(t *testing.T) {
 	for _, c := range []struct {
 		policy                core.OverflowPolicy
@@ -120,10 +120,11 @@ func TestEvictionHandsTheSlotToTheNewSandbox(t *testing.T) {
 }
 
 // Under the wait policy a slot an eviction makes goes to the head of the
-// wait queue when a ticket waits there (or the queue cannot be read): the
-// slot is freed and granted to that ticket, and the acquire that evicted
-// queues behind it.
-func TestEvictionFreesTheSlotForTheHeadWaiter(t *testing.T) {
+// wait queue when a ticket may wait there: a ticket waits, and the slot
+// is freed and granted to it while the acquire that evicted queues
+// behind it; or the queue cannot be read, and the slot is freed (nobody
+// waits, so the acquire takes it again).
+func TestEvictionFreesTheSlotWhenSomeoneMayWait(t *testing.T) {
 	for _, readFails := range []bool{false, true} {
 		name := map[bool]string{false: "a ticket waits", true: "the queue read fails"}[readFails]
 		t.Run(name, func(t *testing.T) {

@@ -385,3 +385,46 @@ func TestFailedItemsByIdentity(t *testing.T) {
 		}
 	}
 }
+
+// pagedQueueDB answers the wait queue's read with out.
+type pagedQueueDB struct {
+	faultDB
+	out dynamodb.ExecuteStatementOutput
+}
+
+func (p *pagedQueueDB) ExecuteStatement(context.Context, *dynamodb.ExecuteStatementInput, ...func(*dynamodb.Options)) (*dynamodb.ExecuteStatementOutput, error) {
+	out := p.out
+	return &out, nil
+}
+
+// TestAnyWaitingWhenTheReadIsCutShort: a read of the queue holding only a
+// live grant answers that nobody waits when whole, and that someone may
+// wait when DynamoDB cut it short (a NextToken, or the LastEvaluatedKey
+// of a read its limit stopped).
+func TestAnyWaitingWhenTheReadIsCutShort(t *testing.T) {
+	now := time.UnixMilli(1_000_000)
+	grant, err := attributevalue.MarshalMap(ticketItem{PK: "Q#d#0", SK: "k1", Tenant: "a", Ticket: "w1",
+		Until: ms(now.Add(time.Minute)), State: ticketGranted, GrantUntil: ms(now.Add(time.Minute))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := []map[string]types.AttributeValue{grant}
+	for _, c := range []struct {
+		name string
+		out  dynamodb.ExecuteStatementOutput
+		want bool
+	}{
+		{"whole", dynamodb.ExecuteStatementOutput{Items: items}, false},
+		{"next token", dynamodb.ExecuteStatementOutput{Items: items, NextToken: aws.String("more")}, true},
+		{"last evaluated key", dynamodb.ExecuteStatementOutput{Items: items, LastEvaluatedKey: map[string]types.AttributeValue{
+			AttrPK: grant[AttrPK], AttrSK: grant[AttrSK]}}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := New(&pagedQueueDB{out: c.out}, "table", "d")
+			got, err := s.AnyWaiting(context.Background(), now)
+			if err != nil || got != c.want {
+				t.Errorf("AnyWaiting = %v, %v; want %v", got, err, c.want)
+			}
+		})
+	}
+}

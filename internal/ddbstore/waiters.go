@@ -512,14 +512,15 @@ func (s *Store) firstWaiting(ctx context.Context, now time.Time) (*ticketItem, e
 	return nil, nil
 }
 
-// anyWaitingRead bounds the tickets AnyWaiting reads: a page of one read
-// unit a shard would do, and a long queue answers "maybe" at once.
+// anyWaitingRead bounds the tickets AnyWaiting reads, two a shard: a long
+// queue answers "maybe" after one small read.
 const anyWaitingRead = 2 * queueShards
 
 // AnyWaiting reads the queue's shards in one statement (strongly
 // consistent, at most anyWaitingRead tickets) and reports whether one is
-// a live waiting ticket. A read cut short answers true: DynamoDB pages a
-// statement over many partitions, so what it did not return may wait.
+// a live waiting ticket. A read cut short (a NextToken, or a
+// LastEvaluatedKey when the limit stopped it) answers true: what it did
+// not return may wait.
 func (s *Store) AnyWaiting(ctx context.Context, now time.Time) (bool, error) {
 	pks := s.queuePKs()
 	params := make([]types.AttributeValue, len(pks))
@@ -543,7 +544,7 @@ func (s *Store) AnyWaiting(ctx context.Context, now time.Time) (bool, error) {
 			return true, nil
 		}
 	}
-	return out.NextToken != nil, nil
+	return out.NextToken != nil || len(out.LastEvaluatedKey) > 0, nil
 }
 
 // dropOwnTicket deletes t's ticket if it is still waiting.

@@ -29,8 +29,8 @@ const Region = "us-east-1"
 // DynamoDBArgs are the java arguments that run DynamoDB Local from dir
 // (.tools/dynamodb) on 127.0.0.1:port: in memory, one database for every
 // access key and region (-sharedDb), gone when the process exits. The
-// JIT keeps its optimizing tier: a test package makes thousands of calls,
-// and the fast-start tier alone cost about a fifth more CPU per call.
+// JIT keeps its optimizing tier: a test package's thousands of calls cost
+// about a fifth more CPU on the fast-start tier alone.
 func DynamoDBArgs(dir string, port int) []string {
 	return []string{
 		"-Xmx512m",

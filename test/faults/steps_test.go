@@ -402,7 +402,9 @@ var steps = []step{
 	{"acquire/evict-handover", ddbLayer, handoverWrite, evictStep},
 	// The same under the wait policy: the read of the wait queue that
 	// finds nobody waiting (failed, the slot is freed for the queue
-	// instead), then the reservation taking the slot over.
+	// instead), then the reservation taking the slot over. The second
+	// never hits unless DynamoDB Local answers an empty queue's read
+	// whole (no NextToken).
 	{"acquire/evict-queue-read", ddbLayer, faults.DynamoDB("ExecuteStatement"), evictStep},
 	{"acquire/evict-handover-wait", ddbLayer, handoverWrite, evictStep},
 	{"acquire/create-finalize", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), acquireStep(nil)},
@@ -706,8 +708,8 @@ func TestOneFaultAtEachStep(t *testing.T) {
 	for _, sp := range quotaSteps {
 		configs[sp.name] = stackConfig{maxPerUser: 1}
 	}
-	// Under the wait policy an evicted sandbox's slot goes to the wait
-	// queue; under reject the acquire takes it over.
+	// The handovers under reject (the wait policy's are
+	// acquire/evict-handover-wait, with nobody waiting).
 	configs["acquire/evict-handover"] = stackConfig{policy: core.PolicyReject}
 	configs["quota/handover"] = stackConfig{maxPerUser: 1, policy: core.PolicyReject}
 	for _, sp := range steps {
