@@ -74,9 +74,7 @@ func (s *Stack) startDynamoDB(ctx context.Context, java, dir, addr, logDir strin
 		args: func(a string) []string {
 			_, port, _ := net.SplitHostPort(a)
 			n, _ := strconv.Atoi(port)
-			// A stack's table serves few calls: the JIT's fast-start
-			// tier alone costs less CPU than compiling for speed.
-			return append([]string{"-XX:TieredStopAtLevel=1"}, standin.DynamoDBArgs(dir, n)...)
+			return standin.DynamoDBArgs(dir, n)
 		},
 		ready: func(ctx context.Context, a string) error { return standin.DynamoDBReady(ctx, client(a)) },
 	})
