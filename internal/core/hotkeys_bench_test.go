@@ -206,6 +206,16 @@ func (l *keyLoad) record(params any) {
 				l.read[pkOf(k)] += readUnits(ka.ConsistentRead)
 			}
 		}
+	case *dynamodb.ExecuteStatementInput:
+		// The wait queue's read: a SELECT whose parameters are the
+		// partition keys it reads, one read each.
+		for _, p := range in.Parameters {
+			if v, ok := p.(*types.AttributeValueMemberS); ok {
+				k := "pk=" + v.Value
+				l.read[k] += readUnits(in.ConsistentRead)
+				l.queueRead("ExecuteStatement", k, in.ConsistentRead)
+			}
+		}
 	case *dynamodb.QueryInput:
 		// The partition key is the one equality of the key condition
 		// naming a partition key attribute (a sort key condition may
