@@ -98,8 +98,9 @@ var (
 	openTokens   = []string{"kms:Decrypt"}
 	sealTokens   = []string{"kms:Decrypt", "kms:GenerateDataKey"}
 	publish      = []string{"events:PutEvents"}
-	// readQueue is an acquire's read of the wait queue's shards in one
-	// PartiQL SELECT on their partition keys (ddbstore's AnyWaiting).
+	// readQueue is a read of the wait queue's shards in one PartiQL
+	// SELECT on their partition keys (ddbstore's wholeQueue: an
+	// eviction's check for waiters, a free's dispatch).
 	readQueue = []string{"dynamodb:PartiQLSelect"}
 )
 
@@ -157,14 +158,14 @@ var Functions = []Function{
 		Description:     "POST /v1/sandboxes/{id}/release (syncs outputs to S3, parks warm), /renew, and POST /webhooks/e2b (E2B's signed lifecycle webhooks)",
 		Routes:          []Route{{"POST", "/v1/sandboxes/{id}/release", ""}, {"POST", "/v1/sandboxes/{id}/renew", ""}, {"POST", "/webhooks/e2b", NoAuthorizer}},
 		PublishesEvents: true,
-		Actions:         actions(tableWrites, outputAccess, readKey, openTokens, publish, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
+		Actions:         actions(tableWrites, outputAccess, readKey, openTokens, publish, readQueue, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
 	},
 	{
 		Name: "sync", LogicalID: "SyncFunction", MemoryMB: 512, TimeoutSeconds: 29,
 		Description:     "POST /v1/sandboxes/{id}/sync (copies outputs to S3)",
 		Routes:          []Route{{"POST", "/v1/sandboxes/{id}/sync", ""}},
 		PublishesEvents: true, // a sandbox found gone is destroyed
-		Actions:         actions(tableWrites, outputAccess, readKey, openTokens, publish, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
+		Actions:         actions(tableWrites, outputAccess, readKey, openTokens, publish, readQueue, []string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query"}),
 	},
 	{
 		Name: "reconcile", LogicalID: "ReconcileFunction", MemoryMB: 256, TimeoutSeconds: 120,
@@ -172,7 +173,7 @@ var Functions = []Function{
 		Schedule:        ReconcileSchedule,
 		PublishesEvents: true,
 		// The only scan: the counter repair's exact count and sweep.
-		Actions: actions(tableWrites, outputAccess, readKey, sealTokens, publish,
+		Actions: actions(tableWrites, outputAccess, readKey, sealTokens, publish, readQueue,
 			[]string{"dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan"}),
 	},
 }

@@ -119,7 +119,7 @@ type Stack struct {
 // PutItem, UpdateItem, DeleteItem and ConditionCheckItem; the store
 // queries the table for reconcile's inventory cycle, and scans it for the
 // counter repair's exact count and sweep, which read no item GetItem
-// could not; an acquire reads the wait queue's shards in one PartiQL
+// could not; every function reads the wait queue's shards in one PartiQL
 // SELECT on their partition keys).
 var DynamoDBActions = []string{
 	"dynamodb:BatchGetItem",

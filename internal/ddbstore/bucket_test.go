@@ -51,6 +51,11 @@ func (c *countingAPI) Query(ctx context.Context, in *dynamodb.QueryInput, o ...f
 	return c.Client.Query(ctx, in, o...)
 }
 
+func (c *countingAPI) ExecuteStatement(ctx context.Context, in *dynamodb.ExecuteStatementInput, o ...func(*dynamodb.Options)) (*dynamodb.ExecuteStatementOutput, error) {
+	c.calls.Add(1)
+	return c.Client.ExecuteStatement(ctx, in, o...)
+}
+
 func (c *countingAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
 	c.calls.Add(1)
 	for _, ka := range in.RequestItems {

@@ -135,8 +135,9 @@ func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUn
 // of dispatchAttempts reads hold one still waiting. Any other race lost to
 // a peer (a ticket or grant that moved) reads the head again.
 //
-// The first read of a free's dispatch (d.Bucket set) is eventually
-// consistent: every free reads every shard, at half a read unit each; a
+// The first read of a dispatch that is not a waiter's turn is one
+// statement over every shard when the queue is short (readHead): one call
+// when nobody waits. A free's (d.Freed set) is eventually consistent: a
 // ticket it misses is served by its own dispatch or the head's next turn,
 // and every write is conditional on what it read, so a stale read only
 // loses a race.
@@ -170,16 +171,34 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 	}
 	for attempt := range dispatchAttempts {
 		r := headRead{limit: s.scan, eventual: attempt == 0 && d.Freed >= 0, after: w.after}
-		q, err := s.queueHead(ctx, r)
+		view, err := s.readHead(ctx, d, attempt, r)
 		if err != nil {
 			return res, err
 		}
-		again, err := s.dispatch(ctx, d, headView{tickets: q, partial: r.limit > 0 && len(q) >= r.limit}, &w, &res)
+		again, err := s.dispatch(ctx, d, view, &w, &res)
 		if err != nil || !again {
 			return res, err
 		}
 	}
 	return res, nil
+}
+
+// readHead makes read r of a dispatch. Its first read, unless it is a
+// waiter's turn (a free's, reconcile's), reads the whole queue in one
+// statement (wholeQueue) when the queue is short, as it is whenever
+// nobody waits; a long queue, or a failed statement, is read shard by
+// shard (queueHead).
+func (s *Store) readHead(ctx context.Context, d core.Dispatch, attempt int, r headRead) (headView, error) {
+	if attempt == 0 && d.Self == "" {
+		if q, whole, err := s.wholeQueue(ctx, !r.eventual); err == nil && whole {
+			return headView{tickets: q}, nil
+		}
+	}
+	q, err := s.queueHead(ctx, r)
+	if err != nil {
+		return headView{}, err
+	}
+	return headView{tickets: q, partial: r.limit > 0 && len(q) >= r.limit}, nil
 }
 
 // aheadInShard reads the head of d.Self's shard and returns the first

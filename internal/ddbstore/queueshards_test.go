@@ -231,3 +231,29 @@ func TestPollConfirmsGoneWithAConsistentRead(t *testing.T) {
 		})
 	}
 }
+
+// TestFreeDispatchReadsAShortQueueInOneCall: a free's dispatch reads a
+// queue nobody waits in with one call, and one a ticket waits in too (it
+// grants that ticket the freed slot, reading nothing else of the queue).
+func TestFreeDispatchReadsAShortQueueInOneCall(t *testing.T) {
+	client, table := newTable(t)
+	api := &countingAPI{Client: client}
+	f := &queueFixture{t: t, s: ddbstore.New(api, table, "test"), client: client, table: table, limit: 1}
+	slot := f.free(f.fill(1)[0])
+	api.calls.Store(0)
+	if res := f.dispatch(core.Dispatch{Now: t0, Freed: slot}); len(res.Granted) != 0 || res.Head != "" {
+		t.Fatalf("dispatch of an empty queue = %+v", res)
+	}
+	if n := api.calls.Load(); n != 1 {
+		t.Errorf("a free's dispatch of an empty queue made %d calls, want 1", n)
+	}
+	w := f.enter("a", "w1", t0)
+	api.calls.Store(0)
+	res := f.dispatch(core.Dispatch{Now: t0.Add(time.Second), Freed: slot})
+	if len(res.Granted) != 1 || res.Granted[0].ID != w.ID {
+		t.Fatalf("dispatch with w1 waiting = %+v; want w1 granted", res)
+	}
+	if n := api.calls.Load(); n != 1 {
+		t.Errorf("a free's dispatch granting the one waiting ticket made %d reads, want 1 (writes are not counted)", n)
+	}
+}

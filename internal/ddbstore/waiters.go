@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -512,16 +513,16 @@ func (s *Store) firstWaiting(ctx context.Context, now time.Time) (*ticketItem, e
 	return nil, nil
 }
 
-// anyWaitingRead bounds the tickets AnyWaiting reads, two a shard: a long
-// queue answers "maybe" after one small read.
-const anyWaitingRead = 2 * queueShards
+// wholeQueueRead bounds the tickets wholeQueue reads, two a shard: a long
+// queue is told after one small read.
+const wholeQueueRead = 2 * queueShards
 
-// AnyWaiting reads the queue's shards in one statement (strongly
-// consistent, at most anyWaitingRead tickets) and reports whether one is
-// a live waiting ticket. A read cut short (a NextToken, or a
-// LastEvaluatedKey when the limit stopped it) answers true: what it did
-// not return may wait.
-func (s *Store) AnyWaiting(ctx context.Context, now time.Time) (bool, error) {
+// wholeQueue reads every shard of the queue in one statement (a SELECT
+// on their partition keys, at most wholeQueueRead tickets) and returns
+// the tickets in service order. whole is false when the read was cut
+// short (a NextToken, or a LastEvaluatedKey when the limit stopped it):
+// tickets it did not return may be ahead of those it did.
+func (s *Store) wholeQueue(ctx context.Context, consistent bool) (q []ticketItem, whole bool, err error) {
 	pks := s.queuePKs()
 	params := make([]types.AttributeValue, len(pks))
 	for i, pk := range pks {
@@ -531,20 +532,35 @@ func (s *Store) AnyWaiting(ctx context.Context, now time.Time) (bool, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	out, err := s.db.ExecuteStatement(ctx, &dynamodb.ExecuteStatementInput{Statement: &stmt, Parameters: params,
-		ConsistentRead: aws.Bool(true), Limit: aws.Int32(anyWaitingRead)})
+		ConsistentRead: aws.Bool(consistent), Limit: aws.Int32(wholeQueueRead)})
 	if err != nil {
-		return true, unavailable("read wait queue", err)
+		return nil, false, unavailable("read wait queue", err)
 	}
 	for _, av := range out.Items {
 		var t ticketItem
 		if err := attributevalue.UnmarshalMap(av, &t); err != nil {
-			return true, fmt.Errorf("decode ticket: %w", err)
+			return nil, false, fmt.Errorf("decode ticket: %w", err)
 		}
+		q = append(q, t)
+	}
+	slices.SortFunc(q, func(a, b ticketItem) int { return strings.Compare(a.SK, b.SK) })
+	return q, out.NextToken == nil && len(out.LastEvaluatedKey) == 0, nil
+}
+
+// AnyWaiting reads the whole queue in one statement (wholeQueue, strongly
+// consistent) and reports whether it holds a live waiting ticket; a read
+// cut short answers true.
+func (s *Store) AnyWaiting(ctx context.Context, now time.Time) (bool, error) {
+	q, whole, err := s.wholeQueue(ctx, true)
+	if err != nil {
+		return true, err
+	}
+	for _, t := range q {
 		if !t.granted() && t.live(now) {
 			return true, nil
 		}
 	}
-	return out.NextToken != nil || len(out.LastEvaluatedKey) > 0, nil
+	return !whole, nil
 }
 
 // dropOwnTicket deletes t's ticket if it is still waiting.
