@@ -113,12 +113,13 @@ func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUn
 	return err
 }
 
-// Dispatch reads the head of the queue (its shards' heads, strongly
-// consistent, merged) and serves what it read in order: lapsed waiting tickets are deleted, lapsed grants
-// passed on to the first live waiting tickets (or their slots freed),
-// then each live waiting ticket in turn is granted a slot of a bucket
-// with room (d.Bucket first; every bucket read, eventually consistent,
-// when d.Scan, or when d.Self is the first live waiting ticket).
+// Dispatch reads the head of the queue (its shards' heads, merged; see
+// readHead) and serves what it read in order: lapsed waiting tickets are
+// deleted, lapsed grants passed on to the first live waiting tickets (or
+// their slots freed), then each live waiting ticket in turn is granted a
+// slot of a bucket with room (d.Bucket first; every bucket read,
+// eventually consistent, when d.Scan, or when d.Self is the first live
+// waiting ticket).
 //
 // A grant that finds its ticket granted by a peer since the read (the
 // frees that end at once all try the same head ticket first) goes on to
@@ -185,9 +186,9 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 
 // readHead makes read r of a dispatch. Its first read, unless it is a
 // waiter's turn (a free's, reconcile's), reads the whole queue in one
-// statement (wholeQueue) when the queue is short, as it is whenever
-// nobody waits; a long queue, or a failed statement, is read shard by
-// shard (queueHead).
+// statement (wholeQueue) when it holds at most 16 tickets, as when
+// nobody waits; a longer queue, or a failed statement, is then read
+// shard by shard (queueHead): one call more than before.
 func (s *Store) readHead(ctx context.Context, d core.Dispatch, attempt int, r headRead) (headView, error) {
 	if attempt == 0 && d.Self == "" {
 		if q, whole, err := s.wholeQueue(ctx, !r.eventual); err == nil && whole {

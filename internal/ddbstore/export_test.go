@@ -21,7 +21,8 @@ const SampleShards = sampleShards
 // RecordScanSegments is recordScanSegments.
 const RecordScanSegments = recordScanSegments
 
-// SetQueueScan makes s's reads of the wait queue's head return n tickets.
+// SetQueueScan makes s's reads of the wait queue's head return n tickets
+// (and a read of the whole queue, at most n).
 func SetQueueScan(s *Store, n int) {
 	if n < 1 {
 		panic("SetQueueScan: a read returns at least one ticket")

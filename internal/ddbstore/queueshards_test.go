@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
@@ -232,28 +233,58 @@ func TestPollConfirmsGoneWithAConsistentRead(t *testing.T) {
 	}
 }
 
-// TestFreeDispatchReadsAShortQueueInOneCall: a free's dispatch reads a
-// queue nobody waits in with one call, and one a ticket waits in too (it
-// grants that ticket the freed slot, reading nothing else of the queue).
+// statementFails makes the wait queue's one-statement read fail (a role
+// without dynamodb:PartiQLSelect).
+type statementFails struct{ *countingAPI }
+
+func (statementFails) ExecuteStatement(context.Context, *dynamodb.ExecuteStatementInput, ...func(*dynamodb.Options)) (*dynamodb.ExecuteStatementOutput, error) {
+	return nil, &smithy.GenericAPIError{Code: "AccessDeniedException", Message: "not authorized to perform: dynamodb:PartiQLSelect"}
+}
+
+// TestFreeDispatchReadsAShortQueueInOneCall: a free's dispatch reads the
+// queue in one call when it holds at most 16 tickets (none, or 16
+// waiting: the first is granted the freed slot); a longer queue is then
+// read shard by shard (one call a shard more), and so is any queue when
+// the one-statement read fails. Each serves the queue's first ticket.
 func TestFreeDispatchReadsAShortQueueInOneCall(t *testing.T) {
-	client, table := newTable(t)
-	api := &countingAPI{Client: client}
-	f := &queueFixture{t: t, s: ddbstore.New(api, table, "test"), client: client, table: table, limit: 1}
-	slot := f.free(f.fill(1)[0])
-	api.calls.Store(0)
-	if res := f.dispatch(core.Dispatch{Now: t0, Freed: slot}); len(res.Granted) != 0 || res.Head != "" {
-		t.Fatalf("dispatch of an empty queue = %+v", res)
-	}
-	if n := api.calls.Load(); n != 1 {
-		t.Errorf("a free's dispatch of an empty queue made %d calls, want 1", n)
-	}
-	w := f.enter("a", "w1", t0)
-	api.calls.Store(0)
-	res := f.dispatch(core.Dispatch{Now: t0.Add(time.Second), Freed: slot})
-	if len(res.Granted) != 1 || res.Granted[0].ID != w.ID {
-		t.Fatalf("dispatch with w1 waiting = %+v; want w1 granted", res)
-	}
-	if n := api.calls.Load(); n != 1 {
-		t.Errorf("a free's dispatch granting the one waiting ticket made %d reads, want 1 (writes are not counted)", n)
+	for _, c := range []struct {
+		name      string
+		tickets   int
+		failing   bool
+		wantReads int64
+	}{
+		{"empty", 0, false, 1},
+		{"16 waiting", 16, false, 1},
+		{"17 waiting", 17, false, 1 + ddbstore.QueueShards},
+		{"16 waiting, the statement refused", 16, true, ddbstore.QueueShards},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client, table := newTable(t)
+			counting := &countingAPI{Client: client}
+			var api ddbstore.API = counting
+			if c.failing {
+				api = statementFails{counting}
+			}
+			f := &queueFixture{t: t, s: ddbstore.New(api, table, "test"), client: client, table: table, limit: 1}
+			slot := f.free(f.fill(1)[0])
+			var first string
+			for i := range c.tickets {
+				tk := f.enter(fmt.Sprint("tenant-", i), fmt.Sprintf("w%02d", i), t0.Add(time.Duration(i)*time.Millisecond))
+				if i == 0 {
+					first = tk.ID
+				}
+			}
+			counting.calls.Store(0)
+			res := f.dispatch(core.Dispatch{Now: t0.Add(time.Second), Freed: slot})
+			if n := counting.calls.Load(); n != c.wantReads {
+				t.Errorf("the dispatch made %d reads, want %d", n, c.wantReads)
+			}
+			if c.tickets == 0 && (len(res.Granted) != 0 || res.Head != "") {
+				t.Errorf("dispatch of an empty queue = %+v", res)
+			}
+			if c.tickets > 0 && (len(res.Granted) != 1 || res.Granted[0].ID != first) {
+				t.Errorf("dispatch = %+v; want %s, the first ticket, granted", res, first)
+			}
+		})
 	}
 }

@@ -513,15 +513,17 @@ func (s *Store) firstWaiting(ctx context.Context, now time.Time) (*ticketItem, e
 	return nil, nil
 }
 
-// wholeQueueRead bounds the tickets wholeQueue reads, two a shard: a long
-// queue is told after one small read.
+// wholeQueueRead bounds the tickets wholeQueue reads, two a shard (or the
+// store's scan, when smaller): a long queue is told after one small read.
 const wholeQueueRead = 2 * queueShards
 
 // wholeQueue reads every shard of the queue in one statement (a SELECT
 // on their partition keys, at most wholeQueueRead tickets) and returns
 // the tickets in service order. whole is false when the read was cut
 // short (a NextToken, or a LastEvaluatedKey when the limit stopped it):
-// tickets it did not return may be ahead of those it did.
+// tickets it did not return may be ahead of those it did. DynamoDB
+// answers a read that reached its limit with a token even when nothing
+// is left, so the limit is one more than the tickets a whole read holds.
 func (s *Store) wholeQueue(ctx context.Context, consistent bool) (q []ticketItem, whole bool, err error) {
 	pks := s.queuePKs()
 	params := make([]types.AttributeValue, len(pks))
@@ -532,7 +534,7 @@ func (s *Store) wholeQueue(ctx context.Context, consistent bool) (q []ticketItem
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	out, err := s.db.ExecuteStatement(ctx, &dynamodb.ExecuteStatementInput{Statement: &stmt, Parameters: params,
-		ConsistentRead: aws.Bool(consistent), Limit: aws.Int32(wholeQueueRead)})
+		ConsistentRead: aws.Bool(consistent), Limit: aws.Int32(int32(min(wholeQueueRead, s.scan) + 1))})
 	if err != nil {
 		return nil, false, unavailable("read wait queue", err)
 	}
