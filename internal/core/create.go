@@ -93,8 +93,9 @@ func (e *Engine) freedFirst(ctx context.Context, take func(now time.Time) error)
 // the wait queue: when a ticket waits, when the queue cannot be read, or
 // when take cannot take a slot over, the slot is freed here (and the
 // queue dispatched), and an eviction whose free failed made no slot
-// (ev.freed false). A ticket queued after the read arrived after this
-// acquire was refused: the take coming first keeps the arrival order.
+// (ev.freed false). A ticket queued after the read joined the queue after
+// this acquire was refused: the take coming first keeps the order of
+// arrival.
 func (e *Engine) handOverable(ctx context.Context, ev *eviction, take slotTake) *killed {
 	if e.s.Policy != PolicyWait || ev.killed == nil {
 		return ev.killed

@@ -184,8 +184,8 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 	return res, nil
 }
 
-// readHead makes read r of a dispatch. Its first read, unless it is a
-// waiter's turn (a free's, reconcile's), reads the whole queue in one
+// readHead makes read r of a dispatch. The first read of a free's or
+// reconcile's dispatch (not a waiter's turn) reads the whole queue in one
 // statement (wholeQueue) when it holds at most 16 tickets, as when
 // nobody waits; a longer queue, or a failed statement, is then read
 // shard by shard (queueHead): one call more than before.

@@ -409,6 +409,9 @@ var steps = []step{
 	{"acquire/evict-handover-wait", ddbLayer, handoverWrite, evictStep},
 	{"acquire/create-finalize", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"active"`), acquireStep(nil)},
 	{"release/kill-free", ddbLayer, faults.BodyContains(faults.DynamoDB("TransactWriteItems"), `"S":"gone"`), releaseStep(true)},
+	// The free's dispatch under the wait policy: its one-statement read
+	// of the queue (failed, the queue is read shard by shard).
+	{"release/free-dispatch-read", ddbLayer, faults.DynamoDB("ExecuteStatement"), releaseStep(true)},
 	// The provider entirely unreachable during a release (control plane
 	// and every sandbox's envd): the outputs cannot even be listed.
 	{"release/provider-outage", provLayer, func(faults.Request) bool { return true }, releaseStep(false)},
