@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -233,20 +234,16 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	// A sandbox that dies or fails its bootstrap right after its create is
 	// the provider's failure, not the caller's: acquire tries again while
 	// time allows, else answers ErrProviderUnavailable.
+	// An uncertain kill keeps the slot, and stops: a retry would strand
+	// another slot the same way.
 	if err := e.bootstrap(ctx, ref, bootstrapTimeout); err != nil {
-		if kerr := e.kill(ctx, ref.ID); kerr != nil {
-			// Uncertain kill: keep the slot (invariant 4), and stop: a
-			// retry would strand another slot the same way.
-			return AcquireResult{}, false, unavailable(fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr))
-		}
-		return AcquireResult{}, true, unavailable(errors.Join(err, e.freeReservation(ctx, token, key)))
+		freed, err := e.discardCreated(ctx, ref.ID, token, key, err)
+		return AcquireResult{}, freed, unavailable(err)
 	}
 	restored, err := e.restore(ctx, key, ref)
 	if err != nil {
-		if kerr := e.kill(ctx, ref.ID); kerr != nil {
-			return AcquireResult{}, false, unavailable(fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr))
-		}
-		return AcquireResult{}, true, unavailable(errors.Join(err, e.freeReservation(ctx, token, key)))
+		freed, err := e.discardCreated(ctx, ref.ID, token, key, err)
+		return AcquireResult{}, freed, unavailable(err)
 	}
 	// Finalize settles the create: it runs even if the work time ran out.
 	now = e.now()
@@ -279,17 +276,19 @@ func (e *Engine) createReserved(ctx context.Context, key ThreadKey, token string
 	return AcquireResult{Record: rec, Source: SourceCreated, Restore: restored}, false, nil
 }
 
+// discardCreated kills a sandbox created under reservation token (of key's
+// thread; none for a pool member) that is not handed out because of err,
+// then frees the reservation: freed reports it. An uncertain kill keeps
+// the slot (invariant 4) until reconcile confirms the sandbox gone.
+func (e *Engine) discardCreated(ctx context.Context, id, token string, key ThreadKey, err error) (freed bool, _ error) {
+	if kerr := e.kill(ctx, id); kerr != nil {
+		return false, fmt.Errorf("%w (cleanup kill uncertain, slot kept: %v)", err, kerr)
+	}
+	return true, errors.Join(err, e.freeReservation(ctx, token, key))
+}
+
 // restoreShare is the part of the remaining invocation time restore may use.
 const restoreShare = 2
-
-// restoreContext bounds a restore to restoreShare of ctx's remaining time.
-func restoreContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return ctx, func() {}
-	}
-	return context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/restoreShare))
-}
 
 // restore brings the thread's earlier outputs into a new sandbox when the
 // syncer can. Only a dead sandbox fails it; anything else is logged and the
@@ -299,7 +298,7 @@ func (e *Engine) restore(ctx context.Context, key ThreadKey, ref SandboxRef) (*S
 	if !ok {
 		return nil, nil
 	}
-	rctx, cancel := restoreContext(ctx)
+	rctx, cancel := shareOf(ctx, restoreShare)
 	defer cancel()
 	res, err := r.Restore(rctx, SyncTarget{Ref: ref, ThreadKey: key})
 	if errors.Is(err, ErrSandboxGone) {
@@ -321,7 +320,7 @@ func (e *Engine) resumeRestore(ctx context.Context, rec Record) *SyncResult {
 	if !ok {
 		return nil
 	}
-	rctx, cancel := restoreContext(ctx)
+	rctx, cancel := shareOf(ctx, restoreShare)
 	defer cancel()
 	res, ran, err := r.ResumeRestore(rctx, SyncTarget{Ref: rec.Ref(), ThreadKey: rec.ThreadKey})
 	if err != nil {
@@ -354,29 +353,30 @@ const (
 // probe checks that a sandbox answers: a trivial command must exit 0
 // within probeTimeout.
 func (e *Engine) probe(ctx context.Context, ref SandboxRef) error {
-	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	out, err := e.prov.Run(pctx, ref, Command{Script: "true", Timeout: probeTimeout})
-	if err != nil {
-		return fmt.Errorf("probe: %w", err)
-	}
-	if out.ExitCode != 0 {
-		return fmt.Errorf("probe: exit code %d", out.ExitCode)
-	}
-	return nil
+	return e.runCheck(ctx, ref, "probe", Command{Script: "true", Timeout: probeTimeout},
+		func(out CommandResult) bool { return out.ExitCode == 0 })
 }
 
 // bootstrap runs the bootstrap script; it must print the marker and exit 0
 // within timeout.
 func (e *Engine) bootstrap(ctx context.Context, ref SandboxRef, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	cmd := Command{Script: bootstrapScript, Env: map[string]string{"SBX_HOME": e.s.Home}, Timeout: timeout}
+	return e.runCheck(ctx, ref, "bootstrap", cmd, func(out CommandResult) bool {
+		return out.ExitCode == 0 && strings.Contains(string(out.Stdout), bootstrapMarker)
+	})
+}
+
+// runCheck runs cmd in ref, bounded by cmd.Timeout; its result must
+// pass ok, else the error, named what, gives the exit code and output.
+func (e *Engine) runCheck(ctx context.Context, ref SandboxRef, what string, cmd Command, ok func(CommandResult) bool) error {
+	ctx, cancel := context.WithTimeout(ctx, cmd.Timeout)
 	defer cancel()
-	out, err := e.prov.Run(ctx, ref, Command{Script: bootstrapScript, Env: map[string]string{"SBX_HOME": e.s.Home}, Timeout: timeout})
+	out, err := e.prov.Run(ctx, ref, cmd)
 	if err != nil {
-		return fmt.Errorf("bootstrap: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	if out.ExitCode != 0 || !strings.Contains(string(out.Stdout), bootstrapMarker) {
-		return fmt.Errorf("bootstrap: exit code %d: %s", out.ExitCode, strings.TrimSpace(string(out.Stderr)))
+	if !ok(out) {
+		return fmt.Errorf("%s: exit code %d: %q %q", what, out.ExitCode, out.Stdout, bytes.TrimSpace(out.Stderr))
 	}
 	return nil
 }

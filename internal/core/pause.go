@@ -99,7 +99,7 @@ func (e *Engine) pauseWarm(ctx context.Context, rec Record, owner string, check 
 	if err != nil {
 		e.log.InfoContext(ctx, "pause not claimed", "sandbox_id", rec.SandboxID, "err", err)
 		if leased != nil {
-			e.unleaseWarm(ctx, *leased)
+			e.unlease(ctx, *leased)
 		}
 		return pauseSkipped
 	}
@@ -198,21 +198,24 @@ func (e *Engine) checkWarm(ctx context.Context, rec Record, owner string, check 
 		e.destroyClaimed(ctx, held, e.endedReason(held, StateWarm))
 		return held, pauseDestroyed, false
 	case !passed:
-		e.unleaseWarm(ctx, held)
+		e.unlease(ctx, held)
 		return held, pauseDeferred, false
 	}
 	return held, pauseDone, true
 }
 
-// unleaseWarm clears the lease of rec (warm, leased by this invocation)
-// so that its thread need not wait for the lease to lapse. A failed write
-// leaves the lease to lapse.
-func (e *Engine) unleaseWarm(ctx context.Context, rec Record) {
+// unlease clears this invocation's lease on rec (active or warm) and
+// leaves it in its state, so that its thread need not wait for the lease
+// to lapse. A failed write leaves the lease to lapse.
+func (e *Engine) unlease(ctx context.Context, rec Record) {
+	u := Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: rec.State, Now: e.now(), Slot: rec.Slot}
+	if rec.State == StateWarm {
+		u.ParkedAt, u.Owner = rec.ParkedAt, rec.ThreadKey
+	}
 	sctx, cancel := settle(ctx)
 	defer cancel()
-	if _, err := e.store.Apply(sctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateWarm,
-		ParkedAt: rec.ParkedAt, Now: e.now(), Slot: rec.Slot, Owner: rec.ThreadKey}); err != nil {
-		e.log.WarnContext(ctx, "clearing the lease of a warm sandbox failed; it lapses", "sandbox_id", rec.SandboxID, "err", err)
+	if _, err := e.store.Apply(sctx, u); err != nil {
+		e.log.WarnContext(ctx, "clearing a lease failed; it lapses", "sandbox_id", rec.SandboxID, "state", rec.State, "err", err)
 	}
 }
 

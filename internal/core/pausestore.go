@@ -92,23 +92,16 @@ type meteredPauseStore struct {
 	e *Engine
 }
 
-func (m meteredPauseStore) metered(ctx context.Context, rec Record, err error) (Record, error) {
-	if err == nil {
-		m.e.meter(ctx, rec)
-	}
-	return rec, err
-}
-
 // ClaimPause meters the warm time before the pause.
 func (m meteredPauseStore) ClaimPause(ctx context.Context, c Claim, limit int) (Record, error) {
 	rec, err := m.PauseStore.ClaimPause(ctx, c, limit)
-	return m.metered(ctx, rec, err)
+	return m.e.metered(ctx, rec, err)
 }
 
 // ClaimReleasePause meters the releasing time before the pause.
 func (m meteredPauseStore) ClaimReleasePause(ctx context.Context, r ReleasePause) (Record, error) {
 	rec, err := m.PauseStore.ClaimReleasePause(ctx, r)
-	return m.metered(ctx, rec, err)
+	return m.e.metered(ctx, rec, err)
 }
 
 // SettlePause meters the pausing time, and offers the running slot it
@@ -118,23 +111,23 @@ func (m meteredPauseStore) SettlePause(ctx context.Context, rec Record, now time
 	if err == nil && rec.Slots.Running() {
 		m.e.dispatchFreed(ctx, rec.Slot.Ref)
 	}
-	return m.metered(ctx, out, err)
+	return m.e.metered(ctx, out, err)
 }
 
 // AbortPause meters the pausing time.
 func (m meteredPauseStore) AbortPause(ctx context.Context, rec Record, now time.Time) (Record, error) {
 	out, err := m.PauseStore.AbortPause(ctx, rec, now)
-	return m.metered(ctx, out, err)
+	return m.e.metered(ctx, out, err)
 }
 
 // ClaimResume meters the paused time.
 func (m meteredPauseStore) ClaimResume(ctx context.Context, r ResumeClaim) (Record, error) {
 	rec, err := m.PauseStore.ClaimResume(ctx, r)
-	return m.metered(ctx, rec, err)
+	return m.e.metered(ctx, rec, err)
 }
 
 // SettleResume meters the resuming time.
 func (m meteredPauseStore) SettleResume(ctx context.Context, rec Record, now, expiresAt time.Time) (Record, error) {
 	out, err := m.PauseStore.SettleResume(ctx, rec, now, expiresAt)
-	return m.metered(ctx, out, err)
+	return m.e.metered(ctx, out, err)
 }

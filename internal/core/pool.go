@@ -320,11 +320,7 @@ func (e *Engine) fromPool(ctx context.Context, key ThreadKey, owner, replaceID, 
 		case errors.As(err, &ce) && ce.Reason == api.RefusalDraining:
 			return res, true, false, e.drainingError()
 		case errors.As(err, &ce):
-			ce.Status.Policy, ce.Status.Limit = string(e.s.Policy), e.s.Limit()
-			if ce.RetryAfter == 0 {
-				ce.RetryAfter = 5 * time.Second
-			}
-			return res, true, true, ce
+			return res, true, true, e.refused(ce)
 		case errors.Is(err, ErrThreadBound), errors.Is(err, ErrGrantLost):
 			return res, true, true, fmt.Errorf("claim pool member: %w", err)
 		default:
@@ -609,14 +605,6 @@ const poolMarker = "/tmp/.sbx-pool-member"
 // member whose processes are stopped (wedged) fails it, even if its
 // daemon still serves files. One round trip to the sandbox.
 func (e *Engine) checkMember(ctx context.Context, ref SandboxRef) error {
-	cctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	out, err := e.prov.Run(cctx, ref, Command{Script: "cat -- " + poolMarker, Timeout: probeTimeout})
-	if err != nil {
-		return fmt.Errorf("check: %w", err)
-	}
-	if out.ExitCode != 0 || string(out.Stdout) != ref.ID {
-		return fmt.Errorf("check: exit code %d, the marker names %q", out.ExitCode, out.Stdout)
-	}
-	return nil
+	return e.runCheck(ctx, ref, "check", Command{Script: "cat -- " + poolMarker, Timeout: probeTimeout},
+		func(out CommandResult) bool { return out.ExitCode == 0 && string(out.Stdout) == ref.ID })
 }

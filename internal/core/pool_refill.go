@@ -135,10 +135,8 @@ func (e *Engine) refillOne(ctx context.Context, ps PoolStore) (bool, error) {
 		return false, errors.Join(fmt.Errorf("create pool member: %w", err), e.freeReservation(ctx, token, ThreadKey{}))
 	}
 	if err := e.prepareMember(ctx, ref); err != nil {
-		if kerr := e.kill(ctx, ref.ID); kerr != nil {
-			return false, fmt.Errorf("pool member %s: %w (cleanup kill uncertain, slot kept: %v)", ref.ID, err, kerr)
-		}
-		return false, errors.Join(fmt.Errorf("pool member %s: %w", ref.ID, err), e.freeReservation(ctx, token, ThreadKey{}))
+		_, err = e.discardCreated(ctx, ref.ID, token, ThreadKey{}, fmt.Errorf("pool member %s: %w", ref.ID, err))
+		return false, err
 	}
 	now = e.now()
 	fctx, cancel := settle(ctx)
@@ -247,28 +245,16 @@ func (p *pass) pool(ctx context.Context, draining bool) error {
 // running and paused slots) until the thread came back.
 func (p *pass) interruptedClaims(ctx context.Context) error {
 	e := p.e
-	if p.rst == nil {
-		return nil
-	}
-	now := e.now()
-	var stale []Record
-	err := p.rst.ScanState(ctx, StateClaiming, func(r Record) bool {
-		if !r.LeaseExpiresAt.After(now) {
-			stale = append(stale, r)
-		}
-		return len(stale) < reconcileBatch
-	})
+	stale, err := p.lapsed(ctx, StateClaiming)
 	if err != nil {
-		return fmt.Errorf("scan claiming records: %w", err)
+		return err
 	}
 	for _, rec := range stale {
 		if p.outOfTime() {
 			p.st.BudgetExhausted = true
 			return nil
 		}
-		now := e.now()
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateClaiming},
-			To: StateDestroying, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		claimed, err := p.claim(ctx, rec, StateDestroying, StateClaiming)
 		if err != nil {
 			p.skip(ctx, "claim interrupted pool hand-out", rec.SandboxID, err) // its thread took it over
 			continue
@@ -332,5 +318,5 @@ func (p *pass) poolSandbox(ctx context.Context, in SandboxInfo, look ReconcileLo
 		p.st.ReservationsSettled++
 	}
 	e.log.InfoContext(ctx, "reconcile: killing an unfinished pool member", "sandbox_id", in.ID)
-	p.killClaimed(ctx, claimed, EventReasonOrphan)
+	p.destroy(ctx, claimed, EventReasonOrphan, &p.st.Killed)
 }

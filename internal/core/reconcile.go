@@ -30,15 +30,6 @@ func (e *Engine) reconcileConfig() *reconcileConfig {
 var liveStates = []State{StateActive, StateReleasing, StateWarm, StatePausing, StatePaused, StateResuming,
 	StatePooled, StateClaiming}
 
-func isLive(s State) bool {
-	for _, l := range liveStates {
-		if s == l {
-			return true
-		}
-	}
-	return false
-}
-
 // pass is one reconcile pass in progress.
 type pass struct {
 	e        *Engine
@@ -118,12 +109,8 @@ func (e *Engine) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	if err := p.pool(ctx, draining); err != nil {
 		errs = append(errs, err)
 	}
-	if p.rst != nil {
-		if err := p.reconcileStore(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	} else {
-		e.log.WarnContext(ctx, "reconcile: store has no inventory support; only expiry and tombstones run")
+	if err := p.reconcileStore(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	if err := p.waitQueue(ctx); err != nil {
 		errs = append(errs, err)
@@ -164,10 +151,8 @@ func (p *pass) tombstones(ctx context.Context) error {
 		if now.Before(rec.UpdatedAt.Add(wait)) {
 			continue // backing off
 		}
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateDestroying},
-			Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
-		if err != nil {
-			p.skip(ctx, "claim tombstone", rec.SandboxID, err) // usually a peer holds its lease
+		claimed, ok := p.leaseOf(ctx, rec, "claim tombstone") // usually a peer holds its lease
+		if !ok {
 			continue
 		}
 		p.st.TombstonesRetried++
@@ -177,11 +162,7 @@ func (p *pass) tombstones(ctx context.Context) error {
 			p.fail(ctx, "count kill attempt", claimed.SandboxID, err)
 			continue
 		}
-		if e.destroyClaimed(ctx, tomb, EventReasonKillRetried) {
-			p.st.Killed++
-		} else {
-			p.st.Errors++
-		}
+		p.destroy(ctx, tomb, EventReasonKillRetried, &p.st.Killed)
 	}
 	return nil
 }
@@ -190,34 +171,22 @@ func (p *pass) tombstones(ctx context.Context) error {
 // left releasing after their lease lapsed are claimed, their outputs
 // synced, then parked warm (or destroyed, as a release would).
 func (p *pass) releases(ctx context.Context) error {
-	if p.rst == nil {
-		return nil
-	}
 	e := p.e
-	now := e.now()
-	var stale []Record
-	err := p.rst.ScanState(ctx, StateReleasing, func(r Record) bool {
-		if !r.LeaseExpiresAt.After(now) {
-			stale = append(stale, r)
-		}
-		return len(stale) < reconcileBatch
-	})
+	stale, err := p.lapsed(ctx, StateReleasing)
 	if err != nil {
-		return fmt.Errorf("scan releasing records: %w", err)
+		return err
 	}
 	for _, rec := range stale {
 		if p.timeUp() {
 			break
 		}
-		now := e.now()
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StateReleasing},
-			To: StateReleasing, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		claimed, err := p.claim(ctx, rec, StateReleasing, StateReleasing)
 		if err != nil {
 			p.skip(ctx, "claim interrupted release", rec.SandboxID, err) // usually a peer took it over (a retried release, an acquire)
 			continue
 		}
 		e.log.InfoContext(ctx, "reconcile: finishing an interrupted release", "sandbox_id", rec.SandboxID, "thread", rec.ThreadKey.String())
-		if _, err := e.finishRelease(ctx, claimed, false); err != nil {
+		if _, err := e.finishRelease(ctx, claimed, false, ReleaseOptions{}); err != nil {
 			p.st.Errors++
 			e.log.WarnContext(ctx, "reconcile: finishing a release failed", "sandbox_id", rec.SandboxID, "err", err)
 			continue
@@ -284,11 +253,7 @@ func (p *pass) expireWarm(ctx context.Context, draining bool) error {
 		if gone {
 			ended = e.endedReason(claimed, StateWarm) // the provider ended it first
 		}
-		if e.destroyClaimed(ctx, tomb, ended) {
-			p.st.Expired++
-		} else {
-			p.st.Errors++
-		}
+		p.destroy(ctx, tomb, ended, &p.st.Expired)
 	}
 	return nil
 }
@@ -325,14 +290,50 @@ func (p *pass) timeUp() bool { return !p.e.now().Before(p.deadline) || p.outOfTi
 // leaseOf takes a lease of the pass on rec, still in its state and
 // unleased; false when it could not (skipped, as what).
 func (p *pass) leaseOf(ctx context.Context, rec Record, what string) (Record, bool) {
-	now := p.e.now()
-	claimed, err := p.e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{rec.State},
-		Owner: p.owner, Now: now, LeaseUntil: now.Add(p.e.s.LeaseDuration)})
+	claimed, err := p.claim(ctx, rec, "", rec.State)
 	if err != nil {
 		p.skip(ctx, what, rec.SandboxID, err)
 		return Record{}, false
 	}
 	return claimed, true
+}
+
+// claim moves rec from one of from into to ("" keeps its state) under a
+// lease of the pass (Store.Claim).
+func (p *pass) claim(ctx context.Context, rec Record, to State, from ...State) (Record, error) {
+	now := p.e.now()
+	return p.e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: from, To: to,
+		Owner: p.owner, Now: now, LeaseUntil: now.Add(p.e.s.LeaseDuration)})
+}
+
+// lapsed lists up to reconcileBatch records in states whose lease lapsed:
+// work an invocation that died left behind.
+func (p *pass) lapsed(ctx context.Context, states ...State) ([]Record, error) {
+	now := p.e.now()
+	var stale []Record
+	for _, st := range states {
+		err := p.rst.ScanState(ctx, st, func(r Record) bool {
+			if !r.LeaseExpiresAt.After(now) {
+				stale = append(stale, r)
+			}
+			return len(stale) < reconcileBatch
+		})
+		if err != nil {
+			return nil, fmt.Errorf("scan %s records: %w", st, err)
+		}
+	}
+	return stale, nil
+}
+
+// destroy destroys a sandbox the pass holds the destroy claim on, for
+// reason (one of EventReasons), counting it in done, or in Errors when
+// the kill is not confirmed.
+func (p *pass) destroy(ctx context.Context, claimed Record, reason string, done *int) {
+	if p.e.destroyClaimed(ctx, claimed, reason) {
+		*done++
+	} else {
+		p.st.Errors++
+	}
 }
 
 // skip accounts for an item the pass leaves alone because a write or read

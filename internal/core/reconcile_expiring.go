@@ -12,9 +12,6 @@ import (
 // is not 0) and those whose lease ended (leaseEnded), up to
 // reconcileBatch of each.
 func (p *pass) activeDue(ctx context.Context) (due, ended []Record, err error) {
-	if p.rst == nil {
-		return nil, nil, nil
-	}
 	e := p.e
 	lead, now := e.s.ExpiringLead, e.now()
 	err = p.rst.ScanState(ctx, StateActive, func(r Record) bool {

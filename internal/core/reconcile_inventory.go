@@ -214,7 +214,7 @@ func (p *pass) group(ctx context.Context, key ThreadKey, g []SandboxInfo, look R
 	inflight := false
 	switch {
 	case bound && b.SandboxID != "":
-		if r, ok := look.Records[b.SandboxID]; ok && isLive(r.State) {
+		if r, ok := look.Records[b.SandboxID]; ok && slices.Contains(liveStates, r.State) {
 			canonical = b.SandboxID
 		}
 	case bound && b.Reservation != "":
@@ -224,7 +224,7 @@ func (p *pass) group(ctx context.Context, key ThreadKey, g []SandboxInfo, look R
 	}
 	for _, in := range g {
 		rec, tracked := look.Records[in.ID]
-		if tracked && !isLive(rec.State) {
+		if tracked && !slices.Contains(liveStates, rec.State) {
 			continue // tombstone (retried above) or gone (a sandbox killed late is found again later)
 		}
 		if in.ID == canonical {
@@ -377,17 +377,6 @@ func (p *pass) graceWaited(ctx context.Context, id string, d time.Duration, sinc
 	return over
 }
 
-// killClaimed destroys a sandbox the pass holds the destroy claim on, for
-// reason (one of EventReasons), counting it Killed, or in Errors when the
-// kill is not confirmed.
-func (p *pass) killClaimed(ctx context.Context, claimed Record, reason string) {
-	if p.e.destroyClaimed(ctx, claimed, reason) {
-		p.st.Killed++
-	} else {
-		p.st.Errors++
-	}
-}
-
 // listed is one sandbox of the provider's inventory with what the store
 // knows of it.
 type listed struct {
@@ -433,7 +422,7 @@ func (p *pass) killDuplicate(ctx context.Context, l listed, key ThreadKey, canon
 		return
 	}
 	e.log.InfoContext(ctx, "reconcile: killing duplicate", "sandbox_id", in.ID, "thread", key.String(), "canonical", canonical)
-	p.killClaimed(ctx, claimed, EventReasonDuplicate)
+	p.destroy(ctx, claimed, EventReasonDuplicate, &p.st.Killed)
 }
 
 // orphan handles a sandbox tagged for this deployment without a valid
@@ -461,7 +450,7 @@ func (p *pass) orphan(ctx context.Context, in SandboxInfo, look ReconcileLookup)
 		return
 	}
 	e.log.InfoContext(ctx, "reconcile: killing orphan", "sandbox_id", in.ID)
-	p.killClaimed(ctx, claimed, EventReasonOrphan)
+	p.destroy(ctx, claimed, EventReasonOrphan, &p.st.Killed)
 }
 
 // completeChecks runs once a cycle's inventory is complete: records whose
@@ -500,9 +489,7 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 			}
 			continue // alive after all (listed late)
 		}
-		now := e.now()
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: r.SandboxID, Tenant: r.Tenant, From: liveStates, To: StateDestroying,
-			Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		claimed, err := p.claim(ctx, r, StateDestroying, liveStates...)
 		if errors.Is(err, ErrLeaseHeld) {
 			p.st.Deferred++
 			continue
@@ -511,11 +498,7 @@ func (p *pass) completeChecks(ctx context.Context, cycleStart time.Time, seen []
 			p.skip(ctx, "claim dead record", r.SandboxID, err)
 			continue
 		}
-		if e.destroyClaimed(ctx, claimed, e.endedReason(r, r.State)) {
-			p.st.Dead++
-		} else {
-			p.st.Errors++
-		}
+		p.destroy(ctx, claimed, e.endedReason(r, r.State), &p.st.Dead)
 	}
 	var crashed []Record
 	now := e.now()

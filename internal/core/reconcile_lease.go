@@ -43,14 +43,14 @@ func (p *pass) takeBack(ctx context.Context, rec Record) {
 		return
 	}
 	if !leaseEnded(claimed, e.now()) {
-		e.unleaseActive(ctx, claimed) // renewed meanwhile
+		e.unlease(ctx, claimed) // renewed meanwhile
 		return
 	}
 	complete, gone := p.syncParked(ctx, claimed, "taking back an ended lease")
 	if !complete && !gone {
 		if e.now().Before(claimed.ExpiresAt.Add(TimerMargin / 2)) {
 			p.st.Deferred++ // the next pass copies the rest
-			e.unleaseActive(ctx, claimed)
+			e.unlease(ctx, claimed)
 			return
 		}
 		p.abandonOutputs(ctx, claimed, "its lease ended and its provider's timer is about to")
@@ -68,11 +68,7 @@ func (p *pass) takeBack(ctx context.Context, rec Record) {
 		return
 	}
 	tomb.PrevState = StateActive // the state it left: the claim only took a lease
-	if e.destroyClaimed(ctx, tomb, reason) {
-		p.st.LeasesEnded++
-	} else {
-		p.st.Errors++
-	}
+	p.destroy(ctx, tomb, reason, &p.st.LeasesEnded)
 }
 
 // leaseEndReason is why an active sandbox whose lease ended is taken
@@ -83,15 +79,4 @@ func (e *Engine) leaseEndReason(rec Record) string {
 		return EventReasonMaxLifetime
 	}
 	return EventReasonProviderTimeout
-}
-
-// unleaseActive clears this pass's lease on rec, an active record it
-// leaves as it is. Best effort: a failed write leaves the lease to lapse.
-func (e *Engine) unleaseActive(ctx context.Context, rec Record) {
-	sctx, cancel := settle(ctx)
-	defer cancel()
-	if _, err := e.store.Apply(sctx, Update{SandboxID: rec.SandboxID, Fence: rec.Fence, State: StateActive,
-		Now: e.now(), Slot: rec.Slot}); err != nil {
-		e.log.WarnContext(ctx, "clearing the lease of an active sandbox failed; it lapses", "sandbox_id", rec.SandboxID, "err", err)
-	}
 }

@@ -75,7 +75,7 @@ func (p *pass) copyOwed(ctx context.Context, rec Record) {
 	case complete:
 		p.st.OutputsStored++
 		p.forgetOwed(ctx, rec.SandboxID)
-		e.unleaseWarm(ctx, claimed)
+		e.unlease(ctx, claimed)
 		return
 	case !gone:
 		p.st.Deferred++
@@ -88,7 +88,7 @@ func (p *pass) copyOwed(ctx context.Context, rec Record) {
 	if gone, _ := e.confirmedGone(ctx, claimed.SandboxID); gone {
 		reason = e.endedReason(claimed, StateWarm)
 	}
-	p.killClaimed(ctx, claimed, reason)
+	p.destroy(ctx, claimed, reason, &p.st.Killed)
 	p.forgetOwed(ctx, rec.SandboxID)
 }
 
@@ -109,7 +109,7 @@ func (p *pass) holdForOutputs(ctx context.Context, rec Record) (gone bool) {
 	}
 	end := rec.ExpiresAt
 	if !end.IsZero() && !end.Before(now.Add(outputsTimer/2)) {
-		e.unleaseWarm(ctx, rec)
+		e.unlease(ctx, rec)
 		return false
 	}
 	end = now.Add(outputsTimer)
@@ -130,7 +130,7 @@ func (p *pass) holdForOutputs(ctx context.Context, rec Record) (gone bool) {
 	case err != nil:
 		// Maybe applied: the record keeps its older end, the earlier one.
 		p.fail(ctx, "keep a sandbox running for its outputs", rec.SandboxID, err)
-		e.unleaseWarm(ctx, rec)
+		e.unlease(ctx, rec)
 		return false
 	}
 	p.st.TimersExtended++

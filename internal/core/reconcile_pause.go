@@ -19,9 +19,7 @@ func (p *pass) parkPaused(ctx context.Context, draining bool) error {
 		return nil
 	}
 	var errs []error
-	if p.rst != nil {
-		errs = append(errs, p.finishPauses(ctx))
-	}
+	errs = append(errs, p.finishPauses(ctx))
 	if !draining && p.e.pauseParking() {
 		errs = append(errs, p.pauseIdle(ctx))
 	}
@@ -34,18 +32,9 @@ func (p *pass) parkPaused(ctx context.Context, draining bool) error {
 // a running and a paused slot, so the pause settles either.
 func (p *pass) finishPauses(ctx context.Context) error {
 	e := p.e
-	now := e.now()
-	var stale []Record
-	for _, st := range []State{StatePausing, StateResuming} {
-		err := p.rst.ScanState(ctx, st, func(r Record) bool {
-			if !r.LeaseExpiresAt.After(now) {
-				stale = append(stale, r)
-			}
-			return len(stale) < reconcileBatch
-		})
-		if err != nil {
-			return fmt.Errorf("scan %s records: %w", st, err)
-		}
+	stale, err := p.lapsed(ctx, StatePausing, StateResuming)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := p.workContext(ctx)
 	defer cancel()
@@ -54,9 +43,7 @@ func (p *pass) finishPauses(ctx context.Context) error {
 			p.st.BudgetExhausted = true
 			break
 		}
-		now := e.now()
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StatePausing, StateResuming},
-			To: StatePausing, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		claimed, err := p.claim(ctx, rec, StatePausing, StatePausing, StateResuming)
 		if err != nil {
 			p.skip(ctx, "claim interrupted pause", rec.SandboxID, err) // usually the thread's acquire took it
 			continue
@@ -136,9 +123,7 @@ func (p *pass) expirePaused(ctx context.Context, draining bool) error {
 			p.st.BudgetExhausted = true
 			break
 		}
-		now := e.now()
-		claimed, err := e.store.Claim(ctx, Claim{SandboxID: rec.SandboxID, Tenant: rec.Tenant, From: []State{StatePaused},
-			To: StateDestroying, Owner: p.owner, Now: now, LeaseUntil: now.Add(e.s.LeaseDuration)})
+		claimed, err := p.claim(ctx, rec, StateDestroying, StatePaused)
 		if err != nil {
 			p.skip(ctx, "claim expired paused sandbox", rec.SandboxID, err) // usually resumed meanwhile
 			continue
@@ -149,11 +134,7 @@ func (p *pass) expirePaused(ctx context.Context, draining bool) error {
 		if draining {
 			reason = EventReasonDraining
 		}
-		if e.destroyClaimed(ctx, claimed, reason) {
-			p.st.PausedExpired++
-		} else {
-			p.st.Errors++
-		}
+		p.destroy(ctx, claimed, reason, &p.st.PausedExpired)
 	}
 	return nil
 }

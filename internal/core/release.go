@@ -56,7 +56,7 @@ func (e *Engine) ReleaseWith(ctx context.Context, tenant, sandboxID string, opts
 	if rec.PrevState == StateReleasing {
 		e.log.InfoContext(ctx, "taking over an interrupted release", "sandbox_id", sandboxID, "thread", rec.ThreadKey.String())
 	}
-	return e.finishReleaseAs(ctx, rec, true, opts)
+	return e.finishRelease(ctx, rec, true, opts)
 }
 
 // releaseDestroyed is ReleaseResult.State for a sandbox destroyed, not parked.
@@ -67,21 +67,22 @@ const releaseDestroyed = "destroyed"
 const setTimeoutReserve = 2 * time.Second
 
 // finishRelease completes a release of rec (claimed releasing under this
-// invocation's lease): sync, idle timeout, park (or destroy). When strict,
+// invocation's lease): sync, idle timeout, park (or destroy, or pause, as
+// opts say). When strict,
 // a sync pass that failed outright (the sandbox or S3 unreachable, not
 // gone) stops the release before the park: the record stays releasing, so
 // the outputs are not left in a parked sandbox whose idle timeout may end
 // it first; the caller retries, or reconcile takes the release over once
 // the lease lapses (not strict: it parks whatever the sync did, so no
 // record stays releasing).
-func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool) (ReleaseResult, error) {
-	return e.finishReleaseAs(ctx, rec, strict, ReleaseOptions{})
-}
-
-// finishReleaseAs is finishRelease, parking (or destroying) as opts say.
-func (e *Engine) finishReleaseAs(ctx context.Context, rec Record, strict bool, opts ReleaseOptions) (ReleaseResult, error) {
+func (e *Engine) finishRelease(ctx context.Context, rec Record, strict bool, opts ReleaseOptions) (ReleaseResult, error) {
 	sandboxID := rec.SandboxID
 	out := ReleaseResult{SandboxID: sandboxID}
+	destroyed := func(reason string) (ReleaseResult, error) {
+		e.destroyClaimed(ctx, rec, reason)
+		out.State = releaseDestroyed
+		return out, nil
+	}
 	dead := false
 	if e.sync != nil {
 		sctx, cancel := reserveEnd(ctx, setTimeoutReserve)
@@ -97,9 +98,7 @@ func (e *Engine) finishReleaseAs(ctx context.Context, rec Record, strict bool, o
 		}
 	}
 	if !dead && opts.Destroy && (out.Sync == nil || out.Sync.Complete) && out.SyncError == "" {
-		e.destroyClaimed(ctx, rec, EventReasonKilled)
-		out.State = releaseDestroyed
-		return out, nil
+		return destroyed(EventReasonKilled)
 	}
 	if !dead && e.now().Add(leaseSafety).After(rec.LeaseExpiresAt) {
 		// The lease (nearly) lapsed: a peer may have reclaimed the sandbox,
@@ -114,9 +113,7 @@ func (e *Engine) finishReleaseAs(ctx context.Context, rec Record, strict bool, o
 		}
 	}
 	if dead {
-		e.destroyClaimed(ctx, rec, e.endedReason(rec, StateActive))
-		out.State = releaseDestroyed
-		return out, nil
+		return destroyed(e.endedReason(rec, StateActive))
 	}
 	if (e.s.PauseAfter == 0 || opts.Pause) && e.pauseParking() && (out.Sync == nil || out.Sync.Complete) && out.SyncError == "" {
 		// Pause at release, the outputs just copied (an incomplete copy
@@ -127,9 +124,7 @@ func (e *Engine) finishReleaseAs(ctx context.Context, rec Record, strict bool, o
 	}
 	if e.drainingNow(ctx) {
 		// A draining deployment keeps nothing warm.
-		e.destroyClaimed(ctx, rec, EventReasonDraining)
-		out.State = releaseDestroyed
-		return out, nil
+		return destroyed(EventReasonDraining)
 	}
 	now := e.now()
 	pctx, cancel := settle(ctx)

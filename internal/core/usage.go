@@ -57,6 +57,15 @@ func (e *Engine) meter(ctx context.Context, rec Record) {
 	e.meterFinal(ctx, rec, false)
 }
 
+// metered meters rec when err is nil (a store write that returned the
+// record it wrote), and returns both.
+func (e *Engine) metered(ctx context.Context, rec Record, err error) (Record, error) {
+	if err == nil {
+		e.meter(ctx, rec)
+	}
+	return rec, err
+}
+
 func (e *Engine) meterFinal(ctx context.Context, rec Record, final bool) {
 	// Milliseconds, as stored: an interval ends where the next one starts.
 	rec.PrevMeteredAt, rec.MeteredAt = rec.PrevMeteredAt.Truncate(time.Millisecond), rec.MeteredAt.Truncate(time.Millisecond)
@@ -113,10 +122,7 @@ func (m meteredStore) Claim(ctx context.Context, c Claim) (Record, error) {
 // Apply meters the fenced update.
 func (m meteredStore) Apply(ctx context.Context, u Update) (Record, error) {
 	rec, err := m.Store.Apply(ctx, u)
-	if err == nil {
-		m.e.meter(ctx, rec)
-	}
-	return rec, err
+	return m.e.metered(ctx, rec, err)
 }
 
 // Finalize meters the create: from the time it was asked of the provider
@@ -185,19 +191,13 @@ type meteredReconcileStore struct {
 // Adopt meters the adopted sandbox's time before the adoption.
 func (m meteredReconcileStore) Adopt(ctx context.Context, a Adoption) (Record, error) {
 	rec, err := m.ReconcileStore.Adopt(ctx, a)
-	if err == nil {
-		m.e.meter(ctx, rec)
-	}
-	return rec, err
+	return m.e.metered(ctx, rec, err)
 }
 
 // ClaimDuplicate meters as Claim does.
 func (m meteredReconcileStore) ClaimDuplicate(ctx context.Context, c Claim, key ThreadKey, canonical string) (Record, error) {
 	rec, err := m.ReconcileStore.ClaimDuplicate(ctx, c, key, canonical)
-	if err == nil {
-		m.e.meter(ctx, rec)
-	}
-	return rec, err
+	return m.e.metered(ctx, rec, err)
 }
 
 // poolStore is the metered PoolStore.
@@ -225,44 +225,29 @@ func (m meteredPoolStore) FinalizePool(ctx context.Context, token string, rec Re
 // ClaimPoolMember meters the member's time in the pool.
 func (m meteredPoolStore) ClaimPoolMember(ctx context.Context, c PoolClaim) (Record, error) {
 	rec, err := m.PoolStore.ClaimPoolMember(ctx, c)
-	if err == nil {
-		m.e.meter(ctx, rec)
-	}
-	return rec, err
+	return m.e.metered(ctx, rec, err)
 }
 
 // AdoptPoolSandbox meters the adopted member's time before the adoption.
 func (m meteredPoolStore) AdoptPoolSandbox(ctx context.Context, rec Record, reservation string) (Record, error) {
 	out, err := m.PoolStore.AdoptPoolSandbox(ctx, rec, reservation)
-	if err == nil {
-		m.e.meter(ctx, out)
-	}
-	return out, err
+	return m.e.metered(ctx, out, err)
 }
 
 // ClaimPoolPause meters the member's running time before its pause.
 func (m meteredPoolStore) ClaimPoolPause(ctx context.Context, c Claim, limit int) (Record, error) {
 	rec, err := m.PoolStore.ClaimPoolPause(ctx, c, limit)
-	if err == nil {
-		m.e.meter(ctx, rec)
-	}
-	return rec, err
+	return m.e.metered(ctx, rec, err)
 }
 
 // SettlePoolPause meters the pausing time.
 func (m meteredPoolStore) SettlePoolPause(ctx context.Context, rec Record, now time.Time) (Record, error) {
 	out, err := m.PoolStore.SettlePoolPause(ctx, rec, now)
-	if err == nil {
-		m.e.meter(ctx, out)
-	}
-	return out, err
+	return m.e.metered(ctx, out, err)
 }
 
 // AbortPoolPause meters the pausing time.
 func (m meteredPoolStore) AbortPoolPause(ctx context.Context, rec Record, now time.Time) (Record, error) {
 	out, err := m.PoolStore.AbortPoolPause(ctx, rec, now)
-	if err == nil {
-		m.e.meter(ctx, out)
-	}
-	return out, err
+	return m.e.metered(ctx, out, err)
 }

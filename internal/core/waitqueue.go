@@ -149,18 +149,9 @@ func (e *Engine) queue(ctx context.Context, key ThreadKey, owner string, st *acq
 // is a new arrival), a refusal once the wait ended, and otherwise takes
 // the waiter's turn (see turnAndPoll).
 func (e *Engine) continueWait(ctx context.Context, key ThreadKey, owner string, st *acquireState, waitEnd time.Time) (*Waiting, error) {
-	ts, err := e.store.PollTicket(ctx, st.wait.ticket)
-	switch {
-	case err != nil:
-		e.log.WarnContext(ctx, "poll wait ticket failed", "ticket", st.wait.ticket.ID, "err", err)
-	case ts.Draining:
-		return nil, e.drainingError()
-	case ts.Gone:
-		e.leaveWait(ctx, st) // give back the place it may still hold
-		return nil, nil
-	case ts.Granted:
-		st.grant = &ts.Grant
-		return nil, nil
+	ts, err := e.pollTicket(ctx, st)
+	if err != nil || ts.Gone || ts.Granted {
+		return nil, err
 	}
 	if !e.now().Before(waitEnd) {
 		e.leaveWait(ctx, st)
@@ -179,23 +170,35 @@ func (e *Engine) turnAndPoll(ctx context.Context, key ThreadKey, owner string, s
 	if err := e.waitTurn(ctx, key, owner, st); err != nil {
 		return nil, err
 	}
+	ts, err := e.pollTicket(ctx, st)
+	switch {
+	case err != nil || ts.Granted:
+		return nil, err
+	case ts.Gone:
+		return nil, errTicketGone
+	}
+	return &Waiting{Ticket: encodeTicket(st.wait.ticket, key), RetryAfter: waitRetry, Until: waitEnd}, nil
+}
+
+// pollTicket reads st's ticket. Granted, it sets st.grant. Gone, it gives
+// back the place the ask may still hold, so that queueing again neither
+// spends a second place nor counts this one when picking the new ticket's
+// round. Draining, it answers the refusal. A failed read is logged and
+// reads as still waiting.
+func (e *Engine) pollTicket(ctx context.Context, st *acquireState) (TicketState, error) {
 	ts, err := e.store.PollTicket(ctx, st.wait.ticket)
 	switch {
 	case err != nil:
 		e.log.WarnContext(ctx, "poll wait ticket failed", "ticket", st.wait.ticket.ID, "err", err)
+		return TicketState{}, nil
 	case ts.Draining:
-		return nil, e.drainingError()
+		return ts, e.drainingError()
 	case ts.Gone:
-		// Give back the place it may still hold, so that queueing again
-		// neither spends a second place nor counts this one when picking
-		// the new ticket's round.
 		e.leaveWait(ctx, st)
-		return nil, errTicketGone
 	case ts.Granted:
 		st.grant = &ts.Grant
-		return nil, nil
 	}
-	return &Waiting{Ticket: encodeTicket(st.wait.ticket, key), RetryAfter: waitRetry, Until: waitEnd}, nil
+	return ts, nil
 }
 
 // handOver answers w, the acquire's place in the queue, to its caller:

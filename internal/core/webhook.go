@@ -78,8 +78,6 @@ func (e *Engine) ApplyProviderEvent(ctx context.Context, ev ProviderEvent) (Webh
 	}
 	ctx, cancel := e.begin(ctx)
 	defer cancel()
-	ctx, flush := e.withPublisher(ctx)
-	defer flush()
 	// Remembered past the end of the window a replay could pass in.
 	if err := e.store.SeenWebhook(ctx, ev.ID, now, ev.At.Add(WebhookTolerance+time.Minute)); err != nil {
 		if errors.Is(err, ErrConflict) {

@@ -19,10 +19,9 @@ import (
 // ticket. A refusal's details are the buckets' sums. Creates and frees of
 // the whole deployment spread over 64 items instead of one, each of which
 // DynamoDB limits to about 1,000 write units a second (twice that per
-// transactional write). Why 64: over 64 buckets no bucket is the key that
-// bounds BenchmarkHotKeys' steady loads (its figures are in
-// docs/benchmarks.md), while a refusal's read of every bucket is still
-// one BatchGetItem (at most 100 keys).
+// transactional write): enough that no bucket is the key that bounds
+// BenchmarkHotKeys' steady loads (docs/benchmarks.md), few enough that a
+// refusal's read of every bucket is one BatchGetItem (at most 100 keys).
 //
 // A bucket counts slots, not states: a record's state moves (park,
 // reclaim, pause) write the record alone. Capacity counts the states from
@@ -105,9 +104,9 @@ func (s *Store) TenantsHolding(ctx context.Context) ([]string, error) {
 // before any was recorded. It relies on every store of a deployment
 // filing entries under the keys of the limit it enforces (WithLimit, as
 // the functions are wired): a store of a new limit sets the limits before
-// its first slot. An entry outside the mark is missed by the tally, which
-// then only notes a difference that the exact count must confirm before
-// any counter moves (see RepairCounters). 0 when no limit was ever set.
+// its first slot. An entry outside the mark is missed by the tally only,
+// not by the exact count (see RepairCounters). 0 when no limit was ever
+// set.
 func tallyShards(buckets []bucketItem) int {
 	n := 0
 	for _, b := range buckets {

@@ -25,8 +25,7 @@ import (
 // The counter repair keeps, between reconcile passes, the differences it
 // saw (pk REC#<deployment>, sk COUNTS, attribute "noted": counter name ->
 // "<stored>|<counted>|<revision>", where a bucket's "slots#<b>" is its
-// used and granted slots); a difference
-// is corrected only when the next pass sees it again, unchanged.
+// used and granted slots; see RepairCounters).
 const countsSK = "COUNTS"
 
 // sweepSegments is how many parts the counter repair's sweep splits the
@@ -229,14 +228,13 @@ func (s *Store) refile(ctx context.Context, it item) {
 // it exactly once, in the state it is in when read, and each reservation
 // too (whatever the index's lag). A reservation finalized during the Scan
 // may be read neither as itself nor as its record, but the first read
-// found it; found as both, it is counted once (same token). A holder
-// freed or taken meanwhile moved the revisions every correction is
-// conditional on. It reads the whole table: the counter repair runs it
-// only when a correction is due, and ends it in time for the writes
-// after it (exactCtx).
+// found it; found as both, it is counted once (same token). It reads the
+// whole table: the counter repair runs it only when a correction is due
+// (see RepairCounters).
 func (s *Store) exactTally(ctx context.Context) (*slotTally, error) {
 	h := holders{}
-	if err := s.eachItemInState(ctx, core.StateCreating, func(it item) { h.see(core.StateCreating, it) }); err != nil {
+	creating := s.statePKs(core.StateCreating)
+	if err := s.eachItemIn(ctx, core.StateCreating, creating, func(it item) { h.see(core.StateCreating, it) }); err != nil {
 		return nil, err
 	}
 	err := s.scanRecords(ctx, func(it item) {
@@ -248,11 +246,6 @@ func (s *Store) exactTally(ctx context.Context) (*slotTally, error) {
 		return nil, err
 	}
 	return h.tally(s.deployment), nil
-}
-
-// eachItemInState calls fn with every index entry of state st, decoded.
-func (s *Store) eachItemInState(ctx context.Context, st core.State, fn func(item)) error {
-	return s.eachItemIn(ctx, st, s.statePKs(st), fn)
 }
 
 // eachItemIn calls fn with every index entry of state st under the keys
@@ -527,9 +520,23 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 		}
 	}
 	for _, b := range r.buckets {
-		for _, d := range r.bucketRepairs(b) {
-			note(d.dueRepair, d.have, d.rev)
-		}
+		// Its used and granted slots (under "revision": every take, free
+		// and grant moves it), in one write, so that counters drifted
+		// together are corrected together.
+		i := b.Index
+		slots := func(t *slotTally, g map[int]int) string { return fmt.Sprintf("%d,%d", t.used[i]+g[i], g[i]) }
+		note(dueRepair{name: "slots#" + strconv.Itoa(i), want: slots(r.tally, r.grants), counted: slots,
+			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
+				used, granted := r.tally.used[i]+r.grants[i], r.grants[i]
+				err := s.setBucketSlots(ctx, b, used, granted)
+				if err == nil {
+					rep.Slots += used - b.Used
+					if granted != b.Granted {
+						rep.Counters++
+					}
+				}
+				return err
+			}}, fmt.Sprintf("%d,%d", b.Used, b.Granted), b.Revision)
 	}
 	for i, c := range r.paused {
 		note(dueRepair{name: "paused#" + strconv.Itoa(i), want: strconv.Itoa(r.tally.paused[i]),
@@ -547,7 +554,11 @@ func (r *repairRead) dueRepairs(noted map[string]string) []dueRepair {
 		note(dueRepair{name: k, want: strconv.Itoa(r.tally.quota[k]),
 			counted: func(t *slotTally, _ map[int]int) string { return strconv.Itoa(t.quota[k]) },
 			apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
-				return countFixed(rep, s.repairCount(ctx, "slots", k, "used", c.Revision, r.tally.quota[k]))
+				err := s.repairCount(ctx, "slots", k, "used", c.Revision, r.tally.quota[k])
+				if err == nil {
+					rep.Counters++
+				}
+				return err
 			}}, strconv.Itoa(c.Used), c.Revision)
 	}
 	return due
@@ -559,45 +570,8 @@ func isQuotaKey(pk string) bool {
 	return strings.HasPrefix(pk, "TEN#") || strings.HasPrefix(pk, "USR#") || strings.HasPrefix(pk, "TPA#")
 }
 
-// bucketCheck is a bucket's counters as stored (have, at revision rev)
-// with their repair.
-type bucketCheck struct {
-	dueRepair
-	have string
-	rev  int64
-}
-
-// bucketRepairs is bucket b's repair: its used and granted slots (under
-// "revision": every take, free and grant moves it), in one write, so that
-// counters drifted together are corrected together.
-func (r *repairRead) bucketRepairs(b bucketItem) []bucketCheck {
-	i := b.Index
-	slots := func(t *slotTally, g map[int]int) string { return fmt.Sprintf("%d,%d", t.used[i]+g[i], g[i]) }
-	return []bucketCheck{{dueRepair{name: "slots#" + strconv.Itoa(i), want: slots(r.tally, r.grants), counted: slots,
-		apply: func(ctx context.Context, s *Store, rep *core.CounterRepair) error {
-			used, granted := r.tally.used[i]+r.grants[i], r.grants[i]
-			err := s.setBucketSlots(ctx, b, used, granted)
-			if err == nil {
-				rep.Slots += used - b.Used
-				if granted != b.Granted {
-					rep.Counters++
-				}
-			}
-			return err
-		}}, fmt.Sprintf("%d,%d", b.Used, b.Granted), b.Revision}}
-}
-
 // revisionMark is a counter's revision as a noted difference ends with it.
 func revisionMark(n int64) string { return "|" + strconv.FormatInt(n, 10) }
-
-// countFixed counts a corrected counter in rep when err is nil, and
-// returns err.
-func countFixed(rep *core.CounterRepair, err error) error {
-	if err == nil {
-		rep.Counters++
-	}
-	return err
-}
 
 // setBucketSlots sets bucket b's used and granted slots if its revision
 // (moved by every take, free and grant) is still the one read (ErrConflict
@@ -619,24 +593,14 @@ func valueIs[N int | int64](attr string, v N) expression.ConditionBuilder {
 	return cond
 }
 
+// conditionalUpdate applies upd to the item pk if cond holds
+// (ErrConflict otherwise).
 func (s *Store) conditionalUpdate(ctx context.Context, op, pk string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) error {
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
-	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err = s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(pk),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
+	_, err := s.updateItem(ctx, op, s.key(pk), cond, upd, "", false)
+	if _, failed := conditionFailed(err); failed {
 		return fmt.Errorf("%s %s: %w", op, pk, core.ErrConflict)
 	}
-	if err != nil {
-		return unavailable(op, err)
-	}
-	return nil
+	return err
 }
 
 // rebalance rewrites the buckets' limits for limit (setLimits) when they
@@ -681,11 +645,12 @@ func (s *Store) dropIdleTenants(ctx context.Context, buckets []bucketItem, store
 		}
 		items := []types.TransactWriteItem{check}
 		for _, b := range holders[t] {
-			del := "DELETE #tenants :tenant"
-			items = append(items, types.TransactWriteItem{Update: &types.Update{TableName: &s.table,
-				Key: s.key(s.bucketPK(runningSlots, b)), UpdateExpression: &del,
-				ExpressionAttributeNames:  map[string]string{"#tenants": "tenants"},
-				ExpressionAttributeValues: map[string]types.AttributeValue{":tenant": tenantSet(t)}}})
+			drop, err := s.txnUpdate(s.key(s.bucketPK(runningSlots, b)), nil,
+				expression.Delete(expression.Name("tenants"), expression.Value(tenantSet(t))), false)
+			if err != nil {
+				return dropped, fmt.Errorf("drop idle tenant: %w", err)
+			}
+			items = append(items, drop)
 		}
 		switch err := s.transact(ctx, "drop idle tenant", items); {
 		case err == nil:

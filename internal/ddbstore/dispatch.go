@@ -113,50 +113,21 @@ func (s *Store) grantIn(ctx context.Context, t ticketItem, b, limit int, grantUn
 	return err
 }
 
-// Dispatch reads the head of the queue (its shards' heads, merged; see
-// readHead) and serves what it read in order: lapsed waiting tickets are
-// deleted, lapsed grants passed on to the first live waiting tickets (or
-// their slots freed), then each live waiting ticket in turn is granted a
-// slot of a bucket with room (d.Bucket first; every bucket read,
-// eventually consistent, when d.Scan, or when d.Self is the first live
-// waiting ticket).
-//
-// A grant that finds its ticket granted by a peer since the read (the
-// frees that end at once all try the same head ticket first) goes on to
-// the next ticket read, keeping the slot: it reads each strongly first (a
-// read unit), after a random pause that spreads the peers that lost with
-// it (see stillWaitingAfter), and tries it only if it still waits (a
-// grant a peer beat costs a cancelled transaction's write units). When
-// every ticket of a read cut at its limit ends granted (by peers, or
-// before: a grant stays at the head until its waiter's next poll takes
-// it) and the dispatch still has a slot or a lapsed grant to give, or may
-// read the buckets for the first waiting ticket, it reads the tickets
-// behind the last one it read, keeping what it carried (see walk). So each
-// freed slot, and each lapsed grant, goes to the queue while the tickets
-// of dispatchAttempts reads hold one still waiting. Any other race lost to
-// a peer (a ticket or grant that moved) reads the head again.
-//
-// The first read of a dispatch that is not a waiter's turn is one
-// statement over every shard when the queue is short (readHead): one call
-// when nobody waits. A free's (d.Freed set) is eventually consistent: a
-// ticket it misses is served by its own dispatch or the head's next turn,
-// and every write is conditional on what it read, so a stale read only
-// loses a race.
-//
-// A waiter's turn that read the buckets reads each ticket strongly before
-// it grants it room, as a dispatch that lost a race does (pausing only
-// once it lost one): the turn's reads take a few calls, during which the
-// frees grant the same tickets, and a grant that finds its ticket
-// granted costs a cancelled transaction on a bucket and the ticket. A
-// turn that finds its own ticket granted by a peer stops there: the
-// tickets behind it are the frees' (and their own turns', once heads).
-//
-// A waiter's turn (d.Self set, no bucket, no scan) first reads only its
-// own shard: when a live waiting ticket is ahead of it there, it is not
-// the queue's head, and the turn only removes the lapsed tickets it saw
-// (Head is then that ticket). So the turns of W waiters read each shard
-// about W/queueShards times plus once per shard head, not W times (more
-// when grants fill a shard's page: that read cannot tell).
+// Dispatch reads the head of the queue (readHead) and serves what it
+// read in order: lapsed waiting tickets are deleted, lapsed grants passed
+// on to the first live waiting tickets (or their slots freed: passLapsed),
+// then each live waiting ticket in turn is granted a slot of a bucket with
+// room (grantWaiting: d.Bucket first; every bucket read, eventually
+// consistent, when d.Scan, or when d.Self is the first live waiting
+// ticket). A grant that finds its ticket granted by a peer goes on to the
+// next ticket read, keeping the slot (stillWaitingAfter); when every
+// ticket read ends granted, it reads the tickets behind them (dispatch,
+// walk), at most dispatchAttempts reads. Any other race lost to a peer
+// reads the head again. A free's first read (d.Freed set) is eventually
+// consistent: a ticket it misses is served by its own dispatch or the
+// head's next turn, and every write is conditional on what it read. A
+// waiter's turn (d.Self set, no bucket, no scan) first reads only its own
+// shard (aheadInShard).
 func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchResult, error) {
 	var res core.DispatchResult
 	if d.Self != "" && d.Freed < 0 && !d.Scan {
@@ -186,9 +157,9 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 
 // readHead makes read r of a dispatch. The first read of a free's or
 // reconcile's dispatch (not a waiter's turn) reads the whole queue in one
-// statement (wholeQueue) when it holds at most 16 tickets, as when
-// nobody waits; a longer queue, or a failed statement, is then read
-// shard by shard (queueHead): one call more than before.
+// statement (wholeQueue) when it is short: one call when nobody waits. A
+// longer queue, or a failed statement, is then read shard by shard
+// (queueHead), one call more.
 func (s *Store) readHead(ctx context.Context, d core.Dispatch, attempt int, r headRead) (headView, error) {
 	if attempt == 0 && d.Self == "" {
 		if q, whole, err := s.wholeQueue(ctx, !r.eventual); err == nil && whole {
@@ -206,7 +177,9 @@ func (s *Store) readHead(ctx context.Context, d core.Dispatch, attempt int, r he
 // live waiting ticket there when it is not d.Self ("" when it is, or when
 // the read cannot tell: d.Self further than the page, or a lapsed grant
 // ahead, which only a read of the whole head can pass on in order). The
-// lapsed waiting tickets ahead are removed.
+// lapsed waiting tickets ahead are removed. So the turns of W waiters read
+// each shard about W/queueShards times plus once per shard head, not W
+// times (more when grants fill a shard's page: that read cannot tell).
 func (s *Store) aheadInShard(ctx context.Context, d core.Dispatch, res *core.DispatchResult) (string, error) {
 	pk := s.ticketPK(core.Ticket{ID: d.Self})
 	ctx, cancel := s.ctx(ctx)
@@ -357,7 +330,10 @@ func (s *Store) grantWaiting(ctx context.Context, d core.Dispatch, w *walk, wait
 			continue
 		}
 		// A turn granting room it read in the buckets reads each ticket
-		// first too (see Dispatch).
+		// first too (pausing only once it lost a race): the frees grant
+		// the same tickets during its reads, and a grant that finds its
+		// ticket granted costs a cancelled transaction. A turn that finds
+		// its own ticket granted by a peer stops there.
 		turn := w.read && d.Self != ""
 		if w.lost > 0 || turn {
 			// Peers are granting the tickets read: read the next one

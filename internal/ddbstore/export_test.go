@@ -1,5 +1,7 @@
 package ddbstore
 
+import "context"
+
 // ShardOf, ThreadHome, OwnerShard, QueueShardOf and ItemPK expose
 // shardOf, threadHome, ownerShard, queueShardOf and itemPK to the tests.
 var (
@@ -40,3 +42,16 @@ func SetSweepSegments(s *Store, n int32) {
 
 // SlotStates is how many states hold slots (slotStates).
 var SlotStates = len(slotStates)
+
+// QueueShards is queueShards, for the tests that find the queue's tickets.
+const QueueShards = queueShards
+
+// PausedUsed reads the number of paused slots held (strongly consistent).
+func (s *Store) PausedUsed(ctx context.Context) (int, error) {
+	buckets, err := s.readLedger(ctx, pausedSlots, 0, true)
+	used, _ := usedSum(buckets)
+	return used, err
+}
+
+// capacityPK is the key of running-slot bucket 0 of deployment.
+func capacityPK(deployment string) string { return "CAP#" + deployment }

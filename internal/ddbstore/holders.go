@@ -62,16 +62,16 @@ func (s *Store) readCounters(ctx context.Context, keys []string) (map[string]cou
 	for _, k := range keys {
 		avs = append(avs, s.key(k))
 	}
-	items, err := s.batchGetAll(ctx, avs)
+	items, err := s.batchGetAll(ctx, avs, true)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]countItem{}
 	for _, av := range items {
-		if pk, _ := av[AttrPK].(*types.AttributeValueMemberS); pk != nil {
+		if pk := stringAttr(av, AttrPK); pk != "" {
 			var c countItem
 			_ = attributevalue.UnmarshalMap(av, &c) // absent attributes stay zero
-			out[pk.Value] = c
+			out[pk] = c
 		}
 	}
 	return out, nil
@@ -142,8 +142,8 @@ func (s *Store) sweepCounts(ctx context.Context, segment int32) ([]string, error
 	err = s.scanEach(ctx, "sweep slot counts", &dynamodb.ScanInput{TableName: &s.table, FilterExpression: expr.Filter(),
 		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
 		Segment: aws.Int32(segment), TotalSegments: aws.Int32(s.sweep)}, func(av map[string]types.AttributeValue) error {
-		if pk, _ := av[AttrPK].(*types.AttributeValueMemberS); pk != nil {
-			keys = append(keys, pk.Value)
+		if pk := stringAttr(av, AttrPK); pk != "" {
+			keys = append(keys, pk)
 		}
 		return nil
 	})

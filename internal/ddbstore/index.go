@@ -3,14 +3,12 @@ package ddbstore
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -20,15 +18,14 @@ import (
 )
 
 // IndexShards is the most partition keys the state index spreads each
-// state over. An entry's gsi1pk is "ST#<deployment>#<state>#<n>" with n =
-// shardOf(sandbox id or reservation token) modulo the store's shard count
-// (shardsFor the deployment limit, WithLimit). A DynamoDB
-// partition takes about 1,000 write units a second, and every change of a
-// record writes the index under its state's key: a state change twice
-// (the entry deleted under the state it leaves, put under the one it
-// enters), any other update once (the index projects every attribute).
-// Active, releasing and warm are each written about twice per acquire.
-// Every state has the same count.
+// state over (the key layout is in schema.go; the store's count is
+// shardsFor the deployment limit, WithLimit). A DynamoDB partition takes
+// about 1,000 write units a second, and every change of a record writes
+// the index under its state's key: a state change twice (the entry
+// deleted under the state it leaves, put under the one it enters), any
+// other update once (the index projects every attribute). Active,
+// releasing and warm are each written about twice per acquire. Every
+// state has the same count.
 const IndexShards = 32
 
 // slotsPerShard is how many slots of the deployment limit one index key
@@ -66,12 +63,21 @@ const queryParallel = IndexShards
 // pool, and closes them again.
 const ConcurrentCalls = queryParallel
 
-// shardOf is the index shard of a sandbox id or reservation token among n:
-// FNV-1a of the id, modulo n (stable across processes).
+// shardOf is id's shard among n: FNV-1a of id, modulo n (stable across
+// processes). It spreads index entries, ledger takes, queue tickets and
+// owner entries over their keys.
 func shardOf(id string, n int) int {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(id))
 	return int(h.Sum32() % uint32(n))
+}
+
+// stringAttr is av's string attribute name ("" when absent).
+func stringAttr(av map[string]types.AttributeValue, name string) string {
+	if v, ok := av[name].(*types.AttributeValueMemberS); ok {
+		return v.Value
+	}
+	return ""
 }
 
 // statePK is the index partition key of id's entry in state. Pool
@@ -137,9 +143,10 @@ func (q *shardQuery) fill(ctx context.Context, s *Store, what string) error {
 
 // eachMerged runs the queries kqs (each over one partition key, in
 // sort-key order) and calls fn with their items merged in the order of
-// key, until fn returns false or every query is done. Every query's first
-// page is read in parallel; later pages as the merge reaches them.
-func (s *Store) eachMerged(ctx context.Context, what string, kqs []keyQuery, key func(map[string]types.AttributeValue) string, fn func(map[string]types.AttributeValue) bool) error {
+// their string attribute sortAttr, until fn returns false or every query
+// is done. Every query's first page is read in parallel; later pages as
+// the merge reaches them.
+func (s *Store) eachMerged(ctx context.Context, what string, kqs []keyQuery, sortAttr string, fn func(map[string]types.AttributeValue) bool) error {
 	qs := make([]*shardQuery, 0, len(kqs))
 	for _, kq := range kqs {
 		qs = append(qs, &shardQuery{pk: kq.pk, p: dynamodb.NewQueryPaginator(s.db, kq.in)})
@@ -157,7 +164,7 @@ func (s *Store) eachMerged(ctx context.Context, what string, kqs []keyQuery, key
 	for {
 		var next *shardQuery
 		for _, q := range qs {
-			if len(q.buf) > 0 && (next == nil || cmp.Less(key(q.buf[0]), key(next.buf[0]))) {
+			if len(q.buf) > 0 && (next == nil || cmp.Less(stringAttr(q.buf[0], sortAttr), stringAttr(next.buf[0], sortAttr))) {
 				next = q
 			}
 		}
@@ -205,27 +212,41 @@ func (s *Store) eachInKeys(ctx context.Context, pks []string, state core.State, 
 		}
 		kqs[i] = keyQuery{pk: pk, in: in}
 	}
-	return s.eachMerged(ctx, "query "+string(state), kqs, entrySK, fn)
+	return s.eachMerged(ctx, "query "+string(state), kqs, AttrGSI1SK, fn)
 }
 
 // recordsInState lists up to limit records in state (sk narrowing the
 // sort key), oldest first.
 func (s *Store) recordsInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, limit int) ([]core.Record, error) {
-	var recs []core.Record
-	var derr error
-	err := s.eachInState(ctx, state, sk, int32(limit), func(av map[string]types.AttributeValue) bool {
-		rec, err := s.decodeRecord(ctx, av)
-		if err != nil {
-			derr = err
-			return false
-		}
-		recs = append(recs, rec)
-		return len(recs) < limit
-	})
+	avs, err := s.entriesIn(ctx, s.statePKs(state), state, sk, limit)
 	if err != nil {
 		return nil, err
 	}
-	return recs, derr
+	return s.decodeRecords(ctx, avs)
+}
+
+// entriesIn lists up to limit index entries of state under the keys pks
+// (sk narrowing the sort key), oldest first.
+func (s *Store) entriesIn(ctx context.Context, pks []string, state core.State, sk *expression.KeyConditionBuilder, limit int) ([]map[string]types.AttributeValue, error) {
+	var avs []map[string]types.AttributeValue
+	err := s.eachInKeys(ctx, pks, state, sk, int32(limit), func(av map[string]types.AttributeValue) bool {
+		avs = append(avs, av)
+		return len(avs) < limit
+	})
+	return avs, err
+}
+
+// decodeRecords decodes the records avs.
+func (s *Store) decodeRecords(ctx context.Context, avs []map[string]types.AttributeValue) ([]core.Record, error) {
+	recs := make([]core.Record, 0, len(avs))
+	for _, av := range avs {
+		rec, err := s.decodeRecord(ctx, av)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec)
+	}
+	return recs, nil
 }
 
 // sampleShards is how many index shards of a state, picked at random, a
@@ -246,45 +267,23 @@ const (
 func (s *Store) sampleInState(ctx context.Context, state core.State, sk *expression.KeyConditionBuilder, limit int) ([]core.Record, error) {
 	pks := s.statePKs(state)
 	rand.Shuffle(len(pks), func(i, j int) { pks[i], pks[j] = pks[j], pks[i] })
-	collect := func(keys []string) ([]map[string]types.AttributeValue, error) {
-		var avs []map[string]types.AttributeValue
-		err := s.eachInKeys(ctx, keys, state, sk, int32(limit), func(av map[string]types.AttributeValue) bool {
-			avs = append(avs, av)
-			return len(avs) < limit
-		})
-		return avs, err
-	}
 	n := max(1, len(pks)*sampleShards/IndexShards)
-	avs, err := collect(pks[:n])
+	avs, err := s.entriesIn(ctx, pks[:n], state, sk, limit)
 	if err != nil {
 		return nil, err
 	}
 	if len(avs) < min(sampleEnough, limit) && n < len(pks) {
-		rest, err := collect(pks[n:])
+		rest, err := s.entriesIn(ctx, pks[n:], state, sk, limit)
 		if err != nil {
 			return nil, err
 		}
 		avs = append(avs, rest...)
-		slices.SortFunc(avs, func(a, b map[string]types.AttributeValue) int { return cmp.Compare(entrySK(a), entrySK(b)) })
+		slices.SortFunc(avs, func(a, b map[string]types.AttributeValue) int {
+			return cmp.Compare(stringAttr(a, AttrGSI1SK), stringAttr(b, AttrGSI1SK))
+		})
 		avs = avs[:min(len(avs), limit)]
 	}
-	recs := make([]core.Record, 0, len(avs))
-	for _, av := range avs {
-		rec, err := s.decodeRecord(ctx, av)
-		if err != nil {
-			return nil, err
-		}
-		recs = append(recs, rec)
-	}
-	return recs, nil
-}
-
-// entrySK is an index entry's sort key.
-func entrySK(av map[string]types.AttributeValue) string {
-	if sk, ok := av[AttrGSI1SK].(*types.AttributeValueMemberS); ok {
-		return sk.Value
-	}
-	return ""
+	return s.decodeRecords(ctx, avs)
 }
 
 // inKey lists up to limit records of one index key (one query), the
@@ -302,15 +301,7 @@ func (s *Store) inKey(ctx context.Context, state core.State, pk string, limit in
 	if err != nil {
 		return nil, unavailable("query "+string(state), err)
 	}
-	recs := make([]core.Record, 0, len(out.Items))
-	for _, av := range out.Items {
-		rec, err := s.decodeRecord(ctx, av)
-		if err != nil {
-			return nil, err
-		}
-		recs = append(recs, rec)
-	}
-	return recs, nil
+	return s.decodeRecords(ctx, out.Items)
 }
 
 // ScanState calls fn for each record (or reservation) in state, oldest
@@ -318,12 +309,7 @@ func (s *Store) inKey(ctx context.Context, state core.State, pk string, limit in
 func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Record) bool) error {
 	var derr error
 	err := s.eachInState(ctx, state, nil, 0, func(av map[string]types.AttributeValue) bool {
-		var it item
-		if derr = attributevalue.UnmarshalMap(av, &it); derr != nil {
-			derr = fmt.Errorf("decode %s item: %w", state, derr)
-			return false
-		}
-		rec, err := s.recordOf(ctx, it)
+		rec, err := s.decodeRecord(ctx, av)
 		if err != nil {
 			derr = err
 			return false
@@ -334,57 +320,4 @@ func (s *Store) ScanState(ctx context.Context, state core.State, fn func(core.Re
 		return err
 	}
 	return derr
-}
-
-// maxCountPages bounds one COUNT query's pages (each covers up to 1 MB of
-// index data); a count that would need more fails rather than come back
-// short, since a short count could let the ledger repair admit too many.
-const maxCountPages = 1000
-
-// countState counts state's index entries: one COUNT query per shard, in
-// parallel.
-func (s *Store) countState(ctx context.Context, state core.State) (int, error) {
-	pks := s.statePKs(state)
-	counts := make([]int, len(pks))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(queryParallel)
-	for i, pk := range pks {
-		g.Go(func() error {
-			n, err := s.countKey(gctx, state, pk)
-			counts[i] = n
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, c := range counts {
-		n += c
-	}
-	return n, nil
-}
-
-func (s *Store) countKey(ctx context.Context, state core.State, pk string) (int, error) {
-	expr, err := expression.NewBuilder().WithKeyCondition(expression.Key(AttrGSI1PK).Equal(expression.Value(pk))).Build()
-	if err != nil {
-		return 0, err
-	}
-	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{TableName: &s.table, IndexName: aws.String(IndexGSI1),
-		KeyConditionExpression: expr.KeyCondition(), ExpressionAttributeNames: expr.Names(),
-		ExpressionAttributeValues: expr.Values(), Select: types.SelectCount})
-	n := 0
-	for pages := 0; p.HasMorePages(); pages++ {
-		if pages == maxCountPages {
-			return 0, fmt.Errorf("count %s: more than %d pages", state, maxCountPages)
-		}
-		cctx, cancel := s.ctx(ctx)
-		out, err := p.NextPage(cctx)
-		cancel()
-		if err != nil {
-			return 0, unavailable("count "+string(state), err)
-		}
-		n += int(out.Count)
-	}
-	return n, nil
 }

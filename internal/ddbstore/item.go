@@ -84,10 +84,9 @@ type bindingItem struct {
 
 const sortKey = "R"
 
-func sandboxPK(id string) string          { return "SBX#" + id }
-func reservationPK(token string) string   { return "RES#" + token }
-func bindingPK(k core.ThreadKey) string   { return "THR#" + k.Tenant + "#" + k.User + "#" + k.Thread }
-func capacityPK(deployment string) string { return "CAP#" + deployment }
+func sandboxPK(id string) string        { return "SBX#" + id }
+func reservationPK(token string) string { return "RES#" + token }
+func bindingPK(k core.ThreadKey) string { return "THR#" + k.Tenant + "#" + k.User + "#" + k.Thread }
 
 // userPK is the per-user slot counter (SANDBOX_MAX_PER_USER).
 func userPK(deployment string, k core.ThreadKey) string {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -198,11 +197,7 @@ func (s *Store) readBuckets(ctx context.Context, l ledger, from, to int, consist
 		return nil, err
 	}
 	for _, av := range items {
-		pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
-		if pk == nil {
-			continue
-		}
-		if b := s.bucketOf(l, pk.Value); b >= from && b < to {
+		if b := s.bucketOf(l, stringAttr(av, AttrPK)); b >= from && b < to {
 			out[b-from] = decodeBucket(av)
 			out[b-from].Index = b
 		}
@@ -213,18 +208,7 @@ func (s *Store) readBuckets(ctx context.Context, l ledger, from, to int, consist
 // bucketUpdate is the transaction item applying u (under cond, if any) to
 // bucket b of l; a refusal returns the bucket.
 func (s *Store) bucketUpdate(l ledger, b int, cond *expression.ConditionBuilder, u expression.UpdateBuilder) (types.TransactWriteItem, error) {
-	eb := expression.NewBuilder().WithUpdate(u)
-	if cond != nil {
-		eb = eb.WithCondition(*cond)
-	}
-	expr, err := eb.Build()
-	if err != nil {
-		return types.TransactWriteItem{}, fmt.Errorf("%s bucket update: %w", l.name, err)
-	}
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(s.bucketPK(l, b)),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+	return s.txnUpdate(s.key(s.bucketPK(l, b)), cond, u, true)
 }
 
 // slotTaken and slotFreed move a bucket's used count by one, and its
@@ -391,13 +375,6 @@ func updateTried(buckets []bucketItem, b int, err error) {
 	}
 }
 
-// hashOf is the FNV-1a hash of s.
-func hashOf(s string) uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(s))
-	return h.Sum32()
-}
-
 // homeOf is the first of l's buckets a take by key tries: one of those
 // with an even share of limit (any when limit is 0: no limit), by a hash
 // of key.
@@ -406,7 +383,7 @@ func (l ledger) homeOf(key string, limit int) int {
 	if limit > 0 {
 		n = min(n, limit)
 	}
-	return int(hashOf(key) % uint32(n))
+	return shardOf(key, n)
 }
 
 // evenShare is bucket b's part of limit split among n buckets: the limit

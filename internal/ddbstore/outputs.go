@@ -15,12 +15,9 @@ import (
 )
 
 // A sandbox whose outputs are not all stored is noted by one item beside
-// the reconcile cursor:
-//
-//	pk REC#<deployment>, sk OWED#<sandbox id>   noted_at (ms), and a ttl
-//
-// One item per sandbox: releases noting different sandboxes never write
-// the same item, and reconcile reads them all with one query.
+// the reconcile cursor (see reconcile.go), holding noted_at (ms) and a
+// ttl. One item per sandbox: releases noting different sandboxes never
+// write the same item, and reconcile reads them all with one query.
 
 // owedPrefix starts the sort key of an owed-outputs note.
 const owedPrefix = "OWED#"

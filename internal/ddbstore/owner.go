@@ -43,7 +43,7 @@ func ownerPK(deployment, tenant string, n int) string {
 }
 
 // ownerShard is the owner index shard of user's warm records.
-func ownerShard(user string) int { return int(hashOf(user) % OwnerShards) }
+func ownerShard(user string) int { return shardOf(user, OwnerShards) }
 
 // ownerSK is the owner index sort key of a warm record of k's thread
 // parked at parked: its user first (the key holds several users), then
@@ -133,13 +133,8 @@ func (s *Store) ownerEntries(ctx context.Context, pk, tenant, user string, page 
 // ownerEntry is the record an owner index entry describes (false when
 // its keys do not parse).
 func ownerEntry(av map[string]types.AttributeValue, tenant string) (core.Record, bool) {
-	pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
-	sk, _ := av[AttrGSI2SK].(*types.AttributeValueMemberS)
-	if pk == nil || sk == nil {
-		return core.Record{}, false
-	}
-	id, ok := strings.CutPrefix(pk.Value, "SBX#")
-	parts := strings.SplitN(sk.Value, "#", 4)
+	id, ok := strings.CutPrefix(stringAttr(av, AttrPK), "SBX#")
+	parts := strings.SplitN(stringAttr(av, AttrGSI2SK), "#", 4)
 	if !ok || len(parts) != 4 {
 		return core.Record{}, false
 	}

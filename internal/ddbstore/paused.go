@@ -12,7 +12,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
-	"github.com/sandbox-broker/sandbox-broker/pkg/api"
 )
 
 // Paused slots (pause-parking). A record pausing, paused or resuming
@@ -23,10 +22,9 @@ import (
 // bucket with its holders. The record says which slots it holds
 // (no_running_slot, paused_slot, paused_bucket), so Free returns exactly
 // those. A pause checks the drain in the bucket it takes: SetDraining
-// flags the paused buckets as it does the running slots'. Why 32: a pause
-// and its resume write their bucket in two transactions (about 4 write
-// units); under BenchmarkHotKeys' waiting load one item took 3.9 units
-// per acquire, 32 take about 0.12 each on average.
+// flags the paused buckets as it does the running slots'. A pause and its
+// resume write their bucket in two transactions; 32 buckets keep them off
+// BenchmarkHotKeys' hottest keys (docs/benchmarks.md).
 const PausedBuckets = 32
 
 var _ core.PauseStore = (*Store)(nil)
@@ -59,19 +57,8 @@ func (s *Store) pausedTake(b, limit int, pausing bool) (types.TransactWriteItem,
 	return s.bucketUpdate(pausedSlots, pausedBucketOf(b), takeCondition(limit, pausing), slotTaken())
 }
 
-// pausedRelease is the transaction item that frees one paused slot of
-// bucket b.
-func (s *Store) pausedRelease(b int) types.TransactWriteItem {
-	it, err := s.bucketUpdate(pausedSlots, pausedBucketOf(b), nil, slotFreed())
-	if err != nil {
-		panic(err) // a constant expression: cannot fail
-	}
-	return it
-}
-
-// revised makes a count update also move the count's revision, so that a
-// repair can tell a count that moved and came back from one that never
-// moved.
+// revised makes a count update also move the count's revision (see
+// ledger).
 func revised(u expression.UpdateBuilder) expression.UpdateBuilder {
 	return u.Add(expression.Name("revision"), expression.Value(1))
 }
@@ -97,7 +84,7 @@ func (s *Store) slotsRelease(rec core.Record) ([]types.TransactWriteItem, error)
 // slot: its paused bucket's, and its tenant's paused count when counted
 // in it.
 func (s *Store) tenantPausedRelease(rec core.Record) []types.TransactWriteItem {
-	items := []types.TransactWriteItem{s.pausedRelease(int(rec.Slots.PausedRef))}
+	items := []types.TransactWriteItem{must(s.bucketUpdate(pausedSlots, pausedBucketOf(int(rec.Slots.PausedRef)), nil, slotFreed()))}
 	if rec.Slots.TenantPaused && rec.Tenant != "" {
 		items = append(items, s.counterRelease(tenantPausedPK(s.deployment, rec.Tenant)))
 	}
@@ -119,34 +106,22 @@ func (s *Store) claimUpdate(c core.Claim, to core.State, at time.Time) expressio
 // recordTxnItem is a conditional update of the record in a transaction,
 // returning the old item when its condition fails.
 func (s *Store) recordTxnItem(id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (types.TransactWriteItem, error) {
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(id)),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+	return s.txnUpdate(s.key(sandboxPK(id)), &cond, upd, true)
 }
 
 // claimRefusal says why a claim's record condition failed, from the item
 // as it was (ErrNotFound, ErrConflict or ErrLeaseHeld, as Claim); user,
 // when set, must own the record too.
 func (s *Store) claimRefusal(ctx context.Context, c core.Claim, user string, r types.CancellationReason) error {
-	if len(r.Item) == 0 {
-		return core.ErrNotFound
-	}
-	old, err := s.decodeRecord(ctx, r.Item)
+	old, err := s.oldRecord(ctx, r.Item)
 	if err != nil {
 		return err
 	}
-	switch {
-	case old.Tenant != c.Tenant, user != "" && old.User != user:
+	if user != "" && old.User != user {
 		return core.ErrNotFound
-	case old.State != c.From[0]:
-		return fmt.Errorf("sandbox %s is %s: %w", c.SandboxID, old.State, core.ErrConflict)
 	}
-	return fmt.Errorf("sandbox %s: %w", c.SandboxID, core.ErrLeaseHeld)
+	_, err = claimRefused(c, old)
+	return err
 }
 
 // ClaimPause implements core.PauseStore: one transaction of the record
@@ -370,7 +345,7 @@ func (s *Store) ClaimResume(ctx context.Context, r core.ResumeClaim) (core.Recor
 		return core.Record{}, fmt.Errorf("claim resume: a lease is required")
 	}
 	c.Tenant = r.Key.Tenant
-	_, err := s.takeSlotOrGrant(ctx, threadPlan(r.Key, r.Limit), r.Grant, func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
+	_, err := s.takeSlotOrGrant(ctx, r.Limit, threadHome(r.Key, r.Limit), r.Grant, func(b int) error { return s.claimResumeIn(ctx, r, c, b) })
 	if err != nil {
 		return core.Record{}, err
 	}
@@ -404,13 +379,12 @@ func (s *Store) claimResumeIn(ctx context.Context, r core.ResumeClaim, c core.Cl
 	if f, ok := failed[sandboxPK(c.SandboxID)]; ok {
 		return s.claimRefusal(ctx, c, key.User, f)
 	}
+	quota := s.quotaRefusal(failed, key, r.Limit)
 	switch {
 	case s.grantFailed(failed, r.Grant):
 		return fmt.Errorf("claim resume: %w", core.ErrGrantLost)
-	case has(failed, userPK(s.deployment, key)):
-		return &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second, Status: core.CapacityStatus{Limit: r.Limit}}
-	case has(failed, tenantPK(s.deployment, key.Tenant)):
-		return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second, Status: core.CapacityStatus{Limit: r.Limit}}
+	case quota != nil:
+		return quota
 	case has(failed, s.bucketPK(runningSlots, b)):
 		return bucketRefusal(failed[s.bucketPK(runningSlots, b)].Item, r.Limit)
 	case len(failed) > 0:
@@ -450,33 +424,22 @@ func (s *Store) TenantsPaused(ctx context.Context, tenants []string) (map[string
 	for i, t := range tenants {
 		keys[i] = s.key(tenantPausedPK(s.deployment, t))
 	}
+	items, err := s.batchGetAll(ctx, keys, false)
+	if err != nil {
+		return nil, fmt.Errorf("read tenants' paused counts: %w", err)
+	}
 	held := make(map[string]int, len(tenants))
-	for len(keys) > 0 {
-		n := min(len(keys), batchGetMax)
-		items, err := s.batchGet(ctx, keys[:n], false)
-		if err != nil {
+	for _, av := range items {
+		var c struct {
+			PK   string `dynamodbav:"pk"`
+			Used int    `dynamodbav:"used"`
+		}
+		if err := attributevalue.UnmarshalMap(av, &c); err != nil {
 			return nil, fmt.Errorf("read tenants' paused counts: %w", err)
 		}
-		for _, av := range items {
-			var c struct {
-				PK   string `dynamodbav:"pk"`
-				Used int    `dynamodbav:"used"`
-			}
-			if err := attributevalue.UnmarshalMap(av, &c); err != nil {
-				return nil, fmt.Errorf("read tenants' paused counts: %w", err)
-			}
-			held[strings.TrimPrefix(c.PK, tenantPausedPK(s.deployment, ""))] = c.Used
-		}
-		keys = keys[n:]
+		held[strings.TrimPrefix(c.PK, tenantPausedPK(s.deployment, ""))] = c.Used
 	}
 	return held, nil
-}
-
-// PausedUsed reads the number of paused slots held (strongly consistent).
-func (s *Store) PausedUsed(ctx context.Context) (int, error) {
-	buckets, err := s.readLedger(ctx, pausedSlots, 0, true)
-	used, _ := usedSum(buckets)
-	return used, err
 }
 
 // repairCount sets attribute attr of the count item pk to counted if the

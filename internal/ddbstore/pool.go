@@ -34,11 +34,7 @@ var _ core.PoolStore = (*Store)(nil)
 
 // poolPlaceFreed is the transaction item that gives a pool place back.
 func (s *Store) poolPlaceFreed() types.TransactWriteItem {
-	it, err := s.bucketUpdate(poolPlaces, 0, nil, slotFreed())
-	if err != nil {
-		panic(err) // a constant expression: cannot fail
-	}
-	return it
+	return must(s.bucketUpdate(poolPlaces, 0, nil, slotFreed()))
 }
 
 // errPoolLimitUnset: the pool's place limit is not set for the size a
@@ -50,7 +46,7 @@ var errPoolLimitUnset = errors.New("pool place limit not set for this size")
 // the place limit first when the size changed (setLimits).
 func (s *Store) ReservePool(ctx context.Context, r core.PoolReservation) error {
 	for attempt := 0; ; attempt++ {
-		b, err := s.takeSlot(ctx, slotPlan{limit: r.Limit, home: homeBucket(r.Token, r.Limit)}, func(b int) error { return s.reservePoolIn(ctx, r, b) })
+		b, err := s.takeSlot(ctx, r.Limit, homeBucket(r.Token, r.Limit), func(b int) error { return s.reservePoolIn(ctx, r, b) })
 		if err == nil {
 			s.slots.remember(r.Token, core.Slot{Ref: core.SlotRef(b)})
 		}
@@ -91,12 +87,7 @@ func (s *Store) reservePoolIn(ctx context.Context, r core.PoolReservation, b int
 	if err != nil {
 		return fmt.Errorf("reserve pool: %w", err)
 	}
-	notExists := "attribute_not_exists(pk)"
-	failed, err := s.writeTxn(ctx, "reserve pool", []types.TransactWriteItem{
-		bucket,
-		place,
-		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
-	})
+	failed, err := s.writeTxn(ctx, "reserve pool", []types.TransactWriteItem{bucket, place, s.putNew(resItem)})
 	switch {
 	case len(failed) == 0:
 		return err
@@ -117,20 +108,7 @@ func (s *Store) FinalizePool(ctx context.Context, token string, rec core.Record)
 	rec.Fence = 1
 	rec.ThreadKey = core.ThreadKey{}
 	rec.State = core.StatePooled
-	var final core.Record
-	failed, err := s.withReservationSlot(ctx, "finalize pool", token, false, func(slot core.Slot) ([]types.TransactWriteItem, error) {
-		var items []types.TransactWriteItem
-		var err error
-		final, items, err = s.fromReservation(ctx, token, slot, rec, true)
-		return items, err
-	})
-	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
-		return core.Record{}, fmt.Errorf("finalize pool reservation %s: %w", token, core.ErrConflict)
-	}
-	if err != nil {
-		return core.Record{}, err
-	}
-	return final, nil
+	return s.consumeReservation(ctx, "finalize pool", token, rec, true)
 }
 
 // SomePoolMembers lists up to limit pooled records, the newest first
@@ -158,7 +136,7 @@ func (s *Store) ClaimPoolMember(ctx context.Context, c core.PoolClaim) (core.Rec
 		return s.claimPoolMemberIn(ctx, c, int(c.Member.Slot.Ref))
 	}
 	var rec core.Record
-	_, err := s.takeSlotOrGrant(ctx, threadPlan(c.ThreadKey, c.Limit), c.Grant, func(b int) error {
+	_, err := s.takeSlotOrGrant(ctx, c.Limit, threadHome(c.ThreadKey, c.Limit), c.Grant, func(b int) error {
 		var err error
 		rec, err = s.claimPoolMemberIn(ctx, c, b)
 		return err
@@ -219,11 +197,11 @@ func (s *Store) poolClaimRecord(c core.PoolClaim, b int) (types.TransactWriteIte
 			And(expression.Name("no_running_slot").Equal(expression.Value(true)))
 		upd = upd.Set(expression.Name("bucket"), expression.Value(b)).Remove(expression.Name("no_running_slot"))
 	}
-	recExpr, err := expression.NewBuilder().
-		WithCondition(expression.Name("state").Equal(expression.Value(string(core.StatePooled))).
+	return s.recordTxnItem(m.SandboxID,
+		expression.Name("state").Equal(expression.Value(string(core.StatePooled))).
 			And(expression.AttributeExists(expression.Name(attrPoolPlace))).And(held).
-			And(expression.Name("fence").Equal(expression.Value(m.Fence)))).
-		WithUpdate(s.stateIndex(upd.Set(expression.Name("state"), expression.Value(string(core.StateClaiming))).
+			And(expression.Name("fence").Equal(expression.Value(m.Fence))),
+		s.stateIndex(upd.Set(expression.Name("state"), expression.Value(string(core.StateClaiming))).
 			Set(expression.Name("prev_state"), expression.Value(string(core.StatePooled))).
 			Set(expression.Name("tenant"), expression.Value(c.Tenant)).
 			Set(expression.Name("user_id"), expression.Value(c.User)).
@@ -236,15 +214,7 @@ func (s *Store) poolClaimRecord(c core.PoolClaim, b int) (types.TransactWriteIte
 			Set(expression.Name("metered_at"), expression.Value(ms(c.Now))).
 			Set(expression.Name("metered_state"), expression.Value(string(core.StatePooled))).
 			Remove(expression.Name(attrPoolPlace)).
-			Add(expression.Name("fence"), expression.Value(1)), core.StateClaiming, c.Now, m.SandboxID, core.ThreadKey{})).
-		Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(m.SandboxID)),
-		ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
-		ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values(),
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+			Add(expression.Name("fence"), expression.Value(1)), core.StateClaiming, c.Now, m.SandboxID, core.ThreadKey{}))
 }
 
 // poolClaimSlot is the transaction items of c's slot in bucket b: the
@@ -327,14 +297,11 @@ func tenantBound(c core.PoolClaim) int {
 // count as found (old): its quota when it holds c.MaxPerTenant slots,
 // else its fair share (c.Below).
 func tenantRefusal(c core.PoolClaim, old map[string]types.AttributeValue) error {
-	var it struct {
-		Used int `dynamodbav:"used"`
-	}
-	_ = attributevalue.UnmarshalMap(old, &it) // an absent count is zero
-	if c.Below == nil || (c.MaxPerTenant > 0 && it.Used >= c.MaxPerTenant) {
+	used := decodeCounter(old) // an absent count is zero
+	if c.Below == nil || (c.MaxPerTenant > 0 && used >= c.MaxPerTenant) {
 		return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second}
 	}
-	return fmt.Errorf("tenant %s holds %d slots: %w", c.Tenant, it.Used, core.ErrAtFairShare)
+	return fmt.Errorf("tenant %s holds %d slots: %w", c.Tenant, used, core.ErrAtFairShare)
 }
 
 // ClaimPoolPause implements core.PoolStore: ClaimPause of a pooled member
@@ -381,9 +348,9 @@ func (s *Store) AdoptPoolSandbox(ctx context.Context, rec core.Record, reservati
 // notLivePut is the put of a pool record that replaces no record, or a
 // gone one (a sandbox whose kill did not take: it holds no slot and no
 // place).
-func notLivePut(table *string, item map[string]types.AttributeValue) types.TransactWriteItem {
+func (s *Store) notLivePut(item map[string]types.AttributeValue) types.TransactWriteItem {
 	notLive := "attribute_not_exists(pk) OR #state = :gone"
-	return types.TransactWriteItem{Put: &types.Put{TableName: table, Item: item, ConditionExpression: &notLive,
+	return types.TransactWriteItem{Put: &types.Put{TableName: &s.table, Item: item, ConditionExpression: &notLive,
 		ExpressionAttributeNames:  map[string]string{"#state": "state"},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":gone": &types.AttributeValueMemberS{Value: string(core.StateGone)}}}}
 }
@@ -437,13 +404,7 @@ func (s *Store) freePoolRecord(ctx context.Context, rec core.Record, now time.Ti
 // freePoolReservation drops a pool reservation and gives back its slot and
 // place (FreeReservation of a refill whose create failed or crashed).
 func (s *Store) freePoolReservation(ctx context.Context, token string) error {
-	failed, err := s.withReservationSlot(ctx, "free pool reservation", token, false, func(slot core.Slot) ([]types.TransactWriteItem, error) {
-		del, err := s.reservationDelete(token, slot)
-		if err != nil {
-			return nil, err
-		}
-		return s.slotRelease([]types.TransactWriteItem{del, s.poolPlaceFreed()}, core.ThreadKey{}, slot)
-	})
+	failed, err := s.releaseReservation(ctx, "free pool reservation", token, core.ThreadKey{}, false, s.poolPlaceFreed())
 	if err != nil {
 		return err
 	}

@@ -19,12 +19,13 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
 )
 
-// Items of the reconcile pass, beside those of schema.go:
+// Items of the reconcile pass:
 //
 //	pk REC#<deployment>, sk R                     the inventory cursor (reconcileCursorItem)
 //	pk REC#<deployment>, sk SEEN#<cycle>#<part>   ids (and reservation tokens) one pass saw
-//	pk FST#<sandbox id>, sk R                     when reconcile first saw an anomalous sandbox
+//	pk REC#<deployment>, sk COUNTS                the counter repair's notes (countsSK)
 //	pk REC#<deployment>, sk OWED#<sandbox id>     a sandbox whose outputs are owed (outputs.go)
+//	pk FST#<sandbox id>, sk R                     when reconcile first saw an anomalous sandbox
 //
 // SEEN, FST and OWED items carry a "ttl" (garbage collection only).
 
@@ -72,23 +73,19 @@ func (s *Store) LookupMany(ctx context.Context, ids []string, keys []core.Thread
 	for _, t := range tokens {
 		add(reservationPK(t))
 	}
-	items, err := s.batchGetAll(ctx, all)
+	items, err := s.batchGetAll(ctx, all, true)
 	if err != nil {
 		return out, err
 	}
 	for _, av := range items {
-		pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
-		if pk == nil {
-			continue
-		}
-		switch {
-		case strings.HasPrefix(pk.Value, "SBX#"):
+		switch pk := stringAttr(av, AttrPK); {
+		case strings.HasPrefix(pk, "SBX#"):
 			rec, err := s.decodeRecord(ctx, av)
 			if err != nil {
 				return out, err
 			}
 			out.Records[rec.SandboxID] = rec
-		case strings.HasPrefix(pk.Value, "RES#"):
+		case strings.HasPrefix(pk, "RES#"):
 			var it item
 			if err := attributevalue.UnmarshalMap(av, &it); err != nil {
 				return out, fmt.Errorf("decode reservation: %w", err)
@@ -96,25 +93,25 @@ func (s *Store) LookupMany(ctx context.Context, ids []string, keys []core.Thread
 			out.Reservations[it.Reservation] = core.PendingReservation{Token: it.Reservation,
 				ThreadKey: core.ThreadKey{Tenant: it.Tenant, User: it.User, Thread: it.Thread},
 				CreatedAt: fromMS(it.CreatedAt), ExpiresAt: fromMS(it.ExpiresAt)}
-		case strings.HasPrefix(pk.Value, "THR#"):
-			k := bindingKeys[pk.Value]
-			var b bindingItem
-			if err := attributevalue.UnmarshalMap(av, &b); err != nil {
-				return out, fmt.Errorf("decode binding: %w", err)
+		case strings.HasPrefix(pk, "THR#"):
+			k := bindingKeys[pk]
+			b, err := decodeBinding(av, k)
+			if err != nil {
+				return out, err
 			}
-			out.Bindings[k] = core.Binding{ThreadKey: k, SandboxID: b.SandboxID, Reservation: b.Reservation,
-				ReservationExpiresAt: fromMS(b.ReservationExpires)}
+			out.Bindings[k] = b
 		}
 	}
 	return out, nil
 }
 
-// batchGetAll reads keys (any number) with batchGet, batchGetMax at a time.
-func (s *Store) batchGetAll(ctx context.Context, keys []map[string]types.AttributeValue) ([]map[string]types.AttributeValue, error) {
+// batchGetAll reads keys (any number) with batchGet, batchGetMax at a
+// time.
+func (s *Store) batchGetAll(ctx context.Context, keys []map[string]types.AttributeValue, consistent bool) ([]map[string]types.AttributeValue, error) {
 	var items []map[string]types.AttributeValue
 	for len(keys) > 0 {
 		n := min(len(keys), batchGetMax)
-		got, err := s.batchGet(ctx, keys[:n], true)
+		got, err := s.batchGet(ctx, keys[:n], consistent)
 		if err != nil {
 			return nil, err
 		}
@@ -178,21 +175,7 @@ func (s *Store) bindingPut(key core.ThreadKey, sandboxID string, now time.Time, 
 	if err != nil {
 		return types.TransactWriteItem{}, err
 	}
-	expr, err := expression.NewBuilder().WithCondition(cond).Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	return types.TransactWriteItem{Put: &types.Put{TableName: &s.table, Item: av, ConditionExpression: expr.Condition(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
-}
-
-func (s *Store) conditionCheck(pk string, cond expression.ConditionBuilder) (types.TransactWriteItem, error) {
-	expr, err := expression.NewBuilder().WithCondition(cond).Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	return types.TransactWriteItem{ConditionCheck: &types.ConditionCheck{TableName: &s.table, Key: s.key(pk),
-		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+	return s.txnPut(av, cond)
 }
 
 // transact runs a transaction (contention retried by writeTxn); a failed
@@ -254,20 +237,7 @@ func (s *Store) adopt(ctx context.Context, op string, a core.Adoption, pool bool
 		return s.adoptPaused(ctx, op, a, bindItems)
 	}
 	if a.Reservation != "" {
-		var rec core.Record
-		failed, err := s.withReservationSlot(ctx, op, a.Reservation, !pool, func(slot core.Slot) ([]types.TransactWriteItem, error) {
-			var items []types.TransactWriteItem
-			var err error
-			rec, items, err = s.fromReservation(ctx, a.Reservation, slot, a.Record, pool)
-			return append(items, bindItems...), err
-		})
-		if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
-			return core.Record{}, fmt.Errorf("%s: condition failed: %w", op, core.ErrConflict)
-		}
-		if err != nil {
-			return core.Record{}, err
-		}
-		return rec, nil
+		return s.consumeReservation(ctx, op, a.Reservation, a.Record, pool, bindItems...)
 	}
 	return s.adoptNew(ctx, op, a, pool, bindItems)
 }
@@ -280,12 +250,7 @@ func (s *Store) adoptNew(ctx context.Context, op string, a core.Adoption, pool b
 	rec.Fence = 1
 	b := homeBucket(rec.SandboxID, s.limit)
 	rec.Slot = core.Slot{Ref: core.SlotRef(b), Quota: !pool}
-	ri := s.recordItem(rec)
-	ri.PoolPlace = pool
-	if err := s.seal(ctx, &ri); err != nil {
-		return core.Record{}, fmt.Errorf("adopt: %w", err)
-	}
-	recAV, err := attributevalue.MarshalMap(ri)
+	put, err := s.recordPut(ctx, rec, pool)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
@@ -303,7 +268,7 @@ func (s *Store) adoptNew(ctx context.Context, op string, a core.Adoption, pool b
 		if err != nil {
 			return core.Record{}, fmt.Errorf("adopt: %w", err)
 		}
-		items := append([]types.TransactWriteItem{notLivePut(&s.table, recAV), bucket, place}, bindItems...)
+		items := append([]types.TransactWriteItem{put, bucket, place}, bindItems...)
 		if err := s.transact(ctx, op, items); err != nil {
 			return core.Record{}, err
 		}
@@ -317,9 +282,7 @@ func (s *Store) adoptNew(ctx context.Context, op string, a core.Adoption, pool b
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
-	notExists := "attribute_not_exists(pk)"
-	items := append([]types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: recAV, ConditionExpression: &notExists}},
-		bucket, user, tenant}, bindItems...)
+	items := append([]types.TransactWriteItem{put, bucket, user, tenant}, bindItems...)
 	if err := s.transact(ctx, op, items); err != nil {
 		return core.Record{}, err
 	}
@@ -332,30 +295,17 @@ func (s *Store) adoptPaused(ctx context.Context, op string, a core.Adoption, ext
 	rec := a.Record
 	rec.Fence = 1
 	rec.Slot = core.Slot{}
-	ri := s.recordItem(rec)
-	if err := s.seal(ctx, &ri); err != nil {
-		return core.Record{}, fmt.Errorf("adopt: %w", err)
-	}
-	recAV, err := attributevalue.MarshalMap(ri)
+	put, err := s.recordPut(ctx, rec, false)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("adopt: %w", err)
 	}
-	notExists := "attribute_not_exists(pk)"
-	put := types.TransactWriteItem{Put: &types.Put{TableName: &s.table, Item: recAV, ConditionExpression: &notExists}}
 	if a.Reservation == "" {
 		if err := s.transact(ctx, op, append([]types.TransactWriteItem{put}, extra...)); err != nil {
 			return core.Record{}, err
 		}
 		return rec, nil
 	}
-	failed, err := s.withReservationSlot(ctx, op, a.Reservation, true, func(slot core.Slot) ([]types.TransactWriteItem, error) {
-		del, err := s.reservationDelete(a.Reservation, slot)
-		if err != nil {
-			return nil, err
-		}
-		items, err := s.slotRelease([]types.TransactWriteItem{del, put}, rec.ThreadKey, slot)
-		return append(items, extra...), err
-	})
+	failed, err := s.releaseReservation(ctx, op, a.Reservation, rec.ThreadKey, true, append([]types.TransactWriteItem{put}, extra...)...)
 	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
 		return core.Record{}, fmt.Errorf("%s: condition failed: %w", op, core.ErrConflict)
 	}
@@ -395,7 +345,7 @@ func (s *Store) ClaimDuplicate(ctx context.Context, c core.Claim, key core.Threa
 	upd = s.stateIndex(upd, c.To, c.Now, c.SandboxID, core.ThreadKey{})
 	upd = markDestroying(upd, c.To, c.Now)
 	upd = meter(upd, c.Now)
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	recItem, err := s.recordTxnItem(c.SandboxID, cond, upd)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim duplicate: %w", err)
 	}
@@ -403,20 +353,11 @@ func (s *Store) ClaimDuplicate(ctx context.Context, c core.Claim, key core.Threa
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim duplicate: %w", err)
 	}
-	failed, err := s.writeTxn(ctx, "claim duplicate", []types.TransactWriteItem{
-		{Update: &types.Update{TableName: &s.table, Key: s.key(sandboxPK(c.SandboxID)),
-			ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}},
-		check,
-	})
+	failed, err := s.writeTxn(ctx, "claim duplicate", []types.TransactWriteItem{recItem, check})
 	if r, ok := failed[sandboxPK(c.SandboxID)]; ok {
-		if len(r.Item) == 0 {
-			return core.Record{}, core.ErrNotFound
-		}
-		old, derr := s.decodeRecord(ctx, r.Item)
-		if derr != nil {
-			return core.Record{}, derr
+		old, err := s.oldRecord(ctx, r.Item)
+		if err != nil {
+			return core.Record{}, err
 		}
 		if old.Tenant != c.Tenant {
 			return core.Record{}, core.ErrNotFound
@@ -438,29 +379,20 @@ func (s *Store) ClaimDuplicate(ctx context.Context, c core.Claim, key core.Threa
 // FirstSeen records now as id's first sighting unless one exists (one
 // conditional write; a refusal returns the stored one).
 func (s *Store) FirstSeen(ctx context.Context, id string, now time.Time) (time.Time, error) {
-	ctx, cancel := s.ctx(ctx)
-	defer cancel()
-	cond := "attribute_not_exists(pk)"
-	_, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(firstSeenPK(id)),
-		ConditionExpression: &cond, UpdateExpression: aws.String("SET first_seen = :t, #ttl = :ttl"),
-		ExpressionAttributeNames: map[string]string{"#ttl": AttrTTL},
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":t":   &types.AttributeValueMemberN{Value: strconv.FormatInt(ms(now), 10)},
-			":ttl": &types.AttributeValueMemberN{Value: strconv.FormatInt(now.Add(firstSeenTTL).Unix(), 10)},
-		},
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld})
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
+	_, err := s.updateItem(ctx, "first seen", s.key(firstSeenPK(id)), expression.AttributeNotExists(expression.Name(AttrPK)),
+		expression.Set(expression.Name("first_seen"), expression.Value(ms(now))).
+			Set(expression.Name(AttrTTL), expression.Value(now.Add(firstSeenTTL).Unix())), "", true)
+	if item, failed := conditionFailed(err); failed {
 		var old struct {
 			FirstSeen int64 `dynamodbav:"first_seen"`
 		}
-		if err := attributevalue.UnmarshalMap(ccf.Item, &old); err != nil || old.FirstSeen == 0 {
+		if err := attributevalue.UnmarshalMap(item, &old); err != nil || old.FirstSeen == 0 {
 			return now, nil
 		}
 		return fromMS(old.FirstSeen), nil
 	}
 	if err != nil {
-		return time.Time{}, unavailable("first seen", err)
+		return time.Time{}, err
 	}
 	return now, nil
 }
@@ -514,13 +446,11 @@ func (s *Store) SaveCursor(ctx context.Context, c core.ReconcileCursor) error {
 	if c.Version > 0 {
 		cond = expression.Name("version").Equal(expression.Value(c.Version))
 	}
-	expr, err := expression.NewBuilder().WithCondition(cond).Build()
+	put, err := s.txnPut(av, cond)
 	if err != nil {
 		return fmt.Errorf("save reconcile cursor: %w", err)
 	}
-	err = s.transact(ctx, "save reconcile cursor", []types.TransactWriteItem{{Put: &types.Put{TableName: &s.table, Item: av,
-		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}})
-	return err
+	return s.transact(ctx, "save reconcile cursor", []types.TransactWriteItem{put})
 }
 
 // seenChunk bounds the ids stored per item (well under 400 KB).

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/core"
@@ -56,34 +55,18 @@ func (s *Store) renewTo(ctx context.Context, r core.Renewal, until time.Time, li
 	upd := expression.Set(expression.Name("expires_at"), expression.Value(ms(until))).
 		Set(expression.Name("updated_at"), expression.Value(ms(r.Now))).
 		Add(expression.Name("fence"), expression.Value(1))
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
-	if err != nil {
-		return core.Renewed{}, nil, fmt.Errorf("renew: build expression: %w", err)
-	}
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	out, err := s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-		TableName: &s.table, Key: s.key(sandboxPK(r.SandboxID)),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValues:                        types.ReturnValueAllOld,
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	})
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
-		if len(ccf.Item) == 0 {
-			return core.Renewed{}, nil, core.ErrNotFound
-		}
-		old, derr := s.decodeRecord(ctx, ccf.Item)
-		if derr != nil {
-			return core.Renewed{}, nil, derr
+	av, err := s.updateItem(ctx, "renew", s.key(sandboxPK(r.SandboxID)), cond, upd, types.ReturnValueAllOld, true)
+	if item, failed := conditionFailed(err); failed {
+		old, err := s.oldRecord(ctx, item)
+		if err != nil {
+			return core.Renewed{}, nil, err
 		}
 		return core.Renewed{}, &old, nil
 	}
 	if err != nil {
-		return core.Renewed{}, nil, unavailable("renew", err)
+		return core.Renewed{}, nil, err
 	}
-	rec, err := s.decodeRecord(ctx, out.Attributes)
+	rec, err := s.decodeRecord(ctx, av)
 	if err != nil {
 		return core.Renewed{}, nil, err
 	}
@@ -101,29 +84,15 @@ func (s *Store) MarkExpiring(ctx context.Context, sandboxID string, end time.Tim
 		And(expression.Name("expires_at").Equal(expression.Value(ms(end)))).
 		And(expression.Or(expression.AttributeNotExists(expression.Name("expiring_sent")),
 			expression.Name("expiring_sent").NotEqual(expression.Value(ms(end)))))
-	expr, err := expression.NewBuilder().WithCondition(cond).
-		WithUpdate(expression.Set(expression.Name("expiring_sent"), expression.Value(ms(end)))).Build()
-	if err != nil {
-		return fmt.Errorf("mark expiring: build expression: %w", err)
-	}
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err = s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-		TableName: &s.table, Key: s.key(sandboxPK(sandboxID)),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	})
-	var ccf *types.ConditionalCheckFailedException
-	switch {
-	case errors.As(err, &ccf) && len(ccf.Item) == 0:
+	_, err := s.updateItem(ctx, "mark expiring", s.key(sandboxPK(sandboxID)), cond,
+		expression.Set(expression.Name("expiring_sent"), expression.Value(ms(end))), "", true)
+	switch old, failed := conditionFailed(err); {
+	case failed && len(old) == 0:
 		return core.ErrNotFound
-	case errors.As(err, &ccf):
+	case failed:
 		return fmt.Errorf("mark sandbox %s expiring: %w", sandboxID, core.ErrConflict)
-	case err != nil:
-		return unavailable("mark expiring", err)
 	}
-	return nil
+	return err
 }
 
 // webhookPK is the item remembering a provider webhook event id.
@@ -137,21 +106,9 @@ func (s *Store) SeenWebhook(ctx context.Context, id string, now, until time.Time
 		Or(expression.Name("until").LessThanEqual(expression.Value(ms(now))))
 	upd := expression.Set(expression.Name("until"), expression.Value(ms(until))).
 		Set(expression.Name(AttrTTL), expression.Value(until.Add(time.Hour).Unix()))
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
-	if err != nil {
-		return fmt.Errorf("seen webhook: build expression: %w", err)
-	}
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	_, err = s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: s.key(webhookPK(s.deployment, id)),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()})
-	var ccf *types.ConditionalCheckFailedException
-	switch {
-	case errors.As(err, &ccf):
+	_, err := s.updateItem(ctx, "seen webhook", s.key(webhookPK(s.deployment, id)), cond, upd, "", false)
+	if _, failed := conditionFailed(err); failed {
 		return fmt.Errorf("webhook %s seen before: %w", id, core.ErrConflict)
-	case err != nil:
-		return unavailable("seen webhook", err)
 	}
-	return nil
+	return err
 }

@@ -2,28 +2,21 @@
 // every transition a conditional write or a transaction, every condition
 // failure translated once, here, into a core error.
 //
-// Items (partition key "pk", sort key "sk" = "R" unless said otherwise):
+// Items (partition key "pk", sort key "sk" = "R" unless said otherwise),
+// each told in full where its code is:
 //
-//	SBX#<sandbox id>              the sandbox record (core.Record)
+//	SBX#<sandbox id>              the sandbox record (core.Record; item.go)
 //	RES#<token>                   a reservation: a slot taken for an in-flight create
 //	THR#<tenant>#<user>#<thread>  the thread's binding: sandbox_id or reservation
-//	CAP#<deployment>[#<b>]        bucket b (none for b = 0) of the running slots' ledger: "used",
-//	                              "revision", "lim", "lim_of", "spread", "draining", "tenants"
-//	                              (string set), "granted", "shards" (ledger.go, bucket.go)
+//	CAP#, PAU#, POOL#<deployment>[#<b>]  the buckets of the running slots', paused
+//	                              slots' and pool places' ledgers (ledger.go)
 //	USR#<deployment>#<tenant>#<user>  slots held by one user ("used", "revision"), for SANDBOX_MAX_PER_USER
 //	TEN#<deployment>#<tenant>     slots held by one tenant ("used", "revision"), for SANDBOX_MAX_PER_TENANT
 //	TPA#<deployment>#<tenant>     paused slots held by one tenant ("used", "revision"), for the paused slots' share
-//	WTR#<deployment>#<tenant>#<n> waiter place n of a tenant ("ticket", "until", "round", "qkey"), for SANDBOX_MAX_WAITERS_PER_TENANT
-//	WQ#<deployment>#<n>           wait queue shard n (n = FNV-1a(ticket) mod 8): one item per ticket,
-//	                              sk = "<round>#<arrival ms>#<ticket>" ("state" waiting|granted, "until",
-//	                              "bucket", "grant_until"; see waiters.go)
-//	PAU#<deployment>[#<b>]        bucket b of the paused slots' ledger: "used", "revision", "lim",
-//	                              "lim_of", "spread", "draining", for SANDBOX_MAX_PAUSED (paused.go)
-//	POOL#<deployment>             the pool places' ledger, one bucket: "used", "revision", "lim",
-//	                              "lim_of", "spread", and the refill's back-off (pool.go)
-//	OUT#<deployment>#<tenant>#<user>#<thread>  bytes the thread's synced outputs take ("bytes")
-//	OUTSUM#<deployment>#<tenant>  bytes the tenant's threads take, summed ("bytes"), for
-//	                              SYNC_MAX_TENANT_BYTES (storage.go)
+//	WTR#, WQ#<deployment>#...     the wait queue's waiter places and tickets (waiters.go)
+//	OUT#, OUTSUM#<deployment>#... bytes the threads' and tenants' synced outputs take (storage.go)
+//	REC#<deployment>, FST#<id>    reconcile's cursor, inventory and notes (reconcile.go)
+//	WHK#<deployment>#<id>         a provider webhook event id seen (renew.go)
 //
 // GSI "gsi1" (gsi1pk, gsi1sk; projection ALL) indexes records and
 // reservations by state, spread over 1 to IndexShards partition keys each

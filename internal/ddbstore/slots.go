@@ -29,40 +29,25 @@ func (s *Store) Reserve(ctx context.Context, r core.Reservation) error {
 		}
 		return err
 	}
-	p := threadPlan(r.ThreadKey, r.Limit)
-	b, err := s.takeSlotOrGrant(ctx, p, r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
+	b, err := s.takeSlotOrGrant(ctx, r.Limit, threadHome(r.ThreadKey, r.Limit), r.Grant, func(b int) error { return s.reserveIn(ctx, r, b) })
 	if err == nil {
 		s.slots.remember(r.Token, core.Slot{Ref: core.SlotRef(b), Quota: true})
 	}
 	return err
 }
 
-// slotPlan is where a take of a running slot looks for one.
-type slotPlan struct {
-	// limit is the deployment limit the take enforces.
-	limit int
-	// home is the bucket tried first.
-	home int
-}
-
-// threadPlan is the plan of a take for thread k under limit: its home
-// first (threadHome).
-func threadPlan(k core.ThreadKey, limit int) slotPlan {
-	return slotPlan{limit: limit, home: threadHome(k, limit)}
-}
-
 // takeSlot runs take, a transaction taking a running slot in bucket b,
-// where the plan says (takeIn). When no bucket has room it refuses for
-// capacity, or for the drain, with every bucket's sums as the refusal's
-// details.
-func (s *Store) takeSlot(ctx context.Context, p slotPlan, take func(int) error) (int, error) {
-	b, err := s.takeIn(ctx, runningSlots, p.limit, p.home, take)
+// under limit, bucket home first (takeIn). When no bucket has room it
+// refuses for capacity, or for the drain, with every bucket's sums as the
+// refusal's details.
+func (s *Store) takeSlot(ctx context.Context, limit, home int, take func(int) error) (int, error) {
+	b, err := s.takeIn(ctx, runningSlots, limit, home, take)
 	var full *ledgerFull
 	if !errors.As(err, &full) {
 		return b, err
 	}
 	st, tenants := bucketStatus(full.buckets)
-	st.Limit = p.limit
+	st.Limit = limit
 	reason := api.RefusalCapacity
 	if full.draining {
 		reason = api.RefusalDraining
@@ -181,16 +166,11 @@ func (s *Store) writeReservation(ctx context.Context, r core.Reservation, b int,
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
-	bindExpr, err := expression.NewBuilder().WithCondition(replaceCondition(r.ReplaceSandboxID, r.ReplaceReservation)).Build()
+	bind, err := s.txnPut(bindItem, replaceCondition(r.ReplaceSandboxID, r.ReplaceReservation))
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
-	notExists := "attribute_not_exists(pk)"
-	failed, err := s.writeTxn(ctx, "reserve", append([]types.TransactWriteItem{
-		{Put: &types.Put{TableName: &s.table, Item: resItem, ConditionExpression: &notExists}},
-		{Put: &types.Put{TableName: &s.table, Item: bindItem, ConditionExpression: bindExpr.Condition(),
-			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}},
-	}, slot...))
+	failed, err := s.writeTxn(ctx, "reserve", append([]types.TransactWriteItem{s.putNew(resItem), bind}, slot...))
 	if len(failed) == 0 {
 		return err
 	}
@@ -199,6 +179,7 @@ func (s *Store) writeReservation(ctx context.Context, r core.Reservation, b int,
 	// capacity last, so neither a lost race nor a tenant at its quota ever
 	// triggers an eviction.
 	full, bucketFailed := failed[s.bucketPK(runningSlots, b)]
+	quota := s.quotaRefusal(failed, r.ThreadKey, r.Limit)
 	switch {
 	case has(failed, bindingPK(r.ThreadKey)):
 		return fmt.Errorf("thread %s: %w", r.ThreadKey, core.ErrThreadBound)
@@ -208,16 +189,27 @@ func (s *Store) writeReservation(ctx context.Context, r core.Reservation, b int,
 		return fmt.Errorf("reserve: sandbox %s fence %d: %w", r.Handover.SandboxID, r.Handover.Fence, core.ErrStaleFence)
 	case s.grantFailed(failed, r.Grant):
 		return fmt.Errorf("reserve: %w", core.ErrGrantLost)
-	case has(failed, userPK(s.deployment, r.ThreadKey)):
-		return &core.CapacityError{Reason: api.RefusalUserQuota, RetryAfter: 5 * time.Second,
-			Status: core.CapacityStatus{Limit: r.Limit}}
-	case has(failed, tenantPK(s.deployment, r.Tenant)):
-		return &core.CapacityError{Reason: api.RefusalTenantQuota, RetryAfter: 5 * time.Second,
-			Status: core.CapacityStatus{Limit: r.Limit}}
+	case quota != nil:
+		return quota
 	case bucketFailed:
 		return bucketRefusal(full.Item, r.Limit)
 	}
 	return fmt.Errorf("reserve: condition failed on an unexpected item: %w", core.ErrConflict)
+}
+
+// quotaRefusal is the refusal of a take whose user's count (of thread
+// key) or, else, tenant's count failed its condition, reporting limit;
+// nil when neither did.
+func (s *Store) quotaRefusal(failed map[string]types.CancellationReason, key core.ThreadKey, limit int) error {
+	reason := api.RefusalUserQuota
+	switch {
+	case has(failed, userPK(s.deployment, key)):
+	case has(failed, tenantPK(s.deployment, key.Tenant)):
+		reason = api.RefusalTenantQuota
+	default:
+		return nil
+	}
+	return &core.CapacityError{Reason: reason, RetryAfter: 5 * time.Second, Status: core.CapacityStatus{Limit: limit}}
 }
 
 // reservationSlots remembers the bucket of the reservations this process
@@ -253,7 +245,7 @@ func (r *reservationSlots) guess(token string, quota bool) core.Slot {
 		delete(r.m, token)
 		return slot
 	}
-	return core.Slot{Ref: core.SlotRef(int(hashOf(token) % CapacityBuckets)), Quota: quota}
+	return core.Slot{Ref: core.SlotRef(shardOf(token, CapacityBuckets)), Quota: quota}
 }
 
 // slotCondition is the condition that an item's stored slot is slot.
@@ -307,13 +299,7 @@ func (s *Store) withReservationSlot(ctx context.Context, op, token string, quota
 // reservationDelete is the transaction item deleting token's reservation
 // if it still has slot (the old item is returned when it does not).
 func (s *Store) reservationDelete(token string, slot core.Slot) (types.TransactWriteItem, error) {
-	expr, err := expression.NewBuilder().WithCondition(slotCondition(slot)).Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	return types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table, Key: s.key(reservationPK(token)),
-		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+	return s.txnDelete(s.key(reservationPK(token)), slotCondition(slot))
 }
 
 // Finalize turns a reservation into an active record and rebinds the
@@ -321,26 +307,31 @@ func (s *Store) reservationDelete(token string, slot core.Slot) (types.TransactW
 // it active instead of creating, in the same transaction.
 func (s *Store) Finalize(ctx context.Context, token string, rec core.Record) (core.Record, error) {
 	rec.Fence = 1
-	bindExpr, err := expression.NewBuilder().
-		WithCondition(expression.Name("reservation").Equal(expression.Value(token))).
-		WithUpdate(expression.Set(expression.Name("sandbox_id"), expression.Value(rec.SandboxID)).
+	named := expression.Name("reservation").Equal(expression.Value(token))
+	bind, err := s.txnUpdate(s.key(bindingPK(rec.ThreadKey)), &named,
+		expression.Set(expression.Name("sandbox_id"), expression.Value(rec.SandboxID)).
 			Set(expression.Name("updated_at"), expression.Value(ms(rec.UpdatedAt))).
-			Remove(expression.Name("reservation")).Remove(expression.Name("reservation_expires"))).
-		Build()
+			Remove(expression.Name("reservation")).Remove(expression.Name("reservation_expires")), false)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("finalize: %w", err)
 	}
+	return s.consumeReservation(ctx, "finalize", token, rec, false, bind)
+}
+
+// consumeReservation turns token's reservation into the record rec
+// (fromReservation; with pool, a pool record), with also in the same
+// transaction: ErrConflict when the reservation is gone or another
+// condition failed (the record exists, the binding moved).
+func (s *Store) consumeReservation(ctx context.Context, op, token string, rec core.Record, pool bool, also ...types.TransactWriteItem) (core.Record, error) {
 	var final core.Record
-	failed, err := s.withReservationSlot(ctx, "finalize", token, true, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+	failed, err := s.withReservationSlot(ctx, op, token, !pool, func(slot core.Slot) ([]types.TransactWriteItem, error) {
 		var items []types.TransactWriteItem
 		var err error
-		final, items, err = s.fromReservation(ctx, token, slot, rec, false)
-		return append(items, types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(bindingPK(rec.ThreadKey)),
-			ConditionExpression: bindExpr.Condition(), UpdateExpression: bindExpr.Update(),
-			ExpressionAttributeNames: bindExpr.Names(), ExpressionAttributeValues: bindExpr.Values()}}), err
+		final, items, err = s.fromReservation(ctx, token, slot, rec, pool)
+		return append(items, also...), err
 	})
-	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) { // the reservation is gone, the record exists or the binding moved
-		return core.Record{}, fmt.Errorf("finalize reservation %s: %w", token, core.ErrConflict)
+	if len(failed) > 0 || errors.Is(err, core.ErrNotFound) {
+		return core.Record{}, fmt.Errorf("%s reservation %s: %w", op, token, core.ErrConflict)
 	}
 	if err != nil {
 		return core.Record{}, err
@@ -356,12 +347,7 @@ func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slo
 	rec.Fence = 1
 	rec.ReservationToken = token // the counter repair counts the record and its reservation once by it
 	rec.Slot = core.Slot{Ref: slot.Ref, Quota: slot.Quota}
-	ri := s.recordItem(rec)
-	ri.PoolPlace = pool
-	if err := s.seal(ctx, &ri); err != nil {
-		return rec, nil, err
-	}
-	recItem, err := attributevalue.MarshalMap(ri)
+	put, err := s.recordPut(ctx, rec, pool)
 	if err != nil {
 		return rec, nil, err
 	}
@@ -369,12 +355,26 @@ func (s *Store) fromReservation(ctx context.Context, token string, slot core.Slo
 	if err != nil {
 		return rec, nil, err
 	}
-	notExists := "attribute_not_exists(pk)"
-	put := types.TransactWriteItem{Put: &types.Put{TableName: &s.table, Item: recItem, ConditionExpression: &notExists}}
-	if pool {
-		put = notLivePut(&s.table, recItem)
-	}
 	return rec, []types.TransactWriteItem{del, put}, nil
+}
+
+// recordPut is the transaction item putting rec (its token sealed) where
+// no record is; with pool, a pool record holding a place, which may
+// replace a gone record (notLivePut).
+func (s *Store) recordPut(ctx context.Context, rec core.Record, pool bool) (types.TransactWriteItem, error) {
+	ri := s.recordItem(rec)
+	ri.PoolPlace = pool
+	if err := s.seal(ctx, &ri); err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	av, err := attributevalue.MarshalMap(ri)
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	if pool {
+		return s.notLivePut(av), nil
+	}
+	return s.putNew(av), nil
 }
 
 // FreeReservation drops a reservation and its slot (in its bucket, and its
@@ -384,13 +384,7 @@ func (s *Store) FreeReservation(ctx context.Context, token string, key core.Thre
 	if key == (core.ThreadKey{}) {
 		return s.freePoolReservation(ctx, token)
 	}
-	failed, err := s.withReservationSlot(ctx, "free reservation", token, true, func(slot core.Slot) ([]types.TransactWriteItem, error) {
-		del, err := s.reservationDelete(token, slot)
-		if err != nil {
-			return nil, err
-		}
-		return s.slotRelease([]types.TransactWriteItem{del}, key, slot)
-	})
+	failed, err := s.releaseReservation(ctx, "free reservation", token, key, true)
 	if err != nil {
 		return err
 	}
@@ -399,6 +393,20 @@ func (s *Store) FreeReservation(ctx context.Context, token string, key core.Thre
 	}
 	s.dropBinding(ctx, key, "reservation", token)
 	return nil
+}
+
+// releaseReservation deletes token's reservation and frees its slot
+// (slotRelease, for thread key), with also in the same transaction; quota
+// is the slot's likely kind (reservationSlots.guess). It returns what
+// withReservationSlot does.
+func (s *Store) releaseReservation(ctx context.Context, op, token string, key core.ThreadKey, quota bool, also ...types.TransactWriteItem) (map[string]types.CancellationReason, error) {
+	return s.withReservationSlot(ctx, op, token, quota, func(slot core.Slot) ([]types.TransactWriteItem, error) {
+		del, err := s.reservationDelete(token, slot)
+		if err != nil {
+			return nil, err
+		}
+		return s.slotRelease(append([]types.TransactWriteItem{del}, also...), key, slot)
+	})
 }
 
 // slotRelease appends to items the writes that return a slot: its

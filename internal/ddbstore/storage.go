@@ -66,27 +66,22 @@ func (s *Store) RecordStored(ctx context.Context, c core.StoredChange) error {
 	if c.Prev == 0 {
 		prev = expression.Or(expression.AttributeNotExists(expression.Name(attrBytes)), prev)
 	}
-	thread, err := expression.NewBuilder().WithCondition(prev).
-		WithUpdate(expression.Set(expression.Name(attrBytes), expression.Value(c.Bytes))).Build()
-	if err != nil {
-		return fmt.Errorf("record stored bytes: %w", err)
-	}
-	sumB := expression.NewBuilder().WithUpdate(expression.Add(expression.Name(attrBytes), expression.Value(delta)))
-	if capped {
-		sumB = sumB.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name(attrBytes)),
-			expression.Name(attrBytes).LessThanEqual(expression.Value(c.TenantLimit-delta))))
-	}
-	sum, err := sumB.Build()
-	if err != nil {
-		return fmt.Errorf("record stored bytes: %w", err)
-	}
 	threadPK, sumPK := storedPK(s.deployment, c.ThreadKey), storedSumPK(s.deployment, c.Tenant)
-	failed, err := s.writeTxn(ctx, "record stored bytes", []types.TransactWriteItem{
-		{Update: &types.Update{TableName: &s.table, Key: s.key(threadPK), ConditionExpression: thread.Condition(),
-			UpdateExpression: thread.Update(), ExpressionAttributeNames: thread.Names(), ExpressionAttributeValues: thread.Values()}},
-		{Update: &types.Update{TableName: &s.table, Key: s.key(sumPK), ConditionExpression: sum.Condition(),
-			UpdateExpression: sum.Update(), ExpressionAttributeNames: sum.Names(), ExpressionAttributeValues: sum.Values()}},
-	})
+	thread, err := s.txnUpdate(s.key(threadPK), &prev, expression.Set(expression.Name(attrBytes), expression.Value(c.Bytes)), false)
+	if err != nil {
+		return fmt.Errorf("record stored bytes: %w", err)
+	}
+	var within *expression.ConditionBuilder
+	if capped {
+		cond := expression.Or(expression.AttributeNotExists(expression.Name(attrBytes)),
+			expression.Name(attrBytes).LessThanEqual(expression.Value(c.TenantLimit-delta)))
+		within = &cond
+	}
+	sum, err := s.txnUpdate(s.key(sumPK), within, expression.Add(expression.Name(attrBytes), expression.Value(delta)), false)
+	if err != nil {
+		return fmt.Errorf("record stored bytes: %w", err)
+	}
+	failed, err := s.writeTxn(ctx, "record stored bytes", []types.TransactWriteItem{thread, sum})
 	switch {
 	case has(failed, threadPK):
 		return fmt.Errorf("thread %s no longer stores %d bytes: %w", c.ThreadKey, c.Prev, core.ErrConflict)

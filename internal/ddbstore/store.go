@@ -63,12 +63,8 @@ func New(db API, table, deployment string, opts ...Option) *Store {
 	return s
 }
 
-func (s *Store) key(pk string) map[string]types.AttributeValue {
-	return map[string]types.AttributeValue{
-		AttrPK: &types.AttributeValueMemberS{Value: pk},
-		AttrSK: &types.AttributeValueMemberS{Value: sortKey},
-	}
-}
+// key is the key of item pk (sort key sortKey).
+func (s *Store) key(pk string) map[string]types.AttributeValue { return keySK(pk, sortKey) }
 
 func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, CallTimeout)
@@ -87,29 +83,30 @@ func (s *Store) Lookup(ctx context.Context, key core.ThreadKey, limit int) (core
 	}
 	look := core.Lookup{Binding: core.Binding{ThreadKey: key}}
 	for _, av := range items {
-		pk, _ := av[AttrPK].(*types.AttributeValueMemberS)
-		if pk == nil {
-			continue
-		}
-		switch pk.Value {
+		switch stringAttr(av, AttrPK) {
+		case "":
 		case bucket:
-			bk := decodeBucket(av)
-			look.Draining = bk.Draining
-			continue
+			look.Draining = decodeBucket(av).Draining
 		case tenantPK(s.deployment, key.Tenant):
 			look.TenantUsed = decodeCounter(av)
-			continue
+		default:
+			if look.Binding, err = decodeBinding(av, key); err != nil {
+				return core.Lookup{}, err
+			}
+			look.Bound = true
 		}
-		var b bindingItem
-		if err := attributevalue.UnmarshalMap(av, &b); err != nil {
-			return core.Lookup{}, fmt.Errorf("decode binding: %w", err)
-		}
-		look.Bound = true
-		look.Binding.SandboxID = b.SandboxID
-		look.Binding.Reservation = b.Reservation
-		look.Binding.ReservationExpiresAt = fromMS(b.ReservationExpires)
 	}
 	return look, nil
+}
+
+// decodeBinding decodes the binding av of thread key.
+func decodeBinding(av map[string]types.AttributeValue, key core.ThreadKey) (core.Binding, error) {
+	var b bindingItem
+	if err := attributevalue.UnmarshalMap(av, &b); err != nil {
+		return core.Binding{}, fmt.Errorf("decode binding: %w", err)
+	}
+	return core.Binding{ThreadKey: key, SandboxID: b.SandboxID, Reservation: b.Reservation,
+		ReservationExpiresAt: fromMS(b.ReservationExpires)}, nil
 }
 
 // decodeCounter reads a slot counter item's "used" (0 if absent).
@@ -299,7 +296,7 @@ func claimRefused(c core.Claim, old core.Record) (core.Record, error) {
 // and checks of the tenants' counts, in one transaction, then a read of
 // the record (a transaction returns no item).
 func (s *Store) claimBelow(ctx context.Context, c core.Claim, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, error) {
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	recItem, err := s.recordTxnItem(c.SandboxID, cond, upd)
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim: build expression: %w", err)
 	}
@@ -307,18 +304,12 @@ func (s *Store) claimBelow(ctx context.Context, c core.Claim, cond expression.Co
 	if err != nil {
 		return core.Record{}, fmt.Errorf("claim: %w", err)
 	}
-	pk := sandboxPK(c.SandboxID)
-	failed, err := s.writeTxn(ctx, "claim", append([]types.TransactWriteItem{{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}}, checks...))
-	switch r, recordFailed := failed[pk]; {
-	case recordFailed && len(r.Item) == 0:
-		return core.Record{}, core.ErrNotFound
+	failed, err := s.writeTxn(ctx, "claim", append([]types.TransactWriteItem{recItem}, checks...))
+	switch r, recordFailed := failed[sandboxPK(c.SandboxID)]; {
 	case recordFailed:
-		old, derr := s.decodeRecord(ctx, r.Item)
-		if derr != nil {
-			return core.Record{}, derr
+		old, err := s.oldRecord(ctx, r.Item)
+		if err != nil {
+			return core.Record{}, err
 		}
 		return claimRefused(c, old)
 	case len(failed) > 0:
@@ -374,35 +365,30 @@ func (s *Store) claimChecks(c core.Claim) ([]types.TransactWriteItem, error) {
 // condition failure it returns the old record (nil when the item does not
 // exist, with core.ErrNotFound).
 func (s *Store) update(ctx context.Context, op, pk string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (core.Record, *core.Record, error) {
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
-	if err != nil {
-		return core.Record{}, nil, fmt.Errorf("%s: build expression: %w", op, err)
-	}
-	ctx, cancel := s.ctx(ctx)
+	ctx, cancel := s.ctx(ctx) // the decode (a sealed token opened) under the call's timeout too
 	defer cancel()
-	out, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName: &s.table, Key: s.key(pk),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValues:                        types.ReturnValueAllNew,
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	})
-	var ccf *types.ConditionalCheckFailedException
-	if errors.As(err, &ccf) {
-		if len(ccf.Item) == 0 {
-			return core.Record{}, nil, core.ErrNotFound
-		}
-		old, derr := s.decodeRecord(ctx, ccf.Item)
-		if derr != nil {
-			return core.Record{}, nil, derr
+	av, err := s.updateItem(ctx, op, s.key(pk), cond, upd, types.ReturnValueAllNew, true)
+	if item, failed := conditionFailed(err); failed {
+		old, err := s.oldRecord(ctx, item)
+		if err != nil {
+			return core.Record{}, nil, err
 		}
 		return core.Record{}, &old, fmt.Errorf("%s: condition failed", op)
 	}
 	if err != nil {
-		return core.Record{}, nil, unavailable(op, err)
+		return core.Record{}, nil, err
 	}
-	rec, err := s.decodeRecord(ctx, out.Attributes)
+	rec, err := s.decodeRecord(ctx, av)
 	return rec, nil, err
+}
+
+// oldRecord decodes the record a failed condition returned: ErrNotFound
+// when there is none.
+func (s *Store) oldRecord(ctx context.Context, av map[string]types.AttributeValue) (core.Record, error) {
+	if len(av) == 0 {
+		return core.Record{}, core.ErrNotFound
+	}
+	return s.decodeRecord(ctx, av)
 }
 
 // Apply makes a fenced update.
@@ -459,11 +445,7 @@ func (s *Store) dropBinding(ctx context.Context, key core.ThreadKey, attr, value
 // counterRelease is the transaction item that returns one slot of a user
 // or tenant counter (pk), moving its revision (see RepairCounters).
 func (s *Store) counterRelease(pk string) types.TransactWriteItem {
-	u := "ADD #used :minus, #revision :one"
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
-		UpdateExpression: &u, ExpressionAttributeNames: map[string]string{"#used": "used", "#revision": "revision"},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":minus": &types.AttributeValueMemberN{Value: "-1"},
-			":one": &types.AttributeValueMemberN{Value: "1"}}}}
+	return must(s.counterMove(pk, -1, 0))
 }
 
 // counterTake is the transaction item that takes one slot of a user or
@@ -478,18 +460,13 @@ func (s *Store) counterTake(pk string, max int) (types.TransactWriteItem, error)
 // max > 0, moving its revision. A delta of 0 keeps a slot that changes
 // holder within the counter, checked as if given up and taken again.
 func (s *Store) counterMove(pk string, delta, max int) (types.TransactWriteItem, error) {
-	b := expression.NewBuilder().WithUpdate(revised(expression.Add(expression.Name("used"), expression.Value(delta))))
+	var cond *expression.ConditionBuilder
 	if max > 0 {
-		b = b.WithCondition(expression.Or(expression.AttributeNotExists(expression.Name("used")),
-			expression.Name("used").LessThanEqual(expression.Value(max-delta))))
+		within := expression.Or(expression.AttributeNotExists(expression.Name("used")),
+			expression.Name("used").LessThanEqual(expression.Value(max-delta)))
+		cond = &within
 	}
-	expr, err := b.Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: s.key(pk),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+	return s.txnUpdate(s.key(pk), cond, revised(expression.Add(expression.Name("used"), expression.Value(delta))), false)
 }
 
 // tenantSet is the string set {tenant}, added to the ledger's "tenants".
@@ -518,26 +495,20 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 	if rec.EndReason != "" {
 		upd = upd.Set(expression.Name("end_reason"), expression.Value(rec.EndReason))
 	}
-	recExpr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	u := &types.Update{TableName: &s.table, Key: s.key(sandboxPK(rec.SandboxID)),
-		ConditionExpression: recExpr.Condition(), UpdateExpression: recExpr.Update(),
-		ExpressionAttributeNames: recExpr.Names(), ExpressionAttributeValues: recExpr.Values()}
-	if pool {
-		u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
-	}
-	return types.TransactWriteItem{Update: u}, nil
+	return s.txnUpdate(s.key(sandboxPK(rec.SandboxID)), &cond, upd, pool)
 }
 
 // CountStates counts the deployment's records in each of states, from
-// the state index (one COUNT query per index key): for checks and tools,
-// never on a request's path.
+// the state index (every entry read): for checks and tools, never on a
+// request's path.
 func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core.State]int, error) {
 	out := make(map[core.State]int, len(states))
 	for _, st := range states {
-		n, err := s.countState(ctx, st)
+		n := 0
+		err := s.eachInState(ctx, st, nil, 0, func(map[string]types.AttributeValue) bool {
+			n++
+			return true
+		})
 		if err != nil {
 			return nil, err
 		}

@@ -45,13 +45,13 @@ func (s *Store) eachTenantInState(ctx context.Context, tenant string, state core
 			ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}
 	}
 	var derr error
-	err := s.eachMerged(ctx, "query tenant "+string(state), kqs, entrySK, func(av map[string]types.AttributeValue) bool {
+	err := s.eachMerged(ctx, "query tenant "+string(state), kqs, AttrGSI1SK, func(av map[string]types.AttributeValue) bool {
 		rec, err := s.decodeRecord(ctx, av)
 		if err != nil {
 			derr = fmt.Errorf("tenant sandboxes: %w", err)
 			return false
 		}
-		return fn(rec, entrySK(av))
+		return fn(rec, stringAttr(av, AttrGSI1SK))
 	})
 	if err != nil {
 		return err

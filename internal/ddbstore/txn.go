@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
@@ -172,4 +173,112 @@ func itemPK(it types.TransactWriteItem) string {
 func has(failed map[string]types.CancellationReason, pk string) bool {
 	_, ok := failed[pk]
 	return ok
+}
+
+// onFail asks a write for the item as it was when its condition fails
+// (old), or leaves the default: nothing.
+func onFail(old bool) types.ReturnValuesOnConditionCheckFailure {
+	if old {
+		return types.ReturnValuesOnConditionCheckFailureAllOld
+	}
+	return ""
+}
+
+// txnUpdate is the transaction item applying upd to the item at key,
+// under cond when not nil; with old, a failed condition returns the item
+// as it was.
+func (s *Store) txnUpdate(key map[string]types.AttributeValue, cond *expression.ConditionBuilder, upd expression.UpdateBuilder, old bool) (types.TransactWriteItem, error) {
+	b := expression.NewBuilder().WithUpdate(upd)
+	if cond != nil {
+		b = b.WithCondition(*cond)
+	}
+	expr, err := b.Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: key,
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: onFail(old)}}, nil
+}
+
+// txnPut is the transaction item putting av under cond.
+func (s *Store) txnPut(av map[string]types.AttributeValue, cond expression.ConditionBuilder) (types.TransactWriteItem, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Put: &types.Put{TableName: &s.table, Item: av, ConditionExpression: expr.Condition(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+}
+
+// putNew is the transaction item putting av if no item has its key.
+func (s *Store) putNew(av map[string]types.AttributeValue) types.TransactWriteItem {
+	return types.TransactWriteItem{Put: &types.Put{TableName: &s.table, Item: av, ConditionExpression: aws.String("attribute_not_exists(pk)")}}
+}
+
+// txnDelete is the transaction item deleting the item at key under cond;
+// a failed condition returns the item as it was.
+func (s *Store) txnDelete(key map[string]types.AttributeValue, cond expression.ConditionBuilder) (types.TransactWriteItem, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table, Key: key,
+		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValuesOnConditionCheckFailure: onFail(true)}}, nil
+}
+
+// conditionCheck is the transaction item checking cond on the item pk.
+func (s *Store) conditionCheck(pk string, cond expression.ConditionBuilder) (types.TransactWriteItem, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).Build()
+	if err != nil {
+		return types.TransactWriteItem{}, err
+	}
+	return types.TransactWriteItem{ConditionCheck: &types.ConditionCheck{TableName: &s.table, Key: s.key(pk),
+		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values()}}, nil
+}
+
+// must is the transaction item of a constant expression, which cannot
+// fail to build.
+func must(it types.TransactWriteItem, err error) types.TransactWriteItem {
+	if err != nil {
+		panic(err)
+	}
+	return it
+}
+
+// updateItem runs one UpdateItem of the item at key (upd under cond)
+// under the call timeout, returning the attributes ret names; with old, a
+// failed condition returns the item as it was. A failed condition is
+// returned as the *types.ConditionalCheckFailedException (see
+// conditionFailed); any other failure as unavailable classifies it.
+func (s *Store) updateItem(ctx context.Context, op string, key map[string]types.AttributeValue, cond expression.ConditionBuilder, upd expression.UpdateBuilder, ret types.ReturnValue, old bool) (map[string]types.AttributeValue, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return nil, fmt.Errorf("%s: build expression: %w", op, err)
+	}
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	out, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: key,
+		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
+		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
+		ReturnValues: ret, ReturnValuesOnConditionCheckFailure: onFail(old)})
+	if _, failed := conditionFailed(err); failed {
+		return nil, err
+	}
+	if err != nil {
+		return nil, unavailable(op, err)
+	}
+	return out.Attributes, nil
+}
+
+// conditionFailed reports whether err is a failed condition of a single
+// write, and the item as it was when the write asked for it.
+func conditionFailed(err error) (old map[string]types.AttributeValue, failed bool) {
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return ccf.Item, true
+	}
+	return nil, false
 }

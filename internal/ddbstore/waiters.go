@@ -56,10 +56,6 @@ func waiterPK(deployment, tenant string, place int) string {
 // unchanged.
 const queueShards = 8
 
-// QueueShards is queueShards, for the tests outside the package that
-// find the queue's tickets.
-const QueueShards = queueShards
-
 // queuePK is the partition of the wait queue's shard n.
 func queuePK(deployment string, n int) string {
 	return "WQ#" + deployment + "#" + strconv.Itoa(n)
@@ -67,7 +63,7 @@ func queuePK(deployment string, n int) string {
 
 // queueShardOf is ticket id's shard: FNV-1a of the id, modulo
 // queueShards.
-func queueShardOf(id string) int { return int(hashOf(id) % queueShards) }
+func queueShardOf(id string) int { return shardOf(id, queueShards) }
 
 // ticketPK is the partition of ticket t's shard.
 func (s *Store) ticketPK(t core.Ticket) string {
@@ -212,21 +208,13 @@ func (s *Store) eachTicketIn(ctx context.Context, r headRead, fn func(ticketItem
 		}
 		kqs[i] = keyQuery{pk: pk, in: in}
 	}
-	return s.eachMerged(ctx, "query wait queue", kqs, itemSK, func(av map[string]types.AttributeValue) bool {
+	return s.eachMerged(ctx, "query wait queue", kqs, AttrSK, func(av map[string]types.AttributeValue) bool {
 		var t ticketItem
 		if err := attributevalue.UnmarshalMap(av, &t); err != nil {
 			return fn(t, fmt.Errorf("decode ticket: %w", err))
 		}
 		return fn(t, nil)
 	})
-}
-
-// itemSK is an item's sort key.
-func itemSK(av map[string]types.AttributeValue) string {
-	if sk, ok := av[AttrSK].(*types.AttributeValueMemberS); ok {
-		return sk.Value
-	}
-	return ""
 }
 
 // EnterWait reads the tenant's w.Max places (one BatchGetItem) and the
@@ -243,7 +231,7 @@ func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, erro
 	for i := range keys {
 		keys[i] = s.key(waiterPK(s.deployment, w.Tenant, i))
 	}
-	items, err := s.batchGetAll(ctx, keys)
+	items, err := s.batchGetAll(ctx, keys, true)
 	if err != nil {
 		return core.Ticket{}, err
 	}
@@ -304,14 +292,14 @@ func (s *Store) EnterWait(ctx context.Context, w core.Waiter) (core.Ticket, erro
 // enqueue takes place t.Place for w (if free or lapsed) and puts the
 // ticket, in one transaction.
 func (s *Store) enqueue(ctx context.Context, w core.Waiter, t core.Ticket) (map[string]types.CancellationReason, error) {
-	place, err := expression.NewBuilder().
-		WithCondition(expression.Or(expression.AttributeNotExists(expression.Name(AttrPK)),
-			expression.Name("until").LessThanEqual(expression.Value(ms(w.Now))))).
-		WithUpdate(expression.Set(expression.Name("ticket"), expression.Value(t.ID)).
+	free := expression.Or(expression.AttributeNotExists(expression.Name(AttrPK)),
+		expression.Name("until").LessThanEqual(expression.Value(ms(w.Now))))
+	place, err := s.txnUpdate(s.key(waiterPK(s.deployment, w.Tenant, t.Place)), &free,
+		expression.Set(expression.Name("ticket"), expression.Value(t.ID)).
 			Set(expression.Name("until"), expression.Value(ms(w.Until))).
 			Set(expression.Name("round"), expression.Value(t.Round)).
 			Set(expression.Name("qkey"), expression.Value(t.Key)).
-			Set(expression.Name(AttrTTL), expression.Value(w.Until.Add(waiterTTL).Unix()))).Build()
+			Set(expression.Name(AttrTTL), expression.Value(w.Until.Add(waiterTTL).Unix())), false)
 	if err != nil {
 		return nil, fmt.Errorf("enter wait: %w", err)
 	}
@@ -320,13 +308,7 @@ func (s *Store) enqueue(ctx context.Context, w core.Waiter, t core.Ticket) (map[
 	if err != nil {
 		return nil, fmt.Errorf("enter wait: %w", err)
 	}
-	notExists := "attribute_not_exists(pk)"
-	return s.writeTxn(ctx, "enter wait", []types.TransactWriteItem{
-		{Update: &types.Update{TableName: &s.table, Key: s.key(waiterPK(s.deployment, w.Tenant, t.Place)),
-			ConditionExpression: place.Condition(), UpdateExpression: place.Update(),
-			ExpressionAttributeNames: place.Names(), ExpressionAttributeValues: place.Values()}},
-		{Put: &types.Put{TableName: &s.table, Item: ticket, ConditionExpression: &notExists}},
-	})
+	return s.writeTxn(ctx, "enter wait", []types.TransactWriteItem{place, s.putNew(ticket)})
 }
 
 // PollTicket reads the ticket (gone unless it is t's own, of t's tenant):
@@ -393,30 +375,16 @@ func (s *Store) ticketDelete(pk, key, state string, bucket int, grantUntil int64
 			cond = cond.And(expression.Name("grant_until").Equal(expression.Value(grantUntil)))
 		}
 	}
-	expr, err := expression.NewBuilder().WithCondition(cond).Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	return types.TransactWriteItem{Delete: &types.Delete{TableName: &s.table, Key: keySK(pk, key),
-		ConditionExpression: expr.Condition(), ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+	return s.txnDelete(keySK(pk, key), cond)
 }
 
 // grantUpdate is the transaction item granting bucket b's slot to the
 // waiting ticket t, until grantUntil.
 func (s *Store) grantUpdate(t ticketItem, b int, grantUntil int64) (types.TransactWriteItem, error) {
-	expr, err := expression.NewBuilder().
-		WithCondition(expression.Name("state").Equal(expression.Value(ticketWaiting))).
-		WithUpdate(expression.Set(expression.Name("state"), expression.Value(ticketGranted)).
-			Set(expression.Name("bucket"), expression.Value(b)).
-			Set(expression.Name("grant_until"), expression.Value(grantUntil))).Build()
-	if err != nil {
-		return types.TransactWriteItem{}, err
-	}
-	return types.TransactWriteItem{Update: &types.Update{TableName: &s.table, Key: keySK(t.PK, t.SK),
-		ConditionExpression: expr.Condition(), UpdateExpression: expr.Update(),
-		ExpressionAttributeNames: expr.Names(), ExpressionAttributeValues: expr.Values(),
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}}, nil
+	waiting := expression.Name("state").Equal(expression.Value(ticketWaiting))
+	return s.txnUpdate(keySK(t.PK, t.SK), &waiting, expression.Set(expression.Name("state"), expression.Value(ticketGranted)).
+		Set(expression.Name("bucket"), expression.Value(b)).
+		Set(expression.Name("grant_until"), expression.Value(grantUntil)), true)
 }
 
 // trustRelease is the bucket update freeing a slot held in trust.
@@ -620,11 +588,11 @@ func (s *Store) grantFailed(failed map[string]types.CancellationReason, g *core.
 
 // takeSlotOrGrant is takeSlot, or with a grant one take in the grant's
 // bucket: the slot is the one held there in trust (slotTake).
-func (s *Store) takeSlotOrGrant(ctx context.Context, p slotPlan, g *core.Grant, take func(int) error) (int, error) {
+func (s *Store) takeSlotOrGrant(ctx context.Context, limit, home int, g *core.Grant, take func(int) error) (int, error) {
 	if g != nil {
 		return int(g.Slot), take(int(g.Slot))
 	}
-	return s.takeSlot(ctx, p, take)
+	return s.takeSlot(ctx, limit, home, take)
 }
 
 // eachTicket calls fn with every ticket of the queue, in service order (strongly consistent), until fn
@@ -651,18 +619,12 @@ func (s *Store) markDraining(ctx context.Context) error {
 		if t.granted() {
 			return nil // its take finds the bucket draining
 		}
-		cctx, cancel := s.ctx(ctx)
-		defer cancel()
-		cond, upd := "#state = :waiting", "SET draining = :true"
-		_, err := s.db.UpdateItem(cctx, &dynamodb.UpdateItemInput{TableName: &s.table, Key: keySK(t.PK, t.SK),
-			ConditionExpression: &cond, UpdateExpression: &upd, ExpressionAttributeNames: map[string]string{"#state": "state"},
-			ExpressionAttributeValues: map[string]types.AttributeValue{
-				":waiting": &types.AttributeValueMemberS{Value: ticketWaiting}, ":true": &types.AttributeValueMemberBOOL{Value: true}}})
-		var ccf *types.ConditionalCheckFailedException
-		if err != nil && !errors.As(err, &ccf) {
-			return unavailable("mark ticket draining", err)
+		_, err := s.updateItem(ctx, "mark ticket draining", keySK(t.PK, t.SK), expression.Name("state").Equal(expression.Value(ticketWaiting)),
+			expression.Set(expression.Name("draining"), expression.Value(true)), "", false)
+		if _, failed := conditionFailed(err); failed {
+			return nil // granted or gone since the read
 		}
-		return nil
+		return err
 	})
 }
 
