@@ -110,6 +110,9 @@ func (e *Engine) handOverable(ctx context.Context, ev *eviction, take slotTake) 
 		if err == nil && !waiting {
 			return ev.killed
 		}
+		if err != nil {
+			e.log.WarnContext(ctx, "reading the wait queue failed; the evicted slot goes to the queue", "err", err)
+		}
 	}
 	ev.freed = e.freeEvicted(ctx, *ev)
 	return nil

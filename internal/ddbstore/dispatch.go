@@ -162,8 +162,12 @@ func (s *Store) Dispatch(ctx context.Context, d core.Dispatch) (core.DispatchRes
 // (queueHead), one call more.
 func (s *Store) readHead(ctx context.Context, d core.Dispatch, attempt int, r headRead) (headView, error) {
 	if attempt == 0 && d.Self == "" {
-		if q, whole, err := s.wholeQueue(ctx, !r.eventual); err == nil && whole {
+		q, whole, err := s.wholeQueue(ctx, !r.eventual)
+		if err == nil && whole {
 			return headView{tickets: q}, nil
+		}
+		if err != nil {
+			s.log.WarnContext(ctx, "reading the wait queue in one statement failed; reading it shard by shard", "err", err)
 		}
 	}
 	q, err := s.queueHead(ctx, r)

@@ -1,9 +1,12 @@
 package ddbstore_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -265,7 +268,9 @@ func TestFreeDispatchReadsAShortQueueInOneCall(t *testing.T) {
 			if c.failing {
 				api = statementFails{counting}
 			}
-			f := &queueFixture{t: t, s: ddbstore.New(api, table, "test"), client: client, table: table, limit: 1}
+			var logged bytes.Buffer
+			s := ddbstore.New(api, table, "test", ddbstore.WithLogger(slog.New(slog.NewJSONHandler(&logged, nil))))
+			f := &queueFixture{t: t, s: s, client: client, table: table, limit: 1}
 			slot := f.free(f.fill(1)[0])
 			var first string
 			for i := range c.tickets {
@@ -284,6 +289,12 @@ func TestFreeDispatchReadsAShortQueueInOneCall(t *testing.T) {
 			}
 			if c.tickets > 0 && (len(res.Granted) != 1 || res.Granted[0].ID != first) {
 				t.Errorf("dispatch = %+v; want %s, the first ticket, granted", res, first)
+			}
+			// A refused statement is recovered from, so it is logged: a
+			// role without the grant would otherwise cost a call per free
+			// without a trace.
+			if warned := strings.Contains(logged.String(), `"level":"WARN"`); warned != c.failing {
+				t.Errorf("logged %q; want a warning: %v", logged.String(), c.failing)
 			}
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -49,6 +50,7 @@ type Store struct {
 	sweep      int32 // the parts of the counter repair's sweep (sweepSegments)
 	shards     int   // the state index's keys per state (WithLimit)
 	limit      int   // the deployment limit (WithLimit; 0: not known)
+	log        *slog.Logger
 }
 
 var _ core.Store = (*Store)(nil)
@@ -56,12 +58,18 @@ var _ core.Store = (*Store)(nil)
 // New returns a store over table, scoping the capacity ledger and state
 // index to deployment.
 func New(db API, table, deployment string, opts ...Option) *Store {
-	s := &Store{db: db, table: table, deployment: deployment, scan: queueScan, sweep: sweepSegments, shards: IndexShards}
+	s := &Store{db: db, table: table, deployment: deployment, scan: queueScan, sweep: sweepSegments, shards: IndexShards,
+		log: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
 		o(s)
 	}
 	return s
 }
+
+// WithLogger makes the store log the failures it recovers from without
+// returning them (a read it replaces by another); without it, it logs
+// nothing.
+func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.log = l } }
 
 // key is the key of item pk (sort key sortKey).
 func (s *Store) key(pk string) map[string]types.AttributeValue { return keySK(pk, sortKey) }

@@ -145,7 +145,8 @@ func NewBrokerFor(ctx context.Context, cfg config.Config, logger *slog.Logger, f
 	if err != nil {
 		return nil, err
 	}
-	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment, ddbstore.WithSealer(sealer), ddbstore.WithLimit(cfg.Settings.Limit()))
+	store := ddbstore.New(ddb, cfg.TableName, cfg.Settings.Deployment, ddbstore.WithSealer(sealer),
+		ddbstore.WithLimit(cfg.Settings.Limit()), ddbstore.WithLogger(logger))
 	syncer, err := outputsync.New(prov, s3c, outputsync.Options{
 		Bucket:         cfg.OutputBucket,
 		Prefix:         cfg.OutputPrefix,
