@@ -351,6 +351,8 @@ const (
 	// probeTimeout bounds the check that a sandbox about to be handed out
 	// again answers (a trivial command on reuse, the bootstrap on reclaim).
 	probeTimeout = 3 * time.Second
+	// checkDetail bounds the output a failed check's error quotes.
+	checkDetail = 256
 )
 
 // probe checks that a sandbox answers: a trivial command must exit 0
@@ -370,7 +372,8 @@ func (e *Engine) bootstrap(ctx context.Context, ref SandboxRef, timeout time.Dur
 }
 
 // runCheck runs cmd in ref, bounded by cmd.Timeout; its result must
-// pass ok, else the error, named what, gives the exit code and output.
+// pass ok, else the error, named what, gives the exit code and the start
+// of the output (stderr, else stdout: errors are logged and answered).
 func (e *Engine) runCheck(ctx context.Context, ref SandboxRef, what string, cmd Command, ok func(CommandResult) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, cmd.Timeout)
 	defer cancel()
@@ -379,7 +382,11 @@ func (e *Engine) runCheck(ctx context.Context, ref SandboxRef, what string, cmd 
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	if !ok(out) {
-		return fmt.Errorf("%s: exit code %d: %q %q", what, out.ExitCode, out.Stdout, bytes.TrimSpace(out.Stderr))
+		detail := bytes.TrimSpace(out.Stderr)
+		if len(detail) == 0 {
+			detail = bytes.TrimSpace(out.Stdout)
+		}
+		return fmt.Errorf("%s: exit code %d: %q", what, out.ExitCode, detail[:min(len(detail), checkDetail)])
 	}
 	return nil
 }
