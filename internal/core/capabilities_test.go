@@ -64,6 +64,7 @@ func capsEngine(t *testing.T, prov core.Provider, declare func(*core.Capabilitie
 // through Capabilities.Discover when declared (only "absent" counts),
 // else through Info's ErrSandboxGone.
 func TestReconcileFreesAVanishedSandboxOnlyOnDeclaredAbsence(t *testing.T) {
+	t.Parallel()
 	answer := func(p core.Presence) func(context.Context, string) (core.Presence, error) {
 		return func(context.Context, string) (core.Presence, error) { return p, nil }
 	}

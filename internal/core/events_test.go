@@ -211,6 +211,7 @@ func TestDestroyEventReasons(t *testing.T) {
 // event is logged and counted (EventsPublishFailed), and a stalled publish
 // is cut at its own short deadline inside the invocation's time.
 func TestFailingEventSinkNeverFailsAcquireOrRelease(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		sink *eventLog
@@ -294,6 +295,7 @@ func TestReconcileEvents(t *testing.T) {
 // once per event), every expiry is still done, and every lost event is
 // counted.
 func TestStalledEventBusCostsOneBound(t *testing.T) {
+	t.Parallel()
 	t.Run("acquire", func(t *testing.T) {
 		events := &eventLog{}
 		var logs bytes.Buffer // the handler serialises writes; the engine logs nothing after an operation returns

@@ -191,6 +191,7 @@ func (a *activeReads) middleware(stack *middleware.Stack) error {
 // a bounded sample of the active records, not the whole active index, so
 // what it reads does not grow with the fleet.
 func TestDeadSlotCheckReadsASampleOfTheActive(t *testing.T) {
+	t.Parallel()
 	const limit = 200
 	reads := &activeReads{}
 	eng, _, _ := costEngine(t, "deadsample", limit, reads.middleware, nil)

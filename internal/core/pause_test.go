@@ -287,6 +287,7 @@ func TestPausedSandboxesExpireAfterTheirTTLAndWhileDraining(t *testing.T) {
 }
 
 func TestInterruptedPauseIsFinished(t *testing.T) {
+	t.Parallel()
 	ambiguous := &core.ProviderError{Op: "pause", StatusCode: 502, Ambiguous: true, Message: "bad gateway"}
 	tests := []struct {
 		name    string
@@ -562,6 +563,7 @@ func TestResumeLeftByADeadInvocationIsFinished(t *testing.T) {
 // drifted from the records holding its paused slots is set back by
 // reconcile once two passes saw the same count and the same records.
 func TestReconcileRepairsThePausedSlotCount(t *testing.T) {
+	t.Parallel()
 	prov := coretest.NewFakeProvider()
 	prov.Pausable = true
 	h := newDDBHarnessWith(t, prov, nil) // it corrupts a DynamoDB item

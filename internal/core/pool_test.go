@@ -567,6 +567,7 @@ func TestPoolReconcileKillsALeakedFormerMember(t *testing.T) {
 // A pool place count gone wrong is set back to the places held by the
 // second reconcile pass that sees it unchanged (never by the first).
 func TestPoolPlaceCountIsRepairedByReconcile(t *testing.T) {
+	t.Parallel()
 	h := newDDBHarness(t, nil, core.WithPool(core.PoolSettings{Size: 2, MaxAge: 10 * time.Minute}))
 	h.refill(t, 2)
 	ctx := context.Background()

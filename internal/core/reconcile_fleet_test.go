@@ -120,6 +120,7 @@ func fleetSize(t testing.TB) int {
 // the ledger counting each), each pass within its item and page budgets;
 // the next walk over the reconciled fleet changes nothing.
 func TestReconcileLargeFleetAcrossPasses(t *testing.T) {
+	t.Parallel()
 	n := fleetSize(t)
 	rs := core.DefaultReconcileSettings()
 	rs.MaxItems = max(n/10, 1)

@@ -17,6 +17,7 @@ import (
 // against real processes: the repository's E2B-compatible sandbox host on
 // loopback, driven through internal/e2b, with DynamoDB Local.
 func TestReconcileAgainstLocalSandboxHost(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const apiKey = "host-key"

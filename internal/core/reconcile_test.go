@@ -365,6 +365,7 @@ func TestReconcileHonorsWallClockBudget(t *testing.T) {
 
 // Sandboxes the store has no record of are adopted back from their metadata.
 func TestReconcileAdoptsCanonicalAfterStoreLosesRecords(t *testing.T) {
+	t.Parallel()
 	h := newDDBRecHarness(t, nil)
 	rec := h.acquire(t, "t1")
 	h.deleteItem(t, "SBX#"+rec.SandboxID)
@@ -515,6 +516,7 @@ func TestReconcileDeadDetectionWaitsForCompleteInventory(t *testing.T) {
 }
 
 func TestReconcileRepairsLedgerWithoutOverwritingConcurrentAcquire(t *testing.T) {
+	t.Parallel()
 	h := newDDBRecHarness(t, nil)
 	h.acquire(t, "t1")
 	h.driftBucket(t, 4)

@@ -26,6 +26,7 @@ import (
 // the running and paused slots held equal the running and paused
 // sandboxes, and the pool's place count equals the members it holds.
 func TestStressPoolUnderFaults(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("stress test: skipped in -short mode")
 	}

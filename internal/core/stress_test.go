@@ -215,6 +215,7 @@ func (f *faultyProvider) live(t *testing.T, deployment string) (running, paused 
 // running and paused slots held equal the running and paused sandboxes
 // (invariant 4: uncertain kills kept their slots until confirmed).
 func TestStressInvariantsUnderFaults(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("stress test: skipped in -short mode")
 	}

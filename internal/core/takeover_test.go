@@ -95,6 +95,7 @@ func invocation(t *testing.T, d time.Duration) context.Context {
 // out again: reuse and reclaim probe it under a short timeout, discard it
 // and give the thread a fresh one inside the invocation's time.
 func TestWedgedSandboxIsDiscardedNotHandedOut(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		release bool
@@ -147,6 +148,7 @@ func TestWedgedSandboxIsDiscardedNotHandedOut(t *testing.T) {
 // A stalled provider: the acquire answers 503 retryable before its
 // deadline, and the reservation it leaves is settled by reconcile.
 func TestStalledProviderAnswers503BeforeDeadlineAndReconcileSettles(t *testing.T) {
+	t.Parallel()
 	h, sp := newStallHarness(t, nil)
 	sp.stall("create", true)
 	handler := httpapi.NewHandler(h.eng, slog.New(slog.DiscardHandler))

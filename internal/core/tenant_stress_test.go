@@ -549,6 +549,7 @@ type stressTenant struct {
 // fills the hostile tenant's waiter places one at a time, so the bound's
 // refusal is checked however fast the machine runs the phases before it.
 func TestStressTenantsUnderFaults(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("stress test: skipped in -short mode")
 	}

@@ -300,6 +300,7 @@ func (w *ticketLog) ended(at time.Time) bool {
 // counted equal the records and reservations holding them, every running
 // sandbox is a live record's, and no waiter place is held.
 func TestStressWaitOrderUnderFaults(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("stress test: skipped in -short mode")
 	}

@@ -75,6 +75,7 @@ func (c *countingAPI) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetIte
 // size. The counts by state agree with the records as of that repair;
 // the slots spread over the buckets.
 func TestCapacityCostsTheSameCallsWhateverTheFleet(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	api := &countingAPI{Client: client}
 	s := ddbstore.New(api, table, "test")
@@ -126,6 +127,7 @@ func TestCapacityCostsTheSameCallsWhateverTheFleet(t *testing.T) {
 // slot held in each of 16 buckets, they read those 16 and count every
 // slot.
 func TestALedgerReadReadsTheBucketsInUse(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	api := &countingAPI{Client: client}
 	ctx := context.Background()
@@ -168,6 +170,7 @@ func TestALedgerReadReadsTheBucketsInUse(t *testing.T) {
 // empty, give a take homed in the second bucket the first one's slot,
 // with no rewrite of the 64 buckets.
 func TestATakeLeavesAnUnevenSplitAlone(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	api := &countingAPI{Client: client}
 	ctx := context.Background()
@@ -210,6 +213,7 @@ func TestATakeLeavesAnUnevenSplitAlone(t *testing.T) {
 // over the buckets, count against a lower limit at once (the buckets'
 // limits are reset for it), and a freed slot is taken again only below it.
 func TestLoweredLimitHoldsAcrossBuckets(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	for i := range 12 {

@@ -219,6 +219,7 @@ type outcome struct {
 // cancellations are decoded by the failed item's key: the fault function
 // builds the reasons from the request's own item order, as DynamoDB does.
 func TestStoreClassifiesEveryOutcome(t *testing.T) {
+	t.Parallel()
 	key := core.ThreadKey{Tenant: "acme", User: "u1", Thread: "t1"}
 	rec := func(tenant string, st core.State, leaseOwner string) map[string]types.AttributeValue {
 		av, err := attributevalue.MarshalMap(item{PK: sandboxPK("sbx1"), SK: sortKey, SandboxID: "sbx1", Tenant: tenant,
@@ -364,6 +365,7 @@ func TestStoreClassifiesEveryOutcome(t *testing.T) {
 // TestFailedItemsByIdentity decodes the same cancellation for the same
 // items in two orders: the failed item is found by its key either way.
 func TestFailedItemsByIdentity(t *testing.T) {
+	t.Parallel()
 	s := New(&faultDB{}, "table", "test")
 	key := core.ThreadKey{Tenant: "acme", User: "u1", Thread: "t1"}
 	bind := types.TransactWriteItem{ConditionCheck: &types.ConditionCheck{Key: s.key(bindingPK(key))}}
@@ -402,6 +404,7 @@ func (p *pagedQueueDB) ExecuteStatement(context.Context, *dynamodb.ExecuteStatem
 // wait when DynamoDB cut it short (a NextToken, or the LastEvaluatedKey
 // of a read its limit stopped).
 func TestAnyWaitingWhenTheReadIsCutShort(t *testing.T) {
+	t.Parallel()
 	now := time.UnixMilli(1_000_000)
 	grant, err := attributevalue.MarshalMap(ticketItem{PK: "Q#d#0", SK: "k1", Tenant: "a", Ticket: "w1",
 		Until: ms(now.Add(time.Minute)), State: ticketGranted, GrantUntil: ms(now.Add(time.Minute))})

@@ -15,6 +15,7 @@ import (
 // TestConformance holds the DynamoDB store, on DynamoDB Local, to the
 // store contract.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		client, table := newTable(t)
 		api := &faultyAPI{API: client}

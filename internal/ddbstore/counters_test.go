@@ -100,6 +100,7 @@ func moveRecord(t *testing.T, s *ddbstore.Store, id string, to core.State) bool 
 // the tenant past its quota and the deployment past its limit. The counts
 // are right from the start, so no repair may write.
 func TestRepairCountersCountsAHolderMovingDuringTheTallyOnce(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		// to is the state to move the record to when a read turns to a
@@ -167,6 +168,7 @@ func TestRepairCountersCountsAHolderMovingDuringTheTallyOnce(t *testing.T) {
 // read is not (the take's count, seen by the first repair's tally, may
 // since have been freed by another), until a repair sees it unchanged.
 func TestSlotCountRepairNeedsTheSameRevisionTwice(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	s := ddbstore.New(client, table, "test")
 	ctx := context.Background()
@@ -220,6 +222,7 @@ func TestSlotCountRepairNeedsTheSameRevisionTwice(t *testing.T) {
 // same missing figure, and the count is never corrected to a tally that
 // missed the member (the pool would refill one too many).
 func TestRepairCountersReportsAPoolMemberMovingDuringTheTally(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	plain := ddbstore.New(client, table, "test")
 	ctx := context.Background()
@@ -265,6 +268,7 @@ func TestRepairCountersReportsAPoolMemberMovingDuringTheTally(t *testing.T) {
 // the reservation (read first) and as its record (read later): it holds
 // one place, and the tally counts one.
 func TestTallyCountsAReservationFinalizedDuringItOnce(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	plain := ddbstore.New(client, table, "test")
 	ctx := context.Background()
@@ -296,6 +300,7 @@ func TestTallyCountsAReservationFinalizedDuringItOnce(t *testing.T) {
 // table, one part a pass, and corrected like any other: within one round
 // of the sweep and the two passes a correction needs.
 func TestRepairCountersFindsCountsNoHolderNames(t *testing.T) {
+	t.Parallel()
 	const parts = 4
 	client, table := newTable(t)
 	s := ddbstore.New(client, table, "test")
@@ -338,6 +343,7 @@ func TestRepairCountersFindsCountsNoHolderNames(t *testing.T) {
 // and comes back after the confirmation leaves the counts as read, yet a
 // correction to what the tally saw in between would be wrong.
 func TestPerStateCountRepairWaitsForTheBucketToHoldStill(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	plain := ddbstore.New(client, table, "test")
 	ctx := context.Background()
@@ -379,6 +385,7 @@ func TestPerStateCountRepairWaitsForTheBucketToHoldStill(t *testing.T) {
 // succeeds, and a refill between two passes does not keep a real drift
 // from being corrected.
 func TestRepairCountersLeavesPoolMembersAlone(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	s := ddbstore.New(client, table, "test")
 	ctx := context.Background()
@@ -422,6 +429,7 @@ func (d *scanFailDB) Scan(ctx context.Context, in *dynamodb.ScanInput, opts ...f
 // corrects nothing and keeps what it noted, so the next pass corrects the
 // drift.
 func TestRepairCountersWhoseExactCountFailsCorrectsNothing(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	db := &scanFailDB{API: client}
 	s := ddbstore.New(db, table, "test")

@@ -102,6 +102,7 @@ func parkWarm(t *testing.T, s *ddbstore.Store, n int) []string {
 // sampled shards) is read whole and answered in the pool's exact order,
 // so a lone warm record is always found.
 func TestSample(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		warm  int
@@ -161,6 +162,7 @@ func TestSample(t *testing.T) {
 // when a peer took that slot in between, it is refused for capacity
 // without reading the buckets again.
 func TestReserveReadsTheBucketsOnce(t *testing.T) {
+	t.Parallel()
 	const limit = 8 // eight buckets of one slot
 	s, peer, calls := racedStores(t)
 	ctx := context.Background()
@@ -218,6 +220,7 @@ func TestReserveReadsTheBucketsOnce(t *testing.T) {
 // refused for capacity only when every bucket the read showed open was
 // taken, without reading the buckets again.
 func TestATakeRetriesItsLostRacesInTheStore(t *testing.T) {
+	t.Parallel()
 	const limit = 8 // eight buckets of one slot
 	const openA, openB, full = 0, 4, 2
 	for _, tc := range []struct {
@@ -284,6 +287,7 @@ func TestATakeRetriesItsLostRacesInTheStore(t *testing.T) {
 // bucket is full reads every bucket once and takes the slot the read
 // shows.
 func TestATakeWhoseHomeIsFullTakesFromTheRead(t *testing.T) {
+	t.Parallel()
 	const limit = 8 // eight buckets of one slot
 	s, calls := countedStore(t)
 	ctx := context.Background()

@@ -21,6 +21,7 @@ import (
 // record in park order (the LRU order eviction relies on), that counts
 // and scans see every entry, and that the entries use more than one key.
 func TestStateIndexIsShardedAndMergedInParkOrder(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	s := ddbstore.New(client, table, "test")
 	ctx := context.Background()
@@ -76,6 +77,7 @@ func TestStateIndexIsShardedAndMergedInParkOrder(t *testing.T) {
 // TestIndexShardsPerState: every state spreads over IndexShards keys, by
 // FNV-1a of the id, and a state's entries use every one of its keys.
 func TestIndexShardsPerState(t *testing.T) {
+	t.Parallel()
 	used := map[int]bool{}
 	for i := range 2000 {
 		id := fmt.Sprintf("sbx-%d", i)
@@ -97,6 +99,7 @@ func TestIndexShardsPerState(t *testing.T) {
 // one query; entries a store of more keys filed are moved under that key
 // by the counter repair, and are then found.
 func TestIndexSizedForTheLimitAndRefiled(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	api := &countingAPI{Client: client}
 	wide := ddbstore.New(client, table, "test")
@@ -143,6 +146,7 @@ func TestIndexSizedForTheLimitAndRefiled(t *testing.T) {
 // those keys alone, not from every key a state may have; once a store of
 // more keys set them, the repair reads those too and finds its entries.
 func TestRepairReadsTheKeysInUse(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	api := &countingAPI{Client: client}
 	narrow := ddbstore.New(api, table, "test", ddbstore.WithLimit(8))

@@ -16,6 +16,7 @@ import (
 // begins with, not another tenant's; a pause given up lists the record
 // again, under its park time.
 func TestOwnWarm(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	park := func(k core.ThreadKey, id string, at time.Duration) core.Record {
@@ -127,6 +128,7 @@ func TestOwnWarm(t *testing.T) {
 // owner index keys (by user), so its parks do not all write one index
 // partition, while each user's stay under one.
 func TestOwnWarmSpreadsTenants(t *testing.T) {
+	t.Parallel()
 	shards := map[int]bool{}
 	for _, u := range []string{"u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7", "u8", "u9"} {
 		shards[ddbstore.OwnerShard(u)] = true

@@ -90,6 +90,7 @@ func pauseClaim(id, owner string, now time.Time) core.Claim {
 }
 
 func TestPauseAndResumeMoveTheSlots(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	key := thread(1)
@@ -145,6 +146,7 @@ func TestPauseAndResumeMoveTheSlots(t *testing.T) {
 }
 
 func TestPausedRecordsAreFiledByPauseTime(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	for i, id := range []string{"sbx1", "sbx2"} {
@@ -184,6 +186,7 @@ func TestPausedRecordsAreFiledByPauseTime(t *testing.T) {
 }
 
 func TestClaimPauseRefusals(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	warmAt(t, s, thread(1), "sbx1")
@@ -218,6 +221,7 @@ func TestClaimPauseRefusals(t *testing.T) {
 }
 
 func TestAbortPauseReturnsToWarmParkedWhenItWas(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	warmAt(t, s, thread(1), "sbx1")
@@ -241,6 +245,7 @@ func TestAbortPauseReturnsToWarmParkedWhenItWas(t *testing.T) {
 }
 
 func TestClaimResumeTakesARunningSlotLikeAReservation(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	key := thread(1)
@@ -277,6 +282,7 @@ func TestClaimResumeTakesARunningSlotLikeAReservation(t *testing.T) {
 }
 
 func TestFreeReturnsExactlyTheSlotsTheRecordHolds(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		// to brings a warm sbx1 into the state it is destroyed from.
@@ -332,6 +338,7 @@ func TestFreeReturnsExactlyTheSlotsTheRecordHolds(t *testing.T) {
 }
 
 func TestPausedSlotsNeverExceedTheLimitUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	const n, limit = 12, 4
@@ -369,6 +376,7 @@ func TestPausedSlotsNeverExceedTheLimitUnderConcurrency(t *testing.T) {
 // revision moved: every take and free moves it), until a repair sees it
 // unchanged again.
 func TestPausedBucketRepairNeedsTheSameRevisionTwice(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	s := ddbstore.New(client, table, "test")
 	ctx := context.Background()
@@ -423,6 +431,7 @@ func TestPausedBucketRepairNeedsTheSameRevisionTwice(t *testing.T) {
 // a share is full: filling the limit one pause at a time takes every
 // slot, and the first pause past it is refused.
 func TestPausedSlotsFillEveryBucketBeforeRefusing(t *testing.T) {
+	t.Parallel()
 	for _, limit := range []int{1, 5, ddbstore.PausedBuckets + 8} {
 		t.Run(fmt.Sprint("limit ", limit), func(t *testing.T) {
 			s := newStore(t)
@@ -455,6 +464,7 @@ func TestPausedSlotsFillEveryBucketBeforeRefusing(t *testing.T) {
 // sandbox's running slot counts it active in its bucket, so that the
 // settle that activates it writes no capacity bucket.
 func TestAResumeIsCountedActiveFromItsClaim(t *testing.T) {
+	t.Parallel()
 	base, table := newTable(t)
 	var txnBodies []string
 	var mu sync.Mutex
@@ -516,6 +526,7 @@ func releasing(t *testing.T, s *ddbstore.Store, key core.ThreadKey, id string) c
 }
 
 func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	key := thread(1)
@@ -595,6 +606,7 @@ func TestAPauseAtReleaseMovesTheCapacityBucketOnce(t *testing.T) {
 // as they would be set, so no pause rewrites them (which would move the
 // revisions the repair compares), and the second repair corrects it.
 func TestRefusedPausesLeaveADriftedCountToTheRepair(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	s := ddbstore.New(client, table, "test")
 	ctx := context.Background()

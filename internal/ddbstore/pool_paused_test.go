@@ -30,6 +30,7 @@ func readPoolSlots(t *testing.T, s *ddbstore.Store) poolSlots {
 // a claim takes a running slot (and the thread's quotas) and gives the
 // place back, the activation frees the paused slot.
 func TestPausedPoolMemberMovesItsSlots(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	pooledMember(t, s, "m1", 5)
@@ -87,6 +88,7 @@ func TestPausedPoolMemberMovesItsSlots(t *testing.T) {
 }
 
 func TestPausedPoolMemberClaimNeedsARunningSlot(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	pooledMember(t, s, "m1", 5)
@@ -122,6 +124,7 @@ func TestPausedPoolMemberClaimNeedsARunningSlot(t *testing.T) {
 }
 
 func TestAbortPoolPauseKeepsTheMemberRunning(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	pooledMember(t, s, "m1", 5)
@@ -154,6 +157,7 @@ func poolPlaces(s *ddbstore.Store) (used int, revision int64, counted int, err e
 // A pool count that moved and came back to the value a repair read is not
 // repaired (its revision moved); a count that is wrong and stays so is.
 func TestPoolCountRepair(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	pooledMember(t, s, "m1", 5)
@@ -201,6 +205,7 @@ func TestPoolCountRepair(t *testing.T) {
 // tombstone holding a slot and a place: its refill's (a reservation
 // consumed) or new ones; it replaces a gone record, never a live one.
 func TestAdoptPoolSandbox(t *testing.T) {
+	t.Parallel()
 	for _, withReservation := range []bool{true, false} {
 		t.Run(map[bool]string{true: "reservation consumed", false: "new slot and place"}[withReservation], func(t *testing.T) {
 			s := newStore(t)

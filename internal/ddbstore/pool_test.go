@@ -42,6 +42,7 @@ func poolCount(t *testing.T, s *ddbstore.Store) int {
 }
 
 func TestReservePoolStopsAtSizeAndLimit(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name        string
 		limit, size int
@@ -90,6 +91,7 @@ func runningUsed(t *testing.T, s *ddbstore.Store) int {
 }
 
 func TestClaimPoolMemberOnceAndItsConditions(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	m := pooledMember(t, s, "m1", 5)
@@ -147,6 +149,7 @@ func TestClaimPoolMemberOnceAndItsConditions(t *testing.T) {
 // adopted for its kill) is freed as any record, leaving the pool's count
 // alone.
 func TestFreeOfThreadlessRecordsKeepsThePoolCountRight(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	m := pooledMember(t, s, "m1", 5)
@@ -205,6 +208,7 @@ func (f *sizeFlipper) TransactWriteItems(ctx context.Context, in *dynamodb.Trans
 // size is refused as a full pool (certainly not applied, so the refill
 // does not back off as after a failed create), and takes nothing.
 func TestReservePoolRefusedWhilePeersSetAnotherSize(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	s := ddbstore.New(&sizeFlipper{Client: client, table: table}, table, "test")
 	err := s.ReservePool(context.Background(), core.PoolReservation{Token: "pool-1", Limit: 4, Size: 2, Now: t0, ExpiresAt: t0.Add(time.Minute)})

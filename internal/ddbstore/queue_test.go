@@ -174,6 +174,7 @@ func ids(ts []core.Ticket) []string {
 // queue's first live ticket, each further one it holds lands one round
 // after its latest; the queue reads back in (round, arrival) order.
 func TestEnterWaitRounds(t *testing.T) {
+	t.Parallel()
 	f := newQueueFixture(t, 1)
 	recs := f.fill(1)
 	steps := []struct {
@@ -238,6 +239,7 @@ func TestEnterWaitRounds(t *testing.T) {
 // waiter's reservation takes it over (ticket and place gone, used still
 // the same), and the next free goes to the next ticket in order.
 func TestDispatchGrantsInFairOrderAndTheGrantIsTaken(t *testing.T) {
+	t.Parallel()
 	f := newQueueFixture(t, 2)
 	recs := f.fill(2)
 	a1 := f.enter("a", "a1", t0)
@@ -293,6 +295,7 @@ func TestDispatchGrantsInFairOrderAndTheGrantIsTaken(t *testing.T) {
 // TestDispatchSkipsLapsedTickets: a waiting ticket whose waiter's wait
 // ended is removed, and the slot goes to the next.
 func TestDispatchSkipsLapsedTickets(t *testing.T) {
+	t.Parallel()
 	f := newQueueFixture(t, 1)
 	recs := f.fill(1)
 	dead, err := f.s.EnterWait(context.Background(), core.Waiter{Tenant: "a", Ticket: "dead", Max: 10, Now: t0, Until: t0.Add(time.Second)})
@@ -317,6 +320,7 @@ func TestDispatchSkipsLapsedTickets(t *testing.T) {
 // none waits, its slot is freed; a waiter that leaves holding a grant
 // passes it on the same way.
 func TestLapsedGrantPassesOnOrFrees(t *testing.T) {
+	t.Parallel()
 	f := newQueueFixture(t, 1)
 	recs := f.fill(1)
 	a := f.enter("a", "a", t0)
@@ -369,6 +373,7 @@ func TestLapsedGrantPassesOnOrFrees(t *testing.T) {
 // TestConcurrentDispatchersNeverOvergrant: many dispatchers at once grant
 // exactly the free slots, each to a different ticket, the first in order.
 func TestConcurrentDispatchersNeverOvergrant(t *testing.T) {
+	t.Parallel()
 	const limit, freed, waiters, dispatchers = 6, 3, 10, 12
 	f := newQueueFixture(t, limit)
 	recs := f.fill(limit)
@@ -406,6 +411,7 @@ func TestConcurrentDispatchersNeverOvergrant(t *testing.T) {
 // when more slots were freed than that (the tickets behind them): every
 // freed slot ends granted, each to a different ticket, the first in order.
 func TestFreesRacingOnTheHeadGrantEveryFreedSlot(t *testing.T) {
+	t.Parallel()
 	const rounds = 5
 	tests := []struct {
 		name                  string
@@ -486,6 +492,7 @@ func dispatchAtOnce(t *testing.T, f *queueFixture, ds []core.Dispatch) []string 
 // tickets are in no index; the repair counts them from the queue and
 // leaves them (and the granted count) alone.
 func TestCounterRepairKeepsTrustedSlots(t *testing.T) {
+	t.Parallel()
 	f := newQueueFixture(t, 3)
 	recs := f.fill(3)
 	f.enter("a", "a", t0)
@@ -552,6 +559,7 @@ func pkOfKey(key map[string]types.AttributeValue) string {
 // nothing was granted twice, the counters need no repair, and the next
 // dispatch grants the freed slot to the next ticket.
 func TestDispatchCutAfterLosingTheHeadLeavesNothingHalfDone(t *testing.T) {
+	t.Parallel()
 	errRead := &smithy.GenericAPIError{Code: "InternalServerError", Message: "injected"}
 	tests := []struct {
 		name  string
@@ -616,6 +624,7 @@ func TestDispatchCutAfterLosingTheHeadLeavesNothingHalfDone(t *testing.T) {
 // itself the head behind them, and a free's dispatch reads the tickets
 // behind them and grants its slot to the first still waiting.
 func TestDispatchLooksBehindGrantedTickets(t *testing.T) {
+	t.Parallel()
 	const limit, scan, granted = 12, 8, 10
 	f := newQueueFixture(t, limit)
 	ddbstore.SetQueueScan(f.s, scan)
@@ -651,6 +660,7 @@ func TestDispatchLooksBehindGrantedTickets(t *testing.T) {
 // waiter leaving passes it on; it does not free its slot for acquires
 // that do not wait.
 func TestLapsedGrantsPassOnBehindGrantedTickets(t *testing.T) {
+	t.Parallel()
 	const limit, scan, pile = 12, 8, 10
 	tests := []struct {
 		name string
@@ -733,6 +743,7 @@ func (d *turnDB) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWr
 // would be cancelled), and stops there: the ticket behind it is left to
 // the frees, the other freed slot free, and nothing to repair.
 func TestATurnReadsItsTicketBeforeGrantingItself(t *testing.T) {
+	t.Parallel()
 	const limit = 4
 	f := newQueueFixture(t, limit)
 	recs := f.fill(limit)

@@ -56,6 +56,7 @@ func idsInShard(prefix string, n, shard int, in bool) []string {
 // their (round, arrival) order, by frees' short eventually consistent
 // reads and by full ones alike.
 func TestShardedQueueServesInFairOrder(t *testing.T) {
+	t.Parallel()
 	crowded := idsInShard("c", 14, 3, true)
 	others := idsInShard("o", 14, 3, false)
 	tests := []struct {
@@ -123,6 +124,7 @@ func interleave(a, b []string) []string {
 // tickets it passed, leaving other shards unread); a waiter first in its
 // shard reads the whole head, and the queue's head reads the buckets.
 func TestWaiterTurnReadsItsShardFirst(t *testing.T) {
+	t.Parallel()
 	same := idsInShard("s", 3, 5, true) // lapsed, ahead, behind: all in shard 5
 	other := idsInShard("o", 2, 5, false)
 	f := newQueueFixture(t, 1)
@@ -197,6 +199,7 @@ func (r *staleReads) middleware(stack *middleware.Stack) error {
 // consistent one, so a missed fresh ticket is not taken for gone; a
 // ticket really gone is reported gone.
 func TestPollConfirmsGoneWithAConsistentRead(t *testing.T) {
+	t.Parallel()
 	base, table := newTable(t)
 	r := &staleReads{}
 	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.APIOptions = append(o.APIOptions, r.middleware) })
@@ -250,6 +253,7 @@ func (statementFails) ExecuteStatement(context.Context, *dynamodb.ExecuteStateme
 // read shard by shard (one call a shard more), and so is any queue when
 // the one-statement read fails. Each serves the queue's first ticket.
 func TestFreeDispatchReadsAShortQueueInOneCall(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name      string
 		tickets   int

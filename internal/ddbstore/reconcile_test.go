@@ -59,6 +59,7 @@ func used(t *testing.T, s *ddbstore.Store) (int, int) {
 }
 
 func TestAdoptTakesASlotOrConsumesTheReservation(t *testing.T) {
+	t.Parallel()
 	s := recStore(t)
 	ctx := context.Background()
 	if _, err := s.Adopt(ctx, core.Adoption{Record: warmRecord("sb1", recKey(1)), Bind: true}); err != nil {
@@ -103,6 +104,7 @@ func TestAdoptTakesASlotOrConsumesTheReservation(t *testing.T) {
 }
 
 func TestLookupManyBatchesBeyondOneCall(t *testing.T) {
+	t.Parallel()
 	s := recStore(t)
 	ctx := context.Background()
 	var ids []string
@@ -124,6 +126,7 @@ func TestLookupManyBatchesBeyondOneCall(t *testing.T) {
 }
 
 func TestRebindAndClaimDuplicateFollowTheBinding(t *testing.T) {
+	t.Parallel()
 	s := recStore(t)
 	ctx := context.Background()
 	k := recKey(1)
@@ -162,6 +165,7 @@ func TestRebindAndClaimDuplicateFollowTheBinding(t *testing.T) {
 }
 
 func TestFirstSeenKeepsTheFirstSighting(t *testing.T) {
+	t.Parallel()
 	s := recStore(t)
 	ctx := context.Background()
 	for i, now := range []time.Time{rt0, rt0.Add(time.Hour)} {
@@ -173,6 +177,7 @@ func TestFirstSeenKeepsTheFirstSighting(t *testing.T) {
 }
 
 func TestCursorIsComparedAndSwapped(t *testing.T) {
+	t.Parallel()
 	s := recStore(t)
 	ctx := context.Background()
 	c, err := s.Cursor(ctx)
@@ -194,6 +199,7 @@ func TestCursorIsComparedAndSwapped(t *testing.T) {
 }
 
 func TestSeenRoundTripsLargeInventories(t *testing.T) {
+	t.Parallel()
 	s := recStore(t)
 	ctx := context.Background()
 	var seen []core.SeenSandbox
@@ -228,6 +234,7 @@ func TestSeenRoundTripsLargeInventories(t *testing.T) {
 // corrected only when two consecutive repairs see the same difference and
 // the bucket unchanged in between, and never over a concurrent write.
 func TestRepairCountersNeedsTheSameDifferenceTwice(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	s := ddbstore.New(client, table, "test")
 	ctx := context.Background()
@@ -276,6 +283,7 @@ func TestRepairCountersNeedsTheSameDifferenceTwice(t *testing.T) {
 // repair counts it among the paused slots' holders, and never as a
 // running slot.
 func TestRepairCountersCountsAPausedRecordAsAPausedSlotOnly(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	s := ddbstore.New(client, table, "test")
 	ctx := context.Background()

@@ -471,6 +471,7 @@ func capPK(b int) string {
 // from the table itself. A drift made then is corrected by the quiet
 // passes that follow, and nothing else is.
 func TestRepairCountersUnderLoadCorrectsNothing(t *testing.T) {
+	t.Parallel()
 	const threads, queues, busyPasses, quietPasses = 10, 2, 4, 3
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

@@ -20,6 +20,7 @@ import (
 // record stored in plaintext before still reads; a store without the key
 // cannot read a sealed token (an error, not an empty token).
 func TestAccessTokensAreSealedAtRest(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -69,6 +69,7 @@ func activeRecord(t *testing.T, s *ddbstore.Store, key core.ThreadKey, id string
 }
 
 func TestReserveFinalizeBindsThread(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	key := thread(1)
@@ -100,6 +101,7 @@ func TestReserveFinalizeBindsThread(t *testing.T) {
 }
 
 func TestReserveRefusesSecondBindingForThread(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	key := thread(1)
@@ -125,6 +127,7 @@ func TestReserveRefusesSecondBindingForThread(t *testing.T) {
 // TestReserveNeverExceedsLimitUnderConcurrency is invariant 1 for the store:
 // many goroutines reserving for distinct threads get exactly limit slots.
 func TestReserveNeverExceedsLimitUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	const limit, workers = 5, 40
@@ -159,6 +162,7 @@ func TestReserveNeverExceedsLimitUnderConcurrency(t *testing.T) {
 // TestClaimHasOneWinner: concurrent claims of one warm record; exactly one
 // takes the lease, the others see ErrLeaseHeld or ErrConflict.
 func TestClaimHasOneWinner(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	for iter := range 5 {
@@ -193,6 +197,7 @@ func TestClaimHasOneWinner(t *testing.T) {
 }
 
 func TestClaimClassifiesRefusals(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	rec := activeRecord(t, s, thread(1), "sbx1")
@@ -231,6 +236,7 @@ func TestClaimClassifiesRefusals(t *testing.T) {
 }
 
 func TestFreeReleasesSlotOnceAndIndexesFollowState(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	rec := activeRecord(t, s, thread(1), "sbx1")
@@ -275,6 +281,7 @@ func TestFreeReleasesSlotOnceAndIndexesFollowState(t *testing.T) {
 }
 
 func TestFreeReservationReturnsSlot(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	key := thread(1)
@@ -300,6 +307,7 @@ func TestFreeReservationReturnsSlot(t *testing.T) {
 }
 
 func TestFinalizeRefusedAfterReservationTakeover(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	key := thread(1)
@@ -319,6 +327,7 @@ func TestFinalizeRefusedAfterReservationTakeover(t *testing.T) {
 }
 
 func TestDrainingRefusesReservations(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	rec := activeRecord(t, s, thread(1), "sbx1")
@@ -352,6 +361,7 @@ func TestDrainingRefusesReservations(t *testing.T) {
 // TestPerUserQuotaMovesWithTheSlot: SANDBOX_MAX_PER_USER is enforced in the
 // same transaction as the deployment slot, and freeing returns both.
 func TestPerUserQuotaMovesWithTheSlot(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	alice := func(n int) core.ThreadKey {

@@ -22,6 +22,7 @@ import (
 // at most 8 held), so a capacity refusal is a take that lost its races for
 // the room there was every time it tried: it is tried again.
 func TestTenantQuotaHoldsUnderConcurrentReserves(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	const quota, perTenant = 4, 24
@@ -99,6 +100,7 @@ func refusalTenants(t *testing.T, s *ddbstore.Store, limit int) []string {
 // reservation move the tenant's count with the slot; a tenant's freed slot
 // can be taken again; the tenant quota is checked after the user quota.
 func TestTenantCountMovesWithEverySlot(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	k := func(user string, n int) core.ThreadKey {
@@ -157,6 +159,7 @@ func TestTenantCountMovesWithEverySlot(t *testing.T) {
 // TestDropIdleTenants: only tenants holding no slot leave the
 // fair-share tenant sets.
 func TestDropIdleTenants(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	a := core.ThreadKey{Tenant: "acme", User: "u", Thread: "t"}
@@ -186,6 +189,7 @@ func TestDropIdleTenants(t *testing.T) {
 // none held); otherwise it changes nothing and says why, the record's
 // own condition first.
 func TestClaimBelowTenantCount(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	for n := range 2 {

@@ -46,6 +46,7 @@ func tenantsPaused(t *testing.T, s *ddbstore.Store, tenants ...string) map[strin
 // evicting tenant holds at most the paused slots it read and the victim's
 // tenant at least two more: the counts are checked by the claim itself.
 func TestPausedBelowIsCheckedByTheClaim(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name           string
 		victim, evictr int // paused slots held by the victim's and the evicting tenant
@@ -100,6 +101,7 @@ func TestPausedBelowIsCheckedByTheClaim(t *testing.T) {
 // a pause given up, a resume, and the free of a tombstone holding both
 // slots (a failed resume: one write of the tenant's count for both).
 func TestTenantPausedCountFollowsEveryFree(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	a := pauseFor(t, s, "acme", 1)
@@ -159,6 +161,7 @@ func TestTenantPausedCountFollowsEveryFree(t *testing.T) {
 // repair, as its slot count is: on the second pass that sees the same
 // difference.
 func TestTenantPausedCountIsRepaired(t *testing.T) {
+	t.Parallel()
 	client, table := newTable(t)
 	s := ddbstore.New(client, table, "test")
 	ctx := context.Background()

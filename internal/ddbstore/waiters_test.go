@@ -17,6 +17,7 @@ import (
 // are refused too_many_waiters; another tenant has places of its own; a
 // place given back, or lapsed (its waiter died), is taken again.
 func TestWaiterPlacesBoundConcurrentWaiters(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	const max, n = 3, 16
