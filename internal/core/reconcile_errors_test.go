@@ -33,7 +33,7 @@ func TestReconcileNeverDropsAnError(t *testing.T) {
 	}
 	var logs bytes.Buffer
 	eng, err := core.New(h.s, claimOutageStore{h.store}, h.prov, nil, core.WithClock(h.clock.now),
-		core.WithReconcileSettings(h.rs), core.WithReconcileStore(h.store),
+		core.WithReconcileSettings(h.rs),
 		core.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 	if err != nil {
 		t.Fatalf("core.New: %v", err)

@@ -84,7 +84,6 @@ func (r ReconcileSettings) Validate() error {
 // reconcileConfig is what the reconcile Options set (Engine.rc).
 type reconcileConfig struct {
 	settings ReconcileSettings
-	store    ReconcileStore
 }
 
 // WithReconcileSettings sets the reconcile budgets and periods (default
@@ -106,18 +105,7 @@ func WithReconcileSettings(rs ReconcileSettings) Option {
 	}
 }
 
-// inventoryStore is the metered ReconcileStore: the one set with
-// WithReconcileStore, else the Store's.
+// inventoryStore is the store's ReconcileStore, metered.
 func (e *Engine) inventoryStore() ReconcileStore {
-	rst := e.reconcileConfig().store
-	if rst == nil {
-		rst = e.store.Store
-	}
-	return meteredReconcileStore{ReconcileStore: rst, e: e}
-}
-
-// WithReconcileStore sets the store reconcile uses for inventory work
-// (default: the engine's Store).
-func WithReconcileStore(rs ReconcileStore) Option {
-	return func(e *Engine) { e.reconcileConfig().store = rs }
+	return meteredReconcileStore{ReconcileStore: e.store.Store, e: e}
 }

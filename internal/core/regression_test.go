@@ -98,7 +98,7 @@ func (r *regressionEnv) engine(t *testing.T, rs *core.ReconcileSettings) *core.E
 	t.Helper()
 	opts := []core.Option{core.WithClock(r.clock.now), core.WithLogger(slog.New(slog.DiscardHandler))}
 	if rs != nil {
-		opts = append(opts, core.WithReconcileSettings(*rs), core.WithReconcileStore(r.store))
+		opts = append(opts, core.WithReconcileSettings(*rs))
 	}
 	eng, err := core.New(r.s, r.hs, r.prov, nil, opts...)
 	if err != nil {
