@@ -60,7 +60,9 @@ run: deps build ## start the local stack (devstack); SANDBOX_* and BROKER_* env 
 # The fault and end-to-end suites are named first so that they start first:
 # their cases mostly wait (on deadlines, lapsing leases and reconcile's
 # schedule), so they run four at a time (-parallel), beside the packages
-# that keep the CPUs busy rather than alone at the end.
+# that keep the CPUs busy rather than alone at the end. The engine's slow
+# tests and the store's tests, which wait on DynamoDB Local, run four at a
+# time too.
 TEST_FLAGS := -race -count=1 -shuffle=on -timeout 20m -parallel 4
 
 test: deps build ## run all tests with the race detector, in shuffled order

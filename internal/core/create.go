@@ -373,7 +373,8 @@ func (e *Engine) bootstrap(ctx context.Context, ref SandboxRef, timeout time.Dur
 
 // runCheck runs cmd in ref, bounded by cmd.Timeout; its result must
 // pass ok, else the error, named what, gives the exit code and the start
-// of the output (stderr, else stdout: errors are logged and answered).
+// of the output, stderr else stdout (an error may reach a log line or an
+// answer, so it stays short).
 func (e *Engine) runCheck(ctx context.Context, ref SandboxRef, what string, cmd Command, ok func(CommandResult) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, cmd.Timeout)
 	defer cancel()

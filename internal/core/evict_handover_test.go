@@ -1,10 +1,13 @@
 package core_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -58,14 +61,14 @@ func (s *slotSpy) counts() (frees, handovers []string) {
 
 // evictionHarness is a deployment of one slot under policy, its store
 // spied on, whose only slot is held by the warm sandbox it returns.
-func evictionHarness(t *testing.T, policy core.OverflowPolicy) (*harness, *slotSpy, *memstore.Store, *eventLog, core.Record) {
+func evictionHarness(t *testing.T, policy core.OverflowPolicy, opts ...core.Option) (*harness, *slotSpy, *memstore.Store, *eventLog, core.Record) {
 	t.Helper()
 	mem := memstore.New()
 	spy := &slotSpy{Store: mem}
 	events := &eventLog{}
 	h := wire(t, &harness{store: spy, prov: coretest.NewFakeProvider()}, func(s *core.Settings) {
 		s.Replicas, s.Policy, s.AcquireTimeout = 1, policy, time.Second
-	}, core.WithEventSink(events))
+	}, append([]core.Option{core.WithEventSink(events)}, opts...)...)
 	warm := h.acquire(t, key("t1"), core.SourceCreated)
 	if _, err := h.eng.Release(context.Background(), "acme", warm.SandboxID); err != nil {
 		t.Fatalf("Release: %v", err)
@@ -128,7 +131,8 @@ func TestEvictionFreesTheSlotWhenSomeoneMayWait(t *testing.T) {
 	for _, readFails := range []bool{false, true} {
 		name := map[bool]string{false: "a ticket waits", true: "the queue read fails"}[readFails]
 		t.Run(name, func(t *testing.T) {
-			h, spy, mem, _, warm := evictionHarness(t, core.PolicyWait)
+			var logs bytes.Buffer
+			h, spy, mem, _, warm := evictionHarness(t, core.PolicyWait, core.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 			now := h.clock.now()
 			var ticket core.Ticket
 			if readFails {
@@ -144,6 +148,9 @@ func TestEvictionFreesTheSlotWhenSomeoneMayWait(t *testing.T) {
 			frees, handed := spy.counts()
 			if !slices.Contains(frees, warm.SandboxID) || len(handed) != 0 {
 				t.Errorf("frees %v, handovers %v; want the evicted %s freed, none handed over", frees, handed, warm.SandboxID)
+			}
+			if logged := strings.Contains(logs.String(), "reading the wait queue failed"); logged != readFails {
+				t.Errorf("the failed queue read logged: %v, want %v", logged, readFails)
 			}
 			if readFails {
 				if err != nil || res.Waiting != nil {

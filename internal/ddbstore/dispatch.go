@@ -166,7 +166,7 @@ func (s *Store) readHead(ctx context.Context, d core.Dispatch, attempt int, r he
 		if err == nil && whole {
 			return headView{tickets: q}, nil
 		}
-		if err != nil {
+		if err != nil && ctx.Err() == nil { // an ended ctx fails the next read too, which returns it
 			s.log.WarnContext(ctx, "reading the wait queue in one statement failed; reading it shard by shard", "err", err)
 		}
 	}

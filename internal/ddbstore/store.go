@@ -69,7 +69,13 @@ func New(db API, table, deployment string, opts ...Option) *Store {
 // WithLogger makes the store log the failures it recovers from without
 // returning them (a read it replaces by another); without it, it logs
 // nothing.
-func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.log = l } }
+func WithLogger(l *slog.Logger) Option {
+	return func(s *Store) {
+		if l != nil {
+			s.log = l
+		}
+	}
+}
 
 // key is the key of item pk (sort key sortKey).
 func (s *Store) key(pk string) map[string]types.AttributeValue { return keySK(pk, sortKey) }

@@ -32,9 +32,10 @@ const Region = "us-east-1"
 // tuned for a small machine shared with the tests: the JIT stays on its
 // fast-start tier (alone, a test package ran faster with the optimizing
 // tier, but with make test's packages sharing two cores its compiler
-// threads cost more than they saved), and the serial collector, whose
-// pauses a 512 MB heap keeps short, spends about a tenth less CPU than
-// the default collector's background threads.
+// threads cost more than they saved). The serial collector, whose pauses
+// a 512 MB heap keeps short, saves about a tenth of the JVM's CPU time
+// (the default collector runs background threads), and -UsePerfData
+// skips the performance counters' shared-memory file.
 func DynamoDBArgs(dir string, port int) []string {
 	return []string{
 		"-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:-UsePerfData",
