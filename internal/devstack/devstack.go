@@ -64,6 +64,11 @@ type Options struct {
 	// DynamoDBAddr, S3Addr, SandboxAPIAddr and EnvdAddr place the stand-ins
 	// ("" = a free 127.0.0.1 port).
 	DynamoDBAddr, S3Addr, SandboxAPIAddr, EnvdAddr string
+	// DynamoDBEndpoint is a DynamoDB Local already running, used instead
+	// of starting one ("" = start one at DynamoDBAddr). The stack creates
+	// a uniquely named table of its own there and deletes it on Close, so
+	// that stacks in one test process share one server.
+	DynamoDBEndpoint string
 	// Tokens maps bearer tokens to tenants (see ParseTokens); default
 	// ParseTokens(DefaultTokens).
 	Tokens map[string]string
@@ -203,6 +208,9 @@ type Stack struct {
 	// (the table lives in memory, so nothing sealed outlives it), never
 	// written to the stack file.
 	tokenKey string
+	// dropTable deletes the stack's table from a shared DynamoDB Local
+	// (Options.DynamoDBEndpoint); nil when the stack started its own.
+	dropTable func(context.Context) error
 	// webhook is where the sandbox host sends its signed lifecycle
 	// webhooks: the API's POST /webhooks/e2b, signed with a secret made up
 	// at each start (the functions' BROKER_WEBHOOK_SECRET).
@@ -376,7 +384,14 @@ func (s *Stack) startServices(ctx context.Context, o Options, t tools, logDir st
 		ddbErr, s3Err, shErr error
 	)
 	wg.Add(3)
-	go func() { defer wg.Done(); ddbErr = s.startDynamoDB(ctx, t.java, t.dynamoDir, o.DynamoDBAddr, logDir) }()
+	go func() {
+		defer wg.Done()
+		if o.DynamoDBEndpoint != "" {
+			ddbErr = s.useDynamoDB(ctx, o.DynamoDBEndpoint)
+			return
+		}
+		ddbErr = s.startDynamoDB(ctx, t.java, t.dynamoDir, o.DynamoDBAddr, logDir)
+	}()
 	go func() { defer wg.Done(); s3Err = s.startS3(ctx, t.versitygw, o.S3Addr, logDir) }()
 	go func() {
 		defer wg.Done()
@@ -617,6 +632,13 @@ func (s *Stack) Close() error {
 			go func(c *child) { defer wg.Done(); c.stop(3 * time.Second) }(c)
 		}
 		wg.Wait()
+		if s.dropTable != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := s.dropTable(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("dynamodb: delete table %s: %w", s.Info.DynamoDB.Table, err))
+			}
+			cancel()
+		}
 		s.wg.Wait()
 		for _, d := range s.tmpDirs {
 			if err := os.RemoveAll(d); err != nil {

@@ -90,6 +90,24 @@ func (s *Stack) startDynamoDB(ctx context.Context, java, dir, addr, logDir strin
 	return nil
 }
 
+// useDynamoDB creates the stack's table, uniquely named, on the DynamoDB
+// Local at endpoint, and has Close delete it.
+func (s *Stack) useDynamoDB(ctx context.Context, endpoint string) error {
+	client := standin.DynamoDBClient(endpoint, DefaultRegion, "devstack", 10*time.Second)
+	table := DefaultTable + "-" + randomHex(6)
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := ddbstore.CreateTable(tctx, client, table); err != nil {
+		return fmt.Errorf("dynamodb: %w", err)
+	}
+	s.dropTable = func(ctx context.Context) error {
+		_, err := client.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+		return err
+	}
+	s.Info.DynamoDB = DynamoDBInfo{Endpoint: endpoint, Region: DefaultRegion, Table: table}
+	return nil
+}
+
 func (s *Stack) startS3(ctx context.Context, bin, addr, logDir string) error {
 	base, err := os.MkdirTemp("", "devstack-s3-")
 	if err != nil {

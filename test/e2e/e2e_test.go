@@ -27,9 +27,12 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go"
 
 	"github.com/sandbox-broker/sandbox-broker/internal/devstack"
+	"github.com/sandbox-broker/sandbox-broker/internal/testenv"
 )
 
 const (
@@ -100,6 +103,9 @@ type stackOptions struct {
 	// schedule, when > 0, is every scheduled function's rate
 	// (Options.ScheduleOverride).
 	schedule time.Duration
+	// ownDynamoDB starts the stack's own DynamoDB Local; otherwise the
+	// stack makes its table on the test process's one (testenv.DynamoDB).
+	ownDynamoDB bool
 }
 
 // startStackWith starts the local stack with o, on the functions built
@@ -115,9 +121,14 @@ func startStackWith(t *testing.T, o stackOptions) *devstack.Stack {
 	if o.tokens == nil {
 		o.tokens = map[string]string{tokenA: tenantA, tokenB: tenantB}
 	}
+	var dynamoEndpoint string
+	if !o.ownDynamoDB {
+		dynamoEndpoint = testenv.DynamoDB(t).Endpoint
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s, err := devstack.Start(ctx, devstack.Options{
+		DynamoDBEndpoint: dynamoEndpoint,
 		Root:             root,
 		BuildDir:         buildDir,
 		RunDir:           runDir,
@@ -664,9 +675,10 @@ func scenario(t *testing.T, s *devstack.Stack, f face) {
 }
 
 // TestStackFileAndShutdown checks .run/stack.json's shape
-// and that Close leaves nothing listening.
+// and that Close leaves nothing listening, on a stack that starts every
+// stand-in itself, as make run's does.
 func TestStackFileAndShutdown(t *testing.T) {
-	s := startStack(t, "e2b")
+	s := startStackWith(t, stackOptions{provider: "e2b", ownDynamoDB: true})
 	b, err := os.ReadFile(s.StackFile)
 	if err != nil {
 		t.Fatalf("read stack file: %v", err)
@@ -724,5 +736,30 @@ func TestStackFileAndShutdown(t *testing.T) {
 	}
 	if _, err := os.Stat(s.StackFile); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("stack file still exists after Close (%v)", err)
+	}
+}
+
+// TestSharedDynamoDBTableGoesWithTheStack checks that a stack made on the
+// test process's DynamoDB Local has a table of its own there, deleted by
+// Close.
+func TestSharedDynamoDBTableGoesWithTheStack(t *testing.T) {
+	s := startStackWith(t, stackOptions{provider: "e2b"})
+	info := s.Info.DynamoDB
+	if want := testenv.DynamoDB(t).Endpoint; info.Endpoint != want || info.Table == devstack.DefaultTable {
+		t.Fatalf("stack's DynamoDB = %+v, want a table of its own on %s", info, want)
+	}
+	client := testenv.DynamoClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(info.Table)}); err != nil {
+		t.Fatalf("DescribeTable before Close: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	_, err := client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(info.Table)})
+	var api smithy.APIError
+	if !errors.As(err, &api) || api.ErrorCode() != "ResourceNotFoundException" {
+		t.Errorf("DescribeTable after Close: %v, want ResourceNotFoundException", err)
 	}
 }
