@@ -66,7 +66,9 @@ type Options struct {
 	// DynamoDBEndpoint is a DynamoDB Local already running, used instead
 	// of starting one ("" = start one at DynamoDBAddr). The stack creates
 	// a uniquely named table of its own there and deletes it on Close, so
-	// that stacks in one test process share one server.
+	// that stacks in one test process share one server. It must run with
+	// -sharedDb (standin.DynamoDBArgs): the stack and its functions use
+	// different access keys.
 	DynamoDBEndpoint string
 	// Tokens maps bearer tokens to tenants (see ParseTokens); default
 	// ParseTokens(DefaultTokens).
@@ -357,7 +359,11 @@ func findTools(o Options, app App) (tools, error) {
 		versitygw: filepath.Join(o.ToolsDir, "bin", "versitygw"),
 		dynamoDir: filepath.Join(o.ToolsDir, "dynamodb"),
 	}
-	for _, p := range []string{t.rie, t.versitygw, filepath.Join(t.dynamoDir, "DynamoDBLocal.jar")} {
+	need := []string{t.rie, t.versitygw}
+	if o.DynamoDBEndpoint == "" {
+		need = append(need, filepath.Join(t.dynamoDir, "DynamoDBLocal.jar"))
+	}
+	for _, p := range need {
 		if _, err := os.Stat(p); err != nil {
 			return tools{}, fmt.Errorf("devstack: %s missing: run make deps", p)
 		}
@@ -366,6 +372,9 @@ func findTools(o Options, app App) (tools, error) {
 		if _, err := os.Stat(filepath.Join(o.BuildDir, f.Name, "bootstrap")); err != nil {
 			return tools{}, fmt.Errorf("devstack: %s missing: run make build", filepath.Join(o.BuildDir, f.Name, "bootstrap"))
 		}
+	}
+	if o.DynamoDBEndpoint != "" {
+		return t, nil
 	}
 	java, err := exec.LookPath("java")
 	if err != nil {
@@ -560,8 +569,8 @@ func (s *Stack) schedule(ctx context.Context, lf *lambdaFn, rate time.Duration) 
 	}
 }
 
-// watch reports the first of the stack's own services (DynamoDB Local,
-// versitygw, the sandbox host) that dies: the stack cannot go on without
+// watch reports the first of the stack's own services (DynamoDB Local
+// when the stack started it, versitygw, the sandbox host) that dies: the stack cannot go on without
 // it. A function's emulator is not watched: the next invocation that
 // finds it dead starts it again (lambdaFn.invoke), as Lambda replaces a
 // crashed execution environment.
@@ -596,7 +605,8 @@ func (s *Stack) Failed() <-chan error { return s.failed }
 // Close stops everything the stack started: the HTTP API, schedules, the
 // emulators (process groups, SIGTERM then SIGKILL), the sandbox host (which
 // kills its sandboxes), versitygw and DynamoDB Local; it removes temporary
-// directories and stack.json. Safe to call more than once.
+// directories and stack.json, and, last, the stack's table on a shared
+// DynamoDB Local (Options.DynamoDBEndpoint). Safe to call more than once.
 func (s *Stack) Close() error {
 	s.closeMu.Do(func() {
 		var errs []error
@@ -631,14 +641,14 @@ func (s *Stack) Close() error {
 			go func(c *child) { defer wg.Done(); c.stop(3 * time.Second) }(c)
 		}
 		wg.Wait()
+		s.wg.Wait()
 		if s.dropTable != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			if err := s.dropTable(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("dynamodb: delete table %s: %w", s.Info.DynamoDB.Table, err))
+				errs = append(errs, fmt.Errorf("dynamodb: %w", err))
 			}
 			cancel()
 		}
-		s.wg.Wait()
 		for _, d := range s.tmpDirs {
 			if err := os.RemoveAll(d); err != nil {
 				errs = append(errs, err)

@@ -2,6 +2,7 @@ package devstack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go"
 	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/internal/standin"
@@ -91,18 +93,26 @@ func (s *Stack) startDynamoDB(ctx context.Context, java, dir, addr, logDir strin
 }
 
 // useDynamoDB creates the stack's table, uniquely named, on the DynamoDB
-// Local at endpoint, and has Close delete it.
+// Local at endpoint, and has Close delete it (also when the creation
+// failed part way: a table that was never made is no error).
 func (s *Stack) useDynamoDB(ctx context.Context, endpoint string) error {
 	client := standin.DynamoDBClient(endpoint, DefaultRegion, "devstack", 10*time.Second)
 	table := DefaultTable + "-" + randomHex(6)
+	s.dropTable = func(ctx context.Context) error {
+		_, err := client.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+		var api smithy.APIError
+		if errors.As(err, &api) && api.ErrorCode() == "ResourceNotFoundException" {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("delete table %s: %w", table, err)
+		}
+		return nil
+	}
 	tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if err := ddbstore.CreateTable(tctx, client, table); err != nil {
 		return fmt.Errorf("dynamodb: %w", err)
-	}
-	s.dropTable = func(ctx context.Context) error {
-		_, err := client.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(table)})
-		return err
 	}
 	s.Info.DynamoDB = DynamoDBInfo{Endpoint: endpoint, Region: DefaultRegion, Table: table}
 	return nil
