@@ -125,7 +125,10 @@ func (c *callCounter) addConsumed(params, result any, err error) {
 		ccs = out.ConsumedCapacity
 	case *dynamodb.TransactGetItemsOutput:
 		ccs = out.ConsumedCapacity
+	case *dynamodb.ScanOutput:
+		ccs = append(ccs, deref(out.ConsumedCapacity))
 	}
+	c.rcuMilli.Add(unreportedReadMilli(params, result, ccs))
 	write := false
 	switch params.(type) {
 	case *dynamodb.PutItemInput, *dynamodb.UpdateItemInput, *dynamodb.DeleteItemInput, *dynamodb.TransactWriteItemsInput:
@@ -145,6 +148,51 @@ func (c *callCounter) addConsumed(params, result any, err error) {
 			c.rcuMilli.Add(int64(aws.ToFloat64(cc.CapacityUnits) * 1000))
 		}
 	}
+}
+
+// unreportedReadMilli is what DynamoDB bills for a read that DynamoDB
+// Local reports no units for: a query or scan that finds nothing, and each
+// key a GetItem or BatchGetItem finds absent. DynamoDB bills those at the
+// least a read costs: half a unit, one when strongly consistent.
+func unreportedReadMilli(params, result any, reported []types.ConsumedCapacity) int64 {
+	least := func(consistent *bool) int64 {
+		if aws.ToBool(consistent) {
+			return 1000
+		}
+		return 500
+	}
+	none := true
+	for _, cc := range reported {
+		if aws.ToFloat64(cc.CapacityUnits) > 0 || aws.ToFloat64(cc.ReadCapacityUnits) > 0 {
+			none = false
+		}
+	}
+	switch in := params.(type) {
+	case *dynamodb.QueryInput:
+		if none {
+			return least(in.ConsistentRead)
+		}
+	case *dynamodb.ScanInput:
+		if none {
+			return least(in.ConsistentRead)
+		}
+	case *dynamodb.GetItemInput:
+		if out, ok := result.(*dynamodb.GetItemOutput); ok && out.Item == nil {
+			return least(in.ConsistentRead)
+		}
+	case *dynamodb.BatchGetItemInput:
+		out, _ := result.(*dynamodb.BatchGetItemOutput)
+		var milli int64
+		for table, ka := range in.RequestItems {
+			found := 0
+			if out != nil {
+				found = len(out.Responses[table]) + len(out.UnprocessedKeys[table].Keys)
+			}
+			milli += int64(max(len(ka.Keys)-found, 0)) * least(ka.ConsistentRead)
+		}
+		return milli
+	}
+	return 0
 }
 
 func deref[T any](p *T) T {
@@ -427,5 +475,25 @@ func BenchmarkConditionalUpdateItem(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkIdleReconcilePass reports the DynamoDB calls and capacity units
+// of one reconcile pass over a deployment with no sandbox (what an idle
+// deployment pays at every scheduled pass), at the default limit and at
+// limits of 100 and 1,000 slots, whose state index has more keys.
+func BenchmarkIdleReconcilePass(b *testing.B) {
+	ctx := context.Background()
+	for _, limit := range []int{core.DefaultSettings().Replicas, 100, 1000} {
+		b.Run(fmt.Sprint("limit-", limit), func(b *testing.B) {
+			eng, c, _, _ := benchEngine(b, func(s *core.Settings) { s.Replicas = limit })
+			pass := func(int) {
+				if _, err := eng.Reconcile(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pass(0) // the first pass sets the ledgers' limits
+			measure(b, c, nil, pass)
+		})
 	}
 }
