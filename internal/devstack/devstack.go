@@ -570,10 +570,10 @@ func (s *Stack) schedule(ctx context.Context, lf *lambdaFn, rate time.Duration) 
 }
 
 // watch reports the first of the stack's own services (DynamoDB Local
-// when the stack started it, versitygw, the sandbox host) that dies: the stack cannot go on without
-// it. A function's emulator is not watched: the next invocation that
-// finds it dead starts it again (lambdaFn.invoke), as Lambda replaces a
-// crashed execution environment.
+// when the stack started it, versitygw, the sandbox host) that dies: the
+// stack cannot go on without it. A function's emulator is not watched:
+// the next invocation that finds it dead starts it again
+// (lambdaFn.invoke), as Lambda replaces a crashed execution environment.
 func (s *Stack) watch(ctx context.Context) {
 	defer s.wg.Done()
 	t := time.NewTicker(500 * time.Millisecond)
