@@ -83,6 +83,19 @@ func buildFunctions(root, out string) error {
 	return errors.Join(errs...)
 }
 
+// buildSbx builds the command-line client from this source into out, as
+// make build does (static, -trimpath: the compile it shares with the
+// bootstraps is reused).
+func buildSbx(t *testing.T, root, out string) {
+	t.Helper()
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./cmd/sbx")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build sbx: %v\n%s", err, b)
+	}
+}
+
 // startStack starts the local stack with the functions on SANDBOX_PROVIDER
 // provider ("e2b" or "provisioner"), one slot, policy reject.
 func startStack(t *testing.T, provider string) *devstack.Stack {

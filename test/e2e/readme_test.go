@@ -53,11 +53,7 @@ func TestReadmeSession(t *testing.T) {
 	session := readmeSession(t, string(md))
 	s := startStackWith(t, stackOptions{provider: "e2b"})
 	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", filepath.Join(dir, ".build", "bin", "sbx"), "./cmd/sbx")
-	build.Dir = root
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build sbx: %v\n%s", err, b)
-	}
+	buildSbx(t, root, filepath.Join(dir, ".build", "bin", "sbx"))
 	cmd := exec.Command("bash", "-c", "set -euo pipefail\nset -x\n"+session)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "SBX_STACK="+s.StackFile, "SBX_TOKEN=", "SBX_API_URL=", "SBX_TENANT=")

@@ -17,11 +17,7 @@ func TestSmokeScript(t *testing.T) {
 	root := repoRoot(t)
 	s := startStackWith(t, stackOptions{provider: "e2b", env: []string{"SANDBOX_REPLICAS=2", "LOG_LEVEL=DEBUG"}})
 	bin := filepath.Join(t.TempDir(), "sbx")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/sbx")
-	build.Dir = root
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build sbx: %v\n%s", err, b)
-	}
+	buildSbx(t, root, bin)
 	cmd := exec.Command("bash", filepath.Join(root, "scripts", "smoke.sh"))
 	cmd.Dir = t.TempDir() // no .run/stack.json around: everything comes from the environment
 	cmd.Env = append(os.Environ(),
