@@ -25,11 +25,9 @@ type item struct {
 	Fence        int64  `dynamodbav:"fence"`
 	LeaseOwner   string `dynamodbav:"lease_owner,omitempty"`
 	LeaseExpires int64  `dynamodbav:"lease_expires,omitempty"`
-	// The endpoint's URL and token keep their first attribute names
-	// (envd_url, envd_token) so that items already stored still read.
-	Protocol    string `dynamodbav:"protocol,omitempty"`
-	EndpointURL string `dynamodbav:"envd_url,omitempty"`
-	Token       string `dynamodbav:"envd_token,omitempty"`
+	Protocol     string `dynamodbav:"protocol,omitempty"`
+	EndpointURL  string `dynamodbav:"endpoint_url,omitempty"`
+	Token        string `dynamodbav:"endpoint_token,omitempty"`
 	// TokenSealed is the access token sealed by the store's Sealer (then
 	// Token is empty).
 	TokenSealed  []byte `dynamodbav:"token_sealed,omitempty"`
@@ -53,9 +51,8 @@ type item struct {
 	PrevMeteredAt int64  `dynamodbav:"prev_metered_at,omitempty"`
 	MeteredState  string `dynamodbav:"metered_state,omitempty"`
 	// NoRunningSlot, PausedSlot, PausedBucket and TenantPaused are
-	// core.Slots (absent: a running slot only; a paused slot of an older
-	// version is bucket 0's, and not in its tenant's paused count);
-	// PausedMS is core.Record.PausedFor in milliseconds.
+	// core.Slots (absent: a running slot only); PausedMS is
+	// core.Record.PausedFor in milliseconds.
 	NoRunningSlot bool  `dynamodbav:"no_running_slot,omitempty"`
 	PausedSlot    bool  `dynamodbav:"paused_slot,omitempty"`
 	PausedBucket  int   `dynamodbav:"paused_bucket,omitempty"`

@@ -504,7 +504,7 @@ func (s *Store) goneUpdate(rec core.Record, now time.Time, pool bool) (types.Tra
 		Remove(expression.Name(AttrGSI1PK)).Remove(expression.Name(AttrGSI1SK)).
 		Remove(expression.Name(AttrGSI2PK)).Remove(expression.Name(AttrGSI2SK)).
 		Remove(expression.Name("lease_owner")).Remove(expression.Name("lease_expires")).
-		Remove(expression.Name("envd_token")).Remove(expression.Name("token_sealed")).
+		Remove(expression.Name("endpoint_token")).Remove(expression.Name("token_sealed")).
 		Remove(expression.Name(attrPoolPlace))
 	if rec.EndReason != "" {
 		upd = upd.Set(expression.Name("end_reason"), expression.Value(rec.EndReason))
