@@ -51,8 +51,8 @@ type item struct {
 	PrevMeteredAt int64  `dynamodbav:"prev_metered_at,omitempty"`
 	MeteredState  string `dynamodbav:"metered_state,omitempty"`
 	// NoRunningSlot, PausedSlot, PausedBucket and TenantPaused are
-	// core.Slots (absent: a running slot only); PausedMS is
-	// core.Record.PausedFor in milliseconds.
+	// core.Slots (absent: a running slot only; an absent paused bucket is
+	// bucket 0); PausedMS is core.Record.PausedFor in milliseconds.
 	NoRunningSlot bool  `dynamodbav:"no_running_slot,omitempty"`
 	PausedSlot    bool  `dynamodbav:"paused_slot,omitempty"`
 	PausedBucket  int   `dynamodbav:"paused_bucket,omitempty"`
