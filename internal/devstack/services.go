@@ -13,8 +13,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/aws/smithy-go"
 	"github.com/sandbox-broker/sandbox-broker/internal/ddbstore"
 	"github.com/sandbox-broker/sandbox-broker/internal/sandboxhost"
 	"github.com/sandbox-broker/sandbox-broker/internal/standin"
@@ -100,11 +100,7 @@ func (s *Stack) useDynamoDB(ctx context.Context, endpoint string) error {
 	table := DefaultTable + "-" + randomHex(6)
 	s.dropTable = func(ctx context.Context) error {
 		_, err := client.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(table)})
-		var api smithy.APIError
-		if errors.As(err, &api) && api.ErrorCode() == "ResourceNotFoundException" {
-			return nil
-		}
-		if err != nil {
+		if err != nil && !errors.As(err, new(*types.ResourceNotFoundException)) {
 			return fmt.Errorf("delete table %s: %w", table, err)
 		}
 		return nil

@@ -60,6 +60,19 @@ func repoRoot(t *testing.T) string {
 	}
 }
 
+// goBuild builds pkg from the source at root into out as make build does:
+// static and -trimpath, so that it reuses make build's compile.
+func goBuild(root, out, pkg string, flags ...string) error {
+	args := append(append([]string{"build", "-trimpath"}, flags...), "-o", out, pkg)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return nil
+}
+
 // buildFunctions builds every function's bootstrap from the current source
 // into out (never a possibly stale .build).
 func buildFunctions(root, out string) error {
@@ -67,32 +80,19 @@ func buildFunctions(root, out string) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(fns))
 	for i, fn := range fns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cmd := exec.Command("go", "build", "-trimpath", "-tags", "lambda.norpc",
-				"-o", filepath.Join(out, fn, "bootstrap"), "./functions/"+fn)
-			cmd.Dir = root
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
-			if b, err := cmd.CombinedOutput(); err != nil {
-				errs[i] = fmt.Errorf("go build %s: %v\n%s", fn, err, b)
-			}
-		}()
+		wg.Go(func() {
+			errs[i] = goBuild(root, filepath.Join(out, fn, "bootstrap"), "./functions/"+fn, "-tags", "lambda.norpc")
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
-// buildSbx builds the command-line client from this source into out, as
-// make build does (static, -trimpath: the compile it shares with the
-// bootstraps is reused).
+// buildSbx builds the command-line client from this source into out.
 func buildSbx(t *testing.T, root, out string) {
 	t.Helper()
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./cmd/sbx")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build sbx: %v\n%s", err, b)
+	if err := goBuild(root, out, "./cmd/sbx"); err != nil {
+		t.Fatal(err)
 	}
 }
 
